@@ -1,0 +1,224 @@
+//! Numbers: unsigned parsing for addresses and sizes, and printing that
+//! matches CPython (`str(int)` and `float.__repr__`).
+
+use core::fmt::Write as _;
+
+use super::lex::NumberToken;
+use super::sink::Sink;
+
+/// Writes `v` in decimal.
+#[inline]
+pub fn write_u64(out: &mut Sink<'_>, v: u64) {
+    let n = v.checked_ilog10().map_or(1, |l| l as usize + 1);
+    if let Some(dst) = out.spare(n) {
+        let mut x = v;
+        for d in dst.iter_mut().rev() {
+            *d = b'0' + (x % 10) as u8;
+            x /= 10;
+        }
+    }
+    out.advance(n);
+}
+
+/// Why a number token is not a `u64`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum U64Error {
+    Negative,
+    TooLarge,
+    NotAnInteger,
+}
+
+/// Parses an integer token as `u64`. `-0` is zero, as it is in Python.
+#[inline]
+pub(crate) fn parse_u64(tok: NumberToken<'_>) -> Result<u64, U64Error> {
+    if !tok.is_integer {
+        return Err(U64Error::NotAnInteger);
+    }
+    let (negative, digits) = match tok.text.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, tok.text),
+    };
+    let mut v: u64 = 0;
+    for &d in digits.as_bytes() {
+        v = v
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(u64::from(d - b'0')))
+            .ok_or(if negative {
+                U64Error::Negative
+            } else {
+                U64Error::TooLarge
+            })?;
+    }
+    if negative && v != 0 {
+        return Err(U64Error::Negative);
+    }
+    Ok(v)
+}
+
+/// A fixed stack buffer for `core::fmt` output.
+struct StackBuf {
+    buf: [u8; 40],
+    len: usize,
+}
+
+impl core::fmt::Write for StackBuf {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        let end = self.len + s.len();
+        let dst = self.buf.get_mut(self.len..end).ok_or(core::fmt::Error)?;
+        dst.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+/// Writes `v` as CPython's `json.dumps` does: `repr(float)` (shortest
+/// round-trip digits; scientific notation when the decimal exponent is below
+/// -4 or at least 16) and `NaN`, `Infinity`, `-Infinity`.
+pub fn write_f64(out: &mut Sink<'_>, v: f64) {
+    if v.is_nan() {
+        return out.put(b"NaN");
+    }
+    if v.is_infinite() {
+        return out.put(if v > 0.0 { b"Infinity" } else { b"-Infinity" });
+    }
+    // `{:e}` gives the shortest round-trip digits, like Python's repr:
+    // "-1.2345e-7", "1e16", "0e0".
+    let mut sb = StackBuf {
+        buf: [0; 40],
+        len: 0,
+    };
+    if write!(sb, "{v:e}").is_err() {
+        return;
+    }
+    let s = &sb.buf[..sb.len];
+    let (negative, s) = match s.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, s),
+    };
+    let epos = s.iter().position(|&b| b == b'e').unwrap_or(s.len());
+    let (mantissa, exp_part) = s.split_at(epos);
+    let exp: i32 = exp_part
+        .get(1..)
+        .and_then(|e| core::str::from_utf8(e).ok())
+        .and_then(|e| e.parse().ok())
+        .unwrap_or(0);
+    let mut digits = [0u8; 20];
+    let mut n = 0;
+    for &b in mantissa.iter().filter(|b| b.is_ascii_digit()) {
+        if let Some(d) = digits.get_mut(n) {
+            *d = b;
+            n += 1;
+        }
+    }
+    let digits = &digits[..n];
+    if negative {
+        out.byte(b'-');
+    }
+    if !(-4..16).contains(&exp) {
+        out.put(&digits[..1]);
+        if digits.len() > 1 {
+            out.byte(b'.');
+            out.put(&digits[1..]);
+        }
+        out.byte(b'e');
+        out.byte(if exp < 0 { b'-' } else { b'+' });
+        let e = exp.unsigned_abs();
+        if e < 10 {
+            out.byte(b'0');
+        }
+        write_u64(out, u64::from(e));
+    } else if exp >= 0 {
+        let int_len = exp as usize + 1;
+        if digits.len() <= int_len {
+            out.put(digits);
+            for _ in digits.len()..int_len {
+                out.byte(b'0');
+            }
+            out.put(b".0");
+        } else {
+            out.put(&digits[..int_len]);
+            out.byte(b'.');
+            out.put(&digits[int_len..]);
+        }
+    } else {
+        out.put(b"0.");
+        for _ in 0..(-exp - 1) {
+            out.byte(b'0');
+        }
+        out.put(digits);
+    }
+}
+
+/// Writes a number token as CPython would after `json.loads`: integers keep
+/// their digits (`-0` becomes `0`), everything else goes through `float`.
+pub(crate) fn write_canonical_number(out: &mut Sink<'_>, tok: NumberToken<'_>) {
+    if tok.is_integer {
+        let t = tok.text;
+        if t.strip_prefix('-').is_some_and(|d| d.bytes().all(|b| b == b'0')) {
+            out.byte(b'0');
+        } else {
+            out.put(t.as_bytes());
+        }
+        return;
+    }
+    match tok.text.parse::<f64>() {
+        Ok(v) => write_f64(out, v),
+        // The lexer only produces strict JSON numbers, which Rust parses.
+        Err(_) => out.put(tok.text.as_bytes()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    extern crate std;
+    use std::string::String;
+
+    fn repr(v: f64) -> String {
+        let mut buf = [0u8; 64];
+        let mut s = Sink::new(&mut buf);
+        write_f64(&mut s, v);
+        let n = s.finish().unwrap();
+        String::from_utf8(buf[..n].to_vec()).unwrap()
+    }
+
+    #[test]
+    fn float_repr_matches_python() {
+        let cases: &[(f64, &str)] = &[
+            (0.0, "0.0"),
+            (-0.0, "-0.0"),
+            (1.0, "1.0"),
+            (1e-5, "1e-05"),
+            (1e-4, "0.0001"),
+            (0.1, "0.1"),
+            (1.5, "1.5"),
+            (123.456, "123.456"),
+            (1e15, "1000000000000000.0"),
+            (1e16, "1e+16"),
+            (1.5e16, "1.5e+16"),
+            (1e300, "1e+300"),
+            (-2.5e-300, "-2.5e-300"),
+            (5e-324, "5e-324"),
+            (f64::MAX, "1.7976931348623157e+308"),
+            (123456789.125, "123456789.125"),
+            (f64::NAN, "NaN"),
+            (f64::INFINITY, "Infinity"),
+            (f64::NEG_INFINITY, "-Infinity"),
+        ];
+        for &(v, want) in cases {
+            assert_eq!(repr(v), want, "repr({v:?})");
+        }
+    }
+
+    #[test]
+    fn u64_parse_limits() {
+        let tok = |t: &'static str, is_integer| NumberToken { text: t, is_integer };
+        assert_eq!(parse_u64(tok("18446744073709551615", true)), Ok(u64::MAX));
+        assert_eq!(parse_u64(tok("18446744073709551616", true)), Err(U64Error::TooLarge));
+        assert_eq!(parse_u64(tok("-1", true)), Err(U64Error::Negative));
+        assert_eq!(parse_u64(tok("-0", true)), Ok(0));
+        assert_eq!(parse_u64(tok("-99999999999999999999999", true)), Err(U64Error::Negative));
+        assert_eq!(parse_u64(tok("1.0", false)), Err(U64Error::NotAnInteger));
+    }
+}

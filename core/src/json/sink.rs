@@ -1,0 +1,96 @@
+//! A writer into caller storage that keeps counting past the end, so that a
+//! failed encode still reports the size it needed.
+
+use core::fmt;
+
+/// The caller's buffer was too small; `needed` bytes would have fit the output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferTooSmall {
+    /// The size the output needs, in bytes.
+    pub needed: usize,
+}
+
+impl fmt::Display for BufferTooSmall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "output buffer too small: {} bytes needed", self.needed)
+    }
+}
+
+/// Output into a caller buffer. Writes past the end are counted, not stored.
+pub struct Sink<'b> {
+    buf: &'b mut [u8],
+    len: usize,
+}
+
+impl<'b> Sink<'b> {
+    /// A sink over `buf`; an empty buffer gives a pure size counter.
+    pub fn new(buf: &'b mut [u8]) -> Self {
+        Self { buf, len: 0 }
+    }
+
+    /// Appends `bytes` (or only counts them once the buffer is full).
+    #[inline]
+    pub fn put(&mut self, bytes: &[u8]) {
+        let end = self.len.saturating_add(bytes.len());
+        if let Some(dst) = self.buf.get_mut(self.len..end) {
+            dst.copy_from_slice(bytes);
+        }
+        self.len = end;
+    }
+
+    /// Appends one byte.
+    #[inline]
+    pub fn byte(&mut self, b: u8) {
+        if let Some(dst) = self.buf.get_mut(self.len) {
+            *dst = b;
+        }
+        self.len = self.len.saturating_add(1);
+    }
+
+    /// The next `n` bytes of the buffer, if they fit, for writing in place;
+    /// follow with [`advance`](Self::advance)`(n)` whether or not they fit.
+    #[inline]
+    pub(crate) fn spare(&mut self, n: usize) -> Option<&mut [u8]> {
+        let end = self.len.checked_add(n)?;
+        self.buf.get_mut(self.len..end)
+    }
+
+    /// Counts `n` bytes written through [`spare`](Self::spare).
+    #[inline]
+    pub(crate) fn advance(&mut self, n: usize) {
+        self.len = self.len.saturating_add(n);
+    }
+
+    /// Bytes written or counted so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if nothing was written yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The output length, or the size that was needed if it did not fit.
+    pub fn finish(self) -> Result<usize, BufferTooSmall> {
+        if self.len <= self.buf.len() {
+            Ok(self.len)
+        } else {
+            Err(BufferTooSmall { needed: self.len })
+        }
+    }
+}
+
+impl fmt::Write for Sink<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.put(s.as_bytes());
+        Ok(())
+    }
+}
+
+impl Sink<'_> {
+    /// Forgets everything written after the first `len` bytes.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+}

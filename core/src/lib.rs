@@ -1,0 +1,20 @@
+//! ferry-core: the allocation-free heart of ferry.
+//!
+//! This crate is `#![no_std]` and never allocates. It holds what every ferry
+//! process shares regardless of fabric:
+//!
+//! * [`json`]: a bounded, iterative JSON lexer and the Python-compatible
+//!   writer that the wire codec is built on;
+//! * [`wire`]: the transfer protocol's messages (`transfer_*`), decoded by
+//!   borrowing from the frame and encoded byte-identically to the seed's
+//!   `encode_transfer_msg`.
+//!
+//! Everything here is sans-IO: bytes come in as slices, bytes go out into
+//! caller buffers, and a buffer that is too small is reported with the size
+//! that would have been needed.
+#![no_std]
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod json;
+pub mod wire;

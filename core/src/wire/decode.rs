@@ -1,0 +1,290 @@
+//! Decoding a frame-1 payload into a borrowed [`Msg`].
+//!
+//! One pass over the top-level object records where each known field's
+//! value is (keys may come in any order, `msg_type` included); the message
+//! is then built from the fields its type has. Unknown keys are validated
+//! and ignored, missing keys take the seed's defaults, and a repeated key
+//! keeps its last value, as Python's `json.loads` does.
+
+use super::error::{DecodeError, DecodeErrorKind as K};
+use super::manifest::Manifest;
+use super::msg::*;
+use super::slots::SlotList;
+use super::value::{read_val, resolve_key, At};
+use crate::json::{JsonError, JsonErrorKind, JsonStr, Lexer, RawJson};
+
+/// Every top-level field name of every message type.
+const KEYS: [&str; 22] = [
+    "msg_type",
+    "request_id",
+    "data_size",
+    "manifest",
+    "session_id",
+    "pool_ptr",
+    "slot_offset",
+    "source_role",
+    "slot_size",
+    "dest_session_id",
+    "dest_addr",
+    "transfer_size",
+    "scalar_fields",
+    "error",
+    "role",
+    "pool_size",
+    "work_endpoint",
+    "preallocated_slots",
+    "success",
+    "retryable",
+    "reason",
+    "accepted",
+];
+
+/// Index of each known key in [`KEYS`].
+#[derive(Clone, Copy)]
+enum Key {
+    MsgType,
+    RequestId,
+    DataSize,
+    Manifest,
+    SessionId,
+    PoolPtr,
+    SlotOffset,
+    SourceRole,
+    SlotSize,
+    DestSessionId,
+    DestAddr,
+    TransferSize,
+    ScalarFields,
+    Error,
+    Role,
+    PoolSize,
+    WorkEndpoint,
+    PreallocatedSlots,
+    Success,
+    Retryable,
+    Reason,
+    Accepted,
+}
+
+impl Key {
+    fn name(self) -> &'static str {
+        KEYS[self as usize]
+    }
+}
+
+fn key_index(key: JsonStr<'_>) -> Option<Key> {
+    let name = match key.as_plain() {
+        // Hot path: a plain key; `match` compiles to length-then-bytes tests.
+        Some(k) => k,
+        None => resolve_key(key, &KEYS)?,
+    };
+    Some(match name {
+        "msg_type" => Key::MsgType,
+        "request_id" => Key::RequestId,
+        "data_size" => Key::DataSize,
+        "manifest" => Key::Manifest,
+        "session_id" => Key::SessionId,
+        "pool_ptr" => Key::PoolPtr,
+        "slot_offset" => Key::SlotOffset,
+        "source_role" => Key::SourceRole,
+        "slot_size" => Key::SlotSize,
+        "dest_session_id" => Key::DestSessionId,
+        "dest_addr" => Key::DestAddr,
+        "transfer_size" => Key::TransferSize,
+        "scalar_fields" => Key::ScalarFields,
+        "error" => Key::Error,
+        "role" => Key::Role,
+        "pool_size" => Key::PoolSize,
+        "work_endpoint" => Key::WorkEndpoint,
+        "preallocated_slots" => Key::PreallocatedSlots,
+        "success" => Key::Success,
+        "retryable" => Key::Retryable,
+        "reason" => Key::Reason,
+        "accepted" => Key::Accepted,
+        _ => return None,
+    })
+}
+
+/// The values seen for each known key.
+struct Fields<'a>([Option<At<'a>>; KEYS.len()]);
+
+impl<'a> Fields<'a> {
+    fn get(&self, key: Key) -> Option<&At<'a>> {
+        self.0[key as usize].as_ref()
+    }
+
+    fn str(&self, key: Key) -> Result<JsonStr<'a>, DecodeError> {
+        self.get(key).map_or(Ok(JsonStr::EMPTY), |v| v.str(key.name()))
+    }
+
+    fn opt_str(&self, key: Key) -> Result<Option<JsonStr<'a>>, DecodeError> {
+        self.get(key).map_or(Ok(None), |v| v.opt_str(key.name()))
+    }
+
+    fn u64(&self, key: Key) -> Result<u64, DecodeError> {
+        self.get(key).map_or(Ok(0), |v| v.u64(key.name()))
+    }
+
+    fn bool(&self, key: Key, default: bool) -> Result<bool, DecodeError> {
+        self.get(key).map_or(Ok(default), |v| v.bool(key.name()))
+    }
+
+    fn object(&self, key: Key) -> Result<RawJson<'a>, DecodeError> {
+        self.get(key)
+            .map_or(Ok(RawJson::EMPTY_OBJECT), |v| v.object(key.name()))
+    }
+
+    fn manifest(&self) -> Result<Manifest<'a>, DecodeError> {
+        self.object(Key::Manifest).map(Manifest::Raw)
+    }
+
+    fn slots(&self) -> Result<SlotList<'a>, DecodeError> {
+        let key = Key::PreallocatedSlots;
+        self.get(key)
+            .map_or(Ok(SlotList::Slots(&[])), |v| v.array(key.name()).map(SlotList::Raw))
+    }
+}
+
+/// Decodes a transfer message payload (frame 1), borrowing from it.
+///
+/// Accepts any valid JSON object in any key order and whitespace, plus
+/// CPython's `NaN`/`Infinity` inside nested values and a leading UTF-8 BOM
+/// (which `json.loads` of bytes also skips). Never panics; every rejection
+/// names the field and the byte.
+pub fn decode(payload: &[u8]) -> Result<Msg<'_>, DecodeError> {
+    let payload = payload.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(payload);
+    let text = core::str::from_utf8(payload).map_err(|e| {
+        DecodeError::new(K::Json(JsonErrorKind::NotUtf8), None, e.valid_up_to())
+    })?;
+    let fields = scan(text)?;
+    build(&fields)
+}
+
+fn scan(text: &str) -> Result<Fields<'_>, DecodeError> {
+    let mut lx = Lexer::new(text);
+    let mut fields = Fields([None; KEYS.len()]);
+    lx.skip_ws();
+    if lx.peek() != Some(b'{') {
+        // Valid JSON of another type is "not an object"; anything else is a
+        // syntax error.
+        let (_, ty) = lx.value()?;
+        lx.finish()?;
+        return Err(DecodeError::new(K::NotAnObject(ty), None, 0));
+    }
+    lx.bump();
+    lx.skip_ws();
+    if lx.peek() == Some(b'}') {
+        lx.bump();
+    } else {
+        loop {
+            let key = lx.key()?;
+            let v = read_val(&mut lx)?;
+            if let Some(i) = key_index(key) {
+                fields.0[i as usize] = Some(v);
+            }
+            lx.skip_ws();
+            match lx.peek() {
+                Some(b',') => lx.bump(),
+                Some(b'}') => {
+                    lx.bump();
+                    break;
+                }
+                Some(found) => {
+                    return Err(JsonError {
+                        kind: JsonErrorKind::UnexpectedByte {
+                            found,
+                            expected: "',' or '}'",
+                        },
+                        at: lx.pos(),
+                    }
+                    .into())
+                }
+                None => return Err(lx.err(JsonErrorKind::UnexpectedEnd).into()),
+            }
+        }
+    }
+    lx.finish()?;
+    Ok(fields)
+}
+
+fn build<'a>(f: &Fields<'a>) -> Result<Msg<'a>, DecodeError> {
+    let ty = match f.get(Key::MsgType) {
+        None => return Err(DecodeError::new(K::MissingMsgType, Some("msg_type"), 0)),
+        Some(v) => {
+            let name = v.str("msg_type")?;
+            let ty = match name.as_plain() {
+                Some(n) => MsgType::from_name(n),
+                None => MsgType::ALL.into_iter().find(|t| name.eq_str(t.as_str())),
+            };
+            ty.ok_or(DecodeError::new(K::UnknownMsgType, Some("msg_type"), v.at))?
+        }
+    };
+    Ok(match ty {
+        MsgType::Register => Msg::Register(Register {
+            role: f.str(Key::Role)?,
+            session_id: f.str(Key::SessionId)?,
+            pool_ptr: f.u64(Key::PoolPtr)?,
+            pool_size: f.u64(Key::PoolSize)?,
+            work_endpoint: f.str(Key::WorkEndpoint)?,
+            preallocated_slots: f.slots()?,
+        }),
+        MsgType::RegisterAck => Msg::RegisterAck(RegisterAck {
+            session_id: f.str(Key::SessionId)?,
+            role: f.str(Key::Role)?,
+            accepted: f.bool(Key::Accepted, true)?,
+            error: f.opt_str(Key::Error)?,
+        }),
+        MsgType::Staged => Msg::Staged(Staged {
+            request_id: f.str(Key::RequestId)?,
+            data_size: f.u64(Key::DataSize)?,
+            manifest: f.manifest()?,
+            session_id: f.str(Key::SessionId)?,
+            pool_ptr: f.u64(Key::PoolPtr)?,
+            slot_offset: f.u64(Key::SlotOffset)?,
+            scalar_fields: f.object(Key::ScalarFields)?,
+        }),
+        MsgType::Alloc => Msg::Alloc(Alloc {
+            request_id: f.str(Key::RequestId)?,
+            data_size: f.u64(Key::DataSize)?,
+            source_role: f.str(Key::SourceRole)?,
+        }),
+        MsgType::Allocated => Msg::Allocated(Allocated {
+            request_id: f.str(Key::RequestId)?,
+            session_id: f.str(Key::SessionId)?,
+            pool_ptr: f.u64(Key::PoolPtr)?,
+            slot_offset: f.u64(Key::SlotOffset)?,
+            slot_size: f.u64(Key::SlotSize)?,
+        }),
+        MsgType::AllocReject => Msg::AllocReject(AllocReject {
+            request_id: f.str(Key::RequestId)?,
+            session_id: f.str(Key::SessionId)?,
+            retryable: f.bool(Key::Retryable, true)?,
+            reason: f.str(Key::Reason)?,
+        }),
+        MsgType::Push => Msg::Push(Push {
+            request_id: f.str(Key::RequestId)?,
+            dest_session_id: f.str(Key::DestSessionId)?,
+            dest_addr: f.u64(Key::DestAddr)?,
+            transfer_size: f.u64(Key::TransferSize)?,
+        }),
+        MsgType::Pushed => Msg::Pushed(Pushed {
+            request_id: f.str(Key::RequestId)?,
+            success: f.bool(Key::Success, true)?,
+            error: f.opt_str(Key::Error)?,
+        }),
+        MsgType::Ready => Msg::Ready(Ready {
+            request_id: f.str(Key::RequestId)?,
+            manifest: f.manifest()?,
+            slot_offset: f.u64(Key::SlotOffset)?,
+            scalar_fields: f.object(Key::ScalarFields)?,
+        }),
+        MsgType::Done => Msg::Done(Done {
+            request_id: f.str(Key::RequestId)?,
+            error: f.opt_str(Key::Error)?,
+        }),
+        MsgType::Abort => Msg::Abort(Abort {
+            request_id: f.str(Key::RequestId)?,
+            reason: f.str(Key::Reason)?,
+        }),
+    })
+}

@@ -1,0 +1,323 @@
+//! The messages of the transfer protocol, borrowed from their frame.
+//!
+//! Field order in each struct is the seed's dataclass order, which is the
+//! order on the wire. Fields marked *extension* are ferry's compatible
+//! additions (see DESIGN.md): a seed-era peer ignores them, and they are
+//! written only when they differ from their default.
+
+use core::fmt;
+
+use super::manifest::Manifest;
+use super::slots::SlotList;
+use crate::json::{JsonStr, RawJson};
+
+/// The `msg_type` of a transfer message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MsgType {
+    /// `transfer_register`: instance → coordinator.
+    Register,
+    /// `transfer_register_ack`: coordinator → instance.
+    RegisterAck,
+    /// `transfer_staged`: sender → coordinator.
+    Staged,
+    /// `transfer_alloc`: coordinator → receiver.
+    Alloc,
+    /// `transfer_allocated`: receiver → coordinator.
+    Allocated,
+    /// `transfer_alloc_reject` (ferry extension): receiver → coordinator.
+    AllocReject,
+    /// `transfer_push`: coordinator → sender.
+    Push,
+    /// `transfer_pushed`: sender → coordinator.
+    Pushed,
+    /// `transfer_ready`: coordinator → receiver.
+    Ready,
+    /// `transfer_done`: receiver → coordinator.
+    Done,
+    /// `transfer_abort` (ferry extension): coordinator → instances.
+    Abort,
+}
+
+impl MsgType {
+    /// Every message type, in protocol order.
+    pub const ALL: [MsgType; 11] = [
+        Self::Register,
+        Self::RegisterAck,
+        Self::Staged,
+        Self::Alloc,
+        Self::Allocated,
+        Self::AllocReject,
+        Self::Push,
+        Self::Pushed,
+        Self::Ready,
+        Self::Done,
+        Self::Abort,
+    ];
+
+    /// The wire name, e.g. `"transfer_staged"`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Register => "transfer_register",
+            Self::RegisterAck => "transfer_register_ack",
+            Self::Staged => "transfer_staged",
+            Self::Alloc => "transfer_alloc",
+            Self::Allocated => "transfer_allocated",
+            Self::AllocReject => "transfer_alloc_reject",
+            Self::Push => "transfer_push",
+            Self::Pushed => "transfer_pushed",
+            Self::Ready => "transfer_ready",
+            Self::Done => "transfer_done",
+            Self::Abort => "transfer_abort",
+        }
+    }
+
+    /// The type named `name`, if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == name)
+    }
+}
+
+impl fmt::Display for MsgType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `transfer_register`: an instance announces its pool and receive slots.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Register<'a> {
+    /// `encoder`, `denoiser`, `decoder`, ...
+    pub role: JsonStr<'a>,
+    /// The data-plane session peers address this instance's pool by.
+    pub session_id: JsonStr<'a>,
+    /// Base address of the registered pool in the instance's address space.
+    pub pool_ptr: u64,
+    /// Size of the pool in bytes.
+    pub pool_size: u64,
+    /// The instance's own work endpoint (e.g. `tcp://host:port`).
+    pub work_endpoint: JsonStr<'a>,
+    /// Receive slots the instance set aside in advance.
+    pub preallocated_slots: SlotList<'a>,
+}
+
+/// `transfer_register_ack`: the coordinator's answer to a registration.
+///
+/// The seed names this type but gives it no fields. ferry's choice: the
+/// registration it answers (`session_id`, `role`), whether it was accepted,
+/// and why not. All fields are always written.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RegisterAck<'a> {
+    /// The session of the registration being answered.
+    pub session_id: JsonStr<'a>,
+    /// The role it registered as.
+    pub role: JsonStr<'a>,
+    /// False if the coordinator refused the registration.
+    pub accepted: bool,
+    /// Why it was refused.
+    pub error: Option<JsonStr<'a>>,
+}
+
+impl Default for RegisterAck<'_> {
+    fn default() -> Self {
+        Self {
+            session_id: JsonStr::EMPTY,
+            role: JsonStr::EMPTY,
+            accepted: true,
+            error: None,
+        }
+    }
+}
+
+/// `transfer_staged`: a sender has copied a request's tensors into a slot.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Staged<'a> {
+    /// The request.
+    pub request_id: JsonStr<'a>,
+    /// Bytes to transfer (the slot's payload, padding included).
+    pub data_size: u64,
+    /// Where each tensor lies in the slot.
+    pub manifest: Manifest<'a>,
+    /// The sender's data-plane session.
+    pub session_id: JsonStr<'a>,
+    /// The sender's pool base address.
+    pub pool_ptr: u64,
+    /// Offset of the staged slot in the sender's pool.
+    pub slot_offset: u64,
+    /// *Extension*: scalar fields to relay into `transfer_ready` (default `{}`).
+    pub scalar_fields: RawJson<'a>,
+}
+
+/// `transfer_alloc`: the coordinator asks a receiver for a slot.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Alloc<'a> {
+    /// The request.
+    pub request_id: JsonStr<'a>,
+    /// Bytes the slot must hold.
+    pub data_size: u64,
+    /// Role of the sender.
+    pub source_role: JsonStr<'a>,
+}
+
+/// `transfer_allocated`: a receiver reserved a slot.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Allocated<'a> {
+    /// The request.
+    pub request_id: JsonStr<'a>,
+    /// The receiver's data-plane session.
+    pub session_id: JsonStr<'a>,
+    /// The receiver's pool base address.
+    pub pool_ptr: u64,
+    /// Offset of the reserved slot in the receiver's pool.
+    pub slot_offset: u64,
+    /// Size of the reserved slot.
+    pub slot_size: u64,
+}
+
+/// `transfer_alloc_reject` (ferry extension): a receiver cannot allocate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AllocReject<'a> {
+    /// The request.
+    pub request_id: JsonStr<'a>,
+    /// The rejecting receiver's session.
+    pub session_id: JsonStr<'a>,
+    /// True if asking again later may succeed (pool full, not too small).
+    pub retryable: bool,
+    /// Why.
+    pub reason: JsonStr<'a>,
+}
+
+impl Default for AllocReject<'_> {
+    fn default() -> Self {
+        Self {
+            request_id: JsonStr::EMPTY,
+            session_id: JsonStr::EMPTY,
+            retryable: true,
+            reason: JsonStr::EMPTY,
+        }
+    }
+}
+
+/// `transfer_push`: the coordinator tells a sender where to write.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Push<'a> {
+    /// The request.
+    pub request_id: JsonStr<'a>,
+    /// The receiver's data-plane session.
+    pub dest_session_id: JsonStr<'a>,
+    /// Destination address in the receiver's address space.
+    pub dest_addr: u64,
+    /// Bytes to write.
+    pub transfer_size: u64,
+}
+
+/// `transfer_pushed`: a sender finished (or failed) its write.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pushed<'a> {
+    /// The request.
+    pub request_id: JsonStr<'a>,
+    /// *Extension*: false if the write failed (default true).
+    pub success: bool,
+    /// *Extension*: what failed (default `None`).
+    pub error: Option<JsonStr<'a>>,
+}
+
+impl Default for Pushed<'_> {
+    fn default() -> Self {
+        Self {
+            request_id: JsonStr::EMPTY,
+            success: true,
+            error: None,
+        }
+    }
+}
+
+/// `transfer_ready`: the bytes are in the receiver's slot.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Ready<'a> {
+    /// The request.
+    pub request_id: JsonStr<'a>,
+    /// Where each tensor lies in the slot.
+    pub manifest: Manifest<'a>,
+    /// Offset of the slot in the receiver's pool.
+    pub slot_offset: u64,
+    /// Scalar fields relayed from the sender.
+    pub scalar_fields: RawJson<'a>,
+}
+
+/// `transfer_done`: the receiver consumed (or failed) the request.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Done<'a> {
+    /// The request.
+    pub request_id: JsonStr<'a>,
+    /// Why it failed, if it did.
+    pub error: Option<JsonStr<'a>>,
+}
+
+/// `transfer_abort` (ferry extension): the coordinator gave up on a request.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Abort<'a> {
+    /// The request.
+    pub request_id: JsonStr<'a>,
+    /// Why (timeout, peer gone, write failed, ...).
+    pub reason: JsonStr<'a>,
+}
+
+/// A decoded (or to-be-encoded) transfer message.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[allow(missing_docs)]
+pub enum Msg<'a> {
+    Register(Register<'a>),
+    RegisterAck(RegisterAck<'a>),
+    Staged(Staged<'a>),
+    Alloc(Alloc<'a>),
+    Allocated(Allocated<'a>),
+    AllocReject(AllocReject<'a>),
+    Push(Push<'a>),
+    Pushed(Pushed<'a>),
+    Ready(Ready<'a>),
+    Done(Done<'a>),
+    Abort(Abort<'a>),
+}
+
+impl<'a> Msg<'a> {
+    /// The message's type.
+    pub fn msg_type(&self) -> MsgType {
+        match self {
+            Self::Register(_) => MsgType::Register,
+            Self::RegisterAck(_) => MsgType::RegisterAck,
+            Self::Staged(_) => MsgType::Staged,
+            Self::Alloc(_) => MsgType::Alloc,
+            Self::Allocated(_) => MsgType::Allocated,
+            Self::AllocReject(_) => MsgType::AllocReject,
+            Self::Push(_) => MsgType::Push,
+            Self::Pushed(_) => MsgType::Pushed,
+            Self::Ready(_) => MsgType::Ready,
+            Self::Done(_) => MsgType::Done,
+            Self::Abort(_) => MsgType::Abort,
+        }
+    }
+
+    /// The request the message is about; `None` for registration messages.
+    pub fn request_id(&self) -> Option<JsonStr<'a>> {
+        match self {
+            Self::Register(_) | Self::RegisterAck(_) => None,
+            Self::Staged(m) => Some(m.request_id),
+            Self::Alloc(m) => Some(m.request_id),
+            Self::Allocated(m) => Some(m.request_id),
+            Self::AllocReject(m) => Some(m.request_id),
+            Self::Push(m) => Some(m.request_id),
+            Self::Pushed(m) => Some(m.request_id),
+            Self::Ready(m) => Some(m.request_id),
+            Self::Done(m) => Some(m.request_id),
+            Self::Abort(m) => Some(m.request_id),
+        }
+    }
+}
+
+impl Default for RawJson<'_> {
+    /// The empty object, the default of every raw field in the protocol
+    /// except `preallocated_slots`.
+    fn default() -> Self {
+        RawJson::EMPTY_OBJECT
+    }
+}

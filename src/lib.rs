@@ -1,0 +1,13 @@
+//! ferry: tensor transfer for disaggregated diffusion serving.
+//!
+//! The root package holds the std side of ferry: the `ferry` command-line
+//! tool and what it shares with benchmarks and tests. The protocol itself
+//! (messages, codec, and, as they land, slot accounting and the handshake
+//! state machines) lives in [`ferry_core`], re-exported here as [`core`].
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub use ferry_core as core;
+
+pub mod wire_bench;
+pub mod wire_text;

@@ -1,0 +1,117 @@
+//! The control-plane codec workload shared by `ferry bench wire` and
+//! `cargo bench`: the same messages the seed's Python is timed on
+//! (`bench/wire_seed.py`), encoded and decoded in a loop.
+
+use std::time::{Duration, Instant};
+
+use ferry_core::wire::{decode, DecodeError, Manifest, Msg, Push, Shape, Staged, TensorEntry};
+use ferry_core::json::JsonStr;
+
+/// The four tensors of a typical text-to-video hand-off, laid out at
+/// 512-byte-aligned offsets, as in `bench/wire_seed.py`.
+pub const STAGED_TENSORS: [TensorEntry<'static>; 4] = [
+    TensorEntry {
+        field: JsonStr::plain("prompt_embeds"),
+        list_index: None,
+        offset: 0,
+        shape: Shape::Dims(&[1, 512, 4096]),
+        dtype: JsonStr::plain("bfloat16"),
+    },
+    TensorEntry {
+        field: JsonStr::plain("pooled_prompt_embeds"),
+        list_index: None,
+        offset: 4_194_304,
+        shape: Shape::Dims(&[1, 4096]),
+        dtype: JsonStr::plain("bfloat16"),
+    },
+    TensorEntry {
+        field: JsonStr::plain("latents"),
+        list_index: Some(0),
+        offset: 4_202_496,
+        shape: Shape::Dims(&[1, 16, 21, 90, 160]),
+        dtype: JsonStr::plain("bfloat16"),
+    },
+    TensorEntry {
+        field: JsonStr::plain("timesteps"),
+        list_index: None,
+        offset: 14_088_192,
+        shape: Shape::Dims(&[1]),
+        dtype: JsonStr::plain("float32"),
+    },
+];
+
+/// A `transfer_staged` with the four-tensor manifest.
+pub fn staged_msg() -> Msg<'static> {
+    Msg::Staged(Staged {
+        request_id: JsonStr::plain("req-000042-3f9c2a7e"),
+        data_size: 14_088_704,
+        manifest: Manifest::Entries(&STAGED_TENSORS),
+        session_id: JsonStr::plain("10.0.0.7:5557/mlx5_0"),
+        pool_ptr: 140_245_832_663_040,
+        slot_offset: 268_435_456,
+        ..Staged::default()
+    })
+}
+
+/// A `transfer_push`.
+pub fn push_msg() -> Msg<'static> {
+    Msg::Push(Push {
+        request_id: JsonStr::plain("req-000042-3f9c2a7e"),
+        dest_session_id: JsonStr::plain("10.0.0.9:5557/mlx5_1"),
+        dest_addr: 139_912_345_698_304,
+        transfer_size: 14_088_704,
+    })
+}
+
+/// One encode into `buf` and one decode of the result, touching every
+/// decoded field the way a receiver does (the manifest is walked and
+/// type-checked). Returns the payload length.
+pub fn encode_decode(msg: &Msg<'_>, buf: &mut [u8]) -> Result<usize, DecodeError> {
+    let n = msg.encode(buf).unwrap_or(0);
+    match decode(&buf[..n])? {
+        Msg::Staged(m) => {
+            std::hint::black_box(m.manifest.validate()?);
+        }
+        other => {
+            std::hint::black_box(other);
+        }
+    }
+    Ok(n)
+}
+
+/// Result of timing one workload.
+#[derive(Clone, Copy, Debug)]
+pub struct Rate {
+    /// Encode+decode round trips performed.
+    pub iterations: u64,
+    /// Wall time they took.
+    pub elapsed: Duration,
+    /// Payload size in bytes.
+    pub payload_len: usize,
+}
+
+impl Rate {
+    /// Encode+decode pairs per second.
+    pub fn per_second(&self) -> f64 {
+        self.iterations as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// Runs `encode_decode(msg)` repeatedly for about `duration`.
+pub fn measure(msg: &Msg<'_>, duration: Duration) -> Result<Rate, DecodeError> {
+    let mut buf = vec![0u8; msg.encoded_len(Default::default())];
+    let start = Instant::now();
+    let mut iterations = 0u64;
+    let mut payload_len = 0;
+    while start.elapsed() < duration {
+        for _ in 0..1024 {
+            payload_len = encode_decode(std::hint::black_box(msg), &mut buf)?;
+        }
+        iterations += 1024;
+    }
+    Ok(Rate {
+        iterations,
+        elapsed: start.elapsed(),
+        payload_len,
+    })
+}

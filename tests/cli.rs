@@ -1,0 +1,95 @@
+//! The `ferry` binary as a user runs it: a real process, real pipes.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+fn ferry(args: &[&str], stdin: &[u8]) -> (String, String, bool) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ferry");
+    let mut input = child.stdin.take().expect("piped stdin");
+    let data = stdin.to_vec();
+    let writer = std::thread::spawn(move || input.write_all(&data));
+    let out = child.wait_with_output().expect("wait for ferry");
+    writer.join().expect("writer thread").expect("write stdin");
+    (
+        String::from_utf8(out.stdout).expect("utf-8 stdout"),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.success(),
+    )
+}
+
+fn golden(name: &str) -> Vec<u8> {
+    std::fs::read(format!("{}/tests/data/golden/{name}", env!("CARGO_MANIFEST_DIR"))).expect("golden file")
+}
+
+#[test]
+fn canon_reproduces_the_seeds_encoding_line_for_line() {
+    let (out, err, ok) = ferry(&["wire", "canon"], &golden("loose.jsonl"));
+    assert!(ok, "{err}");
+    let want = String::from_utf8(golden("loose.canonical.jsonl")).unwrap();
+    assert_eq!(out.lines().count(), want.lines().count());
+    for (i, (got, want)) in out.lines().zip(want.lines()).enumerate() {
+        assert_eq!(got, want, "line {}", i + 1);
+    }
+}
+
+#[test]
+fn canon_reports_bad_lines_and_keeps_going() {
+    let input = b"{\"msg_type\":\"transfer_done\",\"request_id\":\"a\"}\n\
+        not json\n\
+        {\"msg_type\":\"transfer_push\",\"dest_addr\":-4}\n\
+        \xff\xfe\n\
+        \n\
+        {\"msg_type\":\"transfer_alloc\",\"data_size\":18446744073709551616}\n\
+        {\"request_id\":\"r\"}\n\
+        {\"msg_type\":\"transfer_done\",\"request_id\":\"b\"}";
+    let (out, err, ok) = ferry(&["wire", "canon"], input);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 8, "{out}");
+    assert_eq!(lines[0], r#"{"msg_type":"transfer_done","request_id":"a","error":null}"#);
+    assert!(lines[1].starts_with("error: invalid JSON"), "{}", lines[1]);
+    assert!(lines[2].starts_with("error: field `dest_addr`: negative"), "{}", lines[2]);
+    assert!(lines[3].starts_with("error: invalid JSON: not valid UTF-8"), "{}", lines[3]);
+    assert!(lines[4].starts_with("error: invalid JSON: unexpected end"), "{}", lines[4]);
+    assert!(lines[5].starts_with("error: field `data_size`: integer larger"), "{}", lines[5]);
+    assert!(lines[6].starts_with("error: field `msg_type`: missing"), "{}", lines[6]);
+    assert_eq!(lines[7], r#"{"msg_type":"transfer_done","request_id":"b","error":null}"#);
+}
+
+#[test]
+fn decode_describes_messages_for_people() {
+    let input = b"{\"msg_type\":\"transfer_register\",\"role\":\"denoiser\",\"session_id\":\"s\",\"pool_ptr\":4096,\"pool_size\":1073741824,\"preallocated_slots\":[{\"offset\":0,\"size\":16777216,\"slot_id\":3,\"addr\":4096}]}\n\
+        {\"msg_type\":\"transfer_pushed\",\"request_id\":\"r\",\"success\":false,\"error\":\"EIO\"}\n\
+        [1]\n";
+    let (out, err, ok) = ferry(&["wire", "decode"], input);
+    assert!(ok, "{err}");
+    assert!(out.contains("transfer_register\n"), "{out}");
+    assert!(out.contains("1073741824 (1.00 GiB)"), "{out}");
+    assert!(out.contains("slot 3"), "{out}");
+    assert!(out.contains("success             false"), "{out}");
+    assert!(out.contains("\"EIO\""), "{out}");
+    assert!(out.contains("line 3: error: message must be a JSON object, got array"), "{out}");
+}
+
+#[test]
+fn bench_wire_prints_the_seeds_payloads() {
+    let (out, err, ok) = ferry(&["bench", "wire", "--print-payloads"], b"");
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2);
+    assert!(lines[0].starts_with(r#"{"msg_type":"transfer_staged","#));
+    assert!(lines[1].starts_with(r#"{"msg_type":"transfer_push","#));
+}
+
+#[test]
+fn bench_wire_rejects_a_bad_duration() {
+    let (_, err, ok) = ferry(&["bench", "wire", "--seconds", "0"], b"");
+    assert!(!ok);
+    assert!(err.contains("--seconds must be a positive number"), "{err}");
+}
