@@ -23,7 +23,9 @@ fn codec(c: &mut Criterion) {
                 _ => None,
             })
         });
-        g.bench_function("encode+decode", |b| b.iter(|| encode_decode(black_box(&msg), &mut buf)));
+        g.bench_function("encode+decode", |b| {
+            b.iter(|| encode_decode(black_box(&msg), &mut buf))
+        });
         g.finish();
     }
 }

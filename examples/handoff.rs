@@ -18,7 +18,12 @@ fn frame<'b>(msg: &Msg<'_>, buf: &'b mut [u8]) -> Result<[&'b [u8]; 2], BufferTo
 
 fn main() -> ExitCode {
     const POOL_R: u64 = 0x7f00_0000_0000;
-    let slots = [PreallocatedSlot { offset: 0, size: 32 << 20, slot_id: 0, addr: POOL_R }];
+    let slots = [PreallocatedSlot {
+        offset: 0,
+        size: 32 << 20,
+        slot_id: 0,
+        addr: POOL_R,
+    }];
     let tensors = [
         TensorEntry {
             field: "prompt_embeds".into(),
@@ -35,7 +40,9 @@ fn main() -> ExitCode {
             dtype: "bfloat16".into(),
         },
     ];
-    let scalars = match RawJson::parse_object(r#"{"prompt":"a red fox in the snow","num_inference_steps":50,"guidance_scale":5.0}"#) {
+    let scalars = match RawJson::parse_object(
+        r#"{"prompt":"a red fox in the snow","num_inference_steps":50,"guidance_scale":5.0}"#,
+    ) {
         Ok(v) => v,
         Err(e) => {
             eprintln!("scalar fields: {e}");
@@ -44,42 +51,69 @@ fn main() -> ExitCode {
     };
     let data_size = (4 << 20) + 2 * 16 * 21 * 90 * 160;
     let handoff = [
-        ("denoiser → coordinator", Msg::Register(Register {
-            role: "denoiser".into(),
-            session_id: "shm:ferry-denoiser-0".into(),
-            pool_ptr: POOL_R,
-            pool_size: 1 << 30,
-            work_endpoint: "ipc:///tmp/ferry-denoiser-0".into(),
-            preallocated_slots: SlotList::Slots(&slots),
-        })),
-        ("coordinator → denoiser", Msg::RegisterAck(RegisterAck {
-            session_id: "shm:ferry-denoiser-0".into(),
-            role: "denoiser".into(),
-            ..RegisterAck::default()
-        })),
-        ("encoder → coordinator", Msg::Staged(Staged {
-            request_id: "req-1".into(),
-            data_size,
-            manifest: Manifest::Entries(&tensors),
-            session_id: "shm:ferry-encoder-0".into(),
-            pool_ptr: 0x7e00_0000_0000,
-            slot_offset: 64 << 20,
-            scalar_fields: scalars,
-        })),
-        ("coordinator → encoder", Msg::Push(Push {
-            request_id: "req-1".into(),
-            dest_session_id: "shm:ferry-denoiser-0".into(),
-            dest_addr: POOL_R,
-            transfer_size: data_size,
-        })),
-        ("encoder → coordinator", Msg::Pushed(Pushed { request_id: "req-1".into(), ..Pushed::default() })),
-        ("coordinator → denoiser", Msg::Ready(Ready {
-            request_id: "req-1".into(),
-            manifest: Manifest::Entries(&tensors),
-            slot_offset: 0,
-            scalar_fields: scalars,
-        })),
-        ("denoiser → coordinator", Msg::Done(Done { request_id: "req-1".into(), error: None })),
+        (
+            "denoiser → coordinator",
+            Msg::Register(Register {
+                role: "denoiser".into(),
+                session_id: "shm:ferry-denoiser-0".into(),
+                pool_ptr: POOL_R,
+                pool_size: 1 << 30,
+                work_endpoint: "ipc:///tmp/ferry-denoiser-0".into(),
+                preallocated_slots: SlotList::Slots(&slots),
+            }),
+        ),
+        (
+            "coordinator → denoiser",
+            Msg::RegisterAck(RegisterAck {
+                session_id: "shm:ferry-denoiser-0".into(),
+                role: "denoiser".into(),
+                ..RegisterAck::default()
+            }),
+        ),
+        (
+            "encoder → coordinator",
+            Msg::Staged(Staged {
+                request_id: "req-1".into(),
+                data_size,
+                manifest: Manifest::Entries(&tensors),
+                session_id: "shm:ferry-encoder-0".into(),
+                pool_ptr: 0x7e00_0000_0000,
+                slot_offset: 64 << 20,
+                scalar_fields: scalars,
+            }),
+        ),
+        (
+            "coordinator → encoder",
+            Msg::Push(Push {
+                request_id: "req-1".into(),
+                dest_session_id: "shm:ferry-denoiser-0".into(),
+                dest_addr: POOL_R,
+                transfer_size: data_size,
+            }),
+        ),
+        (
+            "encoder → coordinator",
+            Msg::Pushed(Pushed {
+                request_id: "req-1".into(),
+                ..Pushed::default()
+            }),
+        ),
+        (
+            "coordinator → denoiser",
+            Msg::Ready(Ready {
+                request_id: "req-1".into(),
+                manifest: Manifest::Entries(&tensors),
+                slot_offset: 0,
+                scalar_fields: scalars,
+            }),
+        ),
+        (
+            "denoiser → coordinator",
+            Msg::Done(Done {
+                request_id: "req-1".into(),
+                error: None,
+            }),
+        ),
     ];
     let mut buf = [0u8; 1024];
     for (leg, msg) in &handoff {
@@ -109,6 +143,9 @@ fn main() -> ExitCode {
             }
         }
     }
-    println!("\n{} messages, each decoded back to what was sent.", handoff.len());
+    println!(
+        "\n{} messages, each decoded back to what was sent.",
+        handoff.len()
+    );
     ExitCode::SUCCESS
 }

@@ -76,7 +76,10 @@ fn lines(mut each: impl FnMut(usize, &[u8], &mut Vec<u8>)) -> io::Result<()> {
 }
 
 fn bench_wire(args: &BenchWire) -> Result<(), String> {
-    let workloads = [("transfer_staged", wire_bench::staged_msg()), ("transfer_push", wire_bench::push_msg())];
+    let workloads = [
+        ("transfer_staged", wire_bench::staged_msg()),
+        ("transfer_push", wire_bench::push_msg()),
+    ];
     if args.print_payloads {
         for (_, msg) in &workloads {
             let mut buf = vec![0u8; msg.encoded_len(Default::default())];
@@ -86,7 +89,10 @@ fn bench_wire(args: &BenchWire) -> Result<(), String> {
         return Ok(());
     }
     if !(args.seconds.is_finite() && args.seconds > 0.0) {
-        return Err(format!("--seconds must be a positive number, got {}", args.seconds));
+        return Err(format!(
+            "--seconds must be a positive number, got {}",
+            args.seconds
+        ));
     }
     let duration = Duration::from_secs_f64(args.seconds);
     let mut results: Vec<(&str, Rate)> = Vec::new();
@@ -98,12 +104,21 @@ fn bench_wire(args: &BenchWire) -> Result<(), String> {
         Format::Json => {
             let parts: Vec<String> = results
                 .iter()
-                .map(|(name, r)| format!("\"{name}\":{{\"per_second\":{:.1},\"payload_bytes\":{}}}", r.per_second(), r.payload_len))
+                .map(|(name, r)| {
+                    format!(
+                        "\"{name}\":{{\"per_second\":{:.1},\"payload_bytes\":{}}}",
+                        r.per_second(),
+                        r.payload_len
+                    )
+                })
                 .collect();
             println!("{{{}}}", parts.join(","));
         }
         Format::Table => {
-            println!("{:<18} {:>14} {:>12} {:>14}", "message", "enc+dec/s", "ns/pair", "payload bytes");
+            println!(
+                "{:<18} {:>14} {:>12} {:>14}",
+                "message", "enc+dec/s", "ns/pair", "payload bytes"
+            );
             for (name, r) in &results {
                 println!(
                     "{name:<18} {:>14.0} {:>12.1} {:>14}",
@@ -120,7 +135,9 @@ fn bench_wire(args: &BenchWire) -> Result<(), String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Wire(WireCommand::Canon) => lines(|_, line, out| canon_line(line, out)).map_err(|e| format!("stdin/stdout: {e}")),
+        Command::Wire(WireCommand::Canon) => {
+            lines(|_, line, out| canon_line(line, out)).map_err(|e| format!("stdin/stdout: {e}"))
+        }
         Command::Wire(WireCommand::Decode) => lines(|n, line, out| match pretty(line) {
             Ok(text) => out.extend_from_slice(text.as_bytes()),
             Err(e) => out.extend_from_slice(format!("line {n}: error: {e}\n").as_bytes()),

@@ -8,6 +8,12 @@ use ferry_core::wire::{decode, DecodeError, Manifest, Msg, SlotList};
 
 /// Appends to `out` the canonical encoding of `payload` (what the seed's
 /// Python writes for the decoded message), or `error: <reason>`.
+///
+/// ```
+/// let mut out = Vec::new();
+/// ferry::wire_text::canon_line(br#"{"msg_type":"transfer_done","request_id":"r\u00e9"}"#, &mut out);
+/// assert_eq!(out, br#"{"msg_type":"transfer_done","request_id":"r\u00e9","error":null}"#);
+/// ```
 pub fn canon_line(payload: &[u8], out: &mut Vec<u8>) {
     match decode(payload) {
         Ok(msg) => {
@@ -189,13 +195,19 @@ mod tests {
         let mut out = Vec::new();
         canon_line(br#"{"msg_type":"transfer_push","dest_addr":-1}"#, &mut out);
         let text = String::from_utf8(out).unwrap();
-        assert!(text.starts_with("error: field `dest_addr`: negative"), "{text}");
+        assert!(
+            text.starts_with("error: field `dest_addr`: negative"),
+            "{text}"
+        );
     }
 
     #[test]
     fn canon_line_fills_defaults_and_drops_unknown_fields() {
         let mut out = Vec::new();
-        canon_line(br#" { "zzz" : [1, NaN], "request_id" : "r\u00e9", "msg_type":"transfer_done" } "#, &mut out);
+        canon_line(
+            br#" { "zzz" : [1, NaN], "request_id" : "r\u00e9", "msg_type":"transfer_done" } "#,
+            &mut out,
+        );
         assert_eq!(
             String::from_utf8(out).unwrap(),
             r#"{"msg_type":"transfer_done","request_id":"r\u00e9","error":null}"#
@@ -209,6 +221,8 @@ mod tests {
         assert!(text.contains("14088704 (13.44 MiB)"), "{text}");
         assert!(text.contains("\"latents[0]\""), "{text}");
         assert!(text.contains("[1, 16] bfloat16"), "{text}");
-        assert!(pretty(br#"{"msg_type":"transfer_staged","manifest":{"a":[{"offset":1}]}}"#).is_err());
+        assert!(
+            pretty(br#"{"msg_type":"transfer_staged","manifest":{"a":[{"offset":1}]}}"#).is_err()
+        );
     }
 }

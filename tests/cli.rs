@@ -24,7 +24,11 @@ fn ferry(args: &[&str], stdin: &[u8]) -> (String, String, bool) {
 }
 
 fn golden(name: &str) -> Vec<u8> {
-    std::fs::read(format!("{}/tests/data/golden/{name}", env!("CARGO_MANIFEST_DIR"))).expect("golden file")
+    std::fs::read(format!(
+        "{}/tests/data/golden/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .expect("golden file")
 }
 
 #[test]
@@ -52,14 +56,40 @@ fn canon_reports_bad_lines_and_keeps_going() {
     assert!(ok, "{err}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 8, "{out}");
-    assert_eq!(lines[0], r#"{"msg_type":"transfer_done","request_id":"a","error":null}"#);
+    assert_eq!(
+        lines[0],
+        r#"{"msg_type":"transfer_done","request_id":"a","error":null}"#
+    );
     assert!(lines[1].starts_with("error: invalid JSON"), "{}", lines[1]);
-    assert!(lines[2].starts_with("error: field `dest_addr`: negative"), "{}", lines[2]);
-    assert!(lines[3].starts_with("error: invalid JSON: not valid UTF-8"), "{}", lines[3]);
-    assert!(lines[4].starts_with("error: invalid JSON: unexpected end"), "{}", lines[4]);
-    assert!(lines[5].starts_with("error: field `data_size`: integer larger"), "{}", lines[5]);
-    assert!(lines[6].starts_with("error: field `msg_type`: missing"), "{}", lines[6]);
-    assert_eq!(lines[7], r#"{"msg_type":"transfer_done","request_id":"b","error":null}"#);
+    assert!(
+        lines[2].starts_with("error: field `dest_addr`: negative"),
+        "{}",
+        lines[2]
+    );
+    assert!(
+        lines[3].starts_with("error: invalid JSON: not valid UTF-8"),
+        "{}",
+        lines[3]
+    );
+    assert!(
+        lines[4].starts_with("error: invalid JSON: unexpected end"),
+        "{}",
+        lines[4]
+    );
+    assert!(
+        lines[5].starts_with("error: field `data_size`: integer larger"),
+        "{}",
+        lines[5]
+    );
+    assert!(
+        lines[6].starts_with("error: field `msg_type`: missing"),
+        "{}",
+        lines[6]
+    );
+    assert_eq!(
+        lines[7],
+        r#"{"msg_type":"transfer_done","request_id":"b","error":null}"#
+    );
 }
 
 #[test]
@@ -74,7 +104,10 @@ fn decode_describes_messages_for_people() {
     assert!(out.contains("slot 3"), "{out}");
     assert!(out.contains("success             false"), "{out}");
     assert!(out.contains("\"EIO\""), "{out}");
-    assert!(out.contains("line 3: error: message must be a JSON object, got array"), "{out}");
+    assert!(
+        out.contains("line 3: error: message must be a JSON object, got array"),
+        "{out}"
+    );
 }
 
 #[test]

@@ -20,20 +20,41 @@ fn json_kind(payload: &str) -> J {
 
 #[test]
 fn not_json() {
-    assert!(matches!(json_kind("hello"), J::UnexpectedByte { found: b'h', .. }));
+    assert!(matches!(
+        json_kind("hello"),
+        J::UnexpectedByte { found: b'h', .. }
+    ));
     assert_eq!(json_kind(""), J::UnexpectedEnd);
-    assert_eq!(json_kind("{\"msg_type\":\"transfer_done\""), J::UnexpectedEnd);
-    assert!(matches!(json_kind("{'msg_type':1}"), J::UnexpectedByte { found: b'\'', .. }));
-    assert!(matches!(json_kind("{\"a\":1,}"), J::UnexpectedByte { found: b'}', .. }));
-    assert!(matches!(json_kind("{\"a\" 1}"), J::UnexpectedByte { found: b'1', .. }));
+    assert_eq!(
+        json_kind("{\"msg_type\":\"transfer_done\""),
+        J::UnexpectedEnd
+    );
+    assert!(matches!(
+        json_kind("{'msg_type':1}"),
+        J::UnexpectedByte { found: b'\'', .. }
+    ));
+    assert!(matches!(
+        json_kind("{\"a\":1,}"),
+        J::UnexpectedByte { found: b'}', .. }
+    ));
+    assert!(matches!(
+        json_kind("{\"a\" 1}"),
+        J::UnexpectedByte { found: b'1', .. }
+    ));
     assert!(matches!(json_kind("{\"a\":tru}"), J::UnexpectedByte { .. }));
-    assert!(matches!(json_kind("{\"a\":[1 2]}"), J::UnexpectedByte { found: b'2', .. }));
+    assert!(matches!(
+        json_kind("{\"a\":[1 2]}"),
+        J::UnexpectedByte { found: b'2', .. }
+    ));
 }
 
 #[test]
 fn not_an_object() {
     assert_eq!(err("[1,2]").kind, K::NotAnObject(JsonType::Array));
-    assert_eq!(err(" \"transfer_done\" ").kind, K::NotAnObject(JsonType::String));
+    assert_eq!(
+        err(" \"transfer_done\" ").kind,
+        K::NotAnObject(JsonType::String)
+    );
     assert_eq!(err("null").kind, K::NotAnObject(JsonType::Null));
 }
 
@@ -53,7 +74,13 @@ fn msg_type_missing_unknown_or_mistyped() {
     assert_eq!((e.kind, e.field), (K::UnknownMsgType, Some("msg_type")));
     let e = err("{\"msg_type\":7}");
     assert_eq!(e.field, Some("msg_type"));
-    assert!(matches!(e.kind, K::WrongType { found: JsonType::Number, .. }));
+    assert!(matches!(
+        e.kind,
+        K::WrongType {
+            found: JsonType::Number,
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -69,16 +96,23 @@ fn integers_that_are_addresses_or_sizes() {
         ("-Infinity", K::NotAnInteger),
     ];
     for (v, kind) in cases {
-        let e = err(&format!("{{\"msg_type\":\"transfer_push\",\"dest_addr\":{v}}}"));
+        let e = err(&format!(
+            "{{\"msg_type\":\"transfer_push\",\"dest_addr\":{v}}}"
+        ));
         assert_eq!((e.kind, e.field), (kind, Some("dest_addr")), "{v}");
     }
     for v in ["\"12\"", "true", "null", "[1]", "{}"] {
-        let e = err(&format!("{{\"msg_type\":\"transfer_staged\",\"data_size\":{v}}}"));
+        let e = err(&format!(
+            "{{\"msg_type\":\"transfer_staged\",\"data_size\":{v}}}"
+        ));
         assert_eq!(e.field, Some("data_size"), "{v}");
         assert!(matches!(e.kind, K::WrongType { .. }), "{v}: {:?}", e.kind);
     }
     // Largest value and negative zero are fine.
-    let m = decode(b"{\"msg_type\":\"transfer_push\",\"dest_addr\":18446744073709551615,\"transfer_size\":-0}").unwrap();
+    let m = decode(
+        b"{\"msg_type\":\"transfer_push\",\"dest_addr\":18446744073709551615,\"transfer_size\":-0}",
+    )
+    .unwrap();
     let Msg::Push(p) = m else { panic!() };
     assert_eq!((p.dest_addr, p.transfer_size), (u64::MAX, 0));
 }
@@ -88,14 +122,30 @@ fn wrong_types_name_the_field() {
     let cases = [
         ("transfer_staged", "\"request_id\":5", "request_id"),
         ("transfer_staged", "\"manifest\":[]", "manifest"),
-        ("transfer_staged", "\"scalar_fields\":\"x\"", "scalar_fields"),
+        (
+            "transfer_staged",
+            "\"scalar_fields\":\"x\"",
+            "scalar_fields",
+        ),
         ("transfer_ready", "\"scalar_fields\":[]", "scalar_fields"),
-        ("transfer_register", "\"preallocated_slots\":{}", "preallocated_slots"),
-        ("transfer_register", "\"preallocated_slots\":null", "preallocated_slots"),
+        (
+            "transfer_register",
+            "\"preallocated_slots\":{}",
+            "preallocated_slots",
+        ),
+        (
+            "transfer_register",
+            "\"preallocated_slots\":null",
+            "preallocated_slots",
+        ),
         ("transfer_pushed", "\"success\":1", "success"),
         ("transfer_pushed", "\"error\":false", "error"),
         ("transfer_done", "\"error\":{}", "error"),
-        ("transfer_alloc_reject", "\"retryable\":\"yes\"", "retryable"),
+        (
+            "transfer_alloc_reject",
+            "\"retryable\":\"yes\"",
+            "retryable",
+        ),
         ("transfer_register_ack", "\"accepted\":null", "accepted"),
     ];
     for (ty, member, field) in cases {
@@ -114,14 +164,38 @@ fn fields_of_other_types_are_ignored() {
 
 #[test]
 fn bad_strings() {
-    assert_eq!(json_kind(r#"{"msg_type":"transfer_done","request_id":"\x"}"#), J::InvalidEscape);
-    assert_eq!(json_kind(r#"{"msg_type":"transfer_done","request_id":"\u12G4"}"#), J::InvalidEscape);
-    assert_eq!(json_kind(r#"{"msg_type":"transfer_done","request_id":"\u12"}"#), J::InvalidEscape);
-    assert_eq!(json_kind(r#"{"msg_type":"transfer_done","request_id":"\ud800"}"#), J::LoneSurrogate);
-    assert_eq!(json_kind(r#"{"msg_type":"transfer_done","request_id":"\udc00\ud800"}"#), J::LoneSurrogate);
-    assert_eq!(json_kind(r#"{"msg_type":"transfer_done","request_id":"\ud800\u0041"}"#), J::LoneSurrogate);
-    assert_eq!(json_kind("{\"msg_type\":\"transfer_done\",\"request_id\":\"a\nb\"}"), J::ControlCharInString);
-    assert_eq!(json_kind("{\"msg_type\":\"transfer_done\",\"request_id\":\"abc"), J::UnexpectedEnd);
+    assert_eq!(
+        json_kind(r#"{"msg_type":"transfer_done","request_id":"\x"}"#),
+        J::InvalidEscape
+    );
+    assert_eq!(
+        json_kind(r#"{"msg_type":"transfer_done","request_id":"\u12G4"}"#),
+        J::InvalidEscape
+    );
+    assert_eq!(
+        json_kind(r#"{"msg_type":"transfer_done","request_id":"\u12"}"#),
+        J::InvalidEscape
+    );
+    assert_eq!(
+        json_kind(r#"{"msg_type":"transfer_done","request_id":"\ud800"}"#),
+        J::LoneSurrogate
+    );
+    assert_eq!(
+        json_kind(r#"{"msg_type":"transfer_done","request_id":"\udc00\ud800"}"#),
+        J::LoneSurrogate
+    );
+    assert_eq!(
+        json_kind(r#"{"msg_type":"transfer_done","request_id":"\ud800\u0041"}"#),
+        J::LoneSurrogate
+    );
+    assert_eq!(
+        json_kind("{\"msg_type\":\"transfer_done\",\"request_id\":\"a\nb\"}"),
+        J::ControlCharInString
+    );
+    assert_eq!(
+        json_kind("{\"msg_type\":\"transfer_done\",\"request_id\":\"abc"),
+        J::UnexpectedEnd
+    );
     let mut bytes = b"{\"msg_type\":\"transfer_done\",\"request_id\":\"\xff\"}".to_vec();
     assert_eq!(decode(&bytes).unwrap_err().kind, K::Json(J::NotUtf8));
     bytes[43] = 0xc3; // a truncated two-byte sequence
@@ -130,9 +204,14 @@ fn bad_strings() {
 
 #[test]
 fn bad_numbers() {
-    for n in ["01", "1.", ".5", "-", "1e", "1e+", "+1", "0x10", "--1", "Inf", "nan"] {
-        let e = decode(format!("{{\"msg_type\":\"transfer_ready\",\"scalar_fields\":{{\"x\":{n}}}}}").as_bytes())
-            .unwrap_err();
+    for n in [
+        "01", "1.", ".5", "-", "1e", "1e+", "+1", "0x10", "--1", "Inf", "nan",
+    ] {
+        let e = decode(
+            format!("{{\"msg_type\":\"transfer_ready\",\"scalar_fields\":{{\"x\":{n}}}}}")
+                .as_bytes(),
+        )
+        .unwrap_err();
         assert!(matches!(e.kind, K::Json(_)), "{n}: {e}");
     }
 }
@@ -159,36 +238,73 @@ fn nesting_is_bounded_without_recursion() {
     );
     assert_eq!(json_kind(&deep), J::TooDeep);
     // A hostile peer's million brackets are rejected, not a stack overflow.
-    let hostile = format!("{{\"msg_type\":\"transfer_ready\",\"x\":{}", "[{\"a\":".repeat(1_000_000));
+    let hostile = format!(
+        "{{\"msg_type\":\"transfer_ready\",\"x\":{}",
+        "[{\"a\":".repeat(1_000_000)
+    );
     assert_eq!(json_kind(&hostile), J::TooDeep);
 }
 
 #[test]
 fn bad_manifest_entries_are_typed_errors_on_iteration() {
     let cases = [
-        (r#"{"f":[{"shape":[1],"dtype":"int8"}]}"#, "manifest.offset", K::MissingField),
-        (r#"{"f":[{"offset":0,"dtype":"int8"}]}"#, "manifest.shape", K::MissingField),
-        (r#"{"f":[{"offset":0,"shape":[1]}]}"#, "manifest.dtype", K::MissingField),
-        (r#"{"f":[{"offset":-512,"shape":[1],"dtype":"int8"}]}"#, "manifest.offset", K::NegativeInteger),
-        (r#"{"f":[{"offset":0,"shape":[1,-2],"dtype":"int8"}]}"#, "manifest.shape", K::NegativeInteger),
-        (r#"{"f":[{"offset":0,"shape":[1.5],"dtype":"int8"}]}"#, "manifest.shape", K::NotAnInteger),
-        (r#"{"f":[{"offset":0,"shape":[1],"dtype":"int8","list_index":-1}]}"#, "manifest.list_index", K::NegativeInteger),
+        (
+            r#"{"f":[{"shape":[1],"dtype":"int8"}]}"#,
+            "manifest.offset",
+            K::MissingField,
+        ),
+        (
+            r#"{"f":[{"offset":0,"dtype":"int8"}]}"#,
+            "manifest.shape",
+            K::MissingField,
+        ),
+        (
+            r#"{"f":[{"offset":0,"shape":[1]}]}"#,
+            "manifest.dtype",
+            K::MissingField,
+        ),
+        (
+            r#"{"f":[{"offset":-512,"shape":[1],"dtype":"int8"}]}"#,
+            "manifest.offset",
+            K::NegativeInteger,
+        ),
+        (
+            r#"{"f":[{"offset":0,"shape":[1,-2],"dtype":"int8"}]}"#,
+            "manifest.shape",
+            K::NegativeInteger,
+        ),
+        (
+            r#"{"f":[{"offset":0,"shape":[1.5],"dtype":"int8"}]}"#,
+            "manifest.shape",
+            K::NotAnInteger,
+        ),
+        (
+            r#"{"f":[{"offset":0,"shape":[1],"dtype":"int8","list_index":-1}]}"#,
+            "manifest.list_index",
+            K::NegativeInteger,
+        ),
     ];
     for (manifest, field, kind) in cases {
         let payload = format!("{{\"msg_type\":\"transfer_ready\",\"manifest\":{manifest}}}");
-        let Msg::Ready(r) = decode(payload.as_bytes()).unwrap() else { panic!() };
+        let Msg::Ready(r) = decode(payload.as_bytes()).unwrap() else {
+            panic!()
+        };
         let e = r.manifest.validate().unwrap_err();
         assert_eq!((e.field, e.kind), (Some(field), kind), "{manifest}");
     }
     for manifest in [r#"{"f":5}"#, r#"{"f":[5]}"#, r#"{"f":"x"}"#] {
         let payload = format!("{{\"msg_type\":\"transfer_ready\",\"manifest\":{manifest}}}");
-        let Msg::Ready(r) = decode(payload.as_bytes()).unwrap() else { panic!() };
+        let Msg::Ready(r) = decode(payload.as_bytes()).unwrap() else {
+            panic!()
+        };
         let e = r.manifest.validate().unwrap_err();
         assert!(matches!(e.kind, K::WrongType { .. }), "{manifest}: {e}");
     }
     // An error stops the iteration; entries before it are still yielded.
     let payload = r#"{"msg_type":"transfer_ready","manifest":{"a":[{"offset":0,"shape":[],"dtype":"int8"},7],"b":[]}}"#;
-    let Msg::Ready(r) = decode(payload.as_bytes()).unwrap() else { panic!() };
+    let Msg::Ready(r) = decode(payload.as_bytes()).unwrap() else {
+        panic!()
+    };
     let items: Vec<_> = r.manifest.iter().collect();
     assert_eq!(items.len(), 2);
     assert!(items[0].is_ok() && items[1].is_err());
@@ -197,19 +313,39 @@ fn bad_manifest_entries_are_typed_errors_on_iteration() {
 #[test]
 fn bad_preallocated_slots() {
     let cases = [
-        (r#"[{"offset":0,"size":1,"slot_id":0}]"#, "preallocated_slots.addr", K::MissingField),
-        (r#"[{"offset":0,"size":-1,"slot_id":0,"addr":0}]"#, "preallocated_slots.size", K::NegativeInteger),
-        (r#"[{"offset":0,"size":1,"slot_id":0,"addr":18446744073709551616}]"#, "preallocated_slots.addr", K::IntegerTooLarge),
+        (
+            r#"[{"offset":0,"size":1,"slot_id":0}]"#,
+            "preallocated_slots.addr",
+            K::MissingField,
+        ),
+        (
+            r#"[{"offset":0,"size":-1,"slot_id":0,"addr":0}]"#,
+            "preallocated_slots.size",
+            K::NegativeInteger,
+        ),
+        (
+            r#"[{"offset":0,"size":1,"slot_id":0,"addr":18446744073709551616}]"#,
+            "preallocated_slots.addr",
+            K::IntegerTooLarge,
+        ),
     ];
     for (slots, field, kind) in cases {
-        let payload = format!("{{\"msg_type\":\"transfer_register\",\"preallocated_slots\":{slots}}}");
-        let Msg::Register(r) = decode(payload.as_bytes()).unwrap() else { panic!() };
+        let payload =
+            format!("{{\"msg_type\":\"transfer_register\",\"preallocated_slots\":{slots}}}");
+        let Msg::Register(r) = decode(payload.as_bytes()).unwrap() else {
+            panic!()
+        };
         let e = r.preallocated_slots.validate().unwrap_err();
         assert_eq!((e.field, e.kind), (Some(field), kind), "{slots}");
     }
     let payload = r#"{"msg_type":"transfer_register","preallocated_slots":[1]}"#;
-    let Msg::Register(r) = decode(payload.as_bytes()).unwrap() else { panic!() };
-    assert!(matches!(r.preallocated_slots.validate().unwrap_err().kind, K::WrongType { .. }));
+    let Msg::Register(r) = decode(payload.as_bytes()).unwrap() else {
+        panic!()
+    };
+    assert!(matches!(
+        r.preallocated_slots.validate().unwrap_err().kind,
+        K::WrongType { .. }
+    ));
 }
 
 #[test]
@@ -222,7 +358,8 @@ fn duplicate_keys_keep_the_last_value_like_python() {
 
 #[test]
 fn escaped_strings_unescape_only_on_request() {
-    let m = decode(br#"{"msg_type":"transfer_done","request_id":"r\u00e9\ud83d\ude00\n"}"#).unwrap();
+    let m =
+        decode(br#"{"msg_type":"transfer_done","request_id":"r\u00e9\ud83d\ude00\n"}"#).unwrap();
     let id = m.request_id().unwrap();
     assert!(id.is_escaped());
     assert_eq!(id.as_plain(), None);

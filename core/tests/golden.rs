@@ -4,12 +4,19 @@
 
 use std::path::PathBuf;
 
-use ferry_core::wire::{decode, Manifest, Msg, Register, SlotList, Staged, Ready, TensorEntry};
+use ferry_core::wire::{decode, Manifest, Msg, Ready, Register, SlotList, Staged, TensorEntry};
 
 fn lines(name: &str) -> Vec<Vec<u8>> {
-    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "..", "tests", "data", "golden", name]
-        .iter()
-        .collect();
+    let path: PathBuf = [
+        env!("CARGO_MANIFEST_DIR"),
+        "..",
+        "tests",
+        "data",
+        "golden",
+        name,
+    ]
+    .iter()
+    .collect();
     let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     data.split(|&b| b == b'\n')
         .filter(|l| !l.is_empty())
@@ -35,7 +42,9 @@ fn encode_canonical(msg: &Msg<'_>) -> Vec<u8> {
         Err(e) => e.needed,
     };
     let mut buf = vec![0u8; needed];
-    let n = msg.encode_canonical(&mut buf).expect("sized by the first attempt");
+    let n = msg
+        .encode_canonical(&mut buf)
+        .expect("sized by the first attempt");
     assert_eq!(n, needed);
     buf
 }
@@ -103,7 +112,11 @@ fn typed_manifest_and_slots_rebuild_the_same_bytes() {
                 }))
             }
             Msg::Register(m) => {
-                let slots: Vec<_> = m.preallocated_slots.iter().collect::<Result<_, _>>().unwrap();
+                let slots: Vec<_> = m
+                    .preallocated_slots
+                    .iter()
+                    .collect::<Result<_, _>>()
+                    .unwrap();
                 slots_seen += slots.len();
                 encode(&Msg::Register(Register {
                     preallocated_slots: SlotList::Slots(&slots),
@@ -114,5 +127,8 @@ fn typed_manifest_and_slots_rebuild_the_same_bytes() {
         };
         assert_eq!(show(&rebuilt), show(&line));
     }
-    assert!(entries_seen > 500 && slots_seen > 100, "{entries_seen} {slots_seen}");
+    assert!(
+        entries_seen > 500 && slots_seen > 100,
+        "{entries_seen} {slots_seen}"
+    );
 }

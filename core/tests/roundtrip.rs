@@ -5,6 +5,9 @@ use ferry_core::json::RawJson;
 use ferry_core::wire::*;
 use proptest::prelude::*;
 
+/// A tensor entry's owned parts: field, list index, offset, shape, dtype.
+type OwnedEntry = (String, Option<u64>, u64, Vec<u64>, String);
+
 /// Owned material a borrowed `Msg` is built from.
 #[derive(Debug, Clone)]
 struct Owned {
@@ -13,7 +16,7 @@ struct Owned {
     nums: [u64; 4],
     flags: [bool; 2],
     opt: Option<String>,
-    entries: Vec<(String, Option<u64>, u64, Vec<u64>, String)>,
+    entries: Vec<OwnedEntry>,
     slots: Vec<PreallocatedSlot>,
     scalars: String,
 }
@@ -23,15 +26,25 @@ fn json_value() -> impl Strategy<Value = String> {
         Just("null".to_string()),
         any::<bool>().prop_map(|b| b.to_string()),
         any::<i64>().prop_map(|n| n.to_string()),
-        prop_oneof![Just("NaN"), Just("Infinity"), Just("-Infinity"), Just("1e-05"), Just("-0.0"), Just("2.5E+300")]
-            .prop_map(str::to_string),
+        prop_oneof![
+            Just("NaN"),
+            Just("Infinity"),
+            Just("-Infinity"),
+            Just("1e-05"),
+            Just("-0.0"),
+            Just("2.5E+300")
+        ]
+        .prop_map(str::to_string),
         any::<String>().prop_map(|s| quote(&s)),
     ];
     leaf.prop_recursive(4, 32, 4, |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..4).prop_map(|v| format!("[{}]", v.join(" , "))),
             prop::collection::vec((any::<String>(), inner), 0..4).prop_map(|kv| {
-                let parts: Vec<_> = kv.iter().map(|(k, v)| format!("{}:\t{}", quote(k), v)).collect();
+                let parts: Vec<_> = kv
+                    .iter()
+                    .map(|(k, v)| format!("{}:\t{}", quote(k), v))
+                    .collect();
                 format!("{{ {} }}", parts.join(","))
             }),
         ]
@@ -55,9 +68,21 @@ fn quote(s: &str) -> String {
 }
 
 fn owned() -> impl Strategy<Value = Owned> {
-    let entry = (any::<String>(), any::<Option<u64>>(), any::<u64>(), prop::collection::vec(any::<u64>(), 0..6), any::<String>());
-    let slot = (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>())
-        .prop_map(|(offset, size, slot_id, addr)| PreallocatedSlot { offset, size, slot_id, addr });
+    let entry = (
+        any::<String>(),
+        any::<Option<u64>>(),
+        any::<u64>(),
+        prop::collection::vec(any::<u64>(), 0..6),
+        any::<String>(),
+    );
+    let slot = (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+        |(offset, size, slot_id, addr)| PreallocatedSlot {
+            offset,
+            size,
+            slot_id,
+            addr,
+        },
+    );
     (
         prop::sample::select(MsgType::ALL.to_vec()),
         any::<[String; 4]>(),
@@ -69,8 +94,20 @@ fn owned() -> impl Strategy<Value = Owned> {
         prop::collection::vec((any::<String>(), json_value()), 0..4),
     )
         .prop_map(|(ty, strs, nums, flags, opt, entries, slots, kv)| {
-            let parts: Vec<_> = kv.iter().map(|(k, v)| format!("{}: {}", quote(k), v)).collect();
-            Owned { ty, strs, nums, flags, opt, entries, slots, scalars: format!("{{{}}}", parts.join(", ")) }
+            let parts: Vec<_> = kv
+                .iter()
+                .map(|(k, v)| format!("{}: {}", quote(k), v))
+                .collect();
+            Owned {
+                ty,
+                strs,
+                nums,
+                flags,
+                opt,
+                entries,
+                slots,
+                scalars: format!("{{{}}}", parts.join(", ")),
+            }
         })
 }
 
@@ -88,7 +125,12 @@ fn build<'a>(o: &'a Owned, entries: &'a [TensorEntry<'a>]) -> Msg<'a> {
             work_endpoint: s(2),
             preallocated_slots: SlotList::Slots(&o.slots),
         }),
-        MsgType::RegisterAck => Msg::RegisterAck(RegisterAck { session_id: s(0), role: s(1), accepted: o.flags[0], error: opt }),
+        MsgType::RegisterAck => Msg::RegisterAck(RegisterAck {
+            session_id: s(0),
+            role: s(1),
+            accepted: o.flags[0],
+            error: opt,
+        }),
         MsgType::Staged => Msg::Staged(Staged {
             request_id: s(0),
             data_size: n0,
@@ -98,14 +140,49 @@ fn build<'a>(o: &'a Owned, entries: &'a [TensorEntry<'a>]) -> Msg<'a> {
             slot_offset: n2,
             scalar_fields: scalars,
         }),
-        MsgType::Alloc => Msg::Alloc(Alloc { request_id: s(0), data_size: n0, source_role: s(1) }),
-        MsgType::Allocated => Msg::Allocated(Allocated { request_id: s(0), session_id: s(1), pool_ptr: n0, slot_offset: n1, slot_size: n2 }),
-        MsgType::AllocReject => Msg::AllocReject(AllocReject { request_id: s(0), session_id: s(1), retryable: o.flags[0], reason: s(2) }),
-        MsgType::Push => Msg::Push(Push { request_id: s(0), dest_session_id: s(1), dest_addr: n0, transfer_size: n3 }),
-        MsgType::Pushed => Msg::Pushed(Pushed { request_id: s(0), success: o.flags[1], error: opt }),
-        MsgType::Ready => Msg::Ready(Ready { request_id: s(0), manifest: Manifest::Entries(entries), slot_offset: n0, scalar_fields: scalars }),
-        MsgType::Done => Msg::Done(Done { request_id: s(0), error: opt }),
-        MsgType::Abort => Msg::Abort(Abort { request_id: s(0), reason: s(3) }),
+        MsgType::Alloc => Msg::Alloc(Alloc {
+            request_id: s(0),
+            data_size: n0,
+            source_role: s(1),
+        }),
+        MsgType::Allocated => Msg::Allocated(Allocated {
+            request_id: s(0),
+            session_id: s(1),
+            pool_ptr: n0,
+            slot_offset: n1,
+            slot_size: n2,
+        }),
+        MsgType::AllocReject => Msg::AllocReject(AllocReject {
+            request_id: s(0),
+            session_id: s(1),
+            retryable: o.flags[0],
+            reason: s(2),
+        }),
+        MsgType::Push => Msg::Push(Push {
+            request_id: s(0),
+            dest_session_id: s(1),
+            dest_addr: n0,
+            transfer_size: n3,
+        }),
+        MsgType::Pushed => Msg::Pushed(Pushed {
+            request_id: s(0),
+            success: o.flags[1],
+            error: opt,
+        }),
+        MsgType::Ready => Msg::Ready(Ready {
+            request_id: s(0),
+            manifest: Manifest::Entries(entries),
+            slot_offset: n0,
+            scalar_fields: scalars,
+        }),
+        MsgType::Done => Msg::Done(Done {
+            request_id: s(0),
+            error: opt,
+        }),
+        MsgType::Abort => Msg::Abort(Abort {
+            request_id: s(0),
+            reason: s(3),
+        }),
     }
 }
 
@@ -165,7 +242,11 @@ fn check_manifest(sent: &[TensorEntry<'_>], got: &Manifest<'_>) -> Result<(), Te
             fields.push(e.field);
         }
     }
-    let regrouped: Vec<_> = fields.iter().flat_map(|f| sent.iter().filter(move |e| e.field == *f)).copied().collect();
+    let regrouped: Vec<_> = fields
+        .iter()
+        .flat_map(|f| sent.iter().filter(move |e| e.field == *f))
+        .copied()
+        .collect();
     prop_assert_eq!(got, regrouped);
     Ok(())
 }

@@ -21,7 +21,10 @@ fn walk(msg: &Msg<'_>) {
     let mut scratch = [0u8; 64];
     if let Some(id) = msg.request_id() {
         let _ = id.unescape_into(&mut scratch);
-        assert_eq!(id.chars().map(char::len_utf8).sum::<usize>(), id.decoded_len());
+        assert_eq!(
+            id.chars().map(char::len_utf8).sum::<usize>(),
+            id.decoded_len()
+        );
     }
     match msg {
         Msg::Staged(m) => {

@@ -73,3 +73,5 @@ impl fmt::Display for JsonError {
         write!(f, "{} at byte {}", self.kind, self.at)
     }
 }
+
+impl core::error::Error for JsonError {}

@@ -111,7 +111,7 @@ impl<'a> Lexer<'a> {
     }
 
     /// Reads a string token at the cursor (which must be at `"`).
-#[inline]
+    #[inline]
     pub fn string(&mut self) -> Result<JsonStr<'a>, JsonError> {
         if self.peek() != Some(b'"') {
             return Err(self.unexpected("'\"'"));
@@ -206,7 +206,7 @@ impl<'a> Lexer<'a> {
     }
 
     /// Reads a number token (strict JSON grammar) at the cursor.
-#[inline]
+    #[inline]
     pub fn number(&mut self) -> Result<NumberToken<'a>, JsonError> {
         let start = self.pos;
         let b = self.src.as_bytes();
@@ -290,7 +290,7 @@ impl<'a> Lexer<'a> {
     }
 
     /// Reads `"key"` and the `:` after it.
-#[inline]
+    #[inline]
     pub fn key(&mut self) -> Result<JsonStr<'a>, JsonError> {
         self.skip_ws();
         if self.peek() != Some(b'"') {
@@ -350,7 +350,10 @@ impl<'a> Lexer<'a> {
             // After a value: close containers or move to the next element.
             loop {
                 if depth == 0 {
-                    return Ok((RawJson::from_validated(&self.src[start..self.pos]), top_type));
+                    return Ok((
+                        RawJson::from_validated(&self.src[start..self.pos]),
+                        top_type,
+                    ));
                 }
                 let in_obj = stack & 1 == 1;
                 self.skip_ws();

@@ -154,7 +154,9 @@ pub fn write_f64(out: &mut Sink<'_>, v: f64) {
 pub(crate) fn write_canonical_number(out: &mut Sink<'_>, tok: NumberToken<'_>) {
     if tok.is_integer {
         let t = tok.text;
-        if t.strip_prefix('-').is_some_and(|d| d.bytes().all(|b| b == b'0')) {
+        if t.strip_prefix('-')
+            .is_some_and(|d| d.bytes().all(|b| b == b'0'))
+        {
             out.byte(b'0');
         } else {
             out.put(t.as_bytes());
@@ -213,12 +215,21 @@ mod tests {
 
     #[test]
     fn u64_parse_limits() {
-        let tok = |t: &'static str, is_integer| NumberToken { text: t, is_integer };
+        let tok = |t: &'static str, is_integer| NumberToken {
+            text: t,
+            is_integer,
+        };
         assert_eq!(parse_u64(tok("18446744073709551615", true)), Ok(u64::MAX));
-        assert_eq!(parse_u64(tok("18446744073709551616", true)), Err(U64Error::TooLarge));
+        assert_eq!(
+            parse_u64(tok("18446744073709551616", true)),
+            Err(U64Error::TooLarge)
+        );
         assert_eq!(parse_u64(tok("-1", true)), Err(U64Error::Negative));
         assert_eq!(parse_u64(tok("-0", true)), Ok(0));
-        assert_eq!(parse_u64(tok("-99999999999999999999999", true)), Err(U64Error::Negative));
+        assert_eq!(
+            parse_u64(tok("-99999999999999999999999", true)),
+            Err(U64Error::Negative)
+        );
         assert_eq!(parse_u64(tok("1.0", false)), Err(U64Error::NotAnInteger));
     }
 }

@@ -94,3 +94,5 @@ impl Sink<'_> {
         self.len = self.len.min(len);
     }
 }
+
+impl core::error::Error for BufferTooSmall {}

@@ -276,8 +276,7 @@ fn has_non_verbatim(w: u64) -> bool {
     // A byte of 0x7f or more has its high bit set in `w` or in `w + 1`; a
     // carry out of a byte happens only from 0xff, which is caught itself.
     let high = (w | w.wrapping_add(LO)) & HI;
-    (below_space | high | zero(w ^ (LO * u64::from(b'"'))) | zero(w ^ (LO * u64::from(b'\\'))))
-        != 0
+    (below_space | high | zero(w ^ (LO * u64::from(b'"'))) | zero(w ^ (LO * u64::from(b'\\')))) != 0
 }
 
 /// Writes `s` as a quoted JSON string with CPython's escaping

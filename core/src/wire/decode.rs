@@ -114,7 +114,8 @@ impl<'a> Fields<'a> {
     }
 
     fn str(&self, key: Key) -> Result<JsonStr<'a>, DecodeError> {
-        self.get(key).map_or(Ok(JsonStr::EMPTY), |v| v.str(key.name()))
+        self.get(key)
+            .map_or(Ok(JsonStr::EMPTY), |v| v.str(key.name()))
     }
 
     fn opt_str(&self, key: Key) -> Result<Option<JsonStr<'a>>, DecodeError> {
@@ -140,8 +141,9 @@ impl<'a> Fields<'a> {
 
     fn slots(&self) -> Result<SlotList<'a>, DecodeError> {
         let key = Key::PreallocatedSlots;
-        self.get(key)
-            .map_or(Ok(SlotList::Slots(&[])), |v| v.array(key.name()).map(SlotList::Raw))
+        self.get(key).map_or(Ok(SlotList::Slots(&[])), |v| {
+            v.array(key.name()).map(SlotList::Raw)
+        })
     }
 }
 
@@ -153,9 +155,8 @@ impl<'a> Fields<'a> {
 /// names the field and the byte.
 pub fn decode(payload: &[u8]) -> Result<Msg<'_>, DecodeError> {
     let payload = payload.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(payload);
-    let text = core::str::from_utf8(payload).map_err(|e| {
-        DecodeError::new(K::Json(JsonErrorKind::NotUtf8), None, e.valid_up_to())
-    })?;
+    let text = core::str::from_utf8(payload)
+        .map_err(|e| DecodeError::new(K::Json(JsonErrorKind::NotUtf8), None, e.valid_up_to()))?;
     let fields = scan(text)?;
     build(&fields)
 }

@@ -85,3 +85,5 @@ impl From<JsonError> for DecodeError {
         Self::json(e, None)
     }
 }
+
+impl core::error::Error for DecodeError {}

@@ -30,7 +30,13 @@ mod tests {
         assert!(!is_transfer_frame(&[TRANSFER_MAGIC]));
         assert!(!is_transfer_frame::<&[u8]>(&[]));
         assert!(!is_transfer_frame(&[&b"__transfer_"[..], b"{}"]));
-        assert!(!is_transfer_frame(&[&b"{\"tensor_descriptors\": []}"[..], b"data"]));
-        assert_eq!(transfer_payload(&[TRANSFER_MAGIC, b"{\"a\":1}"]), Some(&b"{\"a\":1}"[..]));
+        assert!(!is_transfer_frame(&[
+            &b"{\"tensor_descriptors\": []}"[..],
+            b"data"
+        ]));
+        assert_eq!(
+            transfer_payload(&[TRANSFER_MAGIC, b"{\"a\":1}"]),
+            Some(&b"{\"a\":1}"[..])
+        );
     }
 }

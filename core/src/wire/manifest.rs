@@ -163,7 +163,10 @@ enum State<'a> {
     /// Between fields of the outer object.
     AfterField,
     /// Inside a field's list of entries.
-    InList { field: JsonStr<'a>, first: bool },
+    InList {
+        field: JsonStr<'a>,
+        first: bool,
+    },
     Done,
 }
 
@@ -363,5 +366,7 @@ fn parse_shape<'a>(lx: &mut Lexer<'a>) -> Result<Shape<'a>, DecodeError> {
             }
         }
     }
-    Ok(Shape::Raw(RawJson::from_validated(&lx.src()[start..lx.pos()])))
+    Ok(Shape::Raw(RawJson::from_validated(
+        &lx.src()[start..lx.pos()],
+    )))
 }

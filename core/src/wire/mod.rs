@@ -9,6 +9,30 @@
 //! seed's `encode_transfer_msg` (`json.dumps(asdict(msg),
 //! separators=(",", ":"))`) for the same values; ferry's compatible
 //! extension fields are written only when they differ from their defaults.
+//!
+//! ```
+//! use ferry_core::wire::{decode, transfer_payload, Msg};
+//!
+//! let frames: [&[u8]; 2] = [
+//!     b"__transfer__",
+//!     br#"{ "request_id": "r1", "msg_type": "transfer_push", "dest_addr": 4096, "x": NaN }"#,
+//! ];
+//! let payload = transfer_payload(&frames).expect("a transfer frame");
+//! let msg = decode(payload)?;
+//! let Msg::Push(push) = msg else { panic!("not a push") };
+//! assert_eq!((push.request_id, push.dest_addr), ("r1".into(), 4096));
+//!
+//! // The seed's bytes: field order, defaults filled in, unknown keys gone.
+//! let mut buf = [0u8; 256];
+//! let n = msg.encode(&mut buf)?;
+//! assert_eq!(
+//!     &buf[..n],
+//!     br#"{"msg_type":"transfer_push","request_id":"r1","dest_session_id":"","dest_addr":4096,"transfer_size":0}"#
+//! );
+//! // Too small a buffer says how much is needed.
+//! assert_eq!(msg.encode(&mut buf[..10]).unwrap_err().needed, n);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod decode;
 mod encode;

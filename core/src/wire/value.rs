@@ -67,7 +67,7 @@ impl<'a> At<'a> {
         )
     }
 
-#[inline]
+    #[inline]
     pub fn u64(&self, field: &'static str) -> Result<u64, DecodeError> {
         match self.val {
             Val::Num(tok) => parse_u64(tok).map_err(|e| {
@@ -92,7 +92,7 @@ impl<'a> At<'a> {
         }
     }
 
-#[inline]
+    #[inline]
     pub fn str(&self, field: &'static str) -> Result<JsonStr<'a>, DecodeError> {
         match self.val {
             Val::Str(s) => Ok(s),
@@ -100,7 +100,7 @@ impl<'a> At<'a> {
         }
     }
 
-#[inline]
+    #[inline]
     pub fn opt_str(&self, field: &'static str) -> Result<Option<JsonStr<'a>>, DecodeError> {
         match self.val {
             Val::Null => Ok(None),
