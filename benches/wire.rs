@@ -6,7 +6,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use ferry::core::wire::{decode, Msg};
-use ferry::wire_bench::{encode_decode, push_msg, staged_msg};
+use ferry::wire_bench::{encode_decode, encode_decode_walk, push_msg, staged_msg};
 
 fn codec(c: &mut Criterion) {
     for (name, msg) in [("staged", staged_msg()), ("push", push_msg())] {
@@ -25,6 +25,9 @@ fn codec(c: &mut Criterion) {
         });
         g.bench_function("encode+decode", |b| {
             b.iter(|| encode_decode(black_box(&msg), &mut buf))
+        });
+        g.bench_function("encode+decode+walk", |b| {
+            b.iter(|| encode_decode_walk(black_box(&msg), &mut buf))
         });
         g.finish();
     }

@@ -95,11 +95,17 @@ fn bench_wire(args: &BenchWire) -> Result<(), String> {
         ));
     }
     let duration = Duration::from_secs_f64(args.seconds);
-    let mut results: Vec<(&str, Rate)> = Vec::new();
+    let mut results: Vec<(String, Rate)> = Vec::new();
     for (name, msg) in &workloads {
-        let rate = wire_bench::measure(msg, duration).map_err(|e| format!("{name}: {e}"))?;
-        results.push((name, rate));
+        let rate = wire_bench::measure(msg, wire_bench::encode_decode, duration)
+            .map_err(|e| format!("{name}: {e}"))?;
+        results.push((name.to_string(), rate));
     }
+    // Beyond what the seed's decode does: the manifest walked and checked.
+    let (name, msg) = &workloads[0];
+    let rate = wire_bench::measure(msg, wire_bench::encode_decode_walk, duration)
+        .map_err(|e| format!("{name}: {e}"))?;
+    results.push((format!("{name}+walk"), rate));
     match args.format {
         Format::Json => {
             let parts: Vec<String> = results
@@ -121,7 +127,7 @@ fn bench_wire(args: &BenchWire) -> Result<(), String> {
             );
             for (name, r) in &results {
                 println!(
-                    "{name:<18} {:>14.0} {:>12.1} {:>14}",
+                    "{name:<22} {:>14.0} {:>12.1} {:>14}",
                     r.per_second(),
                     1e9 / r.per_second(),
                     r.payload_len

@@ -60,6 +60,24 @@ fn canonical_vectors_reencode_byte_identically() {
     }
 }
 
+/// The decoder's fast path and the general decoder agree on every vector.
+#[test]
+fn fast_path_agrees_with_the_reference_decoder() {
+    for line in lines("canonical.jsonl").iter().chain(&lines("loose.jsonl")) {
+        assert_eq!(
+            decode(line),
+            ferry_core::wire::decode_reference(line),
+            "{}",
+            show(line)
+        );
+        let text = std::str::from_utf8(line).unwrap();
+        assert_eq!(
+            ferry_core::json::RawJson::parse(text),
+            ferry_core::json::RawJson::parse_precise(text)
+        );
+    }
+}
+
 #[test]
 fn every_message_type_is_covered() {
     let vectors = lines("canonical.jsonl");

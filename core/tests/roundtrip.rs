@@ -250,3 +250,45 @@ fn check_manifest(sent: &[TensorEntry<'_>], got: &Manifest<'_>) -> Result<(), Te
     prop_assert_eq!(got, regrouped);
     Ok(())
 }
+
+/// Payloads near valid ones: the fast decoder and validator must agree with
+/// their references on every one of them, errors included.
+fn mutated() -> impl Strategy<Value = Vec<u8>> {
+    let base = prop::sample::select(vec![
+        br#"{"msg_type":"transfer_staged","request_id":"r1","data_size":14088704,"manifest":{"latents":[{"offset":0,"shape":[1,16],"dtype":"bfloat16","list_index":0}]},"session_id":"s","pool_ptr":4096,"slot_offset":512,"scalar_fields":{"a":[1e-05,NaN,-Infinity,"x\u00e9"]}}"#.to_vec(),
+        br#"{"msg_type":"transfer_push","request_id":"r1","dest_session_id":"d","dest_addr":18446744073709551615,"transfer_size":7}"#.to_vec(),
+        br#"{"msg_type":"transfer_pushed","request_id":"r\"1","success":false,"error":null}"#.to_vec(),
+        br#"{"msg_type":"transfer_register","role":"denoiser","preallocated_slots":[{"offset":0,"size":1,"slot_id":0,"addr":9}]}"#.to_vec(),
+    ]);
+    let edit = (
+        any::<prop::sample::Index>(),
+        prop::sample::select(b"{}[]\",:\\ -0123456789.eE+tfnNI\x00\x7f\xc3\xa9u".to_vec()),
+        0u8..3,
+    );
+    (base, prop::collection::vec(edit, 0..6)).prop_map(|(mut b, edits)| {
+        for (at, byte, op) in edits {
+            let i = at.index(b.len() + 1);
+            match op {
+                0 => b.insert(i, byte),
+                1 if i < b.len() => {
+                    b.remove(i);
+                }
+                _ if i < b.len() => b[i] = byte,
+                _ => {}
+            }
+        }
+        b
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(20000))]
+
+    #[test]
+    fn fast_paths_agree_with_references(payload in mutated()) {
+        prop_assert_eq!(decode(&payload), decode_reference(&payload));
+        if let Ok(text) = std::str::from_utf8(&payload) {
+            prop_assert_eq!(RawJson::parse(text), RawJson::parse_precise(text));
+        }
+    }
+}

@@ -1,9 +1,11 @@
 //! Arbitrary bytes into the decoder. Whatever decodes must walk, unescape and
 //! re-encode without panicking, and its encodings must decode again to the
-//! same message (canonical output being a fixed point).
+//! same message (canonical output being a fixed point). The fast paths
+//! (message decoder, value validator) must agree with their references.
 #![no_main]
 
-use ferry_core::wire::{decode, Msg, Style};
+use ferry_core::json::RawJson;
+use ferry_core::wire::{decode, decode_reference, Msg, Style};
 use libfuzzer_sys::fuzz_target;
 
 fn encode(msg: &Msg<'_>, style: Style) -> Vec<u8> {
@@ -28,13 +30,11 @@ fn walk(msg: &Msg<'_>) {
     }
     match msg {
         Msg::Staged(m) => {
-            for e in m.manifest.iter() {
-                if let Ok(e) = e {
-                    let _ = e.shape.elements();
-                }
+            for e in m.manifest.iter().flatten() {
+                let _ = e.shape.elements();
             }
             for kv in m.scalar_fields.members() {
-                let _ = kv;
+                assert!(kv.is_ok(), "members of a validated object");
             }
         }
         Msg::Ready(m) => {
@@ -48,7 +48,16 @@ fn walk(msg: &Msg<'_>) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(msg) = decode(data) else { return };
+    if let Ok(text) = std::str::from_utf8(data) {
+        assert_eq!(
+            RawJson::parse(text),
+            RawJson::parse_precise(text),
+            "lean vs precise validator"
+        );
+    }
+    let decoded = decode(data);
+    assert_eq!(decoded, decode_reference(data), "fast vs reference decoder");
+    let Ok(msg) = decoded else { return };
     walk(&msg);
     let verbatim = encode(&msg, Style::Verbatim);
     let again = decode(&verbatim).expect("verbatim encoding decodes");

@@ -20,15 +20,16 @@ pub(crate) struct Lexer<'a> {
     pos: usize,
 }
 
-/// True if any byte of `w` is `"`, `\\` or below 0x20 (SWAR: a zero byte
-/// in `w ^ pattern`, or a byte below 0x20, sets its high bit).
+/// A mask with the high bit set in the first byte of `w` (in memory order)
+/// that is `"`, `\\` or below 0x20, or zero if there is none. Bits above the
+/// first match may be spurious (borrows), the lowest one never is.
 #[inline]
-fn has_string_special(w: u64) -> bool {
+fn string_special_mask(w: u64) -> u64 {
     const LO: u64 = 0x0101_0101_0101_0101;
     const HI: u64 = 0x8080_8080_8080_8080;
     let zero = |x: u64| x.wrapping_sub(LO) & !x & HI;
     let below_space = w.wrapping_sub(LO * 0x20) & !w & HI;
-    (below_space | zero(w ^ (LO * u64::from(b'"'))) | zero(w ^ (LO * u64::from(b'\\')))) != 0
+    below_space | zero(w ^ (LO * u64::from(b'"'))) | zero(w ^ (LO * u64::from(b'\\')))
 }
 
 /// A number token: its text and whether it has a fraction or exponent.
@@ -122,19 +123,25 @@ impl<'a> Lexer<'a> {
         let mut escaped = false;
         loop {
             // The common case: a run of ordinary bytes, eight at a time.
-            while let Some(chunk) = b.get(p..p + 8) {
-                let mut w = [0u8; 8];
-                w.copy_from_slice(chunk);
-                if has_string_special(u64::from_le_bytes(w)) {
+            loop {
+                if let Some(chunk) = b.get(p..p + 8) {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(chunk);
+                    let mask = string_special_mask(u64::from_le_bytes(w));
+                    if mask == 0 {
+                        p += 8;
+                        continue;
+                    }
+                    p += (mask.trailing_zeros() / 8) as usize;
                     break;
                 }
-                p += 8;
-            }
-            while let Some(&c) = b.get(p) {
-                if c == b'"' || c == b'\\' || c < 0x20 {
-                    break;
+                while let Some(&c) = b.get(p) {
+                    if c == b'"' || c == b'\\' || c < 0x20 {
+                        break;
+                    }
+                    p += 1;
                 }
-                p += 1;
+                break;
             }
             self.pos = p;
             match b.get(p) {
@@ -302,10 +309,24 @@ impl<'a> Lexer<'a> {
     }
 
     /// Validates one complete value (skipping leading whitespace) and returns
-    /// it as raw text with its type. Nesting is tracked in a `u128` bit stack
-    /// (1 = object, 0 = array), never by recursion.
+    /// it as raw text with its type.
+    ///
+    /// A lean validator ([`skim`]) runs first; whenever it meets anything it
+    /// does not handle (an escape, an error) the precise one below decides,
+    /// so that every error has exactly one implementation.
     pub fn value(&mut self) -> Result<(RawJson<'a>, JsonType), JsonError> {
         self.skip_ws();
+        if let Some((end, ty)) = skim(self.src.as_bytes(), self.pos) {
+            let raw = RawJson::from_validated(&self.src[self.pos..end]);
+            self.pos = end;
+            return Ok((raw, ty));
+        }
+        self.precise_value()
+    }
+
+    /// The validator of record: nesting is tracked in a `u128` bit stack
+    /// (1 = object, 0 = array), never by recursion.
+    pub(crate) fn precise_value(&mut self) -> Result<(RawJson<'a>, JsonType), JsonError> {
         let start = self.pos;
         let top_type = match self.peek() {
             Some(b'{') => JsonType::Object,
@@ -381,4 +402,183 @@ impl<'a> Lexer<'a> {
             }
         }
     }
+}
+
+/// Validates the value starting at `b[p]` (no leading whitespace) and returns
+/// where it ends and its type, or `None` if it is invalid *or* contains
+/// anything this fast path leaves to the precise validator: a backslash
+/// escape in a string. Same grammar, same depth limit, same bit stack as
+/// [`Lexer::precise_value`], with the cursor kept in a register.
+pub(crate) fn skim(b: &[u8], mut p: usize) -> Option<(usize, JsonType)> {
+    let top = match b.get(p)? {
+        b'{' => JsonType::Object,
+        b'[' => JsonType::Array,
+        _ => {
+            let (end, ty) = skim_scalar(b, p)?;
+            return Some((end, ty));
+        }
+    };
+    let mut stack: u128 = 0;
+    let mut depth = 0usize;
+    let ws = skip_ws_at;
+    let key = skim_key;
+    'value: loop {
+        p = ws(b, p);
+        match *b.get(p)? {
+            c @ (b'{' | b'[') => {
+                if depth == MAX_DEPTH {
+                    return None;
+                }
+                let is_obj = c == b'{';
+                stack = (stack << 1) | u128::from(is_obj);
+                depth += 1;
+                p = ws(b, p + 1);
+                if b.get(p) == Some(if is_obj { &b'}' } else { &b']' }) {
+                    p += 1;
+                    stack >>= 1;
+                    depth -= 1;
+                } else {
+                    if is_obj {
+                        p = key(b, p)?;
+                    }
+                    continue 'value;
+                }
+            }
+            _ => p = skim_scalar(b, p)?.0,
+        }
+        loop {
+            if depth == 0 {
+                return Some((p, top));
+            }
+            let in_obj = stack & 1 == 1;
+            p = ws(b, p);
+            match *b.get(p)? {
+                b',' => {
+                    p += 1;
+                    if in_obj {
+                        p = key(b, p)?;
+                    }
+                    continue 'value;
+                }
+                b'}' if in_obj => {}
+                b']' if !in_obj => {}
+                _ => return None,
+            }
+            p += 1;
+            stack >>= 1;
+            depth -= 1;
+        }
+    }
+}
+
+/// `"key"` and `:` at `p` (after whitespace); the position after them.
+#[inline(always)]
+fn skim_key(b: &[u8], p: usize) -> Option<usize> {
+    let p = skip_ws_at(b, p);
+    if b.get(p) != Some(&b'"') {
+        return None;
+    }
+    let p = skip_ws_at(b, skim_string(b, p)?);
+    (b.get(p) == Some(&b':')).then_some(p + 1)
+}
+
+/// A string without escapes at `b[p] == '"'`; the position after it.
+#[inline(always)]
+pub(crate) fn skim_string(b: &[u8], mut p: usize) -> Option<usize> {
+    p += 1;
+    while let Some(chunk) = b.get(p..p + 8) {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(chunk);
+        let mask = string_special_mask(u64::from_le_bytes(w));
+        if mask != 0 {
+            p += (mask.trailing_zeros() / 8) as usize;
+            return (b[p] == b'"').then_some(p + 1);
+        }
+        p += 8;
+    }
+    loop {
+        match *b.get(p)? {
+            b'"' => return Some(p + 1),
+            b'\\' => return None,
+            c if c < 0x20 => return None,
+            _ => p += 1,
+        }
+    }
+}
+
+/// A scalar at `b[p]`: its end and type.
+#[inline(always)]
+fn skim_scalar(b: &[u8], p: usize) -> Option<(usize, JsonType)> {
+    let lit = |word: &[u8], ty| b[p..].starts_with(word).then_some((p + word.len(), ty));
+    match *b.get(p)? {
+        b'"' => Some((skim_string(b, p)?, JsonType::String)),
+        b'-' | b'0'..=b'9' => {
+            if b[p..].starts_with(b"-Infinity") {
+                return Some((p + 9, JsonType::Number));
+            }
+            Some((skim_number(b, p)?.0, JsonType::Number))
+        }
+        b't' => lit(b"true", JsonType::Bool),
+        b'f' => lit(b"false", JsonType::Bool),
+        b'n' => lit(b"null", JsonType::Null),
+        b'N' => lit(b"NaN", JsonType::Number),
+        b'I' => lit(b"Infinity", JsonType::Number),
+        _ => None,
+    }
+}
+
+/// A strict JSON number at `b[p]`: the position after it, and whether it
+/// is an integer (no fraction, no exponent).
+#[inline]
+pub(crate) fn skim_number(b: &[u8], mut p: usize) -> Option<(usize, bool)> {
+    let digits = |mut p: usize| {
+        let s = p;
+        while b.get(p).is_some_and(u8::is_ascii_digit) {
+            p += 1;
+        }
+        (p, p - s)
+    };
+    if b.get(p) == Some(&b'-') {
+        p += 1;
+    }
+    match b.get(p)? {
+        b'0' => p += 1,
+        b'1'..=b'9' => p = digits(p).0,
+        _ => return None,
+    }
+    let mut is_integer = true;
+    if b.get(p) == Some(&b'.') {
+        let (q, n) = digits(p + 1);
+        if n == 0 {
+            return None;
+        }
+        p = q;
+        is_integer = false;
+    }
+    if matches!(b.get(p), Some(b'e' | b'E')) {
+        is_integer = false;
+        p += 1;
+        if matches!(b.get(p), Some(b'+' | b'-')) {
+            p += 1;
+        }
+        let (q, n) = digits(p);
+        if n == 0 {
+            return None;
+        }
+        p = q;
+    }
+    Some((p, is_integer))
+}
+
+/// The first position at or after `p` that is not JSON whitespace.
+#[inline]
+pub(crate) fn skip_ws_at(b: &[u8], mut p: usize) -> usize {
+    // Compact JSON has no whitespace: one test in the common case.
+    if b.get(p).is_some_and(|&c| c > b' ') {
+        return p;
+    }
+    while matches!(b.get(p), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+        p += 1;
+    }
+    p
 }

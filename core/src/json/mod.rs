@@ -9,7 +9,7 @@
 
 mod canon;
 mod error;
-mod lex;
+pub(crate) mod lex;
 pub(crate) mod number;
 mod sink;
 mod string;

@@ -6,15 +6,29 @@ use core::fmt::Write as _;
 use super::lex::NumberToken;
 use super::sink::Sink;
 
+/// "00" to "99": two digits per division when printing.
+const PAIRS: &[u8; 200] = b"\
+0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
 /// Writes `v` in decimal.
 #[inline]
 pub fn write_u64(out: &mut Sink<'_>, v: u64) {
     let n = v.checked_ilog10().map_or(1, |l| l as usize + 1);
     if let Some(dst) = out.spare(n) {
         let mut x = v;
-        for d in dst.iter_mut().rev() {
-            *d = b'0' + (x % 10) as u8;
-            x /= 10;
+        let mut i = n;
+        while i >= 2 {
+            let pair = (x % 100) as usize * 2;
+            x /= 100;
+            i -= 2;
+            dst[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        }
+        if i == 1 {
+            dst[0] = b'0' + x as u8;
         }
     }
     out.advance(n);
@@ -38,21 +52,44 @@ pub(crate) fn parse_u64(tok: NumberToken<'_>) -> Result<u64, U64Error> {
         Some(d) => (true, d),
         None => (false, tok.text),
     };
+    let v = parse_digits(digits.as_bytes());
+    match (negative, v) {
+        (false, Some(v)) | (true, Some(v @ 0)) => Ok(v),
+        (false, None) => Err(U64Error::TooLarge),
+        (true, _) => Err(U64Error::Negative),
+    }
+}
+
+/// The value of ASCII digits (no sign, no leading zeros but for "0"), or
+/// `None` above `u64::MAX`. Eight digits at a time (SWAR), since addresses
+/// and sizes are mostly 6 to 15 digits long.
+#[inline]
+fn parse_digits(d: &[u8]) -> Option<u64> {
+    if d.len() > 20 {
+        return None;
+    }
+    let (head, body) = d.split_at(d.len() % 8);
     let mut v: u64 = 0;
-    for &d in digits.as_bytes() {
+    for &c in head {
+        v = v * 10 + u64::from(c.wrapping_sub(b'0'));
+    }
+    for chunk in body.chunks_exact(8) {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(chunk);
         v = v
-            .checked_mul(10)
-            .and_then(|v| v.checked_add(u64::from(d - b'0')))
-            .ok_or(if negative {
-                U64Error::Negative
-            } else {
-                U64Error::TooLarge
-            })?;
+            .checked_mul(100_000_000)?
+            .checked_add(parse_8_digits(u64::from_le_bytes(w)))?;
     }
-    if negative && v != 0 {
-        return Err(U64Error::Negative);
-    }
-    Ok(v)
+    Some(v)
+}
+
+/// Eight ASCII digits, first digit in the lowest byte, to their value.
+#[inline]
+fn parse_8_digits(w: u64) -> u64 {
+    let v = w.wrapping_sub(0x3030_3030_3030_3030);
+    let v = (v.wrapping_mul(10) + (v >> 8)) & 0x00ff_00ff_00ff_00ff;
+    let v = (v.wrapping_mul(100) + (v >> 16)) & 0x0000_ffff_0000_ffff;
+    (v.wrapping_mul(10_000) + (v >> 32)) & 0xffff_ffff
 }
 
 /// A fixed stack buffer for `core::fmt` output.
@@ -210,6 +247,50 @@ mod tests {
         ];
         for &(v, want) in cases {
             assert_eq!(repr(v), want, "repr({v:?})");
+        }
+    }
+
+    #[test]
+    fn u64_write_every_length() {
+        let mut v: u64 = 0;
+        for len in 1..=20 {
+            v = v * 10 + (len % 10);
+            for x in [v, v.saturating_sub(1), 10u64.saturating_pow(len as u32 - 1)] {
+                let mut buf = [0u8; 20];
+                let mut s = Sink::new(&mut buf);
+                write_u64(&mut s, x);
+                let n = s.finish().unwrap();
+                assert_eq!(
+                    core::str::from_utf8(&buf[..n]).unwrap(),
+                    std::format!("{x}")
+                );
+            }
+        }
+        let mut buf = [0u8; 20];
+        let mut s = Sink::new(&mut buf);
+        write_u64(&mut s, u64::MAX);
+        let n = s.finish().unwrap();
+        assert_eq!(&buf[..n], b"18446744073709551615");
+    }
+
+    #[test]
+    fn u64_parse_every_length() {
+        let mut v: u64 = 0;
+        for len in 1..=20 {
+            v = v * 10 + (len % 10);
+            let text = std::format!("{v}");
+            let tok = NumberToken {
+                text: &text,
+                is_integer: true,
+            };
+            assert_eq!(parse_u64(tok), Ok(v), "{text}");
+        }
+        for text in ["0", "7", "12345678", "123456789", "9999999999999999999"] {
+            let tok = NumberToken {
+                text,
+                is_integer: true,
+            };
+            assert_eq!(parse_u64(tok), Ok(text.parse().unwrap()));
         }
     }
 

@@ -102,7 +102,13 @@ impl<'a> JsonStr<'a> {
 }
 
 impl PartialEq for JsonStr<'_> {
+    #[inline]
     fn eq(&self, other: &Self) -> bool {
+        // The same text (e.g. one `&'static str` field name on every entry
+        // of a list) needs no comparison.
+        if core::ptr::eq(self.text, other.text) && self.escaped == other.escaped {
+            return true;
+        }
         if !self.escaped && !other.escaped {
             self.text == other.text
         } else {
@@ -321,6 +327,7 @@ pub fn write_escaped_chars(out: &mut Sink<'_>, chars: impl Iterator<Item = char>
 
 impl JsonStr<'_> {
     /// Writes the value as a quoted JSON string exactly as CPython would.
+    #[inline]
     pub fn write_json(&self, out: &mut Sink<'_>) {
         if self.escaped {
             write_escaped_chars(out, self.chars());

@@ -69,6 +69,17 @@ impl<'a> RawJson<'a> {
         Ok(v)
     }
 
+    /// [`parse`](Self::parse) by the precise validator alone, without the
+    /// lean first pass: the reference that pass is tested (and fuzzed) against.
+    #[doc(hidden)]
+    pub fn parse_precise(text: &'a str) -> Result<(Self, JsonType), JsonError> {
+        let mut lx = Lexer::new(text);
+        lx.skip_ws();
+        let v = lx.precise_value()?;
+        lx.finish()?;
+        Ok(v)
+    }
+
     /// Validates `text` as a JSON object.
     pub fn parse_object(text: &'a str) -> Result<Self, JsonError> {
         match Self::parse(text)? {

@@ -154,9 +154,27 @@ impl<'a> Fields<'a> {
 /// (which `json.loads` of bytes also skips). Never panics; every rejection
 /// names the field and the byte.
 pub fn decode(payload: &[u8]) -> Result<Msg<'_>, DecodeError> {
+    let text = utf8(payload)?;
+    match super::fast::decode(text) {
+        Some(msg) => Ok(msg),
+        None => decode_text(text),
+    }
+}
+
+/// The general decoder alone, without the fast path: the reference the
+/// fast path is tested (and fuzzed) against.
+#[doc(hidden)]
+pub fn decode_reference(payload: &[u8]) -> Result<Msg<'_>, DecodeError> {
+    decode_text(utf8(payload)?)
+}
+
+fn utf8(payload: &[u8]) -> Result<&str, DecodeError> {
     let payload = payload.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(payload);
-    let text = core::str::from_utf8(payload)
-        .map_err(|e| DecodeError::new(K::Json(JsonErrorKind::NotUtf8), None, e.valid_up_to()))?;
+    core::str::from_utf8(payload)
+        .map_err(|e| DecodeError::new(K::Json(JsonErrorKind::NotUtf8), None, e.valid_up_to()))
+}
+
+fn decode_text(text: &str) -> Result<Msg<'_>, DecodeError> {
     let fields = scan(text)?;
     build(&fields)
 }

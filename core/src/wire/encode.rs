@@ -1,7 +1,7 @@
 //! Encoding a [`Msg`] exactly as the seed's `encode_transfer_msg` does:
 //! `json.dumps(asdict(msg), separators=(",", ":"))`.
 
-use super::manifest::{Manifest, TensorEntry};
+use super::manifest::{Manifest, Shape, TensorEntry};
 use super::msg::*;
 use super::slots::SlotList;
 use crate::json::{write_canonical, write_u64, BufferTooSmall, JsonStr, RawJson, Sink};
@@ -123,11 +123,9 @@ impl Enc<'_, '_> {
         self.out.put(b"{\"offset\":");
         write_u64(self.out, t.offset);
         self.out.put(b",\"shape\":[");
-        for (i, d) in t.shape.dims().enumerate() {
-            if i > 0 {
-                self.out.byte(b',');
-            }
-            write_u64(self.out, d);
+        match t.shape {
+            Shape::Dims(dims) => self.dims(dims.iter().copied()),
+            Shape::Raw(_) => self.dims(t.shape.dims()),
         }
         self.out.put(b"],\"dtype\":");
         t.dtype.write_json(self.out);
@@ -136,6 +134,16 @@ impl Enc<'_, '_> {
             write_u64(self.out, li);
         }
         self.out.byte(b'}');
+    }
+
+    #[inline]
+    fn dims(&mut self, dims: impl Iterator<Item = u64>) {
+        for (i, d) in dims.enumerate() {
+            if i > 0 {
+                self.out.byte(b',');
+            }
+            write_u64(self.out, d);
+        }
     }
 
     fn slots(&mut self, s: &SlotList<'_>) {

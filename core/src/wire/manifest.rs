@@ -298,17 +298,21 @@ fn parse_entry<'a>(lx: &mut Lexer<'a>, field: JsonStr<'a>) -> Result<TensorEntry
     } else {
         loop {
             let key = lx.key().map_err(syntax)?;
-            match resolve_key(key, &["offset", "shape", "dtype", "list_index"]) {
-                Some("shape") => shape = Some(parse_shape(lx)?),
-                Some(name) => {
-                    let v = read_val(lx).map_err(syntax)?;
-                    match name {
-                        "offset" => offset = Some(v.u64("manifest.offset")?),
-                        "dtype" => dtype = Some(v.str("manifest.dtype")?),
-                        _ => list_index = v.opt_u64("manifest.list_index")?,
-                    }
+            let name = match key.as_plain() {
+                Some(k) => k,
+                None => resolve_key(key, &["offset", "shape", "dtype", "list_index"]).unwrap_or(""),
+            };
+            // A `match` on literals compiles to fixed-length compares.
+            match name {
+                "offset" => offset = Some(read_val(lx).map_err(syntax)?.u64("manifest.offset")?),
+                "shape" => shape = Some(parse_shape(lx)?),
+                "dtype" => dtype = Some(read_val(lx).map_err(syntax)?.str("manifest.dtype")?),
+                "list_index" => {
+                    list_index = read_val(lx)
+                        .map_err(syntax)?
+                        .opt_u64("manifest.list_index")?
                 }
-                None => {
+                _ => {
                     lx.value().map_err(syntax)?;
                 }
             }

@@ -37,13 +37,14 @@
 mod decode;
 mod encode;
 mod error;
+mod fast;
 mod frame;
 mod manifest;
 mod msg;
 mod slots;
 mod value;
 
-pub use decode::decode;
+pub use decode::{decode, decode_reference};
 pub use encode::Style;
 pub use error::{DecodeError, DecodeErrorKind};
 pub use frame::{is_transfer_frame, transfer_payload, TRANSFER_MAGIC};

@@ -73,7 +73,20 @@ impl MsgType {
 
     /// The type named `name`, if any.
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|t| t.as_str() == name)
+        Some(match name {
+            "transfer_register" => Self::Register,
+            "transfer_register_ack" => Self::RegisterAck,
+            "transfer_staged" => Self::Staged,
+            "transfer_alloc" => Self::Alloc,
+            "transfer_allocated" => Self::Allocated,
+            "transfer_alloc_reject" => Self::AllocReject,
+            "transfer_push" => Self::Push,
+            "transfer_pushed" => Self::Pushed,
+            "transfer_ready" => Self::Ready,
+            "transfer_done" => Self::Done,
+            "transfer_abort" => Self::Abort,
+            _ => return None,
+        })
     }
 }
 
