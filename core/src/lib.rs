@@ -17,4 +17,5 @@
 #![warn(missing_docs)]
 
 pub mod json;
+pub mod slots;
 pub mod wire;
