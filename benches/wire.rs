@@ -1,6 +1,6 @@
 //! `cargo bench --bench wire`: the control-plane codec, piece by piece.
 //! The side-by-side comparison with the seed's Python is
-//! `bench/wire_vs_python.sh`; this one breaks ferry's time down.
+//! `bench/vs_python.sh`; this one breaks ferry's time down.
 
 use std::hint::black_box;
 

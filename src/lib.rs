@@ -9,5 +9,6 @@
 
 pub use ferry_core as core;
 
+pub mod slots_bench;
 pub mod wire_bench;
 pub mod wire_text;

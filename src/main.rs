@@ -38,8 +38,21 @@ enum WireCommand {
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Encode+decode rate of `transfer_staged` (4-tensor manifest) and
-    /// `transfer_push`; compare with `bench/wire_vs_python.sh`.
+    /// `transfer_push`; compare with `bench/vs_python.sh wire`.
     Wire(BenchWire),
+    /// Slot allocator operations per second (1 GiB pool, 1 MiB blocks,
+    /// 1..64 MiB requests); compare with `bench/vs_python.sh slots`.
+    Slots(BenchSlots),
+}
+
+#[derive(Args)]
+struct BenchSlots {
+    /// Seconds to run each workload.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
 }
 
 #[derive(Args)]
@@ -73,6 +86,36 @@ fn lines(mut each: impl FnMut(usize, &[u8], &mut Vec<u8>)) -> io::Result<()> {
         out.write_all(&buf)?;
     }
     out.flush()
+}
+
+fn duration(seconds: f64) -> Result<Duration, String> {
+    if !(seconds.is_finite() && seconds > 0.0) {
+        return Err(format!(
+            "--seconds must be a positive number, got {seconds}"
+        ));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+fn bench_slots(args: &BenchSlots) -> Result<(), String> {
+    let rates = ferry::slots_bench::measure(duration(args.seconds)?)
+        .map_err(|e| format!("slot allocator: {e}"))?;
+    match args.format {
+        Format::Json => {
+            let parts: Vec<String> = rates
+                .iter()
+                .map(|(name, r)| format!("\"{name}\":{{\"per_second\":{r:.1}}}"))
+                .collect();
+            println!("{{{}}}", parts.join(","));
+        }
+        Format::Table => {
+            println!("{:<10} {:>14} {:>10}", "workload", "ops/s", "ns/op");
+            for (name, r) in rates {
+                println!("{name:<10} {r:>14.0} {:>10.1}", 1e9 / r);
+            }
+        }
+    }
+    Ok(())
 }
 
 fn bench_wire(args: &BenchWire) -> Result<(), String> {
@@ -150,6 +193,7 @@ fn main() -> ExitCode {
         })
         .map_err(|e| format!("stdin/stdout: {e}")),
         Command::Bench(BenchCommand::Wire(args)) => bench_wire(&args),
+        Command::Bench(BenchCommand::Slots(args)) => bench_slots(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

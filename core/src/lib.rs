@@ -7,7 +7,9 @@
 //!   writer that the wire codec is built on;
 //! * [`wire`]: the transfer protocol's messages (`transfer_*`), decoded by
 //!   borrowing from the frame and encoded byte-identically to the seed's
-//!   `encode_transfer_msg`.
+//!   `encode_transfer_msg`;
+//! * [`slots`]: slot accounting: the buddy allocator over a pool, tensor
+//!   layout and manifest checks, preallocated receive slots, capacity.
 //!
 //! Everything here is sans-IO: bytes come in as slices, bytes go out into
 //! caller buffers, and a buffer that is too small is reported with the size

@@ -14,7 +14,12 @@ enum Op {
     /// Free a handle freed earlier (index modulo their count).
     FreeAgain(usize),
     /// Free a made-up handle.
-    Forge { offset: u64, size: u64, generation: u32, pool_id: u32 },
+    Forge {
+        offset: u64,
+        size: u64,
+        generation: u32,
+        pool_id: u32,
+    },
 }
 
 struct Model {
@@ -44,7 +49,9 @@ impl Model {
     }
 
     fn largest_free(&self) -> u64 {
-        let Some(top) = self.max_order() else { return 0 };
+        let Some(top) = self.max_order() else {
+            return 0;
+        };
         (0..=top)
             .rev()
             .find(|&k| self.first_free(k).is_some())
@@ -77,10 +84,16 @@ fn check(b: &Buddy<'_>, m: &Model) {
     assert_eq!(s.live_slots, m.live.len() as u64);
     assert_eq!(s.allocated_bytes, allocated);
     assert_eq!(b.bytes_free(), m.pool() - allocated);
-    assert_eq!(b.free_slots_of(m.min_block), (m.pool() - allocated) / m.min_block);
+    assert_eq!(
+        b.free_slots_of(m.min_block),
+        (m.pool() - allocated) / m.min_block
+    );
     assert_eq!(b.largest_free(), m.largest_free());
     let f = b.fragmentation();
-    assert_eq!((f.bytes_free, f.largest_free), (b.bytes_free(), b.largest_free()));
+    assert_eq!(
+        (f.bytes_free, f.largest_free),
+        (b.bytes_free(), b.largest_free())
+    );
     // No two live slots overlap, all lie inside the pool (mark() asserted
     // the leaves; check the bounds).
     for h in &m.live {
@@ -91,17 +104,31 @@ fn check(b: &Buddy<'_>, m: &Model) {
 
 fn run(leaves: u64, min_shift: u32, ops: Vec<Op>) {
     let min_block = 1u64 << min_shift;
-    let config = BuddyConfig { pool_size: leaves * min_block, min_block, pool_id: 1 };
+    let config = BuddyConfig {
+        pool_size: leaves * min_block,
+        min_block,
+        pool_id: 1,
+    };
     let (nodes, gens) = Buddy::storage_needed(&config).unwrap();
     let (mut tree, mut generations) = (vec![0u8; nodes], vec![0u32; gens]);
     let mut b = Buddy::new(config, &mut tree, &mut generations).unwrap();
     let initial_blocks = b.free_blocks_by_order().to_vec();
-    let mut m = Model { leaves, min_block, used: vec![false; leaves as usize], live: Vec::new(), freed: Vec::new() };
+    let mut m = Model {
+        leaves,
+        min_block,
+        used: vec![false; leaves as usize],
+        live: Vec::new(),
+        freed: Vec::new(),
+    };
     check(&b, &m);
     for op in ops {
         match op {
             Op::Alloc(size) => {
-                let order = (size > 0).then(|| size.div_ceil(min_block).next_power_of_two().trailing_zeros());
+                let order = (size > 0).then(|| {
+                    size.div_ceil(min_block)
+                        .next_power_of_two()
+                        .trailing_zeros()
+                });
                 let fits = order.filter(|&k| Some(k) <= m.max_order());
                 match (b.allocate(size), order, fits) {
                     (Err(BuddyError::ZeroSize), None, _) => {}
@@ -129,13 +156,25 @@ fn run(leaves: u64, min_shift: u32, ops: Vec<Op>) {
             Op::FreeAgain(i) if !m.freed.is_empty() => {
                 let h = m.freed[i % m.freed.len()].clone();
                 let e = b.free(h).unwrap_err();
-                assert!(matches!(e, BuddyError::NotAllocated { .. } | BuddyError::StaleHandle { .. }), "{e:?}");
+                assert!(
+                    matches!(
+                        e,
+                        BuddyError::NotAllocated { .. } | BuddyError::StaleHandle { .. }
+                    ),
+                    "{e:?}"
+                );
             }
             Op::FreeAgain(_) => {}
-            Op::Forge { offset, size, generation, pool_id } => {
+            Op::Forge {
+                offset,
+                size,
+                generation,
+                pool_id,
+            } => {
                 let forged = SlotHandle::from_parts(offset, size, 0, generation, pool_id);
                 let matches_live = m.live.iter().position(|h| {
-                    (h.offset(), h.size(), h.generation(), h.pool_id()) == (offset, size, generation, pool_id)
+                    (h.offset(), h.size(), h.generation(), h.pool_id())
+                        == (offset, size, generation, pool_id)
                 });
                 match (b.free(forged), matches_live) {
                     (Ok(()), Some(i)) => {
@@ -143,7 +182,9 @@ fn run(leaves: u64, min_shift: u32, ops: Vec<Op>) {
                         m.mark(&h, false);
                     }
                     (Err(_), None) => {}
-                    (r, i) => panic!("forged ({offset},{size},{generation},{pool_id}): {r:?}, live match {i:?}"),
+                    (r, i) => panic!(
+                        "forged ({offset},{size},{generation},{pool_id}): {r:?}, live match {i:?}"
+                    ),
                 }
             }
         }
@@ -181,16 +222,28 @@ proptest! {
 
 #[test]
 fn a_terabyte_pool_with_megabyte_blocks() {
-    let config = BuddyConfig { pool_size: 1 << 40, min_block: 1 << 20, pool_id: 7 };
+    let config = BuddyConfig {
+        pool_size: 1 << 40,
+        min_block: 1 << 20,
+        pool_id: 7,
+    };
     let (nodes, gens) = Buddy::storage_needed(&config).unwrap();
     assert_eq!((nodes, gens), ((2 << 20) - 1, 1 << 20));
     let (mut tree, mut generations) = (vec![0u8; nodes], vec![0u32; gens]);
     let mut b = Buddy::new(config, &mut tree, &mut generations).unwrap();
     assert_eq!(b.largest_free(), 1 << 40);
     let whole = b.allocate(1 << 40).unwrap();
-    assert!(matches!(b.allocate(1), Err(BuddyError::OutOfSpace { largest_free: 0, .. })));
+    assert!(matches!(
+        b.allocate(1),
+        Err(BuddyError::OutOfSpace {
+            largest_free: 0,
+            ..
+        })
+    ));
     b.free(whole).unwrap();
-    let small: Vec<_> = (0..1000).map(|i| b.allocate(1 + i * 4096).unwrap()).collect();
+    let small: Vec<_> = (0..1000)
+        .map(|i| b.allocate(1 + i * 4096).unwrap())
+        .collect();
     assert_eq!(b.stats().live_slots, 1000);
     for h in small {
         b.free(h).unwrap();
@@ -202,30 +255,63 @@ fn a_terabyte_pool_with_megabyte_blocks() {
 #[test]
 fn bad_configurations_are_typed_errors() {
     let new = |pool_size, min_block| {
-        let c = BuddyConfig { pool_size, min_block, pool_id: 0 };
+        let c = BuddyConfig {
+            pool_size,
+            min_block,
+            pool_id: 0,
+        };
         Buddy::storage_needed(&c).map(drop)
     };
-    assert_eq!(new(1 << 20, 0), Err(BuddyError::MinBlockNotPowerOfTwo { min_block: 0 }));
-    assert_eq!(new(1 << 20, 3000), Err(BuddyError::MinBlockNotPowerOfTwo { min_block: 3000 }));
-    assert!(matches!(new(0, 1024), Err(BuddyError::PoolNotMultipleOfMinBlock { .. })));
-    assert!(matches!(new(1000, 1024), Err(BuddyError::PoolNotMultipleOfMinBlock { .. })));
-    assert!(matches!(new(3 * 1024 + 1, 1024), Err(BuddyError::PoolNotMultipleOfMinBlock { .. })));
-    let c = BuddyConfig { pool_size: 8 << 20, min_block: 1 << 20, pool_id: 0 };
+    assert_eq!(
+        new(1 << 20, 0),
+        Err(BuddyError::MinBlockNotPowerOfTwo { min_block: 0 })
+    );
+    assert_eq!(
+        new(1 << 20, 3000),
+        Err(BuddyError::MinBlockNotPowerOfTwo { min_block: 3000 })
+    );
+    assert!(matches!(
+        new(0, 1024),
+        Err(BuddyError::PoolNotMultipleOfMinBlock { .. })
+    ));
+    assert!(matches!(
+        new(1000, 1024),
+        Err(BuddyError::PoolNotMultipleOfMinBlock { .. })
+    ));
+    assert!(matches!(
+        new(3 * 1024 + 1, 1024),
+        Err(BuddyError::PoolNotMultipleOfMinBlock { .. })
+    ));
+    let c = BuddyConfig {
+        pool_size: 8 << 20,
+        min_block: 1 << 20,
+        pool_id: 0,
+    };
     let (mut tree, mut gens) = (vec![0u8; 14], vec![0u32; 8]);
     assert_eq!(
         Buddy::new(c, &mut tree, &mut gens).map(drop),
-        Err(BuddyError::StorageTooSmall { tree_needed: 15, generations_needed: 8 })
+        Err(BuddyError::StorageTooSmall {
+            tree_needed: 15,
+            generations_needed: 8
+        })
     );
 }
 
 #[test]
 fn sizes_that_overflow_when_rounded_are_too_large() {
-    let c = BuddyConfig { pool_size: 3 << 20, min_block: 1 << 20, pool_id: 0 };
+    let c = BuddyConfig {
+        pool_size: 3 << 20,
+        min_block: 1 << 20,
+        pool_id: 0,
+    };
     let (mut tree, mut gens) = (vec![0u8; 7], vec![0u32; 3]);
     let mut b = Buddy::new(c, &mut tree, &mut gens).unwrap();
     assert_eq!(b.max_slot(), 2 << 20);
     for size in [u64::MAX, (1 << 63) + 1, 3 << 20, (2 << 20) + 1] {
-        assert!(matches!(b.allocate(size), Err(BuddyError::TooLarge { .. })), "{size}");
+        assert!(
+            matches!(b.allocate(size), Err(BuddyError::TooLarge { .. })),
+            "{size}"
+        );
     }
     assert_eq!(b.allocate(0), Err(BuddyError::ZeroSize));
     assert_eq!(b.stats().failures.too_large, 4);
@@ -239,27 +325,58 @@ fn sizes_that_overflow_when_rounded_are_too_large() {
 
 #[test]
 fn stale_foreign_and_double_frees_change_nothing() {
-    let c = BuddyConfig { pool_size: 4 << 20, min_block: 1 << 20, pool_id: 3 };
+    let c = BuddyConfig {
+        pool_size: 4 << 20,
+        min_block: 1 << 20,
+        pool_id: 3,
+    };
     let (mut tree, mut gens) = (vec![0u8; 7], vec![0u32; 4]);
     let mut b = Buddy::new(c, &mut tree, &mut gens).unwrap();
     let first = b.allocate(1 << 20).unwrap();
     let copy = first.clone();
     b.free(first).unwrap();
-    assert_eq!(b.free(copy.clone()), Err(BuddyError::NotAllocated { offset: 0 }));
+    assert_eq!(
+        b.free(copy.clone()),
+        Err(BuddyError::NotAllocated { offset: 0 })
+    );
     let second = b.allocate(1 << 20).unwrap();
     assert_eq!(second.offset(), 0);
     assert_eq!(
         b.free(copy),
-        Err(BuddyError::StaleHandle { offset: 0, generation: 1, current: 2 })
+        Err(BuddyError::StaleHandle {
+            offset: 0,
+            generation: 1,
+            current: 2
+        })
     );
     let foreign = SlotHandle::from_parts(0, 1 << 20, 0, 2, 9);
-    assert_eq!(b.free(foreign), Err(BuddyError::ForeignHandle { handle_pool: 9, pool: 3 }));
+    assert_eq!(
+        b.free(foreign),
+        Err(BuddyError::ForeignHandle {
+            handle_pool: 9,
+            pool: 3
+        })
+    );
     let misaligned = SlotHandle::from_parts(1 << 19, 1 << 20, 0, 2, 3);
-    assert!(matches!(b.free(misaligned), Err(BuddyError::InvalidHandle { .. })));
+    assert!(matches!(
+        b.free(misaligned),
+        Err(BuddyError::InvalidHandle { .. })
+    ));
     let wrong_size = SlotHandle::from_parts(0, 2 << 20, 0, 2, 3);
-    assert_eq!(b.free(wrong_size), Err(BuddyError::NotAllocated { offset: 0 }));
+    assert_eq!(
+        b.free(wrong_size),
+        Err(BuddyError::NotAllocated { offset: 0 })
+    );
     let f = b.stats().failures;
-    assert_eq!((f.not_allocated, f.stale_handle, f.foreign_handle, f.invalid_handle), (2, 1, 1, 1));
+    assert_eq!(
+        (
+            f.not_allocated,
+            f.stale_handle,
+            f.foreign_handle,
+            f.invalid_handle
+        ),
+        (2, 1, 1, 1)
+    );
     assert_eq!(b.stats().live_slots, 1);
     b.free(second).unwrap();
     assert_eq!(b.largest_free(), 4 << 20);

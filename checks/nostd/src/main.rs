@@ -6,6 +6,7 @@
 
 use core::panic::PanicInfo;
 
+use ferry_core::slots::{Buddy, BuddyConfig};
 use ferry_core::wire::{decode, Msg};
 
 // The C runtime (crt1.o) calls `main`; libc provides memcpy and friends.
@@ -40,6 +41,28 @@ fn check() -> Result<(), i32> {
     let n = msg.encode_canonical(&mut out).map_err(|_| 6)?;
     if &out[..n] != PAYLOAD {
         return Err(7);
+    }
+    check_slots()
+}
+
+/// A buddy allocator over stack storage: 64 MiB pool, 1 MiB blocks.
+fn check_slots() -> Result<(), i32> {
+    let config = BuddyConfig {
+        pool_size: 64 << 20,
+        min_block: 1 << 20,
+        pool_id: 1,
+    };
+    let (mut tree, mut generations) = ([0u8; 127], [0u32; 64]);
+    let mut pool = Buddy::new(config, &mut tree, &mut generations).map_err(|_| 10)?;
+    let a = pool.allocate(3 << 20).map_err(|_| 11)?;
+    let b = pool.allocate(1).map_err(|_| 12)?;
+    if (a.offset(), a.size(), b.offset()) != (0, 4 << 20, 4 << 20) {
+        return Err(13);
+    }
+    pool.free(a).map_err(|_| 14)?;
+    pool.free(b).map_err(|_| 15)?;
+    if pool.largest_free() != 64 << 20 {
+        return Err(16);
     }
     Ok(())
 }

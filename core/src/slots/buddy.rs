@@ -110,20 +110,35 @@ impl fmt::Display for BuddyError {
             Self::MinBlockNotPowerOfTwo { min_block } => {
                 write!(f, "min_block {min_block} is not a power of two")
             }
-            Self::PoolNotMultipleOfMinBlock { pool_size, min_block } => write!(
+            Self::PoolNotMultipleOfMinBlock {
+                pool_size,
+                min_block,
+            } => write!(
                 f,
                 "pool size {pool_size} is not a positive multiple of min_block {min_block}"
             ),
-            Self::StorageTooSmall { tree_needed, generations_needed } => write!(
+            Self::StorageTooSmall {
+                tree_needed,
+                generations_needed,
+            } => write!(
                 f,
                 "allocator storage too small: {tree_needed} tree bytes and \
                  {generations_needed} generation words needed"
             ),
             Self::ZeroSize => f.write_str("zero-size slot requested"),
-            Self::TooLarge { requested, max_slot } => {
-                write!(f, "{requested} bytes requested, the pool's largest slot is {max_slot}")
+            Self::TooLarge {
+                requested,
+                max_slot,
+            } => {
+                write!(
+                    f,
+                    "{requested} bytes requested, the pool's largest slot is {max_slot}"
+                )
             }
-            Self::OutOfSpace { requested, largest_free } => write!(
+            Self::OutOfSpace {
+                requested,
+                largest_free,
+            } => write!(
                 f,
                 "no free block for {requested} bytes (largest free block {largest_free})"
             ),
@@ -136,7 +151,11 @@ impl fmt::Display for BuddyError {
             Self::NotAllocated { offset } => {
                 write!(f, "no slot allocated at offset {offset} (double free?)")
             }
-            Self::StaleHandle { offset, generation, current } => write!(
+            Self::StaleHandle {
+                offset,
+                generation,
+                current,
+            } => write!(
                 f,
                 "stale handle for offset {offset}: generation {generation}, live slot is {current}"
             ),
@@ -167,7 +186,13 @@ pub struct SlotHandle {
 impl SlotHandle {
     /// Rebuilds a handle from stored parts. `requested` only feeds the
     /// statistics; it is clamped to `size`.
-    pub fn from_parts(offset: u64, size: u64, requested: u64, generation: u32, pool_id: u32) -> Self {
+    pub fn from_parts(
+        offset: u64,
+        size: u64,
+        requested: u64,
+        generation: u32,
+        pool_id: u32,
+    ) -> Self {
         Self {
             offset,
             size,
@@ -283,12 +308,19 @@ impl fmt::Debug for Buddy<'_> {
 
 /// `(leaves, top order)` of a valid configuration.
 fn geometry(config: &BuddyConfig) -> Result<(u64, u32), BuddyError> {
-    let BuddyConfig { pool_size, min_block, .. } = *config;
+    let BuddyConfig {
+        pool_size,
+        min_block,
+        ..
+    } = *config;
     if !min_block.is_power_of_two() {
         return Err(BuddyError::MinBlockNotPowerOfTwo { min_block });
     }
     if pool_size == 0 || pool_size % min_block != 0 {
-        return Err(BuddyError::PoolNotMultipleOfMinBlock { pool_size, min_block });
+        return Err(BuddyError::PoolNotMultipleOfMinBlock {
+            pool_size,
+            min_block,
+        });
     }
     let leaves = pool_size / min_block;
     let top = leaves.next_power_of_two().trailing_zeros();
@@ -393,7 +425,10 @@ impl<'s> Buddy<'s> {
             return Err(BuddyError::ZeroSize);
         }
         let blocks = size.div_ceil(self.config.min_block);
-        let order = blocks.checked_next_power_of_two().ok_or(too_large)?.trailing_zeros();
+        let order = blocks
+            .checked_next_power_of_two()
+            .ok_or(too_large)?
+            .trailing_zeros();
         if order > self.top || (self.config.min_block << order) > self.config.pool_size {
             return Err(too_large);
         }
@@ -428,7 +463,11 @@ impl<'s> Buddy<'s> {
                 self.free_blocks[k as usize - 1] += 2;
             }
             let left = 2 * i + 1;
-            i = if self.tree[left] & LONGEST >= want { left } else { left + 1 };
+            i = if self.tree[left] & LONGEST >= want {
+                left
+            } else {
+                left + 1
+            };
             k -= 1;
         }
         self.free_blocks[order as usize] -= 1;

@@ -27,7 +27,10 @@ impl fmt::Display for CapacityError {
         match *self {
             Self::Full { limit } => write!(f, "all {limit} transfer slots of the instance in use"),
             Self::WrongCounter { ticket, counter } => {
-                write!(f, "capacity ticket of counter {ticket} returned to counter {counter}")
+                write!(
+                    f,
+                    "capacity ticket of counter {ticket} returned to counter {counter}"
+                )
             }
         }
     }

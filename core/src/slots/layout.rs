@@ -92,19 +92,31 @@ pub enum LayoutError {
 impl fmt::Display for LayoutError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            Self::OutputTooSmall { needed } => write!(f, "room for {needed} manifest entries needed"),
-            Self::ByteLenMismatch { index, expected, byte_len } => write!(
+            Self::OutputTooSmall { needed } => {
+                write!(f, "room for {needed} manifest entries needed")
+            }
+            Self::ByteLenMismatch {
+                index,
+                expected,
+                byte_len,
+            } => write!(
                 f,
                 "tensor {index}: {byte_len} bytes given, shape and dtype make {expected}"
             ),
-            Self::Overflow { index } => write!(f, "tensor {index}: size or offset overflows 64 bits"),
+            Self::Overflow { index } => {
+                write!(f, "tensor {index}: size or offset overflows 64 bits")
+            }
             Self::Entry { index, error } => write!(f, "manifest entry {index}: {error}"),
             Self::UnknownDtype { index } => write!(f, "manifest entry {index}: unknown dtype"),
             Self::Misaligned { index, offset } => write!(
                 f,
                 "manifest entry {index}: offset {offset} is not a multiple of {TENSOR_ALIGN}"
             ),
-            Self::OutOfSlot { index, end, slot_size } => write!(
+            Self::OutOfSlot {
+                index,
+                end,
+                slot_size,
+            } => write!(
                 f,
                 "manifest entry {index}: ends at byte {end}, past the {slot_size}-byte slot"
             ),
@@ -116,7 +128,9 @@ impl core::error::Error for LayoutError {}
 
 /// Bytes of a tensor of `shape` and `dtype`, or `None` on overflow.
 fn tensor_bytes(shape: impl IntoIterator<Item = u64>, dtype: Dtype) -> Option<u64> {
-    shape.into_iter().try_fold(dtype.size(), |acc, d| acc.checked_mul(d))
+    shape
+        .into_iter()
+        .try_fold(dtype.size(), |acc, d| acc.checked_mul(d))
 }
 
 fn align_up(v: u64) -> Option<u64> {
@@ -229,4 +243,3 @@ pub fn entry_bytes(entry: &TensorEntry<'_>) -> Option<u64> {
     let dtype = Dtype::from_name(entry.dtype.unescape_into(&mut name).ok()?).ok()?;
     tensor_bytes(entry.shape.dims(), dtype)
 }
-

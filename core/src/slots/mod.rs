@@ -22,6 +22,7 @@ pub use buddy::{Buddy, BuddyConfig, BuddyError, BuddyStats, Failures, Fragmentat
 pub use capacity::{Capacity, CapacityError, CapacityTicket};
 pub use dtype::{Dtype, UnknownDtype};
 pub use layout::{
-    check_manifest, entry_bytes, layout, Layout, LayoutError, ManifestExtent, TensorSpec, TENSOR_ALIGN,
+    check_manifest, entry_bytes, layout, Layout, LayoutError, ManifestExtent, TensorSpec,
+    TENSOR_ALIGN,
 };
 pub use prealloc::{PreallocError, PreallocTable};

@@ -118,9 +118,10 @@ impl<const N: usize> PreallocTable<N> {
                     slot_id: slot.slot_id,
                 });
             }
-            if let Some(other) = table.iter().find(|o| {
-                o.offset < slot.offset + slot.size && slot.offset < o.offset + o.size
-            }) {
+            if let Some(other) = table
+                .iter()
+                .find(|o| o.offset < slot.offset + slot.size && slot.offset < o.offset + o.size)
+            {
                 return Err(PreallocError::Overlap {
                     slot_id: slot.slot_id,
                     other: other.slot_id,

@@ -1,6 +1,9 @@
 //! Decoding a frame-1 payload into a borrowed [`Msg`].
 //!
-//! One pass over the top-level object records where each known field's
+//! Most messages take the one-pass fast path in `fast.rs`; everything it
+//! declines comes here, to the general decoder, which is also the reference
+//! the fast path is tested against. One pass over the top-level object
+//! records where each known field's
 //! value is (keys may come in any order, `msg_type` included); the message
 //! is then built from the fields its type has. Unknown keys are validated
 //! and ignored, missing keys take the seed's defaults, and a repeated key

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Side by side on this machine, in one run: ferry against the Python it
+# replaces, with the ratio.
+#
+#   bench/vs_python.sh [wire|slots|all] [SECONDS]
+#
+# wire:  the seed's encode_transfer_msg + decode_transfer_msg against
+#        ferry's encode + decode, on byte-identical payloads
+# slots: a Python buddy allocator (bench/buddy_python.py) against ferry's,
+#        on the same request streams
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}
+seconds=${2:-3}
+export FERRY_SEED_DIR=${FERRY_SEED_DIR:-$(pwd)/../shared/seed}
+cargo build --release --quiet --bin ferry
+ferry=target/release/ferry
+
+compare() {
+    python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+title, py, rs = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+print(f"{title:<18} {'python/s':>14} {'ferry/s':>14} {'ratio':>8}")
+for name in py:
+    p, r = py[name]["per_second"], rs[name]["per_second"]
+    print(f"{name:<18} {p:>14,.0f} {r:>14,.0f} {r / p:>7.1f}x")
+PY
+}
+
+if [ "$what" = wire ] || [ "$what" = all ]; then
+    if ! diff <(python3 bench/wire_seed.py --print-payloads) <("$ferry" bench wire --print-payloads) >/dev/null; then
+        echo "error: ferry and the seed encode different payloads; the comparison would be unfair" >&2
+        exit 1
+    fi
+    py=$(python3 bench/wire_seed.py --seconds "$seconds")
+    rs=$("$ferry" bench wire --seconds "$seconds" --format json)
+    compare "wire (enc+dec)" "$py" "$rs"
+fi
+if [ "$what" = slots ] || [ "$what" = all ]; then
+    py=$(python3 bench/buddy_python.py --seconds "$seconds")
+    rs=$("$ferry" bench slots --seconds "$seconds" --format json)
+    compare "slots (ops)" "$py" "$rs"
+fi

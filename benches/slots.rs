@@ -1,0 +1,33 @@
+//! `cargo bench --bench slots`: the buddy allocator on the workloads of
+//! `bench/buddy_python.py` (side by side: `bench/vs_python.sh slots`).
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use ferry::core::slots::Buddy;
+use ferry::slots_bench::{churn, pairs, storage, Lcg, CONFIG};
+
+fn slots(c: &mut Criterion) {
+    let (mut tree, mut gens) = storage().expect("storage for the bench pool");
+    let mut b = Buddy::new(CONFIG, &mut tree, &mut gens).expect("bench pool");
+    let mut g = c.benchmark_group("buddy");
+    g.throughput(Throughput::Elements(2 * 64));
+    let mut i = 0;
+    g.bench_function("alloc+free x64", |bench| {
+        bench.iter(|| {
+            i += 64;
+            pairs(&mut b, 64, i)
+        })
+    });
+    g.throughput(Throughput::Elements(64));
+    let (mut rng, mut live) = (Lcg::new(42), Vec::new());
+    g.bench_function("churn x64", |bench| {
+        bench.iter(|| churn(&mut b, &mut rng, &mut live, 64))
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(std::time::Duration::from_millis(300)).measurement_time(std::time::Duration::from_secs(1));
+    targets = slots
+}
+criterion_main!(benches);
