@@ -24,7 +24,7 @@ pub(crate) struct Lexer<'a> {
 /// that is `"`, `\\` or below 0x20, or zero if there is none. Bits above the
 /// first match may be spurious (borrows), the lowest one never is.
 #[inline]
-fn string_special_mask(w: u64) -> u64 {
+pub(crate) fn string_special_mask(w: u64) -> u64 {
     const LO: u64 = 0x0101_0101_0101_0101;
     const HI: u64 = 0x8080_8080_8080_8080;
     let zero = |x: u64| x.wrapping_sub(LO) & !x & HI;
@@ -64,18 +64,7 @@ impl<'a> Lexer<'a> {
 
     #[inline]
     pub fn skip_ws(&mut self) {
-        let b = self.src.as_bytes();
-        // Compact JSON has no whitespace: one test in the common case.
-        if b.get(self.pos).is_some_and(|&c| c > b' ') {
-            return;
-        }
-        while let Some(&c) = b.get(self.pos) {
-            if matches!(c, b' ' | b'\n' | b'\r' | b'\t') {
-                self.pos += 1;
-            } else {
-                break;
-            }
-        }
+        self.pos = skip_ws_at(self.src.as_bytes(), self.pos);
     }
 
     pub fn err(&self, kind: K) -> JsonError {
@@ -216,53 +205,19 @@ impl<'a> Lexer<'a> {
     #[inline]
     pub fn number(&mut self) -> Result<NumberToken<'a>, JsonError> {
         let start = self.pos;
-        let b = self.src.as_bytes();
-        let digits = |pos: &mut usize| {
-            let s = *pos;
-            while b.get(*pos).is_some_and(u8::is_ascii_digit) {
-                *pos += 1;
+        match scan_number(self.src.as_bytes(), start) {
+            Ok((end, is_integer)) => {
+                self.pos = end;
+                Ok(NumberToken {
+                    text: &self.src[start..end],
+                    is_integer,
+                })
             }
-            *pos - s
-        };
-        let mut p = self.pos;
-        if b.get(p) == Some(&b'-') {
-            p += 1;
-        }
-        match b.get(p) {
-            Some(b'0') => p += 1,
-            Some(b'1'..=b'9') => {
-                digits(&mut p);
-            }
-            _ => {
-                self.pos = p;
-                return Err(self.err(K::InvalidNumber));
+            Err(at) => {
+                self.pos = at;
+                Err(self.err(K::InvalidNumber))
             }
         }
-        let mut is_integer = true;
-        if b.get(p) == Some(&b'.') {
-            p += 1;
-            is_integer = false;
-            if digits(&mut p) == 0 {
-                self.pos = p;
-                return Err(self.err(K::InvalidNumber));
-            }
-        }
-        if matches!(b.get(p), Some(b'e' | b'E')) {
-            p += 1;
-            is_integer = false;
-            if matches!(b.get(p), Some(b'+' | b'-')) {
-                p += 1;
-            }
-            if digits(&mut p) == 0 {
-                self.pos = p;
-                return Err(self.err(K::InvalidNumber));
-            }
-        }
-        self.pos = p;
-        Ok(NumberToken {
-            text: &self.src[start..p],
-            is_integer,
-        })
     }
 
     /// Consumes `word` if the input continues with it.
@@ -516,7 +471,7 @@ fn skim_scalar(b: &[u8], p: usize) -> Option<(usize, JsonType)> {
             if b[p..].starts_with(b"-Infinity") {
                 return Some((p + 9, JsonType::Number));
             }
-            Some((skim_number(b, p)?.0, JsonType::Number))
+            Some((scan_number(b, p).ok()?.0, JsonType::Number))
         }
         b't' => lit(b"true", JsonType::Bool),
         b'f' => lit(b"false", JsonType::Bool),
@@ -528,9 +483,10 @@ fn skim_scalar(b: &[u8], p: usize) -> Option<(usize, JsonType)> {
 }
 
 /// A strict JSON number at `b[p]`: the position after it, and whether it
-/// is an integer (no fraction, no exponent).
+/// is an integer (no fraction, no exponent); on failure, the position of
+/// the byte that broke the grammar.
 #[inline]
-pub(crate) fn skim_number(b: &[u8], mut p: usize) -> Option<(usize, bool)> {
+pub(crate) fn scan_number(b: &[u8], mut p: usize) -> Result<(usize, bool), usize> {
     let digits = |mut p: usize| {
         let s = p;
         while b.get(p).is_some_and(u8::is_ascii_digit) {
@@ -541,16 +497,16 @@ pub(crate) fn skim_number(b: &[u8], mut p: usize) -> Option<(usize, bool)> {
     if b.get(p) == Some(&b'-') {
         p += 1;
     }
-    match b.get(p)? {
-        b'0' => p += 1,
-        b'1'..=b'9' => p = digits(p).0,
-        _ => return None,
+    match b.get(p) {
+        Some(b'0') => p += 1,
+        Some(b'1'..=b'9') => p = digits(p).0,
+        _ => return Err(p),
     }
     let mut is_integer = true;
     if b.get(p) == Some(&b'.') {
         let (q, n) = digits(p + 1);
         if n == 0 {
-            return None;
+            return Err(q);
         }
         p = q;
         is_integer = false;
@@ -563,11 +519,11 @@ pub(crate) fn skim_number(b: &[u8], mut p: usize) -> Option<(usize, bool)> {
         }
         let (q, n) = digits(p);
         if n == 0 {
-            return None;
+            return Err(q);
         }
         p = q;
     }
-    Some((p, is_integer))
+    Ok((p, is_integer))
 }
 
 /// The first position at or after `p` that is not JSON whitespace.

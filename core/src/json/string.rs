@@ -3,6 +3,7 @@
 
 use core::fmt;
 
+use super::lex::string_special_mask;
 use super::sink::{BufferTooSmall, Sink};
 
 /// A JSON string value, borrowed.
@@ -272,17 +273,15 @@ fn is_verbatim(b: u8) -> bool {
 }
 
 /// True if any byte of `w` needs escaping: below 0x20, above 0x7e, `"` or
-/// `\\` (SWAR; see the lexer's `has_string_special`).
+/// `\\` (SWAR, eight bytes at a time).
 #[inline]
 fn has_non_verbatim(w: u64) -> bool {
     const LO: u64 = 0x0101_0101_0101_0101;
     const HI: u64 = 0x8080_8080_8080_8080;
-    let zero = |x: u64| x.wrapping_sub(LO) & !x & HI;
-    let below_space = w.wrapping_sub(LO * 0x20) & !w & HI;
     // A byte of 0x7f or more has its high bit set in `w` or in `w + 1`; a
     // carry out of a byte happens only from 0xff, which is caught itself.
     let high = (w | w.wrapping_add(LO)) & HI;
-    (below_space | high | zero(w ^ (LO * u64::from(b'"'))) | zero(w ^ (LO * u64::from(b'\\')))) != 0
+    (string_special_mask(w) | high) != 0
 }
 
 /// Writes `s` as a quoted JSON string with CPython's escaping

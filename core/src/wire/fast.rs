@@ -12,7 +12,7 @@
 use super::manifest::Manifest;
 use super::msg::*;
 use super::slots::SlotList;
-use crate::json::lex::{skim, skim_number, skim_string, skip_ws_at};
+use crate::json::lex::{scan_number, skim, skim_string, skip_ws_at};
 use crate::json::number::parse_u64;
 use crate::json::{JsonStr, JsonType, NumberToken, RawJson};
 
@@ -36,7 +36,7 @@ fn value(text: &str, p: usize) -> Option<(V<'_>, usize)> {
             Some((V::Str(text.get(p + 1..end - 1)?), end))
         }
         b'0'..=b'9' | b'-' if !b[p..].starts_with(b"-I") => {
-            let (end, is_integer) = skim_number(b, p)?;
+            let (end, is_integer) = scan_number(b, p).ok()?;
             let tok = NumberToken {
                 text: text.get(p..end)?,
                 is_integer,
