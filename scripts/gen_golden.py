@@ -15,6 +15,10 @@ tests/data/golden):
                          of the same numbers
   loose.canonical.jsonl  line for line, what the seed's Python encodes after
                          decoding the loose line and building its dataclass
+  floats.jsonl           transfer_ready messages whose scalar_fields hold
+                         floats of random bit patterns, halfway ties and
+                         specials, spelled in several ways
+  floats.canonical.jsonl line for line, the seed's encoding of each
 
 The seed module (../shared/seed/protocol.py) is imported unmodified. The
 output is deterministic for a given seed (--seed).
@@ -26,6 +30,7 @@ import json
 import math
 import os
 import random
+import struct
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -342,6 +347,22 @@ def loosen(rng, d):
     return text
 
 
+def float_vectors(rng, n):
+    """(payload, canonical) pairs that pin down float printing: Python's
+    repr picks, among the shortest strings that round-trip, the correctly
+    rounded one (ties to even)."""
+    vals = [struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0] for _ in range(n)]
+    vals += [float(2**50 + i) + 0.25 for i in range(0, 4000, 97)]  # 17-digit ties
+    vals += [i * 0.125 for i in range(-64, 64)] + SPECIAL_FLOATS
+    out = []
+    for f in vals:
+        finite = f == f and abs(f) != math.inf
+        for form in ([repr(f), "%.17e" % f, "%.25G" % f] if finite else [json.dumps(f)]):
+            text = '{"msg_type":"transfer_ready","request_id":"f","scalar_fields":{"x":%s,"y":[%s]}}' % (form, form)
+            out.append((text.encode(), canonical(json.loads(text))))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir", nargs="?", default=os.path.join(HERE, "..", "tests", "data", "golden"))
@@ -365,11 +386,18 @@ def main():
                 parsed = json.loads(text)
                 loose_lines.append(text.encode("utf-8"))
                 loose_canon.append(canonical(parsed))
-    for name, lines in (("canonical.jsonl", canon_lines), ("loose.jsonl", loose_lines), ("loose.canonical.jsonl", loose_canon)):
+    floats = float_vectors(rng, 3000)
+    for name, lines in (
+        ("canonical.jsonl", canon_lines),
+        ("loose.jsonl", loose_lines),
+        ("loose.canonical.jsonl", loose_canon),
+        ("floats.jsonl", [a for a, _ in floats]),
+        ("floats.canonical.jsonl", [b for _, b in floats]),
+    ):
         with open(os.path.join(args.outdir, name), "wb") as f:
             for line in lines:
                 f.write(line + b"\n")
-    print(f"{len(canon_lines)} canonical, {len(loose_lines)} loose vectors in {args.outdir}")
+    print(f"{len(canon_lines)} canonical, {len(loose_lines)} loose, {len(floats)} float vectors in {args.outdir}")
 
 
 if __name__ == "__main__":

@@ -102,6 +102,20 @@ fn loose_variants_decode_to_the_seeds_canonical_bytes() {
     }
 }
 
+/// Floats inside nested values print as Python's `repr` prints them, ties
+/// and all.
+#[test]
+fn floats_print_as_python_prints_them() {
+    let input = lines("floats.jsonl");
+    let want = lines("floats.canonical.jsonl");
+    assert_eq!(input.len(), want.len());
+    assert!(input.len() > 5000);
+    for (l, w) in input.iter().zip(&want) {
+        let msg = decode(l).unwrap_or_else(|e| panic!("{e}: {}", show(l)));
+        assert_eq!(show(&encode_canonical(&msg)), show(w), "input: {}", show(l));
+    }
+}
+
 /// The typed views of nested values agree with the raw text: rebuilding a
 /// message from its iterated manifest entries and slots encodes the same bytes.
 #[test]

@@ -118,13 +118,25 @@ pub fn write_f64(out: &mut Sink<'_>, v: f64) {
     if v.is_infinite() {
         return out.put(if v > 0.0 { b"Infinity" } else { b"-Infinity" });
     }
-    // `{:e}` gives the shortest round-trip digits, like Python's repr:
-    // "-1.2345e-7", "1e16", "0e0".
+    // `{:e}` gives the shortest round-trip digit count, as Python's repr
+    // does ("-1.2345e-7", "1e16", "0e0"); when two strings of that length
+    // round-trip equally well, Rust and Python may pick different ones.
+    // Python's is the correctly rounded one (ties to even), which is what
+    // `{:.N e}` prints, so print again at that precision.
     let mut sb = StackBuf {
         buf: [0; 40],
         len: 0,
     };
     if write!(sb, "{v:e}").is_err() {
+        return;
+    }
+    let shortest = sb.buf[..sb.len]
+        .iter()
+        .take_while(|&&b| b != b'e')
+        .filter(|b| b.is_ascii_digit())
+        .count();
+    sb.len = 0;
+    if write!(sb, "{v:.*e}", shortest.saturating_sub(1)).is_err() {
         return;
     }
     let s = &sb.buf[..sb.len];
@@ -241,6 +253,10 @@ mod tests {
             (5e-324, "5e-324"),
             (f64::MAX, "1.7976931348623157e+308"),
             (123456789.125, "123456789.125"),
+            // Two 17-digit strings round-trip; Python takes the one the
+            // exact value rounds to (ties to even).
+            (1059438285926254.25, "1059438285926254.2"),
+            (1839832758546370.25, "1839832758546370.2"),
             (f64::NAN, "NaN"),
             (f64::INFINITY, "Infinity"),
             (f64::NEG_INFINITY, "-Infinity"),
