@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod handshake;
 pub mod json;
 pub mod slots;
 pub mod wire;

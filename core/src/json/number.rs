@@ -255,8 +255,8 @@ mod tests {
             (123456789.125, "123456789.125"),
             // Two 17-digit strings round-trip; Python takes the one the
             // exact value rounds to (ties to even).
-            (1059438285926254.25, "1059438285926254.2"),
-            (1839832758546370.25, "1839832758546370.2"),
+            (1059438285926254.0 + 0.25, "1059438285926254.2"),
+            (1839832758546370.0 + 0.25, "1839832758546370.2"),
             (f64::NAN, "NaN"),
             (f64::INFINITY, "Infinity"),
             (f64::NEG_INFINITY, "-Infinity"),

@@ -81,6 +81,10 @@ impl Enc<'_, '_> {
 
     fn manifest(&mut self, m: &Manifest<'_>) {
         self.key(key!("manifest"));
+        self.manifest_value(m);
+    }
+
+    fn manifest_value(&mut self, m: &Manifest<'_>) {
         match *m {
             Manifest::Raw(raw) => self.raw(raw),
             Manifest::Entries(entries) => self.entries(entries),
@@ -175,6 +179,13 @@ impl Enc<'_, '_> {
     fn object(&mut self, name: &'static [u8], v: RawJson<'_>) {
         self.key(name);
         self.raw(v);
+    }
+}
+
+impl Manifest<'_> {
+    /// Writes the manifest alone, as the JSON object it is on the wire.
+    pub fn write_json(&self, out: &mut Sink<'_>, style: Style) {
+        Enc { out, style }.manifest_value(self);
     }
 }
 

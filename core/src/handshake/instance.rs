@@ -1,0 +1,1165 @@
+//! An instance: the sender side (stage a request in a pool slot, write it
+//! where the coordinator says, report) and the receiver side (reserve a slot
+//! or reject, validate `transfer_ready`, hand the tensors to the
+//! application, report `transfer_done` when it lets go).
+//!
+//! Every slot is freed exactly once, whatever arrives: on completion, on
+//! release, on `transfer_abort`, or on a local timeout when the coordinator
+//! went quiet. A slot that a write may still be landing in (reserved for a
+//! transfer that was then aborted) is quarantined before reuse. Aborted
+//! requests leave a tombstone so that late messages about them are ignored.
+
+use core::fmt;
+use core::time::Duration;
+
+use super::common::{Ignored, Instant, Text};
+use super::coordinator::{Name, RequestId};
+use super::ring::Ring;
+use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
+use crate::slots::{check_manifest, Buddy, BuddyConfig, BuddyError, SlotHandle};
+use crate::wire::{
+    AllocReject, Allocated, Done, Manifest, Msg, PreallocatedSlot, Pushed, Register, SlotList,
+    Staged,
+};
+
+/// An instance's settings.
+#[derive(Clone, Copy, Debug)]
+pub struct InstanceConfig<'a> {
+    /// The role it registers as.
+    pub role: &'a str,
+    /// Its data-plane session id (what peers address its pool by).
+    pub session_id: &'a str,
+    /// Its work endpoint.
+    pub work_endpoint: &'a str,
+    /// The pool's base address in this process.
+    pub pool_ptr: u64,
+    /// The pool's shape.
+    pub pool: BuddyConfig,
+    /// Receive slots set aside at start: how many, of what size.
+    pub prealloc: (usize, u64),
+    /// Resend `transfer_register` this often until acknowledged.
+    pub register_retry: Duration,
+    /// Staged, waiting for `transfer_push`, before the slot is freed.
+    pub staged_timeout: Duration,
+    /// Slot reserved, waiting for `transfer_ready`, before it is freed.
+    pub reserved_timeout: Duration,
+    /// How long a slot a write may still be landing in stays out of use.
+    pub quarantine: Duration,
+}
+
+/// Where a received transfer's bytes are.
+#[derive(Debug)]
+enum Held {
+    Pool(SlotHandle),
+    Prealloc(usize),
+}
+
+#[derive(Debug)]
+enum Kind {
+    /// Sender: slot allocated, the application is filling it.
+    Filling { slot: SlotHandle },
+    /// Sender: `transfer_staged` queued or sent, waiting for the push.
+    Staged { slot: SlotHandle, data_size: u64 },
+    /// Sender: write posted, waiting for its completion.
+    Writing { slot: SlotHandle, aborted: bool },
+    /// Receiver: slot reserved, waiting for `transfer_ready`.
+    Reserved { slot: SlotHandle },
+    /// Receiver: the application holds the data.
+    Delivered { held: Held, aborted: bool },
+    /// A slot out of use until a possible late write has landed.
+    Quarantined { held: Held },
+}
+
+/// One request this instance is part of.
+#[derive(Debug)]
+pub struct Request {
+    id: RequestId,
+    seq: u64,
+    kind: Kind,
+    deadline: Option<Instant>,
+    manifest_len: usize,
+    scalars_len: usize,
+}
+
+/// Names a request to the application; stale tokens are refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Token {
+    index: usize,
+    seq: u64,
+}
+
+/// A write for the caller's data plane to post.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Write {
+    /// Pass back to [`Instance::handle_completion`].
+    pub token: Token,
+    /// The request.
+    pub id: RequestId,
+    /// Offset of the bytes in this instance's pool.
+    pub local_offset: u64,
+    /// Bytes to write.
+    pub len: u64,
+    /// The receiver's data-plane session.
+    pub dest_session: Name,
+    /// Destination address in the receiver's address space.
+    pub dest_addr: u64,
+}
+
+/// What the application should know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstanceEvent {
+    /// The coordinator accepted the registration.
+    Registered,
+    /// The coordinator refused the registration.
+    Refused,
+    /// A transfer arrived: read it with [`Instance::received`], then
+    /// [`Instance::release`] it.
+    Received(Token),
+    /// A request this instance staged was written to its receiver.
+    Sent {
+        /// The request.
+        id: RequestId,
+    },
+    /// A request this instance staged will not be delivered.
+    SendFailed {
+        /// The request.
+        id: RequestId,
+    },
+    /// A transfer the application holds was aborted by the coordinator;
+    /// release it when done reading (its slot is freed then).
+    Aborted(Token),
+}
+
+/// A received transfer, as the application reads it.
+#[derive(Clone, Copy, Debug)]
+pub struct Received<'a> {
+    /// The request.
+    pub id: &'a str,
+    /// Where the slot starts in the pool.
+    pub slot_offset: u64,
+    /// The slot's size (every tensor of the manifest lies inside it).
+    pub slot_size: u64,
+    /// Where each tensor lies in the slot (checked against its size).
+    pub manifest: Manifest<'a>,
+    /// Scalar fields relayed from the sender.
+    pub scalar_fields: RawJson<'a>,
+}
+
+/// Why the application's call was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InstanceError {
+    /// The pool has no room (or the size is zero or too large).
+    Pool(BuddyError),
+    /// The request table is full.
+    TableFull,
+    /// The request id is in use, or longer than [`RequestId`] holds.
+    BadId,
+    /// The token names no request in the state the call needs.
+    StaleToken,
+    /// Manifest and scalar fields exceed the storage of one request.
+    TooLarge,
+    /// The pool is too small for the preallocated slots asked for.
+    Prealloc(BuddyError),
+    /// Settings the pool cannot take.
+    Config(BuddyError),
+    /// A name in the settings is too long.
+    NameTooLong,
+}
+
+impl fmt::Display for InstanceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Pool(e) => write!(f, "pool: {e}"),
+            Self::TableFull => f.write_str("request table full"),
+            Self::BadId => f.write_str("request id in use or too long"),
+            Self::StaleToken => f.write_str("no such request in that state"),
+            Self::TooLarge => f.write_str("manifest and scalar fields too large"),
+            Self::Prealloc(e) => write!(f, "preallocated slots: {e}"),
+            Self::Config(e) => write!(f, "pool settings: {e}"),
+            Self::NameTooLong => f.write_str("a name in the settings is too long"),
+        }
+    }
+}
+
+impl core::error::Error for InstanceError {}
+
+#[derive(Clone, Copy, Debug)]
+enum OutMsg {
+    Register,
+    Staged {
+        index: usize,
+        seq: u64,
+    },
+    Allocated {
+        id: RequestId,
+        slot_offset: u64,
+        slot_size: u64,
+    },
+    Reject {
+        id: RequestId,
+        retryable: bool,
+        reason: &'static str,
+    },
+    Pushed {
+        id: RequestId,
+        error: Option<&'static str>,
+    },
+    Done {
+        id: RequestId,
+        error: Option<&'static str>,
+    },
+}
+
+/// A queued message.
+#[derive(Clone, Copy, Debug)]
+pub struct Outgoing(OutMsg);
+
+/// Caller-owned storage of an instance.
+pub struct InstanceStorage<'s> {
+    /// The pool allocator's tree (see [`Buddy::storage_needed`]).
+    pub tree: &'s mut [u8],
+    /// The pool allocator's generations.
+    pub generations: &'s mut [u32],
+    /// One per request in flight.
+    pub requests: &'s mut [Option<Request>],
+    /// Manifest and scalar-field bytes, split evenly among `requests`.
+    pub nested: &'s mut [u8],
+    /// Preallocated receive slots (as many as `InstanceConfig::prealloc`).
+    pub prealloc: &'s mut [PreallocatedSlot],
+    /// Who uses each preallocated slot.
+    pub prealloc_use: &'s mut [Option<usize>],
+    /// Messages not yet polled.
+    pub transmits: &'s mut [Option<Outgoing>],
+    /// Writes not yet polled.
+    pub actions: &'s mut [Option<Write>],
+    /// Events not yet polled.
+    pub events: &'s mut [Option<InstanceEvent>],
+    /// Ids of aborted requests, newest overwriting oldest.
+    pub tombstones: &'s mut [RequestId],
+}
+
+/// Counters for operators.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InstanceStats {
+    /// Requests staged.
+    pub staged: u64,
+    /// Requests written to their receiver.
+    pub sent: u64,
+    /// Transfers received and handed to the application.
+    pub received: u64,
+    /// Allocations rejected.
+    pub rejected: u64,
+    /// Requests aborted by the coordinator.
+    pub aborted: u64,
+    /// Requests dropped by a local timeout.
+    pub timed_out: u64,
+    /// Messages ignored.
+    pub ignored: u64,
+    /// Messages, actions or events that found their queue full.
+    pub dropped: u64,
+}
+
+/// The instance's state machine.
+pub struct Instance<'s> {
+    role: Text<64>,
+    session: Name,
+    endpoint: Name,
+    pool_ptr: u64,
+    config: InstanceConfig<'s>,
+    pool: Buddy<'s>,
+    requests: &'s mut [Option<Request>],
+    nested: &'s mut [u8],
+    chunk: usize,
+    prealloc: &'s mut [PreallocatedSlot],
+    prealloc_use: &'s mut [Option<usize>],
+    transmits: Ring<'s, Outgoing>,
+    actions: Ring<'s, Write>,
+    events: Ring<'s, InstanceEvent>,
+    tombstones: &'s mut [RequestId],
+    next_tombstone: usize,
+    registered: bool,
+    register_at: Instant,
+    seq: u64,
+    stats: InstanceStats,
+}
+
+impl fmt::Debug for Instance<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Instance")
+            .field("session", &self.session)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'s> Instance<'s> {
+    /// An instance with its pool free but for the preallocated slots, and
+    /// its registration queued.
+    pub fn new(
+        now: Instant,
+        config: InstanceConfig<'s>,
+        s: InstanceStorage<'s>,
+    ) -> Result<Self, InstanceError> {
+        let mut pool =
+            Buddy::new(config.pool, s.tree, s.generations).map_err(InstanceError::Config)?;
+        let (count, size) = config.prealloc;
+        if s.prealloc.len() < count || s.prealloc_use.len() < count {
+            return Err(InstanceError::Prealloc(BuddyError::StorageTooSmall {
+                tree_needed: 0,
+                generations_needed: count,
+            }));
+        }
+        for (i, slot) in s.prealloc.iter_mut().take(count).enumerate() {
+            // Held for the instance's lifetime: the handle is not kept.
+            let h = pool.allocate(size).map_err(InstanceError::Prealloc)?;
+            *slot = PreallocatedSlot {
+                offset: h.offset(),
+                size: h.size(),
+                slot_id: i as u64,
+                addr: config.pool_ptr + h.offset(),
+            };
+        }
+        let name = |t: &str| Name::new(t).map_err(|_| InstanceError::NameTooLong);
+        let requests = s.requests;
+        requests.iter_mut().for_each(|r| *r = None);
+        s.prealloc_use.iter_mut().for_each(|u| *u = None);
+        s.tombstones.iter_mut().for_each(|t| *t = RequestId::EMPTY);
+        let chunk = s.nested.len() / requests.len().max(1);
+        let mut me = Self {
+            role: Text::new(config.role).map_err(|_| InstanceError::NameTooLong)?,
+            session: name(config.session_id)?,
+            endpoint: name(config.work_endpoint)?,
+            pool_ptr: config.pool_ptr,
+            config,
+            pool,
+            requests,
+            nested: s.nested,
+            chunk,
+            prealloc: &mut s.prealloc[..count],
+            prealloc_use: &mut s.prealloc_use[..count],
+            transmits: Ring::new(s.transmits),
+            actions: Ring::new(s.actions),
+            events: Ring::new(s.events),
+            tombstones: s.tombstones,
+            next_tombstone: 0,
+            registered: false,
+            register_at: now + config.register_retry,
+            seq: 0,
+            stats: InstanceStats::default(),
+        };
+        me.send(OutMsg::Register);
+        Ok(me)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &InstanceStats {
+        &self.stats
+    }
+
+    /// The pool allocator (for its figures).
+    pub fn pool(&self) -> &Buddy<'s> {
+        &self.pool
+    }
+
+    /// True once the coordinator acknowledged the registration.
+    pub fn is_registered(&self) -> bool {
+        self.registered
+    }
+
+    /// Requests held (in any state, quarantined slots included).
+    pub fn requests_held(&self) -> usize {
+        self.requests.iter().flatten().count()
+    }
+
+    /// Preallocated slots in use.
+    pub fn prealloc_in_use(&self) -> usize {
+        self.prealloc_use.iter().flatten().count()
+    }
+
+    /// The pool range (offset, size) this instance holds for request `id`,
+    /// if any: a reserved, received or quarantined slot.
+    pub fn slot_for(&self, id: &str) -> Option<(u64, u64)> {
+        let r = self
+            .requests
+            .iter()
+            .flatten()
+            .find(|r| r.id.as_str() == id)?;
+        let held = match &r.kind {
+            Kind::Reserved { slot } => return Some((slot.offset(), slot.size())),
+            Kind::Delivered { held, .. } | Kind::Quarantined { held } => held,
+            _ => return None,
+        };
+        match held {
+            Held::Pool(h) => Some((h.offset(), h.size())),
+            Held::Prealloc(i) => self.prealloc.get(*i).map(|s| (s.offset, s.size)),
+        }
+    }
+
+    /// The preallocated slots, as registered.
+    pub fn prealloc_slots(&self) -> &[PreallocatedSlot] {
+        self.prealloc
+    }
+
+    fn send(&mut self, m: OutMsg) {
+        if self.transmits.push(Outgoing(m)).is_err() {
+            self.stats.dropped += 1;
+        }
+    }
+
+    fn event(&mut self, e: InstanceEvent) {
+        if self.events.push(e).is_err() {
+            self.stats.dropped += 1;
+        }
+    }
+
+    fn find(&self, id: JsonStr<'_>) -> Option<usize> {
+        self.requests
+            .iter()
+            .position(|r| r.as_ref().is_some_and(|r| r.id.eq_json(id)))
+    }
+
+    fn tombstoned(&self, id: JsonStr<'_>) -> bool {
+        self.tombstones
+            .iter()
+            .any(|t| !t.as_str().is_empty() && t.eq_json(id))
+    }
+
+    fn tombstone(&mut self, id: RequestId) {
+        if let Some(t) = self.tombstones.get_mut(self.next_tombstone) {
+            *t = id;
+            self.next_tombstone = (self.next_tombstone + 1) % self.tombstones.len();
+        }
+    }
+
+    fn insert(
+        &mut self,
+        id: RequestId,
+        kind: Kind,
+        deadline: Option<Instant>,
+    ) -> Result<Token, Kind> {
+        let Some(index) = self.requests.iter().position(Option::is_none) else {
+            return Err(kind);
+        };
+        self.seq += 1;
+        self.requests[index] = Some(Request {
+            id,
+            seq: self.seq,
+            kind,
+            deadline,
+            manifest_len: 0,
+            scalars_len: 0,
+        });
+        Ok(Token {
+            index,
+            seq: self.seq,
+        })
+    }
+
+    fn request_mut(&mut self, t: Token) -> Option<&mut Request> {
+        self.requests
+            .get_mut(t.index)?
+            .as_mut()
+            .filter(|r| r.seq == t.seq)
+    }
+
+    /// Frees what a request held: pool slots to the allocator, preallocated
+    /// slots back to the table.
+    fn free_held(&mut self, held: Held) {
+        match held {
+            Held::Pool(h) => {
+                // The handle came from this pool and is freed once.
+                let _ = self.pool.free(h);
+            }
+            Held::Prealloc(i) => {
+                if let Some(u) = self.prealloc_use.get_mut(i) {
+                    *u = None;
+                }
+            }
+        }
+    }
+
+    // ---- sender ---------------------------------------------------------------
+
+    /// Reserves a slot of `data_size` bytes to stage request `id` in. Fill
+    /// it at the returned offset of the pool, then call
+    /// [`commit`](Self::commit).
+    pub fn stage(&mut self, id: &str, data_size: u64) -> Result<(Token, u64), InstanceError> {
+        let id = RequestId::new(id).map_err(|_| InstanceError::BadId)?;
+        if self.find(id.as_json()).is_some() {
+            return Err(InstanceError::BadId);
+        }
+        if self.requests.iter().all(Option::is_some) {
+            return Err(InstanceError::TableFull);
+        }
+        let slot = self.pool.allocate(data_size).map_err(InstanceError::Pool)?;
+        let offset = slot.offset();
+        match self.insert(id, Kind::Filling { slot }, None) {
+            Ok(t) => Ok((t, offset)),
+            Err(Kind::Filling { slot }) => {
+                let _ = self.pool.free(slot);
+                Err(InstanceError::TableFull)
+            }
+            Err(_) => Err(InstanceError::TableFull),
+        }
+    }
+
+    /// Announces a filled slot to the coordinator (`transfer_staged`).
+    /// `data_size` bytes from the slot's start will be written.
+    pub fn commit(
+        &mut self,
+        now: Instant,
+        token: Token,
+        data_size: u64,
+        manifest: &Manifest<'_>,
+        scalar_fields: RawJson<'_>,
+    ) -> Result<(), InstanceError> {
+        let chunk = self.chunk;
+        let base = token.index * chunk;
+        let timeout = self.config.staged_timeout;
+        let r = self
+            .requests
+            .get_mut(token.index)
+            .and_then(Option::as_mut)
+            .filter(|r| r.seq == token.seq);
+        let Some(r) = r else {
+            return Err(InstanceError::StaleToken);
+        };
+        let Kind::Filling { slot } = &r.kind else {
+            return Err(InstanceError::StaleToken);
+        };
+        if data_size > slot.size() {
+            return Err(InstanceError::Pool(BuddyError::TooLarge {
+                requested: data_size,
+                max_slot: slot.size(),
+            }));
+        }
+        let Some(dst) = self.nested.get_mut(base..base + chunk) else {
+            return Err(InstanceError::TooLarge);
+        };
+        let mut sink = Sink::new(dst);
+        manifest.write_json(&mut sink, Default::default());
+        let manifest_len = sink.len();
+        sink.put(scalar_fields.as_str().as_bytes());
+        let total = sink.len();
+        if sink.finish().is_err() {
+            return Err(InstanceError::TooLarge);
+        }
+        let Some(r) = self.requests[token.index].take() else {
+            return Err(InstanceError::StaleToken);
+        };
+        let Kind::Filling { slot } = r.kind else {
+            self.requests[token.index] = Some(r);
+            return Err(InstanceError::StaleToken);
+        };
+        self.requests[token.index] = Some(Request {
+            kind: Kind::Staged { slot, data_size },
+            manifest_len,
+            scalars_len: total - manifest_len,
+            deadline: Some(now + timeout),
+            ..r
+        });
+        self.stats.staged += 1;
+        self.send(OutMsg::Staged {
+            index: token.index,
+            seq: token.seq,
+        });
+        Ok(())
+    }
+
+    /// Gives up a slot from [`stage`](Self::stage) that was never committed.
+    pub fn unstage(&mut self, token: Token) -> Result<(), InstanceError> {
+        match self
+            .request_mut(token)
+            .map(|r| matches!(r.kind, Kind::Filling { .. }))
+        {
+            Some(true) => {}
+            _ => return Err(InstanceError::StaleToken),
+        }
+        if let Some(Request {
+            kind: Kind::Filling { slot },
+            ..
+        }) = self.requests[token.index].take()
+        {
+            let _ = self.pool.free(slot);
+        }
+        Ok(())
+    }
+
+    /// The data plane finished (or failed) a write from [`poll_action`].
+    ///
+    /// [`poll_action`]: Self::poll_action
+    pub fn handle_completion(
+        &mut self,
+        _now: Instant,
+        token: Token,
+        result: Result<(), &'static str>,
+    ) -> Result<(), Ignored> {
+        let r = self.request_mut(token).ok_or(Ignored::UnknownRequest)?;
+        if !matches!(r.kind, Kind::Writing { .. }) {
+            return Err(Ignored::WrongState);
+        }
+        let Some(Request {
+            id,
+            kind: Kind::Writing { slot, aborted },
+            ..
+        }) = self.requests[token.index].take()
+        else {
+            return Err(Ignored::WrongState);
+        };
+        let _ = self.pool.free(slot);
+        if aborted {
+            // The coordinator gave up already; it wants no report.
+            return Ok(());
+        }
+        self.send(OutMsg::Pushed {
+            id,
+            error: result.err(),
+        });
+        if result.is_ok() {
+            self.stats.sent += 1;
+            self.event(InstanceEvent::Sent { id });
+        } else {
+            self.event(InstanceEvent::SendFailed { id });
+        }
+        Ok(())
+    }
+
+    // ---- receiver -----------------------------------------------------------------
+
+    /// The transfer `token` names, while the application holds it.
+    pub fn received(&self, token: Token) -> Option<Received<'_>> {
+        let r = self
+            .requests
+            .get(token.index)?
+            .as_ref()
+            .filter(|r| r.seq == token.seq)?;
+        let Kind::Delivered { held, .. } = &r.kind else {
+            return None;
+        };
+        let (slot_offset, slot_size) = match held {
+            Held::Pool(h) => (h.offset(), h.size()),
+            Held::Prealloc(i) => self.prealloc.get(*i).map(|s| (s.offset, s.size))?,
+        };
+        let base = token.index * self.chunk;
+        let text = |from: usize, len: usize| {
+            self.nested
+                .get(base + from..base + from + len)
+                .and_then(|b| core::str::from_utf8(b).ok())
+                .map_or(RawJson::EMPTY_OBJECT, RawJson::from_validated)
+        };
+        Some(Received {
+            id: r.id.as_str(),
+            slot_offset,
+            slot_size,
+            manifest: Manifest::Raw(text(0, r.manifest_len)),
+            scalar_fields: text(r.manifest_len, r.scalars_len),
+        })
+    }
+
+    /// The application is done with a received transfer: its slot is freed
+    /// and `transfer_done` (with `error`, if any) goes to the coordinator.
+    pub fn release(
+        &mut self,
+        token: Token,
+        error: Option<&'static str>,
+    ) -> Result<(), InstanceError> {
+        match self
+            .request_mut(token)
+            .map(|r| matches!(r.kind, Kind::Delivered { .. }))
+        {
+            Some(true) => {}
+            _ => return Err(InstanceError::StaleToken),
+        }
+        let Some(Request {
+            id,
+            kind: Kind::Delivered { held, .. },
+            ..
+        }) = self.requests[token.index].take()
+        else {
+            return Err(InstanceError::StaleToken);
+        };
+        self.free_held(held);
+        self.send(OutMsg::Done { id, error });
+        Ok(())
+    }
+
+    // ---- messages -----------------------------------------------------------------
+
+    /// Handles a message from the coordinator. `Err` says why it was
+    /// ignored; it changed nothing.
+    pub fn handle(&mut self, now: Instant, msg: &Msg<'_>) -> Result<(), Ignored> {
+        let r = match msg {
+            Msg::RegisterAck(m) => {
+                if !self.session.eq_json(m.session_id) {
+                    Err(Ignored::WrongPeer)
+                } else if self.registered {
+                    Err(Ignored::Duplicate)
+                } else {
+                    self.registered = m.accepted;
+                    self.event(if m.accepted {
+                        InstanceEvent::Registered
+                    } else {
+                        InstanceEvent::Refused
+                    });
+                    Ok(())
+                }
+            }
+            Msg::Alloc(m) => self.on_alloc(now, m.request_id, m.data_size),
+            Msg::Push(m) => self.on_push(
+                m.request_id,
+                m.dest_session_id,
+                m.dest_addr,
+                m.transfer_size,
+            ),
+            Msg::Ready(m) => {
+                self.on_ready(m.request_id, m.slot_offset, &m.manifest, m.scalar_fields)
+            }
+            Msg::Abort(m) => self.on_abort(now, m.request_id),
+            _ => Err(Ignored::UnexpectedType),
+        };
+        if r.is_err() {
+            self.stats.ignored += 1;
+        }
+        r
+    }
+
+    fn on_alloc(&mut self, now: Instant, id: JsonStr<'_>, data_size: u64) -> Result<(), Ignored> {
+        if self.tombstoned(id) {
+            return Err(Ignored::Aborted);
+        }
+        if self.find(id).is_some() {
+            return Err(Ignored::Duplicate);
+        }
+        let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
+        let reject = |me: &mut Self, retryable, reason| {
+            me.stats.rejected += 1;
+            me.send(OutMsg::Reject {
+                id: rid,
+                retryable,
+                reason,
+            });
+            Ok(())
+        };
+        if self.requests.iter().all(Option::is_some) {
+            return reject(self, true, "instance request table full");
+        }
+        let slot = match self.pool.allocate(data_size) {
+            Ok(s) => s,
+            Err(BuddyError::OutOfSpace { .. }) => return reject(self, true, "pool full"),
+            Err(_) => return reject(self, false, "size cannot fit this pool"),
+        };
+        let (slot_offset, slot_size) = (slot.offset(), slot.size());
+        let deadline = Some(now + self.config.reserved_timeout);
+        if let Err(Kind::Reserved { slot }) = self.insert(rid, Kind::Reserved { slot }, deadline) {
+            let _ = self.pool.free(slot);
+            return reject(self, true, "instance request table full");
+        }
+        self.send(OutMsg::Allocated {
+            id: rid,
+            slot_offset,
+            slot_size,
+        });
+        Ok(())
+    }
+
+    fn on_push(
+        &mut self,
+        id: JsonStr<'_>,
+        dest_session: JsonStr<'_>,
+        dest_addr: u64,
+        transfer_size: u64,
+    ) -> Result<(), Ignored> {
+        if self.tombstoned(id) {
+            return Err(Ignored::Aborted);
+        }
+        let index = self.find(id).ok_or(Ignored::UnknownRequest)?;
+        let dest_session =
+            Name::from_json(dest_session).map_err(|_| Ignored::TooLong("dest_session_id"))?;
+        let Some(r) = self.requests[index].take() else {
+            return Err(Ignored::UnknownRequest);
+        };
+        let slot = match r.kind {
+            Kind::Staged { slot, data_size } if data_size == transfer_size => slot,
+            kind => {
+                let why = match kind {
+                    Kind::Writing { .. } => Ignored::Duplicate,
+                    Kind::Staged { .. } => Ignored::BadField("transfer_size"),
+                    _ => Ignored::WrongState,
+                };
+                self.requests[index] = Some(Request { kind, ..r });
+                return Err(why);
+            }
+        };
+        let write = Write {
+            token: Token { index, seq: r.seq },
+            id: r.id,
+            local_offset: slot.offset(),
+            len: transfer_size,
+            dest_session,
+            dest_addr,
+        };
+        self.requests[index] = Some(Request {
+            kind: Kind::Writing {
+                slot,
+                aborted: false,
+            },
+            deadline: None,
+            ..r
+        });
+        if self.actions.push(write).is_err() {
+            self.stats.dropped += 1;
+        }
+        Ok(())
+    }
+
+    fn on_ready(
+        &mut self,
+        id: JsonStr<'_>,
+        slot_offset: u64,
+        manifest: &Manifest<'_>,
+        scalars: RawJson<'_>,
+    ) -> Result<(), Ignored> {
+        if self.tombstoned(id) {
+            return Err(Ignored::Aborted);
+        }
+        let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
+        // Where the data is: a slot reserved for this request, or a free
+        // preallocated slot (the coordinator's fast path).
+        let (index, slot_size) = match self.find(id) {
+            Some(i) => match self.requests[i].as_ref().map(|r| &r.kind) {
+                Some(Kind::Reserved { slot }) if slot.offset() == slot_offset => {
+                    (Some(i), slot.size())
+                }
+                Some(Kind::Reserved { .. }) => return Err(Ignored::BadField("slot_offset")),
+                Some(Kind::Delivered { .. }) => return Err(Ignored::Duplicate),
+                _ => return Err(Ignored::WrongState),
+            },
+            None => {
+                let p = self.prealloc.iter().position(|s| s.offset == slot_offset);
+                match p {
+                    Some(p) if self.prealloc_use[p].is_none() => (None, self.prealloc[p].size),
+                    Some(_) => return Err(Ignored::WrongState),
+                    None => return Err(Ignored::UnknownRequest),
+                }
+            }
+        };
+        let total = manifest_len(manifest) + scalars.as_str().len();
+        let fits = check_manifest(manifest, slot_size).is_ok() && total <= self.chunk;
+        let index = match index {
+            Some(i) => i,
+            None => {
+                let p = self
+                    .prealloc
+                    .iter()
+                    .position(|s| s.offset == slot_offset)
+                    .ok_or(Ignored::UnknownRequest)?;
+                if !fits {
+                    // Nothing to free: the slot is the coordinator's to give back.
+                    self.send(OutMsg::Done {
+                        id: rid,
+                        error: Some("manifest does not fit the slot"),
+                    });
+                    return Ok(());
+                }
+                match self.insert(
+                    rid,
+                    Kind::Delivered {
+                        held: Held::Prealloc(p),
+                        aborted: false,
+                    },
+                    None,
+                ) {
+                    Ok(t) => {
+                        self.prealloc_use[p] = Some(t.index);
+                        t.index
+                    }
+                    Err(_) => {
+                        self.send(OutMsg::Done {
+                            id: rid,
+                            error: Some("instance request table full"),
+                        });
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        let Some(r) = self.requests[index].take() else {
+            return Err(Ignored::UnknownRequest);
+        };
+        let kind = match r.kind {
+            Kind::Reserved { slot } if !fits => {
+                // The write is done (the coordinator saw `transfer_pushed`):
+                // the slot can go at once.
+                let _ = self.pool.free(slot);
+                self.send(OutMsg::Done {
+                    id: r.id,
+                    error: Some("manifest does not fit the slot"),
+                });
+                return Ok(());
+            }
+            Kind::Reserved { slot } => Kind::Delivered {
+                held: Held::Pool(slot),
+                aborted: false,
+            },
+            other => other,
+        };
+        let seq = r.seq;
+        self.requests[index] = Some(Request {
+            kind,
+            deadline: None,
+            ..r
+        });
+        let base = index * self.chunk;
+        let mut sink = Sink::new(&mut self.nested[base..base + self.chunk]);
+        manifest.write_json(&mut sink, Default::default());
+        let m_len = sink.len();
+        sink.put(scalars.as_str().as_bytes());
+        let s_len = sink.len() - m_len;
+        if let Some(r) = self.requests[index].as_mut() {
+            r.manifest_len = m_len;
+            r.scalars_len = s_len;
+        }
+        self.stats.received += 1;
+        self.event(InstanceEvent::Received(Token { index, seq }));
+        Ok(())
+    }
+
+    fn on_abort(&mut self, now: Instant, id: JsonStr<'_>) -> Result<(), Ignored> {
+        let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
+        if self.tombstoned(id) {
+            return Err(Ignored::Duplicate);
+        }
+        self.tombstone(rid);
+        self.stats.aborted += 1;
+        let Some(index) = self.find(id) else {
+            // Nothing held here (a fast-path transfer not yet ready): the
+            // tombstone keeps a late `transfer_ready` out.
+            return Ok(());
+        };
+        let Some(r) = self.requests[index].as_mut() else {
+            return Ok(());
+        };
+        let token = Token { index, seq: r.seq };
+        match &mut r.kind {
+            Kind::Filling { .. } => {
+                // Not announced yet; the coordinator cannot mean it.
+                return Err(Ignored::WrongState);
+            }
+            Kind::Writing { aborted, .. } => {
+                *aborted = true;
+                self.event(InstanceEvent::SendFailed { id: rid });
+            }
+            Kind::Delivered { aborted, .. } => {
+                *aborted = true;
+                self.event(InstanceEvent::Aborted(token));
+            }
+            Kind::Quarantined { .. } => {}
+            Kind::Staged { .. } => {
+                if let Some(Request {
+                    kind: Kind::Staged { slot, .. },
+                    ..
+                }) = self.requests[index].take()
+                {
+                    let _ = self.pool.free(slot);
+                }
+                self.event(InstanceEvent::SendFailed { id: rid });
+            }
+            Kind::Reserved { .. } => {
+                // A write may still land here: quarantine the slot.
+                let until = now + self.config.quarantine;
+                if let Some(r) = self.requests[index].take() {
+                    let kind = match r.kind {
+                        Kind::Reserved { slot } => Kind::Quarantined {
+                            held: Held::Pool(slot),
+                        },
+                        other => other,
+                    };
+                    self.requests[index] = Some(Request {
+                        kind,
+                        deadline: Some(until),
+                        ..r
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ---- time -----------------------------------------------------------------------
+
+    /// When [`handle_timeout`](Self::handle_timeout) must be called next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let register = (!self.registered).then_some(self.register_at);
+        self.requests
+            .iter()
+            .flatten()
+            .filter_map(|r| r.deadline)
+            .chain(register)
+            .min()
+    }
+
+    /// Retries registration, drops requests the coordinator went quiet
+    /// about, and ends quarantines.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if !self.registered && self.register_at <= now {
+            self.register_at = now + self.config.register_retry;
+            self.send(OutMsg::Register);
+        }
+        for i in 0..self.requests.len() {
+            let due = self.requests[i]
+                .as_ref()
+                .is_some_and(|r| r.deadline.is_some_and(|d| d <= now));
+            if !due {
+                continue;
+            }
+            let Some(r) = self.requests[i].take() else {
+                continue;
+            };
+            match r.kind {
+                Kind::Staged { slot, .. } => {
+                    let _ = self.pool.free(slot);
+                    self.stats.timed_out += 1;
+                    self.tombstone(r.id);
+                    self.event(InstanceEvent::SendFailed { id: r.id });
+                }
+                Kind::Reserved { slot } => {
+                    // Never told the outcome: a write may still come.
+                    self.stats.timed_out += 1;
+                    self.tombstone(r.id);
+                    self.requests[i] = Some(Request {
+                        kind: Kind::Quarantined {
+                            held: Held::Pool(slot),
+                        },
+                        deadline: Some(now + self.config.quarantine),
+                        ..r
+                    });
+                }
+                Kind::Quarantined { held } => self.free_held(held),
+                other => {
+                    // No deadline is set in other states; keep the record.
+                    self.requests[i] = Some(Request {
+                        kind: other,
+                        deadline: None,
+                        ..r
+                    });
+                }
+            }
+        }
+    }
+
+    // ---- output -----------------------------------------------------------------------
+
+    /// The next write to post.
+    pub fn poll_action(&mut self) -> Option<Write> {
+        self.actions.pop()
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<InstanceEvent> {
+        self.events.pop()
+    }
+
+    /// The next message for the coordinator, encoded into `buf`; one that
+    /// does not fit stays queued and its size is returned.
+    pub fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<Result<usize, BufferTooSmall>> {
+        loop {
+            let Outgoing(m) = *self.transmits.front()?;
+            let mut sink = Sink::new(buf);
+            match m {
+                OutMsg::Register => Msg::Register(Register {
+                    role: self.role.as_json(),
+                    session_id: self.session.as_json(),
+                    pool_ptr: self.pool_ptr,
+                    pool_size: self.config.pool.pool_size,
+                    work_endpoint: self.endpoint.as_json(),
+                    preallocated_slots: SlotList::Slots(self.prealloc),
+                })
+                .write(&mut sink, Default::default()),
+                OutMsg::Staged { index, seq } => {
+                    let Some(r) = self
+                        .requests
+                        .get(index)
+                        .and_then(Option::as_ref)
+                        .filter(|r| r.seq == seq)
+                    else {
+                        self.transmits.pop();
+                        continue;
+                    };
+                    let (slot_offset, data_size) = match &r.kind {
+                        Kind::Staged { slot, data_size } => (slot.offset(), *data_size),
+                        _ => {
+                            self.transmits.pop();
+                            continue;
+                        }
+                    };
+                    let base = index * self.chunk;
+                    let text = |from: usize, len: usize| {
+                        self.nested
+                            .get(base + from..base + from + len)
+                            .and_then(|b| core::str::from_utf8(b).ok())
+                            .map_or(RawJson::EMPTY_OBJECT, RawJson::from_validated)
+                    };
+                    Msg::Staged(Staged {
+                        request_id: r.id.as_json(),
+                        data_size,
+                        manifest: Manifest::Raw(text(0, r.manifest_len)),
+                        session_id: self.session.as_json(),
+                        pool_ptr: self.pool_ptr,
+                        slot_offset,
+                        scalar_fields: text(r.manifest_len, r.scalars_len),
+                    })
+                    .write(&mut sink, Default::default())
+                }
+                OutMsg::Allocated {
+                    id,
+                    slot_offset,
+                    slot_size,
+                } => Msg::Allocated(Allocated {
+                    request_id: id.as_json(),
+                    session_id: self.session.as_json(),
+                    pool_ptr: self.pool_ptr,
+                    slot_offset,
+                    slot_size,
+                })
+                .write(&mut sink, Default::default()),
+                OutMsg::Reject {
+                    id,
+                    retryable,
+                    reason,
+                } => Msg::AllocReject(AllocReject {
+                    request_id: id.as_json(),
+                    session_id: self.session.as_json(),
+                    retryable,
+                    reason: JsonStr::plain(reason),
+                })
+                .write(&mut sink, Default::default()),
+                OutMsg::Pushed { id, error } => Msg::Pushed(Pushed {
+                    request_id: id.as_json(),
+                    success: error.is_none(),
+                    error: error.map(JsonStr::plain),
+                })
+                .write(&mut sink, Default::default()),
+                OutMsg::Done { id, error } => Msg::Done(Done {
+                    request_id: id.as_json(),
+                    error: error.map(JsonStr::plain),
+                })
+                .write(&mut sink, Default::default()),
+            }
+            return Some(match sink.finish() {
+                Ok(n) => {
+                    self.transmits.pop();
+                    Ok(n)
+                }
+                Err(e) => Err(e),
+            });
+        }
+    }
+}
+
+/// Bytes `manifest` takes as JSON.
+fn manifest_len(m: &Manifest<'_>) -> usize {
+    let mut sink = Sink::new(&mut []);
+    m.write_json(&mut sink, Default::default());
+    sink.len()
+}

@@ -1,0 +1,19 @@
+//! The handshake state machines: the coordinator (sglang's DiffusionServer
+//! side of the transfer protocol) and the instances (senders and receivers).
+//!
+//! Both are sans-IO, in the style of quinn-proto: they never block, read a
+//! clock or allocate. The caller feeds them messages and time
+//! (`handle(now, from, msg)`, `handle_timeout(now)`, and on instances
+//! `handle_completion`), and drains what they want done: messages to send
+//! (`poll_transmit`), writes to post (`poll_action`, instances), things the
+//! application should know (`poll_event`), and when to call back
+//! (`poll_timeout`). Every table is caller-owned storage of fixed size; a
+//! full table is a typed error, answered on the wire where a peer waits.
+
+mod common;
+pub mod coordinator;
+pub mod instance;
+mod ring;
+
+pub use common::{Ignored, Instant, PeerId, Text, TextTooLong};
+pub use ring::Ring;

@@ -1,0 +1,816 @@
+//! A deterministic simulation of a coordinator and six instances
+//! (encoder → denoiser → decoder, two of each) on a virtual clock, with
+//! faults injected into the control plane (loss, duplication, delay and so
+//! reordering), failed writes, and instance crashes and restarts.
+//!
+//! Every seed checks: every request ends (delivered or failed) within its
+//! timeout bound; no slot leaks anywhere once the run drains; capacity is
+//! back to zero everywhere; no write lands outside a slot reserved for its
+//! request; and, with no faults, every request is delivered with every byte
+//! as staged.
+//!
+//! `FERRY_SIM_SEEDS` and `FERRY_SIM_REQUESTS` scale the run.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::time::Duration;
+
+use ferry_core::handshake::coordinator::*;
+use ferry_core::handshake::instance::*;
+use ferry_core::handshake::{Instant, PeerId};
+use ferry_core::json::RawJson;
+use ferry_core::slots::{Buddy, BuddyConfig};
+use ferry_core::wire::{decode, Manifest, Msg, PreallocatedSlot, Shape, TensorEntry};
+
+const ROLES: [&str; 3] = ["encoder", "denoiser", "decoder"];
+const PER_ROLE: usize = 2;
+const N: usize = ROLES.len() * PER_ROLE;
+const MIN_BLOCK: u64 = 4096;
+const POOL: u64 = 64 * MIN_BLOCK;
+const PREALLOC: (usize, u64) = (2, 8 * MIN_BLOCK);
+const MS: u64 = 1_000_000;
+
+#[derive(Clone, Copy, Debug)]
+struct Faults {
+    loss: f64,
+    dup: f64,
+    max_delay: u64,
+    write_fail: f64,
+    crash: f64,
+}
+
+impl Faults {
+    const NONE: Faults = Faults {
+        loss: 0.0,
+        dup: 0.0,
+        max_delay: 2 * MS,
+        write_fail: 0.0,
+        crash: 0.0,
+    };
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p && p > 0.0
+    }
+}
+
+#[derive(Debug)]
+enum Ev {
+    ToCoord {
+        from: usize,
+        inc: u32,
+        bytes: Vec<u8>,
+    },
+    ToInst {
+        to: usize,
+        inc: u32,
+        bytes: Vec<u8>,
+    },
+    WriteLand {
+        from: usize,
+        inc: u32,
+        token: Token,
+        id: String,
+        to: usize,
+        to_inc: u32,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    CoordTimer,
+    InstTimer {
+        i: usize,
+        inc: u32,
+    },
+    Release {
+        i: usize,
+        inc: u32,
+        token: Token,
+    },
+    Stage {
+        i: usize,
+    },
+    Crash {
+        i: usize,
+    },
+    Restart {
+        i: usize,
+    },
+}
+
+struct InstStore {
+    tree: Vec<u8>,
+    gens: Vec<u32>,
+    requests: Vec<Option<Request>>,
+    nested: Vec<u8>,
+    prealloc: Vec<PreallocatedSlot>,
+    prealloc_use: Vec<Option<usize>>,
+    transmits: Vec<Option<ferry_core::handshake::instance::Outgoing>>,
+    actions: Vec<Option<Write>>,
+    events: Vec<Option<InstanceEvent>>,
+    tombstones: Vec<ferry_core::handshake::coordinator::RequestId>,
+}
+
+impl InstStore {
+    fn new() -> Self {
+        let cfg = BuddyConfig {
+            pool_size: POOL,
+            min_block: MIN_BLOCK,
+            pool_id: 0,
+        };
+        let (nodes, gens) = Buddy::storage_needed(&cfg).unwrap();
+        let r = 48;
+        InstStore {
+            tree: vec![0; nodes],
+            gens: vec![0; gens],
+            requests: (0..r).map(|_| None).collect(),
+            nested: vec![0; r * 512],
+            prealloc: vec![
+                PreallocatedSlot {
+                    offset: 0,
+                    size: 0,
+                    slot_id: 0,
+                    addr: 0
+                };
+                PREALLOC.0
+            ],
+            prealloc_use: vec![None; PREALLOC.0],
+            transmits: (0..4 * r).map(|_| None).collect(),
+            actions: (0..r).map(|_| None).collect(),
+            events: (0..4 * r).map(|_| None).collect(),
+            tombstones: vec![Default::default(); 256],
+        }
+    }
+}
+
+struct Node<'s> {
+    inst: Option<Instance<'s>>,
+    inc: u32,
+    pool: Vec<u8>,
+    session: String,
+    timer: Option<u64>,
+    /// Received transfers the app still holds, with their release time.
+    holding: usize,
+    /// Ids this incarnation staged.
+    staged: Vec<String>,
+}
+
+/// What one seed produced.
+#[derive(Default, Debug)]
+struct Outcome {
+    reasons: HashMap<String, usize>,
+    staged: usize,
+    delivered: usize,
+    failed: usize,
+    verified: usize,
+}
+
+fn pattern(id: &str, i: usize) -> u8 {
+    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    (h >> (i % 8 * 8)) as u8 ^ (i as u8)
+}
+
+fn ns(d: Duration) -> u64 {
+    d.as_nanos() as u64
+}
+
+fn run(seed: u64, requests: usize, faults: Faults) -> Outcome {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let timeouts = Timeouts {
+        queued: Duration::from_millis(400),
+        alloc: Duration::from_millis(50),
+        push: Duration::from_millis(60),
+        done: Duration::from_millis(80),
+    };
+    let cconfig = CoordinatorConfig {
+        pipeline: &ROLES,
+        policy: if seed % 2 == 0 {
+            Policy::RoundRobin
+        } else {
+            Policy::MostFreeSlots
+        },
+        capacity_per_instance: 4,
+        timeouts,
+        retry_backoff: Duration::from_millis(5),
+        max_attempts: 4,
+        quarantine: Duration::from_millis(40),
+        late_done_wait: Duration::from_millis(200),
+    };
+    // A request may live at most this long at the coordinator.
+    let bound = ns(timeouts.queued)
+        + 4 * (ns(timeouts.alloc) + 4 * 5 * MS)
+        + ns(timeouts.push)
+        + ns(timeouts.done)
+        + 10 * MS;
+
+    let r = 64;
+    let mut c_members: Vec<Option<Member<4>>> = (0..N + 2).map(|_| None).collect();
+    let mut c_transfers: Vec<Option<Transfer>> = (0..r).map(|_| None).collect();
+    let mut c_nested = vec![0u8; r * 512];
+    let mut c_tx: Vec<Option<ferry_core::handshake::coordinator::Outgoing>> =
+        (0..4 * r + 4 * N).map(|_| None).collect();
+    let mut c_ev: Vec<Option<CoordinatorEvent>> = (0..4 * r).map(|_| None).collect();
+    let mut c_parked: Vec<Option<Parked>> = (0..4 * N).map(|_| None).collect();
+    let mut c_finished = vec![RequestId::EMPTY; 4096];
+    let mut coord = Coordinator::<4>::new(
+        cconfig,
+        CoordinatorStorage {
+            members: &mut c_members,
+            transfers: &mut c_transfers,
+            nested: &mut c_nested,
+            transmits: &mut c_tx,
+            events: &mut c_ev,
+            parked: &mut c_parked,
+            finished: &mut c_finished,
+        },
+    )
+    .unwrap();
+
+    // Storage for up to 4 incarnations of each instance.
+    let mut stores: Vec<Vec<InstStore>> = (0..N)
+        .map(|_| (0..4).map(|_| InstStore::new()).collect())
+        .collect();
+    let mut free_stores: Vec<Vec<&mut InstStore>> = stores
+        .iter_mut()
+        .map(|v| v.iter_mut().rev().collect())
+        .collect();
+    let endpoints: Vec<String> = (0..N).map(|i| format!("tcp://10.0.0.{i}:5555")).collect();
+    let roles: Vec<&'static str> = (0..N).map(|i| ROLES[i / PER_ROLE]).collect();
+
+    let mut q: BinaryHeap<Reverse<(u64, u64, usize)>> = BinaryHeap::new();
+    let mut evs: Vec<Option<Ev>> = Vec::new();
+    let mut seq = 0u64;
+    let mut push = |q: &mut BinaryHeap<Reverse<(u64, u64, usize)>>,
+                    evs: &mut Vec<Option<Ev>>,
+                    at: u64,
+                    ev: Ev| {
+        seq += 1;
+        evs.push(Some(ev));
+        q.push(Reverse((at, seq, evs.len() - 1)));
+    };
+
+    let mut nodes: Vec<Node<'_>> = Vec::new();
+    for i in 0..N {
+        let store = free_stores[i].pop().unwrap();
+        let (inst, session) = start_instance(i, 0, 0, store, roles[i], &endpoints[i]);
+        nodes.push(Node {
+            inst: Some(inst),
+            inc: 0,
+            pool: vec![0; POOL as usize],
+            session,
+            timer: None,
+            holding: 0,
+            staged: Vec::new(),
+        });
+    }
+    let crashes_left = &mut [3u32; N];
+
+    let mut out = Outcome::default();
+    let mut first_seen: HashMap<String, u64> = HashMap::new();
+    let mut expected: HashMap<String, Vec<u8>> = HashMap::new();
+    // Requests that ended at their sender: never seen by the coordinator
+    // (staged timeout), or their sender crashed.
+    let mut ended_at_sender: std::collections::HashSet<String> = Default::default();
+    let mut ended_at_coord: std::collections::HashSet<String> = Default::default();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut coord_timer: Option<u64> = None;
+    let mut staged_count = 0usize;
+
+    // Each instance starts by sending its registration.
+    for i in 0..N {
+        push(&mut q, &mut evs, 0, Ev::InstTimer { i, inc: 0 });
+    }
+    // Encoders stage requests at random times over the first second or so.
+    for _ in 0..requests {
+        let at = rng.below(1000 * MS.max(requests as u64 * MS / 2));
+        let i = rng.below(PER_ROLE as u64) as usize;
+        push(&mut q, &mut evs, at, Ev::Stage { i });
+    }
+    if faults.crash > 0.0 {
+        for _ in 0..3 {
+            let at = rng.below(1000 * MS);
+            let i = rng.below(N as u64) as usize;
+            push(&mut q, &mut evs, at, Ev::Crash { i });
+        }
+    }
+
+    let mut now = 0u64;
+    let mut steps = 0u64;
+    while let Some(Reverse((at, _, idx))) = q.pop() {
+        steps += 1;
+        assert!(
+            steps < 50_000_000,
+            "seed {seed}: simulation does not settle"
+        );
+        now = at;
+        let Some(ev) = evs[idx].take() else { continue };
+        let mut touched_coord = false;
+        let mut touched: Vec<usize> = Vec::new();
+        match ev {
+            Ev::ToCoord { from, inc, bytes } => {
+                if nodes[from].inc != inc && nodes[from].inst.is_none() {
+                    // Sent by a dead incarnation still in flight: deliver anyway.
+                }
+                let msg = decode(&bytes).expect("instances send valid messages");
+                if let Msg::Staged(m) = &msg {
+                    first_seen.entry(m.request_id.to_string()).or_insert(now);
+                }
+                let _ = coord.handle(Instant(now), PeerId(from as u32 + 1), &msg);
+                touched_coord = true;
+            }
+            Ev::ToInst { to, inc, bytes } => {
+                let node = &mut nodes[to];
+                if node.inc == inc {
+                    if let Some(inst) = node.inst.as_mut() {
+                        let msg = decode(&bytes).expect("the coordinator sends valid messages");
+                        let _ = inst.handle(Instant(now), &msg);
+                        touched.push(to);
+                    }
+                }
+            }
+            Ev::WriteLand {
+                from,
+                inc,
+                token,
+                id,
+                to,
+                to_inc,
+                offset,
+                data,
+            } => {
+                let mut ok = false;
+                if nodes[to].inc == to_inc
+                    && nodes[to].inst.is_some()
+                    && !rng.chance(faults.write_fail)
+                {
+                    // The write must land inside a slot reserved for its request.
+                    let inst = nodes[to].inst.as_ref().unwrap();
+                    let reserved = inst.slot_for(&id).or_else(|| {
+                        coord
+                            .prealloc_for(&id)
+                            .filter(|(p, _, _)| *p == PeerId(to as u32 + 1))
+                            .map(|(_, o, s)| (o, s))
+                    });
+                    let (o, s) = reserved.unwrap_or_else(|| panic!("seed {seed}: write for {id} lands at {offset} of instance {to}, no slot reserved for it"));
+                    assert!(
+                        offset >= o && offset + data.len() as u64 <= o + s,
+                        "seed {seed}: write for {id} outside its slot"
+                    );
+                    nodes[to].pool[offset as usize..offset as usize + data.len()]
+                        .copy_from_slice(&data);
+                    ok = true;
+                }
+                if nodes[from].inc == inc {
+                    if let Some(inst) = nodes[from].inst.as_mut() {
+                        let _ = inst.handle_completion(
+                            Instant(now),
+                            token,
+                            if ok { Ok(()) } else { Err("write failed") },
+                        );
+                        touched.push(from);
+                    }
+                }
+            }
+            Ev::CoordTimer => {
+                coord_timer = None;
+                coord.handle_timeout(Instant(now));
+                touched_coord = true;
+            }
+            Ev::InstTimer { i, inc } => {
+                if nodes[i].inc == inc {
+                    nodes[i].timer = None;
+                    if let Some(inst) = nodes[i].inst.as_mut() {
+                        inst.handle_timeout(Instant(now));
+                        touched.push(i);
+                    }
+                }
+            }
+            Ev::Release { i, inc, token } => {
+                let rx = match (nodes[i].inc == inc, nodes[i].inst.as_ref()) {
+                    (true, Some(inst)) => inst
+                        .received(token)
+                        .map(|rx| (rx.id.to_string(), rx.slot_offset)),
+                    _ => None,
+                };
+                if let Some((id, slot_offset)) = rx {
+                    // Verify and forward before letting go.
+                    let len = expected.get(&id).map_or(0, Vec::len);
+                    let data = nodes[i].pool[slot_offset as usize..][..len].to_vec();
+                    if let Some(want) = expected.get(&id) {
+                        assert_eq!(&data, want, "seed {seed}: bytes of {id} differ");
+                        out.verified += 1;
+                    }
+                    if let Some(inst) = nodes[i].inst.as_mut() {
+                        inst.release(token, None).unwrap();
+                    }
+                    nodes[i].holding -= 1;
+                    if i / PER_ROLE == 1 {
+                        // The denoiser passes the request on, transformed.
+                        let next_id = format!("{id}/d");
+                        let next: Vec<u8> = data.iter().map(|b| b ^ 0x5a).collect();
+                        stage_request(
+                            &mut nodes[i],
+                            &next_id,
+                            &next,
+                            now,
+                            &mut expected,
+                            &mut staged_count,
+                        );
+                    }
+                    touched.push(i);
+                } else if nodes[i].inc == inc {
+                    if let Some(inst) = nodes[i].inst.as_mut() {
+                        // Aborted and gone already, or a stale token.
+                        let _ = inst.release(token, None);
+                        touched.push(i);
+                    }
+                }
+            }
+            Ev::Stage { i } => {
+                let id = format!("s{seed}-r{}", staged_count);
+                let len = 1 + rng.below(12 * MIN_BLOCK) as usize;
+                let data: Vec<u8> = (0..len).map(|k| pattern(&id, k)).collect();
+                if nodes[i].inst.is_some() {
+                    stage_request(
+                        &mut nodes[i],
+                        &id,
+                        &data,
+                        now,
+                        &mut expected,
+                        &mut staged_count,
+                    );
+                    touched.push(i);
+                }
+            }
+            Ev::Crash { i } => {
+                if crashes_left[i] > 0 && nodes[i].inst.is_some() {
+                    crashes_left[i] -= 1;
+                    // What it had staged dies with it.
+                    ended_at_sender.extend(nodes[i].staged.drain(..));
+                    nodes[i].inst = None;
+                    nodes[i].holding = 0;
+                    nodes[i].inc += 1;
+                    let back = now + 5 * MS + rng.below(50 * MS);
+                    push(&mut q, &mut evs, back, Ev::Restart { i });
+                }
+            }
+            Ev::Restart { i } => {
+                let inc = nodes[i].inc;
+                let store = free_stores[i].pop().expect("an incarnation's storage");
+                let (inst, session) = start_instance(i, inc, now, store, roles[i], &endpoints[i]);
+                nodes[i].inst = Some(inst);
+                nodes[i].session = session;
+                nodes[i].pool.fill(0);
+                nodes[i].timer = None;
+                touched.push(i);
+            }
+        }
+
+        // Drain the coordinator's output.
+        if touched_coord {
+            while let Some(r) = coord.poll_transmit(&mut buf) {
+                let t = r.expect("transmit buffer large enough");
+                let to = t.to.0 as usize - 1;
+                let bytes = buf[..t.len].to_vec();
+                let inc = nodes[to].inc;
+                send(
+                    &mut rng,
+                    &faults,
+                    now,
+                    &mut |at, b| push(&mut q, &mut evs, at, Ev::ToInst { to, inc, bytes: b }),
+                    bytes,
+                );
+            }
+            while let Some(e) = coord.poll_event() {
+                match e {
+                    CoordinatorEvent::Delivered { id } => {
+                        out.delivered += 1;
+                        assert!(
+                            ended_at_coord.insert(id.to_string()),
+                            "seed {seed}: {id} ended twice"
+                        );
+                        let t0 = first_seen.get(id.as_str()).copied().unwrap_or(now);
+                        assert!(
+                            now - t0 <= bound,
+                            "seed {seed}: {id} took {} ms",
+                            (now - t0) / MS
+                        );
+                    }
+                    CoordinatorEvent::Failed { id, reason } => {
+                        out.failed += 1;
+                        ended_at_coord.insert(id.to_string());
+                        *out.reasons.entry(reason.as_str().to_string()).or_default() += 1;
+                        let t0 = first_seen.get(id.as_str()).copied().unwrap_or(now);
+                        assert!(
+                            now - t0 <= bound,
+                            "seed {seed}: {id} failed after {} ms",
+                            (now - t0) / MS
+                        );
+                    }
+                    CoordinatorEvent::Registered { .. } => {}
+                }
+            }
+            if let Some(t) = coord.poll_timeout() {
+                if coord_timer.is_none_or(|c| t.0 < c) {
+                    coord_timer = Some(t.0.max(now));
+                    push(&mut q, &mut evs, t.0.max(now), Ev::CoordTimer);
+                }
+            }
+        }
+        // Drain the touched instances' output.
+        touched.sort_unstable();
+        touched.dedup();
+        for i in touched {
+            let inc = nodes[i].inc;
+            let Some(inst) = nodes[i].inst.as_mut() else {
+                continue;
+            };
+            while let Some(r) = inst.poll_transmit(&mut buf) {
+                let n = r.expect("transmit buffer large enough");
+                let bytes = buf[..n].to_vec();
+                send(
+                    &mut rng,
+                    &faults,
+                    now,
+                    &mut |at, b| {
+                        push(
+                            &mut q,
+                            &mut evs,
+                            at,
+                            Ev::ToCoord {
+                                from: i,
+                                inc,
+                                bytes: b,
+                            },
+                        )
+                    },
+                    bytes,
+                );
+            }
+            let mut writes = Vec::new();
+            while let Some(w) = inst.poll_action() {
+                writes.push(w);
+            }
+            for w in writes {
+                // Find the receiver by session; a dead session fails the write.
+                let target = nodes
+                    .iter()
+                    .position(|n| n.inst.is_some() && n.session == w.dest_session.as_str());
+                let data = nodes[i].pool[w.local_offset as usize..][..w.len as usize].to_vec();
+                let at = now + 1 + rng.below(3 * MS);
+                let (to, to_inc, offset) = match target {
+                    Some(t) => (
+                        t,
+                        nodes[t].inc,
+                        w.dest_addr.wrapping_sub(pool_ptr(t, nodes[t].inc)),
+                    ),
+                    None => (i, u32::MAX, 0),
+                };
+                push(
+                    &mut q,
+                    &mut evs,
+                    at,
+                    Ev::WriteLand {
+                        from: i,
+                        inc,
+                        token: w.token,
+                        id: w.id.to_string(),
+                        to,
+                        to_inc,
+                        offset,
+                        data,
+                    },
+                );
+            }
+            let inst = nodes[i].inst.as_mut().unwrap();
+            let mut received = Vec::new();
+            while let Some(e) = inst.poll_event() {
+                match e {
+                    InstanceEvent::Received(token) => received.push(token),
+                    InstanceEvent::SendFailed { id } => {
+                        ended_at_sender.insert(id.to_string());
+                    }
+                    _ => {}
+                }
+            }
+            for token in received {
+                nodes[i].holding += 1;
+                let at = now + rng.below(5 * MS);
+                push(&mut q, &mut evs, at, Ev::Release { i, inc, token });
+            }
+            let inst = nodes[i].inst.as_ref().unwrap();
+            if let Some(t) = inst.poll_timeout() {
+                if nodes[i].timer.is_none_or(|c| t.0 < c) {
+                    nodes[i].timer = Some(t.0.max(now));
+                    push(&mut q, &mut evs, t.0.max(now), Ev::InstTimer { i, inc });
+                }
+            }
+        }
+    }
+    out.staged = staged_count;
+
+    // Every request ended: at the coordinator (once), or at its sender.
+    assert_eq!(coord.stats().events_dropped, 0);
+    for id in expected.keys() {
+        assert!(
+            ended_at_coord.contains(id) || ended_at_sender.contains(id),
+            "seed {seed}: request {id} never ended"
+        );
+    }
+    // Drained: nothing in flight, nothing leaked, capacity all back.
+    assert_eq!(
+        coord.in_flight(),
+        0,
+        "seed {seed}: requests still in flight"
+    );
+    assert_eq!(
+        coord.prealloc_taken(),
+        0,
+        "seed {seed}: preallocated slots still taken at the coordinator"
+    );
+    for (peer, used) in coord.capacity_in_use() {
+        assert_eq!(used, 0, "seed {seed}: capacity of {peer:?} not released");
+    }
+    for (i, n) in nodes.iter().enumerate() {
+        let Some(inst) = n.inst.as_ref() else {
+            continue;
+        };
+        assert_eq!(
+            inst.requests_held(),
+            0,
+            "seed {seed}: instance {i} holds requests"
+        );
+        assert_eq!(
+            inst.prealloc_in_use(),
+            0,
+            "seed {seed}: instance {i} preallocated slots in use"
+        );
+        assert_eq!(
+            inst.pool().stats().live_slots,
+            PREALLOC.0 as u64,
+            "seed {seed}: instance {i} leaks pool slots"
+        );
+    }
+    let _ = now;
+    out
+}
+
+fn start_instance<'s>(
+    i: usize,
+    inc: u32,
+    now: u64,
+    store: &'s mut InstStore,
+    role: &'static str,
+    endpoint: &str,
+) -> (Instance<'s>, String) {
+    let session = format!("sess-{i}-{inc}");
+    let config = InstanceConfig {
+        role,
+        session_id: Box::leak(session.clone().into_boxed_str()),
+        work_endpoint: Box::leak(endpoint.to_string().into_boxed_str()),
+        pool_ptr: pool_ptr(i, inc),
+        pool: BuddyConfig {
+            pool_size: POOL,
+            min_block: MIN_BLOCK,
+            pool_id: inc,
+        },
+        prealloc: PREALLOC,
+        register_retry: Duration::from_millis(20),
+        staged_timeout: Duration::from_millis(1500),
+        reserved_timeout: Duration::from_millis(1500),
+        quarantine: Duration::from_millis(40),
+    };
+    let s = InstanceStorage {
+        tree: &mut store.tree,
+        generations: &mut store.gens,
+        requests: &mut store.requests,
+        nested: &mut store.nested,
+        prealloc: &mut store.prealloc,
+        prealloc_use: &mut store.prealloc_use,
+        transmits: &mut store.transmits,
+        actions: &mut store.actions,
+        events: &mut store.events,
+        tombstones: &mut store.tombstones,
+    };
+    (Instance::new(Instant(now), config, s).unwrap(), session)
+}
+
+fn pool_ptr(i: usize, inc: u32) -> u64 {
+    0x10_0000_0000 * (i as u64 + 1) + u64::from(inc) * 0x1_0000_0000
+}
+
+fn stage_request(
+    node: &mut Node<'_>,
+    id: &str,
+    data: &[u8],
+    now: u64,
+    expected: &mut HashMap<String, Vec<u8>>,
+    count: &mut usize,
+) {
+    let Some(inst) = node.inst.as_mut() else {
+        return;
+    };
+    let Ok((token, offset)) = inst.stage(id, data.len() as u64) else {
+        return;
+    };
+    node.pool[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+    let dims = [data.len() as u64];
+    let entries = [TensorEntry {
+        field: "x".into(),
+        list_index: None,
+        offset: 0,
+        shape: Shape::Dims(&dims),
+        dtype: "uint8".into(),
+    }];
+    let scalars = RawJson::parse_object(r#"{"step":1,"cfg":1e-05}"#).unwrap();
+    inst.commit(
+        Instant(now),
+        token,
+        data.len() as u64,
+        &Manifest::Entries(&entries),
+        scalars,
+    )
+    .unwrap();
+    expected.insert(id.to_string(), data.to_vec());
+    node.staged.push(id.to_string());
+    *count += 1;
+}
+
+/// Puts `bytes` on the wire with the seed's faults: maybe lost, maybe
+/// twice, always after a random delay (so reordered).
+fn send(
+    rng: &mut Rng,
+    f: &Faults,
+    now: u64,
+    deliver: &mut dyn FnMut(u64, Vec<u8>),
+    bytes: Vec<u8>,
+) {
+    if rng.chance(f.loss) {
+        return;
+    }
+    let copies = if rng.chance(f.dup) { 2 } else { 1 };
+    for _ in 0..copies {
+        deliver(now + 1 + rng.below(f.max_delay), bytes.clone());
+    }
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[test]
+fn without_faults_every_request_is_delivered_intact() {
+    let seeds = env("FERRY_SIM_SEEDS", 10_000) / 10;
+    let requests = env("FERRY_SIM_REQUESTS", 1_000) as usize;
+    for seed in 0..seeds.max(1) {
+        let o = run(seed, requests, Faults::NONE);
+        assert_eq!(o.failed, 0, "seed {seed}: {o:?}");
+        // Each encoder request is delivered to a denoiser and forwarded.
+        assert_eq!(o.delivered, o.staged, "seed {seed}: {o:?}");
+        assert_eq!(o.verified, o.staged, "seed {seed}: {o:?}");
+    }
+}
+
+#[test]
+fn under_faults_every_request_ends_and_nothing_leaks() {
+    let seeds = env("FERRY_SIM_SEEDS", 10_000);
+    let requests = env("FERRY_SIM_REQUESTS", 1_000) as usize;
+    let mut totals = Outcome::default();
+    for seed in 0..seeds {
+        let mut rng = Rng(seed ^ 0xABCDEF);
+        let faults = Faults {
+            loss: [0.0, 0.01, 0.05][rng.below(3) as usize],
+            dup: [0.0, 0.02, 0.1][rng.below(3) as usize],
+            max_delay: [1, 5, 20][rng.below(3) as usize] * MS,
+            write_fail: [0.0, 0.05][rng.below(2) as usize],
+            crash: [0.0, 1.0][rng.below(2) as usize],
+        };
+        let o = run(1_000_000 + seed, requests / 4, faults);
+        totals.staged += o.staged;
+        totals.delivered += o.delivered;
+        totals.failed += o.failed;
+        totals.verified += o.verified;
+        for (k, v) in o.reasons {
+            *totals.reasons.entry(k).or_default() += v;
+        }
+    }
+    println!("{seeds} seeds under faults: {totals:?}");
+    assert!(totals.delivered > 0 && totals.failed > 0, "{totals:?}");
+}
