@@ -1,0 +1,592 @@
+//! Each documented path of the handshake, walked step by step with a
+//! coordinator and real instances exchanging encoded messages.
+
+use std::time::Duration;
+
+use ferry_core::handshake::coordinator::*;
+use ferry_core::handshake::instance::*;
+use ferry_core::handshake::{Ignored, Instant, PeerId};
+use ferry_core::json::RawJson;
+use ferry_core::slots::{Buddy, BuddyConfig};
+use ferry_core::wire::{decode, Manifest, Msg, MsgType, PreallocatedSlot, Shape, TensorEntry};
+
+const KIB: u64 = 1024;
+const MS: u64 = 1_000_000;
+const PIPELINE: [&str; 2] = ["encoder", "denoiser"];
+
+struct InstStore {
+    tree: Vec<u8>,
+    gens: Vec<u32>,
+    requests: Vec<Option<Request>>,
+    nested: Vec<u8>,
+    prealloc: Vec<PreallocatedSlot>,
+    prealloc_use: Vec<Option<usize>>,
+    transmits: Vec<Option<ferry_core::handshake::instance::Outgoing>>,
+    actions: Vec<Option<Write>>,
+    events: Vec<Option<InstanceEvent>>,
+    tombstones: Vec<RequestId>,
+}
+
+const POOL: BuddyConfig = BuddyConfig { pool_size: 64 * KIB, min_block: 4 * KIB, pool_id: 0 };
+
+impl InstStore {
+    fn new() -> Self {
+        Self::with_pool(POOL)
+    }
+
+    fn with_pool(pool: BuddyConfig) -> Self {
+        let (nodes, gens) = Buddy::storage_needed(&pool).unwrap();
+        InstStore {
+            tree: vec![0; nodes],
+            gens: vec![0; gens],
+            requests: (0..8).map(|_| None).collect(),
+            nested: vec![0; 8 * 512],
+            prealloc: vec![PreallocatedSlot { offset: 0, size: 0, slot_id: 0, addr: 0 }; 2],
+            prealloc_use: vec![None; 2],
+            transmits: (0..32).map(|_| None).collect(),
+            actions: (0..8).map(|_| None).collect(),
+            events: (0..32).map(|_| None).collect(),
+            tombstones: vec![RequestId::EMPTY; 16],
+        }
+    }
+}
+
+struct CoordStore {
+    members: Vec<Option<Member<4>>>,
+    transfers: Vec<Option<Transfer>>,
+    nested: Vec<u8>,
+    transmits: Vec<Option<ferry_core::handshake::coordinator::Outgoing>>,
+    events: Vec<Option<CoordinatorEvent>>,
+    parked: Vec<Option<Parked>>,
+    finished: Vec<RequestId>,
+}
+
+impl CoordStore {
+    fn new(transfers: usize) -> Self {
+        CoordStore {
+            members: (0..4).map(|_| None).collect(),
+            transfers: (0..transfers).map(|_| None).collect(),
+            nested: vec![0; transfers * 512],
+            transmits: (0..64).map(|_| None).collect(),
+            events: (0..64).map(|_| None).collect(),
+            parked: (0..8).map(|_| None).collect(),
+            finished: vec![RequestId::EMPTY; 64],
+        }
+    }
+}
+
+const TIMEOUTS: Timeouts = Timeouts {
+    queued: Duration::from_millis(100),
+    alloc: Duration::from_millis(10),
+    push: Duration::from_millis(10),
+    done: Duration::from_millis(10),
+};
+
+fn coordinator(store: &mut CoordStore) -> Coordinator<'_, 4> {
+    let config = CoordinatorConfig {
+        pipeline: &PIPELINE,
+        policy: Policy::RoundRobin,
+        capacity_per_instance: 2,
+        timeouts: TIMEOUTS,
+        retry_backoff: Duration::from_millis(1),
+        max_attempts: 3,
+        quarantine: Duration::from_millis(5),
+        late_done_wait: Duration::from_millis(50),
+    };
+    Coordinator::new(
+        config,
+        CoordinatorStorage {
+            members: &mut store.members,
+            transfers: &mut store.transfers,
+            nested: &mut store.nested,
+            transmits: &mut store.transmits,
+            events: &mut store.events,
+            parked: &mut store.parked,
+            finished: &mut store.finished,
+        },
+    )
+    .unwrap()
+}
+
+fn instance<'s>(store: &'s mut InstStore, role: &'static str, session: &'static str, endpoint: &'static str) -> Instance<'s> {
+    instance_with(store, role, session, endpoint, POOL)
+}
+
+fn instance_with<'s>(
+    store: &'s mut InstStore,
+    role: &'static str,
+    session: &'static str,
+    endpoint: &'static str,
+    pool: BuddyConfig,
+) -> Instance<'s> {
+    let config = InstanceConfig {
+        role,
+        session_id: session,
+        work_endpoint: endpoint,
+        pool_ptr: 0x7f00_0000_0000,
+        pool,
+        prealloc: (2, 8 * KIB),
+        register_retry: Duration::from_millis(5),
+        staged_timeout: Duration::from_millis(100),
+        reserved_timeout: Duration::from_millis(100),
+        quarantine: Duration::from_millis(5),
+    };
+    Instance::new(
+        Instant(0),
+        config,
+        InstanceStorage {
+            tree: &mut store.tree,
+            generations: &mut store.gens,
+            requests: &mut store.requests,
+            nested: &mut store.nested,
+            prealloc: &mut store.prealloc,
+            prealloc_use: &mut store.prealloc_use,
+            transmits: &mut store.transmits,
+            actions: &mut store.actions,
+            events: &mut store.events,
+            tombstones: &mut store.tombstones,
+        },
+    )
+    .unwrap()
+}
+
+/// A coordinator and instances (instance `i` is peer `i + 1`), joined by a
+/// lossless in-order control plane that can be told to drop messages.
+struct World<'s> {
+    now: Instant,
+    coord: Coordinator<'s, 4>,
+    insts: Vec<Instance<'s>>,
+    /// Drop messages of this type, either way.
+    drop: Vec<MsgType>,
+    /// Complete writes at once (with this result), or leave them pending.
+    writes: Option<Result<(), &'static str>>,
+    pending: Vec<(usize, Write)>,
+    /// Every message that went over the wire: (to coordinator?, type).
+    log: Vec<(bool, MsgType)>,
+    coord_events: Vec<CoordinatorEvent>,
+    inst_events: Vec<(usize, InstanceEvent)>,
+    ignored: Vec<Ignored>,
+}
+
+impl<'s> World<'s> {
+    fn new(coord: Coordinator<'s, 4>, insts: Vec<Instance<'s>>) -> Self {
+        let mut w = World {
+            now: Instant(0),
+            coord,
+            insts,
+            drop: Vec::new(),
+            writes: Some(Ok(())),
+            pending: Vec::new(),
+            log: Vec::new(),
+            coord_events: Vec::new(),
+            inst_events: Vec::new(),
+            ignored: Vec::new(),
+        };
+        w.pump();
+        w
+    }
+
+    fn pump(&mut self) {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let mut moved = false;
+            while let Some(t) = self.coord.poll_transmit(&mut buf) {
+                let t = t.unwrap();
+                moved = true;
+                let msg = decode(&buf[..t.len]).unwrap();
+                self.log.push((false, msg.msg_type()));
+                if self.drop.contains(&msg.msg_type()) {
+                    continue;
+                }
+                if let Some(inst) = self.insts.get_mut(t.to.0 as usize - 1) {
+                    if let Err(e) = inst.handle(self.now, &msg) {
+                        self.ignored.push(e);
+                    }
+                }
+            }
+            self.coord_events.extend(std::iter::from_fn(|| self.coord.poll_event()));
+            for i in 0..self.insts.len() {
+                while let Some(n) = self.insts[i].poll_transmit(&mut buf) {
+                    let n = n.unwrap();
+                    moved = true;
+                    let msg = decode(&buf[..n]).unwrap();
+                    self.log.push((true, msg.msg_type()));
+                    if self.drop.contains(&msg.msg_type()) {
+                        continue;
+                    }
+                    if let Err(e) = self.coord.handle(self.now, PeerId(i as u32 + 1), &msg) {
+                        self.ignored.push(e);
+                    }
+                }
+                while let Some(w) = self.insts[i].poll_action() {
+                    moved = true;
+                    match self.writes {
+                        Some(r) => self.insts[i].handle_completion(self.now, w.token, r).unwrap(),
+                        None => self.pending.push((i, w)),
+                    }
+                }
+                while let Some(e) = self.insts[i].poll_event() {
+                    self.inst_events.push((i, e));
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    /// Moves the clock to `t` ms, firing every timer on the way.
+    fn advance(&mut self, ms: u64) {
+        let end = Instant(self.now.0 + ms * MS);
+        loop {
+            let next = self
+                .insts
+                .iter()
+                .filter_map(Instance::poll_timeout)
+                .chain(self.coord.poll_timeout())
+                .filter(|t| *t <= end)
+                .min();
+            let Some(t) = next else { break };
+            self.now = t.max(self.now);
+            self.coord.handle_timeout(self.now);
+            for inst in &mut self.insts {
+                inst.handle_timeout(self.now);
+            }
+            self.pump();
+        }
+        self.now = end;
+    }
+
+    fn stage(&mut self, i: usize, id: &str, size: u64) -> Token {
+        let (token, _) = self.insts[i].stage(id, size).unwrap();
+        let dims = [size];
+        let entries = [TensorEntry { field: "x".into(), list_index: None, offset: 0, shape: Shape::Dims(&dims), dtype: "uint8".into() }];
+        let scalars = RawJson::parse_object(r#"{"prompt":"a cat"}"#).unwrap();
+        self.insts[i].commit(self.now, token, size, &Manifest::Entries(&entries), scalars).unwrap();
+        self.pump();
+        token
+    }
+
+    fn sent(&self, ty: MsgType) -> usize {
+        self.log.iter().filter(|(_, t)| *t == ty).count()
+    }
+
+    fn received(&self, i: usize) -> Vec<Token> {
+        self.inst_events
+            .iter()
+            .filter_map(|(j, e)| match e {
+                InstanceEvent::Received(t) if *j == i => Some(*t),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn failed(&self) -> Vec<FailReason> {
+        self.coord_events
+            .iter()
+            .filter_map(|e| match e {
+                CoordinatorEvent::Failed { reason, .. } => Some(*reason),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn delivered(&self) -> usize {
+        self.coord_events.iter().filter(|e| matches!(e, CoordinatorEvent::Delivered { .. })).count()
+    }
+
+    /// Nothing held anywhere: only the preallocated slots are allocated.
+    fn assert_clean(&self) {
+        assert_eq!(self.coord.in_flight(), 0);
+        assert_eq!(self.coord.prealloc_taken(), 0);
+        assert!(self.coord.capacity_in_use().all(|(_, n)| n == 0));
+        for inst in &self.insts {
+            assert_eq!(inst.requests_held(), 0, "{inst:?}");
+            assert_eq!(inst.prealloc_in_use(), 0);
+            assert_eq!(inst.pool().stats().live_slots, 2);
+        }
+    }
+}
+
+macro_rules! world {
+    ($w:ident, $transfers:expr) => {
+        let mut cs = CoordStore::new($transfers);
+        let (mut s0, mut s1) = (InstStore::new(), InstStore::new());
+        let insts = vec![instance(&mut s0, "encoder", "enc-0", "tcp://enc:1"), instance(&mut s1, "denoiser", "den-0", "tcp://den:1")];
+        let mut $w = World::new(coordinator(&mut cs), insts);
+        assert!($w.insts.iter().all(Instance::is_registered));
+    };
+}
+
+#[test]
+fn fast_path_uses_a_preallocated_slot() {
+    world!(w, 8);
+    w.stage(0, "r1", 6 * KIB);
+    assert_eq!((w.sent(MsgType::Alloc), w.sent(MsgType::Push)), (0, 1));
+    assert_eq!(w.coord.stats().fast_path, 1);
+    let [token] = w.received(1)[..] else { panic!("{:?}", w.inst_events) };
+    let rx = w.insts[1].received(token).unwrap();
+    assert_eq!((rx.id, rx.slot_size), ("r1", 8 * KIB));
+    assert_eq!(rx.manifest.validate(), Ok(1));
+    assert_eq!(rx.scalar_fields.as_str(), r#"{"prompt":"a cat"}"#);
+    assert_eq!(w.insts[1].prealloc_in_use(), 1);
+    w.insts[1].release(token, None).unwrap();
+    w.pump();
+    assert_eq!(w.delivered(), 1);
+    assert!(w.inst_events.contains(&(0, InstanceEvent::Sent { id: RequestId::new("r1").unwrap() })));
+    w.assert_clean();
+}
+
+#[test]
+fn slow_path_allocates_a_slot() {
+    world!(w, 8);
+    w.stage(0, "big", 20 * KIB);
+    assert_eq!((w.sent(MsgType::Alloc), w.sent(MsgType::Allocated), w.sent(MsgType::Push)), (1, 1, 1));
+    let [token] = w.received(1)[..] else { panic!() };
+    assert_eq!(w.insts[1].received(token).unwrap().slot_size, 32 * KIB);
+    w.insts[1].release(token, None).unwrap();
+    w.pump();
+    assert_eq!(w.delivered(), 1);
+    w.assert_clean();
+}
+
+#[test]
+fn a_retryable_reject_is_retried_after_backoff() {
+    world!(w, 8);
+    // The receiver's pool (64 KiB, 16 KiB in preallocated slots) is filled
+    // by one 32 KiB transfer that the application holds.
+    w.stage(0, "hold", 32 * KIB);
+    let [held] = w.received(1)[..] else { panic!() };
+    w.stage(0, "next", 32 * KIB);
+    assert_eq!(w.sent(MsgType::AllocReject), 1);
+    assert!(w.failed().is_empty());
+    w.insts[1].release(held, None).unwrap();
+    w.pump();
+    w.advance(2);
+    assert_eq!(w.sent(MsgType::AllocReject), 1);
+    assert_eq!(w.sent(MsgType::Alloc), 3);
+    let [_, token] = w.received(1)[..] else { panic!("{:?}", w.inst_events) };
+    w.insts[1].release(token, None).unwrap();
+    w.pump();
+    assert_eq!(w.delivered(), 2);
+    w.assert_clean();
+}
+
+#[test]
+fn rejects_past_the_attempt_limit_fail_the_request() {
+    world!(w, 8);
+    w.stage(0, "hold", 32 * KIB);
+    let [held] = w.received(1)[..] else { panic!() };
+    w.stage(0, "doomed", 32 * KIB);
+    // Attempts at 0, 1 and 3 ms (backoff 1 ms times the attempt number).
+    w.advance(5);
+    assert_eq!(w.sent(MsgType::AllocReject), 3);
+    assert_eq!(w.failed(), vec![FailReason::Rejected]);
+    assert_eq!(w.sent(MsgType::Abort), 2, "sender and receiver told");
+    w.insts[1].release(held, None).unwrap();
+    w.pump();
+    assert_eq!(w.delivered(), 1);
+    w.advance(10);
+    w.assert_clean();
+}
+
+#[test]
+fn a_size_no_pool_can_hold_is_rejected_for_good() {
+    // Staged from a larger pool than the receiver's: not retryable.
+    let big_pool = BuddyConfig { pool_size: 256 * KIB, ..POOL };
+    let mut cs = CoordStore::new(8);
+    let (mut s0, mut s1) = (InstStore::with_pool(big_pool), InstStore::new());
+    let insts = vec![
+        instance_with(&mut s0, "encoder", "enc-0", "tcp://enc:1", big_pool),
+        instance(&mut s1, "denoiser", "den-0", "tcp://den:1"),
+    ];
+    let mut w = World::new(coordinator(&mut cs), insts);
+    w.stage(0, "r", 128 * KIB);
+    assert_eq!(w.failed(), vec![FailReason::Rejected]);
+    assert_eq!(w.sent(MsgType::AllocReject), 1);
+    w.advance(10);
+    w.assert_clean();
+}
+
+#[test]
+fn a_failed_write_fails_the_request() {
+    world!(w, 8);
+    w.writes = Some(Err("remote access error"));
+    w.stage(0, "r", 20 * KIB);
+    assert_eq!(w.failed(), vec![FailReason::WriteFailed]);
+    assert!(w.inst_events.contains(&(0, InstanceEvent::SendFailed { id: RequestId::new("r").unwrap() })));
+    // The receiver's reserved slot sits out its quarantine, then frees.
+    assert_eq!(w.insts[1].requests_held(), 1);
+    w.advance(10);
+    w.assert_clean();
+}
+
+#[test]
+fn queue_timeout_without_receivers() {
+    let mut cs = CoordStore::new(8);
+    let mut s0 = InstStore::new();
+    let mut w = World::new(coordinator(&mut cs), vec![instance(&mut s0, "encoder", "enc-0", "tcp://enc:1")]);
+    w.stage(0, "lonely", KIB);
+    w.advance(99);
+    assert!(w.failed().is_empty());
+    w.advance(2);
+    assert_eq!(w.failed(), vec![FailReason::QueueTimeout]);
+    assert_eq!(w.insts[0].requests_held(), 0, "the abort freed the staged slot");
+}
+
+#[test]
+fn alloc_timeout() {
+    world!(w, 8);
+    w.drop = vec![MsgType::Allocated];
+    w.stage(0, "r", 20 * KIB);
+    w.advance(11);
+    assert_eq!(w.failed(), vec![FailReason::AllocTimeout]);
+    w.advance(10);
+    w.assert_clean();
+}
+
+#[test]
+fn push_timeout_and_the_late_completion() {
+    world!(w, 8);
+    w.writes = None;
+    w.stage(0, "r", 6 * KIB);
+    w.advance(11);
+    assert_eq!(w.failed(), vec![FailReason::PushTimeout]);
+    // The write completes after the abort: no report, slot freed.
+    let (i, write) = w.pending.pop().unwrap();
+    w.insts[i].handle_completion(w.now, write.token, Ok(())).unwrap();
+    w.pump();
+    assert_eq!(w.sent(MsgType::Pushed), 0);
+    // The preallocated slot comes back after its quarantine.
+    assert_eq!(w.coord.prealloc_taken(), 1);
+    w.advance(10);
+    w.assert_clean();
+}
+
+#[test]
+fn done_timeout_then_the_late_release() {
+    world!(w, 8);
+    w.stage(0, "r", 6 * KIB);
+    let [token] = w.received(1)[..] else { panic!() };
+    w.advance(11);
+    assert_eq!(w.failed(), vec![FailReason::DoneTimeout]);
+    assert!(w.inst_events.contains(&(1, InstanceEvent::Aborted(token))));
+    // The application still reads; the preallocated slot stays parked.
+    assert!(w.insts[1].received(token).is_some());
+    assert_eq!(w.coord.prealloc_taken(), 1);
+    w.insts[1].release(token, None).unwrap();
+    w.pump();
+    // The late transfer_done gives the slot back at once.
+    assert_eq!(w.coord.prealloc_taken(), 0);
+    w.assert_clean();
+}
+
+#[test]
+fn receiver_error_in_done_fails_the_request() {
+    world!(w, 8);
+    w.stage(0, "r", 6 * KIB);
+    let [token] = w.received(1)[..] else { panic!() };
+    w.insts[1].release(token, Some("decode failed")).unwrap();
+    w.pump();
+    assert_eq!(w.failed(), vec![FailReason::ReceiverError]);
+    w.assert_clean();
+}
+
+#[test]
+fn re_registration_fails_in_flight_transfers() {
+    let mut cs = CoordStore::new(8);
+    let (mut s0, mut s1, mut s2) = (InstStore::new(), InstStore::new(), InstStore::new());
+    let insts = vec![instance(&mut s0, "encoder", "enc-0", "tcp://enc:1"), instance(&mut s1, "denoiser", "den-0", "tcp://den:1")];
+    let mut w = World::new(coordinator(&mut cs), insts);
+    w.writes = None;
+    w.stage(0, "r", 20 * KIB);
+    // The denoiser restarts with a new session on the same endpoint.
+    w.insts[1] = instance(&mut s2, "denoiser", "den-1", "tcp://den:1");
+    w.pump();
+    assert_eq!(w.failed(), vec![FailReason::PeerGone]);
+    assert!(w.coord_events.contains(&CoordinatorEvent::Registered { peer: PeerId(2), role: 1, replaced: true }));
+    let (i, write) = w.pending.pop().unwrap();
+    w.insts[i].handle_completion(w.now, write.token, Err("peer gone")).unwrap();
+    w.writes = Some(Ok(()));
+    // New work flows to the new session.
+    w.stage(0, "r2", 6 * KIB);
+    let [token] = w.received(1)[..] else { panic!() };
+    w.insts[1].release(token, None).unwrap();
+    w.pump();
+    assert_eq!(w.delivered(), 1);
+    w.assert_clean();
+}
+
+#[test]
+fn duplicates_and_strangers_change_nothing() {
+    world!(w, 8);
+    let mut buf = vec![0u8; 4096];
+    // A duplicated transfer_staged.
+    w.stage(0, "r", 6 * KIB);
+    let [token] = w.received(1)[..] else { panic!() };
+    let staged = br#"{"msg_type":"transfer_staged","request_id":"r","data_size":6144,"session_id":"enc-0"}"#;
+    assert_eq!(w.coord.handle(w.now, PeerId(1), &decode(staged).unwrap()), Err(Ignored::Duplicate));
+    // transfer_pushed twice.
+    let pushed = decode(br#"{"msg_type":"transfer_pushed","request_id":"r"}"#).unwrap();
+    assert_eq!(w.coord.handle(w.now, PeerId(1), &pushed), Err(Ignored::WrongState));
+    // From a stranger, or from the wrong instance.
+    assert_eq!(w.coord.handle(w.now, PeerId(9), &decode(staged).unwrap()), Err(Ignored::NotRegistered));
+    let done = decode(br#"{"msg_type":"transfer_done","request_id":"r"}"#).unwrap();
+    assert_eq!(w.coord.handle(w.now, PeerId(1), &done), Err(Ignored::WrongPeer));
+    // transfer_ready for a slot that is not this request's.
+    let ready = decode(br#"{"msg_type":"transfer_ready","request_id":"x","slot_offset":12345}"#).unwrap();
+    assert_eq!(w.insts[1].handle(w.now, &ready), Err(Ignored::UnknownRequest));
+    // transfer_ready twice.
+    let again = decode(br#"{"msg_type":"transfer_ready","request_id":"r","slot_offset":0}"#).unwrap();
+    assert_eq!(w.insts[1].handle(w.now, &again), Err(Ignored::Duplicate));
+    assert!(w.coord.poll_transmit(&mut buf).is_none());
+    w.insts[1].release(token, None).unwrap();
+    assert_eq!(w.insts[1].release(token, None), Err(InstanceError::StaleToken));
+    w.pump();
+    // Late messages about a finished request.
+    assert_eq!(w.coord.handle(w.now, PeerId(2), &done), Err(Ignored::UnknownRequest));
+    assert_eq!(w.coord.handle(w.now, PeerId(1), &decode(staged).unwrap()), Err(Ignored::Duplicate));
+    assert_eq!(w.delivered(), 1);
+    w.assert_clean();
+}
+
+#[test]
+fn late_messages_after_an_abort_are_ignored() {
+    world!(w, 8);
+    w.drop = vec![MsgType::Allocated];
+    w.stage(0, "r", 20 * KIB);
+    w.advance(11);
+    let late_ready = decode(br#"{"msg_type":"transfer_ready","request_id":"r","slot_offset":0}"#).unwrap();
+    assert_eq!(w.insts[1].handle(w.now, &late_ready), Err(Ignored::Aborted));
+    let late_push = decode(br#"{"msg_type":"transfer_push","request_id":"r","transfer_size":20480}"#).unwrap();
+    assert_eq!(w.insts[0].handle(w.now, &late_push), Err(Ignored::Aborted));
+}
+
+#[test]
+fn a_full_transfer_table_is_answered_on_the_wire() {
+    world!(w, 1);
+    w.writes = None;
+    w.stage(0, "a", 6 * KIB);
+    w.stage(0, "b", 6 * KIB);
+    assert_eq!(w.failed(), vec![FailReason::TableFull]);
+    assert!(w.inst_events.contains(&(0, InstanceEvent::SendFailed { id: RequestId::new("b").unwrap() })));
+    assert_eq!(w.insts[0].requests_held(), 1, "only 'a' is still staged");
+}
+
+#[test]
+fn unknown_roles_and_bad_slots_are_refused_at_registration() {
+    let mut cs = CoordStore::new(8);
+    let (mut s0, mut s1) = (InstStore::new(), InstStore::new());
+    let mut w = World::new(coordinator(&mut cs), vec![instance(&mut s0, "painter", "p-0", "tcp://p:1")]);
+    assert!(!w.insts[0].is_registered());
+    assert!(w.inst_events.contains(&(0, InstanceEvent::Refused)));
+    let _ = &mut s1;
+    let reg = br#"{"msg_type":"transfer_register","role":"denoiser","session_id":"d","pool_ptr":4096,"pool_size":8192,"work_endpoint":"tcp://d:1","preallocated_slots":[{"offset":4096,"size":8192,"slot_id":0,"addr":8192}]}"#;
+    assert_eq!(w.coord.handle(w.now, PeerId(5), &decode(reg).unwrap()), Ok(()));
+    let mut buf = vec![0u8; 1024];
+    let t = w.coord.poll_transmit(&mut buf).unwrap().unwrap();
+    let Msg::RegisterAck(ack) = decode(&buf[..t.len]).unwrap() else { panic!() };
+    assert!(!ack.accepted);
+    assert_eq!(ack.error.unwrap(), "bad preallocated_slots");
+    assert_eq!(w.coord.members(), 0);
+}
