@@ -63,6 +63,8 @@ EXTRA_TYPES = {
 EXTENSIONS = {
     "transfer_staged": [("scalar_fields", {})],
     "transfer_pushed": [("success", True), ("error", None)],
+    "transfer_alloc": [("receiver_session_id", "")],
+    "transfer_ready": [("dest_session_id", "")],
 }
 SEED_CLASSES = {
     c.msg_type: c
@@ -224,7 +226,9 @@ def rmsg(rng, t):
         d["scalar_fields"] = rscalar_fields(rng)
         return d
     if t == "transfer_alloc":
-        return dataclasses.asdict(seed.TransferAllocMsg(request_id=rstr(rng), data_size=ru64(rng), source_role=rstr(rng)))
+        d = dataclasses.asdict(seed.TransferAllocMsg(request_id=rstr(rng), data_size=ru64(rng), source_role=rstr(rng)))
+        d["receiver_session_id"] = rstr(rng) if rng.random() < 0.5 else ""
+        return d
     if t == "transfer_allocated":
         return dataclasses.asdict(seed.TransferAllocatedMsg(request_id=rstr(rng), session_id=rstr(rng), pool_ptr=ru64(rng), slot_offset=ru64(rng), slot_size=ru64(rng)))
     if t == "transfer_push":
@@ -235,7 +239,9 @@ def rmsg(rng, t):
         d["error"] = ropt_str(rng)
         return d
     if t == "transfer_ready":
-        return dataclasses.asdict(seed.TransferReadyMsg(request_id=rstr(rng), manifest=rmanifest(rng), slot_offset=ru64(rng), scalar_fields=rscalar_fields(rng)))
+        d = dataclasses.asdict(seed.TransferReadyMsg(request_id=rstr(rng), manifest=rmanifest(rng), slot_offset=ru64(rng), scalar_fields=rscalar_fields(rng)))
+        d["dest_session_id"] = rstr(rng) if rng.random() < 0.5 else ""
+        return d
     if t == "transfer_done":
         return dataclasses.asdict(seed.TransferDoneMsg(request_id=rstr(rng), error=ropt_str(rng)))
     if t == "transfer_register_ack":

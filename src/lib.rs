@@ -9,6 +9,7 @@
 
 pub use ferry_core as core;
 
+pub mod handshake_bench;
 pub mod slots_bench;
 pub mod wire_bench;
 pub mod wire_text;

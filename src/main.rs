@@ -43,6 +43,10 @@ enum BenchCommand {
     /// Slot allocator operations per second (1 GiB pool, 1 MiB blocks,
     /// 1..64 MiB requests); compare with `bench/vs_python.sh slots`.
     Slots(BenchSlots),
+    /// Control-plane hand-offs per second through a coordinator and two
+    /// instances in one process (every message encoded and decoded, no
+    /// data moved).
+    Handshake(BenchSlots),
 }
 
 #[derive(Args)]
@@ -112,6 +116,30 @@ fn bench_slots(args: &BenchSlots) -> Result<(), String> {
             println!("{:<10} {:>14} {:>10}", "workload", "ops/s", "ns/op");
             for (name, r) in rates {
                 println!("{name:<10} {r:>14.0} {:>10.1}", 1e9 / r);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn bench_handshake(args: &BenchSlots) -> Result<(), String> {
+    let d = duration(args.seconds)?;
+    let rates = [
+        ("fast_path", ferry::handshake_bench::measure(d, true)),
+        ("slow_path", ferry::handshake_bench::measure(d, false)),
+    ];
+    match args.format {
+        Format::Json => {
+            let parts: Vec<String> = rates
+                .iter()
+                .map(|(name, r)| format!("\"{name}\":{{\"per_second\":{r:.1}}}"))
+                .collect();
+            println!("{{{}}}", parts.join(","));
+        }
+        Format::Table => {
+            println!("{:<10} {:>14} {:>12}", "path", "hand-offs/s", "us/hand-off");
+            for (name, r) in rates {
+                println!("{name:<10} {r:>14.0} {:>12.2}", 1e6 / r);
             }
         }
     }
@@ -194,6 +222,7 @@ fn main() -> ExitCode {
         .map_err(|e| format!("stdin/stdout: {e}")),
         Command::Bench(BenchCommand::Wire(args)) => bench_wire(&args),
         Command::Bench(BenchCommand::Slots(args)) => bench_slots(&args),
+        Command::Bench(BenchCommand::Handshake(args)) => bench_handshake(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -9,7 +9,8 @@
 //!   borrowing from the frame and encoded byte-identically to the seed's
 //!   `encode_transfer_msg`;
 //! * [`slots`]: slot accounting: the buddy allocator over a pool, tensor
-//!   layout and manifest checks, preallocated receive slots, capacity.
+//!   layout and manifest checks, preallocated receive slots, capacity;
+//! * [`handshake`]: the coordinator's and the instances' state machines.
 //!
 //! Everything here is sans-IO: bytes come in as slices, bytes go out into
 //! caller buffers, and a buffer that is too small is reported with the size

@@ -27,7 +27,11 @@ struct InstStore {
     tombstones: Vec<RequestId>,
 }
 
-const POOL: BuddyConfig = BuddyConfig { pool_size: 64 * KIB, min_block: 4 * KIB, pool_id: 0 };
+const POOL: BuddyConfig = BuddyConfig {
+    pool_size: 64 * KIB,
+    min_block: 4 * KIB,
+    pool_id: 0,
+};
 
 impl InstStore {
     fn new() -> Self {
@@ -41,7 +45,15 @@ impl InstStore {
             gens: vec![0; gens],
             requests: (0..8).map(|_| None).collect(),
             nested: vec![0; 8 * 512],
-            prealloc: vec![PreallocatedSlot { offset: 0, size: 0, slot_id: 0, addr: 0 }; 2],
+            prealloc: vec![
+                PreallocatedSlot {
+                    offset: 0,
+                    size: 0,
+                    slot_id: 0,
+                    addr: 0
+                };
+                2
+            ],
             prealloc_use: vec![None; 2],
             transmits: (0..32).map(|_| None).collect(),
             actions: (0..8).map(|_| None).collect(),
@@ -59,6 +71,7 @@ struct CoordStore {
     events: Vec<Option<CoordinatorEvent>>,
     parked: Vec<Option<Parked>>,
     finished: Vec<RequestId>,
+    queue: Vec<Option<Queued>>,
 }
 
 impl CoordStore {
@@ -71,6 +84,7 @@ impl CoordStore {
             events: (0..64).map(|_| None).collect(),
             parked: (0..8).map(|_| None).collect(),
             finished: vec![RequestId::EMPTY; 64],
+            queue: (0..2 * transfers).map(|_| None).collect(),
         }
     }
 }
@@ -102,13 +116,19 @@ fn coordinator(store: &mut CoordStore) -> Coordinator<'_, 4> {
             transmits: &mut store.transmits,
             events: &mut store.events,
             parked: &mut store.parked,
+            queue: &mut store.queue,
             finished: &mut store.finished,
         },
     )
     .unwrap()
 }
 
-fn instance<'s>(store: &'s mut InstStore, role: &'static str, session: &'static str, endpoint: &'static str) -> Instance<'s> {
+fn instance<'s>(
+    store: &'s mut InstStore,
+    role: &'static str,
+    session: &'static str,
+    endpoint: &'static str,
+) -> Instance<'s> {
     instance_with(store, role, session, endpoint, POOL)
 }
 
@@ -204,7 +224,8 @@ impl<'s> World<'s> {
                     }
                 }
             }
-            self.coord_events.extend(std::iter::from_fn(|| self.coord.poll_event()));
+            self.coord_events
+                .extend(std::iter::from_fn(|| self.coord.poll_event()));
             for i in 0..self.insts.len() {
                 while let Some(n) = self.insts[i].poll_transmit(&mut buf) {
                     let n = n.unwrap();
@@ -221,7 +242,9 @@ impl<'s> World<'s> {
                 while let Some(w) = self.insts[i].poll_action() {
                     moved = true;
                     match self.writes {
-                        Some(r) => self.insts[i].handle_completion(self.now, w.token, r).unwrap(),
+                        Some(r) => self.insts[i]
+                            .handle_completion(self.now, w.token, r)
+                            .unwrap(),
                         None => self.pending.push((i, w)),
                     }
                 }
@@ -238,7 +261,7 @@ impl<'s> World<'s> {
     /// Moves the clock to `t` ms, firing every timer on the way.
     fn advance(&mut self, ms: u64) {
         let end = Instant(self.now.0 + ms * MS);
-        loop {
+        for _ in 0..100_000 {
             let next = self
                 .insts
                 .iter()
@@ -246,7 +269,10 @@ impl<'s> World<'s> {
                 .chain(self.coord.poll_timeout())
                 .filter(|t| *t <= end)
                 .min();
-            let Some(t) = next else { break };
+            let Some(t) = next else {
+                self.now = end;
+                return;
+            };
             self.now = t.max(self.now);
             self.coord.handle_timeout(self.now);
             for inst in &mut self.insts {
@@ -254,15 +280,30 @@ impl<'s> World<'s> {
             }
             self.pump();
         }
-        self.now = end;
+        panic!(
+            "timers do not settle: coordinator {:?}, instances {:?}",
+            self.coord.poll_timeout(),
+            self.insts
+                .iter()
+                .map(Instance::poll_timeout)
+                .collect::<Vec<_>>()
+        );
     }
 
     fn stage(&mut self, i: usize, id: &str, size: u64) -> Token {
         let (token, _) = self.insts[i].stage(id, size).unwrap();
         let dims = [size];
-        let entries = [TensorEntry { field: "x".into(), list_index: None, offset: 0, shape: Shape::Dims(&dims), dtype: "uint8".into() }];
+        let entries = [TensorEntry {
+            field: "x".into(),
+            list_index: None,
+            offset: 0,
+            shape: Shape::Dims(&dims),
+            dtype: "uint8".into(),
+        }];
         let scalars = RawJson::parse_object(r#"{"prompt":"a cat"}"#).unwrap();
-        self.insts[i].commit(self.now, token, size, &Manifest::Entries(&entries), scalars).unwrap();
+        self.insts[i]
+            .commit(self.now, token, size, &Manifest::Entries(&entries), scalars)
+            .unwrap();
         self.pump();
         token
     }
@@ -292,7 +333,10 @@ impl<'s> World<'s> {
     }
 
     fn delivered(&self) -> usize {
-        self.coord_events.iter().filter(|e| matches!(e, CoordinatorEvent::Delivered { .. })).count()
+        self.coord_events
+            .iter()
+            .filter(|e| matches!(e, CoordinatorEvent::Delivered { .. }))
+            .count()
     }
 
     /// Nothing held anywhere: only the preallocated slots are allocated.
@@ -312,7 +356,10 @@ macro_rules! world {
     ($w:ident, $transfers:expr) => {
         let mut cs = CoordStore::new($transfers);
         let (mut s0, mut s1) = (InstStore::new(), InstStore::new());
-        let insts = vec![instance(&mut s0, "encoder", "enc-0", "tcp://enc:1"), instance(&mut s1, "denoiser", "den-0", "tcp://den:1")];
+        let insts = vec![
+            instance(&mut s0, "encoder", "enc-0", "tcp://enc:1"),
+            instance(&mut s1, "denoiser", "den-0", "tcp://den:1"),
+        ];
         let mut $w = World::new(coordinator(&mut cs), insts);
         assert!($w.insts.iter().all(Instance::is_registered));
     };
@@ -324,7 +371,9 @@ fn fast_path_uses_a_preallocated_slot() {
     w.stage(0, "r1", 6 * KIB);
     assert_eq!((w.sent(MsgType::Alloc), w.sent(MsgType::Push)), (0, 1));
     assert_eq!(w.coord.stats().fast_path, 1);
-    let [token] = w.received(1)[..] else { panic!("{:?}", w.inst_events) };
+    let [token] = w.received(1)[..] else {
+        panic!("{:?}", w.inst_events)
+    };
     let rx = w.insts[1].received(token).unwrap();
     assert_eq!((rx.id, rx.slot_size), ("r1", 8 * KIB));
     assert_eq!(rx.manifest.validate(), Ok(1));
@@ -333,7 +382,12 @@ fn fast_path_uses_a_preallocated_slot() {
     w.insts[1].release(token, None).unwrap();
     w.pump();
     assert_eq!(w.delivered(), 1);
-    assert!(w.inst_events.contains(&(0, InstanceEvent::Sent { id: RequestId::new("r1").unwrap() })));
+    assert!(w.inst_events.contains(&(
+        0,
+        InstanceEvent::Sent {
+            id: RequestId::new("r1").unwrap()
+        }
+    )));
     w.assert_clean();
 }
 
@@ -341,7 +395,14 @@ fn fast_path_uses_a_preallocated_slot() {
 fn slow_path_allocates_a_slot() {
     world!(w, 8);
     w.stage(0, "big", 20 * KIB);
-    assert_eq!((w.sent(MsgType::Alloc), w.sent(MsgType::Allocated), w.sent(MsgType::Push)), (1, 1, 1));
+    assert_eq!(
+        (
+            w.sent(MsgType::Alloc),
+            w.sent(MsgType::Allocated),
+            w.sent(MsgType::Push)
+        ),
+        (1, 1, 1)
+    );
     let [token] = w.received(1)[..] else { panic!() };
     assert_eq!(w.insts[1].received(token).unwrap().slot_size, 32 * KIB);
     w.insts[1].release(token, None).unwrap();
@@ -365,7 +426,9 @@ fn a_retryable_reject_is_retried_after_backoff() {
     w.advance(2);
     assert_eq!(w.sent(MsgType::AllocReject), 1);
     assert_eq!(w.sent(MsgType::Alloc), 3);
-    let [_, token] = w.received(1)[..] else { panic!("{:?}", w.inst_events) };
+    let [_, token] = w.received(1)[..] else {
+        panic!("{:?}", w.inst_events)
+    };
     w.insts[1].release(token, None).unwrap();
     w.pump();
     assert_eq!(w.delivered(), 2);
@@ -393,7 +456,10 @@ fn rejects_past_the_attempt_limit_fail_the_request() {
 #[test]
 fn a_size_no_pool_can_hold_is_rejected_for_good() {
     // Staged from a larger pool than the receiver's: not retryable.
-    let big_pool = BuddyConfig { pool_size: 256 * KIB, ..POOL };
+    let big_pool = BuddyConfig {
+        pool_size: 256 * KIB,
+        ..POOL
+    };
     let mut cs = CoordStore::new(8);
     let (mut s0, mut s1) = (InstStore::with_pool(big_pool), InstStore::new());
     let insts = vec![
@@ -414,7 +480,12 @@ fn a_failed_write_fails_the_request() {
     w.writes = Some(Err("remote access error"));
     w.stage(0, "r", 20 * KIB);
     assert_eq!(w.failed(), vec![FailReason::WriteFailed]);
-    assert!(w.inst_events.contains(&(0, InstanceEvent::SendFailed { id: RequestId::new("r").unwrap() })));
+    assert!(w.inst_events.contains(&(
+        0,
+        InstanceEvent::SendFailed {
+            id: RequestId::new("r").unwrap()
+        }
+    )));
     // The receiver's reserved slot sits out its quarantine, then frees.
     assert_eq!(w.insts[1].requests_held(), 1);
     w.advance(10);
@@ -425,13 +496,20 @@ fn a_failed_write_fails_the_request() {
 fn queue_timeout_without_receivers() {
     let mut cs = CoordStore::new(8);
     let mut s0 = InstStore::new();
-    let mut w = World::new(coordinator(&mut cs), vec![instance(&mut s0, "encoder", "enc-0", "tcp://enc:1")]);
+    let mut w = World::new(
+        coordinator(&mut cs),
+        vec![instance(&mut s0, "encoder", "enc-0", "tcp://enc:1")],
+    );
     w.stage(0, "lonely", KIB);
     w.advance(99);
     assert!(w.failed().is_empty());
     w.advance(2);
     assert_eq!(w.failed(), vec![FailReason::QueueTimeout]);
-    assert_eq!(w.insts[0].requests_held(), 0, "the abort freed the staged slot");
+    assert_eq!(
+        w.insts[0].requests_held(),
+        0,
+        "the abort freed the staged slot"
+    );
 }
 
 #[test]
@@ -454,7 +532,9 @@ fn push_timeout_and_the_late_completion() {
     assert_eq!(w.failed(), vec![FailReason::PushTimeout]);
     // The write completes after the abort: no report, slot freed.
     let (i, write) = w.pending.pop().unwrap();
-    w.insts[i].handle_completion(w.now, write.token, Ok(())).unwrap();
+    w.insts[i]
+        .handle_completion(w.now, write.token, Ok(()))
+        .unwrap();
     w.pump();
     assert_eq!(w.sent(MsgType::Pushed), 0);
     // The preallocated slot comes back after its quarantine.
@@ -496,7 +576,10 @@ fn receiver_error_in_done_fails_the_request() {
 fn re_registration_fails_in_flight_transfers() {
     let mut cs = CoordStore::new(8);
     let (mut s0, mut s1, mut s2) = (InstStore::new(), InstStore::new(), InstStore::new());
-    let insts = vec![instance(&mut s0, "encoder", "enc-0", "tcp://enc:1"), instance(&mut s1, "denoiser", "den-0", "tcp://den:1")];
+    let insts = vec![
+        instance(&mut s0, "encoder", "enc-0", "tcp://enc:1"),
+        instance(&mut s1, "denoiser", "den-0", "tcp://den:1"),
+    ];
     let mut w = World::new(coordinator(&mut cs), insts);
     w.writes = None;
     w.stage(0, "r", 20 * KIB);
@@ -504,9 +587,15 @@ fn re_registration_fails_in_flight_transfers() {
     w.insts[1] = instance(&mut s2, "denoiser", "den-1", "tcp://den:1");
     w.pump();
     assert_eq!(w.failed(), vec![FailReason::PeerGone]);
-    assert!(w.coord_events.contains(&CoordinatorEvent::Registered { peer: PeerId(2), role: 1, replaced: true }));
+    assert!(w.coord_events.contains(&CoordinatorEvent::Registered {
+        peer: PeerId(2),
+        role: 1,
+        replaced: true
+    }));
     let (i, write) = w.pending.pop().unwrap();
-    w.insts[i].handle_completion(w.now, write.token, Err("peer gone")).unwrap();
+    w.insts[i]
+        .handle_completion(w.now, write.token, Err("peer gone"))
+        .unwrap();
     w.writes = Some(Ok(()));
     // New work flows to the new session.
     w.stage(0, "r2", 6 * KIB);
@@ -524,28 +613,55 @@ fn duplicates_and_strangers_change_nothing() {
     // A duplicated transfer_staged.
     w.stage(0, "r", 6 * KIB);
     let [token] = w.received(1)[..] else { panic!() };
-    let staged = br#"{"msg_type":"transfer_staged","request_id":"r","data_size":6144,"session_id":"enc-0"}"#;
-    assert_eq!(w.coord.handle(w.now, PeerId(1), &decode(staged).unwrap()), Err(Ignored::Duplicate));
+    let staged =
+        br#"{"msg_type":"transfer_staged","request_id":"r","data_size":6144,"session_id":"enc-0"}"#;
+    assert_eq!(
+        w.coord.handle(w.now, PeerId(1), &decode(staged).unwrap()),
+        Err(Ignored::Duplicate)
+    );
     // transfer_pushed twice.
     let pushed = decode(br#"{"msg_type":"transfer_pushed","request_id":"r"}"#).unwrap();
-    assert_eq!(w.coord.handle(w.now, PeerId(1), &pushed), Err(Ignored::WrongState));
+    assert_eq!(
+        w.coord.handle(w.now, PeerId(1), &pushed),
+        Err(Ignored::WrongState)
+    );
     // From a stranger, or from the wrong instance.
-    assert_eq!(w.coord.handle(w.now, PeerId(9), &decode(staged).unwrap()), Err(Ignored::NotRegistered));
+    assert_eq!(
+        w.coord.handle(w.now, PeerId(9), &decode(staged).unwrap()),
+        Err(Ignored::NotRegistered)
+    );
     let done = decode(br#"{"msg_type":"transfer_done","request_id":"r"}"#).unwrap();
-    assert_eq!(w.coord.handle(w.now, PeerId(1), &done), Err(Ignored::WrongPeer));
+    assert_eq!(
+        w.coord.handle(w.now, PeerId(1), &done),
+        Err(Ignored::WrongPeer)
+    );
     // transfer_ready for a slot that is not this request's.
-    let ready = decode(br#"{"msg_type":"transfer_ready","request_id":"x","slot_offset":12345}"#).unwrap();
-    assert_eq!(w.insts[1].handle(w.now, &ready), Err(Ignored::UnknownRequest));
+    let ready =
+        decode(br#"{"msg_type":"transfer_ready","request_id":"x","slot_offset":12345}"#).unwrap();
+    assert_eq!(
+        w.insts[1].handle(w.now, &ready),
+        Err(Ignored::UnknownRequest)
+    );
     // transfer_ready twice.
-    let again = decode(br#"{"msg_type":"transfer_ready","request_id":"r","slot_offset":0}"#).unwrap();
+    let again =
+        decode(br#"{"msg_type":"transfer_ready","request_id":"r","slot_offset":0}"#).unwrap();
     assert_eq!(w.insts[1].handle(w.now, &again), Err(Ignored::Duplicate));
     assert!(w.coord.poll_transmit(&mut buf).is_none());
     w.insts[1].release(token, None).unwrap();
-    assert_eq!(w.insts[1].release(token, None), Err(InstanceError::StaleToken));
+    assert_eq!(
+        w.insts[1].release(token, None),
+        Err(InstanceError::StaleToken)
+    );
     w.pump();
     // Late messages about a finished request.
-    assert_eq!(w.coord.handle(w.now, PeerId(2), &done), Err(Ignored::UnknownRequest));
-    assert_eq!(w.coord.handle(w.now, PeerId(1), &decode(staged).unwrap()), Err(Ignored::Duplicate));
+    assert_eq!(
+        w.coord.handle(w.now, PeerId(2), &done),
+        Err(Ignored::UnknownRequest)
+    );
+    assert_eq!(
+        w.coord.handle(w.now, PeerId(1), &decode(staged).unwrap()),
+        Err(Ignored::Duplicate)
+    );
     assert_eq!(w.delivered(), 1);
     w.assert_clean();
 }
@@ -556,9 +672,11 @@ fn late_messages_after_an_abort_are_ignored() {
     w.drop = vec![MsgType::Allocated];
     w.stage(0, "r", 20 * KIB);
     w.advance(11);
-    let late_ready = decode(br#"{"msg_type":"transfer_ready","request_id":"r","slot_offset":0}"#).unwrap();
+    let late_ready =
+        decode(br#"{"msg_type":"transfer_ready","request_id":"r","slot_offset":0}"#).unwrap();
     assert_eq!(w.insts[1].handle(w.now, &late_ready), Err(Ignored::Aborted));
-    let late_push = decode(br#"{"msg_type":"transfer_push","request_id":"r","transfer_size":20480}"#).unwrap();
+    let late_push =
+        decode(br#"{"msg_type":"transfer_push","request_id":"r","transfer_size":20480}"#).unwrap();
     assert_eq!(w.insts[0].handle(w.now, &late_push), Err(Ignored::Aborted));
 }
 
@@ -569,7 +687,12 @@ fn a_full_transfer_table_is_answered_on_the_wire() {
     w.stage(0, "a", 6 * KIB);
     w.stage(0, "b", 6 * KIB);
     assert_eq!(w.failed(), vec![FailReason::TableFull]);
-    assert!(w.inst_events.contains(&(0, InstanceEvent::SendFailed { id: RequestId::new("b").unwrap() })));
+    assert!(w.inst_events.contains(&(
+        0,
+        InstanceEvent::SendFailed {
+            id: RequestId::new("b").unwrap()
+        }
+    )));
     assert_eq!(w.insts[0].requests_held(), 1, "only 'a' is still staged");
 }
 
@@ -577,16 +700,43 @@ fn a_full_transfer_table_is_answered_on_the_wire() {
 fn unknown_roles_and_bad_slots_are_refused_at_registration() {
     let mut cs = CoordStore::new(8);
     let (mut s0, mut s1) = (InstStore::new(), InstStore::new());
-    let mut w = World::new(coordinator(&mut cs), vec![instance(&mut s0, "painter", "p-0", "tcp://p:1")]);
+    let mut w = World::new(
+        coordinator(&mut cs),
+        vec![instance(&mut s0, "painter", "p-0", "tcp://p:1")],
+    );
     assert!(!w.insts[0].is_registered());
     assert!(w.inst_events.contains(&(0, InstanceEvent::Refused)));
     let _ = &mut s1;
     let reg = br#"{"msg_type":"transfer_register","role":"denoiser","session_id":"d","pool_ptr":4096,"pool_size":8192,"work_endpoint":"tcp://d:1","preallocated_slots":[{"offset":4096,"size":8192,"slot_id":0,"addr":8192}]}"#;
-    assert_eq!(w.coord.handle(w.now, PeerId(5), &decode(reg).unwrap()), Ok(()));
+    assert_eq!(
+        w.coord.handle(w.now, PeerId(5), &decode(reg).unwrap()),
+        Ok(())
+    );
     let mut buf = vec![0u8; 1024];
     let t = w.coord.poll_transmit(&mut buf).unwrap().unwrap();
-    let Msg::RegisterAck(ack) = decode(&buf[..t.len]).unwrap() else { panic!() };
+    let Msg::RegisterAck(ack) = decode(&buf[..t.len]).unwrap() else {
+        panic!()
+    };
     assert!(!ack.accepted);
     assert_eq!(ack.error.unwrap(), "bad preallocated_slots");
     assert_eq!(w.coord.members(), 0);
+}
+
+#[test]
+fn a_ready_the_receiver_cannot_take_is_answered_and_its_duplicate_ignored() {
+    world!(w, 8);
+    // A transfer_ready whose manifest reaches past its (preallocated) slot.
+    let ready = br#"{"msg_type":"transfer_ready","request_id":"odd","manifest":{"x":[{"offset":0,"shape":[65536],"dtype":"uint8"}]},"slot_offset":0}"#;
+    let msg = decode(ready).unwrap();
+    assert_eq!(w.insts[1].handle(w.now, &msg), Ok(()));
+    let mut buf = vec![0u8; 1024];
+    let n = w.insts[1].poll_transmit(&mut buf).unwrap().unwrap();
+    let Msg::Done(done) = decode(&buf[..n]).unwrap() else {
+        panic!()
+    };
+    assert_eq!(done.error.unwrap(), "manifest does not fit the slot");
+    // The same message again (duplicated by the network) changes nothing.
+    assert_eq!(w.insts[1].handle(w.now, &msg), Err(Ignored::Aborted));
+    assert!(w.insts[1].poll_transmit(&mut buf).is_none());
+    assert_eq!(w.insts[1].prealloc_in_use(), 0);
 }

@@ -144,6 +144,7 @@ fn build<'a>(o: &'a Owned, entries: &'a [TensorEntry<'a>]) -> Msg<'a> {
             request_id: s(0),
             data_size: n0,
             source_role: s(1),
+            receiver_session_id: s(2),
         }),
         MsgType::Allocated => Msg::Allocated(Allocated {
             request_id: s(0),
@@ -174,6 +175,7 @@ fn build<'a>(o: &'a Owned, entries: &'a [TensorEntry<'a>]) -> Msg<'a> {
             manifest: Manifest::Entries(entries),
             slot_offset: n0,
             scalar_fields: scalars,
+            dest_session_id: s(3),
         }),
         MsgType::Done => Msg::Done(Done {
             request_id: s(0),

@@ -105,8 +105,18 @@ impl<const N: usize> Text<N> {
     }
 
     /// True if `s` decodes to this string.
+    #[inline]
     pub fn eq_json(&self, s: JsonStr<'_>) -> bool {
-        s.eq_str(self.as_str())
+        match s.as_plain() {
+            // The common case, and the hot one in table scans: bytes.
+            Some(plain) => plain.as_bytes() == &self.buf[..self.len],
+            None => s.eq_str(self.as_str()),
+        }
+    }
+
+    /// True if the string is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
@@ -137,7 +147,8 @@ pub enum Ignored {
     UnexpectedType,
     /// The request is not known here (finished long ago, never seen).
     UnknownRequest,
-    /// The request was aborted; this is a late message about it.
+    /// The request was aborted, or already ended here; this is a late or
+    /// duplicated message about it.
     Aborted,
     /// The request is known but not in a state where this message applies
     /// (a duplicate, or out of order).
@@ -161,7 +172,7 @@ impl fmt::Display for Ignored {
         match self {
             Self::UnexpectedType => f.write_str("message type not expected here"),
             Self::UnknownRequest => f.write_str("unknown request"),
-            Self::Aborted => f.write_str("request was aborted"),
+            Self::Aborted => f.write_str("request was aborted or has ended"),
             Self::WrongState => f.write_str("request is not in a state this message applies to"),
             Self::WrongPeer => {
                 f.write_str("message from a peer or session not part of the request")

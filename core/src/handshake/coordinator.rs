@@ -136,6 +136,15 @@ pub struct Transfer {
     attempts: u32,
     manifest_len: usize,
     scalars_len: usize,
+    /// Which queue entry is this transfer's live one.
+    queue_ticket: u64,
+}
+
+/// A place in the coordinator's wait queue.
+#[derive(Clone, Copy, Debug)]
+pub struct Queued {
+    index: usize,
+    ticket: u64,
 }
 
 /// A preallocated slot out of use after its request failed.
@@ -251,6 +260,7 @@ enum OutMsg {
         id: RequestId,
         data_size: u64,
         source_role: usize,
+        session: Name,
     },
     Push {
         id: RequestId,
@@ -313,6 +323,8 @@ pub struct CoordinatorStorage<'s, const P: usize> {
     pub events: &'s mut [Option<CoordinatorEvent>],
     /// Preallocated slots out of use.
     pub parked: &'s mut [Option<Parked>],
+    /// The order queued transfers wait in; at least twice `transfers`.
+    pub queue: &'s mut [Option<Queued>],
     /// Ids of requests that ended, newest overwriting oldest, so that a
     /// duplicated `transfer_staged` arriving late is not taken for a new
     /// request. Request ids must not be reused while they are here.
@@ -329,6 +341,8 @@ pub struct Coordinator<'s, const P: usize> {
     transmits: Ring<'s, Outgoing>,
     events: Ring<'s, CoordinatorEvent>,
     parked: &'s mut [Option<Parked>],
+    queue: Ring<'s, Queued>,
+    queue_tickets: u64,
     finished: &'s mut [RequestId],
     next_finished: usize,
     cursor: [usize; 8],
@@ -351,6 +365,8 @@ pub enum ConfigError {
     Pipeline,
     /// No transfer storage.
     NoTransfers,
+    /// The wait queue is shorter than twice the transfer table.
+    QueueTooShort,
 }
 
 impl<'s, const P: usize> Coordinator<'s, P> {
@@ -364,6 +380,9 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         }
         if storage.transfers.is_empty() {
             return Err(ConfigError::NoTransfers);
+        }
+        if storage.queue.len() < 2 * storage.transfers.len() {
+            return Err(ConfigError::QueueTooShort);
         }
         let chunk = storage.nested.len() / storage.transfers.len();
         storage.members.iter_mut().for_each(|m| *m = None);
@@ -382,6 +401,8 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             transmits: Ring::new(storage.transmits),
             events: Ring::new(storage.events),
             parked: storage.parked,
+            queue: Ring::new(storage.queue),
+            queue_tickets: 0,
             finished: storage.finished,
             next_finished: 0,
             cursor: [0; 8],
@@ -550,11 +571,16 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                         continue;
                     };
                     let (manifest, scalars) = self.nested_of(index, t);
+                    let session = t
+                        .receiver
+                        .and_then(|r| self.member(r))
+                        .map(|m| m.session.as_json());
                     Msg::Ready(Ready {
                         request_id: t.id.as_json(),
                         manifest: Manifest::Raw(manifest),
                         slot_offset: t.slot_offset,
                         scalar_fields: scalars,
+                        dest_session_id: session.unwrap_or_default(),
                     })
                     .write(&mut sink, Default::default());
                     true
@@ -591,6 +617,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                 id,
                 data_size,
                 source_role,
+                session,
             } => Msg::Alloc(Alloc {
                 request_id: id.as_json(),
                 data_size: *data_size,
@@ -601,6 +628,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                         .copied()
                         .unwrap_or(""),
                 ),
+                receiver_session_id: session.as_json(),
             }),
             OutMsg::Push {
                 id,
@@ -849,7 +877,9 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             attempts: 0,
             manifest_len: manifest.len(),
             scalars_len: scalars.len(),
+            queue_ticket: 0,
         });
+        self.enqueue(index);
         self.dispatch(now, index);
         Ok(())
     }
@@ -953,6 +983,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                         id,
                         data_size,
                         source_role,
+                        session,
                     },
                 );
             }
@@ -960,23 +991,75 @@ impl<'s, const P: usize> Coordinator<'s, P> {
     }
 
     /// Dispatches queued transfers, oldest first, as far as capacity goes.
+    /// Puts transfer `index` at the back of the wait queue; any earlier
+    /// entry of it goes stale.
+    fn enqueue(&mut self, index: usize) {
+        self.queue_tickets += 1;
+        let ticket = self.queue_tickets;
+        if let Some(t) = self.transfers[index].as_mut() {
+            t.queue_ticket = ticket;
+        }
+        let entry = Queued { index, ticket };
+        if self.queue.push(entry).is_err() {
+            // Full of stale entries (live ones are at most half): compact.
+            for _ in 0..self.queue.len() {
+                if let Some(e) = self.queue.pop() {
+                    if self.is_live(e) {
+                        let _ = self.queue.push(e);
+                    }
+                }
+            }
+            let _ = self.queue.push(entry);
+        }
+    }
+
+    fn is_live(&self, e: Queued) -> bool {
+        self.transfers[e.index]
+            .as_ref()
+            .is_some_and(|t| t.queue_ticket == e.ticket && matches!(t.phase, Phase::Queued { .. }))
+    }
+
+    /// Dispatches queued transfers in queue order, as far as capacity
+    /// goes: one pass over the queue. Once a role has no receiver with room
+    /// its other requests are not tried; they wait for a capacity release.
     fn dispatch_queued(&mut self, now: Instant) {
-        let mut after = 0u64;
-        loop {
-            let next = self
-                .transfers
-                .iter()
-                .enumerate()
-                .filter_map(|(i, t)| t.as_ref().map(|t| (i, t)))
-                .filter(|(_, t)| {
-                    t.seq > after
-                        && matches!(t.phase, Phase::Queued { retry_at } if retry_at.is_none_or(|at| at <= now))
-                })
-                .min_by_key(|(_, t)| t.seq)
-                .map(|(i, t)| (i, t.seq));
-            let Some((i, seq)) = next else { return };
-            after = seq;
-            self.dispatch(now, i);
+        let mut blocked = [false; 8];
+        for _ in 0..self.queue.len() {
+            let Some(e) = self.queue.pop() else { return };
+            if !self.is_live(e) {
+                continue;
+            }
+            let (retry_at, sender) = match self.transfers[e.index].as_ref() {
+                Some(Transfer {
+                    phase: Phase::Queued { retry_at },
+                    sender,
+                    ..
+                }) => (*retry_at, *sender),
+                _ => continue,
+            };
+            let role = self.member(sender).map_or(0, |m| m.role + 1);
+            let is_blocked = blocked.get(role).copied().unwrap_or(true);
+            if !is_blocked && retry_at.is_none_or(|at| at <= now) {
+                self.dispatch(now, e.index);
+            } else if is_blocked {
+                // Waits for a capacity release, like the one that failed.
+                if let Some(t) = self.transfers[e.index].as_mut() {
+                    t.phase = Phase::Queued {
+                        retry_at: retry_at.filter(|at| *at > now),
+                    };
+                }
+            }
+            if self.is_live(e) {
+                if matches!(
+                    self.transfers[e.index].as_ref().map(|t| t.phase),
+                    Some(Phase::Queued { retry_at: None })
+                ) {
+                    if let Some(b) = blocked.get_mut(role) {
+                        *b = true;
+                    }
+                }
+                let _ = self.queue.push(e);
+            }
         }
     }
 
@@ -1048,6 +1131,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             };
             t.deadline = t.queued_until.max(now + backoff);
         }
+        self.enqueue(i);
         self.dispatch_queued(now);
         Ok(())
     }
@@ -1129,9 +1213,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
     // ---- endings ---------------------------------------------------------------
 
     fn is_finished(&self, id: JsonStr<'_>) -> bool {
-        self.finished
-            .iter()
-            .any(|f| !f.as_str().is_empty() && f.eq_json(id))
+        self.finished.iter().any(|f| !f.is_empty() && f.eq_json(id))
     }
 
     fn finish(&mut self, id: RequestId) {

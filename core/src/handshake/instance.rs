@@ -186,7 +186,6 @@ impl core::error::Error for InstanceError {}
 
 #[derive(Clone, Copy, Debug)]
 enum OutMsg {
-    Register,
     Staged {
         index: usize,
         seq: u64,
@@ -235,7 +234,10 @@ pub struct InstanceStorage<'s> {
     pub actions: &'s mut [Option<Write>],
     /// Events not yet polled.
     pub events: &'s mut [Option<InstanceEvent>],
-    /// Ids of aborted requests, newest overwriting oldest.
+    /// Ids of requests aborted or received here, newest overwriting
+    /// oldest, so that late and duplicated messages about them are
+    /// ignored. It should hold the requests that end within the control
+    /// plane's longest delay.
     pub tombstones: &'s mut [RequestId],
 }
 
@@ -279,6 +281,8 @@ pub struct Instance<'s> {
     tombstones: &'s mut [RequestId],
     next_tombstone: usize,
     registered: bool,
+    /// A registration is to be sent (before anything else).
+    register_due: bool,
     register_at: Instant,
     seq: u64,
     stats: InstanceStats,
@@ -326,7 +330,7 @@ impl<'s> Instance<'s> {
         s.prealloc_use.iter_mut().for_each(|u| *u = None);
         s.tombstones.iter_mut().for_each(|t| *t = RequestId::EMPTY);
         let chunk = s.nested.len() / requests.len().max(1);
-        let mut me = Self {
+        let me = Self {
             role: Text::new(config.role).map_err(|_| InstanceError::NameTooLong)?,
             session: name(config.session_id)?,
             endpoint: name(config.work_endpoint)?,
@@ -344,11 +348,11 @@ impl<'s> Instance<'s> {
             tombstones: s.tombstones,
             next_tombstone: 0,
             registered: false,
+            register_due: true,
             register_at: now + config.register_retry,
             seq: 0,
             stats: InstanceStats::default(),
         };
-        me.send(OutMsg::Register);
         Ok(me)
     }
 
@@ -360,6 +364,14 @@ impl<'s> Instance<'s> {
     /// The pool allocator (for its figures).
     pub fn pool(&self) -> &Buddy<'s> {
         &self.pool
+    }
+
+    /// Registers again (the coordinator restarted, or the control channel
+    /// reconnected): nothing else is sent until it is acknowledged.
+    pub fn reregister(&mut self, now: Instant) {
+        self.registered = false;
+        self.register_due = true;
+        self.register_at = now + self.config.register_retry;
     }
 
     /// True once the coordinator acknowledged the registration.
@@ -422,7 +434,7 @@ impl<'s> Instance<'s> {
     fn tombstoned(&self, id: JsonStr<'_>) -> bool {
         self.tombstones
             .iter()
-            .any(|t| !t.as_str().is_empty() && t.eq_json(id))
+            .any(|t| !t.is_empty() && t.eq_json(id))
     }
 
     fn tombstone(&mut self, id: RequestId) {
@@ -680,8 +692,16 @@ impl<'s> Instance<'s> {
             return Err(InstanceError::StaleToken);
         };
         self.free_held(held);
-        self.send(OutMsg::Done { id, error });
+        self.done(id, error);
         Ok(())
+    }
+
+    /// Reports `transfer_done` for `id` and tombstones it: a duplicated
+    /// `transfer_ready` arriving later must not deliver the request again
+    /// (its preallocated slot may hold another request's data by then).
+    fn done(&mut self, id: RequestId, error: Option<&'static str>) {
+        self.tombstone(id);
+        self.send(OutMsg::Done { id, error });
     }
 
     // ---- messages -----------------------------------------------------------------
@@ -704,6 +724,19 @@ impl<'s> Instance<'s> {
                     });
                     Ok(())
                 }
+            }
+            // A message for another session of this endpoint (a predecessor
+            // that crashed) is not for us.
+            Msg::Alloc(m)
+                if !m.receiver_session_id.is_empty()
+                    && !self.session.eq_json(m.receiver_session_id) =>
+            {
+                Err(Ignored::WrongPeer)
+            }
+            Msg::Ready(m)
+                if !m.dest_session_id.is_empty() && !self.session.eq_json(m.dest_session_id) =>
+            {
+                Err(Ignored::WrongPeer)
             }
             Msg::Alloc(m) => self.on_alloc(now, m.request_id, m.data_size),
             Msg::Push(m) => self.on_push(
@@ -826,7 +859,32 @@ impl<'s> Instance<'s> {
         let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
         // Where the data is: a slot reserved for this request, or a free
         // preallocated slot (the coordinator's fast path).
-        let (index, slot_size) = match self.find(id) {
+        let free_prealloc = self
+            .prealloc
+            .iter()
+            .position(|s| s.offset == slot_offset)
+            .filter(|&p| self.prealloc_use[p].is_none());
+        let mut found = self.find(id);
+        if let (Some(i), Some(_)) = (found, free_prealloc) {
+            // A slot reserved by a duplicated `transfer_alloc` that the
+            // coordinator never used (it took the fast path instead): no
+            // write can target it, so it goes now.
+            let stale = matches!(
+                &self.requests[i],
+                Some(Request { kind: Kind::Reserved { slot }, .. }) if slot.offset() != slot_offset
+            );
+            if stale {
+                if let Some(Request {
+                    kind: Kind::Reserved { slot },
+                    ..
+                }) = self.requests[i].take()
+                {
+                    let _ = self.pool.free(slot);
+                }
+                found = None;
+            }
+        }
+        let (index, slot_size) = match found {
             Some(i) => match self.requests[i].as_ref().map(|r| &r.kind) {
                 Some(Kind::Reserved { slot }) if slot.offset() == slot_offset => {
                     (Some(i), slot.size())
@@ -856,10 +914,7 @@ impl<'s> Instance<'s> {
                     .ok_or(Ignored::UnknownRequest)?;
                 if !fits {
                     // Nothing to free: the slot is the coordinator's to give back.
-                    self.send(OutMsg::Done {
-                        id: rid,
-                        error: Some("manifest does not fit the slot"),
-                    });
+                    self.done(rid, Some("manifest does not fit the slot"));
                     return Ok(());
                 }
                 match self.insert(
@@ -875,10 +930,7 @@ impl<'s> Instance<'s> {
                         t.index
                     }
                     Err(_) => {
-                        self.send(OutMsg::Done {
-                            id: rid,
-                            error: Some("instance request table full"),
-                        });
+                        self.done(rid, Some("instance request table full"));
                         return Ok(());
                     }
                 }
@@ -892,10 +944,7 @@ impl<'s> Instance<'s> {
                 // The write is done (the coordinator saw `transfer_pushed`):
                 // the slot can go at once.
                 let _ = self.pool.free(slot);
-                self.send(OutMsg::Done {
-                    id: r.id,
-                    error: Some("manifest does not fit the slot"),
-                });
+                self.done(r.id, Some("manifest does not fit the slot"));
                 return Ok(());
             }
             Kind::Reserved { slot } => Kind::Delivered {
@@ -1004,7 +1053,7 @@ impl<'s> Instance<'s> {
     pub fn handle_timeout(&mut self, now: Instant) {
         if !self.registered && self.register_at <= now {
             self.register_at = now + self.config.register_retry;
-            self.send(OutMsg::Register);
+            self.register_due = true;
         }
         for i in 0..self.requests.len() {
             let due = self.requests[i]
@@ -1063,19 +1112,31 @@ impl<'s> Instance<'s> {
     /// The next message for the coordinator, encoded into `buf`; one that
     /// does not fit stays queued and its size is returned.
     pub fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<Result<usize, BufferTooSmall>> {
+        if self.register_due {
+            let mut sink = Sink::new(buf);
+            Msg::Register(Register {
+                role: self.role.as_json(),
+                session_id: self.session.as_json(),
+                pool_ptr: self.pool_ptr,
+                pool_size: self.config.pool.pool_size,
+                work_endpoint: self.endpoint.as_json(),
+                preallocated_slots: SlotList::Slots(self.prealloc),
+            })
+            .write(&mut sink, Default::default());
+            let r = sink.finish();
+            if r.is_ok() {
+                self.register_due = false;
+            }
+            return Some(r);
+        }
+        if !self.registered {
+            // Nothing is announced to a coordinator that does not know us.
+            return None;
+        }
         loop {
             let Outgoing(m) = *self.transmits.front()?;
             let mut sink = Sink::new(buf);
             match m {
-                OutMsg::Register => Msg::Register(Register {
-                    role: self.role.as_json(),
-                    session_id: self.session.as_json(),
-                    pool_ptr: self.pool_ptr,
-                    pool_size: self.config.pool.pool_size,
-                    work_endpoint: self.endpoint.as_json(),
-                    preallocated_slots: SlotList::Slots(self.prealloc),
-                })
-                .write(&mut sink, Default::default()),
                 OutMsg::Staged { index, seq } => {
                     let Some(r) = self
                         .requests

@@ -17,7 +17,7 @@ use super::value::{read_val, resolve_key, At};
 use crate::json::{JsonError, JsonErrorKind, JsonStr, Lexer, RawJson};
 
 /// Every top-level field name of every message type.
-const KEYS: [&str; 22] = [
+const KEYS: [&str; 23] = [
     "msg_type",
     "request_id",
     "data_size",
@@ -40,6 +40,7 @@ const KEYS: [&str; 22] = [
     "retryable",
     "reason",
     "accepted",
+    "receiver_session_id",
 ];
 
 /// Index of each known key in [`KEYS`].
@@ -67,6 +68,7 @@ enum Key {
     Retryable,
     Reason,
     Accepted,
+    ReceiverSessionId,
 }
 
 impl Key {
@@ -104,6 +106,7 @@ fn key_index(key: JsonStr<'_>) -> Option<Key> {
         "retryable" => Key::Retryable,
         "reason" => Key::Reason,
         "accepted" => Key::Accepted,
+        "receiver_session_id" => Key::ReceiverSessionId,
         _ => return None,
     })
 }
@@ -269,6 +272,7 @@ fn build<'a>(f: &Fields<'a>) -> Result<Msg<'a>, DecodeError> {
             request_id: f.str(Key::RequestId)?,
             data_size: f.u64(Key::DataSize)?,
             source_role: f.str(Key::SourceRole)?,
+            receiver_session_id: f.str(Key::ReceiverSessionId)?,
         }),
         MsgType::Allocated => Msg::Allocated(Allocated {
             request_id: f.str(Key::RequestId)?,
@@ -299,6 +303,7 @@ fn build<'a>(f: &Fields<'a>) -> Result<Msg<'a>, DecodeError> {
             manifest: f.manifest()?,
             slot_offset: f.u64(Key::SlotOffset)?,
             scalar_fields: f.object(Key::ScalarFields)?,
+            dest_session_id: f.str(Key::DestSessionId)?,
         }),
         MsgType::Done => Msg::Done(Done {
             request_id: f.str(Key::RequestId)?,

@@ -226,6 +226,9 @@ impl Msg<'_> {
                 e.str(key!("request_id"), m.request_id);
                 e.u64(key!("data_size"), m.data_size);
                 e.str(key!("source_role"), m.source_role);
+                if !m.receiver_session_id.is_empty() {
+                    e.str(key!("receiver_session_id"), m.receiver_session_id);
+                }
             }
             Msg::Allocated(m) => {
                 e.str(key!("request_id"), m.request_id);
@@ -260,6 +263,9 @@ impl Msg<'_> {
                 e.manifest(&m.manifest);
                 e.u64(key!("slot_offset"), m.slot_offset);
                 e.object(key!("scalar_fields"), m.scalar_fields);
+                if !m.dest_session_id.is_empty() {
+                    e.str(key!("dest_session_id"), m.dest_session_id);
+                }
             }
             Msg::Done(m) => {
                 e.str(key!("request_id"), m.request_id);

@@ -201,6 +201,7 @@ fn assign<'a>(msg: &mut Msg<'a>, key: &str, v: V<'a>) -> Option<()> {
             "request_id" => m.request_id = s(v)?,
             "data_size" => m.data_size = n(v)?,
             "source_role" => m.source_role = s(v)?,
+            "receiver_session_id" => m.receiver_session_id = s(v)?,
             _ => {}
         },
         Msg::Allocated(m) => match key {
@@ -236,6 +237,7 @@ fn assign<'a>(msg: &mut Msg<'a>, key: &str, v: V<'a>) -> Option<()> {
             "manifest" => m.manifest = Manifest::Raw(obj(v)?),
             "slot_offset" => m.slot_offset = n(v)?,
             "scalar_fields" => m.scalar_fields = obj(v)?,
+            "dest_session_id" => m.dest_session_id = s(v)?,
             _ => {}
         },
         Msg::Done(m) => match key {

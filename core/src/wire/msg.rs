@@ -169,6 +169,10 @@ pub struct Alloc<'a> {
     pub data_size: u64,
     /// Role of the sender.
     pub source_role: JsonStr<'a>,
+    /// *Extension*: the receiver session this request is for (default
+    /// `""`), so that a restarted instance on the same endpoint does not
+    /// answer for its predecessor.
+    pub receiver_session_id: JsonStr<'a>,
 }
 
 /// `transfer_allocated`: a receiver reserved a slot.
@@ -255,6 +259,10 @@ pub struct Ready<'a> {
     pub slot_offset: u64,
     /// Scalar fields relayed from the sender.
     pub scalar_fields: RawJson<'a>,
+    /// *Extension*: the receiver session the data was written to (default
+    /// `""`): a restarted instance on the same endpoint must not take its
+    /// predecessor's transfer for its own.
+    pub dest_session_id: JsonStr<'a>,
 }
 
 /// `transfer_done`: the receiver consumed (or failed) the request.

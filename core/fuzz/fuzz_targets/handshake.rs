@@ -1,0 +1,453 @@
+//! Arbitrary message sequences, from any peer, fed to a coordinator and two
+//! instances (encoder, denoiser) that also talk to each other, with the
+//! application staging, releasing and completing writes at random. No
+//! panic; and once every application handle is let go and time has run
+//! far enough, nothing is left in flight, held, parked or leaked.
+#![no_main]
+
+use std::time::Duration;
+
+use arbitrary::Arbitrary;
+use ferry_core::handshake::coordinator::*;
+use ferry_core::handshake::instance::*;
+use ferry_core::handshake::{Instant, PeerId};
+use ferry_core::json::{JsonStr, RawJson};
+use ferry_core::slots::{Buddy, BuddyConfig};
+use ferry_core::wire::*;
+use libfuzzer_sys::fuzz_target;
+
+const IDS: [&str; 4] = ["a", "b", "c", "d"];
+const SESSIONS: [&str; 3] = ["enc", "den", "x"];
+const ROLES: [&str; 3] = ["encoder", "denoiser", "decoder"];
+const POOL: BuddyConfig = BuddyConfig {
+    pool_size: 64 * 1024,
+    min_block: 4096,
+    pool_id: 0,
+};
+
+#[derive(Arbitrary, Debug)]
+enum FMsg {
+    Register {
+        role: u8,
+        session: u8,
+        prealloc: bool,
+        endpoint: bool,
+    },
+    Staged {
+        id: u8,
+        size: u32,
+        session: u8,
+    },
+    Alloc {
+        id: u8,
+        size: u32,
+    },
+    Allocated {
+        id: u8,
+        session: u8,
+        offset: u32,
+        size: u32,
+    },
+    Reject {
+        id: u8,
+        retryable: bool,
+    },
+    Push {
+        id: u8,
+        session: u8,
+        addr: u64,
+        size: u32,
+    },
+    Pushed {
+        id: u8,
+        success: bool,
+    },
+    Ready {
+        id: u8,
+        offset: u32,
+        fits: bool,
+    },
+    Done {
+        id: u8,
+        error: bool,
+    },
+    Abort {
+        id: u8,
+    },
+    Ack {
+        session: u8,
+        accepted: bool,
+    },
+}
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    ToCoord { from: u8, msg: FMsg },
+    ToInst { to: bool, msg: FMsg },
+    Stage { id: u8, size: u16 },
+    Release { nth: u8, error: bool },
+    Complete { nth: u8, ok: bool },
+    Advance { ms: u8 },
+    Pump,
+}
+
+fn encode(m: &FMsg, buf: &mut Vec<u8>) {
+    let id = |i: &u8| JsonStr::plain(IDS[*i as usize % IDS.len()]);
+    let session = |i: &u8| JsonStr::plain(SESSIONS[*i as usize % SESSIONS.len()]);
+    let slots = [PreallocatedSlot {
+        offset: 0,
+        size: 8192,
+        slot_id: 0,
+        addr: 0x1000,
+    }];
+    let dims = [4096u64];
+    let small = [TensorEntry {
+        field: "x".into(),
+        list_index: None,
+        offset: 0,
+        shape: Shape::Dims(&dims),
+        dtype: "uint8".into(),
+    }];
+    let big_dims = [1u64 << 40];
+    let big = [TensorEntry {
+        shape: Shape::Dims(&big_dims),
+        ..small[0]
+    }];
+    let msg = match m {
+        FMsg::Register {
+            role,
+            session: s,
+            prealloc,
+            endpoint,
+        } => Msg::Register(Register {
+            role: JsonStr::plain(ROLES[*role as usize % 3]),
+            session_id: session(s),
+            pool_ptr: 0x1000,
+            pool_size: 65536,
+            work_endpoint: JsonStr::plain(if *endpoint {
+                "tcp://den"
+            } else {
+                "tcp://other"
+            }),
+            preallocated_slots: SlotList::Slots(if *prealloc { &slots } else { &[] }),
+        }),
+        FMsg::Staged {
+            id: i,
+            size,
+            session: s,
+        } => Msg::Staged(Staged {
+            request_id: id(i),
+            data_size: u64::from(*size),
+            session_id: session(s),
+            manifest: Manifest::Entries(&small),
+            ..Staged::default()
+        }),
+        FMsg::Alloc { id: i, size } => Msg::Alloc(Alloc {
+            request_id: id(i),
+            data_size: u64::from(*size),
+            source_role: "encoder".into(),
+        }),
+        FMsg::Allocated {
+            id: i,
+            session: s,
+            offset,
+            size,
+        } => Msg::Allocated(Allocated {
+            request_id: id(i),
+            session_id: session(s),
+            pool_ptr: 0x1000,
+            slot_offset: u64::from(*offset),
+            slot_size: u64::from(*size),
+        }),
+        FMsg::Reject { id: i, retryable } => Msg::AllocReject(AllocReject {
+            request_id: id(i),
+            retryable: *retryable,
+            ..AllocReject::default()
+        }),
+        FMsg::Push {
+            id: i,
+            session: s,
+            addr,
+            size,
+        } => Msg::Push(Push {
+            request_id: id(i),
+            dest_session_id: session(s),
+            dest_addr: *addr,
+            transfer_size: u64::from(*size),
+        }),
+        FMsg::Pushed { id: i, success } => Msg::Pushed(Pushed {
+            request_id: id(i),
+            success: *success,
+            error: None,
+        }),
+        FMsg::Ready {
+            id: i,
+            offset,
+            fits,
+        } => Msg::Ready(Ready {
+            request_id: id(i),
+            manifest: Manifest::Entries(if *fits { &small } else { &big }),
+            slot_offset: u64::from(*offset),
+            scalar_fields: RawJson::EMPTY_OBJECT,
+        }),
+        FMsg::Done { id: i, error } => Msg::Done(Done {
+            request_id: id(i),
+            error: error.then_some("x".into()),
+        }),
+        FMsg::Abort { id: i } => Msg::Abort(Abort {
+            request_id: id(i),
+            reason: "fuzz".into(),
+        }),
+        FMsg::Ack {
+            session: s,
+            accepted,
+        } => Msg::RegisterAck(RegisterAck {
+            session_id: session(s),
+            role: "encoder".into(),
+            accepted: *accepted,
+            error: None,
+        }),
+    };
+    buf.resize(msg.encoded_len(Default::default()), 0);
+    let n = msg.encode(buf).expect("sized");
+    buf.truncate(n);
+}
+
+struct Store {
+    tree: Vec<u8>,
+    gens: Vec<u32>,
+    requests: Vec<Option<Request>>,
+    nested: Vec<u8>,
+    prealloc: Vec<PreallocatedSlot>,
+    prealloc_use: Vec<Option<usize>>,
+    transmits: Vec<Option<ferry_core::handshake::instance::Outgoing>>,
+    actions: Vec<Option<Write>>,
+    events: Vec<Option<InstanceEvent>>,
+    tombstones: Vec<RequestId>,
+}
+
+fn store() -> Store {
+    let (nodes, gens) = Buddy::storage_needed(&POOL).unwrap();
+    Store {
+        tree: vec![0; nodes],
+        gens: vec![0; gens],
+        requests: (0..6).map(|_| None).collect(),
+        nested: vec![0; 6 * 256],
+        prealloc: vec![
+            PreallocatedSlot {
+                offset: 0,
+                size: 0,
+                slot_id: 0,
+                addr: 0
+            };
+            1
+        ],
+        prealloc_use: vec![None; 1],
+        transmits: (0..64).map(|_| None).collect(),
+        actions: (0..8).map(|_| None).collect(),
+        events: (0..64).map(|_| None).collect(),
+        tombstones: vec![RequestId::EMPTY; 8],
+    }
+}
+
+fn instance<'s>(s: &'s mut Store, role: &'static str, session: &'static str) -> Instance<'s> {
+    let config = InstanceConfig {
+        role,
+        session_id: session,
+        work_endpoint: if role == "denoiser" {
+            "tcp://den"
+        } else {
+            "tcp://enc"
+        },
+        pool_ptr: 0x1000,
+        pool: POOL,
+        prealloc: (1, 8192),
+        register_retry: Duration::from_millis(5),
+        staged_timeout: Duration::from_millis(200),
+        reserved_timeout: Duration::from_millis(200),
+        quarantine: Duration::from_millis(5),
+    };
+    let st = InstanceStorage {
+        tree: &mut s.tree,
+        generations: &mut s.gens,
+        requests: &mut s.requests,
+        nested: &mut s.nested,
+        prealloc: &mut s.prealloc,
+        prealloc_use: &mut s.prealloc_use,
+        transmits: &mut s.transmits,
+        actions: &mut s.actions,
+        events: &mut s.events,
+        tombstones: &mut s.tombstones,
+    };
+    Instance::new(Instant(0), config, st).expect("valid instance")
+}
+
+fuzz_target!(|ops: Vec<Op>| {
+    let mut members: Vec<Option<Member<2>>> = (0..4).map(|_| None).collect();
+    let mut transfers: Vec<Option<Transfer>> = (0..4).map(|_| None).collect();
+    let mut nested = vec![0u8; 4 * 256];
+    let mut ctx: Vec<Option<ferry_core::handshake::coordinator::Outgoing>> =
+        (0..64).map(|_| None).collect();
+    let mut cev: Vec<Option<CoordinatorEvent>> = (0..64).map(|_| None).collect();
+    let mut parked: Vec<Option<Parked>> = (0..4).map(|_| None).collect();
+    let mut finished = vec![RequestId::EMPTY; 8];
+    let mut queue: Vec<Option<Queued>> = (0..8).map(|_| None).collect();
+    let config = CoordinatorConfig {
+        pipeline: &ROLES,
+        policy: Policy::MostFreeSlots,
+        capacity_per_instance: 2,
+        timeouts: Timeouts {
+            queued: Duration::from_millis(50),
+            alloc: Duration::from_millis(10),
+            push: Duration::from_millis(10),
+            done: Duration::from_millis(10),
+        },
+        retry_backoff: Duration::from_millis(1),
+        max_attempts: 3,
+        quarantine: Duration::from_millis(5),
+        late_done_wait: Duration::from_millis(30),
+    };
+    let mut coord = Coordinator::<2>::new(
+        config,
+        CoordinatorStorage {
+            members: &mut members,
+            transfers: &mut transfers,
+            nested: &mut nested,
+            transmits: &mut ctx,
+            events: &mut cev,
+            parked: &mut parked,
+            queue: &mut queue,
+            finished: &mut finished,
+        },
+    )
+    .expect("valid coordinator");
+    let (mut s0, mut s1) = (store(), store());
+    let mut insts = [
+        instance(&mut s0, "encoder", "enc"),
+        instance(&mut s1, "denoiser", "den"),
+    ];
+    let mut now = Instant(0);
+    let mut buf = vec![0u8; 8192];
+    let mut held: Vec<(usize, Token)> = Vec::new();
+    let mut writes: Vec<(usize, Token)> = Vec::new();
+
+    let mut pump = |coord: &mut Coordinator<'_, 2>,
+                    insts: &mut [Instance<'_>; 2],
+                    now: Instant,
+                    held: &mut Vec<(usize, Token)>,
+                    writes: &mut Vec<(usize, Token)>| {
+        for _ in 0..64 {
+            let mut moved = false;
+            while let Some(t) = coord.poll_transmit(&mut buf) {
+                let t = t.expect("buffer large enough");
+                moved = true;
+                let msg = decode(&buf[..t.len]).expect("coordinator output decodes");
+                if let Some(inst) = insts.get_mut((t.to.0 as usize).wrapping_sub(1)) {
+                    let _ = inst.handle(now, &msg);
+                }
+            }
+            while coord.poll_event().is_some() {}
+            for (i, inst) in insts.iter_mut().enumerate() {
+                while let Some(n) = inst.poll_transmit(&mut buf) {
+                    let n = n.expect("buffer large enough");
+                    moved = true;
+                    let msg = decode(&buf[..n]).expect("instance output decodes");
+                    let _ = coord.handle(now, PeerId(i as u32 + 1), &msg);
+                }
+                while let Some(w) = inst.poll_action() {
+                    writes.push((i, w.token));
+                }
+                while let Some(e) = inst.poll_event() {
+                    if let InstanceEvent::Received(t) = e {
+                        held.push((i, t));
+                    }
+                }
+            }
+            if !moved {
+                break;
+            }
+        }
+    };
+
+    let mut bytes = Vec::new();
+    for op in ops.into_iter().take(300) {
+        match op {
+            Op::ToCoord { from, msg } => {
+                encode(&msg, &mut bytes);
+                let m = decode(&bytes).expect("own encoding decodes");
+                let _ = coord.handle(now, PeerId(u32::from(from % 4) + 1), &m);
+            }
+            Op::ToInst { to, msg } => {
+                encode(&msg, &mut bytes);
+                let m = decode(&bytes).expect("own encoding decodes");
+                let _ = insts[usize::from(to)].handle(now, &m);
+            }
+            Op::Stage { id, size } => {
+                let i = usize::from(id % 2);
+                if let Ok((token, _)) =
+                    insts[i].stage(IDS[usize::from(id) % IDS.len()], u64::from(size) + 1)
+                {
+                    let dims = [u64::from(size) + 1];
+                    let e = [TensorEntry {
+                        field: "x".into(),
+                        list_index: None,
+                        offset: 0,
+                        shape: Shape::Dims(&dims),
+                        dtype: "uint8".into(),
+                    }];
+                    let _ = insts[i].commit(
+                        now,
+                        token,
+                        u64::from(size) + 1,
+                        &Manifest::Entries(&e),
+                        RawJson::EMPTY_OBJECT,
+                    );
+                }
+            }
+            Op::Release { nth, error } if !held.is_empty() => {
+                let (i, t) = held.swap_remove(usize::from(nth) % held.len());
+                let _ = insts[i].release(t, error.then_some("app error"));
+            }
+            Op::Complete { nth, ok } if !writes.is_empty() => {
+                let (i, t) = writes.swap_remove(usize::from(nth) % writes.len());
+                let _ = insts[i].handle_completion(now, t, if ok { Ok(()) } else { Err("failed") });
+            }
+            Op::Advance { ms } => {
+                now = now + Duration::from_millis(u64::from(ms));
+                coord.handle_timeout(now);
+                for inst in &mut insts {
+                    inst.handle_timeout(now);
+                }
+            }
+            _ => {}
+        }
+        pump(&mut coord, &mut insts, now, &mut held, &mut writes);
+    }
+
+    // Let go of everything, then let time run out every wait.
+    for _ in 0..100 {
+        for (i, t) in held.drain(..) {
+            let _ = insts[i].release(t, None);
+        }
+        for (i, t) in writes.drain(..) {
+            let _ = insts[i].handle_completion(now, t, Ok(()));
+        }
+        now = now + Duration::from_millis(20);
+        coord.handle_timeout(now);
+        for inst in &mut insts {
+            inst.handle_timeout(now);
+        }
+        pump(&mut coord, &mut insts, now, &mut held, &mut writes);
+    }
+    assert_eq!(coord.in_flight(), 0, "requests still in flight");
+    assert_eq!(coord.prealloc_taken(), 0, "preallocated slots still taken");
+    assert!(
+        coord.capacity_in_use().all(|(_, n)| n == 0),
+        "capacity not released"
+    );
+    for inst in &insts {
+        assert_eq!(inst.requests_held(), 0, "{inst:?} holds requests");
+        assert_eq!(inst.prealloc_in_use(), 0);
+        assert_eq!(inst.pool().stats().live_slots, 1, "{inst:?} leaks");
+    }
+});
