@@ -105,6 +105,7 @@ fn main() -> ExitCode {
                 manifest: Manifest::Entries(&tensors),
                 slot_offset: 0,
                 scalar_fields: scalars,
+                dest_session_id: "shm:ferry-denoiser-0".into(),
             }),
         ),
         (

@@ -17,7 +17,7 @@ use ferry_core::wire::*;
 use libfuzzer_sys::fuzz_target;
 
 const IDS: [&str; 4] = ["a", "b", "c", "d"];
-const SESSIONS: [&str; 3] = ["enc", "den", "x"];
+const SESSIONS: [&str; 4] = ["enc", "den", "x", ""];
 const ROLES: [&str; 3] = ["encoder", "denoiser", "decoder"];
 const POOL: BuddyConfig = BuddyConfig {
     pool_size: 64 * 1024,
@@ -142,10 +142,15 @@ fn encode(m: &FMsg, buf: &mut Vec<u8>) {
             manifest: Manifest::Entries(&small),
             ..Staged::default()
         }),
-        FMsg::Alloc { id: i, size } => Msg::Alloc(Alloc {
+        FMsg::Alloc {
+            id: i,
+            size,
+            session: s,
+        } => Msg::Alloc(Alloc {
             request_id: id(i),
             data_size: u64::from(*size),
             source_role: "encoder".into(),
+            receiver_session_id: session(s),
         }),
         FMsg::Allocated {
             id: i,
@@ -184,11 +189,13 @@ fn encode(m: &FMsg, buf: &mut Vec<u8>) {
             id: i,
             offset,
             fits,
+            session: s,
         } => Msg::Ready(Ready {
             request_id: id(i),
             manifest: Manifest::Entries(if *fits { &small } else { &big }),
             slot_offset: u64::from(*offset),
             scalar_fields: RawJson::EMPTY_OBJECT,
+            dest_session_id: session(s),
         }),
         FMsg::Done { id: i, error } => Msg::Done(Done {
             request_id: id(i),
