@@ -41,6 +41,7 @@ enum FMsg {
     Alloc {
         id: u8,
         size: u32,
+        session: u8,
     },
     Allocated {
         id: u8,
@@ -66,6 +67,7 @@ enum FMsg {
         id: u8,
         offset: u32,
         fits: bool,
+        session: u8,
     },
     Done {
         id: u8,
