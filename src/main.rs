@@ -101,10 +101,10 @@ fn duration(seconds: f64) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
-fn bench_slots(args: &BenchSlots) -> Result<(), String> {
-    let rates = ferry::slots_bench::measure(duration(args.seconds)?)
-        .map_err(|e| format!("slot allocator: {e}"))?;
-    match args.format {
+/// Prints named rates as a table (`unit` per second, and the time each
+/// takes) or as JSON.
+fn print_rates(format: Format, rates: &[(&str, f64)], unit: &str, per: &str) {
+    match format {
         Format::Json => {
             let parts: Vec<String> = rates
                 .iter()
@@ -113,12 +113,18 @@ fn bench_slots(args: &BenchSlots) -> Result<(), String> {
             println!("{{{}}}", parts.join(","));
         }
         Format::Table => {
-            println!("{:<10} {:>14} {:>10}", "workload", "ops/s", "ns/op");
+            println!("{:<10} {:>14} {:>12}", "workload", format!("{unit}/s"), per);
             for (name, r) in rates {
-                println!("{name:<10} {r:>14.0} {:>10.1}", 1e9 / r);
+                println!("{name:<10} {r:>14.0} {:>12.1}", 1e9 / r);
             }
         }
     }
+}
+
+fn bench_slots(args: &BenchSlots) -> Result<(), String> {
+    let rates = ferry::slots_bench::measure(duration(args.seconds)?)
+        .map_err(|e| format!("slot allocator: {e}"))?;
+    print_rates(args.format, &rates, "ops", "ns/op");
     Ok(())
 }
 
@@ -128,21 +134,7 @@ fn bench_handshake(args: &BenchSlots) -> Result<(), String> {
         ("fast_path", ferry::handshake_bench::measure(d, true)),
         ("slow_path", ferry::handshake_bench::measure(d, false)),
     ];
-    match args.format {
-        Format::Json => {
-            let parts: Vec<String> = rates
-                .iter()
-                .map(|(name, r)| format!("\"{name}\":{{\"per_second\":{r:.1}}}"))
-                .collect();
-            println!("{{{}}}", parts.join(","));
-        }
-        Format::Table => {
-            println!("{:<10} {:>14} {:>12}", "path", "hand-offs/s", "us/hand-off");
-            for (name, r) in rates {
-                println!("{name:<10} {r:>14.0} {:>12.2}", 1e6 / r);
-            }
-        }
-    }
+    print_rates(args.format, &rates, "hand-offs", "ns/hand-off");
     Ok(())
 }
 

@@ -295,6 +295,8 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
     // (staged timeout), or their sender crashed.
     let mut ended_at_sender: std::collections::HashSet<String> = Default::default();
     let mut ended_at_coord: std::collections::HashSet<String> = Default::default();
+    let mut staged_at: HashMap<String, u64> = HashMap::new();
+    let sender_bound = bound.max(1500 * MS) + 10 * MS;
     let mut buf = vec![0u8; 64 * 1024];
     let mut coord_timer: Option<u64> = None;
     let mut staged_count = 0usize;
@@ -463,6 +465,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                         // The denoiser passes the request on, transformed.
                         let next_id = format!("{id}/d");
                         let next: Vec<u8> = data.iter().map(|b| b ^ 0x5a).collect();
+                        staged_at.insert(next_id.clone(), now);
                         stage_request(
                             &mut nodes[i],
                             &next_id,
@@ -486,6 +489,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                 let len = 1 + rng.below(12 * MIN_BLOCK) as usize;
                 let data: Vec<u8> = (0..len).map(|k| pattern(&id, k)).collect();
                 if nodes[i].inst.is_some() {
+                    staged_at.insert(id.clone(), now);
                     stage_request(
                         &mut nodes[i],
                         &id,
@@ -644,6 +648,14 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                 match e {
                     InstanceEvent::Received(token) => received.push(token),
                     InstanceEvent::SendFailed { id } => {
+                        // Ends within the sender's own staged timeout at most.
+                        if let Some(t0) = staged_at.get(id.as_str()) {
+                            assert!(
+                                now - t0 <= sender_bound,
+                                "seed {seed}: {id} ended at its sender after {} ms",
+                                (now - t0) / MS
+                            );
+                        }
                         ended_at_sender.insert(id.to_string());
                     }
                     _ => {}
@@ -882,7 +894,9 @@ fn under_faults_every_request_ends_and_nothing_leaks() {
             crash: [0.0, 1.0][rng.below(2) as usize],
         };
         let pool = if seed % 2 == 0 { POOL } else { POOL / 8 };
-        let o = run(1_000_000 + seed, requests, faults, pool);
+        // Twice the requests of the fault-free runs: under faults about
+        // half fail before they are forwarded.
+        let o = run(1_000_000 + seed, 2 * requests, faults, pool);
         totals.staged += o.staged;
         totals.delivered += o.delivered;
         totals.failed += o.failed;

@@ -5,7 +5,24 @@ use core::fmt;
 use core::ops::Add;
 use core::time::Duration;
 
-use crate::json::JsonStr;
+use crate::json::{JsonStr, RawJson};
+
+/// A request's manifest and scalar fields, stored back to back in its chunk
+/// of a `nested` byte table (copies of validated JSON).
+pub(crate) fn nested_json(
+    nested: &[u8],
+    base: usize,
+    manifest_len: usize,
+    scalars_len: usize,
+) -> (RawJson<'_>, RawJson<'_>) {
+    let text = |from: usize, len: usize| {
+        nested
+            .get(base + from..base + from + len)
+            .and_then(|b| core::str::from_utf8(b).ok())
+            .map_or(RawJson::EMPTY_OBJECT, RawJson::from_validated)
+    };
+    (text(0, manifest_len), text(manifest_len, scalars_len))
+}
 
 /// A point in time, in nanoseconds since an origin the caller chooses.
 /// State machines never read a clock; every call takes `now`.

@@ -17,7 +17,7 @@
 use core::fmt;
 use core::time::Duration;
 
-use super::common::{Ignored, Instant, PeerId, Text};
+use super::common::{nested_json, Ignored, Instant, PeerId, Text};
 use super::ring::Ring;
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
 use crate::slots::{Capacity, CapacityTicket, PreallocTable};
@@ -651,14 +651,12 @@ impl<'s, const P: usize> Coordinator<'s, P> {
     }
 
     fn nested_of(&self, index: usize, t: &Transfer) -> (RawJson<'_>, RawJson<'_>) {
-        let base = index * self.chunk;
-        let text = |from: usize, len: usize| {
-            self.nested
-                .get(base + from..base + from + len)
-                .and_then(|b| core::str::from_utf8(b).ok())
-                .map_or(RawJson::EMPTY_OBJECT, RawJson::from_validated)
-        };
-        (text(0, t.manifest_len), text(t.manifest_len, t.scalars_len))
+        nested_json(
+            self.nested,
+            index * self.chunk,
+            t.manifest_len,
+            t.scalars_len,
+        )
     }
 
     /// The next event for the application.

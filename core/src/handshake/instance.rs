@@ -12,7 +12,7 @@
 use core::fmt;
 use core::time::Duration;
 
-use super::common::{Ignored, Instant, Text};
+use super::common::{nested_json, Ignored, Instant, Text};
 use super::coordinator::{Name, RequestId};
 use super::ring::Ring;
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
@@ -653,19 +653,18 @@ impl<'s> Instance<'s> {
             Held::Pool(h) => (h.offset(), h.size()),
             Held::Prealloc(i) => self.prealloc.get(*i).map(|s| (s.offset, s.size))?,
         };
-        let base = token.index * self.chunk;
-        let text = |from: usize, len: usize| {
-            self.nested
-                .get(base + from..base + from + len)
-                .and_then(|b| core::str::from_utf8(b).ok())
-                .map_or(RawJson::EMPTY_OBJECT, RawJson::from_validated)
-        };
+        let (manifest, scalar_fields) = nested_json(
+            self.nested,
+            token.index * self.chunk,
+            r.manifest_len,
+            r.scalars_len,
+        );
         Some(Received {
             id: r.id.as_str(),
             slot_offset,
             slot_size,
-            manifest: Manifest::Raw(text(0, r.manifest_len)),
-            scalar_fields: text(r.manifest_len, r.scalars_len),
+            manifest: Manifest::Raw(manifest),
+            scalar_fields,
         })
     }
 
@@ -1154,21 +1153,20 @@ impl<'s> Instance<'s> {
                             continue;
                         }
                     };
-                    let base = index * self.chunk;
-                    let text = |from: usize, len: usize| {
-                        self.nested
-                            .get(base + from..base + from + len)
-                            .and_then(|b| core::str::from_utf8(b).ok())
-                            .map_or(RawJson::EMPTY_OBJECT, RawJson::from_validated)
-                    };
+                    let (manifest, scalar_fields) = nested_json(
+                        self.nested,
+                        index * self.chunk,
+                        r.manifest_len,
+                        r.scalars_len,
+                    );
                     Msg::Staged(Staged {
                         request_id: r.id.as_json(),
                         data_size,
-                        manifest: Manifest::Raw(text(0, r.manifest_len)),
+                        manifest: Manifest::Raw(manifest),
                         session_id: self.session.as_json(),
                         pool_ptr: self.pool_ptr,
                         slot_offset,
-                        scalar_fields: text(r.manifest_len, r.scalars_len),
+                        scalar_fields,
                     })
                     .write(&mut sink, Default::default())
                 }
