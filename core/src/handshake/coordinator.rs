@@ -343,6 +343,7 @@ pub struct Coordinator<'s, const P: usize> {
     parked: &'s mut [Option<Parked>],
     queue: Ring<'s, Queued>,
     queue_tickets: u64,
+    epochs: u32,
     finished: &'s mut [RequestId],
     next_finished: usize,
     cursor: [usize; 8],
@@ -403,6 +404,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             parked: storage.parked,
             queue: Ring::new(storage.queue),
             queue_tickets: 0,
+            epochs: 0,
             finished: storage.finished,
             next_finished: 0,
             cursor: [0; 8],
@@ -715,15 +717,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                 .is_some_and(|x| x.session == session && x.peer == from);
             if same {
                 // A retried registration: answer again, change nothing.
-                self.send(
-                    from,
-                    OutMsg::Ack {
-                        session,
-                        role,
-                        accepted: true,
-                        error: None,
-                    },
-                );
+                self.accept(from, session, role);
                 return Err(Ignored::Duplicate);
             }
         }
@@ -731,9 +725,11 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             Some(i) => i,
             None => return refuse(self, "coordinator instance table full"),
         };
-        let mut epoch = 0;
+        // Epochs are never reused, so no reference to an earlier member of
+        // this table slot can match the new one.
+        self.epochs = self.epochs.wrapping_add(1);
+        let epoch = self.epochs;
         let replaced = if let Some(old) = self.members[index].as_ref() {
-            epoch = old.epoch.wrapping_add(1);
             let old_ref = MemberRef {
                 index,
                 epoch: old.epoch,
@@ -754,15 +750,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             capacity: Capacity::new(index as u32, self.config.capacity_per_instance),
             epoch,
         });
-        self.send(
-            from,
-            OutMsg::Ack {
-                session,
-                role,
-                accepted: true,
-                error: None,
-            },
-        );
+        self.accept(from, session, role);
         self.event(CoordinatorEvent::Registered {
             peer: from,
             role,
@@ -770,6 +758,17 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         });
         self.dispatch_queued(now);
         Ok(())
+    }
+
+    /// Acknowledges a registration.
+    fn accept(&mut self, to: PeerId, session: Name, role: usize) {
+        let ack = OutMsg::Ack {
+            session,
+            role,
+            accepted: true,
+            error: None,
+        };
+        self.send(to, ack);
     }
 
     /// Fails every transfer involving `r`, forgets its parked slots, and
