@@ -161,6 +161,12 @@ pub enum InstanceError {
     TooLarge,
     /// The pool is too small for the preallocated slots asked for.
     Prealloc(BuddyError),
+    /// `prealloc` or `prealloc_use` storage holds fewer than the slots
+    /// asked for.
+    PreallocStorage {
+        /// Slots asked for.
+        needed: usize,
+    },
     /// Settings the pool cannot take.
     Config(BuddyError),
     /// A name in the settings is too long.
@@ -176,6 +182,9 @@ impl fmt::Display for InstanceError {
             Self::StaleToken => f.write_str("no such request in that state"),
             Self::TooLarge => f.write_str("manifest and scalar fields too large"),
             Self::Prealloc(e) => write!(f, "preallocated slots: {e}"),
+            Self::PreallocStorage { needed } => {
+                write!(f, "storage for {needed} preallocated slots needed")
+            }
             Self::Config(e) => write!(f, "pool settings: {e}"),
             Self::NameTooLong => f.write_str("a name in the settings is too long"),
         }
@@ -309,10 +318,7 @@ impl<'s> Instance<'s> {
             Buddy::new(config.pool, s.tree, s.generations).map_err(InstanceError::Config)?;
         let (count, size) = config.prealloc;
         if s.prealloc.len() < count || s.prealloc_use.len() < count {
-            return Err(InstanceError::Prealloc(BuddyError::StorageTooSmall {
-                tree_needed: 0,
-                generations_needed: count,
-            }));
+            return Err(InstanceError::PreallocStorage { needed: count });
         }
         for (i, slot) in s.prealloc.iter_mut().take(count).enumerate() {
             // Held for the instance's lifetime: the handle is not kept.
