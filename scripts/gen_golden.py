@@ -65,6 +65,7 @@ EXTENSIONS = {
     "transfer_pushed": [("success", True), ("error", None)],
     "transfer_alloc": [("receiver_session_id", "")],
     "transfer_ready": [("dest_session_id", "")],
+    "transfer_abort": [("source_role", "")],
 }
 SEED_CLASSES = {
     c.msg_type: c
@@ -102,6 +103,9 @@ def canonical(d):
     out = {"msg_type": t}
     for k, dflt in EXTRA_TYPES[t]:
         out[k] = d.get(k, dflt)
+    for k, dflt in EXTENSIONS.get(t, []):
+        if d.get(k, dflt) != dflt:
+            out[k] = d[k]
     return json.dumps(out, separators=SEP).encode()
 
 
@@ -249,7 +253,9 @@ def rmsg(rng, t):
     if t == "transfer_alloc_reject":
         return {"msg_type": t, "request_id": rstr(rng), "session_id": rstr(rng), "retryable": rng.random() < 0.5, "reason": rstr(rng)}
     if t == "transfer_abort":
-        return {"msg_type": t, "request_id": rstr(rng), "reason": rstr(rng)}
+        d = {"msg_type": t, "request_id": rstr(rng), "reason": rstr(rng)}
+        d["source_role"] = rstr(rng) if rng.random() < 0.5 else ""
+        return d
     raise ValueError(t)
 
 

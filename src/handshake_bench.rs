@@ -7,12 +7,12 @@ use std::time::{Duration, Instant as Clock};
 
 use ferry_core::handshake::coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorEvent, CoordinatorStorage, Member,
-    Outgoing as CoordOut, Parked, Policy, Queued, RequestId, Timeouts, Transfer,
+    Outgoing as CoordOut, Parked, Policy, Queued, Timeouts, Transfer,
 };
 use ferry_core::handshake::instance::{
     Instance, InstanceConfig, InstanceEvent, InstanceStorage, Outgoing as InstOut, Request, Write,
 };
-use ferry_core::handshake::{Instant, PeerId};
+use ferry_core::handshake::{Instant, PeerId, Tombstone};
 use ferry_core::json::RawJson;
 use ferry_core::slots::{Buddy, BuddyConfig};
 use ferry_core::wire::{decode, Manifest, PreallocatedSlot, Shape, TensorEntry};
@@ -36,7 +36,7 @@ struct InstanceStore {
     transmits: Vec<Option<InstOut>>,
     actions: Vec<Option<Write>>,
     events: Vec<Option<InstanceEvent>>,
-    tombstones: Vec<RequestId>,
+    tombstones: Vec<Tombstone>,
 }
 
 impl InstanceStore {
@@ -60,7 +60,7 @@ impl InstanceStore {
             transmits: (0..256).map(|_| None).collect(),
             actions: (0..64).map(|_| None).collect(),
             events: (0..256).map(|_| None).collect(),
-            tombstones: vec![RequestId::EMPTY; 64],
+            tombstones: vec![Tombstone::EMPTY; 64],
         }
     }
 
@@ -111,7 +111,7 @@ pub fn measure(duration: Duration, fast_path: bool) -> f64 {
     let mut ctx: Vec<Option<CoordOut>> = (0..256).map(|_| None).collect();
     let mut cev: Vec<Option<CoordinatorEvent>> = (0..256).map(|_| None).collect();
     let mut parked: Vec<Option<Parked>> = (0..16).map(|_| None).collect();
-    let mut finished = vec![RequestId::EMPTY; 256];
+    let mut finished = vec![Tombstone::EMPTY; 256];
     let mut queue: Vec<Option<Queued>> = (0..128).map(|_| None).collect();
     let config = CoordinatorConfig {
         pipeline: &PIPELINE,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use ferry_core::handshake::coordinator::*;
 use ferry_core::handshake::instance::*;
-use ferry_core::handshake::{Ignored, Instant, PeerId};
+use ferry_core::handshake::{Ignored, Instant, PeerId, Tombstone};
 use ferry_core::json::RawJson;
 use ferry_core::slots::{Buddy, BuddyConfig};
 use ferry_core::wire::{decode, Manifest, Msg, MsgType, PreallocatedSlot, Shape, TensorEntry};
@@ -24,7 +24,7 @@ struct InstStore {
     transmits: Vec<Option<ferry_core::handshake::instance::Outgoing>>,
     actions: Vec<Option<Write>>,
     events: Vec<Option<InstanceEvent>>,
-    tombstones: Vec<RequestId>,
+    tombstones: Vec<Tombstone>,
 }
 
 const POOL: BuddyConfig = BuddyConfig {
@@ -58,7 +58,7 @@ impl InstStore {
             transmits: (0..32).map(|_| None).collect(),
             actions: (0..8).map(|_| None).collect(),
             events: (0..32).map(|_| None).collect(),
-            tombstones: vec![RequestId::EMPTY; 16],
+            tombstones: vec![Tombstone::EMPTY; 16],
         }
     }
 }
@@ -70,7 +70,7 @@ struct CoordStore {
     transmits: Vec<Option<ferry_core::handshake::coordinator::Outgoing>>,
     events: Vec<Option<CoordinatorEvent>>,
     parked: Vec<Option<Parked>>,
-    finished: Vec<RequestId>,
+    finished: Vec<Tombstone>,
     queue: Vec<Option<Queued>>,
 }
 
@@ -83,7 +83,7 @@ impl CoordStore {
             transmits: (0..64).map(|_| None).collect(),
             events: (0..64).map(|_| None).collect(),
             parked: (0..8).map(|_| None).collect(),
-            finished: vec![RequestId::EMPTY; 64],
+            finished: vec![Tombstone::EMPTY; 64],
             queue: (0..2 * transfers).map(|_| None).collect(),
         }
     }
@@ -97,8 +97,12 @@ const TIMEOUTS: Timeouts = Timeouts {
 };
 
 fn coordinator(store: &mut CoordStore) -> Coordinator<'_, 4> {
+    coordinator_for(store, &PIPELINE)
+}
+
+fn coordinator_for<'s>(store: &'s mut CoordStore, pipeline: &'s [&'s str]) -> Coordinator<'s, 4> {
     let config = CoordinatorConfig {
-        pipeline: &PIPELINE,
+        pipeline,
         policy: Policy::RoundRobin,
         capacity_per_instance: 2,
         timeouts: TIMEOUTS,
@@ -739,4 +743,68 @@ fn a_ready_the_receiver_cannot_take_is_answered_and_its_duplicate_ignored() {
     assert_eq!(w.insts[1].handle(w.now, &msg), Err(Ignored::Aborted));
     assert!(w.insts[1].poll_transmit(&mut buf).is_none());
     assert_eq!(w.insts[1].prealloc_in_use(), 0);
+}
+
+#[test]
+fn one_request_id_passes_through_every_leg() {
+    const THREE: [&str; 3] = ["encoder", "denoiser", "decoder"];
+    let mut cs = CoordStore::new(8);
+    let (mut s0, mut s1, mut s2) = (InstStore::new(), InstStore::new(), InstStore::new());
+    let insts = vec![
+        instance(&mut s0, "encoder", "enc-0", "tcp://enc:1"),
+        instance(&mut s1, "denoiser", "den-0", "tcp://den:1"),
+        instance(&mut s2, "decoder", "dec-0", "tcp://dec:1"),
+    ];
+    let mut w = World::new(coordinator_for(&mut cs, &THREE), insts);
+    w.stage(0, "r1", 6 * KIB);
+    let [input] = w.received(1)[..] else {
+        panic!("{:?}", w.inst_events)
+    };
+    // The denoiser forwards the request under the same id while it still
+    // holds its input; the second leg's write is slow.
+    w.advance(6);
+    w.writes = None;
+    w.stage(1, "r1", 6 * KIB);
+    assert_eq!(w.pending.len(), 1);
+    // The first leg times out waiting for the denoiser's `transfer_done`.
+    w.advance(5);
+    let failed: Vec<_> = w
+        .coord_events
+        .iter()
+        .filter_map(|e| match e {
+            CoordinatorEvent::Failed { id, leg, reason } => Some((id.as_str(), *leg, *reason)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed, [("r1", 0, FailReason::DoneTimeout)]);
+    // Its abort took the denoiser's receiving side only: the write of the
+    // second leg goes on.
+    assert!(w.inst_events.contains(&(1, InstanceEvent::Aborted(input))));
+    assert!(!w
+        .inst_events
+        .iter()
+        .any(|(i, e)| *i == 1 && matches!(e, InstanceEvent::SendFailed { .. })));
+    let (i, write) = w.pending.pop().unwrap();
+    w.insts[i]
+        .handle_completion(w.now, write.token, Ok(()))
+        .unwrap();
+    w.pump();
+    let [output] = w.received(2)[..] else {
+        panic!("{:?}", w.inst_events)
+    };
+    assert_eq!(w.insts[2].received(output).unwrap().id, "r1");
+    w.insts[2].release(output, None).unwrap();
+    w.insts[1].release(input, None).unwrap();
+    w.pump();
+    let delivered: Vec<_> = w
+        .coord_events
+        .iter()
+        .filter_map(|e| match e {
+            CoordinatorEvent::Delivered { id, leg } => Some((id.as_str(), *leg)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(delivered, [("r1", 1)]);
+    w.advance(100);
+    w.assert_clean();
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use ferry_core::handshake::coordinator::*;
 use ferry_core::handshake::instance::*;
-use ferry_core::handshake::{Instant, PeerId};
+use ferry_core::handshake::{Instant, PeerId, Tombstone};
 use ferry_core::json::RawJson;
 use ferry_core::slots::{Buddy, BuddyConfig};
 use ferry_core::wire::{decode, Manifest, Msg, PreallocatedSlot, Shape, TensorEntry};
@@ -122,7 +122,7 @@ struct InstStore {
     transmits: Vec<Option<ferry_core::handshake::instance::Outgoing>>,
     actions: Vec<Option<Write>>,
     events: Vec<Option<InstanceEvent>>,
-    tombstones: Vec<ferry_core::handshake::coordinator::RequestId>,
+    tombstones: Vec<Tombstone>,
     session: String,
     endpoint: String,
 }
@@ -230,7 +230,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
         (0..4 * r + 4 * N).map(|_| None).collect();
     let mut c_ev: Vec<Option<CoordinatorEvent>> = (0..4 * r).map(|_| None).collect();
     let mut c_parked: Vec<Option<Parked>> = (0..4 * N).map(|_| None).collect();
-    let mut c_finished = vec![RequestId::EMPTY; 1024];
+    let mut c_finished = vec![Tombstone::EMPTY; 1024];
     let mut c_queue: Vec<Option<Queued>> = (0..2 * r).map(|_| None).collect();
     let mut coord = Coordinator::<4>::new(
         cconfig,
@@ -536,7 +536,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
             }
             while let Some(e) = coord.poll_event() {
                 match e {
-                    CoordinatorEvent::Delivered { id } => {
+                    CoordinatorEvent::Delivered { id, .. } => {
                         out.delivered += 1;
                         assert!(
                             ended_at_coord.insert(id.to_string()),
@@ -549,7 +549,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                             (now - t0) / MS
                         );
                     }
-                    CoordinatorEvent::Failed { id, reason } => {
+                    CoordinatorEvent::Failed { id, reason, .. } => {
                         out.failed += 1;
                         ended_at_coord.insert(id.to_string());
                         *out.reasons.entry(reason.as_str().to_string()).or_default() += 1;

@@ -184,6 +184,7 @@ fn build<'a>(o: &'a Owned, entries: &'a [TensorEntry<'a>]) -> Msg<'a> {
         MsgType::Abort => Msg::Abort(Abort {
             request_id: s(0),
             reason: s(3),
+            source_role: s(1),
         }),
     }
 }

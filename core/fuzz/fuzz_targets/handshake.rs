@@ -10,7 +10,7 @@ use std::time::Duration;
 use arbitrary::Arbitrary;
 use ferry_core::handshake::coordinator::*;
 use ferry_core::handshake::instance::*;
-use ferry_core::handshake::{Instant, PeerId};
+use ferry_core::handshake::{Instant, PeerId, Tombstone};
 use ferry_core::json::{JsonStr, RawJson};
 use ferry_core::slots::{Buddy, BuddyConfig};
 use ferry_core::wire::*;
@@ -75,6 +75,7 @@ enum FMsg {
     },
     Abort {
         id: u8,
+        role: u8,
     },
     Ack {
         session: u8,
@@ -203,9 +204,11 @@ fn encode(m: &FMsg, buf: &mut Vec<u8>) {
             request_id: id(i),
             error: error.then_some("x".into()),
         }),
-        FMsg::Abort { id: i } => Msg::Abort(Abort {
+        FMsg::Abort { id: i, role } => Msg::Abort(Abort {
             request_id: id(i),
             reason: "fuzz".into(),
+            // 3: none (a coordinator that does not say).
+            source_role: JsonStr::plain(["encoder", "denoiser", "decoder", ""][*role as usize % 4]),
         }),
         FMsg::Ack {
             session: s,
@@ -232,7 +235,7 @@ struct Store {
     transmits: Vec<Option<ferry_core::handshake::instance::Outgoing>>,
     actions: Vec<Option<Write>>,
     events: Vec<Option<InstanceEvent>>,
-    tombstones: Vec<RequestId>,
+    tombstones: Vec<Tombstone>,
 }
 
 fn store() -> Store {
@@ -255,7 +258,7 @@ fn store() -> Store {
         transmits: (0..64).map(|_| None).collect(),
         actions: (0..8).map(|_| None).collect(),
         events: (0..64).map(|_| None).collect(),
-        tombstones: vec![RequestId::EMPTY; 8],
+        tombstones: vec![Tombstone::EMPTY; 8],
     }
 }
 
@@ -299,7 +302,7 @@ fuzz_target!(|ops: Vec<Op>| {
         (0..64).map(|_| None).collect();
     let mut cev: Vec<Option<CoordinatorEvent>> = (0..64).map(|_| None).collect();
     let mut parked: Vec<Option<Parked>> = (0..4).map(|_| None).collect();
-    let mut finished = vec![RequestId::EMPTY; 8];
+    let mut finished = vec![Tombstone::EMPTY; 8];
     let mut queue: Vec<Option<Queued>> = (0..8).map(|_| None).collect();
     let config = CoordinatorConfig {
         pipeline: &ROLES,

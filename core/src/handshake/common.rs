@@ -155,6 +155,57 @@ impl<const N: usize> fmt::Display for Text<N> {
     }
 }
 
+/// A request that ended, remembered so that late and duplicated messages
+/// about it are ignored. The same request id passes through every leg of the
+/// pipeline, so an id alone does not name what ended: the tag does (the
+/// coordinator keeps the sender's role, an instance the side it played).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Tombstone {
+    id: super::coordinator::RequestId,
+    tag: u8,
+}
+
+impl Tombstone {
+    /// No request.
+    pub const EMPTY: Self = Self {
+        id: super::coordinator::RequestId::EMPTY,
+        tag: 0,
+    };
+
+    pub(crate) fn new(id: super::coordinator::RequestId, tag: u8) -> Self {
+        Self { id, tag }
+    }
+
+    pub(crate) fn is(&self, id: crate::json::JsonStr<'_>, tag: u8) -> bool {
+        !self.id.is_empty() && self.tag == tag && self.id.eq_json(id)
+    }
+}
+
+/// A ring of tombstones over caller storage, newest overwriting oldest.
+#[derive(Debug)]
+pub(crate) struct Graveyard<'s> {
+    stones: &'s mut [Tombstone],
+    next: usize,
+}
+
+impl<'s> Graveyard<'s> {
+    pub(crate) fn new(stones: &'s mut [Tombstone]) -> Self {
+        stones.iter_mut().for_each(|t| *t = Tombstone::EMPTY);
+        Self { stones, next: 0 }
+    }
+
+    pub(crate) fn contains(&self, id: crate::json::JsonStr<'_>, tag: u8) -> bool {
+        self.stones.iter().any(|t| t.is(id, tag))
+    }
+
+    pub(crate) fn bury(&mut self, id: super::coordinator::RequestId, tag: u8) {
+        if let Some(t) = self.stones.get_mut(self.next) {
+            *t = Tombstone::new(id, tag);
+            self.next = (self.next + 1) % self.stones.len();
+        }
+    }
+}
+
 /// Why a message was ignored: it changed nothing, and nothing is owed in
 /// reply. Returned by `handle` so that callers can count and log them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

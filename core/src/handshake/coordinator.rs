@@ -17,7 +17,7 @@
 use core::fmt;
 use core::time::Duration;
 
-use super::common::{nested_json, Ignored, Instant, PeerId, Text};
+use super::common::{nested_json, Graveyard, Ignored, Instant, PeerId, Text, Tombstone};
 use super::ring::Ring;
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
 use crate::slots::{Capacity, CapacityTicket, PreallocTable};
@@ -128,6 +128,8 @@ pub struct Transfer {
     deadline: Instant,
     queued_until: Instant,
     sender: MemberRef,
+    /// The sender's role: with the id, it names the leg.
+    sender_role: usize,
     receiver: Option<MemberRef>,
     ticket: Option<CapacityTicket>,
     prealloc: Option<u64>,
@@ -227,15 +229,19 @@ pub enum CoordinatorEvent {
         /// True if it replaced an earlier session.
         replaced: bool,
     },
-    /// A request was received and consumed.
+    /// A leg of a request was received and consumed.
     Delivered {
         /// The request.
         id: RequestId,
+        /// The leg: its sender's role, as an index into the pipeline.
+        leg: usize,
     },
-    /// A request failed; every instance involved was told.
+    /// A leg of a request failed; every instance involved was told.
     Failed {
         /// The request.
         id: RequestId,
+        /// The leg: its sender's role, as an index into the pipeline.
+        leg: usize,
         /// Why.
         reason: FailReason,
     },
@@ -269,13 +275,11 @@ enum OutMsg {
         transfer_size: u64,
     },
     /// Encoded from the transfer record when polled.
-    Ready {
-        index: usize,
-        seq: u64,
-    },
+    Ready { index: usize, seq: u64 },
     Abort {
         id: RequestId,
         reason: &'static str,
+        source_role: usize,
     },
 }
 
@@ -325,10 +329,10 @@ pub struct CoordinatorStorage<'s, const P: usize> {
     pub parked: &'s mut [Option<Parked>],
     /// The order queued transfers wait in; at least twice `transfers`.
     pub queue: &'s mut [Option<Queued>],
-    /// Ids of requests that ended, newest overwriting oldest, so that a
+    /// Legs of requests that ended, newest overwriting oldest, so that a
     /// duplicated `transfer_staged` arriving late is not taken for a new
     /// request. Request ids must not be reused while they are here.
-    pub finished: &'s mut [RequestId],
+    pub finished: &'s mut [Tombstone],
 }
 
 /// The coordinator's state machine.
@@ -344,8 +348,7 @@ pub struct Coordinator<'s, const P: usize> {
     queue: Ring<'s, Queued>,
     queue_tickets: u64,
     epochs: u32,
-    finished: &'s mut [RequestId],
-    next_finished: usize,
+    finished: Graveyard<'s>,
     cursor: [usize; 8],
     seq: u64,
     stats: CoordinatorStats,
@@ -389,10 +392,6 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         storage.members.iter_mut().for_each(|m| *m = None);
         storage.transfers.iter_mut().for_each(|t| *t = None);
         storage.parked.iter_mut().for_each(|p| *p = None);
-        storage
-            .finished
-            .iter_mut()
-            .for_each(|f| *f = RequestId::EMPTY);
         Ok(Self {
             config,
             members: storage.members,
@@ -405,8 +404,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             queue: Ring::new(storage.queue),
             queue_tickets: 0,
             epochs: 0,
-            finished: storage.finished,
-            next_finished: 0,
+            finished: Graveyard::new(storage.finished),
             cursor: [0; 8],
             seq: 0,
             stats: CoordinatorStats::default(),
@@ -508,10 +506,31 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             .filter(|m| m.epoch == r.epoch)
     }
 
-    fn transfer_of(&self, id: JsonStr<'_>) -> Option<usize> {
-        self.transfers
-            .iter()
-            .position(|t| t.as_ref().is_some_and(|t| t.id.eq_json(id)))
+    /// The transfer of request `id` whose sender or receiver (as
+    /// `from_sender` says) is `from`. One request has a transfer per leg,
+    /// and an instance takes part in a leg on one side only, so at most one
+    /// matches; failing that, any transfer of `id` (to say why it is not
+    /// `from`'s).
+    fn transfer_of(&self, id: JsonStr<'_>, from: PeerId, from_sender: bool) -> Option<usize> {
+        let mut any = None;
+        for (i, t) in self.transfers.iter().enumerate() {
+            let Some(t) = t.as_ref().filter(|t| t.id.eq_json(id)) else {
+                continue;
+            };
+            let who = if from_sender {
+                Some(t.sender)
+            } else {
+                t.receiver
+            };
+            if who
+                .and_then(|r| self.member(r))
+                .is_some_and(|m| m.peer == from)
+            {
+                return Some(i);
+            }
+            any.get_or_insert(i);
+        }
+        any
     }
 
     /// The transfer `id` if it is in `phase` and `from` is its receiver (or
@@ -523,7 +542,9 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         from_sender: bool,
         phase: fn(&Phase) -> bool,
     ) -> Result<usize, Ignored> {
-        let i = self.transfer_of(id).ok_or(Ignored::UnknownRequest)?;
+        let i = self
+            .transfer_of(id, from, from_sender)
+            .ok_or(Ignored::UnknownRequest)?;
         let t = self.transfers[i].as_ref().ok_or(Ignored::UnknownRequest)?;
         let who = if from_sender {
             Some(t.sender)
@@ -643,9 +664,20 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                 dest_addr: *dest_addr,
                 transfer_size: *transfer_size,
             }),
-            OutMsg::Abort { id, reason } => Msg::Abort(Abort {
+            OutMsg::Abort {
+                id,
+                reason,
+                source_role,
+            } => Msg::Abort(Abort {
                 request_id: id.as_json(),
                 reason: JsonStr::plain(reason),
+                source_role: JsonStr::plain(
+                    self.config
+                        .pipeline
+                        .get(*source_role)
+                        .copied()
+                        .unwrap_or(""),
+                ),
             }),
             OutMsg::Ready { .. } => return,
         };
@@ -813,26 +845,36 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         if !sender.session.eq_json(m.session_id) {
             return Err(Ignored::WrongPeer);
         }
-        if self.transfer_of(m.request_id).is_some() || self.is_finished(m.request_id) {
-            return Err(Ignored::Duplicate);
-        }
         let sender_ref = MemberRef {
             index: sender_index,
             epoch: sender.epoch,
         };
         let sender_role = sender.role;
+        let live = self
+            .transfers
+            .iter()
+            .flatten()
+            .any(|t| t.id.eq_json(m.request_id) && t.sender_role == sender_role);
+        if live || self.finished.contains(m.request_id, sender_role as u8) {
+            return Err(Ignored::Duplicate);
+        }
         self.stats.staged += 1;
         let abort = |c: &mut Self, reason: FailReason| {
-            c.finish(id);
+            c.finished.bury(id, sender_role as u8);
             c.send(
                 from,
                 OutMsg::Abort {
                     id,
                     reason: reason.as_str(),
+                    source_role: sender_role,
                 },
             );
             c.stats.failed += 1;
-            c.event(CoordinatorEvent::Failed { id, reason });
+            c.event(CoordinatorEvent::Failed {
+                id,
+                leg: sender_role,
+                reason,
+            });
             Ok(())
         };
         if sender_role + 1 >= self.config.pipeline.len() {
@@ -866,6 +908,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             deadline: now + self.config.timeouts.queued,
             queued_until: now + self.config.timeouts.queued,
             sender: sender_ref,
+            sender_role,
             receiver: None,
             ticket: None,
             prealloc: None,
@@ -1167,18 +1210,19 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         let Some(t) = self.transfers[i].as_ref() else {
             return Err(Ignored::UnknownRequest);
         };
-        let id = t.id;
+        let (id, leg) = (t.id, t.sender_role);
         if m.error.is_some() {
             self.end(now, i);
             self.stats.failed += 1;
             self.event(CoordinatorEvent::Failed {
                 id,
+                leg,
                 reason: FailReason::ReceiverError,
             });
         } else {
             self.end(now, i);
             self.stats.delivered += 1;
-            self.event(CoordinatorEvent::Delivered { id });
+            self.event(CoordinatorEvent::Delivered { id, leg });
         }
         self.dispatch_queued(now);
         Ok(())
@@ -1187,10 +1231,11 @@ impl<'s, const P: usize> Coordinator<'s, P> {
     /// A `transfer_done` for a request that already failed: the receiver
     /// has let go of its preallocated slot now.
     fn late_done(&mut self, from: PeerId, id: JsonStr<'_>) -> Result<(), Ignored> {
-        let found = self
-            .parked
-            .iter()
-            .position(|p| p.is_some_and(|p| p.held && p.id.eq_json(id)));
+        let found = self.parked.iter().position(|p| {
+            p.is_some_and(|p| {
+                p.held && p.id.eq_json(id) && self.member(p.member).is_some_and(|m| m.peer == from)
+            })
+        });
         let Some(pi) = found else {
             return Err(Ignored::UnknownRequest);
         };
@@ -1208,17 +1253,6 @@ impl<'s, const P: usize> Coordinator<'s, P> {
     }
 
     // ---- endings ---------------------------------------------------------------
-
-    fn is_finished(&self, id: JsonStr<'_>) -> bool {
-        self.finished.iter().any(|f| !f.is_empty() && f.eq_json(id))
-    }
-
-    fn finish(&mut self, id: RequestId) {
-        if let Some(f) = self.finished.get_mut(self.next_finished) {
-            *f = id;
-            self.next_finished = (self.next_finished + 1) % self.finished.len();
-        }
-    }
 
     /// Gives the receiver's capacity back (once: the ticket is taken).
     fn release(&mut self, i: usize) {
@@ -1243,7 +1277,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         let Some(t) = self.transfers[i].take() else {
             return;
         };
-        self.finish(t.id);
+        self.finished.bury(t.id, t.sender_role as u8);
         if let (Some(slot_id), Some(r)) = (t.prealloc, t.receiver) {
             if let Some(m) = self.member_mut(r) {
                 let _ = m.prealloc.give_back(slot_id);
@@ -1258,10 +1292,11 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         let Some(t) = self.transfers[i].take() else {
             return;
         };
-        self.finish(t.id);
+        self.finished.bury(t.id, t.sender_role as u8);
         let abort = OutMsg::Abort {
             id: t.id,
             reason: reason.as_str(),
+            source_role: t.sender_role,
         };
         if t.phase != Phase::Ready {
             if let Some(peer) = self.member(t.sender).map(|m| m.peer) {
@@ -1295,7 +1330,11 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             }
         }
         self.stats.failed += 1;
-        self.event(CoordinatorEvent::Failed { id: t.id, reason });
+        self.event(CoordinatorEvent::Failed {
+            id: t.id,
+            leg: t.sender_role,
+            reason,
+        });
     }
 
     /// Fails what has waited too long, retries what waited for backoff, and

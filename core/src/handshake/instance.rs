@@ -12,7 +12,7 @@
 use core::fmt;
 use core::time::Duration;
 
-use super::common::{nested_json, Ignored, Instant, Text};
+use super::common::{nested_json, Graveyard, Ignored, Instant, Text, Tombstone};
 use super::coordinator::{Name, RequestId};
 use super::ring::Ring;
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
@@ -68,6 +68,22 @@ enum Kind {
     Delivered { held: Held, aborted: bool },
     /// A slot out of use until a possible late write has landed.
     Quarantined { held: Held },
+}
+
+/// The side of a leg an instance plays. The same request id passes through
+/// every leg, so a denoiser may hold a request as receiver (of the
+/// encoder's leg) and as sender (of its own) at once; the side tells them
+/// apart. Also the tag of the instance's tombstones.
+const SEND: u8 = 0;
+const RECV: u8 = 1;
+
+impl Kind {
+    fn side(&self) -> u8 {
+        match self {
+            Self::Filling { .. } | Self::Staged { .. } | Self::Writing { .. } => SEND,
+            Self::Reserved { .. } | Self::Delivered { .. } | Self::Quarantined { .. } => RECV,
+        }
+    }
 }
 
 /// One request this instance is part of.
@@ -243,11 +259,10 @@ pub struct InstanceStorage<'s> {
     pub actions: &'s mut [Option<Write>],
     /// Events not yet polled.
     pub events: &'s mut [Option<InstanceEvent>],
-    /// Ids of requests aborted or received here, newest overwriting
-    /// oldest, so that late and duplicated messages about them are
-    /// ignored. It should hold the requests that end within the control
-    /// plane's longest delay.
-    pub tombstones: &'s mut [RequestId],
+    /// Requests aborted or received here, newest overwriting oldest, so
+    /// that late and duplicated messages about them are ignored. It should
+    /// hold the requests that end within the control plane's longest delay.
+    pub tombstones: &'s mut [Tombstone],
 }
 
 /// Counters for operators.
@@ -287,8 +302,7 @@ pub struct Instance<'s> {
     transmits: Ring<'s, Outgoing>,
     actions: Ring<'s, Write>,
     events: Ring<'s, InstanceEvent>,
-    tombstones: &'s mut [RequestId],
-    next_tombstone: usize,
+    tombstones: Graveyard<'s>,
     registered: bool,
     /// A registration is to be sent (before anything else).
     register_due: bool,
@@ -334,7 +348,6 @@ impl<'s> Instance<'s> {
         let requests = s.requests;
         requests.iter_mut().for_each(|r| *r = None);
         s.prealloc_use.iter_mut().for_each(|u| *u = None);
-        s.tombstones.iter_mut().for_each(|t| *t = RequestId::EMPTY);
         let chunk = s.nested.len() / requests.len().max(1);
         let me = Self {
             role: Text::new(config.role).map_err(|_| InstanceError::NameTooLong)?,
@@ -351,8 +364,7 @@ impl<'s> Instance<'s> {
             transmits: Ring::new(s.transmits),
             actions: Ring::new(s.actions),
             events: Ring::new(s.events),
-            tombstones: s.tombstones,
-            next_tombstone: 0,
+            tombstones: Graveyard::new(s.tombstones),
             registered: false,
             register_due: true,
             register_at: now + config.register_retry,
@@ -402,7 +414,7 @@ impl<'s> Instance<'s> {
             .requests
             .iter()
             .flatten()
-            .find(|r| r.id.as_str() == id)?;
+            .find(|r| r.id.as_str() == id && r.kind.side() == RECV)?;
         let held = match &r.kind {
             Kind::Reserved { slot } => return Some((slot.offset(), slot.size())),
             Kind::Delivered { held, .. } | Kind::Quarantined { held } => held,
@@ -431,23 +443,19 @@ impl<'s> Instance<'s> {
         }
     }
 
-    fn find(&self, id: JsonStr<'_>) -> Option<usize> {
-        self.requests
-            .iter()
-            .position(|r| r.as_ref().is_some_and(|r| r.id.eq_json(id)))
+    fn find(&self, id: JsonStr<'_>, side: u8) -> Option<usize> {
+        self.requests.iter().position(|r| {
+            r.as_ref()
+                .is_some_and(|r| r.kind.side() == side && r.id.eq_json(id))
+        })
     }
 
-    fn tombstoned(&self, id: JsonStr<'_>) -> bool {
-        self.tombstones
-            .iter()
-            .any(|t| !t.is_empty() && t.eq_json(id))
+    fn tombstoned(&self, id: JsonStr<'_>, side: u8) -> bool {
+        self.tombstones.contains(id, side)
     }
 
-    fn tombstone(&mut self, id: RequestId) {
-        if let Some(t) = self.tombstones.get_mut(self.next_tombstone) {
-            *t = id;
-            self.next_tombstone = (self.next_tombstone + 1) % self.tombstones.len();
-        }
+    fn tombstone(&mut self, id: RequestId, side: u8) {
+        self.tombstones.bury(id, side);
     }
 
     fn insert(
@@ -504,7 +512,7 @@ impl<'s> Instance<'s> {
     /// [`commit`](Self::commit).
     pub fn stage(&mut self, id: &str, data_size: u64) -> Result<(Token, u64), InstanceError> {
         let id = RequestId::new(id).map_err(|_| InstanceError::BadId)?;
-        if self.find(id.as_json()).is_some() {
+        if self.find(id.as_json(), SEND).is_some() {
             return Err(InstanceError::BadId);
         }
         if self.requests.iter().all(Option::is_some) {
@@ -705,7 +713,7 @@ impl<'s> Instance<'s> {
     /// `transfer_ready` arriving later must not deliver the request again
     /// (its preallocated slot may hold another request's data by then).
     fn done(&mut self, id: RequestId, error: Option<&'static str>) {
-        self.tombstone(id);
+        self.tombstone(id, RECV);
         self.send(OutMsg::Done { id, error });
     }
 
@@ -753,7 +761,19 @@ impl<'s> Instance<'s> {
             Msg::Ready(m) => {
                 self.on_ready(m.request_id, m.slot_offset, &m.manifest, m.scalar_fields)
             }
-            Msg::Abort(m) => self.on_abort(now, m.request_id),
+            Msg::Abort(m) => {
+                // Which side of this instance the leg is on: a coordinator
+                // that does not say means whatever it holds of the request.
+                if m.source_role.is_empty() {
+                    let send = self.on_abort(now, m.request_id, SEND);
+                    let recv = self.on_abort(now, m.request_id, RECV);
+                    send.or(recv)
+                } else if self.role.eq_json(m.source_role) {
+                    self.on_abort(now, m.request_id, SEND)
+                } else {
+                    self.on_abort(now, m.request_id, RECV)
+                }
+            }
             _ => Err(Ignored::UnexpectedType),
         };
         if r.is_err() {
@@ -763,10 +783,10 @@ impl<'s> Instance<'s> {
     }
 
     fn on_alloc(&mut self, now: Instant, id: JsonStr<'_>, data_size: u64) -> Result<(), Ignored> {
-        if self.tombstoned(id) {
+        if self.tombstoned(id, RECV) {
             return Err(Ignored::Aborted);
         }
-        if self.find(id).is_some() {
+        if self.find(id, RECV).is_some() {
             return Err(Ignored::Duplicate);
         }
         let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
@@ -808,10 +828,10 @@ impl<'s> Instance<'s> {
         dest_addr: u64,
         transfer_size: u64,
     ) -> Result<(), Ignored> {
-        if self.tombstoned(id) {
+        if self.tombstoned(id, SEND) {
             return Err(Ignored::Aborted);
         }
-        let index = self.find(id).ok_or(Ignored::UnknownRequest)?;
+        let index = self.find(id, SEND).ok_or(Ignored::UnknownRequest)?;
         let dest_session =
             Name::from_json(dest_session).map_err(|_| Ignored::TooLong("dest_session_id"))?;
         let Some(r) = self.requests[index].take() else {
@@ -858,7 +878,7 @@ impl<'s> Instance<'s> {
         manifest: &Manifest<'_>,
         scalars: RawJson<'_>,
     ) -> Result<(), Ignored> {
-        if self.tombstoned(id) {
+        if self.tombstoned(id, RECV) {
             return Err(Ignored::Aborted);
         }
         let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
@@ -869,7 +889,7 @@ impl<'s> Instance<'s> {
             .iter()
             .position(|s| s.offset == slot_offset)
             .filter(|&p| self.prealloc_use[p].is_none());
-        let mut found = self.find(id);
+        let mut found = self.find(id, RECV);
         if let (Some(i), Some(_)) = (found, free_prealloc) {
             // A slot reserved by a duplicated `transfer_alloc` that the
             // coordinator never used (it took the fast path instead): no
@@ -979,14 +999,14 @@ impl<'s> Instance<'s> {
         Ok(())
     }
 
-    fn on_abort(&mut self, now: Instant, id: JsonStr<'_>) -> Result<(), Ignored> {
+    fn on_abort(&mut self, now: Instant, id: JsonStr<'_>, side: u8) -> Result<(), Ignored> {
         let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
-        if self.tombstoned(id) {
+        if self.tombstoned(id, side) {
             return Err(Ignored::Duplicate);
         }
-        self.tombstone(rid);
+        self.tombstone(rid, side);
         self.stats.aborted += 1;
-        let Some(index) = self.find(id) else {
+        let Some(index) = self.find(id, side) else {
             // Nothing held here (a fast-path transfer not yet ready): the
             // tombstone keeps a late `transfer_ready` out.
             return Ok(());
@@ -1074,13 +1094,13 @@ impl<'s> Instance<'s> {
                 Kind::Staged { slot, .. } => {
                     let _ = self.pool.free(slot);
                     self.stats.timed_out += 1;
-                    self.tombstone(r.id);
+                    self.tombstone(r.id, SEND);
                     self.event(InstanceEvent::SendFailed { id: r.id });
                 }
                 Kind::Reserved { slot } => {
                     // Never told the outcome: a write may still come.
                     self.stats.timed_out += 1;
-                    self.tombstone(r.id);
+                    self.tombstone(r.id, RECV);
                     self.requests[i] = Some(Request {
                         kind: Kind::Quarantined {
                             held: Held::Pool(slot),

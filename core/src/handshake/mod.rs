@@ -15,5 +15,5 @@ pub mod coordinator;
 pub mod instance;
 mod ring;
 
-pub use common::{Ignored, Instant, PeerId, Text, TextTooLong};
+pub use common::{Ignored, Instant, PeerId, Text, TextTooLong, Tombstone};
 pub use ring::Ring;

@@ -312,6 +312,7 @@ fn build<'a>(f: &Fields<'a>) -> Result<Msg<'a>, DecodeError> {
         MsgType::Abort => Msg::Abort(Abort {
             request_id: f.str(Key::RequestId)?,
             reason: f.str(Key::Reason)?,
+            source_role: f.str(Key::SourceRole)?,
         }),
     })
 }

@@ -274,6 +274,9 @@ impl Msg<'_> {
             Msg::Abort(m) => {
                 e.str(key!("request_id"), m.request_id);
                 e.str(key!("reason"), m.reason);
+                if !m.source_role.is_empty() {
+                    e.str(key!("source_role"), m.source_role);
+                }
             }
         }
         e.out.byte(b'}');

@@ -248,6 +248,7 @@ fn assign<'a>(msg: &mut Msg<'a>, key: &str, v: V<'a>) -> Option<()> {
         Msg::Abort(m) => match key {
             "request_id" => m.request_id = s(v)?,
             "reason" => m.reason = s(v)?,
+            "source_role" => m.source_role = s(v)?,
             _ => {}
         },
     }

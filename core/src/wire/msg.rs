@@ -281,6 +281,11 @@ pub struct Abort<'a> {
     pub request_id: JsonStr<'a>,
     /// Why (timeout, peer gone, write failed, ...).
     pub reason: JsonStr<'a>,
+    /// The role of the leg's sender: the same request id passes through
+    /// every leg of the pipeline, so an instance that both received and
+    /// forwards a request learns which of its two sides is aborted.
+    /// Written only when non-empty.
+    pub source_role: JsonStr<'a>,
 }
 
 /// A decoded (or to-be-encoded) transfer message.
