@@ -10,16 +10,20 @@
 //!   `encode_transfer_msg`;
 //! * [`slots`]: slot accounting: the buddy allocator over a pool, tensor
 //!   layout and manifest checks, preallocated receive slots, capacity;
-//! * [`handshake`]: the coordinator's and the instances' state machines.
+//! * [`handshake`]: the coordinator's and the instances' state machines;
+//! * [`transport`]: the seams to the outside: the data plane's `Transport`
+//!   and the `ControlChannel`.
 //!
 //! Everything here is sans-IO: bytes come in as slices, bytes go out into
 //! caller buffers, and a buffer that is too small is reported with the size
 //! that would have been needed.
 #![no_std]
-#![forbid(unsafe_code)]
+// Unsafe code is denied; `transport` declares (never uses) one unsafe fn.
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod handshake;
 pub mod json;
 pub mod slots;
+pub mod transport;
 pub mod wire;

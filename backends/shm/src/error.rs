@@ -1,0 +1,209 @@
+//! The backend's errors: each names the call, the object or peer, and the
+//! errno where there is one.
+
+use std::io;
+
+use ferry_core::transport::{Fault, FaultKind};
+
+/// A shared-memory pool or transport error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShmError {
+    /// A system call on a shared-memory object failed.
+    #[error("{call} on shared-memory object {name}: {source}")]
+    Sys {
+        /// The call (`shm_open`, `ftruncate`, `mmap`, ...).
+        call: &'static str,
+        /// The object.
+        name: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// A peer's object no longer exists: its owner dropped it or died and
+    /// it was cleaned up.
+    #[error("peer session {session}: its shared-memory object is gone")]
+    PeerGone {
+        /// The peer's session id.
+        session: String,
+    },
+    /// A session id that is not `shm:<name>@<base hex>+<len>`.
+    #[error("session id {session:?} is not a shared-memory session: {why}")]
+    BadSession {
+        /// The session id.
+        session: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A peer's object is smaller than its session id claims.
+    #[error("peer session {session}: object holds {actual} bytes, session says {claimed}")]
+    ShortObject {
+        /// The peer's session id.
+        session: String,
+        /// Bytes the session id claims.
+        claimed: u64,
+        /// Bytes the object holds.
+        actual: u64,
+    },
+    /// A write's destination is outside the peer's pool.
+    #[error("write of {len} bytes to {addr:#x} falls outside peer {session}'s pool ({base:#x}, {pool_len} bytes)")]
+    DestOutOfBounds {
+        /// The peer's session id.
+        session: String,
+        /// The destination address.
+        addr: u64,
+        /// The write's length.
+        len: u64,
+        /// The pool's base address in the peer.
+        base: u64,
+        /// The pool's length.
+        pool_len: u64,
+    },
+    /// A write's source is outside its registered region.
+    #[error("write of {len} bytes at offset {offset} falls outside region {region} ({region_len} bytes)")]
+    SourceOutOfBounds {
+        /// The region.
+        region: u32,
+        /// The offset in it.
+        offset: u64,
+        /// The write's length.
+        len: u64,
+        /// The region's length.
+        region_len: u64,
+    },
+    /// A region not registered (or deregistered) with this transport.
+    #[error("region {0} is not registered")]
+    UnknownRegion(u32),
+    /// Memory to register that is not inside this transport's pool: only
+    /// the pool is shared with peers.
+    #[error("cannot register {len} bytes at {addr:#x}: not inside the shared pool")]
+    NotShared {
+        /// The start.
+        addr: u64,
+        /// The length.
+        len: u64,
+    },
+}
+
+impl Fault for ShmError {
+    fn kind(&self) -> FaultKind {
+        match self {
+            Self::Sys { .. } => FaultKind::Io,
+            Self::PeerGone { .. } => FaultKind::PeerGone,
+            Self::BadSession { .. } | Self::ShortObject { .. } => FaultKind::UnknownPeer,
+            Self::DestOutOfBounds { .. }
+            | Self::SourceOutOfBounds { .. }
+            | Self::UnknownRegion(_) => FaultKind::OutOfBounds,
+            Self::NotShared { .. } => FaultKind::Registration,
+        }
+    }
+}
+
+/// A Unix-socket control channel error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UdsError {
+    /// A socket call failed.
+    #[error("{call} on {endpoint}: {source}")]
+    Sys {
+        /// The call (`bind`, `connect`, `sendmsg`, ...).
+        call: &'static str,
+        /// The endpoint concerned.
+        endpoint: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The peer is not there (no socket, connection refused or reset).
+    #[error("peer {endpoint} is gone ({call}: {source})")]
+    PeerGone {
+        /// The call that found out.
+        call: &'static str,
+        /// The peer's endpoint.
+        endpoint: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The peer did not take the message in time.
+    #[error("peer {endpoint} did not take a message within {millis} ms")]
+    Timeout {
+        /// The peer's endpoint.
+        endpoint: String,
+        /// The send timeout.
+        millis: u64,
+    },
+    /// An endpoint that is not `ipc://<path>` (or a path).
+    #[error("endpoint {endpoint:?}: {why}")]
+    BadEndpoint {
+        /// The endpoint.
+        endpoint: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A message larger than the receive buffer (dropped).
+    #[error("message of {len} bytes from {from} exceeds the {cap}-byte buffer; dropped")]
+    TooLarge {
+        /// The sender.
+        from: String,
+        /// Its length.
+        len: usize,
+        /// The buffer's size.
+        cap: usize,
+    },
+    /// A packet that is not a well-formed frame (dropped).
+    #[error("malformed packet from {from}: {why}; dropped")]
+    Malformed {
+        /// The sender.
+        from: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+}
+
+impl Fault for UdsError {
+    fn kind(&self) -> FaultKind {
+        match self {
+            Self::Sys { .. } | Self::Malformed { .. } => FaultKind::Io,
+            Self::PeerGone { .. } => FaultKind::PeerGone,
+            Self::Timeout { .. } => FaultKind::Timeout,
+            Self::BadEndpoint { .. } => FaultKind::UnknownPeer,
+            Self::TooLarge { .. } => FaultKind::TooLarge,
+        }
+    }
+}
+
+/// An in-process control channel error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MemError {
+    /// No channel is bound at the endpoint (any more).
+    #[error("no in-process channel at {endpoint}")]
+    PeerGone {
+        /// The endpoint.
+        endpoint: String,
+    },
+    /// A message larger than the receive buffer (dropped).
+    #[error("message of {len} bytes from {from} exceeds the {cap}-byte buffer; dropped")]
+    TooLarge {
+        /// The sender.
+        from: String,
+        /// Its length.
+        len: usize,
+        /// The buffer's size.
+        cap: usize,
+    },
+    /// An endpoint already bound.
+    #[error("endpoint {endpoint} is already bound")]
+    InUse {
+        /// The endpoint.
+        endpoint: String,
+    },
+}
+
+impl Fault for MemError {
+    fn kind(&self) -> FaultKind {
+        match self {
+            Self::PeerGone { .. } => FaultKind::PeerGone,
+            Self::TooLarge { .. } => FaultKind::TooLarge,
+            Self::InUse { .. } => FaultKind::Io,
+        }
+    }
+}

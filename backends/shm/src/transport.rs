@@ -1,0 +1,313 @@
+//! ferry-core's `Transport` over shared memory: a write is a bounds-checked
+//! copy into a cached mapping of the peer's pool object.
+
+use std::collections::{HashMap, VecDeque};
+
+use ferry_core::transport::{Capabilities, Completion, Region, Transport};
+
+use crate::copy::Copier;
+use crate::error::ShmError;
+use crate::pool::ShmPool;
+use crate::session::SessionId;
+
+/// A peer's pool, mapped here.
+#[derive(Debug)]
+struct Peer {
+    map: ShmPool,
+    base: u64,
+    len: u64,
+}
+
+/// Completions a caller may leave unpolled before they are dropped
+/// (writes complete at once, so a runtime drains them after every post).
+const COMPLETIONS: usize = 4096;
+
+/// The shared-memory transport of one process: its own pool, and the
+/// mappings of the peers it wrote to.
+#[derive(Debug)]
+pub struct ShmTransport {
+    pool: ShmPool,
+    session: String,
+    regions: Vec<Region>,
+    next_region: u32,
+    peers: HashMap<String, Peer>,
+    done: VecDeque<Completion<ShmError>>,
+    copier: Copier,
+}
+
+impl ShmTransport {
+    /// A transport with a new pool of `pool_len` bytes; copies of
+    /// `split_at` bytes or more are spread over `threads` threads.
+    pub fn new(pool_len: usize, threads: usize, split_at: usize) -> Result<Self, ShmError> {
+        let pool = ShmPool::create(pool_len)?;
+        let session = SessionId {
+            name: pool.name(),
+            base: pool.as_ptr() as u64,
+            len: pool_len as u64,
+        }
+        .to_string();
+        Ok(Self {
+            pool,
+            session,
+            regions: Vec::new(),
+            next_region: 1,
+            peers: HashMap::new(),
+            done: VecDeque::with_capacity(COMPLETIONS),
+            copier: Copier::new(threads, split_at),
+        })
+    }
+
+    /// The pool's first byte in this process.
+    pub fn pool_ptr(&self) -> *mut u8 {
+        self.pool.as_ptr()
+    }
+
+    /// The pool's length.
+    pub fn pool_len(&self) -> usize {
+        self.pool.len()
+    }
+
+    /// Threads a large write uses.
+    pub fn copy_threads(&self) -> usize {
+        self.copier.threads()
+    }
+
+    /// Forgets the mapping of a peer (it went away): its memory is released
+    /// here now rather than at the next failed write.
+    pub fn forget_peer(&mut self, session: &str) {
+        self.peers.remove(session);
+    }
+
+    /// The peer `session`, mapped on first use; a peer whose object was
+    /// unlinked is dropped and reported gone.
+    fn peer(&mut self, session: &str) -> Result<&Peer, ShmError> {
+        let gone = match self.peers.get(session) {
+            Some(p) => p.map.is_unlinked()?,
+            None => {
+                let id = SessionId::parse(session)?;
+                let len = usize::try_from(id.len).map_err(|_| ShmError::BadSession {
+                    session: session.to_owned(),
+                    why: "length exceeds the address space",
+                })?;
+                let map = ShmPool::open(id.name, len).map_err(|e| match e {
+                    ShmError::Sys { source, .. } if source.raw_os_error() == Some(libc::ENOENT) => {
+                        ShmError::PeerGone {
+                            session: session.to_owned(),
+                        }
+                    }
+                    other => other,
+                })?;
+                let peer = Peer {
+                    map,
+                    base: id.base,
+                    len: id.len,
+                };
+                self.peers.insert(session.to_owned(), peer);
+                false
+            }
+        };
+        if gone {
+            self.peers.remove(session);
+        }
+        self.peers.get(session).ok_or_else(|| ShmError::PeerGone {
+            session: session.to_owned(),
+        })
+    }
+}
+
+impl Transport for ShmTransport {
+    type Error = ShmError;
+
+    fn session_id(&self) -> &str {
+        &self.session
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            max_write: self.pool.len() as u64,
+            // The copy is done when the completion is queued.
+            delivery_complete: true,
+        }
+    }
+
+    unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, ShmError> {
+        let (start, pool_start) = (addr as u64, self.pool.as_ptr() as u64);
+        let inside = start >= pool_start
+            && start
+                .checked_add(len as u64)
+                .is_some_and(|end| end <= pool_start + self.pool.len() as u64);
+        if !inside || len == 0 {
+            return Err(ShmError::NotShared {
+                addr: start,
+                len: len as u64,
+            });
+        }
+        let region = Region {
+            id: self.next_region,
+            addr: start,
+            len: len as u64,
+        };
+        self.next_region += 1;
+        self.regions.push(region);
+        Ok(region)
+    }
+
+    fn deregister(&mut self, region: Region) -> Result<(), ShmError> {
+        let i = self
+            .regions
+            .iter()
+            .position(|r| *r == region)
+            .ok_or(ShmError::UnknownRegion(region.id))?;
+        self.regions.swap_remove(i);
+        Ok(())
+    }
+
+    fn post_write(
+        &mut self,
+        region: Region,
+        local_offset: u64,
+        len: u64,
+        dest_session: &str,
+        dest_addr: u64,
+        cookie: u64,
+    ) -> Result<(), ShmError> {
+        let r = *self
+            .regions
+            .iter()
+            .find(|r| r.id == region.id)
+            .ok_or(ShmError::UnknownRegion(region.id))?;
+        if local_offset.checked_add(len).is_none_or(|end| end > r.len) {
+            return Err(ShmError::SourceOutOfBounds {
+                region: r.id,
+                offset: local_offset,
+                len,
+                region_len: r.len,
+            });
+        }
+        let src = (r.addr + local_offset) as *const u8;
+        let own = dest_session == self.session;
+        let (dst_map, base, pool_len) = if own {
+            (
+                self.pool.as_ptr(),
+                self.pool.as_ptr() as u64,
+                self.pool.len() as u64,
+            )
+        } else {
+            let p = self.peer(dest_session)?;
+            (p.map.as_ptr(), p.base, p.len)
+        };
+        let offset = dest_addr.wrapping_sub(base);
+        if dest_addr < base || offset.checked_add(len).is_none_or(|end| end > pool_len) {
+            return Err(ShmError::DestOutOfBounds {
+                session: dest_session.to_owned(),
+                addr: dest_addr,
+                len,
+                base,
+                pool_len,
+            });
+        }
+        // Both ranges were checked against their mappings above.
+        let (dst, n) = (dst_map.wrapping_add(offset as usize), len as usize);
+        let overlap = own && (src as usize) < dst as usize + n && (dst as usize) < src as usize + n;
+        if overlap {
+            // SAFETY: both ranges lie in this process's own live pool
+            // mapping (checked above); `copy` allows overlap.
+            unsafe { std::ptr::copy(src, dst, n) };
+        } else {
+            // SAFETY: src lies in a registered region of our pool, dst in a
+            // live mapping of the destination pool (own or peer's, held in
+            // `self` for the whole call); both bounds were checked above and
+            // the ranges are disjoint. Peers only write into slots the
+            // coordinator assigned them, never into this staged source.
+            unsafe { self.copier.copy(dst, src, n) };
+        }
+        if self.done.len() == self.done.capacity() {
+            self.done.pop_front();
+        }
+        self.done.push_back(Completion {
+            cookie,
+            result: Ok(()),
+        });
+        Ok(())
+    }
+
+    fn poll_completion(&mut self) -> Option<Completion<ShmError>> {
+        self.done.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (ShmTransport, Region, ShmTransport) {
+        let mut a = ShmTransport::new(1 << 20, 2, 64 << 10).unwrap();
+        // SAFETY: the whole pool of `a`, alive as long as `a`.
+        let region = unsafe { a.register(a.pool_ptr(), a.pool_len()).unwrap() };
+        let b = ShmTransport::new(1 << 20, 1, 64 << 10).unwrap();
+        (a, region, b)
+    }
+
+    #[test]
+    fn a_write_lands_in_the_peer_pool() {
+        let (mut a, region, b) = pair();
+        // SAFETY: offsets inside the 1 MiB pools of live transports.
+        unsafe {
+            for i in 0..300_000 {
+                *a.pool_ptr().add(1000 + i) = (i % 251) as u8;
+            }
+        }
+        let dest = b.pool_ptr() as u64 + 4096;
+        a.post_write(region, 1000, 300_000, b.session_id(), dest, 9)
+            .unwrap();
+        let c = a.poll_completion().unwrap();
+        assert_eq!((c.cookie, c.result.is_ok()), (9, true));
+        // SAFETY: the range lies inside b's live pool.
+        let got = unsafe { std::slice::from_raw_parts(b.pool_ptr().add(4096), 300_000) };
+        assert!(got.iter().enumerate().all(|(i, &v)| v == (i % 251) as u8));
+    }
+
+    #[test]
+    fn out_of_bounds_and_unknown_peers_are_typed_errors() {
+        let (mut a, region, b) = pair();
+        let base = b.pool_ptr() as u64;
+        let s = b.session_id().to_owned();
+        let e = a.post_write(region, 0, 4096, &s, base + (1 << 20) - 100, 1);
+        assert!(matches!(e, Err(ShmError::DestOutOfBounds { .. })), "{e:?}");
+        let e = a.post_write(region, 0, 4096, &s, base - 1, 1);
+        assert!(matches!(e, Err(ShmError::DestOutOfBounds { .. })), "{e:?}");
+        let e = a.post_write(region, (1 << 20) - 10, 4096, &s, base, 1);
+        assert!(
+            matches!(e, Err(ShmError::SourceOutOfBounds { .. })),
+            "{e:?}"
+        );
+        let e = a.post_write(region, 0, 1, "shm:nonsense", base, 1);
+        assert!(matches!(e, Err(ShmError::BadSession { .. })), "{e:?}");
+        let e = a.post_write(region, 0, 1, "shm:/ferry-no-such@1000+4096", 0x1000, 1);
+        assert!(matches!(e, Err(ShmError::PeerGone { .. })), "{e:?}");
+        assert!(a.poll_completion().is_none());
+        // A peer that claims more than its object holds.
+        let liar = s.replace("+1048576", "+2097152");
+        let e = a.post_write(region, 0, 1, &liar, base, 1);
+        assert!(matches!(e, Err(ShmError::ShortObject { .. })), "{e:?}");
+    }
+
+    #[test]
+    fn a_vanished_peer_is_reported_gone() {
+        let (mut a, region, b) = pair();
+        let (s, base) = (b.session_id().to_owned(), b.pool_ptr() as u64);
+        a.post_write(region, 0, 64, &s, base, 1).unwrap();
+        drop(b);
+        let e = a.post_write(region, 0, 64, &s, base, 2);
+        assert!(matches!(e, Err(ShmError::PeerGone { .. })), "{e:?}");
+    }
+
+    #[test]
+    fn only_the_pool_can_be_registered() {
+        let (mut a, _, _) = pair();
+        let mut outside = vec![0u8; 64];
+        // SAFETY: registration is refused, so nothing is ever written.
+        let e = unsafe { a.register(outside.as_mut_ptr(), 64) };
+        assert!(matches!(e, Err(ShmError::NotShared { .. })));
+    }
+}

@@ -1,0 +1,208 @@
+//! The two seams between the state machines and the outside world: the data
+//! plane ([`Transport`]: register memory, post one-sided writes, poll their
+//! completions) and the control channel ([`ControlChannel`]: send and
+//! receive the protocol's two-frame messages). They are separate so that any
+//! control plane pairs with any data plane.
+//!
+//! Both contracts are allocation-free: writes are named by a caller cookie,
+//! messages are received into a caller buffer, and errors are typed values
+//! that say what kind of failure they are ([`Fault`]), so that the runtime
+//! can act on them (fail one request, drop one peer) without knowing the
+//! backend.
+// Only the declaration of `Transport::register` is unsafe: registering
+// memory hands its lifetime to the caller, which no safe signature can say.
+#![allow(unsafe_code)]
+
+use core::fmt;
+use core::time::Duration;
+
+/// What kind of failure an error is, whatever backend raised it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FaultKind {
+    /// The peer is gone: its process exited, its endpoint or memory object
+    /// vanished, its connection was refused.
+    PeerGone,
+    /// The peer's session id or endpoint names nothing this backend can
+    /// reach, or cannot be parsed.
+    UnknownPeer,
+    /// A write's source or destination lies outside registered memory.
+    OutOfBounds,
+    /// A message or write is larger than the backend can carry.
+    TooLarge,
+    /// The peer did not take the message in time (its queue is full).
+    Timeout,
+    /// A registration failed (bad range, resources exhausted).
+    Registration,
+    /// Any other operating-system or library error.
+    Io,
+}
+
+impl FaultKind {
+    /// A short reason, as sent in `transfer_pushed.error` or
+    /// `transfer_done.error`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::PeerGone => "peer gone",
+            Self::UnknownPeer => "unknown peer",
+            Self::OutOfBounds => "write outside registered memory",
+            Self::TooLarge => "too large",
+            Self::Timeout => "timed out",
+            Self::Registration => "memory registration failed",
+            Self::Io => "i/o error",
+        }
+    }
+}
+
+impl fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An error a backend returns: displayable, and of a known kind.
+pub trait Fault: core::error::Error {
+    /// What kind of failure this is.
+    fn kind(&self) -> FaultKind;
+}
+
+/// What a data plane offers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// The largest single write it posts (bigger writes are split by the
+    /// backend).
+    pub max_write: u64,
+    /// True if a successful completion means the bytes are visible at the
+    /// target (delivery complete), not only that the source may be reused.
+    pub delivery_complete: bool,
+}
+
+/// A registered memory region, as the transport names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Region {
+    /// The transport's name for it.
+    pub id: u32,
+    /// Its first byte in this process.
+    pub addr: u64,
+    /// Its length in bytes.
+    pub len: u64,
+}
+
+/// A finished write.
+#[derive(Debug)]
+pub struct Completion<E> {
+    /// The cookie it was posted with.
+    pub cookie: u64,
+    /// Whether the bytes arrived.
+    pub result: Result<(), E>,
+}
+
+/// The data plane: one-sided writes from this process's registered memory
+/// into a peer's.
+pub trait Transport {
+    /// Its errors.
+    type Error: Fault;
+
+    /// The session id peers address this transport by (the protocol's
+    /// `session_id`).
+    fn session_id(&self) -> &str;
+
+    /// What it offers.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Registers `len` bytes at `addr` so that peers may write into them and
+    /// this process may write from them.
+    ///
+    /// # Safety
+    /// The memory must stay mapped and must not be freed or reused until
+    /// the region is deregistered or the transport dropped, and the caller
+    /// must expect peers to write into it at any time: no reference that
+    /// assumes the bytes do not change may be held over memory a peer was
+    /// told it may write.
+    unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, Self::Error>;
+
+    /// Ends a registration.
+    fn deregister(&mut self, region: Region) -> Result<(), Self::Error>;
+
+    /// Posts a write of `len` bytes at `local_offset` in `region` to
+    /// `dest_addr` in the address space of the peer whose session id is
+    /// `dest_session`. Its outcome comes from
+    /// [`poll_completion`](Self::poll_completion) with `cookie`; an error
+    /// here means it was not posted.
+    fn post_write(
+        &mut self,
+        region: Region,
+        local_offset: u64,
+        len: u64,
+        dest_session: &str,
+        dest_addr: u64,
+        cookie: u64,
+    ) -> Result<(), Self::Error>;
+
+    /// The next finished write, if any.
+    fn poll_completion(&mut self) -> Option<Completion<Self::Error>>;
+}
+
+/// A received control message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Incoming<'b> {
+    /// The sender's endpoint, if the channel knows it (empty otherwise).
+    pub from: &'b str,
+    /// Frame 0: `__transfer__` for transfer messages.
+    pub magic: &'b [u8],
+    /// Frame 1: the JSON payload.
+    pub payload: &'b [u8],
+}
+
+/// What the receiving side of a control channel saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChannelEvent<'b> {
+    /// A message.
+    Message(Incoming<'b>),
+    /// A peer's connection closed: its process exited or it shut down.
+    /// Channels that cannot tell never report it.
+    Gone {
+        /// The peer's endpoint.
+        from: &'b str,
+    },
+}
+
+/// The sending side of a control channel.
+pub trait ControlSend {
+    /// Its errors.
+    type Error: Fault;
+
+    /// Sends `[magic, payload]` to the endpoint `to`.
+    fn send(&mut self, to: &str, magic: &[u8], payload: &[u8]) -> Result<(), Self::Error>;
+}
+
+/// The receiving side of a control channel.
+pub trait ControlRecv {
+    /// Its errors.
+    type Error: Fault;
+
+    /// The endpoint peers send to.
+    fn local_endpoint(&self) -> &str;
+
+    /// Receives the next message into `buf`, waiting at most `wait` for one
+    /// (zero: do not wait). `Ok(None)`: nothing arrived in time. An error
+    /// concerns one message or peer; the channel goes on working.
+    fn recv<'b>(
+        &'b mut self,
+        buf: &'b mut [u8],
+        wait: Duration,
+    ) -> Result<Option<ChannelEvent<'b>>, Self::Error>;
+}
+
+/// A control channel: the protocol's two-frame messages to and from
+/// endpoints. It splits into a sending and a receiving side, so that a
+/// runtime can block in `recv` on one thread while others send.
+pub trait ControlChannel {
+    /// The sending side.
+    type Sender: ControlSend + Send;
+    /// The receiving side.
+    type Receiver: ControlRecv + Send;
+
+    /// Splits the channel.
+    fn split(self) -> (Self::Sender, Self::Receiver);
+}
