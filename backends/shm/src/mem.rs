@@ -12,10 +12,13 @@ use crate::error::MemError;
 /// One queued message: sender, frame 0, frame 1.
 type Queued = (String, Vec<u8>, Vec<u8>);
 
+/// Each endpoint's queue.
+type Queues = HashMap<String, VecDeque<Queued>>;
+
 /// Where in-process channels find each other.
 #[derive(Debug, Default, Clone)]
 pub struct MemHub {
-    inner: Arc<(Mutex<HashMap<String, VecDeque<Queued>>>, Condvar)>,
+    inner: Arc<(Mutex<Queues>, Condvar)>,
 }
 
 impl MemHub {
@@ -24,7 +27,7 @@ impl MemHub {
         Self::default()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, VecDeque<Queued>>> {
+    fn lock(&self) -> MutexGuard<'_, Queues> {
         self.inner.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -1,0 +1,379 @@
+//! A coordinator node: ferry-core's `Coordinator` driven over a control
+//! channel by one thread.
+//!
+//! Peers are named by their endpoint: the channel says who sent each
+//! message, and the coordinator answers at that endpoint. A peer whose
+//! connection closes, or to which a send finds it gone, is dropped at once:
+//! its transfers fail and everyone involved is told, rather than waiting
+//! for a timeout.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ferry_core::handshake::coordinator::{
+    CoordinatorConfig, CoordinatorEvent, CoordinatorStats, Policy, Timeouts,
+};
+use ferry_core::handshake::{Instant, PeerId};
+use ferry_core::transport::{
+    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, FaultKind,
+};
+use ferry_core::wire::{decode, Msg, TRANSFER_MAGIC};
+use tracing::{debug, info, warn};
+
+use super::clock::Clock;
+use super::error::NodeError;
+use super::metrics::{Metrics, MetricsSnapshot};
+use super::storage::{CoordinatorStore, Limits, OwnedCoordinator};
+
+const MAX_WAIT: Duration = Duration::from_millis(20);
+const RECV_BUF: usize = 1 << 20;
+
+/// A coordinator's settings.
+#[derive(Clone, Debug)]
+pub struct CoordinatorSettings {
+    /// Roles in hand-off order.
+    pub pipeline: Vec<String>,
+    /// Receiver choice.
+    pub policy: Policy,
+    /// Transfers an instance may receive at once.
+    pub capacity_per_instance: u32,
+    /// Per-phase timeouts.
+    pub timeouts: Timeouts,
+    /// Wait before re-dispatching after a retryable reject (times the
+    /// attempt number).
+    pub retry_backoff: Duration,
+    /// Dispatch attempts before a request fails.
+    pub max_attempts: u32,
+    /// How long a preallocated slot of a request that failed mid-write
+    /// stays out of use.
+    pub quarantine: Duration,
+    /// How long a preallocated slot whose receiver held a failed request
+    /// waits for its late `transfer_done`.
+    pub late_done_wait: Duration,
+    /// Table sizes.
+    pub limits: Limits,
+}
+
+impl CoordinatorSettings {
+    /// ferry's defaults for `pipeline`.
+    pub fn new(pipeline: &[&str]) -> Self {
+        Self {
+            pipeline: pipeline.iter().map(|s| (*s).to_owned()).collect(),
+            policy: Policy::MostFreeSlots,
+            capacity_per_instance: 32,
+            timeouts: Timeouts {
+                queued: Duration::from_secs(30),
+                alloc: Duration::from_secs(2),
+                push: Duration::from_secs(10),
+                done: Duration::from_secs(60),
+            },
+            retry_backoff: Duration::from_millis(5),
+            max_attempts: 8,
+            quarantine: Duration::from_secs(1),
+            late_done_wait: Duration::from_secs(5),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// A coordinator's figures at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CoordinatorSnapshot {
+    /// The state machine's counters.
+    pub stats: CoordinatorStats,
+    /// Instances registered.
+    pub members: usize,
+    /// Requests in flight.
+    pub in_flight: usize,
+    /// Preallocated slots taken.
+    pub prealloc_taken: usize,
+    /// The runtime's counters.
+    pub metrics: MetricsSnapshot,
+}
+
+struct Shared {
+    stop: AtomicBool,
+    metrics: Metrics,
+    snapshot: Mutex<CoordinatorSnapshot>,
+}
+
+/// A running coordinator.
+pub struct CoordinatorNode {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    endpoint: String,
+}
+
+impl std::fmt::Debug for CoordinatorNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoordinatorNode")
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CoordinatorNode {
+    /// Starts a coordinator on `channel`; `on_event` sees every event
+    /// (registrations, deliveries, failures) on the progress thread.
+    pub fn start<C>(
+        settings: &CoordinatorSettings,
+        channel: C,
+        on_event: impl FnMut(&CoordinatorEvent) + Send + 'static,
+    ) -> Result<Self, NodeError>
+    where
+        C: ControlChannel,
+        C::Sender: 'static,
+        C::Receiver: 'static,
+    {
+        let config = CoordinatorConfig {
+            pipeline: &[],
+            policy: settings.policy,
+            capacity_per_instance: settings.capacity_per_instance,
+            timeouts: settings.timeouts,
+            retry_backoff: settings.retry_backoff,
+            max_attempts: settings.max_attempts,
+            quarantine: settings.quarantine,
+            late_done_wait: settings.late_done_wait,
+        };
+        let machine = OwnedCoordinator::create(
+            settings.pipeline.clone(),
+            config,
+            CoordinatorStore::new(&settings.limits),
+        )
+        .map_err(NodeError::Coordinator)?;
+        let (tx, rx) = channel.split();
+        let endpoint = rx.local_endpoint().to_owned();
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            metrics: Metrics::default(),
+            snapshot: Mutex::new(CoordinatorSnapshot::default()),
+        });
+        let mut progress = Progress {
+            shared: Arc::clone(&shared),
+            machine,
+            tx,
+            rx,
+            clock: Clock::start(),
+            peers: Vec::new(),
+            ids: HashMap::new(),
+            buf: vec![0; RECV_BUF],
+            out: vec![0; 64 * 1024],
+            lost: Vec::new(),
+            on_event: Box::new(on_event),
+        };
+        let thread = std::thread::Builder::new()
+            .name("ferry-coordinator".into())
+            .spawn(move || progress.run())
+            .map_err(NodeError::Thread)?;
+        Ok(Self {
+            shared,
+            thread: Some(thread),
+            endpoint,
+        })
+    }
+
+    /// The endpoint instances report to.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Figures as of the progress thread's last turn.
+    pub fn snapshot(&self) -> CoordinatorSnapshot {
+        let mut s = *self
+            .shared
+            .snapshot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        s.metrics = self.shared.metrics.snapshot();
+        s
+    }
+}
+
+impl Drop for CoordinatorNode {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+type OnEvent = Box<dyn FnMut(&CoordinatorEvent) + Send>;
+
+struct Progress<S, R> {
+    shared: Arc<Shared>,
+    machine: OwnedCoordinator,
+    tx: S,
+    rx: R,
+    clock: Clock,
+    /// Endpoint of peer `n` at `n - 1`.
+    peers: Vec<String>,
+    ids: HashMap<String, PeerId>,
+    buf: Vec<u8>,
+    out: Vec<u8>,
+    lost: Vec<PeerId>,
+    on_event: OnEvent,
+}
+
+impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
+    fn run(&mut self) {
+        while !self.shared.stop.load(Ordering::Relaxed) {
+            let now = self.clock.now();
+            self.drive(now);
+            let next = self.machine.run(|m| m.poll_timeout());
+            let wait = self.clock.until(next, MAX_WAIT);
+            self.receive(wait);
+        }
+    }
+
+    fn receive(&mut self, wait: Duration) {
+        let Self {
+            shared,
+            machine,
+            rx,
+            clock,
+            peers,
+            ids,
+            buf,
+            ..
+        } = self;
+        let m = &shared.metrics;
+        let msg = match rx.recv(buf, wait) {
+            Ok(Some(ChannelEvent::Message(msg))) => msg,
+            Ok(Some(ChannelEvent::Gone { from })) => {
+                if let Some(&peer) = ids.get(from) {
+                    info!(peer = %from, "instance gone; failing its transfers");
+                    Metrics::add(&m.peers_lost, 1);
+                    let now = clock.now();
+                    machine.run(|c| c.peer_lost(now, peer));
+                }
+                return;
+            }
+            Ok(None) => return,
+            Err(e) => {
+                Metrics::add(&m.bad_frames, 1);
+                warn!(error = %e, "control receive");
+                return;
+            }
+        };
+        if msg.magic != TRANSFER_MAGIC {
+            Metrics::add(&m.non_transfer, 1);
+            return;
+        }
+        Metrics::add(&m.messages_in, 1);
+        let decoded = match decode(msg.payload) {
+            Ok(d) => d,
+            Err(e) => {
+                Metrics::add(&m.bad_frames, 1);
+                warn!(from = %msg.from, error = %e, "undecodable transfer message dropped");
+                return;
+            }
+        };
+        let mut name = [0u8; 256];
+        let key = match (&decoded, msg.from.is_empty()) {
+            (_, false) => msg.from,
+            // A channel that cannot name senders: registration names the
+            // endpoint to answer at.
+            (Msg::Register(r), true) => match r.work_endpoint.unescape_into(&mut name) {
+                Ok(e) => e,
+                Err(_) => return,
+            },
+            (_, true) => {
+                Metrics::add(&m.ignored, 1);
+                warn!("transfer message from an unnamed peer dropped");
+                return;
+            }
+        };
+        let peer = match ids.get(key) {
+            Some(&p) => p,
+            None => {
+                peers.push(key.to_owned());
+                let p = PeerId(peers.len() as u32);
+                ids.insert(key.to_owned(), p);
+                p
+            }
+        };
+        let now = clock.now();
+        if let Err(why) = machine.run(|c| c.handle(now, peer, &decoded)) {
+            Metrics::add(&m.ignored, 1);
+            debug!(peer = %key, msg = ?decoded.msg_type(), ?why, "message ignored");
+        }
+    }
+
+    fn drive(&mut self, now: Instant) {
+        let Self {
+            machine,
+            tx,
+            peers,
+            out,
+            lost,
+            shared,
+            on_event,
+            ..
+        } = self;
+        machine.run(|c| {
+            if c.poll_timeout().is_some_and(|t| t <= now) {
+                c.handle_timeout(now);
+            }
+        });
+        loop {
+            while let Some(r) = machine.run(|c| c.poll_transmit(out)) {
+                let t = match r {
+                    Ok(t) => t,
+                    Err(e) => {
+                        out.resize(e.needed, 0);
+                        continue;
+                    }
+                };
+                let Some(to) = peers.get((t.to.0 as usize).wrapping_sub(1)) else {
+                    continue;
+                };
+                match tx.send(to, TRANSFER_MAGIC, &out[..t.len]) {
+                    Ok(()) => Metrics::add(&shared.metrics.messages_out, 1),
+                    Err(e) => {
+                        Metrics::add(&shared.metrics.send_errors, 1);
+                        warn!(peer = %to, error = %e, "control send failed");
+                        if e.kind() == FaultKind::PeerGone && !lost.contains(&t.to) {
+                            lost.push(t.to);
+                        }
+                    }
+                }
+            }
+            if lost.is_empty() {
+                break;
+            }
+            // Dropping a peer fails its transfers, which queues aborts to
+            // the others: send those too.
+            for peer in lost.drain(..) {
+                Metrics::add(&shared.metrics.peers_lost, 1);
+                machine.run(|c| c.peer_lost(now, peer));
+            }
+        }
+        while let Some(e) = machine.run(|c| c.poll_event()) {
+            match &e {
+                CoordinatorEvent::Registered { peer, role, .. } => {
+                    info!(peer = ?peers.get((peer.0 as usize).wrapping_sub(1)), role, "instance registered");
+                }
+                CoordinatorEvent::Delivered { id, leg } => debug!(%id, leg, "delivered"),
+                CoordinatorEvent::Failed { id, leg, reason } => {
+                    info!(%id, leg, %reason, "transfer failed");
+                }
+            }
+            on_event(&e);
+        }
+        let snap = machine.run(|c| CoordinatorSnapshot {
+            stats: *c.stats(),
+            members: c.members(),
+            in_flight: c.in_flight(),
+            prealloc_taken: c.prealloc_taken(),
+            metrics: MetricsSnapshot::default(),
+        });
+        *shared
+            .snapshot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = snap;
+    }
+}

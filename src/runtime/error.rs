@@ -1,0 +1,54 @@
+//! The runtime's errors.
+
+use std::time::Duration;
+
+use ferry_core::handshake::coordinator::ConfigError;
+use ferry_core::handshake::instance::InstanceError;
+use ferry_core::json::JsonError;
+use ferry_core::slots::{BuddyError, LayoutError};
+
+/// Why a node could not start or a call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// The instance refused the call or its settings.
+    #[error("instance: {0}")]
+    Instance(#[from] InstanceError),
+    /// Pool settings the allocator cannot take.
+    #[error("pool settings: {0}")]
+    Pool(BuddyError),
+    /// Coordinator settings it cannot take.
+    #[error("coordinator settings: {0:?}")]
+    Coordinator(ConfigError),
+    /// The data plane failed.
+    #[error("data plane {verb}: {source}")]
+    Transport {
+        /// What was being done.
+        verb: &'static str,
+        /// The backend's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The tensors cannot be laid out in a slot.
+    #[error("tensor layout: {0}")]
+    Layout(LayoutError),
+    /// More tensors than one request may carry.
+    #[error("{count} tensors in one request; at most {max}")]
+    TooManyTensors {
+        /// Tensors given.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Scalar fields that are not one JSON object.
+    #[error("scalar fields are not a JSON object: {0}")]
+    ScalarFields(JsonError),
+    /// The progress thread could not be started.
+    #[error("starting the progress thread: {0}")]
+    Thread(std::io::Error),
+    /// The coordinator did not acknowledge the registration in time.
+    #[error("not registered with the coordinator within {0:?}")]
+    NotRegistered(Duration),
+    /// The coordinator refused the registration (unknown role?).
+    #[error("the coordinator refused the registration")]
+    Refused,
+}

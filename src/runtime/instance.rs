@@ -1,0 +1,829 @@
+//! An instance node: ferry-core's `Instance` driven over a control channel
+//! and a data plane, with the API a serving runtime calls.
+//!
+//! One progress thread receives control messages, hands them to the state
+//! machine and posts the writes it asks for (outside the lock, so that a
+//! large copy does not stall the application). Application threads stage,
+//! commit, receive and release through the same state machine under a
+//! mutex, and send what that produces at once: a commit goes out on the
+//! caller's thread without waiting for the progress thread.
+//!
+//! In steady state nothing here allocates: buffers, queues and the
+//! per-delivery metadata buffers are made at start and reused.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ferry_core::handshake::coordinator::RequestId;
+use ferry_core::handshake::instance::{InstanceConfig, InstanceEvent, InstanceStats, Token, Write};
+use ferry_core::handshake::Instant;
+use ferry_core::json::{JsonStr, RawJson};
+use ferry_core::slots::{layout, BuddyConfig, Dtype, TensorSpec};
+use ferry_core::transport::{
+    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, Region, Transport,
+};
+use ferry_core::wire::{decode, Manifest, Shape, ShapeIter, TensorEntry, TRANSFER_MAGIC};
+use tracing::{debug, debug_span, info, warn};
+
+use super::clock::Clock;
+use super::error::NodeError;
+use super::memory::PoolMemory;
+use super::metrics::{Metrics, MetricsSnapshot};
+use super::storage::{InstanceStore, Limits, OwnedInstance};
+
+/// Most tensors one request carries.
+pub const MAX_TENSORS: usize = 32;
+
+/// Longest wait of the progress thread between checks of its stop flag.
+const MAX_WAIT: Duration = Duration::from_millis(20);
+
+/// Receive buffer for one control message.
+const RECV_BUF: usize = 1 << 20;
+
+/// An instance's settings.
+#[derive(Clone, Debug)]
+pub struct InstanceSettings {
+    /// The role it registers as (`encoder`, `denoiser`, ...).
+    pub role: String,
+    /// The coordinator's endpoint.
+    pub coordinator: String,
+    /// The smallest slot of the pool allocator (a power of two).
+    pub min_block: u64,
+    /// Receive slots set aside at start: how many, of what size.
+    pub prealloc: (usize, u64),
+    /// Table sizes.
+    pub limits: Limits,
+    /// Resend `transfer_register` this often until acknowledged.
+    pub register_retry: Duration,
+    /// Staged, waiting for `transfer_push`, before the slot is freed; must
+    /// exceed the coordinator's queue plus alloc timeouts.
+    pub staged_timeout: Duration,
+    /// Slot reserved, waiting for `transfer_ready`; must exceed the
+    /// coordinator's push timeout.
+    pub reserved_timeout: Duration,
+    /// How long a slot a write may still be landing in stays out of use.
+    pub quarantine: Duration,
+}
+
+impl InstanceSettings {
+    /// Settings with ferry's defaults for `role`, reporting to
+    /// `coordinator`.
+    pub fn new(role: &str, coordinator: &str) -> Self {
+        Self {
+            role: role.to_owned(),
+            coordinator: coordinator.to_owned(),
+            min_block: 1 << 20,
+            prealloc: (0, 0),
+            limits: Limits::default(),
+            register_retry: Duration::from_millis(200),
+            staged_timeout: Duration::from_secs(60),
+            reserved_timeout: Duration::from_secs(20),
+            quarantine: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What became of a request this instance staged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// The request.
+    pub id: RequestId,
+    /// True if its bytes reached the receiver.
+    pub sent: bool,
+}
+
+/// A node's figures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeStats {
+    /// The runtime's counters.
+    pub metrics: MetricsSnapshot,
+    /// The state machine's counters.
+    pub instance: InstanceStats,
+    /// Requests held (any state, quarantined slots included).
+    pub requests_held: usize,
+    /// Preallocated slots in use.
+    pub prealloc_in_use: usize,
+    /// Pool slots allocated (preallocated slots included).
+    pub live_slots: u64,
+    /// Preallocated receive slots.
+    pub prealloc_slots: usize,
+}
+
+struct State<S> {
+    machine: OwnedInstance,
+    tx: S,
+    coordinator: String,
+    /// Encoding buffer for outgoing messages.
+    out: Vec<u8>,
+    received: VecDeque<Token>,
+    outcomes: VecDeque<Outcome>,
+    /// Metadata buffers for deliveries, reused.
+    meta_free: Vec<Vec<u8>>,
+    registered: Option<bool>,
+}
+
+struct Shared<S> {
+    state: Mutex<State<S>>,
+    changed: Condvar,
+    stop: AtomicBool,
+    metrics: Metrics,
+    clock: Clock,
+    memory: PoolMemory,
+}
+
+impl<S: ControlSend> Shared<S> {
+    fn lock(&self) -> MutexGuard<'_, State<S>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Fires due timers, sends queued messages, and routes events.
+    fn drive(&self, st: &mut State<S>, now: Instant) {
+        let State {
+            machine,
+            tx,
+            coordinator,
+            out,
+            received,
+            outcomes,
+            registered,
+            ..
+        } = st;
+        machine.run(|m| {
+            if m.poll_timeout().is_some_and(|t| t <= now) {
+                m.handle_timeout(now);
+            }
+        });
+        let mut lost = false;
+        while let Some(r) = machine.run(|m| m.poll_transmit(out)) {
+            let n = match r {
+                Ok(n) => n,
+                Err(e) => {
+                    out.resize(e.needed, 0);
+                    continue;
+                }
+            };
+            match tx.send(coordinator, TRANSFER_MAGIC, &out[..n]) {
+                Ok(()) => Metrics::add(&self.metrics.messages_out, 1),
+                Err(e) => {
+                    Metrics::add(&self.metrics.send_errors, 1);
+                    warn!(coordinator = %coordinator, error = %e, "control send failed");
+                    lost |= e.kind() == ferry_core::transport::FaultKind::PeerGone;
+                }
+            }
+        }
+        if lost && *registered == Some(true) {
+            // The coordinator went away: register again, and send nothing
+            // else until a coordinator acknowledges.
+            *registered = None;
+            machine.run(|m| m.reregister(now));
+        }
+        let mut woke = false;
+        while let Some(e) = machine.run(|m| m.poll_event()) {
+            woke = true;
+            match e {
+                InstanceEvent::Registered => {
+                    info!(coordinator = %coordinator, "registered");
+                    *registered = Some(true);
+                }
+                InstanceEvent::Refused => {
+                    warn!(coordinator = %coordinator, "registration refused");
+                    *registered = Some(false);
+                }
+                InstanceEvent::Received(t) => {
+                    Metrics::add(&self.metrics.received, 1);
+                    received.push_back(t);
+                }
+                InstanceEvent::Sent { id } => {
+                    Metrics::add(&self.metrics.sent, 1);
+                    debug!(%id, "sent");
+                    push_bounded(outcomes, Outcome { id, sent: true });
+                }
+                InstanceEvent::SendFailed { id } => {
+                    Metrics::add(&self.metrics.send_failed, 1);
+                    info!(%id, "send failed");
+                    push_bounded(outcomes, Outcome { id, sent: false });
+                }
+                InstanceEvent::Aborted(_) => {
+                    debug!("a held transfer was aborted by the coordinator");
+                }
+            }
+        }
+        if woke {
+            self.changed.notify_all();
+        }
+    }
+}
+
+/// Keeps the newest outcomes when the application does not read them.
+fn push_bounded(q: &mut VecDeque<Outcome>, o: Outcome) {
+    if q.len() == q.capacity() {
+        q.pop_front();
+    }
+    q.push_back(o);
+}
+
+/// A running instance.
+pub struct InstanceNode<S: ControlSend> {
+    shared: Arc<Shared<S>>,
+    thread: Option<JoinHandle<()>>,
+    session: String,
+    endpoint: String,
+}
+
+impl<S: ControlSend> std::fmt::Debug for InstanceNode<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InstanceNode")
+            .field("session", &self.session)
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> InstanceNode<S>
+where
+    S: ControlSend + Send + 'static,
+{
+    /// Starts an instance whose pool is `memory`, registered with
+    /// `transport`, talking over `channel`.
+    pub fn start<T, C>(
+        settings: &InstanceSettings,
+        mut transport: T,
+        memory: PoolMemory,
+        channel: C,
+    ) -> Result<Self, NodeError>
+    where
+        T: Transport + Send + 'static,
+        T::Error: Send + Sync + 'static,
+        C: ControlChannel<Sender = S>,
+        C::Receiver: 'static,
+    {
+        // SAFETY-relevant contract (not unsafe here): `memory` is valid for
+        // as long as `transport` lives, which the progress thread owns
+        // until this node is dropped.
+        let transport_err = |verb| {
+            move |e: T::Error| NodeError::Transport {
+                verb,
+                source: Box::new(e),
+            }
+        };
+        // SAFETY: PoolMemory's contract: the memory stays mapped while the
+        // node (and so the transport, owned by its thread) lives.
+        #[allow(unsafe_code)]
+        let region = unsafe { transport.register(memory.base(), memory.len()) }
+            .map_err(transport_err("register"))?;
+        let (tx, rx) = channel.split();
+        let session = transport.session_id().to_owned();
+        let endpoint = rx.local_endpoint().to_owned();
+        let pool = BuddyConfig {
+            pool_size: memory.len() as u64,
+            min_block: settings.min_block,
+            pool_id: 0,
+        };
+        let store = InstanceStore::new(
+            [settings.role.clone(), session.clone(), endpoint.clone()],
+            &settings.limits,
+            &pool,
+            settings.prealloc.0,
+        )
+        .map_err(NodeError::Pool)?;
+        let clock = Clock::start();
+        let config = InstanceConfig {
+            role: "",
+            session_id: "",
+            work_endpoint: "",
+            pool_ptr: memory.base() as u64,
+            pool,
+            prealloc: settings.prealloc,
+            register_retry: settings.register_retry,
+            staged_timeout: settings.staged_timeout,
+            reserved_timeout: settings.reserved_timeout,
+            quarantine: settings.quarantine,
+        };
+        let machine = OwnedInstance::create(clock.now(), config, store)?;
+        let n = settings.limits.requests.max(1);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                machine,
+                tx,
+                coordinator: settings.coordinator.clone(),
+                out: vec![0; 64 * 1024],
+                received: VecDeque::with_capacity(n),
+                outcomes: VecDeque::with_capacity(4 * n),
+                meta_free: (0..n)
+                    .map(|_| Vec::with_capacity(settings.limits.nested_per_request))
+                    .collect(),
+                registered: None,
+            }),
+            changed: Condvar::new(),
+            stop: AtomicBool::new(false),
+            metrics: Metrics::default(),
+            clock,
+            memory,
+        });
+        let progress = Progress {
+            shared: Arc::clone(&shared),
+            transport,
+            region,
+            rx,
+            buf: vec![0; RECV_BUF],
+            writes: Vec::with_capacity(n),
+            pending: Vec::with_capacity(n),
+            done: Vec::with_capacity(n),
+            next_cookie: 0,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("ferry-{}", settings.role))
+            .spawn(move || progress.run())
+            .map_err(NodeError::Thread)?;
+        {
+            let mut st = shared.lock();
+            shared.drive(&mut st, shared.clock.now());
+        }
+        Ok(Self {
+            shared,
+            thread: Some(thread),
+            session,
+            endpoint,
+        })
+    }
+
+    /// The data-plane session id peers write to.
+    pub fn session_id(&self) -> &str {
+        &self.session
+    }
+
+    /// The control endpoint the coordinator sends to.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Waits until the coordinator acknowledged the registration.
+    pub fn wait_registered(&self, timeout: Duration) -> Result<(), NodeError> {
+        let st = self.shared.lock();
+        let (st, _) = self
+            .shared
+            .changed
+            .wait_timeout_while(st, timeout, |s| s.registered.is_none())
+            .unwrap_or_else(PoisonError::into_inner);
+        match st.registered {
+            Some(true) => Ok(()),
+            Some(false) => Err(NodeError::Refused),
+            None => Err(NodeError::NotRegistered(timeout)),
+        }
+    }
+
+    /// True while the coordinator has acknowledged this instance.
+    pub fn is_registered(&self) -> bool {
+        self.shared.lock().registered == Some(true)
+    }
+
+    /// Reserves a slot for request `id` laid out for `tensors` (each at a
+    /// 512-byte boundary). Fill the tensors, then
+    /// [`commit`](Staging::commit); dropping the staging gives the slot
+    /// back.
+    pub fn stage<'a>(
+        &self,
+        id: &str,
+        tensors: &[TensorSpec<'a>],
+    ) -> Result<Staging<'_, 'a, S>, NodeError> {
+        if tensors.len() > MAX_TENSORS {
+            return Err(NodeError::TooManyTensors {
+                count: tensors.len(),
+                max: MAX_TENSORS,
+            });
+        }
+        let mut entries = [EMPTY_ENTRY; MAX_TENSORS];
+        let l = layout(tensors, &mut entries).map_err(NodeError::Layout)?;
+        let (token, offset) = {
+            let mut st = self.shared.lock();
+            st.machine.run(|m| m.stage(id, l.data_size))?
+        };
+        Ok(Staging {
+            node: self,
+            token: Some(token),
+            offset,
+            data_size: l.data_size,
+            entries,
+            count: l.tensors,
+        })
+    }
+
+    /// The next transfer received, waiting at most `timeout`.
+    pub fn recv(&self, timeout: Duration) -> Option<Delivery<'_, S>> {
+        let mut st = self.shared.lock();
+        loop {
+            let (guard, _) = self
+                .shared
+                .changed
+                .wait_timeout_while(st, timeout, |s| {
+                    s.received.is_empty() && !self.shared.stop.load(Ordering::Relaxed)
+                })
+                .unwrap_or_else(PoisonError::into_inner);
+            st = guard;
+            let token = st.received.pop_front()?;
+            let mut meta = st.meta_free.pop().unwrap_or_default();
+            meta.clear();
+            let view = st.machine.read(|m| {
+                m.received(token).map(|rx| {
+                    meta.extend_from_slice(rx.id.as_bytes());
+                    let id_len = rx.id.len();
+                    let manifest = match rx.manifest {
+                        Manifest::Raw(raw) => raw.as_str(),
+                        Manifest::Entries(_) => "{}",
+                    };
+                    meta.extend_from_slice(manifest.as_bytes());
+                    meta.extend_from_slice(rx.scalar_fields.as_str().as_bytes());
+                    (id_len, manifest.len(), rx.slot_offset, rx.slot_size)
+                })
+            });
+            match view {
+                Some((id_len, manifest_len, slot_offset, slot_size)) => {
+                    return Some(Delivery {
+                        node: self,
+                        token: Some(token),
+                        meta,
+                        id_len,
+                        manifest_len,
+                        slot_offset,
+                        slot_size,
+                    });
+                }
+                None => st.meta_free.push(meta),
+            }
+        }
+    }
+
+    /// The next outcome of a request this instance staged, waiting at most
+    /// `timeout`.
+    pub fn next_outcome(&self, timeout: Duration) -> Option<Outcome> {
+        let st = self.shared.lock();
+        let (mut st, _) = self
+            .shared
+            .changed
+            .wait_timeout_while(st, timeout, |s| s.outcomes.is_empty())
+            .unwrap_or_else(PoisonError::into_inner);
+        st.outcomes.pop_front()
+    }
+
+    /// Figures now.
+    pub fn stats(&self) -> NodeStats {
+        let st = self.shared.lock();
+        st.machine.read(|m| NodeStats {
+            metrics: self.shared.metrics.snapshot(),
+            instance: *m.stats(),
+            requests_held: m.requests_held(),
+            prealloc_in_use: m.prealloc_in_use(),
+            live_slots: m.pool().stats().live_slots,
+            prealloc_slots: m.prealloc_slots().len(),
+        })
+    }
+
+    fn release(&self, token: Token, error: Option<&'static str>, meta: Vec<u8>) {
+        let mut st = self.shared.lock();
+        st.meta_free.push(meta);
+        if let Err(e) = st.machine.run(|m| m.release(token, error)) {
+            debug!(error = %e, "release of a transfer no longer held");
+            return;
+        }
+        Metrics::add(&self.shared.metrics.released, 1);
+        self.shared.drive(&mut st, self.shared.clock.now());
+    }
+}
+
+impl<S: ControlSend> Drop for InstanceNode<S> {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.changed.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+const EMPTY_ENTRY: TensorEntry<'static> = TensorEntry {
+    field: JsonStr::plain(""),
+    list_index: None,
+    offset: 0,
+    shape: Shape::Dims(&[]),
+    dtype: JsonStr::plain(""),
+};
+
+/// A request being staged: its slot, to fill before committing.
+pub struct Staging<'n, 'a, S: ControlSend + Send + 'static> {
+    node: &'n InstanceNode<S>,
+    token: Option<Token>,
+    offset: u64,
+    data_size: u64,
+    entries: [TensorEntry<'a>; MAX_TENSORS],
+    count: usize,
+}
+
+impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
+    /// Bytes the slot's data takes (alignment padding included).
+    pub fn data_size(&self) -> u64 {
+        self.data_size
+    }
+
+    /// The bytes of tensor `i`, in the order given to `stage`.
+    pub fn tensor_mut(&mut self, i: usize) -> Option<&mut [u8]> {
+        let e = self.entries[..self.count].get(i)?;
+        let len = ferry_core::slots::entry_bytes(e)?;
+        self.node
+            .shared
+            .memory
+            .staged_mut(self.offset + e.offset, len)
+    }
+
+    /// Announces the filled slot to the coordinator, with `scalar_fields`
+    /// (a JSON object) relayed to the receiver.
+    pub fn commit(mut self, scalar_fields: &str) -> Result<(), NodeError> {
+        let scalars = RawJson::parse_object(scalar_fields).map_err(NodeError::ScalarFields)?;
+        let Some(token) = self.token else {
+            return Ok(());
+        };
+        let shared = &self.node.shared;
+        let mut st = shared.lock();
+        let now = shared.clock.now();
+        let manifest = Manifest::Entries(&self.entries[..self.count]);
+        st.machine
+            .run(|m| m.commit(now, token, self.data_size, &manifest, scalars))?;
+        self.token = None;
+        Metrics::add(&shared.metrics.staged, 1);
+        shared.drive(&mut st, now);
+        Ok(())
+    }
+}
+
+impl<S: ControlSend + Send + 'static> Drop for Staging<'_, '_, S> {
+    fn drop(&mut self) {
+        if let Some(token) = self.token.take() {
+            let _ = self.node.shared.lock().machine.run(|m| m.unstage(token));
+        }
+    }
+}
+
+/// One tensor of a delivery.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorView<'d> {
+    /// The request field it belongs to.
+    pub field: JsonStr<'d>,
+    /// Position in the field's list, for list-valued fields.
+    pub list_index: Option<u64>,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Dimensions.
+    pub shape: Shape<'d>,
+    /// The tensor's bytes in the slot.
+    pub bytes: &'d [u8],
+}
+
+impl TensorView<'_> {
+    /// The dimensions.
+    pub fn dims(&self) -> ShapeIter<'_> {
+        self.shape.dims()
+    }
+}
+
+/// A received transfer the application holds; its slot is freed (and
+/// `transfer_done` sent) on [`release`](Self::release), [`fail`](Self::fail)
+/// or drop.
+pub struct Delivery<'n, S: ControlSend + Send + 'static> {
+    node: &'n InstanceNode<S>,
+    token: Option<Token>,
+    meta: Vec<u8>,
+    id_len: usize,
+    manifest_len: usize,
+    slot_offset: u64,
+    slot_size: u64,
+}
+
+impl<S: ControlSend + Send + 'static> Delivery<'_, S> {
+    fn text(&self, start: usize, len: usize) -> &str {
+        // Copied from validated JSON text and an id held as a str.
+        std::str::from_utf8(&self.meta[start..start + len]).unwrap_or("")
+    }
+
+    /// The request id.
+    pub fn id(&self) -> &str {
+        self.text(0, self.id_len)
+    }
+
+    /// The manifest as received (checked against the slot).
+    pub fn manifest(&self) -> Manifest<'_> {
+        let raw = RawJson::parse_object(self.text(self.id_len, self.manifest_len))
+            .unwrap_or(RawJson::EMPTY_OBJECT);
+        Manifest::Raw(raw)
+    }
+
+    /// The scalar fields relayed from the sender (a JSON object).
+    pub fn scalar_fields(&self) -> &str {
+        let start = self.id_len + self.manifest_len;
+        self.text(start, self.meta.len() - start)
+    }
+
+    /// The whole slot.
+    pub fn slot(&self) -> &[u8] {
+        self.node
+            .shared
+            .memory
+            .delivered(self.slot_offset, self.slot_size)
+            .unwrap_or(&[])
+    }
+
+    /// The tensors, in manifest order. Every entry was checked to lie in
+    /// the slot before the transfer was delivered.
+    pub fn tensors(&self) -> impl Iterator<Item = TensorView<'_>> + '_ {
+        let slot = self.slot();
+        let manifest = self.manifest();
+        manifest.iter().filter_map(move |e| {
+            let e = e.ok()?;
+            let len = ferry_core::slots::entry_bytes(&e)?;
+            let mut name = [0u8; 32];
+            let dtype = Dtype::from_name(e.dtype.unescape_into(&mut name).ok()?).ok()?;
+            let start = usize::try_from(e.offset).ok()?;
+            let bytes = slot.get(start..start.checked_add(usize::try_from(len).ok()?)?)?;
+            Some(TensorView {
+                field: e.field,
+                list_index: e.list_index,
+                dtype,
+                shape: e.shape,
+                bytes,
+            })
+        })
+    }
+
+    /// Done with it: the slot is freed and the coordinator told.
+    pub fn release(mut self) {
+        self.finish(None);
+    }
+
+    /// Done with it, but it could not be used: `reason` goes to the
+    /// coordinator in `transfer_done.error`.
+    pub fn fail(mut self, reason: &'static str) {
+        self.finish(Some(reason));
+    }
+
+    fn finish(&mut self, error: Option<&'static str>) {
+        if let Some(token) = self.token.take() {
+            let meta = std::mem::take(&mut self.meta);
+            self.node.release(token, error, meta);
+        }
+    }
+}
+
+impl<S: ControlSend + Send + 'static> Drop for Delivery<'_, S> {
+    fn drop(&mut self) {
+        self.finish(None);
+    }
+}
+
+/// The progress thread's own state.
+struct Progress<S, T: Transport, R> {
+    shared: Arc<Shared<S>>,
+    transport: T,
+    region: Region,
+    rx: R,
+    buf: Vec<u8>,
+    writes: Vec<Write>,
+    /// Posted writes: cookie, token, length.
+    pending: Vec<(u64, Token, u64)>,
+    done: Vec<(Token, Result<(), &'static str>)>,
+    next_cookie: u64,
+}
+
+impl<S, T, R> Progress<S, T, R>
+where
+    S: ControlSend,
+    T: Transport,
+    R: ControlRecv,
+{
+    fn run(mut self) {
+        let shared = Arc::clone(&self.shared);
+        while !shared.stop.load(Ordering::Relaxed) {
+            let wait = {
+                let mut st = shared.lock();
+                let now = shared.clock.now();
+                shared.drive(&mut st, now);
+                let next = st.machine.read(|m| m.poll_timeout());
+                let cap = if self.pending.is_empty() {
+                    MAX_WAIT
+                } else {
+                    Duration::from_micros(100)
+                };
+                shared.clock.until(next, cap)
+            };
+            self.receive(wait);
+            self.post_writes();
+            self.reap();
+        }
+    }
+
+    fn receive(&mut self, wait: Duration) {
+        let shared = &*self.shared;
+        let m = &shared.metrics;
+        match self.rx.recv(&mut self.buf, wait) {
+            Ok(Some(ChannelEvent::Message(msg))) => {
+                if msg.magic != TRANSFER_MAGIC {
+                    Metrics::add(&m.non_transfer, 1);
+                    return;
+                }
+                Metrics::add(&m.messages_in, 1);
+                let decoded = match decode(msg.payload) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        Metrics::add(&m.bad_frames, 1);
+                        warn!(from = %msg.from, error = %e, "undecodable transfer message dropped");
+                        return;
+                    }
+                };
+                let mut st = shared.lock();
+                let now = shared.clock.now();
+                let r = st.machine.run(|i| {
+                    let r = i.handle(now, &decoded);
+                    while let Some(w) = i.poll_action() {
+                        self.writes.push(w);
+                    }
+                    r
+                });
+                if let Err(why) = r {
+                    Metrics::add(&m.ignored, 1);
+                    debug!(msg = ?decoded.msg_type(), ?why, "message ignored");
+                }
+                shared.drive(&mut st, now);
+            }
+            Ok(Some(ChannelEvent::Gone { from })) => {
+                let mut st = shared.lock();
+                if from == st.coordinator {
+                    warn!(coordinator = %from, "coordinator gone; registering again");
+                    Metrics::add(&m.peers_lost, 1);
+                    st.registered = None;
+                    let now = shared.clock.now();
+                    st.machine.run(|i| i.reregister(now));
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                Metrics::add(&m.bad_frames, 1);
+                warn!(error = %e, "control receive");
+            }
+        }
+    }
+
+    fn post_writes(&mut self) {
+        let m = &self.shared.metrics;
+        for w in self.writes.drain(..) {
+            let _span = debug_span!("write", id = %w.id, len = w.len).entered();
+            let cookie = self.next_cookie;
+            self.next_cookie += 1;
+            Metrics::add(&m.writes, 1);
+            match self.transport.post_write(
+                self.region,
+                w.local_offset,
+                w.len,
+                w.dest_session.as_str(),
+                w.dest_addr,
+                cookie,
+            ) {
+                Ok(()) => self.pending.push((cookie, w.token, w.len)),
+                Err(e) => {
+                    Metrics::add(&m.write_errors, 1);
+                    warn!(id = %w.id, dest = %w.dest_session, error = %e, "write not posted");
+                    self.done.push((w.token, Err(e.kind().as_str())));
+                }
+            }
+        }
+    }
+
+    fn reap(&mut self) {
+        let m = &self.shared.metrics;
+        while let Some(c) = self.transport.poll_completion() {
+            let Some(i) = self.pending.iter().position(|p| p.0 == c.cookie) else {
+                continue;
+            };
+            let (_, token, len) = self.pending.swap_remove(i);
+            match c.result {
+                Ok(()) => Metrics::add(&m.bytes_written, len),
+                Err(e) => {
+                    Metrics::add(&m.write_errors, 1);
+                    warn!(error = %e, "write failed");
+                    self.done.push((token, Err(e.kind().as_str())));
+                    continue;
+                }
+            }
+            self.done.push((token, Ok(())));
+        }
+        if self.done.is_empty() {
+            return;
+        }
+        let shared = &*self.shared;
+        let mut st = shared.lock();
+        let now = shared.clock.now();
+        for (token, result) in self.done.drain(..) {
+            let _ = st.machine.run(|i| i.handle_completion(now, token, result));
+        }
+        shared.drive(&mut st, now);
+    }
+}

@@ -1,0 +1,29 @@
+//! The std runtime: ferry-core's state machines driven over a control
+//! channel and a data plane, each by a progress thread, with the API a
+//! serving runtime embeds.
+//!
+//! * [`InstanceNode`]: stage a request's tensors and commit them; receive
+//!   transfers as typed tensor views over the slot; release them.
+//! * [`CoordinatorNode`]: the coordinator, relaying between instances.
+//! * [`shm`]: both over the shared-memory loopback and Unix sockets.
+//!
+//! Every hand-off is traced (`tracing`, target `ferry`) and counted
+//! ([`MetricsSnapshot`]).
+
+mod clock;
+mod coordinator;
+mod error;
+mod instance;
+mod memory;
+mod metrics;
+pub mod shm;
+pub mod storage;
+
+pub use clock::Clock;
+pub use coordinator::{CoordinatorNode, CoordinatorSettings, CoordinatorSnapshot};
+pub use error::NodeError;
+pub use instance::{
+    Delivery, InstanceNode, InstanceSettings, NodeStats, Outcome, Staging, TensorView, MAX_TENSORS,
+};
+pub use memory::PoolMemory;
+pub use metrics::{Metrics, MetricsSnapshot};

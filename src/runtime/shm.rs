@@ -1,0 +1,56 @@
+//! Nodes over the shared-memory loopback: pools in POSIX shared memory
+//! ([`ferry_shm::ShmTransport`]) and Unix-socket control channels
+//! ([`ferry_shm::UdsChannel`]), for processes on one host.
+
+use ferry_shm::{ShmTransport, UdsChannel, UdsSender};
+
+use super::error::NodeError;
+use super::instance::{InstanceNode, InstanceSettings};
+use super::memory::PoolMemory;
+
+/// An instance node on the shared-memory loopback.
+pub type ShmInstance = InstanceNode<UdsSender>;
+
+/// How a shared-memory instance copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopySettings {
+    /// Threads a large write is split across (the caller's included).
+    pub threads: usize,
+    /// Writes of at least this many bytes are split.
+    pub split_at: usize,
+}
+
+impl Default for CopySettings {
+    fn default() -> Self {
+        Self {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+            split_at: 4 << 20,
+        }
+    }
+}
+
+/// Starts an instance with a new shared-memory pool of `pool_len` bytes,
+/// listening at `endpoint` (`ipc://<path>`).
+pub fn start_instance(
+    settings: &InstanceSettings,
+    pool_len: usize,
+    copy: CopySettings,
+    endpoint: &str,
+) -> Result<ShmInstance, NodeError> {
+    let transport = ShmTransport::new(pool_len, copy.threads, copy.split_at).map_err(|e| {
+        NodeError::Transport {
+            verb: "create pool",
+            source: Box::new(e),
+        }
+    })?;
+    let channel = UdsChannel::bind(endpoint).map_err(|e| NodeError::Transport {
+        verb: "bind control endpoint",
+        source: Box::new(e),
+    })?;
+    // SAFETY: the pool mapping belongs to `transport`, which the node's
+    // progress thread owns until the node is dropped, after every view of
+    // the pool (they borrow the node) has ended.
+    #[allow(unsafe_code)]
+    let memory = unsafe { PoolMemory::new(transport.pool_ptr(), transport.pool_len()) };
+    InstanceNode::start(settings, transport, memory, channel)
+}

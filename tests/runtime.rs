@@ -1,0 +1,208 @@
+//! The std runtime over real parts: a coordinator and instances as threads
+//! of this process, talking over Unix sockets and writing into each other's
+//! shared-memory pools.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use ferry::runtime::shm::{start_instance, CopySettings, ShmInstance};
+use ferry::runtime::{CoordinatorNode, CoordinatorSettings, InstanceSettings};
+use ferry_core::slots::{Dtype, TensorSpec};
+use ferry_shm::UdsChannel;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn endpoint(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!("ipc:///tmp/ferry-rt-{}-{n}-{tag}.sock", std::process::id())
+}
+
+fn coordinator(pipeline: &[&str]) -> CoordinatorNode {
+    coordinator_with(CoordinatorSettings::new(pipeline))
+}
+
+fn coordinator_with(settings: CoordinatorSettings) -> CoordinatorNode {
+    let ch = UdsChannel::bind(&endpoint("coord")).unwrap();
+    CoordinatorNode::start(&settings, ch, |_| {}).unwrap()
+}
+
+/// Waits for the coordinator to have seen `n` deliveries.
+fn wait_delivered(coord: &CoordinatorNode, n: u64) {
+    for _ in 0..500 {
+        if coord.snapshot().stats.delivered >= n {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("{:?}", coord.snapshot());
+}
+
+fn instance(role: &str, coord: &CoordinatorNode, prealloc: (usize, u64)) -> ShmInstance {
+    let mut s = InstanceSettings::new(role, coord.endpoint());
+    s.prealloc = prealloc;
+    let node = start_instance(&s, 64 << 20, CopySettings::default(), &endpoint(role)).unwrap();
+    node.wait_registered(5 * SECOND).unwrap();
+    node
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Stages one request with two tensors filled from `seed`.
+fn send(node: &ShmInstance, id: &str, seed: u8) {
+    let (a, b) = ([1u64, 77, 33], [5u64, 1000]);
+    let specs = [
+        TensorSpec {
+            field: "prompt_embeds",
+            list_index: None,
+            shape: &a,
+            dtype: Dtype::BFloat16,
+            byte_len: 2 * 77 * 33,
+        },
+        TensorSpec {
+            field: "latents",
+            list_index: Some(0),
+            shape: &b,
+            dtype: Dtype::Float32,
+            byte_len: 4 * 5000,
+        },
+    ];
+    let mut staging = node.stage(id, &specs).unwrap();
+    for i in 0..2 {
+        let t = staging.tensor_mut(i).unwrap();
+        let p = pattern(seed.wrapping_add(i as u8), t.len());
+        t.copy_from_slice(&p);
+    }
+    staging
+        .commit(r#"{"prompt":"a fox","steps":30,"cfg":7.5}"#)
+        .unwrap();
+}
+
+fn check(node: &ShmInstance, id: &str, seed: u8) {
+    let d = node.recv(5 * SECOND).expect("a delivery");
+    assert_eq!(d.id(), id);
+    assert_eq!(
+        d.scalar_fields(),
+        r#"{"prompt":"a fox","steps":30,"cfg":7.5}"#
+    );
+    let tensors: Vec<_> = d.tensors().collect();
+    assert_eq!(tensors.len(), 2);
+    assert_eq!(tensors[0].field.raw(), "prompt_embeds");
+    assert_eq!(tensors[0].dtype, Dtype::BFloat16);
+    assert_eq!(tensors[0].dims().collect::<Vec<_>>(), [1, 77, 33]);
+    assert_eq!(
+        (tensors[1].field.raw(), tensors[1].list_index),
+        ("latents", Some(0))
+    );
+    for (i, t) in tensors.iter().enumerate() {
+        assert_eq!(t.bytes, pattern(seed.wrapping_add(i as u8), t.bytes.len()));
+    }
+    d.release();
+}
+
+fn assert_idle(node: &ShmInstance) {
+    for _ in 0..200 {
+        let s = node.stats();
+        if s.requests_held == 0 && s.live_slots == s.prealloc_slots as u64 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("slots still held: {:?}", node.stats());
+}
+
+#[test]
+fn hand_offs_over_both_paths_deliver_every_byte() {
+    let coord = coordinator(&["encoder", "denoiser"]);
+    let enc = instance("encoder", &coord, (0, 0));
+    // Two preallocated slots: the fast path; more requests take the slow one.
+    let den = instance("denoiser", &coord, (2, 1 << 20));
+    for round in 0..20u8 {
+        let ids: Vec<String> = (0..4).map(|i| format!("r{round}-{i}")).collect();
+        for (i, id) in ids.iter().enumerate() {
+            send(&enc, id, round.wrapping_mul(7).wrapping_add(i as u8));
+        }
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let d = den.recv(5 * SECOND).expect("a delivery");
+            got.push(d.id().to_owned());
+            let i: usize = d.id().rsplit('-').next().unwrap().parse().unwrap();
+            let seed = round.wrapping_mul(7).wrapping_add(i as u8);
+            for (k, t) in d.tensors().enumerate() {
+                assert_eq!(t.bytes, pattern(seed.wrapping_add(k as u8), t.bytes.len()));
+            }
+            d.release();
+        }
+        got.sort();
+        assert_eq!(got, ids);
+        for _ in 0..4 {
+            assert!(enc.next_outcome(5 * SECOND).unwrap().sent);
+        }
+    }
+    assert_idle(&enc);
+    assert_idle(&den);
+    wait_delivered(&coord, 80);
+    let snap = coord.snapshot();
+    assert_eq!(snap.stats.delivered, 80);
+    assert!(
+        snap.stats.fast_path > 0 && snap.stats.fast_path < 80,
+        "{snap:?}"
+    );
+    // Each write moves the slot's data: 5,082 bytes padded to 5,120, then
+    // 20,000 padded to 20,480.
+    assert_eq!(enc.stats().metrics.bytes_written, 80 * 25_600);
+}
+
+#[test]
+fn one_request_passes_through_three_roles_under_its_own_id() {
+    let coord = coordinator(&["encoder", "denoiser", "decoder"]);
+    let enc = instance("encoder", &coord, (0, 0));
+    let den = instance("denoiser", &coord, (1, 1 << 20));
+    let dec = instance("decoder", &coord, (0, 0));
+    send(&enc, "req-1", 3);
+    let input = den.recv(5 * SECOND).expect("at the denoiser");
+    // Forward before letting go of the input, as a denoiser would.
+    send(&den, "req-1", 9);
+    input.release();
+    check(&dec, "req-1", 9);
+    assert!(enc.next_outcome(5 * SECOND).unwrap().sent);
+    assert!(den.next_outcome(5 * SECOND).unwrap().sent);
+    for n in [&enc, &den, &dec] {
+        assert_idle(n);
+    }
+}
+
+#[test]
+fn without_a_live_receiver_a_request_fails_and_a_new_receiver_takes_over() {
+    let mut settings = CoordinatorSettings::new(&["encoder", "denoiser"]);
+    settings.timeouts.queued = Duration::from_millis(300);
+    let coord = coordinator_with(settings);
+    let enc = instance("encoder", &coord, (0, 0));
+    let den = instance("denoiser", &coord, (0, 0));
+    send(&enc, "ok-1", 1);
+    check(&den, "ok-1", 1);
+    assert!(enc.next_outcome(5 * SECOND).unwrap().sent);
+    // The receiver goes away: its pool object is unlinked and its
+    // connections close, so the coordinator drops it at once.
+    drop(den);
+    for _ in 0..500 {
+        if coord.snapshot().members == 1 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(coord.snapshot().members, 1);
+    send(&enc, "lost-1", 2);
+    let o = enc.next_outcome(10 * SECOND).expect("an outcome");
+    assert_eq!((o.id.as_str(), o.sent), ("lost-1", false));
+    // A new receiver takes over.
+    let den2 = instance("denoiser", &coord, (0, 0));
+    send(&enc, "ok-2", 4);
+    check(&den2, "ok-2", 4);
+    assert_idle(&enc);
+    assert_idle(&den2);
+}
