@@ -1,6 +1,6 @@
 //! The `ferry` command-line tool.
 
-use std::io::{self, BufRead, BufWriter, Write};
+use std::io::{self, BufRead, BufWriter, IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -21,9 +21,118 @@ enum Command {
     /// Work with control-plane messages (frame-1 JSON payloads).
     #[command(subcommand)]
     Wire(WireCommand),
-    /// Measure ferry on this machine.
+    /// Measure ferry on this machine (no subcommand: hand-offs through
+    /// the full handshake on the shared-memory loopback, against memcpy).
+    Bench(Bench),
+}
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct Bench {
     #[command(subcommand)]
-    Bench(BenchCommand),
+    which: Option<BenchCommand>,
+    #[command(flatten)]
+    handoff: BenchHandoff,
+}
+
+#[derive(Args)]
+struct BenchHandoff {
+    /// Seconds to spend on each size.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// Sizes to measure, in bytes (K, M, G suffixes allowed); default
+    /// 4K,64K,1M,4M,16M,64M,256M.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    sizes: Vec<u64>,
+    /// Threads a large write is split across (default: up to 4 cores).
+    #[arg(long)]
+    copy_threads: Option<usize>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (digits, mult) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 1 << 20),
+        Some(b'G' | b'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{s:?} is not a size (e.g. 4096, 64K, 16M)"))
+}
+
+fn human(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
+    let per_size = duration(args.seconds)?;
+    let sizes = if args.sizes.is_empty() {
+        ferry::handoff_bench::SIZES.to_vec()
+    } else {
+        args.sizes.clone()
+    };
+    let mut copy = ferry::runtime::shm::CopySettings::default();
+    if let Some(t) = args.copy_threads {
+        copy.threads = t.max(1);
+    }
+    let mut last = (0, 0);
+    let tty = io::stderr().is_terminal();
+    let rows = ferry::handoff_bench::measure(&sizes, per_size, copy, |size, done| {
+        if tty && (size, done / 10) != last {
+            last = (size, done / 10);
+            eprint!("\r{:>8}: {done:>5} hand-offs", human(size));
+        }
+    })
+    .map_err(|e| format!("hand-off benchmark: {e}"))?;
+    if tty {
+        eprint!("\r{:40}\r", "");
+    }
+    if args.json {
+        let parts: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{{\"size\":{},\"iterations\":{},\"p50_us\":{:.2},\"p99_us\":{:.2},\"gbps\":{:.3},\"memcpy_gbps\":{:.3},\"ratio\":{:.3}}}",
+                    r.size, r.iterations, r.p50_us, r.p99_us, r.gbps, r.memcpy_gbps, r.ratio()
+                )
+            })
+            .collect();
+        println!("{{\"copy_threads\":{},\"rows\":[{}]}}", copy.threads, parts.join(","));
+        return Ok(());
+    }
+    println!(
+        "hand-offs through coordinator + sender + receiver (shared memory, Unix sockets), {} copy thread(s)",
+        copy.threads
+    );
+    println!(
+        "{:>8} {:>7} {:>10} {:>10} {:>10} {:>12} {:>7}",
+        "size", "n", "p50 µs", "p99 µs", "GB/s", "memcpy GB/s", "ratio"
+    );
+    for r in &rows {
+        println!(
+            "{:>8} {:>7} {:>10.1} {:>10.1} {:>10.2} {:>12.2} {:>7.2}",
+            human(r.size),
+            r.iterations,
+            r.p50_us,
+            r.p99_us,
+            r.gbps,
+            r.memcpy_gbps,
+            r.ratio()
+        );
+    }
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -212,9 +321,12 @@ fn main() -> ExitCode {
             Err(e) => out.extend_from_slice(format!("line {n}: error: {e}\n").as_bytes()),
         })
         .map_err(|e| format!("stdin/stdout: {e}")),
-        Command::Bench(BenchCommand::Wire(args)) => bench_wire(&args),
-        Command::Bench(BenchCommand::Slots(args)) => bench_slots(&args),
-        Command::Bench(BenchCommand::Handshake(args)) => bench_handshake(&args),
+        Command::Bench(b) => match b.which {
+            None => bench_handoff(&b.handoff),
+            Some(BenchCommand::Wire(args)) => bench_wire(&args),
+            Some(BenchCommand::Slots(args)) => bench_slots(&args),
+            Some(BenchCommand::Handshake(args)) => bench_handshake(&args),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

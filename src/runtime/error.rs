@@ -48,6 +48,14 @@ pub enum NodeError {
     /// The coordinator did not acknowledge the registration in time.
     #[error("not registered with the coordinator within {0:?}")]
     NotRegistered(Duration),
+    /// Something awaited did not happen in time.
+    #[error("{what} did not happen within {after:?}")]
+    Timeout {
+        /// What was awaited.
+        what: &'static str,
+        /// How long it was awaited.
+        after: Duration,
+    },
     /// The coordinator refused the registration (unknown role?).
     #[error("the coordinator refused the registration")]
     Refused,
