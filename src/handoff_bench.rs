@@ -55,7 +55,10 @@ impl Row {
 fn endpoint(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
-    format!("ipc:///tmp/ferry-bench-{}-{n}-{tag}.sock", std::process::id())
+    format!(
+        "ipc:///tmp/ferry-bench-{}-{n}-{tag}.sock",
+        std::process::id()
+    )
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

@@ -109,7 +109,11 @@ fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
                 )
             })
             .collect();
-        println!("{{\"copy_threads\":{},\"rows\":[{}]}}", copy.threads, parts.join(","));
+        println!(
+            "{{\"copy_threads\":{},\"rows\":[{}]}}",
+            copy.threads,
+            parts.join(",")
+        );
         return Ok(());
     }
     println!(

@@ -206,3 +206,125 @@ fn without_a_live_receiver_a_request_fails_and_a_new_receiver_takes_over() {
     assert_idle(&enc);
     assert_idle(&den2);
 }
+
+#[test]
+fn under_injected_faults_every_request_ends_and_no_slot_leaks() {
+    use ferry::fault::{FaultPlan, FaultyChannel, FaultyTransport};
+    use ferry::runtime::shm::start_instance_wrapped;
+    use ferry_core::handshake::coordinator::Timeouts;
+
+    let plan = |seed| FaultPlan {
+        fail_write: 0.1,
+        delay_write: 0.05,
+        drop: 0.02,
+        duplicate: 0.03,
+        delay_message: 0.05,
+        delay: Duration::from_millis(30),
+        seed,
+    };
+    let mut cs = CoordinatorSettings::new(&["encoder", "denoiser"]);
+    cs.timeouts = Timeouts {
+        queued: Duration::from_secs(2),
+        alloc: Duration::from_millis(300),
+        push: Duration::from_millis(500),
+        done: Duration::from_secs(1),
+    };
+    cs.quarantine = Duration::from_millis(200);
+    cs.late_done_wait = Duration::from_millis(500);
+    let ch = FaultyChannel::new(UdsChannel::bind(&endpoint("coord")).unwrap(), plan(1));
+    let coord = CoordinatorNode::start(&cs, ch, |_| {}).unwrap();
+    let settings = |role: &str, prealloc| {
+        let mut s = InstanceSettings::new(role, coord.endpoint());
+        s.prealloc = prealloc;
+        s.register_retry = Duration::from_millis(50);
+        s.staged_timeout = Duration::from_secs(4);
+        s.reserved_timeout = Duration::from_secs(1);
+        s.quarantine = Duration::from_millis(200);
+        s
+    };
+    let enc = start_instance_wrapped(
+        &settings("encoder", (0, 0)),
+        64 << 20,
+        CopySettings::default(),
+        &endpoint("encoder"),
+        |t| FaultyTransport::new(t, plan(2)),
+        |c| FaultyChannel::new(c, plan(3)),
+    )
+    .unwrap();
+    let den = start_instance_wrapped(
+        &settings("denoiser", (2, 1 << 20)),
+        64 << 20,
+        CopySettings::default(),
+        &endpoint("denoiser"),
+        |t| t,
+        |c| FaultyChannel::new(c, plan(4)),
+    )
+    .unwrap();
+    enc.wait_registered(5 * SECOND).unwrap();
+    den.wait_registered(5 * SECOND).unwrap();
+
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (delivered, outcomes) = std::thread::scope(|s| {
+        let receiver = s.spawn(|| {
+            let mut seen = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let Some(d) = den.recv(Duration::from_millis(50)) else {
+                    continue;
+                };
+                let seed: u8 = d.id()[2..].parse::<u32>().unwrap() as u8;
+                for (k, t) in d.tensors().enumerate() {
+                    assert_eq!(
+                        t.bytes,
+                        pattern(seed.wrapping_add(k as u8), t.bytes.len()),
+                        "{}",
+                        d.id()
+                    );
+                }
+                seen.push(d.id().to_owned());
+                d.release();
+            }
+            seen
+        });
+        let mut outcomes = Vec::new();
+        for wave in 0..25u32 {
+            for i in 0..8 {
+                let n = wave * 8 + i;
+                send(&enc, &format!("f-{n}"), n as u8);
+            }
+            for _ in 0..8 {
+                // Every request ends within the sender's staged timeout.
+                let o = enc.next_outcome(6 * SECOND).expect("every request ends");
+                outcomes.push(o);
+            }
+        }
+        // Late and delayed messages still arrive; keep receiving until
+        // quarantines and late waits are over.
+        std::thread::sleep(Duration::from_millis(1500));
+        stop.store(true, Ordering::Relaxed);
+        (receiver.join().unwrap(), outcomes)
+    });
+    assert_eq!(outcomes.len(), 200);
+    let sent = outcomes.iter().filter(|o| o.sent).count();
+    // Faults took some, and most got through.
+    assert!((100..200).contains(&sent), "{sent} of 200 sent");
+    // Nothing was delivered twice, and nothing unsent was delivered.
+    let mut unique = delivered.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), delivered.len());
+    for id in &delivered {
+        let o = outcomes.iter().find(|o| o.id.as_str() == id).unwrap();
+        assert!(o.sent, "{id} delivered but reported unsent");
+    }
+    // Nothing is held anywhere any more.
+    assert_idle(&enc);
+    assert_idle(&den);
+    for _ in 0..300 {
+        let snap = coord.snapshot();
+        if snap.in_flight == 0 && snap.prealloc_taken == 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("coordinator still holds transfers: {:?}", coord.snapshot());
+}

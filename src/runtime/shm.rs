@@ -2,6 +2,7 @@
 //! ([`ferry_shm::ShmTransport`]) and Unix-socket control channels
 //! ([`ferry_shm::UdsChannel`]), for processes on one host.
 
+use ferry_core::transport::{ControlChannel, Transport};
 use ferry_shm::{ShmTransport, UdsChannel, UdsSender};
 
 use super::error::NodeError;
@@ -37,6 +38,26 @@ pub fn start_instance(
     copy: CopySettings,
     endpoint: &str,
 ) -> Result<ShmInstance, NodeError> {
+    start_instance_wrapped(settings, pool_len, copy, endpoint, |t| t, |c| c)
+}
+
+/// Like [`start_instance`], with the transport and the channel wrapped
+/// (by [`crate::fault`]'s injectors, say) before the node takes them.
+pub fn start_instance_wrapped<T, C>(
+    settings: &InstanceSettings,
+    pool_len: usize,
+    copy: CopySettings,
+    endpoint: &str,
+    wrap_transport: impl FnOnce(ShmTransport) -> T,
+    wrap_channel: impl FnOnce(UdsChannel) -> C,
+) -> Result<InstanceNode<C::Sender>, NodeError>
+where
+    T: Transport + Send + 'static,
+    T::Error: Send + Sync + 'static,
+    C: ControlChannel,
+    C::Sender: 'static,
+    C::Receiver: 'static,
+{
     let transport = ShmTransport::new(pool_len, copy.threads, copy.split_at).map_err(|e| {
         NodeError::Transport {
             verb: "create pool",
@@ -48,9 +69,14 @@ pub fn start_instance(
         source: Box::new(e),
     })?;
     // SAFETY: the pool mapping belongs to `transport`, which the node's
-    // progress thread owns until the node is dropped, after every view of
-    // the pool (they borrow the node) has ended.
+    // progress thread owns (wrapped or not) until the node is dropped,
+    // after every view of the pool (they borrow the node) has ended.
     #[allow(unsafe_code)]
     let memory = unsafe { PoolMemory::new(transport.pool_ptr(), transport.pool_len()) };
-    InstanceNode::start(settings, transport, memory, channel)
+    InstanceNode::start(
+        settings,
+        wrap_transport(transport),
+        memory,
+        wrap_channel(channel),
+    )
 }

@@ -1,0 +1,301 @@
+//! Fault injection around real backends, as smoltcp's `FaultInjector` does
+//! around a device: wrap any [`Transport`] or [`ControlChannel`] and it
+//! fails, drops, duplicates and delays on a seeded schedule, so that tests
+//! exercise the failure paths with real sockets and real shared memory.
+//!
+//! Faults are drawn from a seeded generator: a failing run is replayed by
+//! its seed.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use ferry_core::transport::{
+    Capabilities, ChannelEvent, Completion, ControlChannel, ControlRecv, Fault, FaultKind,
+    Incoming, Region, Transport,
+};
+
+/// Probabilities (0 to 1) and delays of the faults to inject.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FaultPlan {
+    /// A write fails (nothing is written; its completion is an error).
+    pub fail_write: f64,
+    /// A write's completion is held back by `delay`.
+    pub delay_write: f64,
+    /// A received message is dropped.
+    pub drop: f64,
+    /// A received message is delivered twice.
+    pub duplicate: f64,
+    /// A received message is held back by `delay` (so later ones overtake
+    /// it).
+    pub delay_message: f64,
+    /// How long delayed writes and messages are held.
+    pub delay: Duration,
+    /// Seed of the fault schedule.
+    pub seed: u64,
+}
+
+/// A small deterministic generator (xorshift64*).
+#[derive(Clone, Debug)]
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let x = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        p > 0.0 && ((x >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+}
+
+/// An injected fault, or the wrapped backend's own error.
+#[derive(Debug, thiserror::Error)]
+pub enum FaultError<E: std::error::Error + 'static> {
+    /// A write the plan chose to fail.
+    #[error("injected write failure")]
+    Injected,
+    /// The backend's error.
+    #[error(transparent)]
+    Inner(#[from] E),
+}
+
+impl<E: Fault + 'static> Fault for FaultError<E> {
+    fn kind(&self) -> FaultKind {
+        match self {
+            Self::Injected => FaultKind::Io,
+            Self::Inner(e) => e.kind(),
+        }
+    }
+}
+
+/// A transport whose writes fail or complete late on schedule.
+#[derive(Debug)]
+pub struct FaultyTransport<T: Transport>
+where
+    T::Error: 'static,
+{
+    inner: T,
+    plan: FaultPlan,
+    rng: Rng,
+    held: VecDeque<(Instant, Completion<FaultError<T::Error>>)>,
+    /// Writes failed on purpose so far.
+    pub injected: u64,
+}
+
+impl<T: Transport> FaultyTransport<T>
+where
+    T::Error: 'static,
+{
+    /// Wraps `inner`.
+    pub fn new(inner: T, plan: FaultPlan) -> Self {
+        Self {
+            inner,
+            rng: Rng::new(plan.seed),
+            plan,
+            held: VecDeque::new(),
+            injected: 0,
+        }
+    }
+
+    /// The wrapped transport.
+    pub fn inner(&self) -> &T {
+        &self.inner
+    }
+}
+
+impl<T: Transport> Transport for FaultyTransport<T>
+where
+    T::Error: 'static,
+{
+    type Error = FaultError<T::Error>;
+
+    fn session_id(&self) -> &str {
+        self.inner.session_id()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    #[allow(unsafe_code)]
+    unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, Self::Error> {
+        // SAFETY: the caller's contract is passed on unchanged.
+        Ok(unsafe { self.inner.register(addr, len) }?)
+    }
+
+    fn deregister(&mut self, region: Region) -> Result<(), Self::Error> {
+        Ok(self.inner.deregister(region)?)
+    }
+
+    fn post_write(
+        &mut self,
+        region: Region,
+        local_offset: u64,
+        len: u64,
+        dest_session: &str,
+        dest_addr: u64,
+        cookie: u64,
+    ) -> Result<(), Self::Error> {
+        if self.rng.chance(self.plan.fail_write) {
+            self.injected += 1;
+            self.held.push_back((
+                Instant::now(),
+                Completion {
+                    cookie,
+                    result: Err(FaultError::Injected),
+                },
+            ));
+            return Ok(());
+        }
+        self.inner
+            .post_write(region, local_offset, len, dest_session, dest_addr, cookie)?;
+        Ok(())
+    }
+
+    fn poll_completion(&mut self) -> Option<Completion<Self::Error>> {
+        while let Some(c) = self.inner.poll_completion() {
+            let due = if self.rng.chance(self.plan.delay_write) {
+                Instant::now() + self.plan.delay
+            } else {
+                Instant::now()
+            };
+            self.held.push_back((
+                due,
+                Completion {
+                    cookie: c.cookie,
+                    result: c.result.map_err(FaultError::Inner),
+                },
+            ));
+        }
+        let now = Instant::now();
+        let i = self.held.iter().position(|(due, _)| *due <= now)?;
+        self.held.remove(i).map(|(_, c)| c)
+    }
+}
+
+/// A control channel whose received messages are dropped, duplicated or
+/// delayed on schedule.
+#[derive(Debug)]
+pub struct FaultyChannel<C> {
+    inner: C,
+    plan: FaultPlan,
+}
+
+impl<C: ControlChannel> FaultyChannel<C> {
+    /// Wraps `inner`. Sends go straight through: faults are injected where
+    /// messages arrive.
+    pub fn new(inner: C, plan: FaultPlan) -> Self {
+        Self { inner, plan }
+    }
+}
+
+impl<C: ControlChannel> ControlChannel for FaultyChannel<C> {
+    type Sender = C::Sender;
+    type Receiver = FaultyReceiver<C::Receiver>;
+
+    fn split(self) -> (C::Sender, FaultyReceiver<C::Receiver>) {
+        let (tx, rx) = self.inner.split();
+        (
+            tx,
+            FaultyReceiver {
+                inner: rx,
+                rng: Rng::new(self.plan.seed ^ 0x5eed),
+                plan: self.plan,
+                held: VecDeque::new(),
+                current: Held::default(),
+                dropped: 0,
+            },
+        )
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct Held {
+    from: String,
+    magic: Vec<u8>,
+    payload: Vec<u8>,
+}
+
+/// The receiving side of a [`FaultyChannel`].
+#[derive(Debug)]
+pub struct FaultyReceiver<R> {
+    inner: R,
+    plan: FaultPlan,
+    rng: Rng,
+    held: VecDeque<(Instant, Held)>,
+    current: Held,
+    /// Messages dropped on purpose so far.
+    pub dropped: u64,
+}
+
+impl<R: ControlRecv> ControlRecv for FaultyReceiver<R> {
+    type Error = R::Error;
+
+    fn local_endpoint(&self) -> &str {
+        self.inner.local_endpoint()
+    }
+
+    fn recv<'b>(
+        &'b mut self,
+        buf: &'b mut [u8],
+        wait: Duration,
+    ) -> Result<Option<ChannelEvent<'b>>, R::Error> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let now = Instant::now();
+            if let Some(i) = self.held.iter().position(|(due, _)| *due <= now) {
+                if let Some((_, h)) = self.held.remove(i) {
+                    self.current = h;
+                    return Ok(Some(ChannelEvent::Message(Incoming {
+                        from: &self.current.from,
+                        magic: &self.current.magic,
+                        payload: &self.current.payload,
+                    })));
+                }
+            }
+            // Wait no longer than the next held message is due.
+            let next_due = self.held.iter().map(|(d, _)| *d).min();
+            let until = next_due.map_or(deadline, |d| d.min(deadline));
+            let left = until.saturating_duration_since(now);
+            let got = match self.inner.recv(buf, left)? {
+                None => None,
+                Some(ChannelEvent::Gone { from }) => Some(Err(from.to_owned())),
+                Some(ChannelEvent::Message(m)) => Some(Ok(Held {
+                    from: m.from.to_owned(),
+                    magic: m.magic.to_vec(),
+                    payload: m.payload.to_vec(),
+                })),
+            };
+            match got {
+                None if Instant::now() >= deadline => return Ok(None),
+                None => continue,
+                Some(Err(from)) => {
+                    self.current.from = from;
+                    return Ok(Some(ChannelEvent::Gone {
+                        from: &self.current.from,
+                    }));
+                }
+                Some(Ok(h)) => {
+                    if self.rng.chance(self.plan.drop) {
+                        self.dropped += 1;
+                        continue;
+                    }
+                    let now = Instant::now();
+                    if self.rng.chance(self.plan.duplicate) {
+                        self.held.push_back((now, h.clone()));
+                    }
+                    let due = if self.rng.chance(self.plan.delay_message) {
+                        now + self.plan.delay
+                    } else {
+                        now
+                    };
+                    self.held.push_back((due, h));
+                }
+            }
+        }
+    }
+}
