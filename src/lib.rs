@@ -14,6 +14,7 @@ pub use ferry_core as core;
 pub mod fault;
 pub mod handoff_bench;
 pub mod handshake_bench;
+pub mod pipeline;
 pub mod runtime;
 pub mod slots_bench;
 pub mod wire_bench;

@@ -21,6 +21,9 @@ enum Command {
     /// Work with control-plane messages (frame-1 JSON payloads).
     #[command(subcommand)]
     Wire(WireCommand),
+    /// Run the pipeline example: a coordinator, an encoder, denoisers and a
+    /// decoder as separate processes on the shared-memory loopback.
+    Pipeline(ferry::pipeline::PipelineArgs),
     /// Measure ferry on this machine (no subcommand: hand-offs through
     /// the full handshake on the shared-memory loopback, against memcpy).
     Bench(Bench),
@@ -317,6 +320,7 @@ fn bench_wire(args: &BenchWire) -> Result<(), String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Pipeline(args) => return ferry::pipeline::main(args, &["pipeline"]),
         Command::Wire(WireCommand::Canon) => {
             lines(|_, line, out| canon_line(line, out)).map_err(|e| format!("stdin/stdout: {e}"))
         }

@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use ferry_core::handshake::coordinator::RequestId;
 use ferry_core::handshake::instance::{InstanceConfig, InstanceEvent, InstanceStats, Token, Write};
@@ -118,7 +118,8 @@ struct State<S> {
     coordinator: String,
     /// Encoding buffer for outgoing messages.
     out: Vec<u8>,
-    received: VecDeque<Token>,
+    /// Transfers received, with when they arrived.
+    received: VecDeque<(Token, SystemTime)>,
     outcomes: VecDeque<Outcome>,
     /// Metadata buffers for deliveries, reused.
     meta_free: Vec<Vec<u8>>,
@@ -194,7 +195,7 @@ impl<S: ControlSend> Shared<S> {
                 }
                 InstanceEvent::Received(t) => {
                     Metrics::add(&self.metrics.received, 1);
-                    received.push_back(t);
+                    received.push_back((t, SystemTime::now()));
                 }
                 InstanceEvent::Sent { id } => {
                     Metrics::add(&self.metrics.sent, 1);
@@ -423,7 +424,7 @@ where
                 })
                 .unwrap_or_else(PoisonError::into_inner);
             st = guard;
-            let token = st.received.pop_front()?;
+            let (token, arrived) = st.received.pop_front()?;
             let mut meta = st.meta_free.pop().unwrap_or_default();
             meta.clear();
             let view = st.machine.read(|m| {
@@ -444,6 +445,7 @@ where
                     return Some(Delivery {
                         node: self,
                         token: Some(token),
+                        arrived,
                         meta,
                         id_len,
                         manifest_len,
@@ -593,6 +595,7 @@ impl TensorView<'_> {
 pub struct Delivery<'n, S: ControlSend + Send + 'static> {
     node: &'n InstanceNode<S>,
     token: Option<Token>,
+    arrived: SystemTime,
     meta: Vec<u8>,
     id_len: usize,
     manifest_len: usize,
@@ -604,6 +607,12 @@ impl<S: ControlSend + Send + 'static> Delivery<'_, S> {
     fn text(&self, start: usize, len: usize) -> &str {
         // Copied from validated JSON text and an id held as a str.
         std::str::from_utf8(&self.meta[start..start + len]).unwrap_or("")
+    }
+
+    /// When the transfer reached this node (its `transfer_ready` was
+    /// accepted), on the wall clock so that it compares across processes.
+    pub fn arrived(&self) -> SystemTime {
+        self.arrived
     }
 
     /// The request id.

@@ -28,6 +28,6 @@ pub use error::{MemError, ShmError, UdsError};
 pub use mem::{MemChannel, MemHub};
 pub use pool::ShmPool;
 pub use session::SessionId;
-pub use stale::clean_stale;
+pub use stale::{clean_stale, clean_stale_with_prefix};
 pub use transport::ShmTransport;
 pub use uds::{UdsChannel, UdsReceiver, UdsSender};

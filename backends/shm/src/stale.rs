@@ -9,7 +9,12 @@ use crate::pool::prefix;
 /// longer exists; returns the names removed. The prefix is `ferry` unless
 /// `FERRY_SHM_PREFIX` says otherwise.
 pub fn clean_stale() -> Vec<String> {
-    let prefix = format!("{}-", prefix());
+    clean_stale_with_prefix(&prefix())
+}
+
+/// Like [`clean_stale`], for objects named `<prefix>-<pid>-<n>`.
+pub fn clean_stale_with_prefix(prefix: &str) -> Vec<String> {
+    let prefix = format!("{prefix}-");
     let Ok(dir) = std::fs::read_dir("/dev/shm") else {
         return Vec::new();
     };

@@ -1,0 +1,508 @@
+//! The pipeline's launcher: starts the coordinator and the instances as
+//! separate processes, follows every request to its end through the
+//! coordinator's reports, optionally kills a denoiser mid-run, then stops
+//! everyone, collects their summaries, removes what dead processes left in
+//! shared memory, and prints the summary table.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ferry_core::json::RawJson;
+
+use super::data;
+
+/// The quarantine of the pipeline's coordinator and instances (ferry's
+/// default).
+const QUARANTINE: Duration = Duration::from_secs(1);
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct LaunchArgs {
+    /// Requests the encoder sends.
+    pub requests: u64,
+    /// Denoiser processes.
+    pub denoisers: usize,
+    /// Requests in flight from the encoder.
+    pub window: usize,
+    /// Kill this denoiser (by number) with SIGKILL once this many requests
+    /// reached the decoder.
+    pub kill: Option<(usize, u64)>,
+    /// Give up after this long.
+    pub timeout: Duration,
+    /// The coordinator's push timeout.
+    pub push_timeout: Duration,
+    /// Print the summary as JSON.
+    pub json: bool,
+    /// How to start this program again as a pipeline process.
+    pub exe: PathBuf,
+    /// Arguments before the role arguments (`pipeline` for the `ferry`
+    /// binary, none for the example).
+    pub prefix: Vec<String>,
+}
+
+/// What a run found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Summary {
+    /// Requests sent.
+    pub requests: u64,
+    /// Requests that reached the decoder with every byte right.
+    pub delivered: u64,
+    /// Requests that failed on the way (with the reasons, by leg).
+    pub failed: u64,
+    /// Failure reasons: (leg, reason) → count.
+    pub reasons: Vec<(usize, String, u64)>,
+    /// Bytes moved over both legs.
+    pub bytes: u64,
+    /// Wall time from the first request to the last end.
+    pub seconds: f64,
+    /// Hand-off latency p50 and p99 per leg, µs.
+    pub latency_us: [(u64, u64); 2],
+    /// Bytes that were not what was sent.
+    pub mismatches: u64,
+    /// Surviving instances that still hold slots or requests.
+    pub leaks: Vec<String>,
+    /// Shared-memory objects left behind after cleanup.
+    pub shm_left: usize,
+    /// Objects that killed processes left, removed by the cleanup.
+    pub shm_cleaned: usize,
+    /// A process was killed on purpose.
+    pub killed: Option<String>,
+    /// The run ended before every request did.
+    pub incomplete: bool,
+}
+
+impl Summary {
+    /// True if the run is what a correct system produces: every request
+    /// ended, no byte was wrong, nothing leaked, nothing was left in shared
+    /// memory, and requests failed only where a process was killed.
+    pub fn ok(&self) -> bool {
+        !self.incomplete
+            && self.mismatches == 0
+            && self.leaks.is_empty()
+            && self.shm_left == 0
+            && (self.failed == 0 || self.killed.is_some())
+            && self.delivered + self.failed == self.requests
+    }
+}
+
+struct Proc {
+    name: String,
+    child: Child,
+    alive: bool,
+}
+
+fn get<'a>(obj: RawJson<'a>, key: &str) -> Option<&'a str> {
+    obj.get(key).map(|v| v.as_str().trim_matches('"'))
+}
+
+fn num(obj: RawJson<'_>, key: &str) -> u64 {
+    get(obj, key).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Where the pipeline's processes report.
+type Lines = mpsc::Receiver<(usize, String)>;
+
+struct Run {
+    args: LaunchArgs,
+    procs: Vec<Proc>,
+    tx: mpsc::Sender<(usize, String)>,
+    rx: Lines,
+    dir: PathBuf,
+    prefix: String,
+}
+
+impl Run {
+    fn spawn(&mut self, name: &str, role_args: &[String]) -> Result<usize, String> {
+        let mut child = Command::new(&self.args.exe)
+            .args(&self.args.prefix)
+            .args(role_args)
+            .env("FERRY_SHM_PREFIX", &self.prefix)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("starting {name}: {e}"))?;
+        let i = self.procs.len();
+        let out = child.stdout.take().ok_or("no stdout")?;
+        let tx = self.tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send((i, line)).is_err() {
+                    break;
+                }
+            }
+        });
+        self.procs.push(Proc {
+            name: name.to_owned(),
+            child,
+            alive: true,
+        });
+        Ok(i)
+    }
+
+    fn endpoint(&self, name: &str) -> String {
+        format!("ipc://{}/{name}.sock", self.dir.display())
+    }
+
+    /// Waits for `event` from each of `procs`.
+    fn expect(&self, procs: &[usize], event: &str, within: Duration) -> Result<(), String> {
+        let end = Instant::now() + within;
+        let mut waiting: Vec<usize> = procs.to_vec();
+        let tag = format!(r#""event":"{event}""#);
+        while !waiting.is_empty() {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok((j, line)) if line.contains(&tag) => waiting.retain(|&w| w != j),
+                Ok((j, line)) if line.contains(r#""event":"error""#) => {
+                    return Err(format!("{}: {line}", self.procs[j].name))
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    let names: Vec<&str> = waiting
+                        .iter()
+                        .map(|&w| self.procs[w].name.as_str())
+                        .collect();
+                    return Err(format!("{} did not report {event}", names.join(", ")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn instance(&mut self, role: &str, name: &str) -> Result<usize, String> {
+        let a = [
+            "--role",
+            role,
+            "--name",
+            name,
+            "--coordinator",
+            &self.endpoint("coordinator"),
+            "--endpoint",
+            &self.endpoint(name),
+            "--requests",
+            &self.args.requests.to_string(),
+            "--window",
+            &self.args.window.to_string(),
+        ]
+        .map(str::to_owned);
+        self.spawn(name, &a)
+    }
+
+    fn stop_all(&mut self) -> Vec<(String, String)> {
+        let mut summaries = Vec::new();
+        for p in &mut self.procs {
+            // Closing stdin asks it to finish.
+            drop(p.child.stdin.take());
+        }
+        let end = Instant::now() + Duration::from_secs(20);
+        while self.procs.iter().any(|p| p.alive) && Instant::now() < end {
+            if let Ok((i, line)) = self.rx.recv_timeout(Duration::from_millis(50)) {
+                if line.contains(r#""event":"summary""#) {
+                    summaries.push((self.procs[i].name.clone(), line));
+                }
+            }
+            for p in &mut self.procs {
+                if p.alive && matches!(p.child.try_wait(), Ok(Some(_))) {
+                    p.alive = false;
+                }
+            }
+        }
+        // Lines written just before exiting.
+        while let Ok((i, line)) = self.rx.recv_timeout(Duration::from_millis(100)) {
+            if line.contains(r#""event":"summary""#) {
+                summaries.push((self.procs[i].name.clone(), line));
+            }
+        }
+        for p in &mut self.procs {
+            if p.alive {
+                let _ = p.child.kill();
+                let _ = p.child.wait();
+                p.alive = false;
+            }
+        }
+        summaries
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        for p in &mut self.procs {
+            if p.alive {
+                let _ = p.child.kill();
+                let _ = p.child.wait();
+            }
+        }
+        // What killed processes left (a no-op after a clean run).
+        ferry_shm::clean_stale_with_prefix(&self.prefix);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Shared-memory objects whose names start with `prefix`.
+fn shm_objects(prefix: &str) -> usize {
+    std::fs::read_dir("/dev/shm").map_or(0, |d| {
+        d.flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with(&format!("{prefix}-")))
+            })
+            .count()
+    })
+}
+
+/// Runs the pipeline.
+pub fn launch(args: LaunchArgs) -> Result<Summary, String> {
+    let pid = std::process::id();
+    let dir = std::env::temp_dir().join(format!("ferry-pipeline-{pid}"));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let (tx, rx) = mpsc::channel();
+    let mut run = Run {
+        args: args.clone(),
+        procs: Vec::new(),
+        tx,
+        rx,
+        dir,
+        prefix: format!("ferry-pl{pid}"),
+    };
+    let boot = Duration::from_secs(30);
+    let coord_args = [
+        "--role".to_owned(),
+        "coordinator".to_owned(),
+        "--endpoint".to_owned(),
+        run.endpoint("coordinator"),
+        "--push-timeout-ms".to_owned(),
+        args.push_timeout.as_millis().to_string(),
+    ];
+    let c = run.spawn("coordinator", &coord_args)?;
+    run.expect(&[c], "ready", boot)?;
+    let mut receivers = Vec::new();
+    for d in 0..args.denoisers {
+        receivers.push(run.instance("denoiser", &format!("denoiser-{d}"))?);
+    }
+    receivers.push(run.instance("decoder", "decoder")?);
+    run.expect(&receivers, "registered", boot)?;
+    let start = Instant::now();
+    let enc = run.instance("encoder", "encoder")?;
+
+    // Follow every request to its end, as the coordinator reports it.
+    let mut ended: HashSet<String> = HashSet::new();
+    let mut reasons: HashMap<(usize, String), u64> = HashMap::new();
+    let (mut delivered, mut failed, mut mismatches) = (0u64, 0u64, 0u64);
+    let mut killed = None;
+    let mut errors = Vec::new();
+    let deadline = start + args.timeout;
+    while (ended.len() as u64) < args.requests && Instant::now() < deadline {
+        let Ok((i, line)) = run.rx.recv_timeout(Duration::from_millis(100)) else {
+            if matches!(run.procs[enc].child.try_wait(), Ok(Some(_))) {
+                errors.push("the encoder exited early".to_owned());
+                break;
+            }
+            continue;
+        };
+        let Ok(obj) = RawJson::parse_object(&line) else {
+            continue;
+        };
+        match get(obj, "event") {
+            Some("delivered") if i == c && num(obj, "leg") == 1 => {
+                if let Some(id) = get(obj, "id") {
+                    if ended.insert(id.to_owned()) {
+                        delivered += 1;
+                    }
+                }
+            }
+            Some("failed") if i == c => {
+                let leg = num(obj, "leg") as usize;
+                let reason = get(obj, "reason").unwrap_or("").to_owned();
+                if let Some(id) = get(obj, "id") {
+                    if ended.insert(id.to_owned()) {
+                        failed += 1;
+                        *reasons.entry((leg, reason)).or_default() += 1;
+                    }
+                }
+            }
+            Some("mismatch") => mismatches += 1,
+            Some("error") => errors.push(format!("{}: {line}", run.procs[i].name)),
+            _ => {}
+        }
+        if let Some((d, after)) = args.kill {
+            if killed.is_none() && delivered >= after {
+                let name = format!("denoiser-{d}");
+                if let Some(p) = run.procs.iter_mut().find(|p| p.name == name) {
+                    let _ = p.child.kill();
+                    let _ = p.child.wait();
+                    p.alive = false;
+                    killed = Some(name);
+                }
+            }
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let incomplete = (ended.len() as u64) < args.requests;
+    if failed > 0 {
+        // Slots of failed requests stay out of use for the quarantine (a
+        // late write could still land) before they count as free again.
+        std::thread::sleep(QUARANTINE + Duration::from_millis(500));
+    }
+    let summaries = run.stop_all();
+    let cleaned = ferry_shm::clean_stale_with_prefix(&run.prefix).len();
+    let shm_left = shm_objects(&run.prefix);
+
+    let mut lat = [Vec::new(), Vec::new()];
+    let mut leaks = Vec::new();
+    let mut reported_mismatches = 0;
+    for (name, line) in &summaries {
+        let Ok(obj) = RawJson::parse_object(line) else {
+            continue;
+        };
+        reported_mismatches += num(obj, "mismatches");
+        let role = get(obj, "role").unwrap_or("");
+        if role == "coordinator" {
+            if num(obj, "in_flight") != 0 || num(obj, "prealloc_taken") != 0 {
+                leaks.push(format!("{name}: {line}"));
+            }
+            continue;
+        }
+        if num(obj, "requests_held") != 0 || num(obj, "live_slots") != num(obj, "prealloc_slots") {
+            leaks.push(format!("{name}: {line}"));
+        }
+        let leg = match role {
+            "denoiser" => Some(0),
+            "decoder" => Some(1),
+            _ => None,
+        };
+        if let (Some(leg), Some(list)) = (leg, obj.get("latencies_us")) {
+            let inner = list.as_str().trim_matches(['[', ']']);
+            lat[leg].extend(
+                inner
+                    .split(',')
+                    .filter_map(|v| v.trim().parse::<u64>().ok()),
+            );
+        }
+    }
+    let mismatches = mismatches.max(reported_mismatches);
+    let latency_us = lat.map(|mut l| {
+        l.sort_unstable();
+        (percentile(&l, 0.5), percentile(&l, 0.99))
+    });
+    let leg0_bytes: u64 = data::encoder_tensors().iter().map(|t| t.byte_len).sum();
+    let leg1_bytes: u64 = data::denoiser_tensors().iter().map(|t| t.byte_len).sum();
+    let leg0_done = delivered
+        + reasons
+            .iter()
+            .filter(|((l, _), _)| *l == 1)
+            .map(|(_, n)| n)
+            .sum::<u64>();
+    let mut reasons: Vec<_> = reasons.into_iter().map(|((l, r), n)| (l, r, n)).collect();
+    reasons.sort();
+    if !errors.is_empty() {
+        return Err(errors.join("\n"));
+    }
+    Ok(Summary {
+        requests: args.requests,
+        delivered,
+        failed,
+        reasons,
+        bytes: leg0_done * leg0_bytes + delivered * leg1_bytes,
+        seconds,
+        latency_us,
+        mismatches,
+        leaks,
+        shm_left,
+        shm_cleaned: cleaned,
+        killed,
+        incomplete,
+    })
+}
+
+/// The summary as a table.
+pub fn table(s: &Summary) -> String {
+    let mut out = String::new();
+    let gbps = s.bytes as f64 / s.seconds / 1e9;
+    out.push_str(
+        "pipeline: encoder → denoisers → decoder, separate processes, shared-memory loopback\n",
+    );
+    out.push_str(&format!("  requests            {}\n", s.requests));
+    out.push_str(&format!("  delivered, verified {}\n", s.delivered));
+    out.push_str(&format!("  failed              {}\n", s.failed));
+    for (leg, reason, n) in &s.reasons {
+        out.push_str(&format!("    leg {leg}: {reason} × {n}\n"));
+    }
+    out.push_str(&format!(
+        "  bytes moved         {:.1} MiB in {:.2} s ({gbps:.2} GB/s)\n",
+        s.bytes as f64 / (1u64 << 20) as f64,
+        s.seconds
+    ));
+    for (leg, name) in ["encoder → denoiser", "denoiser → decoder"]
+        .iter()
+        .enumerate()
+    {
+        let (p50, p99) = s.latency_us[leg];
+        out.push_str(&format!(
+            "  hand-off latency    {name}: p50 {p50} µs, p99 {p99} µs\n"
+        ));
+    }
+    out.push_str(&format!("  byte mismatches     {}\n", s.mismatches));
+    out.push_str(&format!("  slot leaks          {}\n", s.leaks.len()));
+    for l in &s.leaks {
+        out.push_str(&format!("    {l}\n"));
+    }
+    if let Some(k) = &s.killed {
+        out.push_str(&format!(
+            "  killed              {k} (SIGKILL); its {} shared-memory object(s) cleaned\n",
+            s.shm_cleaned
+        ));
+    }
+    out.push_str(&format!("  shm objects left    {}\n", s.shm_left));
+    if s.incomplete {
+        out.push_str("  INCOMPLETE: not every request ended in time\n");
+    }
+    out.push_str(if s.ok() {
+        "  result              ok\n"
+    } else {
+        "  result              FAILED\n"
+    });
+    out
+}
+
+/// The summary as one JSON object.
+pub fn json(s: &Summary) -> String {
+    let reasons: Vec<String> = s
+        .reasons
+        .iter()
+        .map(|(l, r, n)| format!(r#"{{"leg":{l},"reason":"{r}","count":{n}}}"#))
+        .collect();
+    format!(
+        r#"{{"ok":{},"requests":{},"delivered":{},"failed":{},"reasons":[{}],"bytes":{},"seconds":{:.3},"leg0_p50_us":{},"leg0_p99_us":{},"leg1_p50_us":{},"leg1_p99_us":{},"mismatches":{},"leaks":{},"shm_left":{},"shm_cleaned":{},"killed":{},"incomplete":{}}}"#,
+        s.ok(),
+        s.requests,
+        s.delivered,
+        s.failed,
+        reasons.join(","),
+        s.bytes,
+        s.seconds,
+        s.latency_us[0].0,
+        s.latency_us[0].1,
+        s.latency_us[1].0,
+        s.latency_us[1].1,
+        s.mismatches,
+        s.leaks.len(),
+        s.shm_left,
+        s.shm_cleaned,
+        s.killed
+            .as_ref()
+            .map_or("null".to_owned(), |k| format!("\"{k}\"")),
+        s.incomplete
+    )
+}

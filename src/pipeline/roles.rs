@@ -1,0 +1,360 @@
+//! The pipeline's processes: a coordinator, and instances of each role.
+//! Each reports on stdout, one JSON object per line, and runs until its
+//! stdin closes; then it prints its summary and exits.
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ferry_core::handshake::coordinator::CoordinatorEvent;
+use ferry_core::handshake::instance::InstanceError;
+use ferry_core::json::RawJson;
+use ferry_shm::UdsChannel;
+
+use super::data;
+use crate::runtime::shm::{start_instance, CopySettings, ShmInstance};
+use crate::runtime::{CoordinatorNode, CoordinatorSettings, InstanceSettings, NodeError};
+
+/// The pipeline's roles, in hand-off order.
+pub const PIPELINE: [&str; 3] = ["encoder", "denoiser", "decoder"];
+
+/// Prints one line and flushes it (the launcher reads it at once).
+pub(crate) fn emit(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// Nanoseconds on the wall clock (all processes are on one host).
+fn wall_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Set once stdin closes: the launcher's signal to finish.
+fn stdin_closed() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let f = Arc::clone(&flag);
+    std::thread::spawn(move || {
+        let mut sink = [0u8; 64];
+        let mut stdin = std::io::stdin();
+        while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+        f.store(true, Ordering::Relaxed);
+    });
+    flag
+}
+
+fn fail(what: &str, e: impl std::fmt::Display) -> ExitCode {
+    emit(&format!(
+        r#"{{"event":"error","what":"{what}","error":"{}"}}"#,
+        e.to_string().replace(['"', '\\'], "'")
+    ));
+    ExitCode::FAILURE
+}
+
+/// Runs the coordinator at `endpoint` until stdin closes.
+pub fn coordinator(endpoint: &str, push_timeout: Duration) -> ExitCode {
+    let channel = match UdsChannel::bind(endpoint) {
+        Ok(c) => c,
+        Err(e) => return fail("bind", e),
+    };
+    let mut settings = CoordinatorSettings::new(&PIPELINE);
+    settings.timeouts.push = push_timeout;
+    let node = CoordinatorNode::start(&settings, channel, |e| match e {
+        CoordinatorEvent::Registered { role, .. } => {
+            emit(&format!(r#"{{"event":"registered","role":{role}}}"#));
+        }
+        CoordinatorEvent::Delivered { id, leg } => {
+            emit(&format!(
+                r#"{{"event":"delivered","id":"{id}","leg":{leg}}}"#
+            ));
+        }
+        CoordinatorEvent::Failed { id, leg, reason } => emit(&format!(
+            r#"{{"event":"failed","id":"{id}","leg":{leg},"reason":"{reason}"}}"#
+        )),
+    });
+    let node = match node {
+        Ok(n) => n,
+        Err(e) => return fail("start coordinator", e),
+    };
+    emit(r#"{"event":"ready"}"#);
+    let done = stdin_closed();
+    while !done.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let s = node.snapshot();
+    emit(&format!(
+        r#"{{"event":"summary","role":"coordinator","delivered":{},"failed":{},"fast_path":{},"in_flight":{},"prealloc_taken":{},"ignored":{}}}"#,
+        s.stats.delivered,
+        s.stats.failed,
+        s.stats.fast_path,
+        s.in_flight,
+        s.prealloc_taken,
+        s.metrics.ignored
+    ));
+    ExitCode::SUCCESS
+}
+
+/// One instance process's settings.
+#[derive(Clone, Debug)]
+pub struct InstanceArgs {
+    /// `encoder`, `denoiser` or `decoder`.
+    pub role: String,
+    /// Its name in reports (`denoiser-1`).
+    pub name: String,
+    /// The coordinator's endpoint.
+    pub coordinator: String,
+    /// Its own endpoint.
+    pub endpoint: String,
+    /// Requests the encoder sends.
+    pub requests: u64,
+    /// Requests the encoder keeps in flight.
+    pub window: usize,
+}
+
+/// Counts and latencies an instance reports.
+#[derive(Default)]
+struct Tally {
+    received: u64,
+    verified: u64,
+    mismatches: u64,
+    forwarded: u64,
+    forward_failed: u64,
+    sent: u64,
+    send_failed: u64,
+    latencies_us: Vec<u64>,
+}
+
+/// Runs an instance until stdin closes.
+pub fn instance(args: &InstanceArgs) -> ExitCode {
+    let mut settings = InstanceSettings::new(&args.role, &args.coordinator);
+    let slot = 16u64 << 20;
+    let pool: usize = match args.role.as_str() {
+        "encoder" => 256 << 20,
+        "denoiser" => {
+            settings.prealloc = (4, slot);
+            512 << 20
+        }
+        _ => {
+            settings.prealloc = (4, slot);
+            256 << 20
+        }
+    };
+    let node = match start_instance(&settings, pool, CopySettings::default(), &args.endpoint) {
+        Ok(n) => n,
+        Err(e) => return fail("start instance", e),
+    };
+    if let Err(e) = node.wait_registered(Duration::from_secs(30)) {
+        return fail("register", e);
+    }
+    emit(&format!(
+        r#"{{"event":"registered","name":"{}","pid":{}}}"#,
+        args.name,
+        std::process::id()
+    ));
+    let done = stdin_closed();
+    let mut tally = Tally::default();
+    let result = match args.role.as_str() {
+        "encoder" => encode(&node, args, &done, &mut tally),
+        "denoiser" => serve(&node, &done, &mut tally, true),
+        _ => serve(&node, &done, &mut tally, false),
+    };
+    if let Err(e) = result {
+        return fail(&args.role, e);
+    }
+    while !done.load(Ordering::Relaxed) {
+        drain_outcomes(&node, &mut tally, Duration::from_millis(20));
+    }
+    drain_outcomes(&node, &mut tally, Duration::ZERO);
+    let s = node.stats();
+    let lat: Vec<String> = tally.latencies_us.iter().map(u64::to_string).collect();
+    emit(&format!(
+        r#"{{"event":"summary","role":"{}","name":"{}","received":{},"verified":{},"mismatches":{},"forwarded":{},"forward_failed":{},"sent":{},"send_failed":{},"bytes_written":{},"requests_held":{},"live_slots":{},"prealloc_slots":{},"latencies_us":[{}]}}"#,
+        args.role,
+        args.name,
+        tally.received,
+        tally.verified,
+        tally.mismatches,
+        tally.forwarded,
+        tally.forward_failed,
+        tally.sent,
+        tally.send_failed,
+        s.metrics.bytes_written,
+        s.requests_held,
+        s.live_slots,
+        s.prealloc_slots,
+        lat.join(",")
+    ));
+    ExitCode::SUCCESS
+}
+
+fn drain_outcomes(node: &ShmInstance, tally: &mut Tally, wait: Duration) -> bool {
+    match node.next_outcome(wait) {
+        Some(o) if o.sent => tally.sent += 1,
+        Some(_) => tally.send_failed += 1,
+        None => return false,
+    }
+    true
+}
+
+fn scalars(n: u64) -> String {
+    format!(
+        r#"{{"n":{n},"prompt":"a red fox running through fresh snow at dawn, cinematic","negative_prompt":"","num_inference_steps":50,"guidance_scale":5.0,"seed":{},"height":720,"width":1280,"num_frames":81,"t_commit_ns":{}}}"#,
+        1000 + n,
+        wall_ns()
+    )
+}
+
+/// Stages a request, retrying while the pool or the request table is full
+/// (the receivers drain it), for at most `patience`.
+fn stage_with_patience<'n>(
+    node: &'n ShmInstance,
+    id: &str,
+    specs: &[ferry_core::slots::TensorSpec<'static>],
+    patience: Duration,
+    mut while_waiting: impl FnMut(),
+) -> Result<crate::runtime::Staging<'n, 'static, ferry_shm::UdsSender>, NodeError> {
+    let start = Instant::now();
+    loop {
+        match node.stage(id, specs) {
+            Err(NodeError::Instance(InstanceError::Pool(_) | InstanceError::TableFull))
+                if start.elapsed() < patience =>
+            {
+                while_waiting();
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The encoder: sends `requests` requests, at most `window` in flight.
+fn encode(
+    node: &ShmInstance,
+    args: &InstanceArgs,
+    done: &AtomicBool,
+    tally: &mut Tally,
+) -> Result<(), NodeError> {
+    let specs = data::encoder_tensors();
+    for n in 0..args.requests {
+        while (n - tally.sent - tally.send_failed) as usize >= args.window {
+            if done.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            drain_outcomes(node, tally, Duration::from_millis(50));
+        }
+        let id = format!("req-{n}");
+        let mut staging = stage_with_patience(node, &id, &specs, Duration::from_secs(60), || {
+            drain_outcomes(node, tally, Duration::from_millis(5));
+        })?;
+        for k in 0..2 {
+            if let Some(t) = staging.tensor_mut(k) {
+                data::fill(t, n, k as u64);
+            }
+        }
+        staging.commit(&scalars(n))?;
+    }
+    Ok(())
+}
+
+fn scalar_u64(scalars: &str, key: &str) -> Option<u64> {
+    RawJson::parse_object(scalars)
+        .ok()?
+        .get(key)?
+        .as_str()
+        .parse()
+        .ok()
+}
+
+/// Denoisers and the decoder: receive, check every byte, record the hand-off
+/// latency; denoisers transform and forward the latents under the same id.
+fn serve(
+    node: &ShmInstance,
+    done: &AtomicBool,
+    tally: &mut Tally,
+    forward: bool,
+) -> Result<(), NodeError> {
+    let specs = data::denoiser_tensors();
+    while !done.load(Ordering::Relaxed) {
+        drain_outcomes(node, tally, Duration::ZERO);
+        let Some(d) = node.recv(Duration::from_millis(20)) else {
+            continue;
+        };
+        tally.received += 1;
+        let now = d
+            .arrived()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |t| t.as_nanos() as u64);
+        let (n, t) = (
+            scalar_u64(d.scalar_fields(), "n"),
+            scalar_u64(d.scalar_fields(), "t_commit_ns"),
+        );
+        let Some(n) = n else {
+            tally.mismatches += 1;
+            d.fail("no request number in scalar_fields");
+            continue;
+        };
+        if let Some(t) = t {
+            tally.latencies_us.push(now.saturating_sub(t) / 1000);
+        }
+        let mut bad = None;
+        let mut seen = 0;
+        for v in d.tensors() {
+            seen += 1;
+            let at = match (v.field.raw(), forward) {
+                ("prompt_embeds", true) => data::check(v.bytes, n, 0),
+                ("latents", true) => data::check(v.bytes, n, 1),
+                ("latents", false) => data::check_denoised(v.bytes, n),
+                _ => Some(0),
+            };
+            if let Some(at) = at {
+                bad = Some((v.field.raw().to_owned(), at));
+            }
+        }
+        if seen != if forward { 2 } else { 1 } {
+            bad = Some(("manifest".to_owned(), 0));
+        }
+        if let Some((field, at)) = bad {
+            tally.mismatches += 1;
+            emit(&format!(
+                r#"{{"event":"mismatch","id":"{}","field":"{field}","byte":{at}}}"#,
+                d.id()
+            ));
+            d.fail("byte mismatch");
+            continue;
+        }
+        tally.verified += 1;
+        if !forward {
+            d.release();
+            continue;
+        }
+        // Forward before letting go of the input, as a denoiser would.
+        let id = d.id().to_owned();
+        let staged = stage_with_patience(node, &id, &specs, Duration::from_secs(30), || {
+            std::thread::sleep(Duration::from_millis(1));
+        });
+        let result = staged.and_then(|mut s| {
+            if let Some(t) = s.tensor_mut(0) {
+                data::fill_denoised(t, n);
+            }
+            s.commit(&scalars(n))
+        });
+        match result {
+            Ok(()) => {
+                tally.forwarded += 1;
+                d.release();
+            }
+            Err(e) => {
+                tally.forward_failed += 1;
+                emit(&format!(
+                    r#"{{"event":"forward_failed","id":"{id}","error":"{}"}}"#,
+                    e.to_string().replace(['"', '\\'], "'")
+                ));
+                d.fail("could not forward");
+            }
+        }
+    }
+    Ok(())
+}
