@@ -5,9 +5,7 @@
 
 use std::time::{Duration, Instant as Clock};
 
-use ferry_core::handshake::coordinator::{
-    CoordinatorConfig, CoordinatorEvent, Policy, Timeouts,
-};
+use ferry_core::handshake::coordinator::{CoordinatorConfig, CoordinatorEvent, Policy, Timeouts};
 use ferry_core::handshake::instance::{InstanceConfig, InstanceEvent};
 use ferry_core::handshake::{Instant, PeerId};
 use ferry_core::json::RawJson;
