@@ -328,3 +328,64 @@ fn under_injected_faults_every_request_ends_and_no_slot_leaks() {
     }
     panic!("coordinator still holds transfers: {:?}", coord.snapshot());
 }
+
+#[test]
+fn the_in_process_channel_carries_a_hand_off() {
+    use ferry::runtime::shm::start_instance_wrapped;
+    use ferry_shm::{MemChannel, MemHub};
+
+    let hub = MemHub::new();
+    let coord = CoordinatorNode::start(
+        &CoordinatorSettings::new(&["encoder", "denoiser"]),
+        MemChannel::bind(&hub, "coordinator").unwrap(),
+        |_| {},
+    )
+    .unwrap();
+    let node = |role: &str| {
+        let h = hub.clone();
+        let name = format!("mem-{role}");
+        start_instance_wrapped(
+            &InstanceSettings::new(role, "coordinator"),
+            16 << 20,
+            CopySettings::default(),
+            &endpoint(role),
+            |t| t,
+            move |_uds| MemChannel::bind(&h, &name).unwrap(),
+        )
+        .unwrap()
+    };
+    let (enc, den) = (node("encoder"), node("denoiser"));
+    enc.wait_registered(5 * SECOND).unwrap();
+    den.wait_registered(5 * SECOND).unwrap();
+    let (a, b) = ([1u64, 77, 33], [5u64, 1000]);
+    let specs = [
+        TensorSpec {
+            field: "prompt_embeds",
+            list_index: None,
+            shape: &a,
+            dtype: Dtype::BFloat16,
+            byte_len: 2 * 77 * 33,
+        },
+        TensorSpec {
+            field: "latents",
+            list_index: Some(0),
+            shape: &b,
+            dtype: Dtype::Float32,
+            byte_len: 4 * 5000,
+        },
+    ];
+    let mut s = enc.stage("m1", &specs).unwrap();
+    for i in 0..2 {
+        let t = s.tensor_mut(i).unwrap();
+        let p = pattern(5 + i as u8, t.len());
+        t.copy_from_slice(&p);
+    }
+    s.commit(r#"{"prompt":"a fox","steps":30,"cfg":7.5}"#)
+        .unwrap();
+    let d = den.recv(5 * SECOND).expect("delivered");
+    for (i, t) in d.tensors().enumerate() {
+        assert_eq!(t.bytes, pattern(5 + i as u8, t.bytes.len()));
+    }
+    d.release();
+    assert!(enc.next_outcome(5 * SECOND).unwrap().sent);
+}

@@ -1,0 +1,198 @@
+//! A real instance node facing a coordinator that sends what it should not:
+//! this test plays the coordinator over a raw Unix socket and checks what
+//! the instance answers on the wire.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use ferry::runtime::shm::{start_instance, CopySettings, ShmInstance};
+use ferry::runtime::InstanceSettings;
+use ferry_core::slots::{Dtype, TensorSpec};
+use ferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
+use ferry_core::wire::{decode, Msg, Push, RegisterAck, TRANSFER_MAGIC};
+use ferry_shm::{UdsChannel, UdsReceiver, UdsSender};
+
+fn endpoint(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!("ipc:///tmp/ferry-bad-{}-{n}-{tag}.sock", std::process::id())
+}
+
+/// The next transfer message, as (sender, JSON text).
+fn next(rx: &mut UdsReceiver) -> (String, String) {
+    let mut buf = vec![0u8; 1 << 16];
+    for _ in 0..100 {
+        if let Some(ChannelEvent::Message(m)) =
+            rx.recv(&mut buf, Duration::from_millis(50)).unwrap()
+        {
+            assert_eq!(m.magic, TRANSFER_MAGIC);
+            return (
+                m.from.to_owned(),
+                String::from_utf8(m.payload.to_vec()).unwrap(),
+            );
+        }
+    }
+    panic!("nothing received");
+}
+
+fn send(tx: &mut UdsSender, to: &str, msg: &Msg<'_>) {
+    let mut buf = vec![0u8; 4096];
+    let n = msg.encode(&mut buf).unwrap();
+    tx.send(to, TRANSFER_MAGIC, &buf[..n]).unwrap();
+}
+
+/// An encoder registered with this fake coordinator.
+fn registered_instance(tx: &mut UdsSender, rx: &mut UdsReceiver) -> (ShmInstance, String) {
+    let coord = rx.local_endpoint().to_owned();
+    let node = start_instance(
+        &InstanceSettings::new("encoder", &coord),
+        16 << 20,
+        CopySettings::default(),
+        &endpoint("enc"),
+    )
+    .unwrap();
+    let (from, text) = next(rx);
+    let Ok(Msg::Register(r)) = decode(text.as_bytes()) else {
+        panic!("{text}")
+    };
+    send(
+        tx,
+        &from,
+        &Msg::RegisterAck(RegisterAck {
+            session_id: r.session_id,
+            role: r.role,
+            accepted: true,
+            error: None,
+        }),
+    );
+    node.wait_registered(Duration::from_secs(5)).unwrap();
+    (node, from)
+}
+
+fn stage(node: &ShmInstance, id: &str) {
+    let shape = [4096u64];
+    let spec = [TensorSpec {
+        field: "x",
+        list_index: None,
+        shape: &shape,
+        dtype: Dtype::UInt8,
+        byte_len: 4096,
+    }];
+    node.stage(id, &spec).unwrap().commit("{}").unwrap();
+}
+
+#[test]
+fn a_push_the_data_plane_cannot_honour_fails_that_request_and_nothing_else() {
+    let (mut tx, mut rx) = UdsChannel::bind(&endpoint("coord")).unwrap().split();
+    let (node, at) = registered_instance(&mut tx, &mut rx);
+    // A real receiver pool to aim at.
+    let receiver = ferry_shm::ShmTransport::new(1 << 20, 1, 1 << 20).unwrap();
+    let (good, base) = (
+        ferry_core::transport::Transport::session_id(&receiver).to_owned(),
+        receiver.pool_ptr() as u64,
+    );
+    let cases = [
+        // Past the end of the receiver's pool.
+        (
+            "r-oob",
+            good.as_str(),
+            base + (1 << 20) - 100,
+            "write outside registered memory",
+        ),
+        // Before its start.
+        (
+            "r-low",
+            good.as_str(),
+            base - 4096,
+            "write outside registered memory",
+        ),
+        // A session whose object does not exist.
+        (
+            "r-gone",
+            "shm:/ferry-no-such-object@1000+1048576",
+            0x1000,
+            "peer gone",
+        ),
+        // Not a session id at all.
+        ("r-junk", "tcp://10.0.0.1:5000", 0, "unknown peer"),
+    ];
+    for (id, session, addr, error) in cases {
+        stage(&node, id);
+        let (_, staged) = next(&mut rx);
+        assert!(staged.contains("transfer_staged"), "{staged}");
+        send(
+            &mut tx,
+            &at,
+            &Msg::Push(Push {
+                request_id: id.into(),
+                dest_session_id: session.into(),
+                dest_addr: addr,
+                transfer_size: 4096,
+            }),
+        );
+        let (_, pushed) = next(&mut rx);
+        let Ok(Msg::Pushed(p)) = decode(pushed.as_bytes()) else {
+            panic!("{pushed}")
+        };
+        assert_eq!((p.request_id.raw(), p.success), (id, false), "{pushed}");
+        assert_eq!(p.error.map(|e| e.raw()), Some(error), "{pushed}");
+    }
+    // The instance is unharmed: a good push goes through, the bytes land.
+    stage(&node, "r-ok");
+    let _ = next(&mut rx);
+    send(
+        &mut tx,
+        &at,
+        &Msg::Push(Push {
+            request_id: "r-ok".into(),
+            dest_session_id: good.as_str().into(),
+            dest_addr: base + 8192,
+            transfer_size: 4096,
+        }),
+    );
+    let (_, pushed) = next(&mut rx);
+    assert!(
+        pushed.contains(r#""request_id":"r-ok""#) && !pushed.contains("false"),
+        "{pushed}"
+    );
+    let s = node.stats();
+    assert_eq!((s.requests_held, s.live_slots), (0, 0), "{s:?}");
+    assert_eq!(s.metrics.write_errors, 4);
+}
+
+#[test]
+fn garbage_from_a_peer_is_counted_and_dropped() {
+    let (mut tx, mut rx) = UdsChannel::bind(&endpoint("coord")).unwrap().split();
+    let (node, at) = registered_instance(&mut tx, &mut rx);
+    tx.send(&at, TRANSFER_MAGIC, b"{not json").unwrap();
+    tx.send(
+        &at,
+        TRANSFER_MAGIC,
+        br#"{"msg_type":"transfer_push","dest_addr":-1}"#,
+    )
+    .unwrap();
+    tx.send(&at, b"work-item", b"\x00\x01 opaque").unwrap();
+    tx.send(
+        &at,
+        TRANSFER_MAGIC,
+        br#"{"msg_type":"transfer_push","request_id":"nobody"}"#,
+    )
+    .unwrap();
+    for _ in 0..200 {
+        let m = node.stats().metrics;
+        if m.bad_frames == 2 && m.non_transfer == 1 && m.ignored == 1 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let m = node.stats().metrics;
+    assert_eq!(
+        (m.bad_frames, m.non_transfer, m.ignored),
+        (2, 1, 1),
+        "{m:?}"
+    );
+    // Still serving.
+    stage(&node, "after");
+    let (_, staged) = next(&mut rx);
+    assert!(staged.contains(r#""request_id":"after""#), "{staged}");
+}
