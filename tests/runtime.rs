@@ -335,7 +335,7 @@ fn the_in_process_channel_carries_a_hand_off() {
     use ferry_shm::{MemChannel, MemHub};
 
     let hub = MemHub::new();
-    let coord = CoordinatorNode::start(
+    let _coordinator = CoordinatorNode::start(
         &CoordinatorSettings::new(&["encoder", "denoiser"]),
         MemChannel::bind(&hub, "coordinator").unwrap(),
         |_| {},
