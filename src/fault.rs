@@ -216,6 +216,7 @@ impl<C: ControlChannel> ControlChannel for FaultyChannel<C> {
 #[derive(Clone, Debug, Default)]
 struct Held {
     from: String,
+    via: String,
     magic: Vec<u8>,
     payload: Vec<u8>,
 }
@@ -252,6 +253,7 @@ impl<R: ControlRecv> ControlRecv for FaultyReceiver<R> {
                     self.current = h;
                     return Ok(Some(ChannelEvent::Message(Incoming {
                         from: &self.current.from,
+                        via: &self.current.via,
                         magic: &self.current.magic,
                         payload: &self.current.payload,
                     })));
@@ -266,6 +268,7 @@ impl<R: ControlRecv> ControlRecv for FaultyReceiver<R> {
                 Some(ChannelEvent::Gone { from }) => Some(Err(from.to_owned())),
                 Some(ChannelEvent::Message(m)) => Some(Ok(Held {
                     from: m.from.to_owned(),
+                    via: m.via.to_owned(),
                     magic: m.magic.to_vec(),
                     payload: m.payload.to_vec(),
                 })),

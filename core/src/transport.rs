@@ -148,6 +148,9 @@ pub trait Transport {
 pub struct Incoming<'b> {
     /// The sender's endpoint, if the channel knows it (empty otherwise).
     pub from: &'b str,
+    /// The local endpoint it arrived at (a coordinator with one endpoint
+    /// per role learns the sender's role from it).
+    pub via: &'b str,
     /// Frame 0: `__transfer__` for transfer messages.
     pub magic: &'b [u8],
     /// Frame 1: the JSON payload.

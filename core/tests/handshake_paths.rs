@@ -190,6 +190,8 @@ struct World<'s> {
     coord_events: Vec<CoordinatorEvent>,
     inst_events: Vec<(usize, InstanceEvent)>,
     ignored: Vec<Ignored>,
+    /// Messages to the coordinator whose sender its content named.
+    judged: u64,
 }
 
 impl<'s> World<'s> {
@@ -205,6 +207,7 @@ impl<'s> World<'s> {
             coord_events: Vec::new(),
             inst_events: Vec::new(),
             ignored: Vec::new(),
+            judged: 0,
         };
         w.pump();
         w
@@ -239,6 +242,14 @@ impl<'s> World<'s> {
                     if self.drop.contains(&msg.msg_type()) {
                         continue;
                     }
+                    // Judged by content alone, the sender is the one that
+                    // sent it (or unknown): what a ZeroMQ coordinator relies on.
+                    let role = self.coord.role_of(PeerId(i as u32 + 1));
+                    let judged = self.coord.sender_of(&msg, role);
+                    if let Some(p) = judged {
+                        assert_eq!(p, PeerId(i as u32 + 1), "{msg:?}");
+                    }
+                    self.judged += u64::from(judged.is_some());
                     if let Err(e) = self.coord.handle(self.now, PeerId(i as u32 + 1), &msg) {
                         self.ignored.push(e);
                     }
@@ -386,6 +397,8 @@ fn fast_path_uses_a_preallocated_slot() {
     w.insts[1].release(token, None).unwrap();
     w.pump();
     assert_eq!(w.delivered(), 1);
+    // staged, pushed and done were each traced to their sender by content.
+    assert_eq!(w.judged, 3);
     assert!(w.inst_events.contains(&(
         0,
         InstanceEvent::Sent {

@@ -151,6 +151,7 @@ impl ControlRecv for MemReceiver {
         let (m, p) = buf[..len].split_at(magic.len());
         Ok(Some(ChannelEvent::Message(Incoming {
             from: &self.from,
+            via: &self.me,
             magic: m,
             payload: p,
         })))

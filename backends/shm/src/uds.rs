@@ -528,6 +528,7 @@ impl ControlRecv for UdsReceiver {
                 let (head, payload) = buf[..end].split_at(start);
                 Some(ChannelEvent::Message(Incoming {
                     from: &self.conns[i].from,
+                    via: &self.me,
                     magic: &head[2..2 + magic_len],
                     payload,
                 }))

@@ -824,6 +824,66 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         }
     }
 
+    /// The role (index into the pipeline) of registered peer `peer`.
+    pub fn role_of(&self, peer: PeerId) -> Option<usize> {
+        self.members
+            .iter()
+            .flatten()
+            .find(|m| m.peer == peer)
+            .map(|m| m.role)
+    }
+
+    /// Who sent `msg`, judged by its content, for control channels that
+    /// cannot name the sender (a ZeroMQ PULL socket cannot). `role` is the
+    /// sender's role if the channel knows it (sglang gives each role its
+    /// own result endpoint); without it, a `transfer_done` for a request
+    /// that two legs hold at once cannot be told apart.
+    ///
+    /// `transfer_staged`, `transfer_allocated` and `transfer_alloc_reject`
+    /// name their session; `transfer_pushed` comes from the sender of the
+    /// leg being written, `transfer_done` from the receiver of the leg
+    /// delivered (or of a failed one whose slot waits for it).
+    /// `transfer_register` has no sender yet: `None`.
+    pub fn sender_of(&self, msg: &Msg<'_>, role: Option<usize>) -> Option<PeerId> {
+        let by_session = |session: JsonStr<'_>| {
+            self.members
+                .iter()
+                .flatten()
+                .find(|m| m.session.eq_json(session) && role.is_none_or(|r| r == m.role))
+                .map(|m| m.peer)
+        };
+        let leg = |id: JsonStr<'_>, phase: Phase, receiver: bool| {
+            self.transfers.iter().flatten().find_map(|t| {
+                if !t.id.eq_json(id) || t.phase != phase {
+                    return None;
+                }
+                let (who, who_role) = if receiver {
+                    (t.receiver?, t.sender_role + 1)
+                } else {
+                    (t.sender, t.sender_role)
+                };
+                if role.is_some_and(|r| r != who_role) {
+                    return None;
+                }
+                self.member(who).map(|m| m.peer)
+            })
+        };
+        match msg {
+            Msg::Staged(m) => by_session(m.session_id),
+            Msg::Allocated(m) => by_session(m.session_id),
+            Msg::AllocReject(m) => by_session(m.session_id),
+            Msg::Pushed(m) => leg(m.request_id, Phase::Pushing, false),
+            Msg::Done(m) => leg(m.request_id, Phase::Ready, true).or_else(|| {
+                self.parked.iter().flatten().find_map(|p| {
+                    let m2 = self.member(p.member)?;
+                    (p.held && p.id.eq_json(m.request_id) && role.is_none_or(|r| r == m2.role))
+                        .then_some(m2.peer)
+                })
+            }),
+            _ => None,
+        }
+    }
+
     /// The caller's transport lost `peer` for good: its instance is dropped
     /// and its transfers fail.
     pub fn peer_lost(&mut self, now: Instant, peer: PeerId) {

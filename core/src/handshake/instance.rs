@@ -724,7 +724,9 @@ impl<'s> Instance<'s> {
     pub fn handle(&mut self, now: Instant, msg: &Msg<'_>) -> Result<(), Ignored> {
         let r = match msg {
             Msg::RegisterAck(m) => {
-                if !self.session.eq_json(m.session_id) {
+                // An ack that names no session (a seed-era coordinator's)
+                // answers whoever it reached: this endpoint is ours.
+                if !m.session_id.is_empty() && !self.session.eq_json(m.session_id) {
                     Err(Ignored::WrongPeer)
                 } else if self.registered {
                     Err(Ignored::Duplicate)
