@@ -24,6 +24,12 @@ enum Command {
     /// Run the pipeline example: a coordinator, an encoder, denoisers and a
     /// decoder as separate processes on the shared-memory loopback.
     Pipeline(ferry::pipeline::PipelineArgs),
+    /// Run a coordinator as a standalone process (reports events as JSON
+    /// lines on stdout; stops when stdin closes).
+    Coordinator(ferry::pipeline::CoordinatorArgs),
+    /// Run an instance as a standalone process, with the pipeline's
+    /// workload for its role (stops when stdin closes).
+    Instance(ferry::pipeline::InstanceCliArgs),
     /// Measure ferry on this machine (no subcommand: hand-offs through
     /// the full handshake on the shared-memory loopback, against memcpy).
     Bench(Bench),
@@ -321,6 +327,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Pipeline(args) => return ferry::pipeline::main(args, &["pipeline"]),
+        Command::Coordinator(args) => return ferry::pipeline::coordinator_main(&args),
+        Command::Instance(args) => return ferry::pipeline::instance_main(&args),
         Command::Wire(WireCommand::Canon) => {
             lines(|_, line, out| canon_line(line, out)).map_err(|e| format!("stdin/stdout: {e}"))
         }

@@ -37,6 +37,8 @@ pub struct LaunchArgs {
     pub push_timeout: Duration,
     /// Print the summary as JSON.
     pub json: bool,
+    /// The control plane between the processes.
+    pub control: super::Control,
     /// How to start this program again as a pipeline process.
     pub exe: PathBuf,
     /// Arguments before the role arguments (`pipeline` for the `ferry`
@@ -180,14 +182,31 @@ impl Run {
         Ok(())
     }
 
+    /// Where instances of `role` report to the coordinator.
+    fn result_endpoint(&self, role: &str) -> String {
+        match self.args.control {
+            super::Control::Uds => self.endpoint("coordinator"),
+            super::Control::Zmq => self.endpoint(&format!("coordinator-{role}")),
+        }
+    }
+
+    fn control_arg(&self) -> &'static str {
+        match self.args.control {
+            super::Control::Uds => "uds",
+            super::Control::Zmq => "zmq",
+        }
+    }
+
     fn instance(&mut self, role: &str, name: &str) -> Result<usize, String> {
         let a = [
+            "--control",
+            self.control_arg(),
             "--role",
             role,
             "--name",
             name,
             "--coordinator",
-            &self.endpoint("coordinator"),
+            &self.result_endpoint(role),
             "--endpoint",
             &self.endpoint(name),
             "--requests",
@@ -277,11 +296,20 @@ pub fn launch(args: LaunchArgs) -> Result<Summary, String> {
         prefix: format!("ferry-pl{pid}"),
     };
     let boot = Duration::from_secs(30);
+    let listen: Vec<String> = match args.control {
+        super::Control::Uds => vec![run.endpoint("coordinator")],
+        super::Control::Zmq => super::PIPELINE
+            .iter()
+            .map(|r| run.result_endpoint(r))
+            .collect(),
+    };
     let coord_args = [
+        "--control".to_owned(),
+        run.control_arg().to_owned(),
         "--role".to_owned(),
         "coordinator".to_owned(),
         "--endpoint".to_owned(),
-        run.endpoint("coordinator"),
+        listen.join(","),
         "--push-timeout-ms".to_owned(),
         args.push_timeout.as_millis().to_string(),
     ];

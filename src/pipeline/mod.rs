@@ -15,6 +15,7 @@ use std::time::Duration;
 use clap::Parser;
 
 pub use launcher::{json, launch, table, LaunchArgs, Summary};
+pub use roles::{Control, InstanceArgs, PIPELINE};
 
 /// Runs the pipeline, or one of its processes.
 #[derive(Parser, Debug)]
@@ -57,6 +58,103 @@ pub struct PipelineArgs {
     /// The coordinator's timeout for a sender's write report.
     #[arg(long, default_value_t = 10_000)]
     pub push_timeout_ms: u64,
+    /// The control plane between the processes.
+    #[arg(long, value_enum, default_value_t = Control::Uds)]
+    pub control: Control,
+}
+
+/// `ferry coordinator`: the coordinator as a standalone process.
+#[derive(clap::Args, Debug)]
+pub struct CoordinatorArgs {
+    /// The control plane.
+    #[arg(long, value_enum, env = "FERRY_CONTROL", default_value_t = Control::Zmq)]
+    pub control: Control,
+    /// Where instances report: with ZeroMQ one endpoint per role, in
+    /// pipeline order (encoder, denoiser, decoder), comma-separated; with
+    /// Unix sockets one `ipc://` endpoint.
+    #[arg(long, env = "FERRY_LISTEN", value_delimiter = ',', required = true)]
+    pub listen: Vec<String>,
+    /// Timeout for a sender's write report, ms.
+    #[arg(long, env = "FERRY_PUSH_TIMEOUT_MS", default_value_t = 10_000)]
+    pub push_timeout_ms: u64,
+}
+
+/// `ferry instance`: an instance as a standalone process, with the
+/// pipeline's workload for its role (the encoder sends requests; denoisers
+/// check and forward; the decoder checks).
+#[derive(clap::Args, Debug)]
+pub struct InstanceCliArgs {
+    /// Its role.
+    #[arg(long, env = "FERRY_ROLE")]
+    pub role: String,
+    /// Its name in reports.
+    #[arg(long, env = "FERRY_NAME", default_value = "instance")]
+    pub name: String,
+    /// The coordinator's endpoint for this role.
+    #[arg(long, env = "FERRY_COORDINATOR")]
+    pub coordinator: String,
+    /// Its own work endpoint.
+    #[arg(long, env = "FERRY_ENDPOINT")]
+    pub endpoint: String,
+    /// The control plane.
+    #[arg(long, value_enum, env = "FERRY_CONTROL", default_value_t = Control::Zmq)]
+    pub control: Control,
+    /// Pool size, MiB (0: the role's default).
+    #[arg(long, env = "FERRY_POOL_MIB", default_value_t = 0)]
+    pub pool_mib: usize,
+    /// Preallocated receive slots, `<count>:<MiB>`.
+    #[arg(long, env = "FERRY_PREALLOC", value_parser = parse_prealloc)]
+    pub prealloc: Option<(usize, u64)>,
+    /// Requests to send (encoder).
+    #[arg(long, default_value_t = 64)]
+    pub requests: u64,
+    /// Requests in flight (encoder).
+    #[arg(long, default_value_t = 8)]
+    pub window: usize,
+}
+
+fn parse_prealloc(s: &str) -> Result<(usize, u64), String> {
+    let (n, m) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected <count>:<MiB>, e.g. 4:16"))?;
+    Ok((
+        n.parse().map_err(|_| format!("{n:?} is not a count"))?,
+        m.parse()
+            .map_err(|_| format!("{m:?} is not a size in MiB"))?,
+    ))
+}
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("FERRY_LOG"))
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs `ferry coordinator`.
+pub fn coordinator_main(args: &CoordinatorArgs) -> ExitCode {
+    init_tracing();
+    roles::coordinator(
+        &args.listen,
+        args.control,
+        Duration::from_millis(args.push_timeout_ms),
+    )
+}
+
+/// Runs `ferry instance`.
+pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
+    init_tracing();
+    roles::instance(&InstanceArgs {
+        role: args.role.clone(),
+        name: args.name.clone(),
+        coordinator: args.coordinator.clone(),
+        endpoint: args.endpoint.clone(),
+        requests: args.requests,
+        window: args.window.max(1),
+        control: args.control,
+        pool_mib: args.pool_mib,
+        prealloc: args.prealloc,
+    })
 }
 
 fn parse_kill(s: &str) -> Result<(usize, u64), String> {
@@ -73,13 +171,15 @@ fn parse_kill(s: &str) -> Result<(usize, u64), String> {
 /// Runs what `args` ask; `prefix` is what precedes the pipeline's own
 /// arguments when this program is started again for a process.
 pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("FERRY_LOG"))
-        .with_writer(std::io::stderr)
-        .try_init();
+    init_tracing();
     match args.role.as_deref() {
         Some("coordinator") => {
-            return roles::coordinator(&args.endpoint, Duration::from_millis(args.push_timeout_ms))
+            let endpoints: Vec<String> = args.endpoint.split(',').map(str::to_owned).collect();
+            return roles::coordinator(
+                &endpoints,
+                args.control,
+                Duration::from_millis(args.push_timeout_ms),
+            );
         }
         Some(role) => {
             return roles::instance(&roles::InstanceArgs {
@@ -89,6 +189,9 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
                 endpoint: args.endpoint.clone(),
                 requests: args.requests,
                 window: args.window.max(1),
+                control: args.control,
+                pool_mib: 0,
+                prealloc: None,
             })
         }
         None => {}
@@ -112,6 +215,7 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
         timeout: Duration::from_secs(args.timeout_secs),
         push_timeout: Duration::from_millis(args.push_timeout_ms),
         json: args.json,
+        control: args.control,
         exe,
         prefix: prefix.iter().map(|s| (*s).to_owned()).collect(),
     };

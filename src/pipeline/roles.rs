@@ -11,11 +11,25 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ferry_core::handshake::coordinator::CoordinatorEvent;
 use ferry_core::handshake::instance::InstanceError;
 use ferry_core::json::RawJson;
+use ferry_core::transport::{ControlChannel, ControlSend};
 use ferry_shm::UdsChannel;
+use ferry_zmq::{ZmqChannel, ZmqSettings};
 
 use super::data;
-use crate::runtime::shm::{start_instance, CopySettings, ShmInstance};
-use crate::runtime::{CoordinatorNode, CoordinatorSettings, InstanceSettings, NodeError};
+use crate::runtime::shm::{start_instance, start_instance_on, CopySettings};
+use crate::runtime::{
+    CoordinatorNode, CoordinatorSettings, InstanceNode, InstanceSettings, NodeError, Staging,
+};
+
+/// The control plane the processes talk over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Control {
+    /// Unix seqpacket sockets (one host).
+    Uds,
+    /// ZeroMQ with sglang's layout: PULL bound per process (and per role
+    /// at the coordinator), PUSH to peers; ipc:// or tcp:// endpoints.
+    Zmq,
+}
 
 /// The pipeline's roles, in hand-off order.
 pub const PIPELINE: [&str; 3] = ["encoder", "denoiser", "decoder"];
@@ -55,15 +69,38 @@ fn fail(what: &str, e: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// Runs the coordinator at `endpoint` until stdin closes.
-pub fn coordinator(endpoint: &str, push_timeout: Duration) -> ExitCode {
-    let channel = match UdsChannel::bind(endpoint) {
-        Ok(c) => c,
-        Err(e) => return fail("bind", e),
-    };
+/// Runs the coordinator until stdin closes. With ZeroMQ it binds one
+/// result endpoint per role of the pipeline (in order); over Unix sockets,
+/// the first endpoint only.
+pub fn coordinator(endpoints: &[String], control: Control, push_timeout: Duration) -> ExitCode {
     let mut settings = CoordinatorSettings::new(&PIPELINE);
     settings.timeouts.push = push_timeout;
-    let node = CoordinatorNode::start(&settings, channel, |e| match e {
+    match control {
+        Control::Uds => match UdsChannel::bind(&endpoints[0]) {
+            Ok(c) => run_coordinator(&settings, c),
+            Err(e) => fail("bind", e),
+        },
+        Control::Zmq => {
+            let ctx = zmq::Context::new();
+            let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+            match ZmqChannel::bind(&ctx, &eps, ZmqSettings::default()) {
+                Ok(c) => {
+                    settings.result_endpoints = c.endpoints();
+                    run_coordinator(&settings, c)
+                }
+                Err(e) => fail("bind", e),
+            }
+        }
+    }
+}
+
+fn run_coordinator<C>(settings: &CoordinatorSettings, channel: C) -> ExitCode
+where
+    C: ControlChannel,
+    C::Sender: 'static,
+    C::Receiver: 'static,
+{
+    let node = CoordinatorNode::start(settings, channel, |e| match e {
         CoordinatorEvent::Registered { role, .. } => {
             emit(&format!(r#"{{"event":"registered","role":{role}}}"#));
         }
@@ -113,6 +150,13 @@ pub struct InstanceArgs {
     pub requests: u64,
     /// Requests the encoder keeps in flight.
     pub window: usize,
+    /// The control plane.
+    pub control: Control,
+    /// Pool size in MiB (0: the role's default).
+    pub pool_mib: usize,
+    /// Preallocated receive slots: how many, MiB each (None: the role's
+    /// default).
+    pub prealloc: Option<(usize, u64)>,
 }
 
 /// Counts and latencies an instance reports.
@@ -132,7 +176,7 @@ struct Tally {
 pub fn instance(args: &InstanceArgs) -> ExitCode {
     let mut settings = InstanceSettings::new(&args.role, &args.coordinator);
     let slot = 16u64 << 20;
-    let pool: usize = match args.role.as_str() {
+    let mut pool: usize = match args.role.as_str() {
         "encoder" => 256 << 20,
         "denoiser" => {
             settings.prealloc = (4, slot);
@@ -143,10 +187,36 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
             256 << 20
         }
     };
-    let node = match start_instance(&settings, pool, CopySettings::default(), &args.endpoint) {
-        Ok(n) => n,
-        Err(e) => return fail("start instance", e),
-    };
+    if args.pool_mib > 0 {
+        pool = args.pool_mib << 20;
+    }
+    if let Some((n, mib)) = args.prealloc {
+        settings.prealloc = (n, mib << 20);
+    }
+    let copy = CopySettings::default();
+    match args.control {
+        Control::Uds => match start_instance(&settings, pool, copy, &args.endpoint) {
+            Ok(node) => run_instance(&node, args),
+            Err(e) => fail("start instance", e),
+        },
+        Control::Zmq => {
+            let ctx = zmq::Context::new();
+            let channel = match ZmqChannel::bind(&ctx, &[&args.endpoint], ZmqSettings::default()) {
+                Ok(c) => c,
+                Err(e) => return fail("bind", e),
+            };
+            match start_instance_on(&settings, pool, copy, channel) {
+                Ok(node) => run_instance(&node, args),
+                Err(e) => fail("start instance", e),
+            }
+        }
+    }
+}
+
+fn run_instance<S: ControlSend + Send + 'static>(
+    node: &InstanceNode<S>,
+    args: &InstanceArgs,
+) -> ExitCode {
     if let Err(e) = node.wait_registered(Duration::from_secs(30)) {
         return fail("register", e);
     }
@@ -158,17 +228,17 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
     let done = stdin_closed();
     let mut tally = Tally::default();
     let result = match args.role.as_str() {
-        "encoder" => encode(&node, args, &done, &mut tally),
-        "denoiser" => serve(&node, &done, &mut tally, true),
-        _ => serve(&node, &done, &mut tally, false),
+        "encoder" => encode(node, args, &done, &mut tally),
+        "denoiser" => serve(node, &done, &mut tally, true),
+        _ => serve(node, &done, &mut tally, false),
     };
     if let Err(e) = result {
         return fail(&args.role, e);
     }
     while !done.load(Ordering::Relaxed) {
-        drain_outcomes(&node, &mut tally, Duration::from_millis(20));
+        drain_outcomes(node, &mut tally, Duration::from_millis(20));
     }
-    drain_outcomes(&node, &mut tally, Duration::ZERO);
+    drain_outcomes(node, &mut tally, Duration::ZERO);
     let s = node.stats();
     let lat: Vec<String> = tally.latencies_us.iter().map(u64::to_string).collect();
     emit(&format!(
@@ -191,7 +261,11 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn drain_outcomes(node: &ShmInstance, tally: &mut Tally, wait: Duration) -> bool {
+fn drain_outcomes<S: ControlSend + Send + 'static>(
+    node: &InstanceNode<S>,
+    tally: &mut Tally,
+    wait: Duration,
+) -> bool {
     match node.next_outcome(wait) {
         Some(o) if o.sent => tally.sent += 1,
         Some(_) => tally.send_failed += 1,
@@ -210,13 +284,13 @@ fn scalars(n: u64) -> String {
 
 /// Stages a request, retrying while the pool or the request table is full
 /// (the receivers drain it), for at most `patience`.
-fn stage_with_patience<'n>(
-    node: &'n ShmInstance,
+fn stage_with_patience<'n, S: ControlSend + Send + 'static>(
+    node: &'n InstanceNode<S>,
     id: &str,
     specs: &[ferry_core::slots::TensorSpec<'static>],
     patience: Duration,
     mut while_waiting: impl FnMut(),
-) -> Result<crate::runtime::Staging<'n, 'static, ferry_shm::UdsSender>, NodeError> {
+) -> Result<Staging<'n, 'static, S>, NodeError> {
     let start = Instant::now();
     loop {
         match node.stage(id, specs) {
@@ -231,8 +305,8 @@ fn stage_with_patience<'n>(
 }
 
 /// The encoder: sends `requests` requests, at most `window` in flight.
-fn encode(
-    node: &ShmInstance,
+fn encode<S: ControlSend + Send + 'static>(
+    node: &InstanceNode<S>,
     args: &InstanceArgs,
     done: &AtomicBool,
     tally: &mut Tally,
@@ -270,8 +344,8 @@ fn scalar_u64(scalars: &str, key: &str) -> Option<u64> {
 
 /// Denoisers and the decoder: receive, check every byte, record the hand-off
 /// latency; denoisers transform and forward the latents under the same id.
-fn serve(
-    node: &ShmInstance,
+fn serve<S: ControlSend + Send + 'static>(
+    node: &InstanceNode<S>,
     done: &AtomicBool,
     tally: &mut Tally,
     forward: bool,

@@ -55,6 +55,11 @@ pub struct CoordinatorSettings {
     pub late_done_wait: Duration,
     /// Table sizes.
     pub limits: Limits,
+    /// The endpoint each role reports to, in pipeline order, for control
+    /// channels that cannot name a message's sender (ZeroMQ): the endpoint
+    /// a message arrives at tells its sender's role, and its content the
+    /// sender. Empty when the channel names senders.
+    pub result_endpoints: Vec<String>,
 }
 
 impl CoordinatorSettings {
@@ -75,6 +80,7 @@ impl CoordinatorSettings {
             quarantine: Duration::from_secs(1),
             late_done_wait: Duration::from_secs(5),
             limits: Limits::default(),
+            result_endpoints: Vec::new(),
         }
     }
 }
@@ -163,6 +169,7 @@ impl CoordinatorNode {
             out: vec![0; 64 * 1024],
             lost: Vec::new(),
             on_event: Box::new(on_event),
+            result_endpoints: settings.result_endpoints.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("ferry-coordinator".into())
@@ -203,6 +210,17 @@ impl Drop for CoordinatorNode {
 
 type OnEvent = Box<dyn FnMut(&CoordinatorEvent) + Send>;
 
+/// The peer id of `endpoint`, made on first sight.
+fn intern(peers: &mut Vec<String>, ids: &mut HashMap<String, PeerId>, endpoint: &str) -> PeerId {
+    if let Some(&p) = ids.get(endpoint) {
+        return p;
+    }
+    peers.push(endpoint.to_owned());
+    let p = PeerId(peers.len() as u32);
+    ids.insert(endpoint.to_owned(), p);
+    p
+}
+
 struct Progress<S, R> {
     shared: Arc<Shared>,
     machine: OwnedCoordinator,
@@ -216,6 +234,7 @@ struct Progress<S, R> {
     out: Vec<u8>,
     lost: Vec<PeerId>,
     on_event: OnEvent,
+    result_endpoints: Vec<String>,
 }
 
 impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
@@ -238,6 +257,7 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             peers,
             ids,
             buf,
+            result_endpoints,
             ..
         } = self;
         let m = &shared.metrics;
@@ -273,29 +293,28 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             }
         };
         let mut name = [0u8; 256];
-        let key = match (&decoded, msg.from.is_empty()) {
-            (_, false) => msg.from,
+        let peer = match (&decoded, msg.from.is_empty()) {
+            (_, false) => intern(peers, ids, msg.from),
             // A channel that cannot name senders: registration names the
-            // endpoint to answer at.
+            // endpoint to answer at, and the rest is judged by content and
+            // the endpoint it arrived at.
             (Msg::Register(r), true) => match r.work_endpoint.unescape_into(&mut name) {
-                Ok(e) => e,
+                Ok(e) => intern(peers, ids, e),
                 Err(_) => return,
             },
             (_, true) => {
-                Metrics::add(&m.ignored, 1);
-                warn!("transfer message from an unnamed peer dropped");
-                return;
+                let role = result_endpoints.iter().position(|e| e == msg.via);
+                let Some(peer) = machine.run(|c| c.sender_of(&decoded, role)) else {
+                    Metrics::add(&m.ignored, 1);
+                    debug!(via = %msg.via, msg = ?decoded.msg_type(), "message from no known sender");
+                    return;
+                };
+                peer
             }
         };
-        let peer = match ids.get(key) {
-            Some(&p) => p,
-            None => {
-                peers.push(key.to_owned());
-                let p = PeerId(peers.len() as u32);
-                ids.insert(key.to_owned(), p);
-                p
-            }
-        };
+        let key = peers
+            .get((peer.0 as usize).wrapping_sub(1))
+            .map_or("", String::as_str);
         let now = clock.now();
         if let Err(why) = machine.run(|c| c.handle(now, peer, &decoded)) {
             Metrics::add(&m.ignored, 1);

@@ -41,6 +41,32 @@ pub fn start_instance(
     start_instance_wrapped(settings, pool_len, copy, endpoint, |t| t, |c| c)
 }
 
+/// Starts an instance with a new shared-memory pool of `pool_len` bytes,
+/// talking over `channel` (a ZeroMQ one, say).
+pub fn start_instance_on<C>(
+    settings: &InstanceSettings,
+    pool_len: usize,
+    copy: CopySettings,
+    channel: C,
+) -> Result<InstanceNode<C::Sender>, NodeError>
+where
+    C: ControlChannel,
+    C::Sender: 'static,
+    C::Receiver: 'static,
+{
+    let transport = ShmTransport::new(pool_len, copy.threads, copy.split_at).map_err(|e| {
+        NodeError::Transport {
+            verb: "create pool",
+            source: Box::new(e),
+        }
+    })?;
+    // SAFETY: as in `start_instance_wrapped`: the mapping lives with the
+    // transport, which the node's thread owns until the node is dropped.
+    #[allow(unsafe_code)]
+    let memory = unsafe { PoolMemory::new(transport.pool_ptr(), transport.pool_len()) };
+    InstanceNode::start(settings, transport, memory, channel)
+}
+
 /// Like [`start_instance`], with the transport and the channel wrapped
 /// (by [`crate::fault`]'s injectors, say) before the node takes them.
 pub fn start_instance_wrapped<T, C>(
