@@ -821,3 +821,51 @@ fn one_request_id_passes_through_every_leg() {
     w.advance(100);
     w.assert_clean();
 }
+
+#[test]
+fn losing_the_coordinator_ends_what_it_relayed() {
+    world!(w, 8);
+    // Pushes never arrive: one request waits on the slow path with a slot
+    // reserved at the receiver, one on the fast path, one in the queue.
+    w.drop = vec![MsgType::Push];
+    w.stage(0, "c", 20 * KIB);
+    w.stage(0, "a", 6 * KIB);
+    w.stage(0, "b", 6 * KIB);
+    assert_eq!(w.insts[1].requests_held(), 1);
+    // Both instances lose the coordinator and register again.
+    let now = w.now;
+    for inst in &mut w.insts {
+        inst.reregister(now);
+    }
+    let failed: Vec<_> = w
+        .insts
+        .iter_mut()
+        .flat_map(|i| std::iter::from_fn(|| i.poll_event()))
+        .collect();
+    assert_eq!(
+        failed
+            .iter()
+            .filter(|e| matches!(e, InstanceEvent::SendFailed { .. }))
+            .count(),
+        3,
+        "{failed:?}"
+    );
+    // The sender's slots are free at once; the receiver's reserved slot
+    // only after its quarantine.
+    assert_eq!(w.insts[0].requests_held(), 0);
+    assert_eq!(w.insts[1].requests_held(), 1);
+    w.drop.clear();
+    w.pump();
+    assert!(w.insts.iter().all(Instance::is_registered));
+    // The coordinator's own timers end its side; then all is clean, and a
+    // new request goes through.
+    w.advance(200);
+    w.assert_clean();
+    w.stage(0, "after", 6 * KIB);
+    let [token] = w.received(1)[..] else {
+        panic!("{:?}", w.inst_events)
+    };
+    w.insts[1].release(token, None).unwrap();
+    w.pump();
+    w.assert_clean();
+}

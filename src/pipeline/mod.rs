@@ -111,6 +111,12 @@ pub struct InstanceCliArgs {
     /// Requests in flight (encoder).
     #[arg(long, default_value_t = 8)]
     pub window: usize,
+    /// Pause between requests, ms (encoder).
+    #[arg(long, default_value_t = 0)]
+    pub pace_ms: u64,
+    /// Time spent on each request received, ms (denoiser, decoder).
+    #[arg(long, default_value_t = 0)]
+    pub hold_ms: u64,
 }
 
 fn parse_prealloc(s: &str) -> Result<(usize, u64), String> {
@@ -154,6 +160,8 @@ pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
         control: args.control,
         pool_mib: args.pool_mib,
         prealloc: args.prealloc,
+        pace: Duration::from_millis(args.pace_ms),
+        hold: Duration::from_millis(args.hold_ms),
     })
 }
 
@@ -192,6 +200,8 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
                 control: args.control,
                 pool_mib: 0,
                 prealloc: None,
+                pace: Duration::ZERO,
+                hold: Duration::ZERO,
             })
         }
         None => {}

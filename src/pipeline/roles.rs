@@ -157,6 +157,11 @@ pub struct InstanceArgs {
     /// Preallocated receive slots: how many, MiB each (None: the role's
     /// default).
     pub prealloc: Option<(usize, u64)>,
+    /// The encoder's pause between requests.
+    pub pace: Duration,
+    /// How long a denoiser or decoder works on each request (holding it)
+    /// before it forwards and releases it.
+    pub hold: Duration,
 }
 
 /// Counts and latencies an instance reports.
@@ -229,8 +234,8 @@ fn run_instance<S: ControlSend + Send + 'static>(
     let mut tally = Tally::default();
     let result = match args.role.as_str() {
         "encoder" => encode(node, args, &done, &mut tally),
-        "denoiser" => serve(node, &done, &mut tally, true),
-        _ => serve(node, &done, &mut tally, false),
+        "denoiser" => serve(node, &done, &mut tally, true, args.hold),
+        _ => serve(node, &done, &mut tally, false, args.hold),
     };
     if let Err(e) = result {
         return fail(&args.role, e);
@@ -319,7 +324,10 @@ fn encode<S: ControlSend + Send + 'static>(
             }
             drain_outcomes(node, tally, Duration::from_millis(50));
         }
-        let id = format!("req-{n}");
+        if !args.pace.is_zero() {
+            std::thread::sleep(args.pace);
+        }
+        let id = format!("{}-{n}", args.name);
         let mut staging = stage_with_patience(node, &id, &specs, Duration::from_secs(60), || {
             drain_outcomes(node, tally, Duration::from_millis(5));
         })?;
@@ -330,6 +338,14 @@ fn encode<S: ControlSend + Send + 'static>(
         }
         staging.commit(&scalars(n))?;
     }
+    // Every request ends, sent or failed.
+    while tally.sent + tally.send_failed < args.requests && !done.load(Ordering::Relaxed) {
+        drain_outcomes(node, tally, Duration::from_millis(50));
+    }
+    emit(&format!(
+        r#"{{"event":"encoded","sent":{},"send_failed":{}}}"#,
+        tally.sent, tally.send_failed
+    ));
     Ok(())
 }
 
@@ -349,6 +365,7 @@ fn serve<S: ControlSend + Send + 'static>(
     done: &AtomicBool,
     tally: &mut Tally,
     forward: bool,
+    hold: Duration,
 ) -> Result<(), NodeError> {
     let specs = data::denoiser_tensors();
     while !done.load(Ordering::Relaxed) {
@@ -400,6 +417,9 @@ fn serve<S: ControlSend + Send + 'static>(
             continue;
         }
         tally.verified += 1;
+        if !hold.is_zero() {
+            std::thread::sleep(hold);
+        }
         if !forward {
             d.release();
             continue;

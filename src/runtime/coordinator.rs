@@ -68,15 +68,17 @@ impl CoordinatorSettings {
         Self {
             pipeline: pipeline.iter().map(|s| (*s).to_owned()).collect(),
             policy: Policy::MostFreeSlots,
-            capacity_per_instance: 32,
+            capacity_per_instance: 16,
             timeouts: Timeouts {
                 queued: Duration::from_secs(30),
                 alloc: Duration::from_secs(2),
                 push: Duration::from_secs(10),
                 done: Duration::from_secs(60),
             },
-            retry_backoff: Duration::from_millis(5),
-            max_attempts: 8,
+            // A full receiver is retried for about 25 s (20 ms × 1..50),
+            // within the queue timeout.
+            retry_backoff: Duration::from_millis(20),
+            max_attempts: 50,
             quarantine: Duration::from_secs(1),
             late_done_wait: Duration::from_secs(5),
             limits: Limits::default(),

@@ -453,8 +453,9 @@ impl ControlRecv for ZmqReceiver {
         Ok(match got {
             Got::Nothing => None,
             Got::Gone(i) => {
-                let (peer, _) = self.monitors.swap_remove(i);
-                self.gone = peer;
+                // The monitor stays: the socket reconnects by itself, and a
+                // later loss of the same peer is reported again.
+                self.gone.clone_from(&self.monitors[i].0);
                 Some(ChannelEvent::Gone { from: &self.gone })
             }
             Got::Message(i, magic, end) => {

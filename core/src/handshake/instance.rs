@@ -386,10 +386,64 @@ impl<'s> Instance<'s> {
 
     /// Registers again (the coordinator restarted, or the control channel
     /// reconnected): nothing else is sent until it is acknowledged.
+    ///
+    /// What the lost coordinator was relaying ends here: a new one knows
+    /// nothing of it. Staged requests fail (their slots are freed), writes
+    /// in progress will not be reported, reserved slots are quarantined (a
+    /// write may still land), transfers the application holds are marked
+    /// aborted, and messages still queued for the old coordinator are
+    /// dropped. Requests being filled are kept. The registration goes out
+    /// once the application has released every preallocated slot it holds.
     pub fn reregister(&mut self, now: Instant) {
         self.registered = false;
         self.register_due = true;
         self.register_at = now + self.config.register_retry;
+        while self.transmits.pop().is_some() {}
+        for index in 0..self.requests.len() {
+            let Some(r) = self.requests[index].take() else {
+                continue;
+            };
+            let token = Token { index, seq: r.seq };
+            let kind = match r.kind {
+                Kind::Staged { slot, .. } => {
+                    let _ = self.pool.free(slot);
+                    self.tombstone(r.id, SEND);
+                    self.event(InstanceEvent::SendFailed { id: r.id });
+                    continue;
+                }
+                Kind::Writing { slot, aborted } => {
+                    if !aborted {
+                        self.event(InstanceEvent::SendFailed { id: r.id });
+                    }
+                    Kind::Writing {
+                        slot,
+                        aborted: true,
+                    }
+                }
+                Kind::Reserved { slot } => {
+                    self.tombstone(r.id, RECV);
+                    self.requests[index] = Some(Request {
+                        kind: Kind::Quarantined {
+                            held: Held::Pool(slot),
+                        },
+                        deadline: Some(now + self.config.quarantine),
+                        ..r
+                    });
+                    continue;
+                }
+                Kind::Delivered { held, aborted } => {
+                    if !aborted {
+                        self.event(InstanceEvent::Aborted(token));
+                    }
+                    Kind::Delivered {
+                        held,
+                        aborted: true,
+                    }
+                }
+                other => other,
+            };
+            self.requests[index] = Some(Request { kind, ..r });
+        }
     }
 
     /// True once the coordinator acknowledged the registration.
@@ -1139,7 +1193,10 @@ impl<'s> Instance<'s> {
     /// The next message for the coordinator, encoded into `buf`; one that
     /// does not fit stays queued and its size is returned.
     pub fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<Result<usize, BufferTooSmall>> {
-        if self.register_due {
+        // A registration offers every preallocated slot as free: it waits
+        // until the application has let go of those it still holds (after
+        // `reregister`), or a new coordinator would write into them.
+        if self.register_due && self.prealloc_in_use() == 0 {
             let mut sink = Sink::new(buf);
             Msg::Register(Register {
                 role: self.role.as_json(),
