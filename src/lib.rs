@@ -11,6 +11,7 @@
 
 pub use ferry_core as core;
 
+pub mod control_bench;
 pub mod fault;
 pub mod handoff_bench;
 pub mod handshake_bench;

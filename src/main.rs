@@ -30,6 +30,16 @@ enum Command {
     /// Run an instance as a standalone process, with the pipeline's
     /// workload for its role (stops when stdin closes).
     Instance(ferry::pipeline::InstanceCliArgs),
+    /// The echo side of `ferry bench --control zmq`.
+    #[command(hide = true)]
+    BenchEcho {
+        /// Where to receive.
+        #[arg(long)]
+        listen: String,
+        /// Where to answer.
+        #[arg(long)]
+        reply_to: String,
+    },
     /// Measure ferry on this machine (no subcommand: hand-offs through
     /// the full handshake on the shared-memory loopback, against memcpy).
     Bench(Bench),
@@ -59,6 +69,11 @@ struct BenchHandoff {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Measure the control plane instead: `zmq` times request/reply round
+    /// trips and the one-way message rate between two processes over
+    /// ipc:// and tcp://127.0.0.1.
+    #[arg(long, value_parser = ["zmq"])]
+    control: Option<String>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -83,6 +98,35 @@ fn human(bytes: u64) -> String {
         b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
         b => format!("{b} B"),
     }
+}
+
+fn bench_control(args: &BenchHandoff) -> Result<(), String> {
+    let rows = ferry::control_bench::measure(duration(args.seconds)?, &["bench-echo"])?;
+    if args.json {
+        let parts: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "\"{}\":{{\"round_trips\":{},\"p50_us\":{:.2},\"p99_us\":{:.2},\"messages_per_second\":{:.0}}}",
+                    r.transport, r.round_trips, r.p50_us, r.p99_us, r.messages_per_second
+                )
+            })
+            .collect();
+        println!("{{{}}}", parts.join(","));
+        return Ok(());
+    }
+    println!("ZeroMQ control plane between two processes (transfer_push → transfer_pushed, encoded and decoded)");
+    println!(
+        "{:>9} {:>10} {:>10} {:>10} {:>14}",
+        "transport", "n", "p50 µs", "p99 µs", "one-way msg/s"
+    );
+    for r in &rows {
+        println!(
+            "{:>9} {:>10} {:>10.1} {:>10.1} {:>14.0}",
+            r.transport, r.round_trips, r.p50_us, r.p99_us, r.messages_per_second
+        );
+    }
+    Ok(())
 }
 
 fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
@@ -329,6 +373,9 @@ fn main() -> ExitCode {
         Command::Pipeline(args) => return ferry::pipeline::main(args, &["pipeline"]),
         Command::Coordinator(args) => return ferry::pipeline::coordinator_main(&args),
         Command::Instance(args) => return ferry::pipeline::instance_main(&args),
+        Command::BenchEcho { listen, reply_to } => {
+            ferry::control_bench::echo(&listen, &reply_to).map_err(|e| format!("bench echo: {e}"))
+        }
         Command::Wire(WireCommand::Canon) => {
             lines(|_, line, out| canon_line(line, out)).map_err(|e| format!("stdin/stdout: {e}"))
         }
@@ -338,6 +385,7 @@ fn main() -> ExitCode {
         })
         .map_err(|e| format!("stdin/stdout: {e}")),
         Command::Bench(b) => match b.which {
+            None if b.handoff.control.is_some() => bench_control(&b.handoff),
             None => bench_handoff(&b.handoff),
             Some(BenchCommand::Wire(args)) => bench_wire(&args),
             Some(BenchCommand::Slots(args)) => bench_slots(&args),

@@ -126,3 +126,29 @@ fn bench_wire_rejects_a_bad_duration() {
     assert!(!ok);
     assert!(err.contains("--seconds must be a positive number"), "{err}");
 }
+
+#[test]
+fn bench_runs_hand_offs_and_control_round_trips_between_real_processes() {
+    // Functional only (timing belongs to the benchmark itself): both
+    // commands complete and report every size and transport.
+    let (out, err, ok) = ferry(
+        &["bench", "--seconds", "0.05", "--sizes", "4K,1M", "--json"],
+        b"",
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("\"size\":4096") && out.contains("\"size\":1048576"),
+        "{out}"
+    );
+    let (out, err, ok) = ferry(
+        &["bench", "--control", "zmq", "--seconds", "0.05", "--json"],
+        b"",
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("\"ipc\":{") && out.contains("\"tcp\":{"),
+        "{out}"
+    );
+    let (_, err, ok) = ferry(&["bench", "--control", "carrier-pigeon"], b"");
+    assert!(!ok && err.contains("carrier-pigeon"), "{err}");
+}
