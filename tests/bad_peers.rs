@@ -69,7 +69,10 @@ fn registered_instance(tx: &mut UdsSender, rx: &mut UdsReceiver) -> (ShmInstance
     (node, from)
 }
 
-fn stage(node: &ShmInstance, id: &str) {
+fn stage<S: ferry_core::transport::ControlSend + Send + 'static>(
+    node: &ferry::runtime::InstanceNode<S>,
+    id: &str,
+) {
     let shape = [4096u64];
     let spec = [TensorSpec {
         field: "x",
@@ -195,4 +198,63 @@ fn garbage_from_a_peer_is_counted_and_dropped() {
     stage(&node, "after");
     let (_, staged) = next(&mut rx);
     assert!(staged.contains(r#""request_id":"after""#), "{staged}");
+}
+
+#[test]
+fn over_zeromq_bad_frames_are_counted_and_dropped() {
+    use ferry::runtime::shm::start_instance_on;
+    use ferry_zmq::{ZmqChannel, ZmqSettings};
+
+    let ctx = zmq::Context::new();
+    let coord = ctx.socket(zmq::PULL).unwrap();
+    coord.bind("tcp://127.0.0.1:*").unwrap();
+    let coord_ep = coord.get_last_endpoint().unwrap().unwrap();
+    let channel = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*"], ZmqSettings::default()).unwrap();
+    let work = channel.endpoints()[0].clone();
+    let node = start_instance_on(
+        &InstanceSettings::new("encoder", &coord_ep),
+        16 << 20,
+        CopySettings::default(),
+        channel,
+    )
+    .unwrap();
+    coord.set_rcvtimeo(5000).unwrap();
+    let frames = coord.recv_multipart(0).unwrap();
+    let Ok(Msg::Register(r)) = decode(&frames[1]) else {
+        panic!("{frames:?}")
+    };
+    let to = ctx.socket(zmq::PUSH).unwrap();
+    to.connect(&work).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = Msg::RegisterAck(RegisterAck {
+        session_id: r.session_id,
+        role: r.role,
+        accepted: true,
+        error: None,
+    })
+    .encode(&mut buf)
+    .unwrap();
+    to.send_multipart([TRANSFER_MAGIC, &buf[..n]], 0).unwrap();
+    node.wait_registered(Duration::from_secs(5)).unwrap();
+    // A work item (not a transfer), a transfer without its payload, one
+    // larger than the receive buffer, and garbage JSON.
+    to.send_multipart([&b"work"[..], b"item"], 0).unwrap();
+    to.send(TRANSFER_MAGIC, 0).unwrap();
+    to.send_multipart([TRANSFER_MAGIC, &vec![b' '; 2 << 20][..]], 0)
+        .unwrap();
+    to.send_multipart([TRANSFER_MAGIC, b"{\"msg_type\":"], 0).unwrap();
+    for _ in 0..200 {
+        let m = node.stats().metrics;
+        if m.bad_frames == 3 && m.non_transfer == 1 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let m = node.stats().metrics;
+    assert_eq!((m.bad_frames, m.non_transfer), (3, 1), "{m:?}");
+    // Still serving.
+    stage(&node, "after");
+    let frames = coord.recv_multipart(0).unwrap();
+    let text = String::from_utf8_lossy(&frames[1]).into_owned();
+    assert!(text.contains(r#""request_id":"after""#), "{text}");
 }
