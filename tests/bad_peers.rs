@@ -242,7 +242,8 @@ fn over_zeromq_bad_frames_are_counted_and_dropped() {
     to.send(TRANSFER_MAGIC, 0).unwrap();
     to.send_multipart([TRANSFER_MAGIC, &vec![b' '; 2 << 20][..]], 0)
         .unwrap();
-    to.send_multipart([TRANSFER_MAGIC, b"{\"msg_type\":"], 0).unwrap();
+    to.send_multipart([TRANSFER_MAGIC, b"{\"msg_type\":"], 0)
+        .unwrap();
     for _ in 0..200 {
         let m = node.stats().metrics;
         if m.bad_frames == 3 && m.non_transfer == 1 {
