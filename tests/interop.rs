@@ -80,6 +80,8 @@ fn a_python_coordinator_on_the_seed_drives_ferry_instances() {
     let enc_summary = p.finish(enc);
     assert_eq!(num(&enc_summary, "sent"), N, "{enc_summary}");
     assert_eq!(num(&enc_summary, "requests_held"), 0, "{enc_summary}");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(p.clean_shm(), (0, 0), "shared memory left behind");
 }
 
 #[test]
@@ -124,6 +126,8 @@ fn python_instances_on_the_seed_hand_off_through_a_ferry_coordinator() {
     common::assert_clean(&p.finish(den), Some(N));
     let cs = p.finish(coord);
     assert_eq!(num(&cs, "delivered"), 2 * N, "{cs}");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(p.clean_shm(), (0, 0), "shared memory left behind");
     assert_eq!(num(&cs, "failed"), 0, "{cs}");
     assert_eq!(num(&cs, "in_flight"), 0, "{cs}");
 }

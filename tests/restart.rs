@@ -104,6 +104,10 @@ fn coordinator_and_instance_restarts_fail_in_flight_work_cleanly() {
         assert_clean(&p.finish(i), None);
     }
     let cs = p.finish(c2);
+    // Only the killed denoiser left its pool behind; it is removed, and
+    // every process that finished removed its own.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(p.clean_shm(), (1, 0));
     // The denoiser held work when it was killed: those transfers failed
     // (and the encoder's waiting ones when the coordinator died).
     assert!(

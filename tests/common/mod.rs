@@ -23,6 +23,8 @@ pub struct Procs {
     /// Lines read while waiting for another process's.
     backlog: Vec<(usize, String)>,
     pub dir: PathBuf,
+    /// The shared-memory object prefix of this test's processes.
+    pub shm_prefix: String,
 }
 
 impl Procs {
@@ -36,6 +38,7 @@ impl Procs {
             rx,
             backlog: Vec::new(),
             dir,
+            shm_prefix: format!("ferry-t{}-{tag}", std::process::id()),
         }
     }
 
@@ -45,6 +48,7 @@ impl Procs {
 
     pub fn spawn(&mut self, name: &'static str, cmd: &mut Command) -> usize {
         let mut child = cmd
+            .env("FERRY_SHM_PREFIX", &self.shm_prefix)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -100,6 +104,8 @@ impl Drop for Procs {
             let _ = p.child.kill();
             let _ = p.child.wait();
         }
+        // What killed processes left in shared memory.
+        ferry_shm::clean_stale_with_prefix(&self.shm_prefix);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -171,6 +177,24 @@ pub fn assert_clean(summary: &str, verified: Option<u64>) {
 }
 
 impl Procs {
+    /// Removes the shared-memory objects of this test's dead processes;
+    /// returns how many, and how many of its objects remain.
+    pub fn clean_shm(&self) -> (usize, usize) {
+        let cleaned = ferry_shm::clean_stale_with_prefix(&self.shm_prefix).len();
+        let left = std::fs::read_dir("/dev/shm")
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        e.file_name()
+                            .to_str()
+                            .is_some_and(|n| n.starts_with(&format!("{}-", self.shm_prefix)))
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        (cleaned, left)
+    }
+
     /// Kills process `i` with SIGKILL.
     pub fn kill(&mut self, i: usize) {
         let _ = self.procs[i].child.kill();
