@@ -253,6 +253,11 @@ fn over_zeromq_bad_frames_are_counted_and_dropped() {
     }
     let m = node.stats().metrics;
     assert_eq!((m.bad_frames, m.non_transfer), (3, 1), "{m:?}");
+    // The work item reached the application untouched.
+    let f = node
+        .next_frame(Duration::from_secs(1))
+        .expect("the work item");
+    assert_eq!((&f.magic[..], &f.payload[..]), (&b"work"[..], &b"item"[..]));
     // Still serving.
     stage(&node, "after");
     let frames = coord.recv_multipart(0).unwrap();

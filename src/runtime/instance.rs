@@ -95,6 +95,19 @@ pub struct Outcome {
     pub sent: bool,
 }
 
+/// A message on the control channel that is not a transfer message (sglang
+/// sends work items on the same sockets), as it arrived.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// Frame 0.
+    pub magic: Vec<u8>,
+    /// Frame 1.
+    pub payload: Vec<u8>,
+}
+
+/// Frames kept for the application before the oldest are dropped.
+const FRAMES: usize = 1024;
+
 /// A node's figures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NodeStats {
@@ -123,6 +136,8 @@ struct State<S> {
     outcomes: VecDeque<Outcome>,
     /// Metadata buffers for deliveries, reused.
     meta_free: Vec<Vec<u8>>,
+    /// Non-transfer messages for the application.
+    frames: VecDeque<Frame>,
     registered: Option<bool>,
 }
 
@@ -317,6 +332,7 @@ where
                     .map(|_| Vec::with_capacity(settings.limits.nested_per_request))
                     .collect(),
                 registered: None,
+                frames: VecDeque::new(),
             }),
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -468,6 +484,19 @@ where
             .wait_timeout_while(st, timeout, |s| s.outcomes.is_empty())
             .unwrap_or_else(PoisonError::into_inner);
         st.outcomes.pop_front()
+    }
+
+    /// The next message that was not a transfer message (a work item of
+    /// the application), waiting at most `timeout`. The newest 1,024 are
+    /// kept.
+    pub fn next_frame(&self, timeout: Duration) -> Option<Frame> {
+        let st = self.shared.lock();
+        let (mut st, _) = self
+            .shared
+            .changed
+            .wait_timeout_while(st, timeout, |s| s.frames.is_empty())
+            .unwrap_or_else(PoisonError::into_inner);
+        st.frames.pop_front()
     }
 
     /// Figures now.
@@ -737,6 +766,17 @@ where
             Ok(Some(ChannelEvent::Message(msg))) => {
                 if msg.magic != TRANSFER_MAGIC {
                     Metrics::add(&m.non_transfer, 1);
+                    let frame = Frame {
+                        magic: msg.magic.to_vec(),
+                        payload: msg.payload.to_vec(),
+                    };
+                    let mut st = shared.lock();
+                    if st.frames.len() >= FRAMES {
+                        st.frames.pop_front();
+                    }
+                    st.frames.push_back(frame);
+                    drop(st);
+                    shared.changed.notify_all();
                     return;
                 }
                 Metrics::add(&m.messages_in, 1);

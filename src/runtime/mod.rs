@@ -23,7 +23,8 @@ pub use clock::Clock;
 pub use coordinator::{CoordinatorNode, CoordinatorSettings, CoordinatorSnapshot};
 pub use error::NodeError;
 pub use instance::{
-    Delivery, InstanceNode, InstanceSettings, NodeStats, Outcome, Staging, TensorView, MAX_TENSORS,
+    Delivery, Frame, InstanceNode, InstanceSettings, NodeStats, Outcome, Staging, TensorView,
+    MAX_TENSORS,
 };
 pub use memory::PoolMemory;
 pub use metrics::{Metrics, MetricsSnapshot};
