@@ -85,12 +85,33 @@ enum FMsg {
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    ToCoord { from: u8, msg: FMsg },
-    ToInst { to: bool, msg: FMsg },
-    Stage { id: u8, size: u16 },
-    Release { nth: u8, error: bool },
-    Complete { nth: u8, ok: bool },
-    Advance { ms: u8 },
+    ToCoord {
+        from: u8,
+        msg: FMsg,
+    },
+    ToInst {
+        to: bool,
+        msg: FMsg,
+    },
+    Stage {
+        id: u8,
+        size: u16,
+    },
+    Release {
+        nth: u8,
+        error: bool,
+    },
+    Complete {
+        nth: u8,
+        ok: bool,
+    },
+    Advance {
+        ms: u8,
+    },
+    /// An instance lost its coordinator.
+    Reregister {
+        who: bool,
+    },
     Pump,
 }
 
@@ -364,6 +385,7 @@ fuzz_target!(|ops: Vec<Op>| {
                     let n = n.expect("buffer large enough");
                     moved = true;
                     let msg = decode(&buf[..n]).expect("instance output decodes");
+                    let _ = coord.sender_of(&msg, coord.role_of(PeerId(i as u32 + 1)));
                     let _ = coord.handle(now, PeerId(i as u32 + 1), &msg);
                 }
                 while let Some(w) = inst.poll_action() {
@@ -387,6 +409,8 @@ fuzz_target!(|ops: Vec<Op>| {
             Op::ToCoord { from, msg } => {
                 encode(&msg, &mut bytes);
                 let m = decode(&bytes).expect("own encoding decodes");
+                let _ = coord.sender_of(&m, Some(usize::from(from % 4)));
+                let _ = coord.sender_of(&m, None);
                 let _ = coord.handle(now, PeerId(u32::from(from % 4) + 1), &m);
             }
             Op::ToInst { to, msg } => {
@@ -424,6 +448,7 @@ fuzz_target!(|ops: Vec<Op>| {
                 let (i, t) = writes.swap_remove(usize::from(nth) % writes.len());
                 let _ = insts[i].handle_completion(now, t, if ok { Ok(()) } else { Err("failed") });
             }
+            Op::Reregister { who } => insts[usize::from(who)].reregister(now),
             Op::Advance { ms } => {
                 now = now + Duration::from_millis(u64::from(ms));
                 coord.handle_timeout(now);
