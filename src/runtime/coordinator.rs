@@ -20,7 +20,7 @@ use ferry_core::handshake::{Instant, PeerId};
 use ferry_core::transport::{
     ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, FaultKind,
 };
-use ferry_core::wire::{decode, Msg, TRANSFER_MAGIC};
+use ferry_core::wire::{Msg, TRANSFER_MAGIC};
 use tracing::{debug, info, warn};
 
 use super::clock::Clock;
@@ -285,14 +285,8 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             Metrics::add(&m.non_transfer, 1);
             return;
         }
-        Metrics::add(&m.messages_in, 1);
-        let decoded = match decode(msg.payload) {
-            Ok(d) => d,
-            Err(e) => {
-                Metrics::add(&m.bad_frames, 1);
-                warn!(from = %msg.from, error = %e, "undecodable transfer message dropped");
-                return;
-            }
+        let Some(decoded) = m.decode_transfer(msg.from, msg.payload) else {
+            return;
         };
         let mut name = [0u8; 256];
         let peer = match (&decoded, msg.from.is_empty()) {

@@ -25,7 +25,7 @@ use ferry_core::slots::{layout, BuddyConfig, Dtype, TensorSpec};
 use ferry_core::transport::{
     ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, Region, Transport,
 };
-use ferry_core::wire::{decode, Manifest, Shape, ShapeIter, TensorEntry, TRANSFER_MAGIC};
+use ferry_core::wire::{Manifest, Shape, ShapeIter, TensorEntry, TRANSFER_MAGIC};
 use tracing::{debug, debug_span, info, warn};
 
 use super::clock::Clock;
@@ -779,14 +779,8 @@ where
                     shared.changed.notify_all();
                     return;
                 }
-                Metrics::add(&m.messages_in, 1);
-                let decoded = match decode(msg.payload) {
-                    Ok(d) => d,
-                    Err(e) => {
-                        Metrics::add(&m.bad_frames, 1);
-                        warn!(from = %msg.from, error = %e, "undecodable transfer message dropped");
-                        return;
-                    }
+                let Some(decoded) = m.decode_transfer(msg.from, msg.payload) else {
+                    return;
                 };
                 let mut st = shared.lock();
                 let now = shared.clock.now();

@@ -62,6 +62,24 @@ metrics! {
 }
 
 impl Metrics {
+    /// Decodes a received transfer message, counting it; a payload that
+    /// does not decode is counted as a bad frame, logged, and `None`.
+    pub(crate) fn decode_transfer<'a>(
+        &self,
+        from: &str,
+        payload: &'a [u8],
+    ) -> Option<ferry_core::wire::Msg<'a>> {
+        Self::add(&self.messages_in, 1);
+        match ferry_core::wire::decode(payload) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                Self::add(&self.bad_frames, 1);
+                tracing::warn!(%from, error = %e, "undecodable transfer message dropped");
+                None
+            }
+        }
+    }
+
     /// Adds `n` to a counter.
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);

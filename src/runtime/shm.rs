@@ -54,17 +54,24 @@ where
     C::Sender: 'static,
     C::Receiver: 'static,
 {
+    let (transport, memory) = pool(pool_len, copy)?;
+    InstanceNode::start(settings, transport, memory, channel)
+}
+
+/// A new shared-memory pool and the runtime's view of it.
+fn pool(pool_len: usize, copy: CopySettings) -> Result<(ShmTransport, PoolMemory), NodeError> {
     let transport = ShmTransport::new(pool_len, copy.threads, copy.split_at).map_err(|e| {
         NodeError::Transport {
             verb: "create pool",
             source: Box::new(e),
         }
     })?;
-    // SAFETY: as in `start_instance_wrapped`: the mapping lives with the
-    // transport, which the node's thread owns until the node is dropped.
+    // SAFETY: the pool mapping belongs to `transport`, which the node's
+    // progress thread owns (wrapped or not) until the node is dropped,
+    // after every view of the pool (they borrow the node) has ended.
     #[allow(unsafe_code)]
     let memory = unsafe { PoolMemory::new(transport.pool_ptr(), transport.pool_len()) };
-    InstanceNode::start(settings, transport, memory, channel)
+    Ok((transport, memory))
 }
 
 /// Like [`start_instance`], with the transport and the channel wrapped
@@ -84,21 +91,11 @@ where
     C::Sender: 'static,
     C::Receiver: 'static,
 {
-    let transport = ShmTransport::new(pool_len, copy.threads, copy.split_at).map_err(|e| {
-        NodeError::Transport {
-            verb: "create pool",
-            source: Box::new(e),
-        }
-    })?;
+    let (transport, memory) = pool(pool_len, copy)?;
     let channel = UdsChannel::bind(endpoint).map_err(|e| NodeError::Transport {
         verb: "bind control endpoint",
         source: Box::new(e),
     })?;
-    // SAFETY: the pool mapping belongs to `transport`, which the node's
-    // progress thread owns (wrapped or not) until the node is dropped,
-    // after every view of the pool (they borrow the node) has ended.
-    #[allow(unsafe_code)]
-    let memory = unsafe { PoolMemory::new(transport.pool_ptr(), transport.pool_len()) };
     InstanceNode::start(
         settings,
         wrap_transport(transport),

@@ -632,7 +632,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                 error,
             } => Msg::RegisterAck(RegisterAck {
                 session_id: session.as_json(),
-                role: JsonStr::plain(self.config.pipeline.get(*role).copied().unwrap_or("")),
+                role: JsonStr::plain(self.role_name(*role)),
                 accepted: *accepted,
                 error: error.map(JsonStr::plain),
             }),
@@ -644,13 +644,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             } => Msg::Alloc(Alloc {
                 request_id: id.as_json(),
                 data_size: *data_size,
-                source_role: JsonStr::plain(
-                    self.config
-                        .pipeline
-                        .get(*source_role)
-                        .copied()
-                        .unwrap_or(""),
-                ),
+                source_role: JsonStr::plain(self.role_name(*source_role)),
                 receiver_session_id: session.as_json(),
             }),
             OutMsg::Push {
@@ -671,17 +665,16 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             } => Msg::Abort(Abort {
                 request_id: id.as_json(),
                 reason: JsonStr::plain(reason),
-                source_role: JsonStr::plain(
-                    self.config
-                        .pipeline
-                        .get(*source_role)
-                        .copied()
-                        .unwrap_or(""),
-                ),
+                source_role: JsonStr::plain(self.role_name(*source_role)),
             }),
             OutMsg::Ready { .. } => return,
         };
         m.write(sink, Default::default());
+    }
+
+    /// The name of pipeline role `role` ("" if there is none).
+    fn role_name(&self, role: usize) -> &'s str {
+        self.config.pipeline.get(role).copied().unwrap_or("")
     }
 
     fn nested_of(&self, index: usize, t: &Transfer) -> (RawJson<'_>, RawJson<'_>) {
