@@ -3,11 +3,14 @@
 //! sockets and shared-memory pools, with a counting global allocator.
 #![allow(unsafe_code)]
 
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Write;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use common::endpoint;
 use ferry::runtime::shm::{start_instance, CopySettings};
 use ferry::runtime::{CoordinatorNode, CoordinatorSettings, InstanceSettings};
 use ferry_core::slots::{Dtype, TensorSpec};
@@ -40,15 +43,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn endpoint(tag: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "ipc:///tmp/ferry-alloc-{}-{n}-{tag}.sock",
-        std::process::id()
-    )
-}
 
 #[test]
 fn a_hand_off_allocates_nothing_in_steady_state() {

@@ -2,21 +2,17 @@
 //! this test plays the coordinator over a raw Unix socket and checks what
 //! the instance answers on the wire.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+mod common;
+
 use std::time::Duration;
 
+use common::endpoint;
 use ferry::runtime::shm::{start_instance, CopySettings, ShmInstance};
 use ferry::runtime::InstanceSettings;
 use ferry_core::slots::{Dtype, TensorSpec};
 use ferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
 use ferry_core::wire::{decode, Msg, Push, RegisterAck, TRANSFER_MAGIC};
 use ferry_shm::{UdsChannel, UdsReceiver, UdsSender};
-
-fn endpoint(tag: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    format!("ipc:///tmp/ferry-bad-{}-{n}-{tag}.sock", std::process::id())
-}
 
 /// The next transfer message, as (sender, JSON text).
 fn next(rx: &mut UdsReceiver) -> (String, String) {

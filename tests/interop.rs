@@ -15,7 +15,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{ferry, num, Procs};
+use common::{num, Procs};
 
 fn interop_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop")
@@ -39,10 +39,7 @@ fn python(script: &str) -> Command {
 fn a_python_coordinator_on_the_seed_drives_ferry_instances() {
     const N: u64 = 16;
     let mut p = Procs::new("a");
-    let results: Vec<String> = ["encoder", "denoiser", "decoder"]
-        .iter()
-        .map(|r| p.ep(&format!("py-coordinator-{r}")))
-        .collect();
+    let results = common::result_endpoints(&p, "py-coordinator");
     let coord = p.spawn(
         "py_coordinator",
         python("py_coordinator.py")
@@ -88,21 +85,8 @@ fn a_python_coordinator_on_the_seed_drives_ferry_instances() {
 fn python_instances_on_the_seed_hand_off_through_a_ferry_coordinator() {
     const N: u64 = 12;
     let mut p = Procs::new("b");
-    let results: Vec<String> = ["encoder", "denoiser", "decoder"]
-        .iter()
-        .map(|r| p.ep(&format!("coordinator-{r}")))
-        .collect();
-    let coord = p.spawn(
-        "coordinator",
-        ferry().args([
-            "coordinator",
-            "--control",
-            "zmq",
-            "--listen",
-            &results.join(","),
-        ]),
-    );
-    p.wait_for(coord, "\"event\":\"ready\"", 30);
+    let results = common::result_endpoints(&p, "coordinator");
+    let coord = common::coordinator(&mut p, &results);
     let mut c = common::instance(&p, "denoiser", &results[1], &["--prealloc", "2:16"]);
     let den = p.spawn("denoiser", &mut c);
     p.wait_for(den, "\"event\":\"registered\"", 30);

@@ -9,31 +9,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_clean, ferry, named_instance, num, Procs};
-
-fn coordinator(p: &mut Procs, results: &[String]) -> usize {
-    let c = p.spawn(
-        "coordinator",
-        ferry().args([
-            "coordinator",
-            "--control",
-            "zmq",
-            "--listen",
-            &results.join(","),
-        ]),
-    );
-    p.wait_for(c, "\"event\":\"ready\"", 30);
-    c
-}
+use common::{assert_clean, coordinator, named_instance, num, result_endpoints, Procs};
 
 #[test]
 fn coordinator_and_instance_restarts_fail_in_flight_work_cleanly() {
     const N: u64 = 150;
     let mut p = Procs::new("restart");
-    let results: Vec<String> = ["encoder", "denoiser", "decoder"]
-        .iter()
-        .map(|r| p.ep(&format!("coordinator-{r}")))
-        .collect();
+    let results = result_endpoints(&p, "coordinator");
     let c1 = coordinator(&mut p, &results);
     let mut cmd = named_instance(
         &p,

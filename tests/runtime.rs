@@ -2,21 +2,19 @@
 //! of this process, talking over Unix sockets and writing into each other's
 //! shared-memory pools.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+mod common;
+
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use common::endpoint;
 use ferry::runtime::shm::{start_instance, CopySettings, ShmInstance};
-use ferry::runtime::{CoordinatorNode, CoordinatorSettings, InstanceSettings};
+use ferry::runtime::{CoordinatorNode, CoordinatorSettings, InstanceNode, InstanceSettings};
 use ferry_core::slots::{Dtype, TensorSpec};
+use ferry_core::transport::ControlSend;
 use ferry_shm::UdsChannel;
 
 const SECOND: Duration = Duration::from_secs(1);
-
-fn endpoint(tag: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    format!("ipc:///tmp/ferry-rt-{}-{n}-{tag}.sock", std::process::id())
-}
 
 fn coordinator(pipeline: &[&str]) -> CoordinatorNode {
     coordinator_with(CoordinatorSettings::new(pipeline))
@@ -53,7 +51,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 }
 
 /// Stages one request with two tensors filled from `seed`.
-fn send(node: &ShmInstance, id: &str, seed: u8) {
+fn send<S: ControlSend + Send + 'static>(node: &InstanceNode<S>, id: &str, seed: u8) {
     let (a, b) = ([1u64, 77, 33], [5u64, 1000]);
     let specs = [
         TensorSpec {
@@ -82,7 +80,8 @@ fn send(node: &ShmInstance, id: &str, seed: u8) {
         .unwrap();
 }
 
-fn check(node: &ShmInstance, id: &str, seed: u8) {
+/// Receives request `id` and checks every byte against `seed`.
+fn check<S: ControlSend + Send + 'static>(node: &InstanceNode<S>, id: &str, seed: u8) {
     let d = node.recv(5 * SECOND).expect("a delivery");
     assert_eq!(d.id(), id);
     assert_eq!(
@@ -357,35 +356,7 @@ fn the_in_process_channel_carries_a_hand_off() {
     let (enc, den) = (node("encoder"), node("denoiser"));
     enc.wait_registered(5 * SECOND).unwrap();
     den.wait_registered(5 * SECOND).unwrap();
-    let (a, b) = ([1u64, 77, 33], [5u64, 1000]);
-    let specs = [
-        TensorSpec {
-            field: "prompt_embeds",
-            list_index: None,
-            shape: &a,
-            dtype: Dtype::BFloat16,
-            byte_len: 2 * 77 * 33,
-        },
-        TensorSpec {
-            field: "latents",
-            list_index: Some(0),
-            shape: &b,
-            dtype: Dtype::Float32,
-            byte_len: 4 * 5000,
-        },
-    ];
-    let mut s = enc.stage("m1", &specs).unwrap();
-    for i in 0..2 {
-        let t = s.tensor_mut(i).unwrap();
-        let p = pattern(5 + i as u8, t.len());
-        t.copy_from_slice(&p);
-    }
-    s.commit(r#"{"prompt":"a fox","steps":30,"cfg":7.5}"#)
-        .unwrap();
-    let d = den.recv(5 * SECOND).expect("delivered");
-    for (i, t) in d.tensors().enumerate() {
-        assert_eq!(t.bytes, pattern(5 + i as u8, t.bytes.len()));
-    }
-    d.release();
+    send(&enc, "m1", 5);
+    check(&den, "m1", 5);
     assert!(enc.next_outcome(5 * SECOND).unwrap().sent);
 }

@@ -201,3 +201,39 @@ impl Procs {
         let _ = self.procs[i].child.wait();
     }
 }
+
+/// A fresh `ipc://` endpoint in /tmp, unique in this test process.
+pub fn endpoint(tag: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!(
+        "ipc:///tmp/ferry-test-{}-{n}-{tag}.sock",
+        std::process::id()
+    )
+}
+
+/// The coordinator's result endpoint of each role, in pipeline order, in
+/// the test's directory, named `<name>-<role>`.
+pub fn result_endpoints(p: &Procs, name: &str) -> Vec<String> {
+    ["encoder", "denoiser", "decoder"]
+        .iter()
+        .map(|r| p.ep(&format!("{name}-{r}")))
+        .collect()
+}
+
+/// `ferry coordinator` over ZeroMQ at `results`, started and ready.
+pub fn coordinator(p: &mut Procs, results: &[String]) -> usize {
+    let c = p.spawn(
+        "coordinator",
+        ferry().args([
+            "coordinator",
+            "--control",
+            "zmq",
+            "--listen",
+            &results.join(","),
+        ]),
+    );
+    p.wait_for(c, "\"event\":\"ready\"", 30);
+    c
+}
