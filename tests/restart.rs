@@ -11,20 +11,26 @@ use std::time::Duration;
 
 use common::{assert_clean, coordinator, named_instance, num, result_endpoints, Procs};
 
+/// A denoiser at the one denoiser endpoint, slow enough (60 ms a request)
+/// that work is in flight when something dies.
+fn denoiser(p: &mut Procs, results: &[String], label: &'static str) -> usize {
+    let mut cmd = named_instance(
+        p,
+        "denoiser",
+        "denoiser",
+        &results[1],
+        &["--prealloc", "2:16", "--hold-ms", "60"],
+    );
+    p.spawn(label, &mut cmd)
+}
+
 #[test]
 fn coordinator_and_instance_restarts_fail_in_flight_work_cleanly() {
     const N: u64 = 150;
     let mut p = Procs::new("restart");
     let results = result_endpoints(&p, "coordinator");
     let c1 = coordinator(&mut p, &results);
-    let mut cmd = named_instance(
-        &p,
-        "denoiser",
-        "denoiser",
-        &results[1],
-        &["--prealloc", "2:16", "--hold-ms", "60"],
-    );
-    let d1 = p.spawn("denoiser", &mut cmd);
+    let d1 = denoiser(&mut p, &results, "denoiser");
     let mut cmd = named_instance(&p, "decoder", "decoder", &results[2], &[]);
     let dec = p.spawn("decoder", &mut cmd);
     p.wait_for(d1, "\"event\":\"registered\"", 30);
@@ -48,14 +54,7 @@ fn coordinator_and_instance_restarts_fail_in_flight_work_cleanly() {
     // A denoiser dies with work in flight and is replaced at its endpoint.
     std::thread::sleep(Duration::from_millis(800));
     p.kill(d1);
-    let mut cmd = named_instance(
-        &p,
-        "denoiser",
-        "denoiser",
-        &results[1],
-        &["--prealloc", "2:16", "--hold-ms", "60"],
-    );
-    let d2 = p.spawn("denoiser-2", &mut cmd);
+    let d2 = denoiser(&mut p, &results, "denoiser-2");
     p.wait_for(d2, "\"event\":\"registered\"", 30);
 
     // Every request of the running encoder ended, one way or the other.
