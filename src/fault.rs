@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use ferry_core::transport::{
     Capabilities, ChannelEvent, Completion, ControlChannel, ControlRecv, Fault, FaultKind,
-    Incoming, Region, Transport,
+    Incoming, Region, Transport, WriteTag,
 };
 
 /// Probabilities (0 to 1) and delays of the faults to inject.
@@ -28,6 +28,10 @@ pub struct FaultPlan {
     /// A received message is held back by `delay` (so later ones overtake
     /// it).
     pub delay_message: f64,
+    /// A write's arrival notice is lost: the transport then says its
+    /// completions do not mean delivery (so receivers wait for notices),
+    /// and never reports this write landed.
+    pub lose_notice: f64,
     /// How long delayed writes and messages are held.
     pub delay: Duration,
     /// Seed of the fault schedule.
@@ -117,10 +121,6 @@ where
         self.inner.session_id()
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
     #[allow(unsafe_code)]
     unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, Self::Error> {
         // SAFETY: the caller's contract is passed on unchanged.
@@ -138,6 +138,7 @@ where
         len: u64,
         dest_session: &str,
         dest_addr: u64,
+        tag: WriteTag,
         cookie: u64,
     ) -> Result<(), Self::Error> {
         if self.rng.chance(self.plan.fail_write) {
@@ -151,8 +152,15 @@ where
             ));
             return Ok(());
         }
-        self.inner
-            .post_write(region, local_offset, len, dest_session, dest_addr, cookie)?;
+        self.inner.post_write(
+            region,
+            local_offset,
+            len,
+            dest_session,
+            dest_addr,
+            tag,
+            cookie,
+        )?;
         Ok(())
     }
 
@@ -174,6 +182,21 @@ where
         let now = Instant::now();
         let i = self.held.iter().position(|(due, _)| *due <= now)?;
         self.held.remove(i).map(|(_, c)| c)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut c = self.inner.capabilities();
+        if self.plan.lose_notice > 0.0 {
+            c.delivery_complete = false;
+        }
+        c
+    }
+
+    fn landed(&mut self, tag: WriteTag) -> bool {
+        // Decided by the tag, so that a lost notice stays lost however
+        // often the receiver asks.
+        let lost = Rng::new(self.plan.seed ^ tag.0).chance(self.plan.lose_notice);
+        !lost && self.inner.landed(tag)
     }
 }
 

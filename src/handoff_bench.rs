@@ -11,7 +11,6 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use ferry_core::slots::{Dtype, TensorSpec};
 use ferry_shm::UdsChannel;
 
 use crate::runtime::shm::{start_instance, CopySettings, ShmInstance};
@@ -119,13 +118,7 @@ pub fn measure(
     let mut rows = Vec::new();
     for (n, &size) in sizes.iter().enumerate() {
         let shape = [size];
-        let spec = [TensorSpec {
-            field: "x",
-            list_index: None,
-            shape: &shape,
-            dtype: Dtype::UInt8,
-            byte_len: size,
-        }];
+        let spec = [crate::pipeline::data::blob(&shape)];
         let (mut handoff, mut copy_ns) = (Vec::new(), Vec::new());
         let start = Instant::now();
         let mut i = 0usize;

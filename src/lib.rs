@@ -12,6 +12,8 @@
 pub use ferry_core as core;
 
 pub mod control_bench;
+#[cfg(feature = "fabric")]
+pub mod fabric_bench;
 pub mod fault;
 pub mod handoff_bench;
 pub mod handshake_bench;

@@ -74,6 +74,13 @@ struct BenchHandoff {
     /// ipc:// and tcp://127.0.0.1.
     #[arg(long, value_parser = ["zmq"])]
     control: Option<String>,
+    /// The data plane to measure hand-offs over (`fabric`: against the raw
+    /// libfabric baseline in the same run).
+    #[command(flatten)]
+    data_plane: ferry::pipeline::DataPlaneArgs,
+    /// Transfers in flight at once (fabric).
+    #[arg(long, default_value_t = 8)]
+    window: usize,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -186,6 +193,78 @@ fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
             r.p99_us,
             r.gbps,
             r.memcpy_gbps,
+            r.ratio()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "fabric"))]
+fn bench_fabric(args: &BenchHandoff) -> Result<(), String> {
+    args.data_plane.data_plane().map(|_| ())
+}
+
+#[cfg(feature = "fabric")]
+fn bench_fabric(args: &BenchHandoff) -> Result<(), String> {
+    let ferry::pipeline::DataPlane::Fabric(config) = args.data_plane.data_plane()? else {
+        return Err("not a libfabric data plane".into());
+    };
+    let sizes = if args.sizes.is_empty() {
+        ferry::fabric_bench::SIZES.to_vec()
+    } else {
+        args.sizes.clone()
+    };
+    let tty = io::stderr().is_terminal();
+    let report = ferry::fabric_bench::measure(
+        &config,
+        &sizes,
+        args.window,
+        duration(args.seconds)?,
+        |size| {
+            if tty {
+                eprint!("\r{:>8} ...", human(size));
+            }
+        },
+    )?;
+    if tty {
+        eprint!("\r{:40}\r", "");
+    }
+    if args.json {
+        let parts: Vec<String> = report
+            .rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{{\"size\":{},\"window\":{},\"transfers\":{},\"gbps\":{:.3},\"raw_writes\":{},\"raw_gbps\":{:.3},\"ratio\":{:.3}}}",
+                    r.size, r.window, r.transfers, r.gbps, r.raw_writes, r.raw_gbps, r.ratio()
+                )
+            })
+            .collect();
+        println!(
+            "{{\"provider\":\"{}\",\"delivery\":\"{}\",\"rows\":[{}]}}",
+            report.provider,
+            report.delivery,
+            parts.join(",")
+        );
+        return Ok(());
+    }
+    println!(
+        "hand-offs through coordinator + sender + receiver over libfabric {} ({}), against the same writes posted raw",
+        report.provider, report.delivery
+    );
+    println!(
+        "{:>8} {:>6} {:>9} {:>10} {:>10} {:>10} {:>7}",
+        "size", "window", "ferry n", "ferry GB/s", "raw n", "raw GB/s", "ratio"
+    );
+    for r in &report.rows {
+        println!(
+            "{:>8} {:>6} {:>9} {:>10.2} {:>10} {:>10.2} {:>7.2}",
+            human(r.size),
+            r.window,
+            r.transfers,
+            r.gbps,
+            r.raw_writes,
+            r.raw_gbps,
             r.ratio()
         );
     }
@@ -369,6 +448,7 @@ fn bench_wire(args: &BenchWire) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    ferry::pipeline::init_tracing();
     let result = match cli.command {
         Command::Pipeline(args) => return ferry::pipeline::main(args, &["pipeline"]),
         Command::Coordinator(args) => return ferry::pipeline::coordinator_main(&args),
@@ -386,6 +466,9 @@ fn main() -> ExitCode {
         .map_err(|e| format!("stdin/stdout: {e}")),
         Command::Bench(b) => match b.which {
             None if b.handoff.control.is_some() => bench_control(&b.handoff),
+            None if b.handoff.data_plane.backend == ferry::pipeline::Backend::Fabric => {
+                bench_fabric(&b.handoff)
+            }
             None => bench_handoff(&b.handoff),
             Some(BenchCommand::Wire(args)) => bench_wire(&args),
             Some(BenchCommand::Slots(args)) => bench_slots(&args),

@@ -218,6 +218,7 @@ fn under_injected_faults_every_request_ends_and_no_slot_leaks() {
         drop: 0.02,
         duplicate: 0.03,
         delay_message: 0.05,
+        lose_notice: 0.0,
         delay: Duration::from_millis(30),
         seed,
     };
@@ -326,6 +327,76 @@ fn under_injected_faults_every_request_ends_and_no_slot_leaks() {
         std::thread::sleep(Duration::from_millis(10));
     }
     panic!("coordinator still holds transfers: {:?}", coord.snapshot());
+}
+
+/// Where completions do not mean delivery, a receiver takes a transfer only
+/// once its write is reported landed; one whose notice never comes is
+/// refused after the landing timeout, and nothing stays held.
+#[test]
+fn a_transfer_whose_write_never_lands_is_refused_and_freed() {
+    use ferry::fault::{FaultPlan, FaultyTransport};
+    use ferry::runtime::shm::start_instance_wrapped;
+
+    let coord = coordinator(&["encoder", "denoiser"]);
+    let enc = instance("encoder", &coord, (0, 0));
+    let mut s = InstanceSettings::new("denoiser", coord.endpoint());
+    s.prealloc = (2, 1 << 20);
+    s.landing_timeout = Duration::from_millis(300);
+    let plan = FaultPlan {
+        lose_notice: 0.5,
+        seed: 9,
+        ..FaultPlan::default()
+    };
+    let den = start_instance_wrapped(
+        &s,
+        64 << 20,
+        CopySettings::default(),
+        &endpoint("denoiser"),
+        |t| FaultyTransport::new(t, plan),
+        |c| c,
+    )
+    .unwrap();
+    den.wait_registered(5 * SECOND).unwrap();
+    let n = 24u32;
+    let (mut delivered, mut refused) = (0, 0);
+    for i in 0..n {
+        let id = format!("n-{i}");
+        send(&enc, &id, i as u8);
+        let o = enc.next_outcome(5 * SECOND).expect("the write completes");
+        assert!(o.sent, "the bytes were written");
+        match den.recv(SECOND) {
+            Some(d) => {
+                assert_eq!(d.id(), id);
+                for (k, t) in d.tensors().enumerate() {
+                    assert_eq!(
+                        t.bytes,
+                        pattern((i as u8).wrapping_add(k as u8), t.bytes.len())
+                    );
+                }
+                d.release();
+                delivered += 1;
+            }
+            None => refused += 1,
+        }
+    }
+    assert!(
+        delivered > 0 && refused > 0,
+        "{delivered} delivered, {refused} refused"
+    );
+    for _ in 0..300 {
+        let snap = coord.snapshot();
+        if snap.stats.delivered == delivered && snap.stats.failed == refused && snap.in_flight == 0
+        {
+            assert_idle(&enc);
+            assert_idle(&den);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!(
+        "{delivered} delivered, {refused} refused: {:?}",
+        coord.snapshot()
+    );
 }
 
 #[test]

@@ -74,6 +74,8 @@ pub struct Capabilities {
     pub max_write: u64,
     /// True if a successful completion means the bytes are visible at the
     /// target (delivery complete), not only that the source may be reused.
+    /// When false, a receiver asks [`Transport::landed`] before it accepts
+    /// a transfer as ready.
     pub delivery_complete: bool,
 }
 
@@ -86,6 +88,34 @@ pub struct Region {
     pub addr: u64,
     /// Its length in bytes.
     pub len: u64,
+}
+
+/// Names one write, for data planes whose receivers must count a write's
+/// arrival before they accept `transfer_ready` (see
+/// [`Capabilities::delivery_complete`]). Sender and receiver compute it from
+/// what both know: the request id and the destination address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WriteTag(pub u64);
+
+impl WriteTag {
+    /// The tag of the write of request `request_id` to `dest_addr` (an
+    /// address in the receiver's space): FNV-1a over the id, folded with
+    /// the address and finished with a 64-bit mixer, so that every bit of
+    /// both reaches the low bits a narrow notice keeps.
+    pub fn of(request_id: &str, dest_addr: u64) -> Self {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in request_id.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= dest_addr.rotate_left(29);
+        h ^= h >> 30;
+        h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h ^= h >> 27;
+        h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+        h ^= h >> 31;
+        Self(h)
+    }
 }
 
 /// A finished write.
@@ -126,9 +156,10 @@ pub trait Transport {
 
     /// Posts a write of `len` bytes at `local_offset` in `region` to
     /// `dest_addr` in the address space of the peer whose session id is
-    /// `dest_session`. Its outcome comes from
-    /// [`poll_completion`](Self::poll_completion) with `cookie`; an error
-    /// here means it was not posted.
+    /// `dest_session`, named `tag` for the receiver's arrival count. Its
+    /// outcome comes from [`poll_completion`](Self::poll_completion) with
+    /// `cookie`; an error here means it was not posted.
+    #[allow(clippy::too_many_arguments)]
     fn post_write(
         &mut self,
         region: Region,
@@ -136,11 +167,33 @@ pub trait Transport {
         len: u64,
         dest_session: &str,
         dest_addr: u64,
+        tag: WriteTag,
         cookie: u64,
     ) -> Result<(), Self::Error>;
 
     /// The next finished write, if any.
     fn poll_completion(&mut self) -> Option<Completion<Self::Error>>;
+
+    /// On the receiving side: true once every byte of the write tagged
+    /// `tag` is visible in this process's memory (the answer is then
+    /// consumed). Data planes whose completions mean delivery answer true
+    /// at once.
+    fn landed(&mut self, tag: WriteTag) -> bool {
+        let _ = tag;
+        true
+    }
+
+    /// A file descriptor (Unix) that is readable while
+    /// [`poll_completion`](Self::poll_completion) or
+    /// [`landed`](Self::landed) may have news, for transports that learn of
+    /// completions on a thread of their own: the caller then waits on it
+    /// together with its control channel
+    /// ([`ControlRecv::recv_or_wake`]) instead of polling. It is cleared
+    /// when `poll_completion` finds nothing; call `landed` after that.
+    /// `None`: poll.
+    fn wake_fd(&self) -> Option<i32> {
+        None
+    }
 }
 
 /// A received control message.
@@ -195,6 +248,27 @@ pub trait ControlRecv {
         buf: &'b mut [u8],
         wait: Duration,
     ) -> Result<Option<ChannelEvent<'b>>, Self::Error>;
+
+    /// True if [`recv_or_wake`](Self::recv_or_wake) also wakes on its
+    /// descriptor.
+    fn can_wake(&self) -> bool {
+        false
+    }
+
+    /// Like [`recv`](Self::recv), and also returns `Ok(None)` as soon as
+    /// the file descriptor `wake` is readable (a data plane's
+    /// [`Transport::wake_fd`]), so that one thread waits on both. Channels
+    /// whose [`can_wake`](Self::can_wake) is false wait as `recv` does, and
+    /// their callers must bound `wait`.
+    fn recv_or_wake<'b>(
+        &'b mut self,
+        buf: &'b mut [u8],
+        wait: Duration,
+        wake: i32,
+    ) -> Result<Option<ChannelEvent<'b>>, Self::Error> {
+        let _ = wake;
+        self.recv(buf, wait)
+    }
 }
 
 /// A control channel: the protocol's two-frame messages to and from

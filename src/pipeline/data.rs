@@ -33,6 +33,17 @@ pub fn encoder_tensors() -> [TensorSpec<'static>; 2] {
     ]
 }
 
+/// The random workload's one tensor: `dims[0]` bytes of `uint8`.
+pub fn blob(dims: &[u64; 1]) -> TensorSpec<'_> {
+    TensorSpec {
+        field: "blob",
+        list_index: None,
+        shape: dims,
+        dtype: Dtype::UInt8,
+        byte_len: dims[0],
+    }
+}
+
 /// What the denoiser sends: the denoised latents.
 pub fn denoiser_tensors() -> [TensorSpec<'static>; 1] {
     [TensorSpec {
@@ -42,6 +53,31 @@ pub fn denoiser_tensors() -> [TensorSpec<'static>; 1] {
         dtype: Dtype::BFloat16,
         byte_len: bytes(&LATENT_SHAPE, Dtype::BFloat16),
     }]
+}
+
+/// The size of request `n` of the random workload: request 0 is 1 byte,
+/// request 1 is `max` bytes; of the rest, one in 128 is uniform in
+/// `[max/8, max]` and the others log-uniform in `[1, min(max, 16 MiB)]`, so
+/// that thousands of transfers cover every size class without moving
+/// terabytes.
+pub fn random_size(seed: u64, n: u64, max: u64) -> u64 {
+    let max = max.max(1);
+    match n {
+        0 => return 1,
+        1 => return max,
+        _ => {}
+    }
+    let r = mix(seed ^ mix(n));
+    if r % 128 == 0 {
+        let lo = (max / 8).max(1);
+        return lo + mix(r) % (max - lo + 1);
+    }
+    let small = max.min(16 << 20);
+    let bits = 64 - small.leading_zeros() as u64;
+    let b = 1 + mix(r ^ 1) % bits;
+    let lo = 1u64 << (b - 1);
+    let hi = ((1u128 << b) - 1).min(u128::from(small)) as u64;
+    lo + mix(r ^ 2) % (hi - lo + 1)
 }
 
 fn mix(mut z: u64) -> u64 {
@@ -120,6 +156,21 @@ pub fn check_denoised(got: &[u8], n: u64) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_sizes_span_one_byte_to_the_maximum() {
+        let max = 256 << 20;
+        let sizes: Vec<u64> = (0..4000).map(|n| random_size(7, n, max)).collect();
+        assert_eq!(sizes[0], 1);
+        assert_eq!(sizes[1], max);
+        assert!(sizes.iter().all(|&s| (1..=max).contains(&s)));
+        let large = sizes.iter().filter(|&&s| s > 16 << 20).count();
+        assert!((10..100).contains(&large), "{large} large");
+        let tiny = sizes.iter().filter(|&&s| s < 4096).count();
+        assert!(tiny > 1000, "{tiny} below 4 KiB");
+        assert_eq!(random_size(7, 5, 1), 1);
+        assert_eq!(random_size(7, 3, 100), random_size(7, 3, 100));
+    }
 
     #[test]
     fn what_is_filled_checks_and_one_flipped_bit_is_found() {

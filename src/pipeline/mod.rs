@@ -5,7 +5,7 @@
 //! `cargo run --release --example pipeline` and `ferry pipeline` run it;
 //! the launcher starts this same program again for each process.
 
-mod data;
+pub(crate) mod data;
 mod launcher;
 mod roles;
 
@@ -14,8 +14,10 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use crate::runtime::InstanceSettings;
+
 pub use launcher::{json, launch, table, LaunchArgs, Summary};
-pub use roles::{Control, InstanceArgs, PIPELINE};
+pub use roles::{Control, DataPlane, InstanceArgs, Workload, PIPELINE};
 
 /// Runs the pipeline, or one of its processes.
 #[derive(Parser, Debug)]
@@ -77,6 +79,19 @@ pub struct CoordinatorArgs {
     /// Timeout for a sender's write report, ms.
     #[arg(long, env = "FERRY_PUSH_TIMEOUT_MS", default_value_t = 10_000)]
     pub push_timeout_ms: u64,
+    /// Timeout for a receiver's answer to `transfer_alloc`, ms.
+    #[arg(long, env = "FERRY_ALLOC_TIMEOUT_MS", default_value_t = 2_000)]
+    pub alloc_timeout_ms: u64,
+    /// Timeout for a receiver's `transfer_done` after `transfer_ready`, ms.
+    #[arg(long, env = "FERRY_DONE_TIMEOUT_MS", default_value_t = 60_000)]
+    pub done_timeout_ms: u64,
+}
+
+/// The coordinator's timeouts with the push timeout set.
+fn timeouts(push: Duration) -> ferry_core::handshake::coordinator::Timeouts {
+    let mut t = crate::runtime::CoordinatorSettings::new(&PIPELINE).timeouts;
+    t.push = push;
+    t
 }
 
 /// `ferry instance`: an instance as a standalone process, with the
@@ -117,6 +132,94 @@ pub struct InstanceCliArgs {
     /// Time spent on each request received, ms (denoiser, decoder).
     #[arg(long, default_value_t = 0)]
     pub hold_ms: u64,
+    /// The data plane.
+    #[command(flatten)]
+    pub data_plane: DataPlaneArgs,
+    /// What to send and check: the pipeline's tensors, or one tensor of a
+    /// random size per request (receivers check and release).
+    #[arg(long, value_enum, default_value_t = WorkloadKind::Pipeline)]
+    pub workload: WorkloadKind,
+    /// The random workload's largest request, bytes.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub max_bytes: u64,
+    /// The random workload's seed (sender and receivers must agree).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// How long a reserved receive slot waits for `transfer_ready` before
+    /// it is freed, ms.
+    #[arg(long, env = "FERRY_RESERVED_TIMEOUT_MS", default_value_t = 20_000)]
+    pub reserved_timeout_ms: u64,
+}
+
+/// A data plane by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// Pools in POSIX shared memory, for processes on one host.
+    Shm,
+    /// libfabric (EFA, verbs, tcp, shm providers); needs the `fabric`
+    /// feature.
+    Fabric,
+}
+
+/// The data-plane options shared by `ferry instance` and `ferry bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DataPlaneArgs {
+    /// The data plane.
+    #[arg(long, value_enum, env = "FERRY_BACKEND", default_value_t = Backend::Shm)]
+    pub backend: Backend,
+    /// The libfabric provider: `auto` (efa, verbs;ofi_rxm, tcp;ofi_rxm,
+    /// the first present), or a name such as `tcp;ofi_rxm` or `shm`.
+    #[arg(long, env = "FERRY_PROVIDER", default_value = "auto")]
+    pub provider: String,
+    /// How a write is known to have landed before the receiver reads:
+    /// `auto`, `delivery-complete` or `remote-cq-data`.
+    #[arg(long, env = "FERRY_DELIVERY", default_value = "auto")]
+    pub delivery: String,
+    /// An address of this host to bind the libfabric endpoint to (picks
+    /// the interface; for tcp on loopback use 127.0.0.1).
+    #[arg(long, env = "FERRY_FABRIC_SOURCE")]
+    pub fabric_source: Option<String>,
+    /// Split libfabric writes into chunks of at most this many KiB (0: the
+    /// provider's largest message).
+    #[arg(long, default_value_t = 0)]
+    pub max_chunk_kib: u64,
+    /// A libfabric write that has not completed after this many ms fails,
+    /// and its peer's connection is closed (keep it below the
+    /// coordinator's push timeout).
+    #[arg(long, env = "FERRY_WRITE_TIMEOUT_MS", default_value_t = 5000)]
+    pub write_timeout_ms: u64,
+}
+
+impl DataPlaneArgs {
+    /// The data plane these options name.
+    pub fn data_plane(&self) -> Result<DataPlane, String> {
+        match self.backend {
+            Backend::Shm => Ok(DataPlane::Shm),
+            #[cfg(feature = "fabric")]
+            Backend::Fabric => {
+                let mut c = ferry_fabric::FabricConfig::new(self.provider.parse()?);
+                c.delivery = self.delivery.parse()?;
+                c.source.clone_from(&self.fabric_source);
+                c.max_chunk = self.max_chunk_kib << 10;
+                c.write_timeout = Duration::from_millis(self.write_timeout_ms);
+                Ok(DataPlane::Fabric(c))
+            }
+            #[cfg(not(feature = "fabric"))]
+            Backend::Fabric => Err(
+                "this ferry was built without the libfabric data plane; rebuild with `--features fabric`"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// What an instance sends and checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WorkloadKind {
+    /// Prompt embeddings and latents, forwarded by denoisers.
+    Pipeline,
+    /// One tensor of a random size (1 byte to --max-bytes) per request.
+    Random,
 }
 
 fn parse_prealloc(s: &str) -> Result<(usize, u64), String> {
@@ -130,7 +233,8 @@ fn parse_prealloc(s: &str) -> Result<(usize, u64), String> {
     ))
 }
 
-fn init_tracing() {
+/// Logs to stderr as `FERRY_LOG` says (e.g. `FERRY_LOG=debug`).
+pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("FERRY_LOG"))
         .with_writer(std::io::stderr)
@@ -140,17 +244,31 @@ fn init_tracing() {
 /// Runs `ferry coordinator`.
 pub fn coordinator_main(args: &CoordinatorArgs) -> ExitCode {
     init_tracing();
-    roles::coordinator(
-        &args.listen,
-        args.control,
-        Duration::from_millis(args.push_timeout_ms),
-    )
+    let mut t = timeouts(Duration::from_millis(args.push_timeout_ms));
+    t.alloc = Duration::from_millis(args.alloc_timeout_ms);
+    t.done = Duration::from_millis(args.done_timeout_ms);
+    roles::coordinator(&args.listen, args.control, t)
 }
 
 /// Runs `ferry instance`.
 pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
     init_tracing();
+    let data_plane = match args.data_plane.data_plane() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("ferry instance: {e}");
+            return ExitCode::from(2);
+        }
+    };
     roles::instance(&InstanceArgs {
+        data_plane,
+        workload: match args.workload {
+            WorkloadKind::Pipeline => Workload::Pipeline,
+            WorkloadKind::Random => Workload::Random {
+                seed: args.seed,
+                max_bytes: args.max_bytes.max(1),
+            },
+        },
         role: args.role.clone(),
         name: args.name.clone(),
         coordinator: args.coordinator.clone(),
@@ -162,6 +280,7 @@ pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
         prealloc: args.prealloc,
         pace: Duration::from_millis(args.pace_ms),
         hold: Duration::from_millis(args.hold_ms),
+        reserved_timeout: Duration::from_millis(args.reserved_timeout_ms),
     })
 }
 
@@ -186,7 +305,7 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
             return roles::coordinator(
                 &endpoints,
                 args.control,
-                Duration::from_millis(args.push_timeout_ms),
+                timeouts(Duration::from_millis(args.push_timeout_ms)),
             );
         }
         Some(role) => {
@@ -202,6 +321,9 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
                 prealloc: None,
                 pace: Duration::ZERO,
                 hold: Duration::ZERO,
+                data_plane: DataPlane::Shm,
+                workload: Workload::Pipeline,
+                reserved_timeout: InstanceSettings::new("", "").reserved_timeout,
             })
         }
         None => {}

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ferry_core::handshake::coordinator::CoordinatorEvent;
+use ferry_core::handshake::coordinator::{CoordinatorEvent, Timeouts};
 use ferry_core::handshake::instance::InstanceError;
 use ferry_core::json::RawJson;
 use ferry_core::transport::{ControlChannel, ControlSend};
@@ -18,7 +18,8 @@ use ferry_zmq::{ZmqChannel, ZmqSettings};
 use super::data;
 use crate::runtime::shm::{start_instance, start_instance_on, CopySettings};
 use crate::runtime::{
-    CoordinatorNode, CoordinatorSettings, InstanceNode, InstanceSettings, NodeError, Staging,
+    CoordinatorNode, CoordinatorSettings, Delivery, InstanceNode, InstanceSettings, NodeError,
+    Staging,
 };
 
 /// The control plane the processes talk over.
@@ -29,6 +30,34 @@ pub enum Control {
     /// ZeroMQ with sglang's layout: PULL bound per process (and per role
     /// at the coordinator), PUSH to peers; ipc:// or tcp:// endpoints.
     Zmq,
+}
+
+/// The data plane an instance writes and receives over.
+#[derive(Clone, Debug, Default)]
+pub enum DataPlane {
+    /// Pools in POSIX shared memory (one host).
+    #[default]
+    Shm,
+    /// A libfabric provider.
+    #[cfg(feature = "fabric")]
+    Fabric(ferry_fabric::FabricConfig),
+}
+
+/// What an instance sends and what it checks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Workload {
+    /// The pipeline's tensors: prompt embeddings and latents, forwarded by
+    /// denoisers.
+    #[default]
+    Pipeline,
+    /// One `uint8` tensor per request of [`data::random_size`] bytes;
+    /// receivers check every byte and release (no forwarding).
+    Random {
+        /// Seeds the sizes (sender and receivers must agree).
+        seed: u64,
+        /// The largest size.
+        max_bytes: u64,
+    },
 }
 
 /// The pipeline's roles, in hand-off order.
@@ -72,9 +101,9 @@ fn fail(what: &str, e: impl std::fmt::Display) -> ExitCode {
 /// Runs the coordinator until stdin closes. With ZeroMQ it binds one
 /// result endpoint per role of the pipeline (in order); over Unix sockets,
 /// the first endpoint only.
-pub fn coordinator(endpoints: &[String], control: Control, push_timeout: Duration) -> ExitCode {
+pub fn coordinator(endpoints: &[String], control: Control, timeouts: Timeouts) -> ExitCode {
     let mut settings = CoordinatorSettings::new(&PIPELINE);
-    settings.timeouts.push = push_timeout;
+    settings.timeouts = timeouts;
     match control {
         Control::Uds => match UdsChannel::bind(&endpoints[0]) {
             Ok(c) => run_coordinator(&settings, c),
@@ -162,6 +191,12 @@ pub struct InstanceArgs {
     /// How long a denoiser or decoder works on each request (holding it)
     /// before it forwards and releases it.
     pub hold: Duration,
+    /// The data plane.
+    pub data_plane: DataPlane,
+    /// What to send and check.
+    pub workload: Workload,
+    /// How long a reserved receive slot waits for `transfer_ready`.
+    pub reserved_timeout: Duration,
 }
 
 /// Counts and latencies an instance reports.
@@ -180,6 +215,7 @@ struct Tally {
 /// Runs an instance until stdin closes.
 pub fn instance(args: &InstanceArgs) -> ExitCode {
     let mut settings = InstanceSettings::new(&args.role, &args.coordinator);
+    settings.reserved_timeout = args.reserved_timeout;
     let slot = 16u64 << 20;
     let mut pool: usize = match args.role.as_str() {
         "encoder" => 256 << 20,
@@ -198,6 +234,24 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
     if let Some((n, mib)) = args.prealloc {
         settings.prealloc = (n, mib << 20);
     }
+    if let Workload::Random { max_bytes, .. } = args.workload {
+        // Room for the largest request, twice over, besides the slots.
+        let need = usize::try_from(max_bytes.next_power_of_two().saturating_mul(2))
+            .unwrap_or(usize::MAX)
+            .saturating_add((settings.prealloc.0 as u64 * settings.prealloc.1) as usize);
+        pool = pool.max(need);
+    }
+    #[cfg(feature = "fabric")]
+    if let DataPlane::Fabric(config) = &args.data_plane {
+        let channel = match bind_zmq(args) {
+            Ok(c) => c,
+            Err(code) => return code,
+        };
+        return match crate::runtime::fabric::start_instance(&settings, pool, config, channel) {
+            Ok(node) => run_instance(&node, args),
+            Err(e) => fail("start instance", e),
+        };
+    }
     let copy = CopySettings::default();
     match args.control {
         Control::Uds => match start_instance(&settings, pool, copy, &args.endpoint) {
@@ -205,10 +259,9 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
             Err(e) => fail("start instance", e),
         },
         Control::Zmq => {
-            let ctx = zmq::Context::new();
-            let channel = match ZmqChannel::bind(&ctx, &[&args.endpoint], ZmqSettings::default()) {
+            let channel = match bind_zmq(args) {
                 Ok(c) => c,
-                Err(e) => return fail("bind", e),
+                Err(code) => return code,
             };
             match start_instance_on(&settings, pool, copy, channel) {
                 Ok(node) => run_instance(&node, args),
@@ -216,6 +269,21 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
             }
         }
     }
+}
+
+/// The instance's ZeroMQ channel at its endpoint.
+fn bind_zmq(args: &InstanceArgs) -> Result<ZmqChannel, ExitCode> {
+    if args.control != Control::Zmq {
+        #[cfg(feature = "fabric")]
+        if matches!(args.data_plane, DataPlane::Fabric(_)) {
+            return Err(fail(
+                "start instance",
+                "the libfabric data plane pairs with the ZeroMQ control plane (--control zmq)",
+            ));
+        }
+    }
+    let ctx = zmq::Context::new();
+    ZmqChannel::bind(&ctx, &[&args.endpoint], ZmqSettings::default()).map_err(|e| fail("bind", e))
 }
 
 fn run_instance<S: ControlSend + Send + 'static>(
@@ -232,10 +300,13 @@ fn run_instance<S: ControlSend + Send + 'static>(
     ));
     let done = stdin_closed();
     let mut tally = Tally::default();
-    let result = match args.role.as_str() {
-        "encoder" => encode(node, args, &done, &mut tally),
-        "denoiser" => serve(node, &done, &mut tally, true, args.hold),
-        _ => serve(node, &done, &mut tally, false, args.hold),
+    let result = match (args.role.as_str(), args.workload) {
+        ("encoder", _) => encode(node, args, &done, &mut tally),
+        // The random workload ends at its first receiver.
+        ("denoiser", Workload::Pipeline) => {
+            serve(node, &done, &mut tally, true, args.hold, args.workload)
+        }
+        _ => serve(node, &done, &mut tally, false, args.hold, args.workload),
     };
     if let Err(e) = result {
         return fail(&args.role, e);
@@ -289,13 +360,13 @@ fn scalars(n: u64) -> String {
 
 /// Stages a request, retrying while the pool or the request table is full
 /// (the receivers drain it), for at most `patience`.
-fn stage_with_patience<'n, S: ControlSend + Send + 'static>(
+fn stage_with_patience<'n, 'a, S: ControlSend + Send + 'static>(
     node: &'n InstanceNode<S>,
     id: &str,
-    specs: &[ferry_core::slots::TensorSpec<'static>],
+    specs: &[ferry_core::slots::TensorSpec<'a>],
     patience: Duration,
     mut while_waiting: impl FnMut(),
-) -> Result<Staging<'n, 'static, S>, NodeError> {
+) -> Result<Staging<'n, 'a, S>, NodeError> {
     let start = Instant::now();
     loop {
         match node.stage(id, specs) {
@@ -316,7 +387,8 @@ fn encode<S: ControlSend + Send + 'static>(
     done: &AtomicBool,
     tally: &mut Tally,
 ) -> Result<(), NodeError> {
-    let specs = data::encoder_tensors();
+    let pipeline_specs = data::encoder_tensors();
+    let mut dims = [0u64; 1];
     for n in 0..args.requests {
         while (n - tally.sent - tally.send_failed) as usize >= args.window {
             if done.load(Ordering::Relaxed) {
@@ -328,10 +400,19 @@ fn encode<S: ControlSend + Send + 'static>(
             std::thread::sleep(args.pace);
         }
         let id = format!("{}-{n}", args.name);
-        let mut staging = stage_with_patience(node, &id, &specs, Duration::from_secs(60), || {
+        let random_spec;
+        let specs: &[ferry_core::slots::TensorSpec<'_>] = match args.workload {
+            Workload::Pipeline => &pipeline_specs,
+            Workload::Random { seed, max_bytes } => {
+                dims[0] = data::random_size(seed, n, max_bytes);
+                random_spec = [data::blob(&dims)];
+                &random_spec
+            }
+        };
+        let mut staging = stage_with_patience(node, &id, specs, Duration::from_secs(60), || {
             drain_outcomes(node, tally, Duration::from_millis(5));
         })?;
-        for k in 0..2 {
+        for k in 0..specs.len() {
             if let Some(t) = staging.tensor_mut(k) {
                 data::fill(t, n, k as u64);
             }
@@ -358,14 +439,56 @@ fn scalar_u64(scalars: &str, key: &str) -> Option<u64> {
         .ok()
 }
 
+/// Checks a delivery of request `n` against what its sender made: the
+/// field and first byte that differ, if any.
+fn verify<S: ControlSend + Send + 'static>(
+    d: &Delivery<'_, S>,
+    n: u64,
+    workload: Workload,
+    forward: bool,
+) -> Option<(String, usize)> {
+    let mut bad = None;
+    let mut seen = 0;
+    for v in d.tensors() {
+        seen += 1;
+        let at = match (workload, v.field.raw(), forward) {
+            (Workload::Random { seed, max_bytes }, _, _) => {
+                let want = data::random_size(seed, n, max_bytes);
+                if v.bytes.len() as u64 != want {
+                    Some(v.bytes.len().min(want as usize))
+                } else {
+                    data::check(v.bytes, n, 0)
+                }
+            }
+            (_, "prompt_embeds", true) => data::check(v.bytes, n, 0),
+            (_, "latents", true) => data::check(v.bytes, n, 1),
+            (_, "latents", false) => data::check_denoised(v.bytes, n),
+            _ => Some(0),
+        };
+        if let Some(at) = at {
+            bad = Some((v.field.raw().to_owned(), at));
+        }
+    }
+    let tensors = match workload {
+        Workload::Pipeline if forward => 2,
+        _ => 1,
+    };
+    if seen != tensors {
+        bad = Some(("manifest".to_owned(), 0));
+    }
+    bad
+}
+
 /// Denoisers and the decoder: receive, check every byte, record the hand-off
-/// latency; denoisers transform and forward the latents under the same id.
+/// latency; with the pipeline's workload, denoisers transform and forward
+/// the latents under the same id.
 fn serve<S: ControlSend + Send + 'static>(
     node: &InstanceNode<S>,
     done: &AtomicBool,
     tally: &mut Tally,
     forward: bool,
     hold: Duration,
+    workload: Workload,
 ) -> Result<(), NodeError> {
     let specs = data::denoiser_tensors();
     while !done.load(Ordering::Relaxed) {
@@ -390,24 +513,7 @@ fn serve<S: ControlSend + Send + 'static>(
         if let Some(t) = t {
             tally.latencies_us.push(now.saturating_sub(t) / 1000);
         }
-        let mut bad = None;
-        let mut seen = 0;
-        for v in d.tensors() {
-            seen += 1;
-            let at = match (v.field.raw(), forward) {
-                ("prompt_embeds", true) => data::check(v.bytes, n, 0),
-                ("latents", true) => data::check(v.bytes, n, 1),
-                ("latents", false) => data::check_denoised(v.bytes, n),
-                _ => Some(0),
-            };
-            if let Some(at) = at {
-                bad = Some((v.field.raw().to_owned(), at));
-            }
-        }
-        if seen != if forward { 2 } else { 1 } {
-            bad = Some(("manifest".to_owned(), 0));
-        }
-        if let Some((field, at)) = bad {
+        if let Some((field, at)) = verify(&d, n, workload, forward) {
             tally.mismatches += 1;
             emit(&format!(
                 r#"{{"event":"mismatch","id":"{}","field":"{field}","byte":{at}}}"#,

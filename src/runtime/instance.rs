@@ -23,7 +23,7 @@ use ferry_core::handshake::Instant;
 use ferry_core::json::{JsonStr, RawJson};
 use ferry_core::slots::{layout, BuddyConfig, Dtype, TensorSpec};
 use ferry_core::transport::{
-    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, Region, Transport,
+    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, Region, Transport, WriteTag,
 };
 use ferry_core::wire::{Manifest, Shape, ShapeIter, TensorEntry, TRANSFER_MAGIC};
 use tracing::{debug, debug_span, info, warn};
@@ -39,6 +39,10 @@ pub const MAX_TENSORS: usize = 32;
 
 /// Longest wait of the progress thread between checks of its stop flag.
 const MAX_WAIT: Duration = Duration::from_millis(20);
+
+/// How often pending writes are polled for when the transport offers no
+/// wake descriptor.
+const POLL_WRITES: Duration = Duration::from_micros(100);
 
 /// Receive buffer for one control message.
 const RECV_BUF: usize = 1 << 20;
@@ -66,6 +70,10 @@ pub struct InstanceSettings {
     pub reserved_timeout: Duration,
     /// How long a slot a write may still be landing in stays out of use.
     pub quarantine: Duration,
+    /// On data planes whose completions do not mean delivery: how long a
+    /// transfer announced ready may wait for its write's arrival notices
+    /// before it is refused (`transfer_done` with an error).
+    pub landing_timeout: Duration,
 }
 
 impl InstanceSettings {
@@ -82,6 +90,7 @@ impl InstanceSettings {
             staged_timeout: Duration::from_secs(60),
             reserved_timeout: Duration::from_secs(20),
             quarantine: Duration::from_secs(1),
+            landing_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -133,6 +142,12 @@ struct State<S> {
     out: Vec<u8>,
     /// Transfers received, with when they arrived.
     received: VecDeque<(Token, SystemTime)>,
+    /// Transfers announced ready whose writes have not been seen to land
+    /// (only where the data plane's completions do not mean delivery):
+    /// token, write tag, when they were announced.
+    landing: Vec<(Token, WriteTag, Instant)>,
+    /// True if received transfers wait in `landing` first.
+    gate: bool,
     outcomes: VecDeque<Outcome>,
     /// Metadata buffers for deliveries, reused.
     meta_free: Vec<Vec<u8>>,
@@ -163,6 +178,8 @@ impl<S: ControlSend> Shared<S> {
             coordinator,
             out,
             received,
+            landing,
+            gate,
             outcomes,
             registered,
             ..
@@ -210,7 +227,18 @@ impl<S: ControlSend> Shared<S> {
                 }
                 InstanceEvent::Received(t) => {
                     Metrics::add(&self.metrics.received, 1);
-                    received.push_back((t, SystemTime::now()));
+                    if *gate {
+                        let base = self.memory.base() as u64;
+                        let tag = machine.read(|m| {
+                            m.received(t)
+                                .map(|rx| WriteTag::of(rx.id, base + rx.slot_offset))
+                        });
+                        if let Some(tag) = tag {
+                            landing.push((t, tag, now));
+                        }
+                    } else {
+                        received.push_back((t, SystemTime::now()));
+                    }
                 }
                 InstanceEvent::Sent { id } => {
                     Metrics::add(&self.metrics.sent, 1);
@@ -292,6 +320,7 @@ where
             .map_err(transport_err("register"))?;
         let (tx, rx) = channel.split();
         let session = transport.session_id().to_owned();
+        let gate = !transport.capabilities().delivery_complete;
         let endpoint = rx.local_endpoint().to_owned();
         let pool = BuddyConfig {
             pool_size: memory.len() as u64,
@@ -327,6 +356,8 @@ where
                 coordinator: settings.coordinator.clone(),
                 out: vec![0; 64 * 1024],
                 received: VecDeque::with_capacity(n),
+                landing: Vec::with_capacity(n),
+                gate,
                 outcomes: VecDeque::with_capacity(4 * n),
                 meta_free: (0..n)
                     .map(|_| Vec::with_capacity(settings.limits.nested_per_request))
@@ -340,7 +371,7 @@ where
             clock,
             memory,
         });
-        let progress = Progress {
+        let mut progress = Progress {
             shared: Arc::clone(&shared),
             transport,
             region,
@@ -350,7 +381,13 @@ where
             pending: Vec::with_capacity(n),
             done: Vec::with_capacity(n),
             next_cookie: 0,
+            landing_timeout: settings.landing_timeout,
+            wake: None,
         };
+        progress.wake = progress
+            .transport
+            .wake_fd()
+            .filter(|_| progress.rx.can_wake());
         let thread = std::thread::Builder::new()
             .name(format!("ferry-{}", settings.role))
             .spawn(move || progress.run())
@@ -730,6 +767,9 @@ struct Progress<S, T: Transport, R> {
     pending: Vec<(u64, Token, u64)>,
     done: Vec<(Token, Result<(), &'static str>)>,
     next_cookie: u64,
+    landing_timeout: Duration,
+    /// The transport's wake descriptor, if the channel can wait on it too.
+    wake: Option<i32>,
 }
 
 impl<S, T, R> Progress<S, T, R>
@@ -746,23 +786,32 @@ where
                 let now = shared.clock.now();
                 shared.drive(&mut st, now);
                 let next = st.machine.read(|m| m.poll_timeout());
-                let cap = if self.pending.is_empty() {
-                    MAX_WAIT
-                } else {
-                    Duration::from_micros(100)
-                };
+                // Without a wake descriptor, completions are polled for.
+                let cap =
+                    if self.wake.is_some() || (self.pending.is_empty() && st.landing.is_empty()) {
+                        MAX_WAIT
+                    } else {
+                        POLL_WRITES
+                    };
                 shared.clock.until(next, cap)
             };
             self.receive(wait);
             self.post_writes();
+            // Completions first: reaping clears the wake descriptor, and
+            // notices that come after the landing check signal it anew.
             self.reap();
+            self.land();
         }
     }
 
     fn receive(&mut self, wait: Duration) {
         let shared = &*self.shared;
         let m = &shared.metrics;
-        match self.rx.recv(&mut self.buf, wait) {
+        let got = match self.wake {
+            Some(fd) => self.rx.recv_or_wake(&mut self.buf, wait, fd),
+            None => self.rx.recv(&mut self.buf, wait),
+        };
+        match got {
             Ok(Some(ChannelEvent::Message(msg))) => {
                 if msg.magic != TRANSFER_MAGIC {
                     Metrics::add(&m.non_transfer, 1);
@@ -815,6 +864,41 @@ where
         }
     }
 
+    /// Hands the application the transfers whose writes have landed, and
+    /// refuses those whose notices never came.
+    fn land(&mut self) {
+        let shared = &*self.shared;
+        let mut st = shared.lock();
+        if st.landing.is_empty() {
+            return;
+        }
+        let now = shared.clock.now();
+        let mut changed = false;
+        let mut i = 0;
+        while i < st.landing.len() {
+            let (token, tag, since) = st.landing[i];
+            if self.transport.landed(tag) {
+                st.landing.swap_remove(i);
+                st.received.push_back((token, SystemTime::now()));
+                changed = true;
+            } else if now.since(since) >= self.landing_timeout {
+                st.landing.swap_remove(i);
+                Metrics::add(&shared.metrics.write_errors, 1);
+                warn!(timeout = ?self.landing_timeout, "transfer announced ready, but its write never landed");
+                let _ = st
+                    .machine
+                    .run(|m| m.release(token, Some("write never landed")));
+                changed = true;
+            } else {
+                i += 1;
+            }
+        }
+        if changed {
+            shared.drive(&mut st, now);
+            shared.changed.notify_all();
+        }
+    }
+
     fn post_writes(&mut self) {
         let m = &self.shared.metrics;
         for w in self.writes.drain(..) {
@@ -828,6 +912,7 @@ where
                 w.len,
                 w.dest_session.as_str(),
                 w.dest_addr,
+                WriteTag::of(w.id.as_str(), w.dest_addr),
                 cookie,
             ) {
                 Ok(()) => self.pending.push((cookie, w.token, w.len)),

@@ -6,6 +6,8 @@
 //!   transfers as typed tensor views over the slot; release them.
 //! * [`CoordinatorNode`]: the coordinator, relaying between instances.
 //! * [`shm`]: both over the shared-memory loopback and Unix sockets.
+//! * `fabric` (cargo feature `fabric`): instances over a libfabric data
+//!   plane (EFA, verbs, tcp, shm providers).
 //!
 //! Every hand-off is traced (`tracing`, target `ferry`) and counted
 //! ([`MetricsSnapshot`]).
@@ -13,6 +15,8 @@
 mod clock;
 mod coordinator;
 mod error;
+#[cfg(feature = "fabric")]
+pub mod fabric;
 mod instance;
 mod memory;
 mod metrics;

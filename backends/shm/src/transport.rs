@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use ferry_core::transport::{Capabilities, Completion, Region, Transport};
+use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteTag};
 
 use crate::copy::Copier;
 use crate::error::ShmError;
@@ -169,6 +169,7 @@ impl Transport for ShmTransport {
         len: u64,
         dest_session: &str,
         dest_addr: u64,
+        _tag: WriteTag,
         cookie: u64,
     ) -> Result<(), ShmError> {
         let r = *self
@@ -258,7 +259,7 @@ mod tests {
             }
         }
         let dest = b.pool_ptr() as u64 + 4096;
-        a.post_write(region, 1000, 300_000, b.session_id(), dest, 9)
+        a.post_write(region, 1000, 300_000, b.session_id(), dest, WriteTag(0), 9)
             .unwrap();
         let c = a.poll_completion().unwrap();
         assert_eq!((c.cookie, c.result.is_ok()), (9, true));
@@ -272,23 +273,31 @@ mod tests {
         let (mut a, region, b) = pair();
         let base = b.pool_ptr() as u64;
         let s = b.session_id().to_owned();
-        let e = a.post_write(region, 0, 4096, &s, base + (1 << 20) - 100, 1);
+        let e = a.post_write(region, 0, 4096, &s, base + (1 << 20) - 100, WriteTag(0), 1);
         assert!(matches!(e, Err(ShmError::DestOutOfBounds { .. })), "{e:?}");
-        let e = a.post_write(region, 0, 4096, &s, base - 1, 1);
+        let e = a.post_write(region, 0, 4096, &s, base - 1, WriteTag(0), 1);
         assert!(matches!(e, Err(ShmError::DestOutOfBounds { .. })), "{e:?}");
-        let e = a.post_write(region, (1 << 20) - 10, 4096, &s, base, 1);
+        let e = a.post_write(region, (1 << 20) - 10, 4096, &s, base, WriteTag(0), 1);
         assert!(
             matches!(e, Err(ShmError::SourceOutOfBounds { .. })),
             "{e:?}"
         );
-        let e = a.post_write(region, 0, 1, "shm:nonsense", base, 1);
+        let e = a.post_write(region, 0, 1, "shm:nonsense", base, WriteTag(0), 1);
         assert!(matches!(e, Err(ShmError::BadSession { .. })), "{e:?}");
-        let e = a.post_write(region, 0, 1, "shm:/ferry-no-such@1000+4096", 0x1000, 1);
+        let e = a.post_write(
+            region,
+            0,
+            1,
+            "shm:/ferry-no-such@1000+4096",
+            0x1000,
+            WriteTag(0),
+            1,
+        );
         assert!(matches!(e, Err(ShmError::PeerGone { .. })), "{e:?}");
         assert!(a.poll_completion().is_none());
         // A peer that claims more than its object holds.
         let liar = s.replace("+1048576", "+2097152");
-        let e = a.post_write(region, 0, 1, &liar, base, 1);
+        let e = a.post_write(region, 0, 1, &liar, base, WriteTag(0), 1);
         assert!(matches!(e, Err(ShmError::ShortObject { .. })), "{e:?}");
     }
 
@@ -296,9 +305,10 @@ mod tests {
     fn a_vanished_peer_is_reported_gone() {
         let (mut a, region, b) = pair();
         let (s, base) = (b.session_id().to_owned(), b.pool_ptr() as u64);
-        a.post_write(region, 0, 64, &s, base, 1).unwrap();
+        a.post_write(region, 0, 64, &s, base, WriteTag(0), 1)
+            .unwrap();
         drop(b);
-        let e = a.post_write(region, 0, 64, &s, base, 2);
+        let e = a.post_write(region, 0, 64, &s, base, WriteTag(0), 2);
         assert!(matches!(e, Err(ShmError::PeerGone { .. })), "{e:?}");
     }
 

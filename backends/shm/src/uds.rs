@@ -459,6 +459,30 @@ impl ControlRecv for UdsReceiver {
         buf: &'b mut [u8],
         wait: Duration,
     ) -> Result<Option<ChannelEvent<'b>>, UdsError> {
+        self.receive(buf, wait, None)
+    }
+
+    fn can_wake(&self) -> bool {
+        true
+    }
+
+    fn recv_or_wake<'b>(
+        &'b mut self,
+        buf: &'b mut [u8],
+        wait: Duration,
+        wake: i32,
+    ) -> Result<Option<ChannelEvent<'b>>, UdsError> {
+        self.receive(buf, wait, Some(wake))
+    }
+}
+
+impl UdsReceiver {
+    fn receive<'b>(
+        &'b mut self,
+        buf: &'b mut [u8],
+        wait: Duration,
+        wake: Option<RawFd>,
+    ) -> Result<Option<ChannelEvent<'b>>, UdsError> {
         let deadline = Instant::now() + wait;
         // Indices only inside the loop; the borrowed answer is made after.
         let outcome = loop {
@@ -467,6 +491,11 @@ impl ControlRecv for UdsReceiver {
                 tv_sec: left.as_secs() as libc::time_t,
                 tv_nsec: left.subsec_nanos() as libc::c_long,
             };
+            // The wake descriptor goes last for this call only, so that
+            // the connections keep their indices.
+            if let Some(w) = wake {
+                self.fds.push(pollfd(w));
+            }
             // SAFETY: fds is a valid array of pollfd of that length.
             let r = unsafe {
                 libc::ppoll(
@@ -476,13 +505,15 @@ impl ControlRecv for UdsReceiver {
                     std::ptr::null(),
                 )
             };
-            if r < 0 {
-                if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            let err = (r < 0).then(io::Error::last_os_error);
+            let woke = wake.is_some() && self.fds.pop().is_some_and(|p| p.revents != 0);
+            if let Some(e) = err {
+                if e.raw_os_error() == Some(libc::EINTR) {
                     continue;
                 }
                 return Err(sys("ppoll", &self.me));
             }
-            if r == 0 {
+            if r == 0 || (woke && r == 1) {
                 break None;
             }
             if self.fds[0].revents != 0 {
@@ -516,7 +547,7 @@ impl ControlRecv for UdsReceiver {
                 }
                 None => {}
             }
-            if Instant::now() >= deadline {
+            if woke || Instant::now() >= deadline {
                 break None;
             }
         };
@@ -614,6 +645,50 @@ mod tests {
             path_of("tcp://1.2.3.4:5"),
             Err(UdsError::BadEndpoint { .. })
         ));
+    }
+
+    #[test]
+    fn a_readable_wake_descriptor_ends_the_wait_and_messages_still_come() {
+        let (ea, eb) = (endpoint("w1"), endpoint("w2"));
+        let (mut a_tx, _a_rx) = UdsChannel::bind(&ea).unwrap().split();
+        let (_b_tx, mut b_rx) = UdsChannel::bind(&eb).unwrap().split();
+        assert!(b_rx.can_wake());
+        // SAFETY: a fresh eventfd, closed below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK) };
+        assert!(fd >= 0);
+        let mut buf = vec![0u8; 4096];
+        let t = Instant::now();
+        assert!(b_rx
+            .recv_or_wake(&mut buf, Duration::from_millis(50), fd)
+            .unwrap()
+            .is_none());
+        assert!(
+            t.elapsed() >= Duration::from_millis(45),
+            "waited the time out"
+        );
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: 8 bytes to our eventfd.
+        assert_eq!(unsafe { libc::write(fd, one.as_ptr().cast(), 8) }, 8);
+        let t = Instant::now();
+        assert!(b_rx
+            .recv_or_wake(&mut buf, Duration::from_secs(10), fd)
+            .unwrap()
+            .is_none());
+        assert!(t.elapsed() < Duration::from_secs(5), "woken, not timed out");
+        a_tx.send(&eb, b"m", b"p").unwrap();
+        let mut got = None;
+        for _ in 0..100 {
+            if let Some(ChannelEvent::Message(m)) = b_rx
+                .recv_or_wake(&mut buf, Duration::from_millis(50), fd)
+                .unwrap()
+            {
+                got = Some(m.payload.to_vec());
+                break;
+            }
+        }
+        assert_eq!(got.as_deref(), Some(&b"p"[..]));
+        // SAFETY: closing our own descriptor once.
+        unsafe { libc::close(fd) };
     }
 
     #[test]

@@ -425,6 +425,30 @@ impl ControlRecv for ZmqReceiver {
         buf: &'b mut [u8],
         wait: Duration,
     ) -> Result<Option<ChannelEvent<'b>>, ZmqError> {
+        self.receive(buf, wait, None)
+    }
+
+    fn can_wake(&self) -> bool {
+        true
+    }
+
+    fn recv_or_wake<'b>(
+        &'b mut self,
+        buf: &'b mut [u8],
+        wait: Duration,
+        wake: i32,
+    ) -> Result<Option<ChannelEvent<'b>>, ZmqError> {
+        self.receive(buf, wait, Some(wake))
+    }
+}
+
+impl ZmqReceiver {
+    fn receive<'b>(
+        &'b mut self,
+        buf: &'b mut [u8],
+        wait: Duration,
+        wake: Option<i32>,
+    ) -> Result<Option<ChannelEvent<'b>>, ZmqError> {
         while let Ok(m) = self.new_monitors.try_recv() {
             self.monitors.push(m);
         }
@@ -444,10 +468,18 @@ impl ControlRecv for ZmqReceiver {
                 .chain(&self.monitors)
                 .map(|(_, s)| s.as_poll_item(zmq::POLLIN))
                 .collect();
+            if let Some(fd) = wake {
+                items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
+            }
             let ms = left.as_millis().clamp(1, i64::MAX as u128) as i64;
             match zmq::poll(&mut items, ms) {
                 Ok(_) | Err(zmq::Error::EINTR) => {}
                 Err(e) => return Err(sys("poll", &self.pulls[0].0)(e)),
+            }
+            if wake.is_some() && items.last().is_some_and(zmq::PollItem::is_readable) {
+                // The data plane has news; messages that came too are
+                // taken on the next call.
+                return Ok(None);
             }
         };
         Ok(match got {
@@ -486,6 +518,26 @@ mod tests {
             }
         }
         panic!("nothing arrived");
+    }
+
+    #[test]
+    fn a_readable_descriptor_wakes_the_receiver() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let ctx = zmq::Context::new();
+        let (_tx, mut rx) = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*"], ZmqSettings::default())
+            .unwrap()
+            .split();
+        assert!(rx.can_wake());
+        let (r, mut w) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut buf = vec![0u8; 64];
+        w.write_all(b"x").unwrap();
+        let t = Instant::now();
+        assert!(rx
+            .recv_or_wake(&mut buf, Duration::from_secs(10), r.as_raw_fd())
+            .unwrap()
+            .is_none());
+        assert!(t.elapsed() < Duration::from_secs(5), "woken, not timed out");
     }
 
     #[test]

@@ -1,0 +1,38 @@
+//! ferry's libfabric data plane: one RDM endpoint per process, one
+//! registered pool, and one-sided writes into peers' pools over any
+//! provider that offers RMA on reliable datagram endpoints: `efa` on AWS,
+//! `verbs;ofi_rxm` on InfiniBand and RoCE NICs, and `tcp;ofi_rxm` and
+//! `shm`, which run on any Linux host.
+//!
+//! - [`FabricTransport`] implements ferry-core's `Transport`; its session
+//!   id ([`Session`]) carries the endpoint address and the pool's key,
+//!   base and length.
+//! - Delivery is made sure of before a receiver reads: with
+//!   `FI_DELIVERY_COMPLETE` where the provider offers it, otherwise with
+//!   remote CQ data the receiver counts ([`notice`]).
+//! - Large writes are split at the provider's `max_msg_size` (or a smaller
+//!   configured chunk); a full queue (`-FI_EAGAIN`) is waited out while the
+//!   progress thread drains it; completion errors fail the one write.
+
+// Unsafe code only at the FFI seams: `ofi` (libfabric calls), `pool`
+// (mmap), `transport` (posting from registered memory, the eventfd) and
+// `baseline`; each block with its SAFETY argument.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod baseline;
+mod error;
+pub mod mr;
+pub mod notice;
+pub mod ofi;
+mod pool;
+pub mod provider;
+pub mod session;
+mod transport;
+
+pub use error::FabricError;
+pub use mr::MrPolicy;
+pub use pool::HostPool;
+pub use provider::{Delivery, Hints, Provider};
+pub use session::Session;
+pub use transport::{FabricConfig, FabricTransport, Opened};

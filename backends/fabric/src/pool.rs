@@ -1,0 +1,79 @@
+//! Anonymous, pre-faulted host memory for a transport's pool.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::ptr::NonNull;
+
+use crate::error::FabricError;
+
+/// A private anonymous mapping, populated at creation (so that
+/// registration pins resident pages and the first transfer does not fault)
+/// and unmapped on drop.
+#[derive(Debug)]
+pub struct HostPool {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned memory; who may touch which bytes is the
+// runtime's slot accounting, not this handle's.
+unsafe impl Send for HostPool {}
+// SAFETY: as above; the handle itself only hands out the base pointer.
+unsafe impl Sync for HostPool {}
+
+impl HostPool {
+    /// Maps `len` bytes (rounded up to the page size by the kernel).
+    pub fn new(len: usize) -> Result<Self, FabricError> {
+        if len == 0 {
+            return Err(FabricError::Os {
+                what: "map pool",
+                source: io::Error::new(io::ErrorKind::InvalidInput, "pool length is zero"),
+            });
+        }
+        // SAFETY: a fresh private anonymous mapping; no existing memory is
+        // affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(FabricError::Os {
+                what: "map pool",
+                source: io::Error::last_os_error(),
+            });
+        }
+        let ptr = NonNull::new(p.cast()).ok_or_else(|| FabricError::Os {
+            what: "map pool",
+            source: io::Error::other("mmap returned null"),
+        })?;
+        Ok(Self { ptr, len })
+    }
+
+    /// The first byte.
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if empty (never: creation refuses zero).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for HostPool {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}

@@ -1,0 +1,982 @@
+//! The libfabric `Transport`: one RDM endpoint, one registered pool, RMA
+//! writes into peers' pools, and a progress thread.
+//!
+//! Threads. The runtime posts writes from its own thread; a progress thread
+//! owned by the transport reads the completion queue (sleeping in
+//! `fi_cq_sread` where the provider has a wait object). It is needed even
+//! when this side only receives: manual-progress providers (`tcp;ofi_rxm`,
+//! `shm`) place incoming data only while the target's queue is driven.
+//! The domain is opened `FI_THREAD_SAFE`, so both threads call libfabric
+//! directly.
+//!
+//! Delivery. [`Delivery::Complete`] posts every write with
+//! `FI_DELIVERY_COMPLETE`: its completion means the bytes are at the
+//! target. [`Delivery::Notify`] posts every chunk with remote CQ data that
+//! the receiver counts ([`crate::notice`]); its [`Transport::landed`]
+//! answers from that count.
+#![allow(unsafe_code)]
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteTag};
+use ferry_fabric_sys as sys;
+use tracing::{debug, warn};
+
+use crate::error::FabricError;
+use crate::mr::MrPolicy;
+use crate::notice::{NoticeBook, NoticeFormat};
+use crate::ofi::{Av, Cq, Domain, Endpoint, Fabric, Info, MemoryRegion};
+use crate::pool::HostPool;
+use crate::provider::{Delivery, Hints, Provider};
+use crate::session::Session;
+
+/// How to open a libfabric transport.
+#[derive(Clone, Debug)]
+pub struct FabricConfig {
+    /// Which provider.
+    pub provider: Provider,
+    /// How delivery is made sure of before a receiver is told to read.
+    pub delivery: Delivery,
+    /// An address of this host to bind to (`fi_getinfo` node with
+    /// `FI_SOURCE`), to pick the interface; `None`: the provider's choice
+    /// (for `tcp`, `FI_TCP_IFACE` also picks it).
+    pub source: Option<String>,
+    /// Largest chunk a write is split into; 0: the provider's
+    /// `max_msg_size`.
+    pub max_chunk: u64,
+    /// Chunks in flight at once (each needs an operation context).
+    pub max_outstanding: usize,
+    /// A write that neither completes nor fails within this is reported
+    /// failed, and its peer dropped (closing the connection, so that the
+    /// write cannot land later). Keep it below the coordinator's push
+    /// timeout (10 s by default).
+    pub write_timeout: Duration,
+}
+
+impl FabricConfig {
+    /// Defaults for `provider`.
+    pub fn new(provider: Provider) -> Self {
+        Self {
+            provider,
+            delivery: Delivery::Auto,
+            source: None,
+            max_chunk: 0,
+            max_outstanding: 256,
+            write_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What was opened, for logs and benchmarks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Opened {
+    /// The provider's name.
+    pub provider: String,
+    /// The fabric's name.
+    pub fabric: String,
+    /// The domain's name.
+    pub domain: String,
+    /// The delivery mode in force.
+    pub delivery: Delivery,
+    /// The registration rules.
+    pub mr: MrPolicy,
+    /// The chunk size writes are split at.
+    pub chunk: u64,
+    /// True if the progress thread can sleep in `fi_cq_sread`.
+    pub waitable_cq: bool,
+}
+
+/// A peer's pool, resolved once per session id.
+struct Peer {
+    fi_addr: sys::fi_addr_t,
+    session: Session,
+    name: Arc<str>,
+}
+
+struct WriteState {
+    cookie: u64,
+    /// Chunks posted and not yet completed.
+    in_flight: u32,
+    /// Chunks waiting in the backlog to be posted.
+    queued: u32,
+    error: Option<FabricError>,
+    peer: Arc<str>,
+    posted: Instant,
+    deadline: Instant,
+    /// Reported to the runtime already (timed out).
+    reported: bool,
+}
+
+/// One chunk waiting to be posted: the queue was full (`-FI_EAGAIN`, which
+/// is also what a peer that cannot be reached yet answers) or every context
+/// was in use.
+struct Chunk {
+    write: u32,
+    local: usize,
+    len: usize,
+    desc: usize,
+    dest: sys::fi_addr_t,
+    remote: u64,
+    key: u64,
+    data: u64,
+    flags: u64,
+}
+
+/// Completion bookkeeping shared by the posting and the progress thread.
+struct Book {
+    backlog: VecDeque<Chunk>,
+    free_ctx: Vec<u32>,
+    /// Context index → write slot.
+    ctx_owner: Vec<u32>,
+    writes: Vec<Option<WriteState>>,
+    free_writes: Vec<u32>,
+    done: VecDeque<Completion<FabricError>>,
+    notices: NoticeBook,
+    /// Peers whose writes failed as gone or timed out: removed from the
+    /// address vector (closing the connection) by the runtime's thread, at
+    /// its next post or poll.
+    evict: Vec<Arc<str>>,
+    /// Held by a test: the progress thread stops driving the queue.
+    held: bool,
+    /// A completion or notice arrived since the wake descriptor was last
+    /// signalled.
+    news: bool,
+}
+
+impl Book {
+    /// One chunk of write `w` finished (with `err` if it failed).
+    fn chunk_done(&mut self, w: u32, err: Option<FabricError>) {
+        let Some(Some(ws)) = self.writes.get_mut(w as usize) else {
+            return;
+        };
+        ws.in_flight = ws.in_flight.saturating_sub(1);
+        if ws.error.is_none() {
+            ws.error = err;
+        }
+        self.finish_if_done(w);
+    }
+
+    fn finish_if_done(&mut self, w: u32) {
+        let Some(Some(ws)) = self.writes.get(w as usize) else {
+            return;
+        };
+        if ws.in_flight > 0 || ws.queued > 0 {
+            return;
+        }
+        let Some(ws) = self.writes[w as usize].take() else {
+            return;
+        };
+        self.free_writes.push(w);
+        if ws.reported {
+            return;
+        }
+        if let Some(e) = &ws.error {
+            if matches!(
+                ferry_core::transport::Fault::kind(e),
+                ferry_core::transport::FaultKind::PeerGone
+            ) {
+                self.evict.push(Arc::clone(&ws.peer));
+            }
+        }
+        debug!(
+            cookie = ws.cookie,
+            took_us = ws.posted.elapsed().as_micros() as u64,
+            ok = ws.error.is_none(),
+            "write done"
+        );
+        self.done.push_back(Completion {
+            cookie: ws.cookie,
+            result: ws.error.map_or(Ok(()), Err),
+        });
+        self.news = true;
+    }
+
+    fn expire(&mut self, now: Instant, timeout: Duration) {
+        for ws in self.writes.iter_mut().flatten() {
+            if !ws.reported && now >= ws.deadline {
+                ws.reported = true;
+                // A write that may still land must not land later, into a
+                // slot given to another request: drop the peer, which
+                // closes the provider's connection to it.
+                self.evict.push(Arc::clone(&ws.peer));
+                self.done.push_back(Completion {
+                    cookie: ws.cookie,
+                    result: Err(FabricError::Timeout {
+                        peer: ws.peer.to_string(),
+                        after: timeout,
+                    }),
+                });
+                self.news = true;
+            }
+        }
+    }
+}
+
+/// Operation contexts handed to the provider: `FI_CONTEXT2` space each,
+/// written by the provider only.
+struct Contexts(Box<[std::cell::UnsafeCell<sys::fi_context2>]>);
+
+// SAFETY: the cells are only written by the provider, through pointers
+// handed out for one in-flight operation each (the free list in `Book`
+// guarantees exclusivity); Rust code never reads or writes them.
+unsafe impl Sync for Contexts {}
+// SAFETY: as above.
+unsafe impl Send for Contexts {}
+
+impl Contexts {
+    fn ptr(&self, i: u32) -> *mut c_void {
+        self.0[i as usize].get().cast()
+    }
+
+    fn index(&self, p: *mut c_void) -> Option<u32> {
+        let base = self.0.as_ptr() as usize;
+        let size = std::mem::size_of::<sys::fi_context2>();
+        let off = (p as usize).checked_sub(base)?;
+        if off % size != 0 {
+            return None;
+        }
+        let i = off / size;
+        (i < self.0.len()).then_some(i as u32)
+    }
+}
+
+struct Shared {
+    cq: Arc<Cq>,
+    /// An eventfd, readable while the runtime has news to collect.
+    wake: WakeFd,
+    book: Mutex<Book>,
+    /// Signalled when contexts are freed.
+    freed: Condvar,
+    stop: AtomicBool,
+    contexts: Contexts,
+    write_timeout: Duration,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Signals the wake descriptor if something arrived.
+    fn announce(&self) {
+        let news = std::mem::take(&mut self.lock().news);
+        if news {
+            self.wake.signal();
+        }
+    }
+
+    /// Posts what the backlog holds, in order, as far as contexts and the
+    /// provider's queue allow; returns true if chunks remain.
+    fn drain(&self, endpoint: &Endpoint) -> bool {
+        let mut book = self.lock();
+        let mut tries = book.backlog.len();
+        while tries > 0 {
+            tries -= 1;
+            let Some(c) = book.backlog.pop_front() else {
+                break;
+            };
+            let live = book
+                .writes
+                .get(c.write as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|ws| ws.error.is_none() && !ws.reported);
+            if !live {
+                // Its write failed or timed out: the chunk is not posted.
+                if let Some(ws) = book
+                    .writes
+                    .get_mut(c.write as usize)
+                    .and_then(Option::as_mut)
+                {
+                    ws.queued -= 1;
+                }
+                book.finish_if_done(c.write);
+                continue;
+            }
+            let Some(ctx) = book.free_ctx.pop() else {
+                book.backlog.push_front(c);
+                break;
+            };
+            // SAFETY: the chunk lies in the registered region (checked when
+            // it was queued; deregistering fails the backlog first), and
+            // the context cell is reserved for it until its completion.
+            let ret = unsafe {
+                endpoint.write(
+                    c.local as *const u8,
+                    c.len,
+                    c.desc as *mut c_void,
+                    c.dest,
+                    c.remote,
+                    c.key,
+                    c.data,
+                    c.flags,
+                    self.contexts.ptr(ctx),
+                )
+            };
+            if ret == -(sys::FI_EAGAIN as isize) {
+                book.free_ctx.push(ctx);
+                book.backlog.push_back(c);
+                continue;
+            }
+            let w = c.write;
+            let Some(ws) = book.writes.get_mut(w as usize).and_then(Option::as_mut) else {
+                book.free_ctx.push(ctx);
+                continue;
+            };
+            ws.queued -= 1;
+            match crate::ofi::check("fi_writemsg", ret, Some(&ws.peer)) {
+                Ok(_) => {
+                    ws.in_flight += 1;
+                    book.ctx_owner[ctx as usize] = w;
+                }
+                Err(e) => {
+                    ws.error = Some(e);
+                    book.free_ctx.push(ctx);
+                    book.finish_if_done(w);
+                }
+            }
+        }
+        !book.backlog.is_empty()
+    }
+
+    /// Fails every queued chunk (the region is going away).
+    fn fail_backlog(&self, why: &str) {
+        let mut book = self.lock();
+        while let Some(c) = book.backlog.pop_front() {
+            if let Some(ws) = book
+                .writes
+                .get_mut(c.write as usize)
+                .and_then(Option::as_mut)
+            {
+                ws.queued -= 1;
+                if ws.error.is_none() {
+                    ws.error = Some(FabricError::Call {
+                        call: "fi_writemsg",
+                        errno: sys::FI_ECANCELED as i32,
+                        text: why.to_owned(),
+                        peer: Some(ws.peer.to_string()),
+                    });
+                }
+            }
+            book.finish_if_done(c.write);
+        }
+    }
+
+    fn handle(&self, entries: &[sys::fi_cq_data_entry]) {
+        let now = Instant::now();
+        let mut book = self.lock();
+        let mut freed = false;
+        for e in entries {
+            if e.flags & u64::from(sys::FI_REMOTE_CQ_DATA) != 0 {
+                book.notices.record(e.data, now);
+                book.news = true;
+                continue;
+            }
+            let Some(i) = self.contexts.index(e.op_context) else {
+                debug!(flags = e.flags, "completion for no context of ours");
+                continue;
+            };
+            let w = std::mem::replace(&mut book.ctx_owner[i as usize], u32::MAX);
+            book.free_ctx.push(i);
+            freed = true;
+            book.chunk_done(w, None);
+        }
+        drop(book);
+        if freed {
+            self.freed.notify_all();
+        }
+    }
+
+    fn handle_error(&self, e: &sys::fi_cq_err_entry, text: String) {
+        let mut book = self.lock();
+        let Some(i) = self.contexts.index(e.op_context) else {
+            warn!(errno = e.err, prov_errno = e.prov_errno, %text, "completion error for no write of ours");
+            return;
+        };
+        let w = std::mem::replace(&mut book.ctx_owner[i as usize], u32::MAX);
+        book.free_ctx.push(i);
+        let peer = book
+            .writes
+            .get(w as usize)
+            .and_then(|s| s.as_ref())
+            .map_or_else(String::new, |s| s.peer.to_string());
+        warn!(%peer, errno = e.err, prov_errno = e.prov_errno, %text, "write failed");
+        book.chunk_done(
+            w,
+            Some(FabricError::Completion {
+                peer,
+                errno: e.err,
+                prov_errno: e.prov_errno,
+                text,
+            }),
+        );
+        drop(book);
+        self.freed.notify_all();
+    }
+
+    /// The progress thread: drive the queue, post the backlog, hand
+    /// completions over, expire late writes.
+    fn run(&self, endpoint: &Endpoint) {
+        let mut buf = [sys::fi_cq_data_entry::default(); 64];
+        let mut last_work = Instant::now();
+        let mut last_sweep = Instant::now();
+        // After work, poll a little before sleeping: the next event of a
+        // busy stream is usually that close.
+        let spin = Duration::from_micros(50);
+        while !self.stop.load(Ordering::Acquire) {
+            if self.lock().held {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            let now = Instant::now();
+            if now.duration_since(last_sweep) >= Duration::from_millis(5) {
+                last_sweep = now;
+                let mut book = self.lock();
+                book.expire(now, self.write_timeout);
+                book.notices.prune(now);
+                drop(book);
+                self.announce();
+            }
+            let backlog = self.drain(endpoint);
+            self.announce();
+            let idle = now.duration_since(last_work) >= spin;
+            let r = if idle && self.cq.waitable() && !backlog {
+                self.cq.sread(&mut buf, 5)
+            } else {
+                self.cq.read(&mut buf)
+            };
+            match r {
+                Ok(0) => {
+                    if idle && (backlog || !self.cq.waitable()) {
+                        std::thread::sleep(Duration::from_micros(20));
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+                Ok(n) => {
+                    last_work = Instant::now();
+                    self.handle(&buf[..n]);
+                    self.announce();
+                }
+                Err(errno) if errno == sys::FI_EAVAIL as i32 => {
+                    last_work = Instant::now();
+                    if let Some((e, text)) = self.cq.read_err() {
+                        self.handle_error(&e, text);
+                    }
+                    self.announce();
+                }
+                Err(errno) => {
+                    warn!(errno, error = %crate::ofi::strerror(errno), "fi_cq_read failed");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+}
+
+/// A libfabric data plane.
+pub struct FabricTransport {
+    // Field order is drop order: the region closes before the endpoint,
+    // the endpoint before its queue, the queue before the domain.
+    region: Option<(Region, MemoryRegion)>,
+    thread: Option<JoinHandle<()>>,
+    shared: Arc<Shared>,
+    endpoint: Arc<Endpoint>,
+    av: Arc<Av>,
+    domain: Arc<Domain>,
+    pool: Option<HostPool>,
+    peers: HashMap<String, Peer>,
+    opened: Opened,
+    session: String,
+    notice_format: NoticeFormat,
+    cq_data_size: usize,
+    next_key: u64,
+    write_timeout: Duration,
+    _info: Info,
+}
+
+impl std::fmt::Debug for FabricTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FabricTransport")
+            .field("opened", &self.opened)
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FabricTransport {
+    /// Opens a transport (no pool yet: [`register`](Transport::register)
+    /// one, or use [`with_pool`](Self::with_pool)).
+    pub fn open(config: &FabricConfig) -> Result<Self, FabricError> {
+        let (info, delivery) = find(config)?;
+        let provider = info.provider();
+        if info.threading() != sys::fi_threading_FI_THREAD_SAFE {
+            return Err(FabricError::Unsupported {
+                provider,
+                what: "does not grant FI_THREAD_SAFE".into(),
+            });
+        }
+        let mr = MrPolicy::from_mode(info.mr_mode()).map_err(|what| FabricError::Unsupported {
+            provider: provider.clone(),
+            what,
+        })?;
+        let cq_data_size = info.cq_data_size();
+        if delivery == Delivery::Notify && cq_data_size < 4 {
+            return Err(FabricError::Unsupported {
+                provider,
+                what: format!("carries {cq_data_size} bytes of remote CQ data; notices need 4"),
+            });
+        }
+        let max_msg = info.max_msg_size().max(1);
+        let chunk = if config.max_chunk == 0 {
+            max_msg
+        } else {
+            config.max_chunk.min(max_msg)
+        };
+        let fabric = Fabric::open(&info)?;
+        let domain = Domain::open(&fabric, &info)?;
+        let outstanding = config.max_outstanding.clamp(1, 1 << 16);
+        let cq = Cq::open(&domain, (2 * outstanding).max(1024))?;
+        let av = Av::open(&domain)?;
+        let endpoint = Endpoint::open(&domain, &info, &cq, &av)?;
+        let notice_format = NoticeFormat::new(cq_data_size >= 8);
+        let opened = Opened {
+            provider,
+            fabric: info.fabric_name(),
+            domain: info.domain_name(),
+            delivery,
+            mr,
+            chunk,
+            waitable_cq: cq.waitable(),
+        };
+        let wake = WakeFd::new()?;
+        let shared = Arc::new(Shared {
+            wake,
+            cq,
+            book: Mutex::new(Book {
+                backlog: VecDeque::with_capacity(outstanding),
+                free_ctx: (0..outstanding as u32).rev().collect(),
+                ctx_owner: vec![u32::MAX; outstanding],
+                writes: Vec::with_capacity(outstanding),
+                free_writes: Vec::new(),
+                done: VecDeque::with_capacity(outstanding),
+                notices: NoticeBook::new(notice_format, Duration::from_secs(120), 1 << 16),
+                evict: Vec::new(),
+                held: false,
+                news: false,
+            }),
+            freed: Condvar::new(),
+            stop: AtomicBool::new(false),
+            contexts: Contexts(
+                (0..outstanding)
+                    .map(|_| std::cell::UnsafeCell::new(sys::fi_context2::default()))
+                    .collect(),
+            ),
+            write_timeout: config.write_timeout,
+        });
+        let thread = {
+            let shared = Arc::clone(&shared);
+            let endpoint = Arc::clone(&endpoint);
+            std::thread::Builder::new()
+                .name("ferry-fabric".into())
+                .spawn(move || shared.run(&endpoint))
+                .map_err(|source| FabricError::Os {
+                    what: "start the progress thread",
+                    source,
+                })?
+        };
+        let mut t = Self {
+            region: None,
+            thread: Some(thread),
+            shared,
+            endpoint,
+            av,
+            domain,
+            pool: None,
+            peers: HashMap::new(),
+            opened,
+            session: String::new(),
+            notice_format,
+            cq_data_size,
+            next_key: 1,
+            write_timeout: config.write_timeout,
+            _info: info,
+        };
+        t.session = t.session_text(0, 0, 0);
+        debug!(opened = ?t.opened, "libfabric transport open");
+        Ok(t)
+    }
+
+    /// Opens a transport with a pool of `len` bytes of its own (map it
+    /// with [`pool_ptr`](Self::pool_ptr), then register it).
+    pub fn with_pool(config: &FabricConfig, len: usize) -> Result<Self, FabricError> {
+        let mut t = Self::open(config)?;
+        t.pool = Some(HostPool::new(len)?);
+        Ok(t)
+    }
+
+    /// The pool's first byte (null without a pool).
+    pub fn pool_ptr(&self) -> *mut u8 {
+        self.pool
+            .as_ref()
+            .map_or(std::ptr::null_mut(), HostPool::ptr)
+    }
+
+    /// The pool's length (0 without a pool).
+    pub fn pool_len(&self) -> usize {
+        self.pool.as_ref().map_or(0, HostPool::len)
+    }
+
+    /// What was opened.
+    pub fn opened(&self) -> &Opened {
+        &self.opened
+    }
+
+    /// Stops (`true`) or resumes the progress thread, as a stalled process
+    /// would: this side then neither places incoming data (on
+    /// manual-progress providers) nor reports completions. Tests use it to
+    /// show what each completion level guarantees.
+    pub fn hold_progress(&self, hold: bool) {
+        self.shared.lock().held = hold;
+        self.shared.cq.signal();
+    }
+
+    fn session_text(&self, key: u64, base: u64, len: u64) -> String {
+        Session {
+            provider: self.opened.provider.clone(),
+            addr: self.endpoint.name().to_vec(),
+            key,
+            base,
+            len,
+            notify: self.opened.delivery == Delivery::Notify,
+            virt_addr: self.opened.mr.virt_addr,
+            wide_data: self.cq_data_size >= 8,
+        }
+        .encode()
+    }
+
+    /// Removes the peers whose writes failed or timed out, so that their
+    /// connection closes and the next write reconnects. Only this thread
+    /// touches the peer table and the address vector.
+    fn evict_dead(&mut self) {
+        let evict = {
+            let mut book = self.shared.lock();
+            if book.evict.is_empty() {
+                return;
+            }
+            std::mem::take(&mut book.evict)
+        };
+        for name in evict {
+            if let Some(p) = self.peers.remove(&*name) {
+                warn!(peer = %name, "peer dropped after a failed write; its connection closes");
+                self.av.remove(p.fi_addr);
+            }
+        }
+    }
+
+    fn peer(&mut self, session: &str) -> Result<&Peer, FabricError> {
+        self.evict_dead();
+        if !self.peers.contains_key(session) {
+            let parsed = Session::parse(session).map_err(|why| FabricError::BadSession {
+                session: session.to_owned(),
+                why,
+            })?;
+            if parsed.provider != self.opened.provider {
+                return Err(FabricError::BadSession {
+                    session: session.to_owned(),
+                    why: format!(
+                        "it is a {} session; this transport runs {}",
+                        parsed.provider, self.opened.provider
+                    ),
+                });
+            }
+            if parsed.len == 0 {
+                return Err(FabricError::BadSession {
+                    session: session.to_owned(),
+                    why: "the peer registered no pool".into(),
+                });
+            }
+            if parsed.notify && self.cq_data_size < 4 {
+                return Err(FabricError::BadSession {
+                    session: session.to_owned(),
+                    why: "the peer counts remote CQ data, which this provider cannot send".into(),
+                });
+            }
+            if self.peers.len() >= 4096 {
+                // Sessions of restarted peers pile up otherwise.
+                let drop_all: Vec<String> = self.peers.keys().cloned().collect();
+                for k in drop_all {
+                    if let Some(p) = self.peers.remove(&k) {
+                        self.av.remove(p.fi_addr);
+                    }
+                }
+            }
+            let fi_addr = self.av.insert(&parsed.addr, session)?;
+            self.peers.insert(
+                session.to_owned(),
+                Peer {
+                    fi_addr,
+                    session: parsed,
+                    name: Arc::from(session),
+                },
+            );
+        }
+        self.peers
+            .get(session)
+            .ok_or_else(|| FabricError::BadSession {
+                session: session.to_owned(),
+                why: "vanished from the peer table".into(),
+            })
+    }
+}
+
+/// Finds the first provider and delivery mode that `fi_getinfo` offers.
+pub(crate) fn find(config: &FabricConfig) -> Result<(Info, Delivery), FabricError> {
+    let mut why = Vec::new();
+    for name in config.provider.candidates() {
+        for &delivery in config.delivery.candidates() {
+            match Info::get(&Hints::new(name, delivery), config.source.as_deref()) {
+                Ok(info) => return Ok((info, delivery)),
+                Err(e) => why.push(format!("{name} ({}): {e}", delivery.as_str())),
+            }
+        }
+    }
+    Err(FabricError::NoProvider {
+        wanted: config.provider.to_string(),
+        delivery: match config.delivery {
+            Delivery::Auto => "",
+            d => d.as_str(),
+        },
+        why: why.join("; "),
+    })
+}
+
+impl Transport for FabricTransport {
+    type Error = FabricError;
+
+    fn session_id(&self) -> &str {
+        &self.session
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            max_write: self
+                .opened
+                .chunk
+                .saturating_mul(self.notice_format.max_chunks()),
+            delivery_complete: self.opened.delivery == Delivery::Complete,
+        }
+    }
+
+    unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, FabricError> {
+        if let Some((r, _)) = &self.region {
+            return Err(FabricError::AlreadyRegistered(r.id));
+        }
+        let key = self.opened.mr.requested_key(self.next_key);
+        self.next_key += 1;
+        let ep = self.opened.mr.endpoint.then_some(&self.endpoint);
+        // SAFETY: the caller's contract: the memory stays mapped until
+        // deregistered or the transport dropped (the region is dropped
+        // first of all fields).
+        let mr = unsafe { MemoryRegion::register(&self.domain, ep, addr, len, key)? };
+        let region = Region {
+            id: 1,
+            addr: addr as u64,
+            len: len as u64,
+        };
+        self.session = self.session_text(mr.key(), addr as u64, len as u64);
+        self.region = Some((region, mr));
+        Ok(region)
+    }
+
+    fn deregister(&mut self, region: Region) -> Result<(), FabricError> {
+        match &self.region {
+            Some((r, _)) if r.id == region.id => {
+                self.shared
+                    .fail_backlog("the source region was deregistered");
+                self.region = None;
+                self.session = self.session_text(0, 0, 0);
+                Ok(())
+            }
+            _ => Err(FabricError::UnknownRegion(region.id)),
+        }
+    }
+
+    fn post_write(
+        &mut self,
+        region: Region,
+        local_offset: u64,
+        len: u64,
+        dest_session: &str,
+        dest_addr: u64,
+        tag: WriteTag,
+        cookie: u64,
+    ) -> Result<(), FabricError> {
+        let (r, desc) = match &self.region {
+            Some((r, mr)) if r.id == region.id => (*r, mr.desc()),
+            _ => return Err(FabricError::UnknownRegion(region.id)),
+        };
+        if local_offset.checked_add(len).is_none_or(|end| end > r.len) {
+            return Err(FabricError::SourceOutOfBounds {
+                region: r.id,
+                offset: local_offset,
+                len,
+                region_len: r.len,
+            });
+        }
+        let chunk = self.opened.chunk;
+        let delivery = self.opened.delivery;
+        let format_max = self.notice_format.max_chunks();
+        let peer = self.peer(dest_session)?;
+        let s = &peer.session;
+        if !s.contains(dest_addr, len) {
+            return Err(FabricError::DestOutOfBounds {
+                peer: dest_session.to_owned(),
+                addr: dest_addr,
+                len,
+                base: s.base,
+                pool_len: s.len,
+            });
+        }
+        let chunks = len.div_ceil(chunk).max(1);
+        let peer_format = NoticeFormat::new(s.wide_data);
+        if s.notify && chunks > peer_format.max_chunks().min(format_max) {
+            return Err(FabricError::TooManyChunks {
+                peer: dest_session.to_owned(),
+                len,
+                chunk,
+                chunks,
+                max: peer_format.max_chunks(),
+            });
+        }
+        let (fi_addr, key, virt, base, notify) =
+            (peer.fi_addr, s.key, s.virt_addr, s.base, s.notify);
+        let name = Arc::clone(&peer.name);
+        let mut flags = u64::from(sys::FI_COMPLETION);
+        if delivery == Delivery::Complete {
+            flags |= u64::from(sys::FI_DELIVERY_COMPLETE);
+        }
+        let data = if notify {
+            flags |= u64::from(sys::FI_REMOTE_CQ_DATA);
+            peer_format.encode(tag, chunks)
+        } else {
+            0
+        };
+        let deadline = Instant::now() + self.write_timeout;
+        let mut book = self.shared.lock();
+        let ws = WriteState {
+            cookie,
+            in_flight: 0,
+            queued: chunks as u32,
+            error: None,
+            peer: name,
+            posted: Instant::now(),
+            deadline,
+            reported: false,
+        };
+        let w = match book.free_writes.pop() {
+            Some(w) => {
+                book.writes[w as usize] = Some(ws);
+                w
+            }
+            None => {
+                book.writes.push(Some(ws));
+                (book.writes.len() - 1) as u32
+            }
+        };
+        for i in 0..chunks {
+            let off = i * chunk;
+            book.backlog.push_back(Chunk {
+                write: w,
+                local: (r.addr + local_offset + off) as usize,
+                len: chunk.min(len - off) as usize,
+                desc: desc as usize,
+                dest: fi_addr,
+                remote: MrPolicy::remote_addr(virt, base, dest_addr + off),
+                key,
+                data,
+                flags,
+            });
+        }
+        drop(book);
+        if self.shared.drain(&self.endpoint) {
+            // The rest goes out from the progress thread as the queue
+            // drains; wake it in case it sleeps.
+            self.shared.cq.signal();
+        }
+        Ok(())
+    }
+
+    fn poll_completion(&mut self) -> Option<Completion<FabricError>> {
+        self.evict_dead();
+        if let Some(c) = self.shared.lock().done.pop_front() {
+            return Some(c);
+        }
+        // Clear first, then look again: news that comes after the look
+        // signals the descriptor anew.
+        self.shared.wake.clear();
+        self.shared.lock().done.pop_front()
+    }
+
+    fn wake_fd(&self) -> Option<i32> {
+        Some(self.shared.wake.fd())
+    }
+
+    fn landed(&mut self, tag: WriteTag) -> bool {
+        self.opened.delivery != Delivery::Notify || self.shared.lock().notices.take(tag)
+    }
+}
+
+impl Drop for FabricTransport {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.cq.signal();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        // Fields drop in order: region, ..., pool last.
+    }
+}
+
+/// An eventfd the progress thread signals when completions or notices
+/// arrive, so that the runtime can sleep on it with its control channel.
+struct WakeFd(std::os::fd::OwnedFd);
+
+impl WakeFd {
+    fn new() -> Result<Self, FabricError> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: eventfd takes no pointers; a negative result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(FabricError::Os {
+                what: "create the wake eventfd",
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: a fresh descriptor that nothing else owns.
+        Ok(Self(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn fd(&self) -> i32 {
+        use std::os::fd::AsRawFd;
+        self.0.as_raw_fd()
+    }
+
+    fn signal(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live buffer to our own eventfd; a
+        // full counter (EAGAIN) already signals.
+        let _ = unsafe { libc::write(self.fd(), one.as_ptr().cast(), one.len()) };
+    }
+
+    fn clear(&self) {
+        let mut v = [0u8; 8];
+        // SAFETY: reads 8 bytes into a live buffer from our own
+        // non-blocking eventfd; EAGAIN means it was clear.
+        let _ = unsafe { libc::read(self.fd(), v.as_mut_ptr().cast(), v.len()) };
+    }
+}

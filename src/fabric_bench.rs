@@ -1,0 +1,265 @@
+//! `ferry bench --backend fabric`: hand-offs through the full handshake
+//! over a libfabric provider, against the raw baseline, the same writes
+//! posted through the libfabric layer alone ([`ferry_fabric::baseline`]),
+//! in the same run.
+//!
+//! Both keep `window` transfers in flight, as `fi_rma_bw` does, and count
+//! a transfer when it is delivered: for ferry, when the receiver holds it
+//! (its `transfer_ready` accepted after the write landed); for the
+//! baseline, at its delivery-complete completion or its notice at the
+//! receiver. A coordinator, a sender and a receiver run as nodes of this
+//! process, over Unix sockets for control.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use ferry_fabric::baseline::RawPair;
+use ferry_fabric::FabricConfig;
+use ferry_shm::{UdsChannel, UdsSender};
+
+use crate::runtime::{
+    CoordinatorNode, CoordinatorSettings, InstanceNode, InstanceSettings, NodeError,
+};
+
+/// Sizes measured by default.
+pub const SIZES: [u64; 6] = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20];
+
+/// Most pool bytes one side maps for a size (limits the window of large
+/// sizes).
+const POOL_BUDGET: u64 = 1 << 30;
+
+/// One size's figures.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Row {
+    /// Bytes per transfer.
+    pub size: u64,
+    /// Transfers in flight.
+    pub window: usize,
+    /// Hand-offs through ferry (all rounds).
+    pub transfers: u64,
+    /// ferry, GB/s (median round).
+    pub gbps: f64,
+    /// Writes of the baseline (all rounds).
+    pub raw_writes: u64,
+    /// The baseline, GB/s (median round).
+    pub raw_gbps: f64,
+}
+
+impl Row {
+    /// ferry over the baseline.
+    pub fn ratio(&self) -> f64 {
+        self.gbps / self.raw_gbps
+    }
+}
+
+/// What the run used.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The provider.
+    pub provider: String,
+    /// The delivery mode.
+    pub delivery: &'static str,
+    /// One row per size.
+    pub rows: Vec<Row>,
+}
+
+fn endpoint(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!(
+        "ipc:///tmp/ferry-fbench-{}-{n}-{tag}.sock",
+        std::process::id()
+    )
+}
+
+fn bind(tag: &str) -> Result<UdsChannel, NodeError> {
+    UdsChannel::bind(&endpoint(tag)).map_err(|e| NodeError::Transport {
+        verb: "bind control endpoint",
+        source: Box::new(e),
+    })
+}
+
+struct Rig {
+    _coordinator: CoordinatorNode,
+    sender: InstanceNode<UdsSender>,
+    receiver: Arc<InstanceNode<UdsSender>>,
+}
+
+fn rig(config: &FabricConfig, slot: u64, window: usize) -> Result<Rig, NodeError> {
+    let coordinator = CoordinatorNode::start(
+        &CoordinatorSettings::new(&["sender", "receiver"]),
+        bind("coord")?,
+        |_| {},
+    )?;
+    let pool = usize::try_from(slot * window as u64).unwrap_or(usize::MAX);
+    let s = InstanceSettings::new("sender", coordinator.endpoint());
+    let sender = crate::runtime::fabric::start_instance(&s, pool, config, bind("sender")?)?;
+    let mut r = InstanceSettings::new("receiver", coordinator.endpoint());
+    // A receive slot set aside for each transfer in flight (the fast
+    // path), and as much room again for a slot the coordinator has not
+    // yet seen released.
+    r.prealloc = (window, slot);
+    let receiver = crate::runtime::fabric::start_instance(&r, 2 * pool, config, bind("receiver")?)?;
+    sender.wait_registered(Duration::from_secs(10))?;
+    receiver.wait_registered(Duration::from_secs(10))?;
+    Ok(Rig {
+        _coordinator: coordinator,
+        sender,
+        receiver: Arc::new(receiver),
+    })
+}
+
+/// A count another thread can wait on.
+#[derive(Default)]
+struct Counter {
+    n: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl Counter {
+    fn bump(&self) {
+        *self.n.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        self.changed.notify_all();
+    }
+
+    fn get(&self) -> u64 {
+        *self.n.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until the count exceeds `n`, at most `wait`.
+    fn wait_above(&self, n: u64, wait: Duration) {
+        let g = self.n.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = self
+            .changed
+            .wait_timeout_while(g, wait, |c| *c <= n)
+            .unwrap_or_else(PoisonError::into_inner);
+    }
+}
+
+/// Hand-offs of `size` bytes, `window` in flight, for about `time`.
+fn ferry_run(
+    rig: &Rig,
+    size: u64,
+    window: usize,
+    time: Duration,
+    tag: usize,
+) -> Result<(u64, f64), NodeError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let received = Arc::new(Counter::default());
+    let rx = {
+        let (node, stop, received) = (
+            Arc::clone(&rig.receiver),
+            Arc::clone(&stop),
+            Arc::clone(&received),
+        );
+        std::thread::Builder::new()
+            .name("bench-receiver".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(d) = node.recv(Duration::from_millis(20)) {
+                        d.release();
+                        received.bump();
+                    }
+                }
+            })
+            .map_err(NodeError::Thread)?
+    };
+    let shape = [size];
+    let spec = [crate::pipeline::data::blob(&shape)];
+    let start = Instant::now();
+    let mut committed = 0u64;
+    let mut failed = 0u64;
+    let result = (|| -> Result<(), NodeError> {
+        while start.elapsed() < time {
+            // In flight until the receiver holds it, as for the baseline.
+            while let Some(o) = rig.sender.next_outcome(Duration::ZERO) {
+                failed += u64::from(!o.sent);
+            }
+            if committed - failed >= window as u64 {
+                received.wait_above(committed - failed - window as u64, Duration::from_millis(5));
+                if committed - received.get() - failed >= window as u64 {
+                    continue;
+                }
+            }
+            let staging = rig.sender.stage(&format!("f{tag}-{committed}"), &spec)?;
+            staging.commit("{}")?;
+            committed += 1;
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while received.get() + failed < committed && Instant::now() < deadline {
+            if let Some(o) = rig.sender.next_outcome(Duration::from_millis(10)) {
+                failed += u64::from(!o.sent);
+            }
+        }
+        Ok(())
+    })();
+    let seconds = start.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let _ = rx.join();
+    result?;
+    let got = received.get();
+    Ok((got, got as f64 * size as f64 / seconds / 1e9))
+}
+
+/// Alternating rounds per size.
+const ROUNDS: usize = 5;
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Measures each size in alternating rounds of ferry and the baseline;
+/// `progress(size)` is told as each starts.
+pub fn measure(
+    config: &FabricConfig,
+    sizes: &[u64],
+    window: usize,
+    per_size: Duration,
+    mut progress: impl FnMut(u64),
+) -> Result<Report, String> {
+    let mut rows = Vec::new();
+    let mut provider = String::new();
+    let mut delivery = "";
+    for (tag, &size) in sizes.iter().enumerate() {
+        progress(size);
+        let slot = size.next_power_of_two().max(1 << 20);
+        // The coordinator takes at most 16 preallocated slots.
+        let window = window.clamp(1, (POOL_BUDGET / 2 / slot).clamp(1, 16) as usize);
+        let rig = rig(config, slot, window).map_err(|e| format!("ferry over libfabric: {e}"))?;
+        let mut raw = RawPair::open(config, usize::try_from(slot).unwrap_or(usize::MAX))
+            .map_err(|e| format!("raw baseline: {e}"))?;
+        provider = raw.provider().to_owned();
+        delivery = raw.delivery().as_str();
+        // Short rounds, alternating, so that both see the same machine;
+        // the median round of each is reported.
+        let round = per_size / ROUNDS as u32;
+        let (mut ferry_gbps, mut raw_gbps) = (Vec::new(), Vec::new());
+        let (mut transfers, mut raw_writes) = (0, 0);
+        for k in 0..ROUNDS {
+            let (n, g) = ferry_run(&rig, size, window, round, tag * ROUNDS + k)
+                .map_err(|e| format!("ferry hand-offs: {e}"))?;
+            transfers += n;
+            ferry_gbps.push(g);
+            let r = raw
+                .run(size as usize, window, round)
+                .map_err(|e| format!("raw baseline: {e}"))?;
+            raw_writes += r.writes;
+            raw_gbps.push(r.bytes_per_second / 1e9);
+        }
+        rows.push(Row {
+            size,
+            window,
+            transfers,
+            gbps: median(&mut ferry_gbps),
+            raw_writes,
+            raw_gbps: median(&mut raw_gbps),
+        });
+    }
+    Ok(Report {
+        provider,
+        delivery,
+        rows,
+    })
+}

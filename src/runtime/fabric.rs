@@ -1,0 +1,38 @@
+//! Instance nodes over a libfabric data plane
+//! ([`ferry_fabric::FabricTransport`]): a pool in anonymous host memory,
+//! registered with the provider, written into by peers with RMA writes;
+//! any control channel (ZeroMQ across hosts).
+
+use ferry_core::transport::ControlChannel;
+use ferry_fabric::{FabricConfig, FabricTransport};
+
+use super::error::NodeError;
+use super::instance::{InstanceNode, InstanceSettings};
+use super::memory::PoolMemory;
+
+/// Starts an instance with a new pool of `pool_len` bytes on the provider
+/// `config` names, talking over `channel`.
+pub fn start_instance<C>(
+    settings: &InstanceSettings,
+    pool_len: usize,
+    config: &FabricConfig,
+    channel: C,
+) -> Result<InstanceNode<C::Sender>, NodeError>
+where
+    C: ControlChannel,
+    C::Sender: 'static,
+    C::Receiver: 'static,
+{
+    let transport =
+        FabricTransport::with_pool(config, pool_len).map_err(|e| NodeError::Transport {
+            verb: "open libfabric transport",
+            source: Box::new(e),
+        })?;
+    tracing::info!(opened = ?transport.opened(), "libfabric data plane");
+    // SAFETY: the pool mapping belongs to `transport`, which the node's
+    // progress thread owns until the node is dropped, after every view of
+    // the pool (they borrow the node) has ended.
+    #[allow(unsafe_code)]
+    let memory = unsafe { PoolMemory::new(transport.pool_ptr(), transport.pool_len()) };
+    InstanceNode::start(settings, transport, memory, channel)
+}

@@ -1,0 +1,213 @@
+//! Two hosts on one machine: network namespaces joined by a veth pair. The
+//! coordinator and an encoder run in one, a denoiser in the other; control
+//! over ZeroMQ on TCP and bytes over libfabric's `tcp;ofi_rxm` between the
+//! veth addresses. Then the link is cut mid-run: the requests in flight
+//! must fail within their timeouts, and nothing may stay held.
+//!
+//! Needs root (to create namespaces). Where it cannot run it says so on
+//! stderr and passes as skipped, unless `FERRY_REQUIRE_NETNS=1` (set by
+//! `scripts/test` when it runs as root), which makes that a failure.
+#![cfg(feature = "fabric")]
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{assert_clean, ferry, num, Procs};
+
+const A_ADDR: &str = "10.77.1.1";
+const B_ADDR: &str = "10.77.1.2";
+
+/// Two namespaces and the veth pair between them, removed on drop.
+struct Hosts {
+    a: String,
+    b: String,
+    /// Host A's end of the link.
+    link_a: String,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run `ip` (iproute2): {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`ip {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Hosts {
+    fn new(tag: &str) -> Result<Self, String> {
+        let id = format!("{}{tag}", std::process::id() % 100_000);
+        let (va, vb) = (format!("fa{id}"), format!("fb{id}"));
+        let hosts = Self {
+            a: format!("ferry-{id}-a"),
+            b: format!("ferry-{id}-b"),
+            link_a: va.clone(),
+        };
+        ip(&["netns", "add", &hosts.a])?;
+        ip(&["netns", "add", &hosts.b])?;
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
+        ip(&["link", "set", &va, "netns", &hosts.a])?;
+        ip(&["link", "set", &vb, "netns", &hosts.b])?;
+        for (ns, dev, addr) in [(&hosts.a, &va, A_ADDR), (&hosts.b, &vb, B_ADDR)] {
+            ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
+            ip(&["-n", ns, "link", "set", dev, "up"])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(hosts)
+    }
+
+    /// `ferry <args>` in namespace `ns`.
+    fn ferry(ns: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns]).arg(ferry().get_program());
+        c
+    }
+
+    /// Takes host A's end of the link down.
+    fn cut(&self) {
+        ip(&["-n", &self.a, "link", "set", &self.link_a, "down"]).expect("cut the link");
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes its end of the veth pair, and so
+        // the pair.
+        let _ = ip(&["netns", "del", &self.a]);
+        let _ = ip(&["netns", "del", &self.b]);
+    }
+}
+
+fn hosts_or_skip(tag: &str) -> Option<Hosts> {
+    match Hosts::new(tag) {
+        Ok(h) => Some(h),
+        Err(why) => {
+            if std::env::var("FERRY_REQUIRE_NETNS").is_ok_and(|v| v == "1") {
+                panic!("network namespaces are required here, but: {why}");
+            }
+            eprintln!(
+                "SKIPPED: network namespaces unavailable ({why}); run as root to test across hosts"
+            );
+            None
+        }
+    }
+}
+
+#[test]
+fn hands_off_across_hosts_and_a_cut_link_fails_in_flight_requests_in_time() {
+    let Some(hosts) = hosts_or_skip("x") else {
+        return;
+    };
+    let mut p = Procs::new("netns");
+    let results: Vec<String> = (0..3)
+        .map(|k| format!("tcp://{A_ADDR}:{}", 5601 + k))
+        .collect();
+    let push_timeout = Duration::from_secs(4);
+    let c = p.spawn(
+        "coordinator",
+        Hosts::ferry(&hosts.a).args([
+            "coordinator",
+            "--control",
+            "zmq",
+            "--listen",
+            &results.join(","),
+            "--push-timeout-ms",
+            &push_timeout.as_millis().to_string(),
+            "--alloc-timeout-ms",
+            "1000",
+            "--done-timeout-ms",
+            "3000",
+        ]),
+    );
+    p.wait_for(c, "\"event\":\"ready\"", 30);
+    let fabric = |addr: &'static str| {
+        [
+            "--control",
+            "zmq",
+            "--backend",
+            "fabric",
+            "--provider",
+            "tcp;ofi_rxm",
+            "--fabric-source",
+            addr,
+            "--workload",
+            "random",
+            "--max-bytes",
+            "8388608",
+            "--seed",
+            "5",
+            "--write-timeout-ms",
+            "2000",
+            "--reserved-timeout-ms",
+            "3000",
+        ]
+    };
+    let d = p.spawn(
+        "denoiser",
+        Hosts::ferry(&hosts.b)
+            .args(["instance", "--role", "denoiser", "--name", "d"])
+            .args(["--coordinator", &results[1]])
+            .args(["--endpoint", &format!("tcp://{B_ADDR}:5610")])
+            .args(fabric(B_ADDR)),
+    );
+    p.wait_for(d, "\"event\":\"registered\"", 60);
+    let requests = 80;
+    let e = p.spawn(
+        "encoder",
+        Hosts::ferry(&hosts.a)
+            .args(["instance", "--role", "encoder", "--name", "e"])
+            .args(["--coordinator", &results[0]])
+            .args(["--endpoint", &format!("tcp://{A_ADDR}:5611")])
+            .args(fabric(A_ADDR))
+            .args(["--requests", &requests.to_string(), "--window", "4"])
+            .args(["--pace-ms", "40"]),
+    );
+    p.wait_for(e, "\"event\":\"registered\"", 60);
+
+    // Across the link, every byte checked at the receiver.
+    for _ in 0..30 {
+        let line = p.wait_for(c, "\"leg\"", 60);
+        assert!(line.contains("\"event\":\"delivered\""), "{line}");
+    }
+
+    hosts.cut();
+    let cut = Instant::now();
+    // A request in flight at the cut fails within its timeouts: the write
+    // report within the push timeout (the sender's own write timeout is
+    // shorter), then the receiver's answer within the alloc timeout.
+    let first = p.wait_for(c, "\"event\":\"failed\"", 30);
+    let first_after = cut.elapsed();
+    assert!(
+        first_after <= push_timeout + Duration::from_secs(2),
+        "first failure {first_after:?} after the cut: {first}"
+    );
+    // Every request ends, sent or failed.
+    let done = p.wait_for(e, "\"event\":\"encoded\"", 120);
+    let (sent, failed) = (num(&done, "sent"), num(&done, "send_failed"));
+    eprintln!(
+        "cut: first failure after {first_after:?}; all ended after {:?}: {done}",
+        cut.elapsed()
+    );
+    assert_eq!(sent + failed, requests, "{done}");
+    assert!(sent >= 30 && failed >= 1, "{done}");
+
+    // Past the receiver's reservation timeout and the coordinator's done
+    // timeout, nothing is held anywhere.
+    std::thread::sleep(Duration::from_secs(4));
+    let s = p.finish(e);
+    assert_eq!(num(&s, "requests_held"), 0, "{s}");
+    let s = p.finish(d);
+    assert_clean(&s, None);
+    let s = p.finish(c);
+    assert_eq!(num(&s, "in_flight"), 0, "{s}");
+    assert_eq!(num(&s, "delivered") + num(&s, "failed"), requests, "{s}");
+}
