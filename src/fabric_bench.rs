@@ -228,8 +228,10 @@ pub fn measure(
         // The coordinator takes at most 16 preallocated slots.
         let window = window.clamp(1, (POOL_BUDGET / 2 / slot).clamp(1, 16) as usize);
         let rig = rig(config, slot, window).map_err(|e| format!("ferry over libfabric: {e}"))?;
-        let mut raw = RawPair::open(config, usize::try_from(slot).unwrap_or(usize::MAX))
-            .map_err(|e| format!("raw baseline: {e}"))?;
+        // The baseline cycles through as many slot-sized places as ferry's
+        // sender has slots.
+        let pool = usize::try_from(slot * window as u64).unwrap_or(usize::MAX);
+        let mut raw = RawPair::open(config, pool).map_err(|e| format!("raw baseline: {e}"))?;
         provider = raw.provider().to_owned();
         delivery = raw.delivery().as_str();
         // Short rounds, alternating, so that both see the same machine;
@@ -243,7 +245,7 @@ pub fn measure(
             transfers += n;
             ferry_gbps.push(g);
             let r = raw
-                .run(size as usize, window, round)
+                .run(size as usize, slot as usize, window, round)
                 .map_err(|e| format!("raw baseline: {e}"))?;
             raw_writes += r.writes;
             raw_gbps.push(r.bytes_per_second / 1e9);

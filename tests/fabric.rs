@@ -86,3 +86,33 @@ fn tcp_hands_off_thousands_of_random_sizes_with_counted_notices() {
 fn shm_provider_hands_off_thousands_of_random_sizes() {
     hand_off("fab-shm", "shm", "auto", 2000, 2);
 }
+
+#[test]
+fn bench_compares_hand_offs_with_raw_writes_on_both_providers() {
+    // Functional only (timing belongs to the benchmark itself): every size
+    // is measured for ferry and for the baseline.
+    for (provider, extra) in [("shm", None), ("tcp;ofi_rxm", Some("127.0.0.1"))] {
+        let mut c = common::ferry();
+        c.args(["bench", "--backend", "fabric", "--provider", provider])
+            .args(["--seconds", "0.2", "--sizes", "4K,1M", "--json"]);
+        if let Some(src) = extra {
+            c.args(["--fabric-source", src]);
+        }
+        let out = c.output().expect("ferry runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains(&format!("\"provider\":\"{provider}\"")),
+            "{text}"
+        );
+        for size in ["4096", "1048576"] {
+            assert!(text.contains(&format!("\"size\":{size},")), "{text}");
+        }
+        assert!(!text.contains("\"transfers\":0,"), "{text}");
+        assert!(!text.contains("\"raw_writes\":0,"), "{text}");
+    }
+}

@@ -124,16 +124,22 @@ impl RawPair {
     /// Writes of `size` bytes, `window` in flight, for about `time`: the
     /// receiver's queue is driven by a thread of its own, as ferry's is.
     /// A write counts when it is known delivered (its delivery-complete
-    /// completion, or its notice at the receiver).
+    /// completion, or its notice at the receiver). Successive writes go
+    /// from and to `stride`-spaced places in turn, as ferry's slots do, so
+    /// that neither side gains from bytes left in the cache.
     pub fn run(
         &mut self,
         size: usize,
+        stride: usize,
         window: usize,
         time: Duration,
     ) -> Result<RawRun, FabricError> {
         let size = size
             .min(self.sender.pool.len())
             .min(self.receiver.pool.len());
+        let stride = stride.max(size).max(1);
+        // As many places as both pools hold.
+        let places = (self.sender.pool.len().min(self.receiver.pool.len()) / stride).max(1);
         let window = window.clamp(1, self.contexts.len());
         let stop = Arc::new(AtomicBool::new(false));
         let notices = Arc::new(AtomicU64::new(0));
@@ -168,7 +174,7 @@ impl RawPair {
                     source,
                 })?
         };
-        let result = self.drive(size, window, time, &notices);
+        let result = self.drive(size, stride, places, window, time, &notices);
         stop.store(true, Ordering::Relaxed);
         let _ = rx.join();
         result
@@ -177,6 +183,8 @@ impl RawPair {
     fn drive(
         &mut self,
         size: usize,
+        stride: usize,
+        places: usize,
         window: usize,
         time: Duration,
         notices: &AtomicU64,
@@ -188,11 +196,7 @@ impl RawPair {
         } else {
             flags |= u64::from(sys::FI_DELIVERY_COMPLETE);
         }
-        let remote = MrPolicy::remote_addr(
-            self.virt_addr,
-            self.receiver.pool.ptr() as u64,
-            self.receiver.pool.ptr() as u64,
-        );
+        let base = self.receiver.pool.ptr() as u64;
         let mut free: Vec<usize> = (0..window).collect();
         let (mut posted, mut sent_done) = (0u64, 0u64);
         let mut buf = [sys::fi_cq_data_entry::default(); 64];
@@ -219,12 +223,15 @@ impl RawPair {
             let in_flight = posted - delivered.min(posted);
             if !stop_posting && in_flight < window as u64 {
                 if let Some(ctx) = free.pop() {
-                    // SAFETY: source and destination are the two registered
-                    // pools (size clamped to both); the context is reserved
-                    // until its completion is read below.
+                    let off = (posted as usize % places) * stride;
+                    let remote = MrPolicy::remote_addr(self.virt_addr, base, base + off as u64);
+                    // SAFETY: source and destination lie in the two
+                    // registered pools (`places` strides of at least `size`
+                    // fit both); the context is reserved until its
+                    // completion is read below.
                     let ret = unsafe {
                         self.sender.endpoint.write(
-                            self.sender.pool.ptr(),
+                            self.sender.pool.ptr().add(off),
                             size,
                             self.sender.mr.desc(),
                             self.dest,

@@ -19,7 +19,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -250,8 +250,6 @@ struct Shared {
     /// An eventfd, readable while the runtime has news to collect.
     wake: WakeFd,
     book: Mutex<Book>,
-    /// Signalled when contexts are freed.
-    freed: Condvar,
     stop: AtomicBool,
     contexts: Contexts,
     write_timeout: Duration,
@@ -271,35 +269,52 @@ impl Shared {
     }
 
     /// Posts what the backlog holds, in order, as far as contexts and the
-    /// provider's queue allow; returns true if chunks remain.
+    /// provider's queue allow; returns true if chunks remain. The book is
+    /// not held while a chunk is posted: a provider may spin inside the
+    /// call (shm waits for its peer's queue lock), and completions must go
+    /// on being recorded meanwhile.
     fn drain(&self, endpoint: &Endpoint) -> bool {
-        let mut book = self.lock();
-        let mut tries = book.backlog.len();
+        let mut tries = self.lock().backlog.len();
         while tries > 0 {
             tries -= 1;
-            let Some(c) = book.backlog.pop_front() else {
-                break;
-            };
-            let live = book
-                .writes
-                .get(c.write as usize)
-                .and_then(Option::as_ref)
-                .is_some_and(|ws| ws.error.is_none() && !ws.reported);
-            if !live {
-                // Its write failed or timed out: the chunk is not posted.
+            // Take a chunk and a context, and count the chunk in flight
+            // before posting, so that a completion read at once finds it.
+            let (c, ctx) = {
+                let mut book = self.lock();
+                let Some(c) = book.backlog.pop_front() else {
+                    break;
+                };
+                let live = book
+                    .writes
+                    .get(c.write as usize)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|ws| ws.error.is_none() && !ws.reported);
+                if !live {
+                    // Its write failed or timed out: the chunk is not posted.
+                    if let Some(ws) = book
+                        .writes
+                        .get_mut(c.write as usize)
+                        .and_then(Option::as_mut)
+                    {
+                        ws.queued -= 1;
+                    }
+                    book.finish_if_done(c.write);
+                    continue;
+                }
+                let Some(ctx) = book.free_ctx.pop() else {
+                    book.backlog.push_front(c);
+                    break;
+                };
+                book.ctx_owner[ctx as usize] = c.write;
                 if let Some(ws) = book
                     .writes
                     .get_mut(c.write as usize)
                     .and_then(Option::as_mut)
                 {
                     ws.queued -= 1;
+                    ws.in_flight += 1;
                 }
-                book.finish_if_done(c.write);
-                continue;
-            }
-            let Some(ctx) = book.free_ctx.pop() else {
-                book.backlog.push_front(c);
-                break;
+                (c, ctx)
             };
             // SAFETY: the chunk lies in the registered region (checked when
             // it was queued; deregistering fails the backlog first), and
@@ -317,30 +332,31 @@ impl Shared {
                     self.contexts.ptr(ctx),
                 )
             };
+            if ret >= 0 {
+                continue;
+            }
+            // Not posted, so no completion comes: undo.
+            let mut book = self.lock();
+            book.ctx_owner[ctx as usize] = u32::MAX;
+            book.free_ctx.push(ctx);
+            let w = c.write;
+            let Some(ws) = book.writes.get_mut(w as usize).and_then(Option::as_mut) else {
+                continue;
+            };
+            ws.in_flight -= 1;
             if ret == -(sys::FI_EAGAIN as isize) {
-                book.free_ctx.push(ctx);
+                ws.queued += 1;
                 book.backlog.push_back(c);
                 continue;
             }
-            let w = c.write;
-            let Some(ws) = book.writes.get_mut(w as usize).and_then(Option::as_mut) else {
-                book.free_ctx.push(ctx);
-                continue;
-            };
-            ws.queued -= 1;
-            match crate::ofi::check("fi_writemsg", ret, Some(&ws.peer)) {
-                Ok(_) => {
-                    ws.in_flight += 1;
-                    book.ctx_owner[ctx as usize] = w;
-                }
-                Err(e) => {
+            if let Err(e) = crate::ofi::check("fi_writemsg", ret, Some(&ws.peer)) {
+                if ws.error.is_none() {
                     ws.error = Some(e);
-                    book.free_ctx.push(ctx);
-                    book.finish_if_done(w);
                 }
             }
+            book.finish_if_done(w);
         }
-        !book.backlog.is_empty()
+        !self.lock().backlog.is_empty()
     }
 
     /// Fails every queued chunk (the region is going away).
@@ -369,7 +385,6 @@ impl Shared {
     fn handle(&self, entries: &[sys::fi_cq_data_entry]) {
         let now = Instant::now();
         let mut book = self.lock();
-        let mut freed = false;
         for e in entries {
             if e.flags & u64::from(sys::FI_REMOTE_CQ_DATA) != 0 {
                 book.notices.record(e.data, now);
@@ -382,12 +397,7 @@ impl Shared {
             };
             let w = std::mem::replace(&mut book.ctx_owner[i as usize], u32::MAX);
             book.free_ctx.push(i);
-            freed = true;
             book.chunk_done(w, None);
-        }
-        drop(book);
-        if freed {
-            self.freed.notify_all();
         }
     }
 
@@ -414,8 +424,6 @@ impl Shared {
                 text,
             }),
         );
-        drop(book);
-        self.freed.notify_all();
     }
 
     /// The progress thread: drive the queue, post the backlog, hand
@@ -569,7 +577,6 @@ impl FabricTransport {
                 held: false,
                 news: false,
             }),
-            freed: Condvar::new(),
             stop: AtomicBool::new(false),
             contexts: Contexts(
                 (0..outstanding)
