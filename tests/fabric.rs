@@ -7,6 +7,8 @@
 
 mod common;
 
+use std::time::{Duration, Instant};
+
 use common::{assert_clean, coordinator, named_instance, num, result_endpoints, Procs};
 
 /// Sends `requests` random-size requests from an encoder to `receivers`
@@ -115,4 +117,69 @@ fn bench_compares_hand_offs_with_raw_writes_on_both_providers() {
         assert!(!text.contains("\"transfers\":0,"), "{text}");
         assert!(!text.contains("\"raw_writes\":0,"), "{text}");
     }
+}
+
+/// A receiver killed mid-run: the writes to it fail (or time out and its
+/// connection is dropped), its requests fail, the survivor takes the rest,
+/// and nothing stays held.
+#[test]
+fn a_receiver_killed_mid_run_fails_only_its_requests() {
+    let mut p = Procs::new("fab-kill");
+    let results = result_endpoints(&p, "c");
+    let c = coordinator(&mut p, &results);
+    let fabric = [
+        "--backend",
+        "fabric",
+        "--provider",
+        "tcp;ofi_rxm",
+        "--fabric-source",
+        "127.0.0.1",
+        "--workload",
+        "random",
+        "--max-bytes",
+        "4194304",
+        "--seed",
+        "3",
+        "--write-timeout-ms",
+        "2000",
+    ];
+    let mut rx = Vec::new();
+    for name in ["denoiser-0", "denoiser-1"] {
+        let i = p.spawn(
+            name,
+            &mut named_instance(&p, "denoiser", name, &results[1], &fabric),
+        );
+        p.wait_for(i, "\"event\":\"registered\"", 60);
+        rx.push(i);
+    }
+    let requests = 300u64;
+    let mut args = fabric.to_vec();
+    let n = requests.to_string();
+    args.extend(["--requests", &n, "--window", "8", "--pace-ms", "5"]);
+    let e = p.spawn(
+        "encoder",
+        &mut named_instance(&p, "encoder", "encoder", &results[0], &args),
+    );
+    for _ in 0..40 {
+        let line = p.wait_for(c, "\"leg\"", 60);
+        assert!(line.contains("\"event\":\"delivered\""), "{line}");
+    }
+    p.kill(rx[1]);
+    let killed = Instant::now();
+    let done = p.wait_for(e, "\"event\":\"encoded\"", 120);
+    let (sent, failed) = (num(&done, "sent"), num(&done, "send_failed"));
+    assert_eq!(sent + failed, requests, "{done}");
+    assert!(sent > 40, "{done}");
+    assert!(
+        killed.elapsed() < Duration::from_secs(90),
+        "all requests ended {:?} after the kill",
+        killed.elapsed()
+    );
+    let s = p.finish(rx[0]);
+    assert_clean(&s, None);
+    let s = p.finish(e);
+    assert_eq!(num(&s, "requests_held"), 0, "{s}");
+    std::thread::sleep(Duration::from_millis(500));
+    let s = p.finish(c);
+    assert_eq!(num(&s, "in_flight"), 0, "{s}");
 }

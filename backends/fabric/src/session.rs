@@ -203,4 +203,29 @@ mod tests {
         assert!(!s.contains(s.base + 1, s.len));
         assert!(!s.contains(u64::MAX, 2));
     }
+
+    proptest::proptest! {
+        #[test]
+        fn any_text_parses_or_is_refused_without_panic(text in "\\PC{0,80}") {
+            let _ = Session::parse(&text);
+        }
+
+        #[test]
+        fn near_misses_are_refused_or_round_trip(
+            provider in "[a-z;_]{1,12}",
+            addr in proptest::collection::vec(proptest::num::u8::ANY, 1..40),
+            key in proptest::num::u64::ANY,
+            base in proptest::num::u64::ANY,
+            len in proptest::num::u64::ANY,
+            flags in "[nvwx]{0,4}",
+        ) {
+            let hex: String = addr.iter().map(|b| format!("{b:02x}")).collect();
+            let text = format!("ofi:{provider}:{hex}:{key:x}:{base:x}:{len:x}:{flags}");
+            if let Ok(s) = Session::parse(&text) {
+                proptest::prop_assert_eq!(Session::parse(&s.encode()), Ok(s.clone()));
+                proptest::prop_assert!(s.base.checked_add(s.len).is_some());
+                proptest::prop_assert_eq!(&s.addr, &addr);
+            }
+        }
+    }
 }

@@ -35,6 +35,9 @@ use crate::pool::HostPool;
 use crate::provider::{Delivery, Hints, Provider};
 use crate::session::Session;
 
+/// Peers remembered before the idle ones are forgotten.
+const MAX_PEERS: usize = 4096;
+
 /// How to open a libfabric transport.
 #[derive(Clone, Debug)]
 pub struct FabricConfig {
@@ -489,11 +492,13 @@ impl Shared {
 /// A libfabric data plane.
 pub struct FabricTransport {
     // Field order is drop order: the region closes before the endpoint,
-    // the endpoint before its queue, the queue before the domain.
+    // the endpoint before the operation contexts it may still use (in
+    // `shared`) and before its queue, and all before the domain and the
+    // pool.
     region: Option<(Region, MemoryRegion)>,
     thread: Option<JoinHandle<()>>,
-    shared: Arc<Shared>,
     endpoint: Arc<Endpoint>,
+    shared: Arc<Shared>,
     av: Arc<Av>,
     domain: Arc<Domain>,
     pool: Option<HostPool>,
@@ -713,10 +718,24 @@ impl FabricTransport {
                     why: "the peer counts remote CQ data, which this provider cannot send".into(),
                 });
             }
-            if self.peers.len() >= 4096 {
-                // Sessions of restarted peers pile up otherwise.
-                let drop_all: Vec<String> = self.peers.keys().cloned().collect();
-                for k in drop_all {
+            if self.peers.len() >= MAX_PEERS {
+                // Sessions of restarted peers pile up otherwise: forget the
+                // peers no write is under way to.
+                let busy: Vec<Arc<str>> = self
+                    .shared
+                    .lock()
+                    .writes
+                    .iter()
+                    .flatten()
+                    .map(|w| Arc::clone(&w.peer))
+                    .collect();
+                let idle: Vec<String> = self
+                    .peers
+                    .keys()
+                    .filter(|k| !busy.iter().any(|b| &**b == k.as_str()))
+                    .cloned()
+                    .collect();
+                for k in idle {
                     if let Some(p) = self.peers.remove(&k) {
                         self.av.remove(p.fi_addr);
                     }
