@@ -10,14 +10,15 @@
 //! receiver. A coordinator, a sender and a receiver run as nodes of this
 //! process, over Unix sockets for control.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ferry_fabric::baseline::RawPair;
 use ferry_fabric::FabricConfig;
-use ferry_shm::{UdsChannel, UdsSender};
+use ferry_shm::UdsSender;
 
+use crate::handoff_bench::bind;
 use crate::runtime::{
     CoordinatorNode, CoordinatorSettings, InstanceNode, InstanceSettings, NodeError,
 };
@@ -62,22 +63,6 @@ pub struct Report {
     pub delivery: &'static str,
     /// One row per size.
     pub rows: Vec<Row>,
-}
-
-fn endpoint(tag: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "ipc:///tmp/ferry-fbench-{}-{n}-{tag}.sock",
-        std::process::id()
-    )
-}
-
-fn bind(tag: &str) -> Result<UdsChannel, NodeError> {
-    UdsChannel::bind(&endpoint(tag)).map_err(|e| NodeError::Transport {
-        verb: "bind control endpoint",
-        source: Box::new(e),
-    })
 }
 
 struct Rig {

@@ -51,7 +51,8 @@ impl Row {
     }
 }
 
-fn endpoint(tag: &str) -> String {
+/// A fresh `ipc://` endpoint for a benchmark's node.
+pub(crate) fn endpoint(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
     format!(
@@ -71,13 +72,15 @@ struct Rig {
     receiver: ShmInstance,
 }
 
+/// A Unix-socket control channel at a fresh endpoint.
+pub(crate) fn bind(tag: &str) -> Result<UdsChannel, NodeError> {
+    UdsChannel::bind(&endpoint(tag)).map_err(|e| NodeError::Transport {
+        verb: "bind control endpoint",
+        source: Box::new(e),
+    })
+}
+
 fn rig(largest: u64, copy: CopySettings) -> Result<Rig, NodeError> {
-    let bind = |tag| {
-        UdsChannel::bind(&endpoint(tag)).map_err(|e| NodeError::Transport {
-            verb: "bind control endpoint",
-            source: Box::new(e),
-        })
-    };
     let coordinator = CoordinatorNode::start(
         &CoordinatorSettings::new(&["sender", "receiver"]),
         bind("coord")?,
