@@ -163,7 +163,7 @@ fn ferry_run(
             }
             if committed - failed >= window as u64 {
                 received.wait_above(committed - failed - window as u64, Duration::from_millis(5));
-                if committed - received.get() - failed >= window as u64 {
+                if committed.saturating_sub(received.get() + failed) >= window as u64 {
                     continue;
                 }
             }
