@@ -183,3 +183,51 @@ fn a_receiver_killed_mid_run_fails_only_its_requests() {
     let s = p.finish(c);
     assert_eq!(num(&s, "in_flight"), 0, "{s}");
 }
+
+/// `ferry pipeline` over libfabric: realistic tensors through both legs,
+/// every byte checked by the denoisers and the decoder; then over tcp with
+/// a denoiser killed mid-run.
+#[test]
+fn the_pipeline_runs_over_libfabric_and_survives_a_killed_denoiser() {
+    let run = |args: &[&str]| {
+        let out = common::ferry()
+            .args([
+                "pipeline",
+                "--control",
+                "zmq",
+                "--backend",
+                "fabric",
+                "--json",
+            ])
+            .args(args)
+            .output()
+            .expect("ferry runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = text.lines().last().unwrap_or("").to_owned();
+        assert!(
+            out.status.success(),
+            "{line}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        line
+    };
+    let line = run(&["--provider", "shm", "--requests", "16"]);
+    assert_eq!(common::field(&line, "ok"), "true", "{line}");
+    assert_eq!(num(&line, "delivered"), 16, "{line}");
+    let line = run(&[
+        "--provider",
+        "tcp;ofi_rxm",
+        "--fabric-source",
+        "127.0.0.1",
+        "--requests",
+        "48",
+        "--kill",
+        "1@8",
+        "--push-timeout-ms",
+        "8000",
+    ]);
+    assert_eq!(common::field(&line, "ok"), "true", "{line}");
+    assert_eq!(common::field(&line, "incomplete"), "false", "{line}");
+    assert_eq!(num(&line, "mismatches"), 0, "{line}");
+    assert_eq!(num(&line, "delivered") + num(&line, "failed"), 48, "{line}");
+}

@@ -39,6 +39,8 @@ pub struct LaunchArgs {
     pub json: bool,
     /// The control plane between the processes.
     pub control: super::Control,
+    /// The data-plane options each instance gets (`DataPlaneArgs::to_args`).
+    pub data_plane: Vec<String>,
     /// How to start this program again as a pipeline process.
     pub exe: PathBuf,
     /// Arguments before the role arguments (`pipeline` for the `ferry`
@@ -49,6 +51,9 @@ pub struct LaunchArgs {
 /// What a run found.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Summary {
+    /// The data plane the bytes moved over (`shared-memory loopback`,
+    /// `libfabric shm`, ...).
+    pub data_plane: String,
     /// Requests sent.
     pub requests: u64,
     /// Requests that reached the decoder with every byte right.
@@ -215,6 +220,10 @@ impl Run {
             &self.args.window.to_string(),
         ]
         .map(str::to_owned);
+        let a: Vec<String> = a
+            .into_iter()
+            .chain(self.args.data_plane.iter().cloned())
+            .collect();
         self.spawn(name, &a)
     }
 
@@ -279,6 +288,20 @@ fn shm_objects(prefix: &str) -> usize {
             })
             .count()
     })
+}
+
+/// How the summary names the data plane the instances were given.
+fn data_plane_name(args: &[String]) -> String {
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .map(String::as_str)
+    };
+    match value("--backend") {
+        Some("fabric") => format!("libfabric {}", value("--provider").unwrap_or("auto")),
+        _ => "shared-memory loopback".to_owned(),
+    }
 }
 
 /// Runs the pipeline.
@@ -438,6 +461,7 @@ pub fn launch(args: LaunchArgs) -> Result<Summary, String> {
         return Err(errors.join("\n"));
     }
     Ok(Summary {
+        data_plane: data_plane_name(&args.data_plane),
         requests: args.requests,
         delivered,
         failed,
@@ -458,9 +482,10 @@ pub fn launch(args: LaunchArgs) -> Result<Summary, String> {
 pub fn table(s: &Summary) -> String {
     let mut out = String::new();
     let gbps = s.bytes as f64 / s.seconds / 1e9;
-    out.push_str(
-        "pipeline: encoder → denoisers → decoder, separate processes, shared-memory loopback\n",
-    );
+    out.push_str(&format!(
+        "pipeline: encoder → denoisers → decoder, separate processes, {}\n",
+        s.data_plane
+    ));
     out.push_str(&format!("  requests            {}\n", s.requests));
     out.push_str(&format!("  delivered, verified {}\n", s.delivered));
     out.push_str(&format!("  failed              {}\n", s.failed));

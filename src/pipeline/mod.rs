@@ -60,9 +60,13 @@ pub struct PipelineArgs {
     /// The coordinator's timeout for a sender's write report.
     #[arg(long, default_value_t = 10_000)]
     pub push_timeout_ms: u64,
-    /// The control plane between the processes.
+    /// The control plane between the processes (the libfabric data plane
+    /// pairs with `zmq`).
     #[arg(long, value_enum, default_value_t = Control::Uds)]
     pub control: Control,
+    /// The data plane between the processes.
+    #[command(flatten)]
+    pub data_plane: DataPlaneArgs,
 }
 
 /// `ferry coordinator`: the coordinator as a standalone process.
@@ -191,6 +195,30 @@ pub struct DataPlaneArgs {
 }
 
 impl DataPlaneArgs {
+    /// The same options as command-line arguments, for a child process.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = vec![
+            "--backend".to_owned(),
+            match self.backend {
+                Backend::Shm => "shm",
+                Backend::Fabric => "fabric",
+            }
+            .to_owned(),
+            "--provider".to_owned(),
+            self.provider.clone(),
+            "--delivery".to_owned(),
+            self.delivery.clone(),
+            "--max-chunk-kib".to_owned(),
+            self.max_chunk_kib.to_string(),
+            "--write-timeout-ms".to_owned(),
+            self.write_timeout_ms.to_string(),
+        ];
+        if let Some(src) = &self.fabric_source {
+            a.extend(["--fabric-source".to_owned(), src.clone()]);
+        }
+        a
+    }
+
     /// The data plane these options name.
     pub fn data_plane(&self) -> Result<DataPlane, String> {
         match self.backend {
@@ -309,6 +337,13 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
             );
         }
         Some(role) => {
+            let data_plane = match args.data_plane.data_plane() {
+                Ok(d) => d,
+                Err(e) => {
+                    eprintln!("pipeline: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             return roles::instance(&roles::InstanceArgs {
                 role: role.to_owned(),
                 name: args.name.clone(),
@@ -321,12 +356,20 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
                 prealloc: None,
                 pace: Duration::ZERO,
                 hold: Duration::ZERO,
-                data_plane: DataPlane::Shm,
+                data_plane,
                 workload: Workload::Pipeline,
                 reserved_timeout: InstanceSettings::new("", "").reserved_timeout,
-            })
+            });
         }
         None => {}
+    }
+    if args.data_plane.backend == Backend::Fabric && args.control != Control::Zmq {
+        eprintln!("pipeline: the libfabric data plane pairs with the ZeroMQ control plane (--control zmq)");
+        return ExitCode::from(2);
+    }
+    if let Err(e) = args.data_plane.data_plane() {
+        eprintln!("pipeline: {e}");
+        return ExitCode::from(2);
     }
     if args.kill.is_some_and(|(d, _)| d >= args.denoisers) || args.denoisers == 0 {
         eprintln!("pipeline: need at least one denoiser, and --kill must name one of them");
@@ -348,6 +391,7 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
         push_timeout: Duration::from_millis(args.push_timeout_ms),
         json: args.json,
         control: args.control,
+        data_plane: args.data_plane.to_args(),
         exe,
         prefix: prefix.iter().map(|s| (*s).to_owned()).collect(),
     };

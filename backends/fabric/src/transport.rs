@@ -18,7 +18,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -254,6 +254,10 @@ struct Shared {
     wake: WakeFd,
     book: Mutex<Book>,
     stop: AtomicBool,
+    /// When the progress thread last went round its loop, in ms since
+    /// `born`: a provider call that never returns shows here.
+    beat: AtomicU64,
+    born: Instant,
     contexts: Contexts,
     write_timeout: Duration,
 }
@@ -439,6 +443,8 @@ impl Shared {
         // busy stream is usually that close.
         let spin = Duration::from_micros(50);
         while !self.stop.load(Ordering::Acquire) {
+            self.beat
+                .store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
             if self.lock().held {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
@@ -509,6 +515,8 @@ pub struct FabricTransport {
     cq_data_size: usize,
     next_key: u64,
     write_timeout: Duration,
+    /// The stuck progress thread was reported.
+    stuck_reported: bool,
     _info: Info,
 }
 
@@ -583,6 +591,8 @@ impl FabricTransport {
                 news: false,
             }),
             stop: AtomicBool::new(false),
+            beat: AtomicU64::new(0),
+            born: Instant::now(),
             contexts: Contexts(
                 (0..outstanding)
                     .map(|_| std::cell::UnsafeCell::new(sys::fi_context2::default()))
@@ -616,6 +626,7 @@ impl FabricTransport {
             cq_data_size,
             next_key: 1,
             write_timeout: config.write_timeout,
+            stuck_reported: false,
             _info: info,
         };
         t.session = t.session_text(0, 0, 0);
@@ -938,10 +949,28 @@ impl Transport for FabricTransport {
     }
 
     fn poll_completion(&mut self) -> Option<Completion<FabricError>> {
-        self.evict_dead();
-        if let Some(c) = self.shared.lock().done.pop_front() {
-            return Some(c);
+        {
+            // Deadlines are kept here too, not only by the progress
+            // thread: a provider call can hang (libfabric 1.17's shm spins
+            // forever on the lock of a peer that died holding it), and the
+            // writes must still fail in time.
+            let mut book = self.shared.lock();
+            book.expire(Instant::now(), self.write_timeout);
+            let beat = Duration::from_millis(self.shared.beat.load(Ordering::Relaxed));
+            let stuck = self.shared.born.elapsed().saturating_sub(beat) > self.write_timeout;
+            if stuck && !book.held && !std::mem::replace(&mut self.stuck_reported, true) {
+                tracing::error!(
+                    provider = %self.opened.provider,
+                    "the progress thread is stuck inside the provider; writes will fail at their timeout"
+                );
+            }
+            if let Some(c) = book.done.pop_front() {
+                drop(book);
+                self.evict_dead();
+                return Some(c);
+            }
         }
+        self.evict_dead();
         // Clear first, then look again: news that comes after the look
         // signals the descriptor anew.
         self.shared.wake.clear();
