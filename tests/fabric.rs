@@ -17,7 +17,17 @@ use common::{assert_clean, coordinator, named_instance, num, result_endpoints, P
 fn hand_off(tag: &str, provider: &str, delivery: &str, requests: u64, receivers: usize) {
     let mut p = Procs::new(tag);
     let results = result_endpoints(&p, "c");
-    let c = coordinator(&mut p, &results);
+    // Generous timeouts (the write timeout below the push timeout, as it
+    // must be): a 256 MiB write queued behind others on two loaded cores
+    // may take seconds, and this test is about bytes, not deadlines.
+    let c = p.spawn(
+        "coordinator",
+        common::ferry()
+            .args(["coordinator", "--control", "zmq"])
+            .args(["--listen", &results.join(",")])
+            .args(["--push-timeout-ms", "60000"]),
+    );
+    p.wait_for(c, "\"event\":\"ready\"", 30);
     let requests_arg = requests.to_string();
     let mut fabric = vec![
         "--backend",
@@ -30,6 +40,8 @@ fn hand_off(tag: &str, provider: &str, delivery: &str, requests: u64, receivers:
         "random",
         "--seed",
         "11",
+        "--write-timeout-ms",
+        "45000",
     ];
     if provider.starts_with("tcp") {
         fabric.extend(["--fabric-source", "127.0.0.1"]);
