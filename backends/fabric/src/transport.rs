@@ -35,6 +35,9 @@ use crate::pool::HostPool;
 use crate::provider::{Delivery, Hints, Provider};
 use crate::session::Session;
 
+/// How often late writes are looked for.
+const SWEEP: Duration = Duration::from_millis(5);
+
 /// Peers remembered before the idle ones are forgotten.
 const MAX_PEERS: usize = 4096;
 
@@ -259,20 +262,11 @@ struct Shared {
     beat: AtomicU64,
     born: Instant,
     contexts: Contexts,
-    write_timeout: Duration,
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Book> {
         self.book.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Signals the wake descriptor if something arrived.
-    fn announce(&self) {
-        let news = std::mem::take(&mut self.lock().news);
-        if news {
-            self.wake.signal();
-        }
     }
 
     /// Posts what the backlog holds, in order, as far as contexts and the
@@ -435,31 +429,37 @@ impl Shared {
 
     /// The progress thread: drive the queue, post the backlog, hand
     /// completions over, expire late writes.
+    /// Write deadlines are kept by the runtime's side
+    /// (`FabricTransport::poll_completion`), which goes on even when a
+    /// provider call here never returns.
     fn run(&self, endpoint: &Endpoint) {
         let mut buf = [sys::fi_cq_data_entry::default(); 64];
         let mut last_work = Instant::now();
-        let mut last_sweep = Instant::now();
+        let mut last_prune = Instant::now();
         // After work, poll a little before sleeping: the next event of a
         // busy stream is usually that close.
         let spin = Duration::from_micros(50);
         while !self.stop.load(Ordering::Acquire) {
             self.beat
                 .store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
-            if self.lock().held {
+            let now = Instant::now();
+            let (held, news, queued) = {
+                let mut book = self.lock();
+                if now.duration_since(last_prune) >= Duration::from_secs(1) {
+                    last_prune = now;
+                    book.notices.prune(now);
+                }
+                let news = std::mem::take(&mut book.news);
+                (book.held, news, !book.backlog.is_empty())
+            };
+            if news {
+                self.wake.signal();
+            }
+            if held {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
-            let now = Instant::now();
-            if now.duration_since(last_sweep) >= Duration::from_millis(5) {
-                last_sweep = now;
-                let mut book = self.lock();
-                book.expire(now, self.write_timeout);
-                book.notices.prune(now);
-                drop(book);
-                self.announce();
-            }
-            let backlog = self.drain(endpoint);
-            self.announce();
+            let backlog = queued && self.drain(endpoint);
             let idle = now.duration_since(last_work) >= spin;
             let r = if idle && self.cq.waitable() && !backlog {
                 self.cq.sread(&mut buf, 5)
@@ -474,17 +474,16 @@ impl Shared {
                         std::hint::spin_loop();
                     }
                 }
+                // What they bring is announced at the top of the loop.
                 Ok(n) => {
                     last_work = Instant::now();
                     self.handle(&buf[..n]);
-                    self.announce();
                 }
                 Err(errno) if errno == sys::FI_EAVAIL as i32 => {
                     last_work = Instant::now();
                     if let Some((e, text)) = self.cq.read_err() {
                         self.handle_error(&e, text);
                     }
-                    self.announce();
                 }
                 Err(errno) => {
                     warn!(errno, error = %crate::ofi::strerror(errno), "fi_cq_read failed");
@@ -517,6 +516,8 @@ pub struct FabricTransport {
     write_timeout: Duration,
     /// The stuck progress thread was reported.
     stuck_reported: bool,
+    /// When `poll_completion` next looks for late writes.
+    next_sweep: Instant,
     _info: Info,
 }
 
@@ -598,7 +599,6 @@ impl FabricTransport {
                     .map(|_| std::cell::UnsafeCell::new(sys::fi_context2::default()))
                     .collect(),
             ),
-            write_timeout: config.write_timeout,
         });
         let thread = {
             let shared = Arc::clone(&shared);
@@ -627,6 +627,7 @@ impl FabricTransport {
             next_key: 1,
             write_timeout: config.write_timeout,
             stuck_reported: false,
+            next_sweep: Instant::now(),
             _info: info,
         };
         t.session = t.session_text(0, 0, 0);
@@ -950,19 +951,23 @@ impl Transport for FabricTransport {
 
     fn poll_completion(&mut self) -> Option<Completion<FabricError>> {
         {
-            // Deadlines are kept here too, not only by the progress
-            // thread: a provider call can hang (libfabric 1.17's shm spins
-            // forever on the lock of a peer that died holding it), and the
-            // writes must still fail in time.
             let mut book = self.shared.lock();
-            book.expire(Instant::now(), self.write_timeout);
-            let beat = Duration::from_millis(self.shared.beat.load(Ordering::Relaxed));
-            let stuck = self.shared.born.elapsed().saturating_sub(beat) > self.write_timeout;
-            if stuck && !book.held && !std::mem::replace(&mut self.stuck_reported, true) {
-                tracing::error!(
-                    provider = %self.opened.provider,
-                    "the progress thread is stuck inside the provider; writes will fail at their timeout"
-                );
+            // Deadlines are kept here, on the caller's thread, not by the
+            // progress thread: a provider call there can hang (libfabric
+            // 1.17's shm spins forever on the lock of a peer that died
+            // holding it), and the writes must still fail in time.
+            let now = Instant::now();
+            if now >= self.next_sweep {
+                self.next_sweep = now + SWEEP;
+                book.expire(now, self.write_timeout);
+                let beat = Duration::from_millis(self.shared.beat.load(Ordering::Relaxed));
+                let stuck = self.shared.born.elapsed().saturating_sub(beat) > self.write_timeout;
+                if stuck && !book.held && !std::mem::replace(&mut self.stuck_reported, true) {
+                    tracing::error!(
+                        provider = %self.opened.provider,
+                        "the progress thread is stuck inside the provider; writes will fail at their timeout"
+                    );
+                }
             }
             if let Some(c) = book.done.pop_front() {
                 drop(book);
