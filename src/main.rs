@@ -469,6 +469,11 @@ fn main() -> ExitCode {
             None if b.handoff.data_plane.backend == ferry::pipeline::Backend::Fabric => {
                 bench_fabric(&b.handoff)
             }
+            None if b.handoff.data_plane.backend == ferry::pipeline::Backend::Verbs => Err(
+                "ferry bench has no verbs measurement (it was built on a machine without an RDMA NIC); \
+                 time `ferry pipeline --control zmq --backend verbs --device <dev>` instead"
+                    .into(),
+            ),
             None => bench_handoff(&b.handoff),
             Some(BenchCommand::Wire(args)) => bench_wire(&args),
             Some(BenchCommand::Slots(args)) => bench_slots(&args),

@@ -94,7 +94,10 @@ fn hosts_or_skip(tag: &str) -> Option<Hosts> {
             if std::env::var("FERRY_REQUIRE_NETNS").is_ok_and(|v| v == "1") {
                 panic!("network namespaces are required here, but: {why}");
             }
-            eprintln!(
+            // Past the test harness's capture, so the skip shows.
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
                 "SKIPPED: network namespaces unavailable ({why}); run as root to test across hosts"
             );
             None

@@ -300,6 +300,7 @@ fn data_plane_name(args: &[String]) -> String {
     };
     match value("--backend") {
         Some("fabric") => format!("libfabric {}", value("--provider").unwrap_or("auto")),
+        Some("verbs") => format!("ibverbs {}", value("--device").unwrap_or("?")),
         _ => "shared-memory loopback".to_owned(),
     }
 }

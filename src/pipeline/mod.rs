@@ -163,6 +163,26 @@ pub enum Backend {
     /// libfabric (EFA, verbs, tcp, shm providers); needs the `fabric`
     /// feature.
     Fabric,
+    /// ibverbs RC queue pairs on an InfiniBand or RoCE NIC; needs the
+    /// `verbs` feature.
+    Verbs,
+}
+
+impl Backend {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Shm => "shm",
+            Self::Fabric => "fabric",
+            Self::Verbs => "verbs",
+        }
+    }
+
+    /// True for the data planes that reach across hosts and so pair with
+    /// the ZeroMQ control plane.
+    pub fn needs_zmq(self) -> bool {
+        matches!(self, Self::Fabric | Self::Verbs)
+    }
 }
 
 /// The data-plane options shared by `ferry instance` and `ferry bench`.
@@ -187,11 +207,25 @@ pub struct DataPlaneArgs {
     /// provider's largest message).
     #[arg(long, default_value_t = 0)]
     pub max_chunk_kib: u64,
-    /// A libfabric write that has not completed after this many ms fails,
-    /// and its peer's connection is closed (keep it below the
+    /// A libfabric or verbs write that has not completed after this many
+    /// ms fails, and its peer's connection is closed (keep it below the
     /// coordinator's push timeout).
     #[arg(long, env = "FERRY_WRITE_TIMEOUT_MS", default_value_t = 5000)]
     pub write_timeout_ms: u64,
+    /// The RDMA device of the verbs data plane (`mlx5_0`, `rxe0`).
+    #[arg(long, env = "FERRY_VERBS_DEVICE")]
+    pub device: Option<String>,
+    /// Its port.
+    #[arg(long, env = "FERRY_VERBS_PORT", default_value_t = 1)]
+    pub ib_port: u8,
+    /// The local GID index (default: RoCE v2 with an IPv4 address, or the
+    /// port GID on InfiniBand; see `show_gids`).
+    #[arg(long, env = "FERRY_GID_INDEX")]
+    pub gid_index: Option<u8>,
+    /// Where the verbs side channel listens (an address of this host, or
+    /// a ZeroMQ endpoint); default: the chosen GID's IPv4 address.
+    #[arg(long, env = "FERRY_VERBS_LISTEN")]
+    pub verbs_listen: Option<String>,
 }
 
 impl DataPlaneArgs {
@@ -199,11 +233,7 @@ impl DataPlaneArgs {
     pub fn to_args(&self) -> Vec<String> {
         let mut a = vec![
             "--backend".to_owned(),
-            match self.backend {
-                Backend::Shm => "shm",
-                Backend::Fabric => "fabric",
-            }
-            .to_owned(),
+            self.backend.name().to_owned(),
             "--provider".to_owned(),
             self.provider.clone(),
             "--delivery".to_owned(),
@@ -215,6 +245,16 @@ impl DataPlaneArgs {
         ];
         if let Some(src) = &self.fabric_source {
             a.extend(["--fabric-source".to_owned(), src.clone()]);
+        }
+        if let Some(d) = &self.device {
+            a.extend(["--device".to_owned(), d.clone()]);
+        }
+        a.extend(["--ib-port".to_owned(), self.ib_port.to_string()]);
+        if let Some(i) = self.gid_index {
+            a.extend(["--gid-index".to_owned(), i.to_string()]);
+        }
+        if let Some(l) = &self.verbs_listen {
+            a.extend(["--verbs-listen".to_owned(), l.clone()]);
         }
         a
     }
@@ -235,6 +275,27 @@ impl DataPlaneArgs {
             #[cfg(not(feature = "fabric"))]
             Backend::Fabric => Err(
                 "this ferry was built without the libfabric data plane; rebuild with `--features fabric`"
+                    .into(),
+            ),
+            #[cfg(feature = "verbs")]
+            Backend::Verbs => {
+                let device = self.device.clone().ok_or(
+                    "the verbs data plane needs an RDMA device: --device <name> (see `ibv_devices`)",
+                )?;
+                let mut c = ferry_verbs::VerbsConfig::new(device);
+                c.port = self.ib_port;
+                c.gid = self
+                    .gid_index
+                    .map_or(ferry_verbs::GidChoice::Auto, ferry_verbs::GidChoice::Index);
+                c.listen.clone_from(&self.verbs_listen);
+                c.max_chunk = (self.max_chunk_kib > 0)
+                    .then(|| u32::try_from(self.max_chunk_kib << 10).unwrap_or(u32::MAX));
+                c.write_timeout = Duration::from_millis(self.write_timeout_ms);
+                Ok(DataPlane::Verbs(c))
+            }
+            #[cfg(not(feature = "verbs"))]
+            Backend::Verbs => Err(
+                "this ferry was built without the ibverbs data plane; rebuild with `--features verbs`"
                     .into(),
             ),
         }
@@ -363,8 +424,11 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
         }
         None => {}
     }
-    if args.data_plane.backend == Backend::Fabric && args.control != Control::Zmq {
-        eprintln!("pipeline: the libfabric data plane pairs with the ZeroMQ control plane (--control zmq)");
+    if args.data_plane.backend.needs_zmq() && args.control != Control::Zmq {
+        eprintln!(
+            "pipeline: the {} data plane pairs with the ZeroMQ control plane (--control zmq)",
+            args.data_plane.backend.name()
+        );
         return ExitCode::from(2);
     }
     if let Err(e) = args.data_plane.data_plane() {

@@ -41,6 +41,16 @@ pub enum DataPlane {
     /// A libfabric provider.
     #[cfg(feature = "fabric")]
     Fabric(ferry_fabric::FabricConfig),
+    /// An RDMA device port (ibverbs).
+    #[cfg(feature = "verbs")]
+    Verbs(ferry_verbs::VerbsConfig),
+}
+
+impl DataPlane {
+    /// True for the data planes that pair with the ZeroMQ control plane.
+    fn needs_zmq(&self) -> bool {
+        !matches!(self, Self::Shm)
+    }
 }
 
 /// What an instance sends and what it checks.
@@ -252,6 +262,17 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
             Err(e) => fail("start instance", e),
         };
     }
+    #[cfg(feature = "verbs")]
+    if let DataPlane::Verbs(config) = &args.data_plane {
+        let channel = match bind_zmq(args) {
+            Ok(c) => c,
+            Err(code) => return code,
+        };
+        return match crate::runtime::verbs::start_instance(&settings, pool, config, channel) {
+            Ok(node) => run_instance(&node, args),
+            Err(e) => fail("start instance", e),
+        };
+    }
     let copy = CopySettings::default();
     match args.control {
         Control::Uds => match start_instance(&settings, pool, copy, &args.endpoint) {
@@ -273,14 +294,11 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
 
 /// The instance's ZeroMQ channel at its endpoint.
 fn bind_zmq(args: &InstanceArgs) -> Result<ZmqChannel, ExitCode> {
-    if args.control != Control::Zmq {
-        #[cfg(feature = "fabric")]
-        if matches!(args.data_plane, DataPlane::Fabric(_)) {
-            return Err(fail(
-                "start instance",
-                "the libfabric data plane pairs with the ZeroMQ control plane (--control zmq)",
-            ));
-        }
+    if args.control != Control::Zmq && args.data_plane.needs_zmq() {
+        return Err(fail(
+            "start instance",
+            "the libfabric and verbs data planes pair with the ZeroMQ control plane (--control zmq)",
+        ));
     }
     let ctx = zmq::Context::new();
     ZmqChannel::bind(&ctx, &[&args.endpoint], ZmqSettings::default()).map_err(|e| fail("bind", e))

@@ -8,6 +8,8 @@
 //! * [`shm`]: both over the shared-memory loopback and Unix sockets.
 //! * `fabric` (cargo feature `fabric`): instances over a libfabric data
 //!   plane (EFA, verbs, tcp, shm providers).
+//! * `verbs` (cargo feature `verbs`): instances over RC queue pairs on an
+//!   InfiniBand or RoCE NIC.
 //!
 //! Every hand-off is traced (`tracing`, target `ferry`) and counted
 //! ([`MetricsSnapshot`]).
@@ -22,6 +24,8 @@ mod memory;
 mod metrics;
 pub mod shm;
 pub mod storage;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 pub use clock::Clock;
 pub use coordinator::{CoordinatorNode, CoordinatorSettings, CoordinatorSnapshot};

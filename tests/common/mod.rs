@@ -2,6 +2,8 @@
 //! JSON object each) are merged and waited for.
 #![allow(dead_code)]
 
+pub mod scenarios;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};

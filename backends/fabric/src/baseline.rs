@@ -14,9 +14,9 @@ use ferry_fabric_sys as sys;
 use crate::error::FabricError;
 use crate::mr::MrPolicy;
 use crate::ofi::{Av, Cq, Domain, Endpoint, Fabric, Info, MemoryRegion};
-use crate::pool::HostPool;
 use crate::provider::Delivery;
 use crate::transport::{find, FabricConfig};
+use ferry_hostmem::HostPool;
 
 /// One side: its objects, pool and registration.
 struct Side {
@@ -40,7 +40,10 @@ fn side(info: &Info, pool_len: usize, key: u64) -> Result<Side, FabricError> {
     let cq = Cq::open(&domain, 1024)?;
     let av = Av::open(&domain)?;
     let endpoint = Endpoint::open(&domain, info, &cq, &av)?;
-    let pool = HostPool::new(pool_len)?;
+    let pool = HostPool::new(pool_len).map_err(|source| FabricError::Os {
+        what: "map pool",
+        source,
+    })?;
     let ep = mr_policy.endpoint.then_some(&endpoint);
     // SAFETY: the pool is mapped until `Side` drops, after the region
     // (field order).

@@ -14,8 +14,8 @@
 //!   configured chunk); a full queue (`-FI_EAGAIN`) is waited out while the
 //!   progress thread drains it; completion errors fail the one write.
 
-// Unsafe code only at the FFI seams: `ofi` (libfabric calls), `pool`
-// (mmap), `transport` (posting from registered memory, the eventfd) and
+// Unsafe code only at the FFI seams: `ofi` (libfabric calls),
+// `transport` (posting from registered memory, the eventfd) and
 // `baseline`; each block with its SAFETY argument.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -25,14 +25,13 @@ mod error;
 pub mod mr;
 pub mod notice;
 pub mod ofi;
-mod pool;
 pub mod provider;
 pub mod session;
 mod transport;
 
 pub use error::FabricError;
+pub use ferry_hostmem::HostPool;
 pub use mr::MrPolicy;
-pub use pool::HostPool;
 pub use provider::{Delivery, Hints, Provider};
 pub use session::Session;
 pub use transport::{FabricConfig, FabricTransport, Opened};

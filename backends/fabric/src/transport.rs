@@ -31,9 +31,9 @@ use crate::error::FabricError;
 use crate::mr::MrPolicy;
 use crate::notice::{NoticeBook, NoticeFormat};
 use crate::ofi::{Av, Cq, Domain, Endpoint, Fabric, Info, MemoryRegion};
-use crate::pool::HostPool;
 use crate::provider::{Delivery, Hints, Provider};
 use crate::session::Session;
+use ferry_hostmem::HostPool;
 
 /// How often late writes are looked for.
 const SWEEP: Duration = Duration::from_millis(5);
@@ -639,7 +639,10 @@ impl FabricTransport {
     /// with [`pool_ptr`](Self::pool_ptr), then register it).
     pub fn with_pool(config: &FabricConfig, len: usize) -> Result<Self, FabricError> {
         let mut t = Self::open(config)?;
-        t.pool = Some(HostPool::new(len)?);
+        t.pool = Some(HostPool::new(len).map_err(|source| FabricError::Os {
+            what: "map pool",
+            source,
+        })?);
         Ok(t)
     }
 

@@ -1,14 +1,14 @@
-//! Anonymous, pre-faulted host memory for a transport's pool.
-#![allow(unsafe_code)]
+//! Pre-faulted anonymous host memory for a transport's pool.
+//!
+//! The libfabric and ibverbs data planes register one pool each; both map
+//! it here, so that registration pins resident pages and the first
+//! transfer does not fault.
 
 use std::io;
 use std::ptr::NonNull;
 
-use crate::error::FabricError;
-
-/// A private anonymous mapping, populated at creation (so that
-/// registration pins resident pages and the first transfer does not fault)
-/// and unmapped on drop.
+/// A private anonymous mapping, populated at creation and unmapped on
+/// drop.
 #[derive(Debug)]
 pub struct HostPool {
     ptr: NonNull<u8>,
@@ -23,12 +23,12 @@ unsafe impl Sync for HostPool {}
 
 impl HostPool {
     /// Maps `len` bytes (rounded up to the page size by the kernel).
-    pub fn new(len: usize) -> Result<Self, FabricError> {
+    pub fn new(len: usize) -> io::Result<Self> {
         if len == 0 {
-            return Err(FabricError::Os {
-                what: "map pool",
-                source: io::Error::new(io::ErrorKind::InvalidInput, "pool length is zero"),
-            });
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "pool length is zero",
+            ));
         }
         // SAFETY: a fresh private anonymous mapping; no existing memory is
         // affected.
@@ -43,15 +43,9 @@ impl HostPool {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(FabricError::Os {
-                what: "map pool",
-                source: io::Error::last_os_error(),
-            });
+            return Err(io::Error::last_os_error());
         }
-        let ptr = NonNull::new(p.cast()).ok_or_else(|| FabricError::Os {
-            what: "map pool",
-            source: io::Error::other("mmap returned null"),
-        })?;
+        let ptr = NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?;
         Ok(Self { ptr, len })
     }
 
@@ -75,5 +69,26 @@ impl Drop for HostPool {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `new`, unmapped once.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_writable_memory_and_refuses_zero() {
+        let p = HostPool::new(1 << 20).unwrap();
+        assert_eq!(p.len(), 1 << 20);
+        // SAFETY: inside the fresh mapping.
+        unsafe {
+            p.ptr().write(7);
+            p.ptr().add((1 << 20) - 1).write(9);
+            assert_eq!(p.ptr().read(), 7);
+        }
+        assert_eq!(
+            HostPool::new(0).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
     }
 }

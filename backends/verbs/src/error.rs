@@ -1,0 +1,333 @@
+//! The backend's errors: each names the verb that failed with its errno,
+//! or the peer and the work-completion status, or the exchange field that
+//! was refused.
+
+use std::time::Duration;
+
+use ferry_core::transport::{Fault, FaultKind};
+
+use crate::status::WcStatus;
+
+/// An ibverbs data-plane error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VerbsError {
+    /// A verb returned an error.
+    #[error("{verb}{}: {} (errno {errno})", peer_suffix(.peer), errno_text(*.errno))]
+    Verb {
+        /// The verb (`ibv_open_device`, `ibv_reg_mr`, `ibv_modify_qp(RTS)`, ...).
+        verb: &'static str,
+        /// The positive errno.
+        errno: i32,
+        /// The peer's session id, for verbs that concern one connection.
+        peer: Option<String>,
+    },
+    /// No RDMA device of that name (or none at all).
+    #[error("no RDMA device {wanted:?}; devices present: {}", list_or_none(.present))]
+    NoDevice {
+        /// The name asked for.
+        wanted: String,
+        /// The devices `ibv_get_device_list` returned.
+        present: Vec<String>,
+    },
+    /// The port cannot carry traffic.
+    #[error("{device} port {port}: {why}")]
+    Port {
+        /// The device.
+        device: String,
+        /// The port number.
+        port: u8,
+        /// What is wrong (state, link layer, ...).
+        why: String,
+    },
+    /// No GID of the port can be used (or the configured one is absent).
+    #[error("{device} port {port}: no usable GID: {why}")]
+    NoGid {
+        /// The device.
+        device: String,
+        /// The port number.
+        port: u8,
+        /// What the table held.
+        why: String,
+    },
+    /// Moving a queue pair to RTR timed out: the address could not be
+    /// resolved, which is almost always a wrong GID index or no route.
+    #[error("connecting to {peer}: ibv_modify_qp(RTR) timed out resolving GID {dgid} from local GID index {sgid_index}; this is usually a wrong GID index (try another with --gid-index, and use RoCE v2 on both ends) or no IP route between the two NICs")]
+    RouteTimeout {
+        /// The peer's session id.
+        peer: String,
+        /// The local GID index used.
+        sgid_index: u8,
+        /// The peer's GID.
+        dgid: String,
+    },
+    /// A session id that is not a verbs session.
+    #[error("session id {session:?} is not a verbs session: {why}")]
+    BadSession {
+        /// The session id.
+        session: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A connection exchange message that is malformed or out of range.
+    #[error("connection exchange with {peer}: field {field}: {why}")]
+    BadExchange {
+        /// The peer (session id or side-channel identity).
+        peer: String,
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The peer refused the connection.
+    #[error("{peer} refused the connection: {why}")]
+    Refused {
+        /// The peer's session id.
+        peer: String,
+        /// Its reason.
+        why: String,
+    },
+    /// The peer did not answer the connection exchange in time.
+    #[error("{peer} did not answer the connection exchange within {after:?} (is its side channel reachable?)")]
+    ConnectTimeout {
+        /// The peer's session id.
+        peer: String,
+        /// The time allowed.
+        after: Duration,
+    },
+    /// A work request completed with an error status.
+    #[error(
+        "write to {peer} failed: work completion status {status} (vendor error {vendor_err:#x})"
+    )]
+    Completion {
+        /// The peer's session id.
+        peer: String,
+        /// The status.
+        status: WcStatus,
+        /// The vendor's error syndrome.
+        vendor_err: u32,
+    },
+    /// The write's connection broke before it completed (another write's
+    /// error, a timeout, or the transport closing).
+    #[error("write to {peer} abandoned: its connection broke ({why})")]
+    Broken {
+        /// The peer's session id.
+        peer: String,
+        /// Why the connection broke.
+        why: String,
+    },
+    /// A write that neither completed nor failed in time.
+    #[error("write to {peer} did not complete within {after:?}")]
+    Timeout {
+        /// The peer's session id.
+        peer: String,
+        /// The time allowed.
+        after: Duration,
+    },
+    /// A write's destination lies outside the peer's registered pool.
+    #[error("write of {len} bytes to {addr:#x} falls outside peer {peer}'s pool ({base:#x}, {pool_len} bytes)")]
+    DestOutOfBounds {
+        /// The peer's session id.
+        peer: String,
+        /// The destination address.
+        addr: u64,
+        /// The write's length.
+        len: u64,
+        /// The pool's base address in the peer.
+        base: u64,
+        /// The pool's length.
+        pool_len: u64,
+    },
+    /// A write's source lies outside the registered region.
+    #[error("write of {len} bytes at offset {offset} falls outside region {region} ({region_len} bytes)")]
+    SourceOutOfBounds {
+        /// The region.
+        region: u32,
+        /// The offset in it.
+        offset: u64,
+        /// The write's length.
+        len: u64,
+        /// The region's length.
+        region_len: u64,
+    },
+    /// A region that is not (or no longer) registered.
+    #[error("region {0} is not registered")]
+    UnknownRegion(u32),
+    /// A second region: a transport registers one pool.
+    #[error(
+        "this transport already registered its pool (region {0}); register one pool per transport"
+    )]
+    AlreadyRegistered(u32),
+    /// The side channel (ZeroMQ) failed.
+    #[error("verbs side channel: {what}{}: {source}", peer_suffix(.peer))]
+    SideChannel {
+        /// What was being done.
+        what: &'static str,
+        /// The peer, if one.
+        peer: Option<String>,
+        /// ZeroMQ's error.
+        source: zmq::Error,
+    },
+    /// The OS refused something (a thread, a mapping, an eventfd).
+    #[error("{what}: {source}")]
+    Os {
+        /// What was being done.
+        what: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+fn peer_suffix(peer: &Option<String>) -> String {
+    peer.as_ref()
+        .map(|p| format!(" (peer {p})"))
+        .unwrap_or_default()
+}
+
+fn list_or_none(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// The OS's text for an errno (without std's ` (os error N)`; the errno
+/// is printed beside it).
+pub(crate) fn errno_text(errno: i32) -> String {
+    let text = std::io::Error::from_raw_os_error(errno).to_string();
+    match text.rfind(" (os error ") {
+        Some(at) => text[..at].to_owned(),
+        None => text,
+    }
+}
+
+/// What kind of failure an errno is.
+fn errno_kind(errno: i32) -> FaultKind {
+    match errno {
+        libc::ECONNREFUSED
+        | libc::ECONNRESET
+        | libc::EHOSTUNREACH
+        | libc::ENETUNREACH
+        | libc::ENETDOWN
+        | libc::ENOTCONN => FaultKind::PeerGone,
+        libc::ETIMEDOUT => FaultKind::Timeout,
+        libc::EMSGSIZE | libc::E2BIG => FaultKind::TooLarge,
+        libc::EACCES | libc::EFAULT => FaultKind::OutOfBounds,
+        _ => FaultKind::Io,
+    }
+}
+
+impl Fault for VerbsError {
+    fn kind(&self) -> FaultKind {
+        match self {
+            Self::Verb { verb, errno, .. } => {
+                if verb.starts_with("ibv_reg_mr") {
+                    FaultKind::Registration
+                } else {
+                    errno_kind(*errno)
+                }
+            }
+            Self::NoDevice { .. }
+            | Self::Port { .. }
+            | Self::NoGid { .. }
+            | Self::Os { .. }
+            | Self::SideChannel { .. } => FaultKind::Io,
+            Self::RouteTimeout { .. } | Self::ConnectTimeout { .. } | Self::Refused { .. } => {
+                FaultKind::PeerGone
+            }
+            Self::BadSession { .. } | Self::BadExchange { .. } => FaultKind::UnknownPeer,
+            Self::Completion { status, .. } => status.kind(),
+            Self::Broken { .. } => FaultKind::PeerGone,
+            Self::Timeout { .. } => FaultKind::Timeout,
+            Self::DestOutOfBounds { .. }
+            | Self::SourceOutOfBounds { .. }
+            | Self::UnknownRegion(_) => FaultKind::OutOfBounds,
+            Self::AlreadyRegistered(_) => FaultKind::Registration,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_verb_the_errno_and_the_peer() {
+        let e = VerbsError::Verb {
+            verb: "ibv_get_device_list",
+            errno: libc::ENOSYS,
+            peer: None,
+        };
+        assert_eq!(
+            e.to_string(),
+            "ibv_get_device_list: Function not implemented (errno 38)"
+        );
+        assert_eq!(e.kind(), FaultKind::Io);
+        let e = VerbsError::Verb {
+            verb: "ibv_reg_mr",
+            errno: libc::ENOMEM,
+            peer: None,
+        };
+        assert_eq!(e.kind(), FaultKind::Registration);
+        let e = VerbsError::Verb {
+            verb: "ibv_post_send",
+            errno: libc::ENETUNREACH,
+            peer: Some("verbs:00000000000000aa@tcp://10.0.0.2:5000".into()),
+        };
+        assert!(e
+            .to_string()
+            .contains("(peer verbs:00000000000000aa@tcp://10.0.0.2:5000)"));
+        assert_eq!(e.kind(), FaultKind::PeerGone);
+    }
+
+    #[test]
+    fn a_completion_error_names_the_peer_and_the_status() {
+        let e = VerbsError::Completion {
+            peer: "verbs:1@tcp://h:1".into(),
+            status: WcStatus(12),
+            vendor_err: 0x81,
+        };
+        assert_eq!(
+            e.to_string(),
+            "write to verbs:1@tcp://h:1 failed: work completion status IBV_WC_RETRY_EXC_ERR (12: transport retry counter exceeded) (vendor error 0x81)"
+        );
+        assert_eq!(e.kind(), FaultKind::PeerGone);
+        let e = VerbsError::Completion {
+            peer: "p".into(),
+            status: WcStatus(10),
+            vendor_err: 0,
+        };
+        assert_eq!(e.kind(), FaultKind::OutOfBounds);
+    }
+
+    #[test]
+    fn an_rtr_timeout_says_what_usually_causes_it() {
+        let e = VerbsError::RouteTimeout {
+            peer: "p".into(),
+            sgid_index: 3,
+            dgid: "::ffff:10.0.0.2".into(),
+        };
+        let s = e.to_string();
+        assert!(s.contains("GID index"), "{s}");
+        assert!(s.contains("route"), "{s}");
+        assert_eq!(e.kind(), FaultKind::PeerGone);
+    }
+
+    #[test]
+    fn no_device_lists_what_is_present() {
+        let e = VerbsError::NoDevice {
+            wanted: "mlx5_9".into(),
+            present: vec!["mlx5_0".into(), "mlx5_1".into()],
+        };
+        assert_eq!(
+            e.to_string(),
+            "no RDMA device \"mlx5_9\"; devices present: mlx5_0, mlx5_1"
+        );
+        let e = VerbsError::NoDevice {
+            wanted: "rxe0".into(),
+            present: vec![],
+        };
+        assert!(e.to_string().ends_with("devices present: none"));
+    }
+}

@@ -1,0 +1,517 @@
+//! The real device layer over `sideway`, which loads libibverbs at run
+//! time: one opened port, one protection domain, one completion queue,
+//! one memory registration, and basic RC queue pairs.
+//!
+//! This is the only module that touches verbs. Sideway panics on a few
+//! values it does not know (an MTU, a GID type, a work-completion status),
+//! so raw values are read here and converted by this crate instead.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::sync::Arc;
+
+use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
+use std::os::fd::AsRawFd;
+
+use rdma_mummy_sys::{ibv_ack_cq_events, ibv_get_cq_event, ibv_req_notify_cq};
+use sideway::ibverbs::completion::{
+    BasicCompletionQueue, CompletionChannel, CompletionQueue as _, PollCompletionQueueError,
+};
+use sideway::ibverbs::device::{DeviceInfo, DeviceList};
+use sideway::ibverbs::device_context::{DeviceContext, Mtu};
+use sideway::ibverbs::memory_region::MemoryRegion;
+use sideway::ibverbs::protection_domain::ProtectionDomain;
+use sideway::ibverbs::queue_pair::{
+    BasicQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairState,
+    SetScatterGatherEntry, WorkRequestFlags,
+};
+use sideway::ibverbs::AccessFlags;
+
+use crate::attrs::{mtu_bytes, QpStep};
+use crate::device::{
+    Device, DeviceError, GidEntry, GidKind, Keys, LinkLayer, PortInfo, Wc, WriteWr,
+};
+use crate::error::VerbsError;
+use crate::status::WcStatus;
+
+/// Completion-queue entries: more than the work requests of every queue
+/// pair can have signaled at once in practice; an overrun moves the CQ to
+/// error, which fails the writes loudly rather than silently.
+const CQ_ENTRIES: u32 = 8192;
+
+/// `IBV_PORT_ACTIVE`.
+const PORT_ACTIVE: u32 = 4;
+/// `IBV_LINK_LAYER_ETHERNET`.
+const LINK_ETHERNET: u8 = 2;
+/// `IBV_GID_TYPE_SYSFS_ROCE_V2` as `ibv_query_gid_type` reports it.
+const GID_TYPE_ROCE_V2: u32 = 1;
+
+/// The errno inside a sideway error. Its errors wrap an `io::Error` in
+/// `#[error(transparent)]` kinds, which hide it from `source()`, so a level
+/// that is not an `io::Error` is read by its text, which is the
+/// `io::Error`'s own (`... (os error 38)`).
+fn errno_of(e: &(dyn std::error::Error + 'static)) -> i32 {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<io::Error>() {
+            return io.raw_os_error().unwrap_or(libc::EIO);
+        }
+        if let Some(n) = os_error_in(&err.to_string()) {
+            return n;
+        }
+        cur = err.source();
+    }
+    libc::EIO
+}
+
+/// The `N` of a trailing `(os error N)`.
+fn os_error_in(text: &str) -> Option<i32> {
+    let rest = text.strip_suffix(')')?;
+    let at = rest.rfind("(os error ")?;
+    rest[at + "(os error ".len()..].parse().ok()
+}
+
+fn verb_err(verb: &'static str, e: &(dyn std::error::Error + 'static)) -> VerbsError {
+    VerbsError::Verb {
+        verb,
+        errno: errno_of(e),
+        peer: None,
+    }
+}
+
+/// The names of the RDMA devices present, or the error that says why none
+/// can be listed (`ENOSYS` on a kernel without RDMA support).
+pub fn device_names() -> Result<Vec<String>, VerbsError> {
+    let list = DeviceList::new().map_err(|e| verb_err("ibv_get_device_list", &e))?;
+    Ok(list.iter().map(|d| d.name()).collect())
+}
+
+/// The environment variable that names the device the integration tests
+/// run on.
+pub const TEST_DEVICE_VAR: &str = "FERRY_VERBS_DEVICE";
+
+/// For test harnesses: the device [`TEST_DEVICE_VAR`] names, or why the
+/// verbs tests cannot run here (the variable is unset, and what the
+/// machine has: its devices, or the errno that says it has none).
+pub fn test_device() -> Result<String, String> {
+    if let Ok(d) = std::env::var(TEST_DEVICE_VAR) {
+        if !d.is_empty() {
+            return Ok(d);
+        }
+    }
+    let here = match device_names() {
+        Ok(names) if names.is_empty() => "this machine has no RDMA device".to_owned(),
+        Ok(names) => format!("devices here: {}", names.join(", ")),
+        Err(e) => format!("no RDMA device can exist here: {e}{}", hint(&e)),
+    };
+    Err(format!(
+        "{TEST_DEVICE_VAR} is not set ({here}); set it to an RDMA device, e.g. {TEST_DEVICE_VAR}=rxe0"
+    ))
+}
+
+fn hint(e: &VerbsError) -> &'static str {
+    match e {
+        VerbsError::Verb {
+            errno: libc::ENOSYS,
+            ..
+        } => " (the kernel has no RDMA support)",
+        VerbsError::Verb {
+            errno: libc::EOPNOTSUPP,
+            ..
+        } => " (libibverbs.so.1 could not be loaded: install libibverbs1 / rdma-core)",
+        _ => "",
+    }
+}
+
+/// An opened port of a real RDMA device.
+pub struct IbvDevice {
+    port: PortInfo,
+    gids: Vec<GidEntry>,
+    // Field order is drop order: the registration and CQ go before the PD
+    // and the context (sideway also holds parents by `Arc`).
+    mr: Option<Arc<MemoryRegion>>,
+    cq: Arc<BasicCompletionQueue>,
+    channel: Arc<CompletionChannel>,
+    armed: bool,
+    pd: Arc<ProtectionDomain>,
+    _ctx: Arc<DeviceContext>,
+}
+
+impl std::fmt::Debug for IbvDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IbvDevice")
+            .field("port", &self.port)
+            .field("gids", &self.gids.len())
+            .finish()
+    }
+}
+
+impl IbvDevice {
+    /// Opens port `port` of the device named `name`.
+    pub fn open(name: &str, port: u8) -> Result<Self, VerbsError> {
+        let list = DeviceList::new().map_err(|e| verb_err("ibv_get_device_list", &e))?;
+        let device =
+            list.iter()
+                .find(|d| d.name() == name)
+                .ok_or_else(|| VerbsError::NoDevice {
+                    wanted: name.to_owned(),
+                    present: list.iter().map(|d| d.name()).collect(),
+                })?;
+        let ctx = device.open().map_err(|e| verb_err("ibv_open_device", &e))?;
+        let dev_attr = ctx
+            .query_device()
+            .map_err(|e| verb_err("ibv_query_device", &e))?;
+        let port_err = |why: String| VerbsError::Port {
+            device: name.to_owned(),
+            port,
+            why,
+        };
+        if port == 0 || port > dev_attr.phys_port_cnt() {
+            return Err(port_err(format!(
+                "no such port (the device has {})",
+                dev_attr.phys_port_cnt()
+            )));
+        }
+        let attr = ctx
+            .query_port(port)
+            .map_err(|e| verb_err("ibv_query_port", &e))?
+            .attr;
+        if attr.state != PORT_ACTIVE {
+            return Err(port_err(format!(
+                "not active (state {}; is the link up?)",
+                attr.state
+            )));
+        }
+        let link = if attr.link_layer == LINK_ETHERNET {
+            LinkLayer::Ethernet
+        } else {
+            LinkLayer::InfiniBand
+        };
+        let active_mtu = mtu_bytes(attr.active_mtu)
+            .ok_or_else(|| port_err(format!("active MTU value {} unknown", attr.active_mtu)))?;
+        let info = PortInfo {
+            device: name.to_owned(),
+            port,
+            link,
+            lid: attr.lid,
+            active_mtu,
+            max_msg: attr.max_msg_sz.max(1),
+            max_qp_wr: u32::try_from(dev_attr.max_qp_wr()).unwrap_or(1).max(1),
+        };
+        let mut gids = Vec::new();
+        for index in 0..u32::try_from(attr.gid_tbl_len).unwrap_or(0).min(256) {
+            let Ok(gid) = ctx.query_gid(port, index) else {
+                continue;
+            };
+            if gid.is_zero() {
+                continue;
+            }
+            let kind = match link {
+                LinkLayer::InfiniBand => GidKind::InfiniBand,
+                LinkLayer::Ethernet => match ctx.query_gid_type(port, index) {
+                    Ok(0) => GidKind::RoceV1,
+                    Ok(GID_TYPE_ROCE_V2) => GidKind::RoceV2,
+                    Ok(other) => GidKind::Other(other),
+                    Err(_) => continue,
+                },
+            };
+            gids.push(GidEntry {
+                // Bounded by min(256) above.
+                index: index as u8,
+                gid: gid.raw,
+                kind,
+            });
+        }
+        let pd = ctx.alloc_pd().map_err(|e| verb_err("ibv_alloc_pd", &e))?;
+        let channel =
+            CompletionChannel::new(&ctx).map_err(|e| verb_err("ibv_create_comp_channel", &e))?;
+        channel
+            .set_nonblocking(true)
+            .map_err(|e| verb_err("fcntl(completion channel, O_NONBLOCK)", &e))?;
+        let cq = ctx
+            .create_cq_builder()
+            .setup_cqe(CQ_ENTRIES)
+            .setup_comp_channel(&channel, 0)
+            .build()
+            .map_err(|e| verb_err("ibv_create_cq", &e))?;
+        Ok(Self {
+            port: info,
+            gids,
+            mr: None,
+            cq,
+            channel,
+            armed: false,
+            pd,
+            _ctx: ctx,
+        })
+    }
+}
+
+fn to_err(verb: &'static str, e: &(dyn std::error::Error + 'static)) -> DeviceError {
+    DeviceError {
+        verb,
+        errno: errno_of(e),
+    }
+}
+
+impl Device for IbvDevice {
+    type Qp = BasicQueuePair;
+
+    fn port(&self) -> &PortInfo {
+        &self.port
+    }
+
+    fn gid_table(&self) -> &[GidEntry] {
+        &self.gids
+    }
+
+    fn cq_capacity(&self) -> u32 {
+        CQ_ENTRIES
+    }
+
+    unsafe fn register(&mut self, addr: u64, len: usize) -> Result<Keys, DeviceError> {
+        // SAFETY: the caller keeps `len` bytes at `addr` mapped until
+        // `deregister` or drop (the trait's contract).
+        let mr = unsafe {
+            self.pd.reg_mr(
+                addr as usize,
+                len,
+                AccessFlags::LocalWrite | AccessFlags::RemoteWrite,
+            )
+        }
+        .map_err(|e| to_err("ibv_reg_mr", &e))?;
+        let keys = Keys {
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+        };
+        self.mr = Some(mr);
+        Ok(keys)
+    }
+
+    fn deregister(&mut self) {
+        self.mr = None;
+    }
+
+    fn create_qp(&mut self, send_depth: u32) -> Result<Self::Qp, DeviceError> {
+        self.pd
+            .create_qp_builder()
+            .setup_max_send_wr(send_depth)
+            .setup_max_recv_wr(1)
+            .setup_max_send_sge(1)
+            .setup_max_recv_sge(1)
+            .setup_send_cq(Arc::clone(&self.cq))
+            .setup_recv_cq(Arc::clone(&self.cq))
+            .build()
+            .map_err(|e| to_err("ibv_create_qp", &e))
+    }
+
+    fn qp_num(&self, qp: &Self::Qp) -> u32 {
+        qp.qp_number()
+    }
+
+    fn modify(&mut self, qp: &mut Self::Qp, step: &QpStep) -> Result<(), DeviceError> {
+        let mut a = QueuePairAttribute::new();
+        match *step {
+            QpStep::Init {
+                port,
+                pkey_index,
+                remote_write,
+            } => {
+                let access = if remote_write {
+                    AccessFlags::LocalWrite | AccessFlags::RemoteWrite
+                } else {
+                    AccessFlags::LocalWrite
+                };
+                a.setup_state(QueuePairState::Init)
+                    .setup_pkey_index(pkey_index)
+                    .setup_port(port)
+                    .setup_access_flags(access);
+            }
+            QpStep::Rtr {
+                av,
+                path_mtu,
+                dest_qpn,
+                rq_psn,
+                max_dest_rd_atomic,
+                min_rnr_timer,
+            } => {
+                let mut ah = AddressHandleAttribute::new();
+                ah.setup_dest_lid(av.dlid)
+                    .setup_service_level(av.sl)
+                    .setup_port(av.port);
+                if let Some(grh) = av.grh {
+                    ah.setup_grh(
+                        &Gid { raw: grh.dgid },
+                        0,
+                        grh.sgid_index,
+                        grh.hop_limit,
+                        grh.traffic_class,
+                    );
+                }
+                let mtu = match path_mtu {
+                    1 => Mtu::Mtu256,
+                    2 => Mtu::Mtu512,
+                    3 => Mtu::Mtu1024,
+                    4 => Mtu::Mtu2048,
+                    _ => Mtu::Mtu4096,
+                };
+                a.setup_state(QueuePairState::ReadyToReceive)
+                    .setup_address_vector(&ah)
+                    .setup_path_mtu(mtu)
+                    .setup_dest_qp_num(dest_qpn)
+                    .setup_rq_psn(rq_psn)
+                    .setup_max_dest_read_atomic(max_dest_rd_atomic)
+                    .setup_min_rnr_timer(min_rnr_timer);
+            }
+            QpStep::Rts {
+                timeout,
+                retry_cnt,
+                rnr_retry,
+                sq_psn,
+                max_rd_atomic,
+            } => {
+                a.setup_state(QueuePairState::ReadyToSend)
+                    .setup_timeout(timeout)
+                    .setup_retry_cnt(retry_cnt)
+                    .setup_rnr_retry(rnr_retry)
+                    .setup_sq_psn(sq_psn)
+                    .setup_max_read_atomic(max_rd_atomic);
+            }
+            QpStep::Error => {
+                a.setup_state(QueuePairState::Error);
+            }
+        }
+        qp.modify(&a).map_err(|e| to_err(step.verb(), &e))
+    }
+
+    unsafe fn post_writes(
+        &mut self,
+        qp: &mut Self::Qp,
+        wrs: &[WriteWr],
+    ) -> Result<(), DeviceError> {
+        let mut guard = qp.start_post_send();
+        for wr in wrs {
+            let flags = if wr.signaled {
+                WorkRequestFlags::Signaled
+            } else {
+                WorkRequestFlags::none()
+            };
+            let handle = guard
+                .construct_wr(wr.wr_id, flags)
+                .setup_write(wr.rkey, wr.remote_addr);
+            // SAFETY: the caller guarantees the source lies inside the pool
+            // registered with `lkey` (the trait's contract); the NIC reads
+            // it, nothing here dereferences it.
+            unsafe { handle.setup_sge(wr.lkey, wr.local_addr, wr.len) };
+        }
+        guard.post().map_err(|e| to_err("ibv_post_send", &e))
+    }
+
+    fn poll(&mut self, out: &mut Vec<Wc>, max: usize) -> Result<(), DeviceError> {
+        let poller = match self.cq.start_poll() {
+            Ok(p) => p,
+            Err(PollCompletionQueueError::CompletionQueueEmpty) => return Ok(()),
+            Err(e) => return Err(to_err("ibv_poll_cq", &e)),
+        };
+        for wc in poller.take(max) {
+            out.push(Wc {
+                wr_id: wc.wr_id(),
+                status: WcStatus(wc.status()),
+                vendor_err: wc.vendor_err(),
+            });
+        }
+        Ok(())
+    }
+
+    fn completion_fd(&self) -> Option<i32> {
+        Some(self.channel.as_raw_fd())
+    }
+
+    fn arm(&mut self) -> Result<(), DeviceError> {
+        // SAFETY: the channel and CQ are alive (held by `self`); the
+        // out-parameters are locals; the channel is nonblocking, so the
+        // loop ends at EAGAIN.
+        let cq = unsafe { self.cq.cq() }.as_ptr();
+        let mut events = 0u32;
+        loop {
+            let mut ev_cq = std::ptr::null_mut();
+            let mut ev_ctx = std::ptr::null_mut();
+            // SAFETY: see above.
+            let r = unsafe {
+                ibv_get_cq_event(
+                    self.channel.comp_channel().as_ptr(),
+                    &mut ev_cq,
+                    &mut ev_ctx,
+                )
+            };
+            if r == 0 {
+                events += 1;
+                continue;
+            }
+            let errno = io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO);
+            if errno == libc::EAGAIN || errno == libc::EWOULDBLOCK {
+                break;
+            }
+            return Err(DeviceError {
+                verb: "ibv_get_cq_event",
+                errno,
+            });
+        }
+        if events > 0 {
+            // SAFETY: acknowledges exactly the events taken above, on the
+            // CQ they came from (the only CQ on this channel).
+            unsafe { ibv_ack_cq_events(cq, events) };
+            self.armed = false;
+        }
+        if !self.armed {
+            // SAFETY: a live CQ created on a device context with its ops.
+            let r = unsafe { ibv_req_notify_cq(cq, 0) };
+            if r != 0 {
+                return Err(DeviceError {
+                    verb: "ibv_req_notify_cq",
+                    errno: r,
+                });
+            }
+            self.armed = true;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_errno_is_found_behind_transparent_wrappers() {
+        #[derive(Debug, thiserror::Error)]
+        #[error(transparent)]
+        struct Kind(io::Error);
+        #[derive(Debug, thiserror::Error)]
+        #[error("failed to get device list")]
+        struct Outer(#[source] Kind);
+        let e = Outer(Kind(io::Error::from_raw_os_error(libc::ENOSYS)));
+        assert_eq!(errno_of(&e), libc::ENOSYS);
+        assert_eq!(errno_of(&io::Error::from_raw_os_error(2)), 2);
+        assert_eq!(errno_of(&io::Error::other("no errno")), libc::EIO);
+        assert_eq!(os_error_in("x (os error 110)"), Some(110));
+        assert_eq!(os_error_in("x (os error )"), None);
+        assert_eq!(os_error_in("nothing"), None);
+    }
+
+    #[test]
+    fn listing_devices_gives_names_or_the_errno() {
+        // Whatever this machine has, the answer is a list or a typed error
+        // with the errno (ENOSYS on a kernel without RDMA support).
+        match device_names() {
+            Ok(names) => assert!(names.iter().all(|n| !n.is_empty())),
+            Err(VerbsError::Verb { verb, errno, .. }) => {
+                assert_eq!(verb, "ibv_get_device_list");
+                assert_ne!(errno, libc::EIO, "the real errno, not a placeholder");
+            }
+            Err(other) => panic!("{other}"),
+        }
+    }
+}

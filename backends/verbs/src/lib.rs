@@ -1,0 +1,55 @@
+//! ferry's ibverbs data plane: one RC queue pair per peer session and
+//! one-sided RDMA WRITE into the peer's registered pool, on InfiniBand and
+//! RoCE NICs.
+//!
+//! - [`VerbsTransport`] implements ferry-core's `Transport`. Its session id
+//!   ([`Session`]) names the endpoint of its side channel, a ZeroMQ socket
+//!   where it answers connection exchanges ([`exchange`]).
+//! - The first write to a peer exchanges QP number, LID, GID, PSN, MTU and
+//!   the pool's address, length and rkey, then walks both queue pairs
+//!   RESET → INIT → RTR → RTS ([`attrs`]). The GID index is chosen from the
+//!   port's table ([`gid`]) or configured.
+//! - Writes are split at the port's maximum message; only the last chunk
+//!   (and one per half window) is signaled; a bounded window caps what is
+//!   outstanding ([`chunk`]).
+//! - A completion error fails the writes of that connection with the peer
+//!   and the status ([`WcStatus`]); the connection is dropped and the next
+//!   write to that peer reconnects. Writes and connection exchanges have
+//!   deadlines.
+//! - Verbs are reached through the [`Device`] trait: [`IbvDevice`] over
+//!   `sideway` (which loads libibverbs at run time), and in tests a
+//!   software stand-in that runs the same connection logic without a NIC.
+
+// Unsafe code only at the FFI and registration seams: `ibv` (verbs),
+// `transport` (registration) and `conn` (posting registered memory), and
+// the test stand-in's copy; each block with its SAFETY argument.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod attrs;
+pub mod chunk;
+mod conn;
+pub mod device;
+mod error;
+pub mod exchange;
+pub mod gid;
+mod ibv;
+pub mod session;
+mod side;
+#[cfg(any(test, feature = "sim"))]
+pub mod sim;
+mod status;
+mod transport;
+mod wake;
+
+pub use conn::ConnState;
+pub use device::Device;
+pub use error::VerbsError;
+pub use gid::GidChoice;
+pub use ibv::{device_names, test_device, IbvDevice, TEST_DEVICE_VAR};
+pub use session::Session;
+pub use status::WcStatus;
+pub use transport::{VerbsConfig, VerbsTransport};
+
+#[cfg(test)]
+mod tests;

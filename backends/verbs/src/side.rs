@@ -1,0 +1,184 @@
+//! The side channel: a thread that answers connection exchanges on a
+//! ZeroMQ ROUTER socket and sends this transport's own requests, one
+//! DEALER socket per connection being made.
+//!
+//! Callers wake it through an inproc PUSH/PULL pair when a write creates a
+//! connection; otherwise it sleeps in `zmq_poll`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::conn::Book;
+use crate::device::Device;
+use crate::error::VerbsError;
+use crate::exchange::MAX_MESSAGE;
+use crate::wake::Wake;
+
+/// How long the thread sleeps when nothing happens (it also checks the
+/// stop flag this often).
+const IDLE: Duration = Duration::from_millis(100);
+
+fn lock<D: Device>(book: &Mutex<Book<D>>) -> MutexGuard<'_, Book<D>> {
+    // A panic elsewhere poisons the lock; the book stays consistent
+    // between calls, so it is used as is.
+    book.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn side_err(what: &'static str, peer: Option<&str>, source: zmq::Error) -> VerbsError {
+    VerbsError::SideChannel {
+        what,
+        peer: peer.map(str::to_owned),
+        source,
+    }
+}
+
+/// The thread's sockets.
+pub struct SideChannel {
+    /// The context all sockets come from.
+    pub ctx: zmq::Context,
+    /// Where peers' requests arrive.
+    pub router: zmq::Socket,
+    /// Where wake-ups arrive.
+    pub wake: zmq::Socket,
+}
+
+/// Starts the thread.
+pub fn spawn<D: Device>(
+    side: SideChannel,
+    book: Arc<Mutex<Book<D>>>,
+    news: Arc<Wake>,
+    stop: Arc<AtomicBool>,
+) -> Result<JoinHandle<()>, VerbsError> {
+    std::thread::Builder::new()
+        .name("ferry-verbs-side".into())
+        .spawn(move || run(side, &book, &news, &stop))
+        .map_err(|source| VerbsError::Os {
+            what: "start the verbs side-channel thread",
+            source,
+        })
+}
+
+fn run<D: Device>(side: SideChannel, book: &Mutex<Book<D>>, news: &Wake, stop: &AtomicBool) {
+    let mut dealers: Vec<(u32, zmq::Socket)> = Vec::new();
+    let mut buf = vec![0u8; MAX_MESSAGE + 1];
+    while !stop.load(Ordering::Acquire) {
+        let outgoing = lock(book).start_wanted();
+        for o in outgoing {
+            let sent = side.ctx.socket(zmq::DEALER).and_then(|s| {
+                s.set_linger(0)?;
+                s.connect(&o.endpoint)?;
+                s.send(&o.bytes, zmq::DONTWAIT)?;
+                Ok(s)
+            });
+            match sent {
+                Ok(s) => dealers.push((o.conn, s)),
+                Err(e) => {
+                    lock(book).on_send_failed(
+                        o.conn,
+                        side_err("send a connection request", Some(&o.endpoint), e),
+                    );
+                    news.signal();
+                }
+            }
+        }
+        {
+            let b = lock(book);
+            dealers.retain(|(id, _)| b.awaiting(*id));
+        }
+        let ready = {
+            let mut items = Vec::with_capacity(2 + dealers.len());
+            items.push(side.router.as_poll_item(zmq::POLLIN));
+            items.push(side.wake.as_poll_item(zmq::POLLIN));
+            for (_, s) in &dealers {
+                items.push(s.as_poll_item(zmq::POLLIN));
+            }
+            let wait = i64::try_from(IDLE.as_millis()).unwrap_or(100);
+            if let Err(e) = zmq::poll(&mut items, wait) {
+                tracing::error!(error = %e, "verbs side channel: zmq_poll failed");
+                std::thread::sleep(IDLE);
+                continue;
+            }
+            items
+                .iter()
+                .map(zmq::PollItem::is_readable)
+                .collect::<Vec<bool>>()
+        };
+        if ready[1] {
+            while side.wake.recv_bytes(zmq::DONTWAIT).is_ok() {}
+        }
+        if ready[0] {
+            answer_requests(&side.router, book, &mut buf);
+        }
+        for (i, (id, s)) in dealers.iter().enumerate() {
+            if !ready[2 + i] {
+                continue;
+            }
+            match s.recv_into(&mut buf, zmq::DONTWAIT) {
+                Ok(n) if n <= MAX_MESSAGE => lock(book).on_reply(*id, &buf[..n]),
+                Ok(n) => lock(book).on_send_failed(
+                    *id,
+                    VerbsError::BadExchange {
+                        peer: format!("connection {id}"),
+                        field: "message",
+                        why: format!("{n} bytes, at most {MAX_MESSAGE}"),
+                    },
+                ),
+                Err(zmq::Error::EAGAIN) => continue,
+                Err(e) => lock(book).on_send_failed(*id, side_err("receive a reply", None, e)),
+            }
+            // Whatever the reply did (posted the writes, or failed them),
+            // the caller's thread has news; signalled after the book
+            // changed, so a wait that starts later sees it.
+            news.signal();
+        }
+    }
+}
+
+fn answer_requests<D: Device>(router: &zmq::Socket, book: &Mutex<Book<D>>, buf: &mut [u8]) {
+    loop {
+        let identity = match router.recv_bytes(zmq::DONTWAIT) {
+            Ok(id) => id,
+            Err(zmq::Error::EAGAIN) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "verbs side channel: receive failed");
+                return;
+            }
+        };
+        if !router.get_rcvmore().unwrap_or(false) {
+            continue;
+        }
+        let n = match router.recv_into(buf, zmq::DONTWAIT) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "verbs side channel: receive failed");
+                return;
+            }
+        };
+        // Anything past a second frame is not ours; drain it.
+        while router.get_rcvmore().unwrap_or(false) {
+            if router.recv_bytes(zmq::DONTWAIT).is_err() {
+                break;
+            }
+        }
+        let from = format!("side-channel peer {}", hex(&identity));
+        let reply = if n > MAX_MESSAGE {
+            crate::exchange::Reply::Refuse {
+                why: format!("request of {n} bytes, at most {MAX_MESSAGE}"),
+            }
+        } else {
+            lock(book).on_request(&buf[..n], &from)
+        };
+        let bytes = reply.encode();
+        let frames: [&[u8]; 2] = [&identity, &bytes];
+        if let Err(e) = router.send_multipart(frames, zmq::DONTWAIT) {
+            tracing::warn!(error = %e, peer = %from, "verbs side channel: reply not sent");
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,609 @@
+//! The transport end to end over the software stand-in: real side-channel
+//! sockets (ZeroMQ over loopback TCP), the real connection bookkeeping,
+//! chunking and error paths; only the NIC is simulated.
+
+#![allow(unsafe_code)] // Registering test pools and reading them back.
+
+use std::time::{Duration, Instant};
+
+use ferry_core::transport::{Completion, Fault, FaultKind, Region, Transport, WriteTag};
+use ferry_hostmem::HostPool;
+
+use crate::attrs::QpStep;
+use crate::conn::ConnState;
+use crate::error::VerbsError;
+use crate::sim::SimDevice;
+use crate::status::WcStatus;
+use crate::transport::{VerbsConfig, VerbsTransport};
+
+struct Node {
+    t: VerbsTransport<SimDevice>,
+    pool: HostPool,
+    region: Region,
+}
+
+fn config() -> VerbsConfig {
+    let mut c = VerbsConfig::new("sim");
+    c.write_timeout = Duration::from_millis(800);
+    c.connect_timeout = Duration::from_millis(500);
+    c.send_depth = 8;
+    c
+}
+
+fn node_with(config: &VerbsConfig, max_msg: u32, pool_len: usize) -> Node {
+    let device = SimDevice::new([127, 0, 0, 1], max_msg);
+    let mut t = VerbsTransport::with_device(device, config).expect("open over the stand-in");
+    let pool = HostPool::new(pool_len).expect("map a pool");
+    // SAFETY: the pool outlives the transport's registration (dropped
+    // after it in every test: `Node` declares `t` first).
+    let region = unsafe { t.register(pool.ptr(), pool.len()) }.expect("register");
+    Node { t, pool, region }
+}
+
+fn node() -> Node {
+    node_with(&config(), 4096, 1 << 20)
+}
+
+impl Node {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the test owns the pool and reads it while no write into
+        // it is in flight.
+        unsafe { std::slice::from_raw_parts(self.pool.ptr(), self.pool.len()) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` keeps other views away.
+        unsafe { std::slice::from_raw_parts_mut(self.pool.ptr(), self.pool.len()) }
+    }
+
+    fn write(
+        &mut self,
+        off: u64,
+        len: u64,
+        to: &Node,
+        dest_off: u64,
+        cookie: u64,
+    ) -> Result<(), VerbsError> {
+        self.t.post_write(
+            self.region,
+            off,
+            len,
+            to.t.session_id(),
+            to.region.addr + dest_off,
+            WriteTag(cookie),
+            cookie,
+        )
+    }
+
+    fn wait(&mut self, n: usize) -> Vec<Completion<VerbsError>> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut out = Vec::new();
+        while out.len() < n {
+            match self.t.poll_completion() {
+                Some(c) => out.push(c),
+                None if Instant::now() > deadline => {
+                    panic!("only {} of {n} completions", out.len())
+                }
+                None => std::thread::sleep(Duration::from_micros(200)),
+            }
+        }
+        out
+    }
+}
+
+fn fill(buf: &mut [u8], seed: u64) {
+    let mut x = seed | 1;
+    for b in buf {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+}
+
+#[test]
+fn random_writes_arrive_byte_exact_through_chunks_and_a_small_window() {
+    let mut a = node();
+    let b = node();
+    fill(a.bytes_mut(), 7);
+    let mut x = 12345u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let pool = 1u64 << 20;
+    let mut expected = vec![0u8; pool as usize];
+    for round in 0..20 {
+        let mut writes = Vec::new();
+        // Disjoint destinations within a round so every byte is decided.
+        let mut dest = 0u64;
+        for i in 0..15 {
+            let len = match i {
+                0 => 1,
+                1 => 4096,
+                2 => 4097,
+                _ => next() % 40_000,
+            };
+            if dest + len > pool {
+                break;
+            }
+            let src = next() % (pool - len + 1);
+            writes.push((src, len, dest));
+            dest += len + next() % 64;
+        }
+        for (i, &(src, len, dst)) in writes.iter().enumerate() {
+            a.write(src, len, &b, dst, (round * 100 + i) as u64)
+                .expect("post");
+            expected[dst as usize..(dst + len) as usize]
+                .copy_from_slice(&a.bytes()[src as usize..(src + len) as usize]);
+        }
+        let mut done = a.wait(writes.len());
+        done.sort_by_key(|c| c.cookie);
+        for (i, c) in done.iter().enumerate() {
+            assert_eq!(c.cookie, (round * 100 + i) as u64);
+            assert!(c.result.is_ok(), "{:?}", c.result);
+        }
+        for &(_, len, dst) in &writes {
+            let r = dst as usize..(dst + len) as usize;
+            assert_eq!(b.bytes()[r.clone()], expected[r], "round {round}");
+        }
+    }
+    assert_eq!(a.t.connection(b.t.session_id()), Some(ConnState::Ready));
+    assert_eq!(
+        a.t.with_device_mut(|d| d.qps_created),
+        1,
+        "one QP per peer session"
+    );
+}
+
+#[test]
+fn both_queue_pairs_walk_init_rtr_rts_with_matching_psns() {
+    let mut a = node();
+    let b = node();
+    a.write(0, 100, &b, 0, 1).unwrap();
+    assert!(a.wait(1)[0].result.is_ok());
+    let a_log = a.t.with_device_mut(|d| d.log.clone());
+    let b_log = b.t.with_device_mut(|d| d.log.clone());
+    let walk = |log: &[(u32, QpStep)]| -> (u32, u32, u32, u32) {
+        assert_eq!(log.len(), 3, "{log:?}");
+        assert!(matches!(
+            log[0].1,
+            QpStep::Init {
+                port: 1,
+                pkey_index: 0,
+                remote_write: true
+            }
+        ));
+        let QpStep::Rtr {
+            dest_qpn,
+            rq_psn,
+            av,
+            path_mtu,
+            ..
+        } = log[1].1
+        else {
+            panic!("{log:?}")
+        };
+        let grh = av.grh.expect("RoCE needs a GRH");
+        assert_eq!(grh.sgid_index, 3, "RoCE v2, IPv4-mapped");
+        assert_eq!(grh.dgid[12..], [127, 0, 0, 1]);
+        assert_eq!(path_mtu, 3);
+        let QpStep::Rts {
+            timeout,
+            retry_cnt,
+            rnr_retry,
+            sq_psn,
+            ..
+        } = log[2].1
+        else {
+            panic!("{log:?}")
+        };
+        assert_eq!((timeout, retry_cnt, rnr_retry), (14, 7, 7));
+        (log[0].0, dest_qpn, rq_psn, sq_psn)
+    };
+    let (a_qpn, a_dest, a_rq, a_sq) = walk(&a_log);
+    let (b_qpn, b_dest, b_rq, b_sq) = walk(&b_log);
+    assert_eq!(a_dest, b_qpn);
+    assert_eq!(b_dest, a_qpn);
+    assert_eq!(
+        a_rq, b_sq,
+        "each end receives from the PSN the other sends from"
+    );
+    assert_eq!(b_rq, a_sq);
+    assert!(a_sq <= 0xff_ffff && b_sq <= 0xff_ffff);
+}
+
+#[test]
+fn a_completion_error_names_the_peer_and_status_and_the_next_write_reconnects() {
+    let mut a = node();
+    let b = node();
+    a.write(0, 10, &b, 0, 1).unwrap();
+    assert!(a.wait(1)[0].result.is_ok());
+    a.t.with_device_mut(|d| d.fail_next = Some(WcStatus::REMOTE_ACCESS));
+    a.write(0, 10_000, &b, 0, 2).unwrap();
+    a.write(0, 10, &b, 50_000, 3).unwrap();
+    let done = a.wait(2);
+    let first = done.iter().find(|c| c.cookie == 2).unwrap();
+    match &first.result {
+        Err(e @ VerbsError::Completion { peer, status, .. }) => {
+            assert_eq!(peer, b.t.session_id());
+            assert_eq!(*status, WcStatus::REMOTE_ACCESS);
+            assert_eq!(e.kind(), FaultKind::OutOfBounds);
+            assert!(e.to_string().contains("IBV_WC_REM_ACCESS_ERR"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let second = done.iter().find(|c| c.cookie == 3).unwrap();
+    assert!(
+        second.result.is_err(),
+        "a write behind the failed one fails with it"
+    );
+    assert_eq!(
+        a.t.connection(b.t.session_id()),
+        None,
+        "the connection is dropped"
+    );
+    fill(&mut a.bytes_mut()[..64], 99);
+    a.write(0, 64, &b, 200_000, 4).unwrap();
+    assert!(a.wait(1)[0].result.is_ok());
+    assert_eq!(b.bytes()[200_000..200_064], a.bytes()[..64]);
+    assert_eq!(
+        a.t.with_device_mut(|d| d.qps_created),
+        2,
+        "rebuilt on next use"
+    );
+    assert_eq!(a.t.connection(b.t.session_id()), Some(ConnState::Ready));
+}
+
+#[test]
+fn a_peer_that_disappears_fails_its_writes_and_its_endpoint_then_times_out() {
+    let mut a = node();
+    let b = node();
+    let b_session = b.t.session_id().to_owned();
+    let b_addr = b.region.addr;
+    a.write(0, 10, &b, 0, 1).unwrap();
+    assert!(a.wait(1)[0].result.is_ok());
+    drop(b);
+    a.t.post_write(a.region, 0, 10, &b_session, b_addr, WriteTag(2), 2)
+        .unwrap();
+    let c = a.wait(1).remove(0);
+    match &c.result {
+        Err(e @ VerbsError::Completion { status, .. }) => {
+            assert_eq!(*status, WcStatus::RETRY_EXCEEDED);
+            assert_eq!(e.kind(), FaultKind::PeerGone);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Nobody answers on the old endpoint now: the exchange times out.
+    let t0 = Instant::now();
+    a.t.post_write(a.region, 0, 10, &b_session, b_addr, WriteTag(3), 3)
+        .unwrap();
+    match a.wait(1).remove(0).result {
+        Err(VerbsError::ConnectTimeout { peer, .. }) => assert_eq!(peer, b_session),
+        other => panic!("{other:?}"),
+    }
+    assert!(t0.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn a_session_of_an_earlier_incarnation_is_refused() {
+    let mut a = node();
+    let b = node();
+    let s = crate::session::Session::parse(b.t.session_id()).unwrap();
+    let stale = crate::session::Session {
+        incarnation: s.incarnation ^ 1,
+        endpoint: s.endpoint,
+    }
+    .to_string();
+    a.t.post_write(a.region, 0, 10, &stale, b.region.addr, WriteTag(1), 1)
+        .unwrap();
+    match a.wait(1).remove(0).result {
+        Err(e @ VerbsError::Refused { .. }) => {
+            assert!(e.to_string().contains("stale session"), "{e}");
+            assert_eq!(e.kind(), FaultKind::PeerGone);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_rtr_timeout_is_reported_as_a_gid_or_route_problem() {
+    let mut a = node();
+    let b = node();
+    a.t.with_device_mut(|d| d.rtr_errno = Some(libc::ETIMEDOUT));
+    a.write(0, 10, &b, 0, 1).unwrap();
+    match a.wait(1).remove(0).result {
+        Err(e @ VerbsError::RouteTimeout { .. }) => {
+            let s = e.to_string();
+            assert!(s.contains("GID index"), "{s}");
+            assert!(s.contains("::ffff:127.0.0.1"), "{s}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // On the target's side the same failure refuses the request, with the
+    // same explanation.
+    a.t.with_device_mut(|d| d.rtr_errno = None);
+    b.t.with_device_mut(|d| d.rtr_errno = Some(libc::ETIMEDOUT));
+    a.write(0, 10, &b, 0, 2).unwrap();
+    match a.wait(1).remove(0).result {
+        Err(VerbsError::Refused { why, .. }) => assert!(why.contains("GID index"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_stalled_peer_times_writes_out_and_the_connection_is_rebuilt() {
+    let mut a = node();
+    let b = node();
+    a.write(0, 10, &b, 0, 1).unwrap();
+    assert!(a.wait(1)[0].result.is_ok());
+    a.t.with_device_mut(|d| d.hold = true);
+    let t0 = Instant::now();
+    a.write(0, 10, &b, 0, 2).unwrap();
+    a.write(0, 10, &b, 100, 3).unwrap();
+    let done = a.wait(2);
+    let waited = t0.elapsed();
+    assert!(waited >= Duration::from_millis(800), "{waited:?}");
+    let timed_out = done.iter().find(|c| c.cookie == 2).unwrap();
+    assert!(
+        matches!(timed_out.result, Err(VerbsError::Timeout { .. })),
+        "{:?}",
+        timed_out.result
+    );
+    assert!(matches!(
+        done.iter().find(|c| c.cookie == 3).unwrap().result,
+        Err(VerbsError::Broken { .. })
+    ));
+    // Completions of the failed connection that turn up late are ignored;
+    // the next write gets a new queue pair.
+    a.t.with_device_mut(|d| d.hold = false);
+    a.write(0, 10, &b, 0, 4).unwrap();
+    let c = a.wait(1).remove(0);
+    assert_eq!(c.cookie, 4);
+    assert!(c.result.is_ok(), "{:?}", c.result);
+    assert!(a.t.poll_completion().is_none(), "no stray completions");
+    assert_eq!(a.t.with_device_mut(|d| d.qps_created), 2);
+}
+
+#[test]
+fn bad_writes_are_refused_with_typed_errors() {
+    let mut a = node();
+    let b = node();
+    let len = a.pool.len() as u64;
+    match a.write(len - 5, 10, &b, 0, 1) {
+        Err(e @ VerbsError::SourceOutOfBounds { .. }) => {
+            assert_eq!(e.kind(), FaultKind::OutOfBounds)
+        }
+        other => panic!("{other:?}"),
+    }
+    let unknown = Region { id: 9, ..a.region };
+    assert!(matches!(
+        a.t.post_write(
+            unknown,
+            0,
+            1,
+            b.t.session_id(),
+            b.region.addr,
+            WriteTag(1),
+            1
+        ),
+        Err(VerbsError::UnknownRegion(9))
+    ));
+    assert!(matches!(
+        a.t.post_write(a.region, 0, 1, "shm:/x@0+1", 0, WriteTag(1), 1),
+        Err(VerbsError::BadSession { .. })
+    ));
+    // Before the connection exists the peer's bounds are unknown: the
+    // write is refused once they are.
+    a.write(0, 10, &b, b.pool.len() as u64 - 5, 2).unwrap();
+    match a.wait(1).remove(0).result {
+        Err(VerbsError::DestOutOfBounds { peer, .. }) => assert_eq!(peer, b.t.session_id()),
+        other => panic!("{other:?}"),
+    }
+    // Now it is known, and refused at once.
+    assert!(matches!(
+        a.write(0, 10, &b, b.pool.len() as u64 - 5, 3),
+        Err(VerbsError::DestOutOfBounds { .. })
+    ));
+    assert!(matches!(
+        a.t.post_write(
+            a.region,
+            0,
+            1,
+            b.t.session_id(),
+            b.region.addr - 1,
+            WriteTag(4),
+            4
+        ),
+        Err(VerbsError::DestOutOfBounds { .. })
+    ));
+    // The connection is still good.
+    a.write(0, 10, &b, 0, 5).unwrap();
+    assert!(a.wait(1)[0].result.is_ok());
+    // A zero-byte write completes without a work request.
+    a.write(0, 0, &b, 0, 6).unwrap();
+    assert_eq!(a.wait(1)[0].cookie, 6);
+    // One pool per transport.
+    let other = HostPool::new(4096).unwrap();
+    // SAFETY: refused before anything is registered.
+    match unsafe { a.t.register(other.ptr(), other.len()) } {
+        Err(VerbsError::AlreadyRegistered(1)) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_target_without_a_pool_refuses_and_deregistering_fails_pending_writes() {
+    let mut a = node();
+    let device = SimDevice::new([127, 0, 0, 1], 4096);
+    let bare = VerbsTransport::with_device(device, &config()).unwrap();
+    a.t.post_write(a.region, 0, 10, bare.session_id(), 0, WriteTag(1), 1)
+        .unwrap();
+    match a.wait(1).remove(0).result {
+        Err(VerbsError::Refused { why, .. }) => assert!(why.contains("no pool"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    let b = node();
+    a.t.with_device_mut(|d| d.hold = true);
+    a.write(0, 10, &b, 0, 2).unwrap();
+    // Connection and write in flight (held); deregistration fails it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a.t.connection(b.t.session_id()) != Some(ConnState::Ready) {
+        assert!(Instant::now() < deadline, "never connected");
+        let _ = a.t.poll_completion();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    a.t.deregister(a.region).unwrap();
+    match a.wait(1).remove(0).result {
+        Err(VerbsError::Broken { why, .. }) => assert!(why.contains("deregistered"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        a.t.deregister(a.region),
+        Err(VerbsError::UnknownRegion(1))
+    ));
+}
+
+#[test]
+fn the_side_channel_refuses_malformed_requests_without_harm() {
+    let b = node();
+    let endpoint = b.t.endpoint().to_owned();
+    let ctx = zmq::Context::new();
+    let s = ctx.socket(zmq::DEALER).unwrap();
+    s.set_rcvtimeo(5000).unwrap();
+    s.connect(&endpoint).unwrap();
+    for junk in [&b"{"[..], b"", &[0xff; 100][..], &vec![b'x'; 10_000][..]] {
+        s.send(junk, 0).unwrap();
+        let reply = s.recv_bytes(0).expect("a reply to every request");
+        match crate::exchange::Reply::decode(&reply, "b").unwrap() {
+            crate::exchange::Reply::Refuse { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    // And the transport still accepts a real writer.
+    let mut a = node();
+    a.write(0, 10, &b, 0, 1).unwrap();
+    assert!(a.wait(1)[0].result.is_ok());
+}
+
+#[test]
+fn the_gid_index_can_be_configured_and_a_missing_one_is_named() {
+    let mut c = config();
+    c.gid = crate::gid::GidChoice::Index(2);
+    let n = node_with(&c, 4096, 4096);
+    assert_eq!(n.t.gid().0, 2);
+    c.gid = crate::gid::GidChoice::Index(7);
+    match VerbsTransport::with_device(SimDevice::new([127, 0, 0, 1], 4096), &c) {
+        Err(e @ VerbsError::NoGid { .. }) => assert!(e.to_string().contains("GID index 7"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    c.gid = crate::gid::GidChoice::Index(1);
+    // A link-local GID has no IPv4 address for the side channel.
+    match VerbsTransport::with_device(SimDevice::new([127, 0, 0, 1], 4096), &c) {
+        Err(e @ VerbsError::Port { .. }) => {
+            assert!(e.to_string().contains("--verbs-listen"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+    c.listen = Some("127.0.0.1".into());
+    assert!(VerbsTransport::with_device(SimDevice::new([127, 0, 0, 1], 4096), &c).is_ok());
+    c.listen = Some("tcp://0.0.0.0:*".into());
+    assert!(matches!(
+        VerbsTransport::with_device(SimDevice::new([127, 0, 0, 1], 4096), &c),
+        Err(VerbsError::Port { .. })
+    ));
+}
+
+#[test]
+fn outstanding_work_stays_within_the_cq_across_connections() {
+    let mut c = config();
+    c.send_depth = 8;
+    let mut device = SimDevice::new([127, 0, 0, 1], 1024);
+    device.cq_capacity = 3;
+    let mut t = VerbsTransport::with_device(device, &c).unwrap();
+    let pool = HostPool::new(1 << 20).unwrap();
+    // SAFETY: the pool moves into `a` behind the transport, so it is
+    // unmapped after the transport (and its registration) is gone.
+    let region = unsafe { t.register(pool.ptr(), pool.len()) }.unwrap();
+    let mut a = Node { t, pool, region };
+    fill(a.bytes_mut(), 3);
+    let (b, d) = (node(), node());
+    let mut n = 0;
+    for round in 0..10u64 {
+        for (k, to) in [&b, &d].into_iter().enumerate() {
+            // 20 KiB in 1 KiB chunks: 20 work requests per write.
+            let off = round * 40_000 + k as u64 * 20_000;
+            a.write(off, 20_000, to, off, n).unwrap();
+            n += 1;
+        }
+    }
+    for c in a.wait(n as usize) {
+        assert!(c.result.is_ok(), "{:?}", c.result);
+    }
+    assert!(b.bytes()[..400_000]
+        .chunks(40_000)
+        .zip(a.bytes().chunks(40_000))
+        .all(|(x, y)| x[..20_000] == y[..20_000]));
+    assert!(d.bytes()[..400_000]
+        .chunks(40_000)
+        .zip(a.bytes().chunks(40_000))
+        .all(|(x, y)| x[20_000..] == y[20_000..]));
+    let peak = a.t.with_device_mut(|dev| dev.cq_peak);
+    assert!(peak <= 3, "{peak} completions waited in a CQ of 3");
+}
+
+#[test]
+fn a_target_keeps_its_newest_writers_and_an_evicted_one_reconnects() {
+    let mut c = config();
+    c.max_writers = 1;
+    let b = node_with(&c, 4096, 1 << 20);
+    let (mut a, mut w) = (node(), node());
+    a.write(0, 10, &b, 0, 1).unwrap();
+    assert!(a.wait(1)[0].result.is_ok());
+    w.write(0, 10, &b, 100, 2).unwrap();
+    assert!(w.wait(1)[0].result.is_ok());
+    // `w` took the only place: `a`'s queue pair at `b` is gone.
+    a.write(0, 10, &b, 0, 3).unwrap();
+    match a.wait(1).remove(0).result {
+        Err(VerbsError::Completion { status, .. }) => assert_eq!(status, WcStatus::RETRY_EXCEEDED),
+        other => panic!("{other:?}"),
+    }
+    a.write(0, 10, &b, 0, 4).unwrap();
+    assert!(a.wait(1)[0].result.is_ok(), "reconnected");
+}
+
+#[test]
+fn the_wake_descriptor_rises_for_completions_and_for_side_channel_news() {
+    use crate::wake::readable;
+    let mut a = node();
+    let b = node();
+    let fd = a.t.wake_fd().expect("a wake descriptor");
+    // Connect first, then drain: nothing is pending, the CQ is armed.
+    a.write(0, 10, &b, 0, 1).unwrap();
+    assert!(a.wait(1)[0].result.is_ok());
+    assert!(a.t.poll_completion().is_none());
+    assert!(!readable(fd, 0), "quiet when nothing happened");
+    a.write(0, 5000, &b, 0, 2).unwrap();
+    assert!(readable(fd, 5000), "a completion raises it");
+    let c = a.t.poll_completion().expect("the completion");
+    assert_eq!(c.cookie, 2);
+    assert!(a.t.poll_completion().is_none());
+    assert!(!readable(fd, 0), "cleared once reaped");
+    // A refusal is found by the side channel's thread: it raises the
+    // descriptor without the caller polling.
+    let s = crate::session::Session::parse(b.t.session_id()).unwrap();
+    let stale = crate::session::Session {
+        incarnation: s.incarnation ^ 1,
+        endpoint: s.endpoint,
+    }
+    .to_string();
+    a.t.post_write(a.region, 0, 10, &stale, b.region.addr, WriteTag(3), 3)
+        .unwrap();
+    assert!(readable(fd, 5000), "news from the side channel raises it");
+    match a.t.poll_completion().map(|c| c.result) {
+        Some(Err(VerbsError::Refused { .. })) => {}
+        other => panic!("{other:?}"),
+    }
+}

@@ -1,0 +1,443 @@
+//! [`VerbsTransport`]: ferry-core's `Transport` over RC queue pairs.
+//!
+//! One device port, one protection domain, one completion queue and one
+//! registered pool per transport. The first write to a peer session makes
+//! a connection through the side channel; writes are split at the port's
+//! maximum message and posted within a bounded window; the caller's
+//! `poll_completion` reaps the CQ and enforces deadlines.
+
+#![allow(unsafe_code)] // Registration: the caller keeps the memory mapped.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteTag};
+use ferry_hostmem::HostPool;
+
+use crate::conn::{Book, ConnState, Limits, Pool};
+use crate::device::{Device, PortInfo};
+use crate::error::VerbsError;
+use crate::gid::{choose, gid_text, ipv4_of, GidChoice};
+use crate::ibv::IbvDevice;
+use crate::session::Session;
+use crate::side::{self, SideChannel};
+use crate::wake::Wake;
+
+/// How often the caller's poll checks write and connect deadlines.
+const SWEEP: Duration = Duration::from_millis(5);
+
+/// What a verbs transport opens and how it behaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerbsConfig {
+    /// The RDMA device (`mlx5_0`, `rxe0`).
+    pub device: String,
+    /// Its port (from 1).
+    pub port: u8,
+    /// The local GID index.
+    pub gid: GidChoice,
+    /// Where the side channel listens: a host address of this machine
+    /// (`10.0.0.2`, port picked by the OS) or a full ZeroMQ endpoint
+    /// (`tcp://10.0.0.2:7000`). Default: the IPv4 address of the chosen
+    /// GID (RoCE), which peers reach over the same network.
+    pub listen: Option<String>,
+    /// Largest work request (default and ceiling: the port's maximum
+    /// message).
+    pub max_chunk: Option<u32>,
+    /// Outstanding work requests per queue pair.
+    pub send_depth: u32,
+    /// A write not completed after this fails (keep it below the
+    /// coordinator's push timeout).
+    pub write_timeout: Duration,
+    /// A connection exchange not answered after this fails its writes.
+    pub connect_timeout: Duration,
+    /// Writers whose queue pairs a target keeps (the oldest is dropped
+    /// beyond this).
+    pub max_writers: usize,
+}
+
+impl VerbsConfig {
+    /// Defaults for `device`: port 1, automatic GID, 128 outstanding work
+    /// requests, 5 s write timeout, 2 s connect timeout, 4096 writers.
+    pub fn new(device: impl Into<String>) -> Self {
+        Self {
+            device: device.into(),
+            port: 1,
+            gid: GidChoice::Auto,
+            listen: None,
+            max_chunk: None,
+            send_depth: 128,
+            write_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+            max_writers: 4096,
+        }
+    }
+}
+
+/// ferry's ibverbs transport (see the module documentation).
+pub struct VerbsTransport<D: Device = IbvDevice> {
+    session: String,
+    endpoint: String,
+    thread: Option<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    wake: Mutex<zmq::Socket>,
+    events: Arc<Wake>,
+    book: Arc<Mutex<Book<D>>>,
+    next_sweep: Instant,
+    // Last: unmapped after the registration (inside the book) is gone.
+    pool: Option<HostPool>,
+}
+
+impl<D: Device> std::fmt::Debug for VerbsTransport<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsTransport")
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+
+fn random_u64() -> u64 {
+    let mut h = RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+fn side_err(what: &'static str, source: zmq::Error) -> VerbsError {
+    VerbsError::SideChannel {
+        what,
+        peer: None,
+        source,
+    }
+}
+
+impl VerbsTransport<IbvDevice> {
+    /// Opens the configured device port.
+    pub fn open(config: &VerbsConfig) -> Result<Self, VerbsError> {
+        let device = IbvDevice::open(&config.device, config.port)?;
+        Self::with_device(device, config)
+    }
+
+    /// Opens the device with a pool of `len` bytes of its own (map it with
+    /// [`pool_ptr`](Self::pool_ptr), then register it).
+    pub fn with_pool(config: &VerbsConfig, len: usize) -> Result<Self, VerbsError> {
+        let pool = HostPool::new(len).map_err(|source| VerbsError::Os {
+            what: "map pool",
+            source,
+        })?;
+        let mut t = Self::open(config)?;
+        t.pool = Some(pool);
+        Ok(t)
+    }
+}
+
+impl<D: Device> VerbsTransport<D> {
+    /// A transport over an opened device (a real one, or a test stand-in).
+    pub fn with_device(device: D, config: &VerbsConfig) -> Result<Self, VerbsError> {
+        let port = device.port().clone();
+        let gid =
+            choose(port.link, device.gid_table(), config.gid).map_err(|why| VerbsError::NoGid {
+                device: port.device.clone(),
+                port: port.port,
+                why,
+            })?;
+        let listen = match &config.listen {
+            Some(l) if l.contains("://") => l.clone(),
+            Some(host) => format!("tcp://{host}:*"),
+            None => match ipv4_of(&gid.gid) {
+                Some(ip) => format!("tcp://{ip}:*"),
+                None => {
+                    return Err(VerbsError::Port {
+                        device: port.device.clone(),
+                        port: port.port,
+                        why: format!(
+                            "GID {} (index {}) has no IPv4 address to run the side channel on; name one with --verbs-listen",
+                            gid_text(&gid.gid),
+                            gid.index
+                        ),
+                    })
+                }
+            },
+        };
+        let incarnation = random_u64();
+        let ctx = zmq::Context::new();
+        let router = ctx
+            .socket(zmq::ROUTER)
+            .map_err(|e| side_err("create the ROUTER socket", e))?;
+        router
+            .set_linger(0)
+            .map_err(|e| side_err("set LINGER", e))?;
+        router
+            .bind(&listen)
+            .map_err(|e| side_err("bind the side channel", e))?;
+        let endpoint = router
+            .get_last_endpoint()
+            .map_err(|e| side_err("read the bound endpoint", e))?
+            .map_err(|_| side_err("read the bound endpoint", zmq::Error::EINVAL))?;
+        let session = Session {
+            incarnation,
+            endpoint: endpoint.clone(),
+        };
+        // Peers dial what the session names, so it must be an address of
+        // this host, not a wildcard.
+        if endpoint.contains("://0.0.0.0:") || endpoint.contains("://[::]:") {
+            return Err(VerbsError::Port {
+                device: port.device.clone(),
+                port: port.port,
+                why: format!("the side channel bound {endpoint}, which peers cannot dial; listen on an address of this host"),
+            });
+        }
+        let session = Session::parse(&session.to_string())?.to_string();
+        let inproc = format!("inproc://ferry-verbs-wake-{incarnation:016x}");
+        let wake_rx = ctx
+            .socket(zmq::PULL)
+            .map_err(|e| side_err("create the wake socket", e))?;
+        wake_rx
+            .bind(&inproc)
+            .map_err(|e| side_err("bind the wake socket", e))?;
+        let wake_tx = ctx
+            .socket(zmq::PUSH)
+            .map_err(|e| side_err("create the wake socket", e))?;
+        wake_tx
+            .connect(&inproc)
+            .map_err(|e| side_err("connect the wake socket", e))?;
+        let limits = Limits {
+            send_depth: config.send_depth.clamp(2, port.max_qp_wr.max(2)),
+            max_chunk: config
+                .max_chunk
+                .map_or(port.max_msg, |c| c.clamp(1, port.max_msg)),
+            write_timeout: config.write_timeout,
+            connect_timeout: config.connect_timeout,
+            max_writers: config.max_writers,
+        };
+        let events = Arc::new(Wake::new(device.completion_fd())?);
+        let book = Arc::new(Mutex::new(Book::new(
+            device,
+            session.clone(),
+            incarnation,
+            (gid.index, gid.gid),
+            limits,
+        )));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = side::spawn(
+            SideChannel {
+                ctx,
+                router,
+                wake: wake_rx,
+            },
+            Arc::clone(&book),
+            Arc::clone(&events),
+            Arc::clone(&stop),
+        )?;
+        tracing::info!(
+            session = %session,
+            device = %port.device,
+            port = port.port,
+            gid_index = gid.index,
+            gid = %gid_text(&gid.gid),
+            mtu = port.active_mtu,
+            max_chunk = limits.max_chunk,
+            "verbs transport open"
+        );
+        Ok(Self {
+            session,
+            endpoint,
+            thread: Some(thread),
+            stop,
+            wake: Mutex::new(wake_tx),
+            events,
+            book,
+            next_sweep: Instant::now(),
+            pool: None,
+        })
+    }
+
+    fn book(&self) -> MutexGuard<'_, Book<D>> {
+        self.book
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn wake_side(&self) {
+        let s = self
+            .wake
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // A full pipe already holds a wake-up.
+        let _ = s.send(&b"w"[..], zmq::DONTWAIT);
+    }
+
+    /// The pool's first byte (null without a pool).
+    pub fn pool_ptr(&self) -> *mut u8 {
+        self.pool
+            .as_ref()
+            .map_or(std::ptr::null_mut(), HostPool::ptr)
+    }
+
+    /// The pool's length (0 without a pool).
+    pub fn pool_len(&self) -> usize {
+        self.pool.as_ref().map_or(0, HostPool::len)
+    }
+
+    /// The side channel's endpoint.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The opened port.
+    pub fn port(&self) -> PortInfo {
+        self.book().device.port().clone()
+    }
+
+    /// The local GID index and GID in use.
+    pub fn gid(&self) -> (u8, [u8; 16]) {
+        self.book().gid
+    }
+
+    /// The state of the connection to `peer`, if there is one.
+    pub fn connection(&self, peer: &str) -> Option<ConnState> {
+        self.book().state_of(peer)
+    }
+
+    /// Runs `f` on the device (tests drive their stand-in through this).
+    pub fn with_device_mut<R>(&self, f: impl FnOnce(&mut D) -> R) -> R {
+        f(&mut self.book().device)
+    }
+}
+
+impl<D: Device> Drop for VerbsTransport<D> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake_side();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl<D: Device> Transport for VerbsTransport<D> {
+    type Error = VerbsError;
+
+    fn session_id(&self) -> &str {
+        &self.session
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            // Writes are split at the port's maximum message.
+            max_write: u64::MAX,
+            // An RC write completes when the target's NIC has acknowledged
+            // it, after it has placed the data.
+            delivery_complete: true,
+        }
+    }
+
+    unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, VerbsError> {
+        let mut book = self.book();
+        if let Some(p) = book.pool {
+            return Err(VerbsError::AlreadyRegistered(p.region));
+        }
+        // SAFETY: the caller's contract: the memory stays mapped until
+        // deregistered or the transport dropped.
+        let keys =
+            unsafe { book.device.register(addr as u64, len) }.map_err(|e| VerbsError::Verb {
+                verb: e.verb,
+                errno: e.errno,
+                peer: None,
+            })?;
+        let region = Region {
+            id: 1,
+            addr: addr as u64,
+            len: len as u64,
+        };
+        book.pool = Some(Pool {
+            region: region.id,
+            addr: region.addr,
+            len: region.len,
+            keys,
+        });
+        Ok(region)
+    }
+
+    fn deregister(&mut self, region: Region) -> Result<(), VerbsError> {
+        let mut book = self.book();
+        match book.pool {
+            Some(p) if p.region == region.id => {
+                book.fail_all("the source region was deregistered");
+                book.pool = None;
+                book.device.deregister();
+                Ok(())
+            }
+            _ => Err(VerbsError::UnknownRegion(region.id)),
+        }
+    }
+
+    fn post_write(
+        &mut self,
+        region: Region,
+        local_offset: u64,
+        len: u64,
+        dest_session: &str,
+        dest_addr: u64,
+        _tag: WriteTag,
+        cookie: u64,
+    ) -> Result<(), VerbsError> {
+        let fresh = {
+            let mut book = self.book();
+            let pool = match book.pool {
+                Some(p) if p.region == region.id => p,
+                _ => return Err(VerbsError::UnknownRegion(region.id)),
+            };
+            if local_offset
+                .checked_add(len)
+                .is_none_or(|end| end > pool.len)
+            {
+                return Err(VerbsError::SourceOutOfBounds {
+                    region: pool.region,
+                    offset: local_offset,
+                    len,
+                    region_len: pool.len,
+                });
+            }
+            book.post(
+                dest_session,
+                pool.addr + local_offset,
+                len,
+                dest_addr,
+                cookie,
+                Instant::now(),
+            )?
+        };
+        if fresh {
+            self.wake_side();
+        }
+        Ok(())
+    }
+
+    fn poll_completion(&mut self) -> Option<Completion<VerbsError>> {
+        let now = Instant::now();
+        let sweep = now >= self.next_sweep;
+        if sweep {
+            self.next_sweep = now + SWEEP;
+        }
+        // Cleared before looking, so news that comes after signals anew.
+        self.events.clear();
+        let mut book = self.book();
+        let c = book.poll(now, sweep);
+        if c.is_none() && book.needs_polling() {
+            self.events.signal();
+        }
+        c
+    }
+
+    fn wake_fd(&self) -> Option<i32> {
+        Some(self.events.fd())
+    }
+}

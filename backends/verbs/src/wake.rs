@@ -1,0 +1,128 @@
+//! The transport's wake descriptor: an epoll set the runtime waits on
+//! together with its control channel. It holds the device's completion
+//! channel (readable when a completion arrives on an armed CQ) and an
+//! eventfd the side channel signals when it finishes writes itself (a
+//! refused or failed connection), so that neither waits for a poll.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::error::VerbsError;
+
+/// The epoll set and the eventfd.
+#[derive(Debug)]
+pub struct Wake {
+    epoll: OwnedFd,
+    news: OwnedFd,
+}
+
+fn os(what: &'static str) -> VerbsError {
+    VerbsError::Os {
+        what,
+        source: io::Error::last_os_error(),
+    }
+}
+
+fn watch(epoll: &OwnedFd, fd: RawFd) -> Result<(), VerbsError> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: fd as u64,
+    };
+    // SAFETY: both descriptors are open (the epoll set is owned here, `fd`
+    // by the caller for as long as the set lives); `ev` is a valid event.
+    let r = unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    if r != 0 {
+        return Err(os("add a descriptor to the wake set (epoll_ctl)"));
+    }
+    Ok(())
+}
+
+impl Wake {
+    /// A wake set holding a fresh eventfd and, if given, `completions`
+    /// (which must stay open while this set lives).
+    pub fn new(completions: Option<RawFd>) -> Result<Self, VerbsError> {
+        // SAFETY: plain descriptor creation; each result is checked and
+        // owned at once.
+        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if epoll < 0 {
+            return Err(os("create the wake set (epoll_create1)"));
+        }
+        // SAFETY: `epoll` was just created and is owned by nothing else.
+        let epoll = unsafe { OwnedFd::from_raw_fd(epoll) };
+        // SAFETY: as above.
+        let news = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if news < 0 {
+            return Err(os("create the wake eventfd"));
+        }
+        // SAFETY: `news` was just created and is owned by nothing else.
+        let news = unsafe { OwnedFd::from_raw_fd(news) };
+        watch(&epoll, news.as_raw_fd())?;
+        if let Some(fd) = completions {
+            watch(&epoll, fd)?;
+        }
+        Ok(Self { epoll, news })
+    }
+
+    /// The descriptor to wait on.
+    pub fn fd(&self) -> RawFd {
+        self.epoll.as_raw_fd()
+    }
+
+    /// Makes the set readable.
+    pub fn signal(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live buffer to our eventfd; a full
+        // counter (EAGAIN) already means readable.
+        unsafe { libc::write(self.news.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    }
+
+    /// Clears the eventfd (the completion channel is drained by arming the
+    /// device).
+    pub fn clear(&self) {
+        let mut buf = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a live buffer from our
+        // nonblocking eventfd; EAGAIN means it was clear.
+        unsafe { libc::read(self.news.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    }
+}
+
+/// True if `fd` turns readable within `wait_ms`.
+#[cfg(test)]
+pub fn readable(fd: RawFd, wait_ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&mut p, 1, wait_ms) };
+    n > 0 && p.revents & libc::POLLIN != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_set_is_readable_while_signalled_and_clear_after() {
+        let w = Wake::new(None).unwrap();
+        assert!(!readable(w.fd(), 0));
+        w.signal();
+        w.signal();
+        assert!(readable(w.fd(), 0));
+        w.clear();
+        assert!(!readable(w.fd(), 0));
+    }
+
+    #[test]
+    fn a_member_descriptor_makes_the_set_readable() {
+        let other = Wake::new(None).unwrap();
+        let w = Wake::new(Some(other.news.as_raw_fd())).unwrap();
+        assert!(!readable(w.fd(), 0));
+        other.signal();
+        assert!(readable(w.fd(), 0));
+        other.clear();
+        assert!(!readable(w.fd(), 0));
+    }
+}
