@@ -29,6 +29,48 @@ use crate::gid::gid_text;
 use crate::session::Session;
 use crate::status::WcStatus;
 
+/// Hashing for the maps keyed by this book's own counters (write ids,
+/// work-request ids, connection ids): nobody outside chooses these keys, so
+/// SipHash's defence buys nothing, and a multiply is a tenth of its cost.
+#[derive(Clone, Copy, Default)]
+struct IdHash;
+
+/// The hasher of [`IdHash`].
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl std::hash::BuildHasher for IdHash {
+    type Hasher = IdHasher;
+
+    fn build_hasher(&self) -> IdHasher {
+        IdHasher(0)
+    }
+}
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        // hashbrown takes the bucket from the low bits and a tag from the
+        // top 7: a multiply by an odd constant permutes the low bits of
+        // sequential ids (no collisions among neighbours) and spreads them
+        // into the top ones.
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
 /// Completions polled per call.
 const POLL_BATCH: usize = 64;
 
@@ -67,7 +109,12 @@ struct Conn<Q> {
     peer: String,
     session: Session,
     state: ConnState,
-    since: Instant,
+    /// When the connection attempt was first seen by a sweep (its connect
+    /// deadline counts from there; stamping it there keeps the clock off
+    /// the posting path).
+    since: Option<Instant>,
+    /// The book's tick at its last write (orders idle connections).
+    last_used: u64,
     qp: Option<Q>,
     local: Option<QpInfo>,
     pool: Option<PoolInfo>,
@@ -75,8 +122,9 @@ struct Conn<Q> {
     next_seq: u32,
     /// Writes not yet fully posted, oldest first.
     queue: VecDeque<u64>,
-    /// Every write of this connection not yet completed.
-    writes: Vec<u64>,
+    /// Every write of this connection not yet completed, oldest first
+    /// (RC completes in order, so the one that completes is the front).
+    writes: VecDeque<u64>,
 }
 
 struct Write {
@@ -85,7 +133,8 @@ struct Write {
     remote_addr: u64,
     len: u64,
     posted: u64,
-    deadline: Instant,
+    /// Stamped by the first sweep after the write was posted.
+    deadline: Option<Instant>,
 }
 
 struct Signal {
@@ -121,19 +170,22 @@ pub struct Outgoing {
 /// The transport's state.
 pub struct Book<D: Device> {
     // Queue pairs go before the device (and its registration) on drop.
-    conns: HashMap<u32, Conn<D::Qp>>,
+    conns: HashMap<u32, Conn<D::Qp>, IdHash>,
     inbound: HashMap<String, D::Qp>,
     /// Writer sessions in the order they were accepted.
     inbound_order: VecDeque<String>,
     /// The device.
     pub device: D,
     by_peer: HashMap<String, u32>,
-    writes: HashMap<u64, Write>,
-    signals: HashMap<u64, Signal>,
+    writes: HashMap<u64, Write, IdHash>,
+    signals: HashMap<u64, Signal, IdHash>,
     done: VecDeque<Completion<VerbsError>>,
     wcs: Vec<Wc>,
+    /// Scratch for the work requests of one post.
+    wrs: Vec<WriteWr>,
     next_conn: u32,
     next_write: u64,
+    tick: u64,
     /// Work requests outstanding on every queue pair together: kept
     /// within the CQ's capacity, since a CQ that overflows goes to error.
     in_flight: u32,
@@ -173,17 +225,19 @@ impl<D: Device> Book<D> {
     ) -> Self {
         let cq_capacity = device.cq_capacity().max(2);
         Self {
-            conns: HashMap::new(),
+            conns: HashMap::default(),
             inbound: HashMap::new(),
             inbound_order: VecDeque::new(),
             device,
             by_peer: HashMap::new(),
-            writes: HashMap::new(),
-            signals: HashMap::new(),
+            writes: HashMap::default(),
+            signals: HashMap::default(),
             done: VecDeque::new(),
             wcs: Vec::with_capacity(POLL_BATCH),
+            wrs: Vec::new(),
             next_conn: 1,
             next_write: 1,
+            tick: 0,
             in_flight: 0,
             cq_capacity,
             cq_blocked: false,
@@ -228,12 +282,13 @@ impl<D: Device> Book<D> {
         len: u64,
         dest_addr: u64,
         cookie: u64,
-        now: Instant,
     ) -> Result<bool, VerbsError> {
+        self.tick += 1;
         let (conn_id, fresh) = match self.by_peer.get(dest) {
             Some(&id) => (id, false),
             None => {
                 let session = Session::parse(dest)?;
+                self.make_room(dest);
                 let id = self.next_conn;
                 self.next_conn = self.next_conn.wrapping_add(1).max(1);
                 self.conns.insert(
@@ -243,14 +298,15 @@ impl<D: Device> Book<D> {
                         peer: dest.to_owned(),
                         session,
                         state: ConnState::Wanted,
-                        since: now,
+                        since: None,
+                        last_used: self.tick,
                         qp: None,
                         local: None,
                         pool: None,
                         window: Window::new(self.limits.send_depth),
                         next_seq: 0,
                         queue: VecDeque::new(),
-                        writes: Vec::new(),
+                        writes: VecDeque::new(),
                     },
                 );
                 self.by_peer.insert(dest.to_owned(), id);
@@ -263,6 +319,7 @@ impl<D: Device> Book<D> {
                 why: "connection vanished".into(),
             });
         };
+        conn.last_used = self.tick;
         if let Some(pool) = conn.pool {
             check_dest(&conn.peer, pool, dest_addr, len)?;
         }
@@ -285,15 +342,42 @@ impl<D: Device> Book<D> {
                 remote_addr: dest_addr,
                 len,
                 posted: 0,
-                deadline: now + self.limits.write_timeout,
+                deadline: None,
             },
         );
         conn.queue.push_back(id);
-        conn.writes.push(id);
+        conn.writes.push_back(id);
         if conn.state == ConnState::Ready {
             self.pump(conn_id);
         }
         Ok(fresh)
+    }
+
+    /// Keeps at most `max_writers` connections: peers come and go (a
+    /// restarted peer has a new session), so beyond that the connection
+    /// idle the longest is closed. One with writes in flight is never
+    /// closed for room.
+    fn make_room(&mut self, for_peer: &str) {
+        if self.conns.len() < self.limits.max_writers.max(1) {
+            return;
+        }
+        let idle = self
+            .conns
+            .values()
+            .filter(|c| c.writes.is_empty())
+            .min_by_key(|c| c.last_used)
+            .map(|c| (c.id, c.peer.clone()));
+        if let Some((id, peer)) = idle {
+            tracing::info!(peer = %peer, new_peer = %for_peer, "verbs: idle connection closed to make room");
+            if let Some(mut conn) = self.conns.remove(&id) {
+                self.by_peer.remove(&conn.peer);
+                if let Some(qp) = conn.qp.as_mut() {
+                    let _ = self.device.modify(qp, &attrs::QpStep::Error);
+                }
+                self.in_flight = self.in_flight.saturating_sub(conn.window.in_flight());
+                self.signals.retain(|_, s| s.conn != id);
+            }
+        }
     }
 
     /// Posts what the connection's window has room for.
@@ -304,7 +388,8 @@ impl<D: Device> Book<D> {
         let (Some(pool), Some(keys)) = (conn.pool, self.pool.map(|p| p.keys)) else {
             return;
         };
-        let mut wrs = Vec::new();
+        let mut wrs = std::mem::take(&mut self.wrs);
+        wrs.clear();
         let mut refused = Vec::new();
         while conn.window.has_room() {
             if self.in_flight >= self.cq_capacity {
@@ -360,7 +445,7 @@ impl<D: Device> Book<D> {
             }
         }
         for (wid, e) in refused {
-            conn.writes.retain(|&x| x != wid);
+            forget(&mut conn.writes, wid);
             if let Some(w) = self.writes.remove(&wid) {
                 self.done.push_back(Completion {
                     cookie: w.cookie,
@@ -368,10 +453,8 @@ impl<D: Device> Book<D> {
                 });
             }
         }
-        if wrs.is_empty() {
-            return;
-        }
-        let Some(qp) = conn.qp.as_mut() else {
+        let Some(qp) = conn.qp.as_mut().filter(|_| !wrs.is_empty()) else {
+            self.wrs = wrs;
             return;
         };
         // SAFETY: every source range was checked against the registered
@@ -379,6 +462,7 @@ impl<D: Device> Book<D> {
         // the pool the peer announced for this rkey.
         #[allow(unsafe_code)]
         let posted = unsafe { self.device.post_writes(qp, &wrs) };
+        self.wrs = wrs;
         if let Err(e) = posted {
             let peer = conn.peer.clone();
             self.fail_conn(conn_id, verb(e, &peer));
@@ -591,24 +675,47 @@ impl<D: Device> Book<D> {
         Ok((qp, info))
     }
 
-    /// Reaps completions and enforces deadlines; returns the next finished
-    /// write.
-    pub fn poll(&mut self, now: Instant, sweep: bool) -> Option<Completion<VerbsError>> {
+    /// Reaps completions; returns the next finished write. Reading no
+    /// clock, it leaves deadlines to [`Book::sweep`].
+    pub fn poll(&mut self) -> Option<Completion<VerbsError>> {
         if let Some(c) = self.done.pop_front() {
             return Some(c);
         }
-        // Arm before polling: a completion after this raises an event; one
-        // before it is found by the poll.
-        if let Err(e) = self.device.arm() {
-            if !self.arm_failed {
-                tracing::warn!(
-                    verb = e.verb,
-                    errno = e.errno,
-                    "verbs: completion events unavailable; completions are found by polling"
-                );
-                self.arm_failed = true;
+        self.reap();
+        if self.done.is_empty() {
+            // About to report nothing, so the caller may sleep: arm, then
+            // poll once more (a completion after arming raises an event,
+            // one before it is found by this poll). Arming only here keeps
+            // its syscall off the path of a busy CQ.
+            if let Err(e) = self.device.arm() {
+                if !self.arm_failed {
+                    tracing::warn!(
+                        verb = e.verb,
+                        errno = e.errno,
+                        "verbs: completion events unavailable; completions are found by polling"
+                    );
+                    self.arm_failed = true;
+                }
+            }
+            self.reap();
+        }
+        if self.cq_blocked {
+            self.cq_blocked = false;
+            let ready: Vec<u32> = self
+                .conns
+                .values()
+                .filter(|c| c.state == ConnState::Ready && !c.queue.is_empty())
+                .map(|c| c.id)
+                .collect();
+            for id in ready {
+                self.pump(id);
             }
         }
+        self.done.pop_front()
+    }
+
+    /// Polls one batch of completions and applies them.
+    fn reap(&mut self) {
         let mut wcs = std::mem::take(&mut self.wcs);
         wcs.clear();
         if let Err(e) = self.device.poll(&mut wcs, POLL_BATCH) {
@@ -628,22 +735,6 @@ impl<D: Device> Book<D> {
             self.on_wc(wc);
         }
         self.wcs = wcs;
-        if self.cq_blocked {
-            self.cq_blocked = false;
-            let ready: Vec<u32> = self
-                .conns
-                .values()
-                .filter(|c| c.state == ConnState::Ready && !c.queue.is_empty())
-                .map(|c| c.id)
-                .collect();
-            for id in ready {
-                self.pump(id);
-            }
-        }
-        if sweep {
-            self.sweep(now);
-        }
-        self.done.pop_front()
     }
 
     fn on_wc(&mut self, wc: &Wc) {
@@ -666,7 +757,7 @@ impl<D: Device> Book<D> {
             conn.window.complete(sig.covered);
             self.in_flight = self.in_flight.saturating_sub(sig.covered);
             if let Some(wid) = sig.completes {
-                conn.writes.retain(|&x| x != wid);
+                forget(&mut conn.writes, wid);
                 if let Some(w) = self.writes.remove(&wid) {
                     self.done.push_back(Completion {
                         cookie: w.cookie,
@@ -678,13 +769,20 @@ impl<D: Device> Book<D> {
         self.pump(sig.conn);
     }
 
-    fn sweep(&mut self, now: Instant) {
+    /// Fails the connections whose exchange or writes are past their
+    /// deadlines, stamping the deadlines of those seen for the first time;
+    /// returns the next finished write.
+    pub fn sweep(&mut self, now: Instant) -> Option<Completion<VerbsError>> {
+        let write_timeout = self.limits.write_timeout;
+        for w in self.writes.values_mut() {
+            w.deadline.get_or_insert(now + write_timeout);
+        }
         let mut failing = Vec::new();
-        for conn in self.conns.values() {
+        for conn in self.conns.values_mut() {
+            let connecting = matches!(conn.state, ConnState::Wanted | ConnState::Requested);
+            let since = *conn.since.get_or_insert(now);
             match conn.state {
-                ConnState::Wanted | ConnState::Requested
-                    if now.duration_since(conn.since) >= self.limits.connect_timeout =>
-                {
+                _ if connecting && now.duration_since(since) >= self.limits.connect_timeout => {
                     failing.push((
                         conn.id,
                         VerbsError::ConnectTimeout {
@@ -694,10 +792,12 @@ impl<D: Device> Book<D> {
                     ));
                 }
                 _ => {
-                    let late = conn
-                        .writes
-                        .iter()
-                        .any(|w| self.writes.get(w).is_some_and(|w| w.deadline <= now));
+                    let late = conn.writes.iter().any(|w| {
+                        self.writes
+                            .get(w)
+                            .and_then(|w| w.deadline)
+                            .is_some_and(|d| d <= now)
+                    });
                     if late {
                         failing.push((
                             conn.id,
@@ -713,6 +813,7 @@ impl<D: Device> Book<D> {
         for (id, e) in failing {
             self.fail_conn(id, e);
         }
+        self.done.pop_front()
     }
 
     /// True if completions cannot raise events and writes are pending: the
@@ -746,6 +847,15 @@ impl<D: Device> Book<D> {
                 },
             );
         }
+    }
+}
+
+/// Removes write `wid` from a connection's list (almost always its front).
+fn forget(writes: &mut VecDeque<u64>, wid: u64) {
+    if writes.front() == Some(&wid) {
+        writes.pop_front();
+    } else if let Some(i) = writes.iter().position(|&x| x == wid) {
+        writes.remove(i);
     }
 }
 

@@ -20,7 +20,7 @@ use crate::wake::Wake;
 /// stop flag this often).
 const IDLE: Duration = Duration::from_millis(100);
 
-fn lock<D: Device>(book: &Mutex<Book<D>>) -> MutexGuard<'_, Book<D>> {
+pub(crate) fn lock<D: Device>(book: &Mutex<Book<D>>) -> MutexGuard<'_, Book<D>> {
     // A panic elsewhere poisons the lock; the book stays consistent
     // between calls, so it is used as is.
     book.lock()
@@ -69,6 +69,7 @@ fn run<D: Device>(side: SideChannel, book: &Mutex<Book<D>>, news: &Wake, stop: &
         for o in outgoing {
             let sent = side.ctx.socket(zmq::DEALER).and_then(|s| {
                 s.set_linger(0)?;
+                s.set_ipv6(true)?;
                 s.connect(&o.endpoint)?;
                 s.send(&o.bytes, zmq::DONTWAIT)?;
                 Ok(s)

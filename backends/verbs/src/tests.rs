@@ -509,11 +509,22 @@ fn the_gid_index_can_be_configured_and_a_missing_one_is_named() {
     }
     c.listen = Some("127.0.0.1".into());
     assert!(VerbsTransport::with_device(SimDevice::new([127, 0, 0, 1], 4096), &c).is_ok());
-    c.listen = Some("tcp://0.0.0.0:*".into());
-    assert!(matches!(
-        VerbsTransport::with_device(SimDevice::new([127, 0, 0, 1], 4096), &c),
-        Err(VerbsError::Port { .. })
-    ));
+    // An IPv6 host (IPoIB fabrics) is bracketed into the endpoint.
+    c.listen = Some("::1".into());
+    let t = VerbsTransport::with_device(SimDevice::new([127, 0, 0, 1], 4096), &c).unwrap();
+    assert!(
+        t.session_id().contains("@tcp://[::1]:"),
+        "{}",
+        t.session_id()
+    );
+    for wildcard in ["tcp://0.0.0.0:*", "tcp://*:*", "tcp://[::]:*"] {
+        c.listen = Some(wildcard.into());
+        match VerbsTransport::with_device(SimDevice::new([127, 0, 0, 1], 4096), &c) {
+            Err(VerbsError::Port { .. }) => {}
+            Ok(t) => panic!("{wildcard}: bound {}", t.session_id()),
+            Err(e) => panic!("{wildcard}: {e}"),
+        }
+    }
 }
 
 #[test]
@@ -606,4 +617,25 @@ fn the_wake_descriptor_rises_for_completions_and_for_side_channel_news() {
         Some(Err(VerbsError::Refused { .. })) => {}
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn a_writer_keeps_at_most_its_limit_of_idle_connections() {
+    let mut c = config();
+    c.max_writers = 1;
+    let mut a = node_with(&c, 4096, 1 << 20);
+    let (b, d) = (node(), node());
+    a.write(0, 10, &b, 0, 1).unwrap();
+    assert!(a.wait(1)[0].result.is_ok());
+    a.write(0, 10, &d, 0, 2).unwrap();
+    assert!(a.wait(1)[0].result.is_ok());
+    assert_eq!(
+        a.t.connection(b.t.session_id()),
+        None,
+        "the idle one was closed"
+    );
+    assert_eq!(a.t.connection(d.t.session_id()), Some(ConnState::Ready));
+    a.write(0, 10, &b, 0, 3).unwrap();
+    assert!(a.wait(1)[0].result.is_ok());
+    assert_eq!(a.t.with_device_mut(|dev| dev.qps_created), 3);
 }

@@ -110,6 +110,22 @@ fn random_u64() -> u64 {
     h.finish()
 }
 
+/// True if a bound endpoint's host is unspecified (`0.0.0.0`, `::`, `*`).
+fn is_wildcard(endpoint: &str) -> bool {
+    let Some(rest) = endpoint.strip_prefix("tcp://") else {
+        return false;
+    };
+    let host = rest.rsplit_once(':').map_or(rest, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(a)) => a.is_unspecified(),
+        Ok(std::net::IpAddr::V6(a)) => {
+            a.is_unspecified() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_unspecified())
+        }
+        Err(_) => host == "*",
+    }
+}
+
 fn side_err(what: &'static str, source: zmq::Error) -> VerbsError {
     VerbsError::SideChannel {
         what,
@@ -150,6 +166,9 @@ impl<D: Device> VerbsTransport<D> {
             })?;
         let listen = match &config.listen {
             Some(l) if l.contains("://") => l.clone(),
+            Some(host) if host.contains(':') && !host.starts_with('[') => {
+                format!("tcp://[{host}]:*")
+            }
             Some(host) => format!("tcp://{host}:*"),
             None => match ipv4_of(&gid.gid) {
                 Some(ip) => format!("tcp://{ip}:*"),
@@ -175,6 +194,9 @@ impl<D: Device> VerbsTransport<D> {
             .set_linger(0)
             .map_err(|e| side_err("set LINGER", e))?;
         router
+            .set_ipv6(listen.contains('['))
+            .map_err(|e| side_err("set IPV6", e))?;
+        router
             .bind(&listen)
             .map_err(|e| side_err("bind the side channel", e))?;
         let endpoint = router
@@ -187,7 +209,7 @@ impl<D: Device> VerbsTransport<D> {
         };
         // Peers dial what the session names, so it must be an address of
         // this host, not a wildcard.
-        if endpoint.contains("://0.0.0.0:") || endpoint.contains("://[::]:") {
+        if is_wildcard(&endpoint) {
             return Err(VerbsError::Port {
                 device: port.device.clone(),
                 port: port.port,
@@ -199,12 +221,20 @@ impl<D: Device> VerbsTransport<D> {
         let wake_rx = ctx
             .socket(zmq::PULL)
             .map_err(|e| side_err("create the wake socket", e))?;
+        // LINGER 0 on both ends: an unread wake-up must never hold the
+        // context open at drop.
+        wake_rx
+            .set_linger(0)
+            .map_err(|e| side_err("set LINGER", e))?;
         wake_rx
             .bind(&inproc)
             .map_err(|e| side_err("bind the wake socket", e))?;
         let wake_tx = ctx
             .socket(zmq::PUSH)
             .map_err(|e| side_err("create the wake socket", e))?;
+        wake_tx
+            .set_linger(0)
+            .map_err(|e| side_err("set LINGER", e))?;
         wake_tx
             .connect(&inproc)
             .map_err(|e| side_err("connect the wake socket", e))?;
@@ -260,9 +290,7 @@ impl<D: Device> VerbsTransport<D> {
     }
 
     fn book(&self) -> MutexGuard<'_, Book<D>> {
-        self.book
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        side::lock(&self.book)
     }
 
     fn wake_side(&self) {
@@ -334,7 +362,9 @@ impl<D: Device> Transport for VerbsTransport<D> {
             // Writes are split at the port's maximum message.
             max_write: u64::MAX,
             // An RC write completes when the target's NIC has acknowledged
-            // it, after it has placed the data.
+            // it; the target reads only after the commit, a control message
+            // sent after that completion (the ordering Mooncake and sglang
+            // rely on too).
             delivery_complete: true,
         }
     }
@@ -412,7 +442,6 @@ impl<D: Device> Transport for VerbsTransport<D> {
                 len,
                 dest_addr,
                 cookie,
-                Instant::now(),
             )?
         };
         if fresh {
@@ -422,19 +451,25 @@ impl<D: Device> Transport for VerbsTransport<D> {
     }
 
     fn poll_completion(&mut self) -> Option<Completion<VerbsError>> {
-        let now = Instant::now();
-        let sweep = now >= self.next_sweep;
-        if sweep {
-            self.next_sweep = now + SWEEP;
-        }
         // Cleared before looking, so news that comes after signals anew.
         self.events.clear();
-        let mut book = self.book();
-        let c = book.poll(now, sweep);
-        if c.is_none() && book.needs_polling() {
+        let mut book = side::lock(&self.book);
+        if let Some(c) = book.poll() {
+            return Some(c);
+        }
+        // Nothing finished: the caller is about to wait, so this is when
+        // the clock is read (not once per completion) and deadlines kept.
+        let now = Instant::now();
+        if now >= self.next_sweep {
+            self.next_sweep = now + SWEEP;
+            if let Some(c) = book.sweep(now) {
+                return Some(c);
+            }
+        }
+        if book.needs_polling() {
             self.events.signal();
         }
-        c
+        None
     }
 
     fn wake_fd(&self) -> Option<i32> {

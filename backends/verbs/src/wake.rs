@@ -7,6 +7,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::VerbsError;
 
@@ -15,6 +16,11 @@ use crate::error::VerbsError;
 pub struct Wake {
     epoll: OwnedFd,
     news: OwnedFd,
+    /// Set after a signal's write, so that `clear` reads (a syscall) only
+    /// when there may be something to read. A wake-up is never lost: the
+    /// eventfd stays readable until a read, and a read follows only a
+    /// signal that completed.
+    pending: AtomicBool,
 }
 
 fn os(what: &'static str) -> VerbsError {
@@ -61,7 +67,11 @@ impl Wake {
         if let Some(fd) = completions {
             watch(&epoll, fd)?;
         }
-        Ok(Self { epoll, news })
+        Ok(Self {
+            epoll,
+            news,
+            pending: AtomicBool::new(false),
+        })
     }
 
     /// The descriptor to wait on.
@@ -75,11 +85,15 @@ impl Wake {
         // SAFETY: writes 8 bytes from a live buffer to our eventfd; a full
         // counter (EAGAIN) already means readable.
         unsafe { libc::write(self.news.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        self.pending.store(true, Ordering::Release);
     }
 
     /// Clears the eventfd (the completion channel is drained by arming the
     /// device).
     pub fn clear(&self) {
+        if !self.pending.swap(false, Ordering::AcqRel) {
+            return;
+        }
         let mut buf = [0u8; 8];
         // SAFETY: reads at most 8 bytes into a live buffer from our
         // nonblocking eventfd; EAGAIN means it was clear.
