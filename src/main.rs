@@ -470,8 +470,9 @@ fn main() -> ExitCode {
                 bench_fabric(&b.handoff)
             }
             None if b.handoff.data_plane.backend == ferry::pipeline::Backend::Verbs => Err(
-                "ferry bench has no verbs measurement (it was built on a machine without an RDMA NIC); \
-                 time `ferry pipeline --control zmq --backend verbs --device <dev>` instead"
+                "ferry bench does not measure the verbs data plane yet (no NIC to calibrate it on); \
+                 time `ferry pipeline --control zmq --backend verbs --device <dev>` instead, and \
+                 `cargo bench -p ferry-verbs --features sim --bench bookkeeping` for its CPU cost"
                     .into(),
             ),
             None => bench_handoff(&b.handoff),

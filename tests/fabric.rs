@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{num, scenarios};
+use common::scenarios;
 
 /// `--backend fabric` over `provider` with `delivery` (bound to loopback
 /// for tcp).
@@ -88,28 +88,6 @@ fn a_receiver_killed_mid_run_fails_only_its_requests() {
 /// a denoiser killed mid-run.
 #[test]
 fn the_pipeline_runs_over_libfabric_and_survives_a_killed_denoiser() {
-    let run = |args: &[&str]| {
-        let mut a = vec!["--backend", "fabric"];
-        a.extend(args);
-        scenarios::pipeline(&a)
-    };
-    let line = run(&["--provider", "shm", "--requests", "16"]);
-    assert_eq!(common::field(&line, "ok"), "true", "{line}");
-    assert_eq!(num(&line, "delivered"), 16, "{line}");
-    let line = run(&[
-        "--provider",
-        "tcp;ofi_rxm",
-        "--fabric-source",
-        "127.0.0.1",
-        "--requests",
-        "48",
-        "--kill",
-        "1@8",
-        "--push-timeout-ms",
-        "8000",
-    ]);
-    assert_eq!(common::field(&line, "ok"), "true", "{line}");
-    assert_eq!(common::field(&line, "incomplete"), "false", "{line}");
-    assert_eq!(num(&line, "mismatches"), 0, "{line}");
-    assert_eq!(num(&line, "delivered") + num(&line, "failed"), 48, "{line}");
+    scenarios::pipeline_delivers(&["--backend", "fabric", "--provider", "shm"]);
+    scenarios::pipeline_survives_a_killed_denoiser(&plane("tcp;ofi_rxm", "auto"));
 }

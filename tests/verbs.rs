@@ -12,27 +12,21 @@
 
 mod common;
 
-use common::{field, num, scenarios};
+use common::scenarios;
 
 fn device() -> Option<String> {
     #[cfg(feature = "verbs")]
-    let found = ferry_verbs::test_device();
+    return ferry_verbs::test_device_or_skip();
     #[cfg(not(feature = "verbs"))]
-    let found: Result<String, String> =
-        Err("this ferry was built without the `verbs` feature".to_owned());
-    match found {
-        Ok(d) => Some(d),
-        Err(why) => {
-            assert!(
-                std::env::var("FERRY_REQUIRE_VERBS").as_deref() != Ok("1"),
-                "FERRY_REQUIRE_VERBS=1 but the verbs tests cannot run: {why}"
-            );
-            // Straight to stderr, past the test harness's capture, so that
-            // the skip shows in a normal `cargo test` run.
-            use std::io::Write as _;
-            let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
-            None
-        }
+    {
+        let why = "this ferry was built without the `verbs` feature";
+        assert!(
+            std::env::var("FERRY_REQUIRE_VERBS").as_deref() != Ok("1"),
+            "FERRY_REQUIRE_VERBS=1 but the verbs tests cannot run: {why}"
+        );
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
+        None
     }
 }
 
@@ -51,25 +45,9 @@ fn verbs_receiver_killed_mid_run_fails_only_its_requests() {
 #[test]
 fn the_pipeline_runs_over_verbs_and_survives_a_killed_denoiser() {
     let Some(dev) = device() else { return };
-    let line = scenarios::pipeline(&["--backend", "verbs", "--device", &dev, "--requests", "16"]);
-    assert_eq!(field(&line, "ok"), "true", "{line}");
-    assert_eq!(num(&line, "delivered"), 16, "{line}");
-    let line = scenarios::pipeline(&[
-        "--backend",
-        "verbs",
-        "--device",
-        &dev,
-        "--requests",
-        "48",
-        "--kill",
-        "1@8",
-        "--push-timeout-ms",
-        "8000",
-    ]);
-    assert_eq!(field(&line, "ok"), "true", "{line}");
-    assert_eq!(field(&line, "incomplete"), "false", "{line}");
-    assert_eq!(num(&line, "mismatches"), 0, "{line}");
-    assert_eq!(num(&line, "delivered") + num(&line, "failed"), 48, "{line}");
+    let plane = ["--backend", "verbs", "--device", &dev];
+    scenarios::pipeline_delivers(&plane);
+    scenarios::pipeline_survives_a_killed_denoiser(&plane);
 }
 
 /// Runs everywhere: an instance asked for a device that is not there

@@ -289,7 +289,7 @@ impl DataPlaneArgs {
                     .map_or(ferry_verbs::GidChoice::Auto, ferry_verbs::GidChoice::Index);
                 c.listen.clone_from(&self.verbs_listen);
                 c.max_chunk = (self.max_chunk_kib > 0)
-                    .then(|| u32::try_from(self.max_chunk_kib << 10).unwrap_or(u32::MAX));
+                    .then(|| u32::try_from(self.max_chunk_kib.saturating_mul(1024)).unwrap_or(u32::MAX));
                 c.write_timeout = Duration::from_millis(self.write_timeout_ms);
                 Ok(DataPlane::Verbs(c))
             }

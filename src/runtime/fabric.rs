@@ -8,7 +8,17 @@ use ferry_fabric::{FabricConfig, FabricTransport};
 
 use super::error::NodeError;
 use super::instance::{InstanceNode, InstanceSettings};
-use super::memory::PoolMemory;
+use super::owned::{start_on_owned_pool, OwnedPool};
+
+impl OwnedPool for FabricTransport {
+    fn pool_ptr(&self) -> *mut u8 {
+        FabricTransport::pool_ptr(self)
+    }
+
+    fn pool_len(&self) -> usize {
+        FabricTransport::pool_len(self)
+    }
+}
 
 /// Starts an instance with a new pool of `pool_len` bytes on the provider
 /// `config` names, talking over `channel`.
@@ -29,10 +39,5 @@ where
             source: Box::new(e),
         })?;
     tracing::info!(opened = ?transport.opened(), "libfabric data plane");
-    // SAFETY: the pool mapping belongs to `transport`, which the node's
-    // progress thread owns until the node is dropped, after every view of
-    // the pool (they borrow the node) has ended.
-    #[allow(unsafe_code)]
-    let memory = unsafe { PoolMemory::new(transport.pool_ptr(), transport.pool_len()) };
-    InstanceNode::start(settings, transport, memory, channel)
+    start_on_owned_pool(settings, transport, channel)
 }

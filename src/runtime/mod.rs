@@ -22,6 +22,8 @@ pub mod fabric;
 mod instance;
 mod memory;
 mod metrics;
+#[cfg(any(feature = "fabric", feature = "verbs"))]
+pub mod owned;
 pub mod shm;
 pub mod storage;
 #[cfg(feature = "verbs")]

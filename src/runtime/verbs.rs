@@ -4,11 +4,21 @@
 //! queue pairs; any control channel (ZeroMQ across hosts).
 
 use ferry_core::transport::ControlChannel;
-use ferry_verbs::{VerbsConfig, VerbsTransport};
+use ferry_verbs::{Device, VerbsConfig, VerbsTransport};
 
 use super::error::NodeError;
 use super::instance::{InstanceNode, InstanceSettings};
-use super::memory::PoolMemory;
+use super::owned::{start_on_owned_pool, OwnedPool};
+
+impl<D: Device> OwnedPool for VerbsTransport<D> {
+    fn pool_ptr(&self) -> *mut u8 {
+        VerbsTransport::pool_ptr(self)
+    }
+
+    fn pool_len(&self) -> usize {
+        VerbsTransport::pool_len(self)
+    }
+}
 
 /// Starts an instance with a new pool of `pool_len` bytes on the device
 /// port `config` names, talking over `channel`.
@@ -28,10 +38,5 @@ where
             verb: "open verbs transport",
             source: Box::new(e),
         })?;
-    // SAFETY: the pool mapping belongs to `transport`, which the node's
-    // progress thread owns until the node is dropped, after every view of
-    // the pool (they borrow the node) has ended.
-    #[allow(unsafe_code)]
-    let memory = unsafe { PoolMemory::new(transport.pool_ptr(), transport.pool_len()) };
-    InstanceNode::start(settings, transport, memory, channel)
+    start_on_owned_pool(settings, transport, channel)
 }

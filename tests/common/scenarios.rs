@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::{assert_clean, coordinator, ferry, named_instance, num, result_endpoints, Procs};
+use super::{
+    assert_clean, coordinator, ferry, field, named_instance, num, result_endpoints, Procs,
+};
 
 /// Sends `requests` random-size requests (1 byte to 256 MiB) from an
 /// encoder to `receivers` denoisers over the data plane `plane` names,
@@ -149,4 +151,34 @@ pub fn pipeline(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     line
+}
+
+/// `ferry pipeline` over `plane`: 16 requests of realistic tensors through
+/// both legs, every byte checked by the denoisers and the decoder.
+pub fn pipeline_delivers(plane: &[&str]) {
+    let mut a = plane.to_vec();
+    a.extend(["--requests", "16"]);
+    let line = pipeline(&a);
+    assert_eq!(field(&line, "ok"), "true", "{line}");
+    assert_eq!(num(&line, "delivered"), 16, "{line}");
+}
+
+/// `ferry pipeline` over `plane` with denoiser 1 killed after 8
+/// deliveries: every one of 48 requests ends, delivered or failed, and
+/// nothing delivered is wrong.
+pub fn pipeline_survives_a_killed_denoiser(plane: &[&str]) {
+    let mut a = plane.to_vec();
+    a.extend([
+        "--requests",
+        "48",
+        "--kill",
+        "1@8",
+        "--push-timeout-ms",
+        "8000",
+    ]);
+    let line = pipeline(&a);
+    assert_eq!(field(&line, "ok"), "true", "{line}");
+    assert_eq!(field(&line, "incomplete"), "false", "{line}");
+    assert_eq!(num(&line, "mismatches"), 0, "{line}");
+    assert_eq!(num(&line, "delivered") + num(&line, "failed"), 48, "{line}");
 }

@@ -194,6 +194,8 @@ pub struct Book<D: Device> {
     /// completions make room.
     cq_blocked: bool,
     arm_failed: bool,
+    /// Writes finished since [`Book::take_news`] last looked.
+    news: bool,
     psn_seed: u64,
     /// The registered pool.
     pub pool: Option<Pool>,
@@ -242,6 +244,7 @@ impl<D: Device> Book<D> {
             cq_capacity,
             cq_blocked: false,
             arm_failed: false,
+            news: false,
             psn_seed: incarnation,
             pool: None,
             me,
@@ -326,7 +329,7 @@ impl<D: Device> Book<D> {
         if len == 0 {
             // Nothing moves; an RDMA WRITE with a zero-length scatter entry
             // means 2 GiB on some NICs, so none is posted.
-            self.done.push_back(Completion {
+            self.finish(Completion {
                 cookie,
                 result: Ok(()),
             });
@@ -447,10 +450,12 @@ impl<D: Device> Book<D> {
         for (wid, e) in refused {
             forget(&mut conn.writes, wid);
             if let Some(w) = self.writes.remove(&wid) {
+                // `finish`, spelled out: `conn` still borrows the table.
                 self.done.push_back(Completion {
                     cookie: w.cookie,
                     result: Err(e),
                 });
+                self.news = true;
             }
         }
         let Some(qp) = conn.qp.as_mut().filter(|_| !wrs.is_empty()) else {
@@ -498,7 +503,7 @@ impl<D: Device> Book<D> {
                 peer: conn.peer.clone(),
                 why: why.clone(),
             });
-            self.done.push_back(Completion {
+            self.finish(Completion {
                 cookie: w.cookie,
                 result: Err(e),
             });
@@ -678,6 +683,8 @@ impl<D: Device> Book<D> {
     /// Reaps completions; returns the next finished write. Reading no
     /// clock, it leaves deadlines to [`Book::sweep`].
     pub fn poll(&mut self) -> Option<Completion<VerbsError>> {
+        // The caller is looking: whatever is finished, it will see.
+        self.news = false;
         if let Some(c) = self.done.pop_front() {
             return Some(c);
         }
@@ -714,6 +721,19 @@ impl<D: Device> Book<D> {
         self.done.pop_front()
     }
 
+    /// Reports a finished write.
+    fn finish(&mut self, c: Completion<VerbsError>) {
+        self.done.push_back(c);
+        self.news = true;
+    }
+
+    /// True (once) if writes finished since the last call: the side
+    /// channel's thread then wakes the caller, who would not otherwise
+    /// look.
+    pub fn take_news(&mut self) -> bool {
+        std::mem::take(&mut self.news)
+    }
+
     /// Polls one batch of completions and applies them.
     fn reap(&mut self) {
         let mut wcs = std::mem::take(&mut self.wcs);
@@ -721,15 +741,7 @@ impl<D: Device> Book<D> {
         if let Err(e) = self.device.poll(&mut wcs, POLL_BATCH) {
             // A CQ in error cannot say which write failed: every
             // connection fails.
-            let ids: Vec<u32> = self.conns.keys().copied().collect();
-            for id in ids {
-                let peer = self
-                    .conns
-                    .get(&id)
-                    .map(|c| c.peer.clone())
-                    .unwrap_or_default();
-                self.fail_conn(id, verb(e, &peer));
-            }
+            self.fail_every(|peer| verb(e, peer));
         }
         for wc in &wcs {
             self.on_wc(wc);
@@ -759,7 +771,7 @@ impl<D: Device> Book<D> {
             if let Some(wid) = sig.completes {
                 forget(&mut conn.writes, wid);
                 if let Some(w) = self.writes.remove(&wid) {
-                    self.done.push_back(Completion {
+                    self.finish(Completion {
                         cookie: w.cookie,
                         result: Ok(()),
                     });
@@ -832,20 +844,22 @@ impl<D: Device> Book<D> {
 
     /// Fails every write (the transport is closing).
     pub fn fail_all(&mut self, why: &str) {
-        let ids: Vec<u32> = self.conns.keys().copied().collect();
-        for id in ids {
-            let peer = self
-                .conns
-                .get(&id)
-                .map(|c| c.peer.clone())
-                .unwrap_or_default();
-            self.fail_conn(
-                id,
-                VerbsError::Broken {
-                    peer,
-                    why: why.to_owned(),
-                },
-            );
+        self.fail_every(|peer| VerbsError::Broken {
+            peer: peer.to_owned(),
+            why: why.to_owned(),
+        });
+    }
+
+    /// Fails every connection, each with the error `make` gives for its
+    /// peer.
+    fn fail_every(&mut self, make: impl Fn(&str) -> VerbsError) {
+        let all: Vec<(u32, String)> = self
+            .conns
+            .values()
+            .map(|c| (c.id, c.peer.clone()))
+            .collect();
+        for (id, peer) in all {
+            self.fail_conn(id, make(&peer));
         }
     }
 }

@@ -109,6 +109,31 @@ pub fn test_device() -> Result<String, String> {
     ))
 }
 
+/// For test harnesses: the device to test on, or `None` after printing
+/// `SKIPPED: <why>` straight to stderr (past the test harness's capture,
+/// so that the skip shows in a plain `cargo test`). With
+/// `FERRY_REQUIRE_VERBS=1` a missing device panics instead: a run that must
+/// test verbs cannot pass by skipping.
+pub fn test_device_or_skip() -> Option<String> {
+    match test_device() {
+        Ok(d) => Some(d),
+        Err(why) => {
+            skip(&why);
+            None
+        }
+    }
+}
+
+/// Reports a skipped verbs test (see [`test_device_or_skip`]).
+pub fn skip(why: &str) {
+    assert!(
+        std::env::var("FERRY_REQUIRE_VERBS").as_deref() != Ok("1"),
+        "FERRY_REQUIRE_VERBS=1 but the verbs tests cannot run: {why}"
+    );
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
+}
+
 fn hint(e: &VerbsError) -> &'static str {
     match e {
         VerbsError::Verb {

@@ -46,7 +46,7 @@ pub use conn::ConnState;
 pub use device::Device;
 pub use error::VerbsError;
 pub use gid::GidChoice;
-pub use ibv::{device_names, test_device, IbvDevice, TEST_DEVICE_VAR};
+pub use ibv::{device_names, skip, test_device, test_device_or_skip, IbvDevice, TEST_DEVICE_VAR};
 pub use session::Session;
 pub use status::WcStatus;
 pub use transport::{VerbsConfig, VerbsTransport};

@@ -65,7 +65,14 @@ fn run<D: Device>(side: SideChannel, book: &Mutex<Book<D>>, news: &Wake, stop: &
     let mut dealers: Vec<(u32, zmq::Socket)> = Vec::new();
     let mut buf = vec![0u8; MAX_MESSAGE + 1];
     while !stop.load(Ordering::Acquire) {
-        let outgoing = lock(book).start_wanted();
+        let outgoing = {
+            let mut b = lock(book);
+            let out = b.start_wanted();
+            if b.take_news() {
+                news.signal();
+            }
+            out
+        };
         for o in outgoing {
             let sent = side.ctx.socket(zmq::DEALER).and_then(|s| {
                 s.set_linger(0)?;
@@ -77,11 +84,14 @@ fn run<D: Device>(side: SideChannel, book: &Mutex<Book<D>>, news: &Wake, stop: &
             match sent {
                 Ok(s) => dealers.push((o.conn, s)),
                 Err(e) => {
-                    lock(book).on_send_failed(
+                    let mut b = lock(book);
+                    b.on_send_failed(
                         o.conn,
                         side_err("send a connection request", Some(&o.endpoint), e),
                     );
-                    news.signal();
+                    if b.take_news() {
+                        news.signal();
+                    }
                 }
             }
         }
@@ -117,9 +127,11 @@ fn run<D: Device>(side: SideChannel, book: &Mutex<Book<D>>, news: &Wake, stop: &
             if !ready[2 + i] {
                 continue;
             }
-            match s.recv_into(&mut buf, zmq::DONTWAIT) {
-                Ok(n) if n <= MAX_MESSAGE => lock(book).on_reply(*id, &buf[..n]),
-                Ok(n) => lock(book).on_send_failed(
+            let got = s.recv_into(&mut buf, zmq::DONTWAIT);
+            let mut b = lock(book);
+            match got {
+                Ok(n) if n <= MAX_MESSAGE => b.on_reply(*id, &buf[..n]),
+                Ok(n) => b.on_send_failed(
                     *id,
                     VerbsError::BadExchange {
                         peer: format!("connection {id}"),
@@ -128,12 +140,15 @@ fn run<D: Device>(side: SideChannel, book: &Mutex<Book<D>>, news: &Wake, stop: &
                     },
                 ),
                 Err(zmq::Error::EAGAIN) => continue,
-                Err(e) => lock(book).on_send_failed(*id, side_err("receive a reply", None, e)),
+                Err(e) => b.on_send_failed(*id, side_err("receive a reply", None, e)),
             }
-            // Whatever the reply did (posted the writes, or failed them),
-            // the caller's thread has news; signalled after the book
-            // changed, so a wait that starts later sees it.
-            news.signal();
+            // Writes the reply failed are news for the caller's thread
+            // (the ones it posted raise CQ events). Signalled under the
+            // lock, after the book changed, so a wait that starts later
+            // sees it.
+            if b.take_news() {
+                news.signal();
+            }
         }
     }
 }

@@ -80,6 +80,8 @@ pub struct SimDevice {
     held: VecDeque<Wc>,
     /// `ibv_modify_qp(RTR)` fails with this errno.
     pub rtr_errno: Option<i32>,
+    /// `ibv_create_qp` fails with this errno.
+    pub create_errno: Option<i32>,
     /// Completions are held back (the peer stopped acknowledging).
     pub hold: bool,
     /// The next write completes with this status (and its QP errs).
@@ -156,6 +158,7 @@ impl SimDevice {
             cq: VecDeque::new(),
             held: VecDeque::new(),
             rtr_errno: None,
+            create_errno: None,
             hold: false,
             fail_next: None,
             qps_created: 0,
@@ -241,6 +244,9 @@ impl Device for SimDevice {
     fn create_qp(&mut self, send_depth: u32) -> Result<SimQp, DeviceError> {
         if send_depth == 0 || send_depth > self.port.max_qp_wr {
             return Err(err("ibv_create_qp", libc::EINVAL));
+        }
+        if let Some(errno) = self.create_errno {
+            return Err(err("ibv_create_qp", errno));
         }
         let mut n = net();
         n.next_qpn = (n.next_qpn + 1) & 0xff_ffff;

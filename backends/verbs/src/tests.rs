@@ -639,3 +639,26 @@ fn a_writer_keeps_at_most_its_limit_of_idle_connections() {
     assert!(a.wait(1)[0].result.is_ok());
     assert_eq!(a.t.with_device_mut(|dev| dev.qps_created), 3);
 }
+
+#[test]
+fn a_queue_pair_that_cannot_be_made_fails_the_write_and_wakes_the_caller() {
+    use crate::wake::readable;
+    let mut a = node();
+    let b = node();
+    let fd = a.t.wake_fd().unwrap();
+    assert!(a.t.poll_completion().is_none());
+    a.t.with_device_mut(|d| d.create_errno = Some(libc::ENOMEM));
+    a.write(0, 10, &b, 0, 1).unwrap();
+    // The side channel's thread makes the queue pair, and says so.
+    assert!(readable(fd, 5000));
+    match a.t.poll_completion().map(|c| c.result) {
+        Some(Err(VerbsError::Verb { verb, errno, peer })) => {
+            assert_eq!((verb, errno), ("ibv_create_qp", libc::ENOMEM));
+            assert_eq!(peer.as_deref(), Some(b.t.session_id()));
+        }
+        other => panic!("{other:?}"),
+    }
+    a.t.with_device_mut(|d| d.create_errno = None);
+    a.write(0, 10, &b, 0, 2).unwrap();
+    assert!(a.wait(1)[0].result.is_ok());
+}

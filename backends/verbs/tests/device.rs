@@ -10,20 +10,7 @@ use ferry_core::transport::{Completion, Fault, FaultKind, Region, Transport, Wri
 use ferry_verbs::{VerbsConfig, VerbsError, VerbsTransport};
 
 fn device() -> Option<String> {
-    match ferry_verbs::test_device() {
-        Ok(d) => Some(d),
-        Err(why) => {
-            assert!(
-                std::env::var("FERRY_REQUIRE_VERBS").as_deref() != Ok("1"),
-                "FERRY_REQUIRE_VERBS=1 but the verbs tests cannot run: {why}"
-            );
-            // Straight to stderr, past the test harness's capture, so that
-            // the skip shows in a normal `cargo test` run.
-            use std::io::Write as _;
-            let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
-            None
-        }
-    }
+    ferry_verbs::test_device_or_skip()
 }
 
 struct Node {
