@@ -372,15 +372,26 @@ impl<D: Device> Book<D> {
             .map(|c| (c.id, c.peer.clone()));
         if let Some((id, peer)) = idle {
             tracing::info!(peer = %peer, new_peer = %for_peer, "verbs: idle connection closed to make room");
-            if let Some(mut conn) = self.conns.remove(&id) {
-                self.by_peer.remove(&conn.peer);
-                if let Some(qp) = conn.qp.as_mut() {
-                    let _ = self.device.modify(qp, &attrs::QpStep::Error);
-                }
-                self.in_flight = self.in_flight.saturating_sub(conn.window.in_flight());
-                self.signals.retain(|_, s| s.conn != id);
-            }
+            self.close_conn(id);
         }
+    }
+
+    /// Takes a connection out of the book: its queue pair goes to ERR
+    /// (which stops retransmission, so nothing of a failed write lands
+    /// later) and is destroyed with the returned value; its work requests
+    /// leave the CQ's count. Its writes are the caller's to settle.
+    fn close_conn(&mut self, conn_id: u32) -> Option<Conn<D::Qp>> {
+        let mut conn = self.conns.remove(&conn_id)?;
+        if self.by_peer.get(&conn.peer) == Some(&conn_id) {
+            self.by_peer.remove(&conn.peer);
+        }
+        if let Some(qp) = conn.qp.as_mut() {
+            // A failure here changes nothing: the QP is destroyed next.
+            let _ = self.device.modify(qp, &attrs::QpStep::Error);
+        }
+        self.signals.retain(|_, s| s.conn != conn_id);
+        self.in_flight = self.in_flight.saturating_sub(conn.window.in_flight());
+        Some(conn)
     }
 
     /// Posts what the connection's window has room for.
@@ -478,20 +489,9 @@ impl<D: Device> Book<D> {
     /// and each of its writes fails (the first with `first`, the others as
     /// abandoned).
     fn fail_conn(&mut self, conn_id: u32, first: VerbsError) {
-        let Some(mut conn) = self.conns.remove(&conn_id) else {
+        let Some(mut conn) = self.close_conn(conn_id) else {
             return;
         };
-        if self.by_peer.get(&conn.peer) == Some(&conn_id) {
-            self.by_peer.remove(&conn.peer);
-        }
-        if let Some(qp) = conn.qp.as_mut() {
-            // Stops retransmission, so nothing of a failed write lands
-            // later; a failure here changes nothing (the QP is destroyed
-            // next).
-            let _ = self.device.modify(qp, &attrs::QpStep::Error);
-        }
-        self.signals.retain(|_, s| s.conn != conn_id);
-        self.in_flight = self.in_flight.saturating_sub(conn.window.in_flight());
         let why = first.to_string();
         tracing::warn!(peer = %conn.peer, error = %first, writes = conn.writes.len(), "verbs connection failed");
         let mut first = Some(first);

@@ -178,6 +178,17 @@ pub enum VerbsError {
     },
 }
 
+impl From<crate::device::DeviceError> for VerbsError {
+    /// A device error that concerns no peer.
+    fn from(e: crate::device::DeviceError) -> Self {
+        Self::Verb {
+            verb: e.verb,
+            errno: e.errno,
+            peer: None,
+        }
+    }
+}
+
 fn peer_suffix(peer: &Option<String>) -> String {
     peer.as_ref()
         .map(|p| format!(" (peer {p})"))

@@ -72,11 +72,7 @@ fn os_error_in(text: &str) -> Option<i32> {
 }
 
 fn verb_err(verb: &'static str, e: &(dyn std::error::Error + 'static)) -> VerbsError {
-    VerbsError::Verb {
-        verb,
-        errno: errno_of(e),
-        peer: None,
-    }
+    to_err(verb, e).into()
 }
 
 /// The names of the RDMA devices present, or the error that says why none

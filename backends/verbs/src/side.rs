@@ -27,7 +27,8 @@ pub(crate) fn lock<D: Device>(book: &Mutex<Book<D>>) -> MutexGuard<'_, Book<D>> 
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn side_err(what: &'static str, peer: Option<&str>, source: zmq::Error) -> VerbsError {
+/// A side-channel (ZeroMQ) failure, with the peer if there is one.
+pub(crate) fn side_err(what: &'static str, peer: Option<&str>, source: zmq::Error) -> VerbsError {
     VerbsError::SideChannel {
         what,
         peer: peer.map(str::to_owned),

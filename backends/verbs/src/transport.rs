@@ -24,7 +24,7 @@ use crate::error::VerbsError;
 use crate::gid::{choose, gid_text, ipv4_of, GidChoice};
 use crate::ibv::IbvDevice;
 use crate::session::Session;
-use crate::side::{self, SideChannel};
+use crate::side::{self, side_err, SideChannel};
 use crate::wake::Wake;
 
 /// How often the caller's poll checks write and connect deadlines.
@@ -126,14 +126,6 @@ fn is_wildcard(endpoint: &str) -> bool {
     }
 }
 
-fn side_err(what: &'static str, source: zmq::Error) -> VerbsError {
-    VerbsError::SideChannel {
-        what,
-        peer: None,
-        source,
-    }
-}
-
 impl VerbsTransport<IbvDevice> {
     /// Opens the configured device port.
     pub fn open(config: &VerbsConfig) -> Result<Self, VerbsError> {
@@ -189,20 +181,20 @@ impl<D: Device> VerbsTransport<D> {
         let ctx = zmq::Context::new();
         let router = ctx
             .socket(zmq::ROUTER)
-            .map_err(|e| side_err("create the ROUTER socket", e))?;
+            .map_err(|e| side_err("create the ROUTER socket", None, e))?;
         router
             .set_linger(0)
-            .map_err(|e| side_err("set LINGER", e))?;
+            .map_err(|e| side_err("set LINGER", None, e))?;
         router
             .set_ipv6(listen.contains('['))
-            .map_err(|e| side_err("set IPV6", e))?;
+            .map_err(|e| side_err("set IPV6", None, e))?;
         router
             .bind(&listen)
-            .map_err(|e| side_err("bind the side channel", e))?;
+            .map_err(|e| side_err("bind the side channel", None, e))?;
         let endpoint = router
             .get_last_endpoint()
-            .map_err(|e| side_err("read the bound endpoint", e))?
-            .map_err(|_| side_err("read the bound endpoint", zmq::Error::EINVAL))?;
+            .map_err(|e| side_err("read the bound endpoint", None, e))?
+            .map_err(|_| side_err("read the bound endpoint", None, zmq::Error::EINVAL))?;
         let session = Session {
             incarnation,
             endpoint: endpoint.clone(),
@@ -220,24 +212,24 @@ impl<D: Device> VerbsTransport<D> {
         let inproc = format!("inproc://ferry-verbs-wake-{incarnation:016x}");
         let wake_rx = ctx
             .socket(zmq::PULL)
-            .map_err(|e| side_err("create the wake socket", e))?;
+            .map_err(|e| side_err("create the wake socket", None, e))?;
         // LINGER 0 on both ends: an unread wake-up must never hold the
         // context open at drop.
         wake_rx
             .set_linger(0)
-            .map_err(|e| side_err("set LINGER", e))?;
+            .map_err(|e| side_err("set LINGER", None, e))?;
         wake_rx
             .bind(&inproc)
-            .map_err(|e| side_err("bind the wake socket", e))?;
+            .map_err(|e| side_err("bind the wake socket", None, e))?;
         let wake_tx = ctx
             .socket(zmq::PUSH)
-            .map_err(|e| side_err("create the wake socket", e))?;
+            .map_err(|e| side_err("create the wake socket", None, e))?;
         wake_tx
             .set_linger(0)
-            .map_err(|e| side_err("set LINGER", e))?;
+            .map_err(|e| side_err("set LINGER", None, e))?;
         wake_tx
             .connect(&inproc)
-            .map_err(|e| side_err("connect the wake socket", e))?;
+            .map_err(|e| side_err("connect the wake socket", None, e))?;
         let limits = Limits {
             send_depth: config.send_depth.clamp(2, port.max_qp_wr.max(2)),
             max_chunk: config
@@ -376,12 +368,7 @@ impl<D: Device> Transport for VerbsTransport<D> {
         }
         // SAFETY: the caller's contract: the memory stays mapped until
         // deregistered or the transport dropped.
-        let keys =
-            unsafe { book.device.register(addr as u64, len) }.map_err(|e| VerbsError::Verb {
-                verb: e.verb,
-                errno: e.errno,
-                peer: None,
-            })?;
+        let keys = unsafe { book.device.register(addr as u64, len) }.map_err(VerbsError::from)?;
         let region = Region {
             id: 1,
             addr: addr as u64,
