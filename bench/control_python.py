@@ -15,6 +15,7 @@ import subprocess
 import os
 import socket
 import sys
+import tempfile
 import time
 
 import zmq
@@ -63,7 +64,8 @@ def free_port():
 def measure(transport, seconds):
     pid = os.getpid()
     if transport == "ipc":
-        mine, theirs = f"ipc:///tmp/ferry-pybench-{pid}-client.sock", f"ipc:///tmp/ferry-pybench-{pid}-echo.sock"
+        tmp = tempfile.gettempdir()
+        mine, theirs = f"ipc://{tmp}/ferry-pybench-{pid}-client.sock", f"ipc://{tmp}/ferry-pybench-{pid}-echo.sock"
     else:
         mine, theirs = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     p = subprocess.Popen([sys.executable, __file__, "echo", theirs, mine])

@@ -127,10 +127,11 @@ fn measure_one(
     per_phase: Duration,
 ) -> Result<ControlRow, String> {
     let pid = std::process::id();
+    let tmp = std::env::temp_dir();
     let (mine, theirs) = match transport {
         "ipc" => (
-            format!("ipc:///tmp/ferry-cbench-{pid}-client.sock"),
-            format!("ipc:///tmp/ferry-cbench-{pid}-echo.sock"),
+            format!("ipc://{}/ferry-cbench-{pid}-client.sock", tmp.display()),
+            format!("ipc://{}/ferry-cbench-{pid}-echo.sock", tmp.display()),
         ),
         _ => {
             // Free ports: bind to 0, read, release.

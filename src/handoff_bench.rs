@@ -56,7 +56,8 @@ pub(crate) fn endpoint(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
     format!(
-        "ipc:///tmp/ferry-bench-{}-{n}-{tag}.sock",
+        "ipc://{}/ferry-bench-{}-{n}-{tag}.sock",
+        std::env::temp_dir().display(),
         std::process::id()
     )
 }

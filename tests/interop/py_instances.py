@@ -63,9 +63,27 @@ def main():
     def send(who, msg):
         to_coord[who].send_multipart(seed.encode_transfer_msg(msg))
 
-    # The decoder's pool: a shared-memory object ferry's transport can map.
-    dec_name = f"/ferry-pyinterop-{os.getpid()}-0"
+    # The decoder's pool: a shared-memory object ferry's transport can map,
+    # named as ferry names its own (<prefix>-<pid>-<n>, the prefix the test
+    # gives its processes), so that the test removes it should this process
+    # be killed before it unlinks the object itself.
+    prefix = os.environ.get("FERRY_SHM_PREFIX", "ferry")
+    dec_name = f"/{prefix}-{os.getpid()}-0"
     fd = os.open(f"/dev/shm{dec_name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        counts = serve(n_requests, socks, send, fd, dec_name, enc_work, dec_work)
+    finally:
+        os.close(fd)
+        os.unlink(f"/dev/shm{dec_name}")
+    emit(event="summary", **counts, requests=n_requests)
+    for p in to_coord.values():
+        p.close()
+    ctx.term()
+
+
+def serve(n_requests, socks, send, fd, dec_name, enc_work, dec_work):
+    """Runs the encoder and the decoder until every request is checked (or
+    two minutes pass); returns the counts."""
     os.ftruncate(fd, DEC_POOL)
     dec_pool = mmap.mmap(fd, DEC_POOL)
     dec_session = f"shm:{dec_name}@{DEC_BASE:x}+{DEC_POOL}"
@@ -179,13 +197,10 @@ def main():
                 counts["verified" if ok else "mismatches"] += 1
                 release()
                 send("decoder", seed.TransferDoneMsg(request_id=rid, error=None if ok else "byte mismatch"))
-    emit(event="summary", **counts, requests=n_requests)
-    for p in to_coord.values():
-        p.close()
-    ctx.term()
+    for pool in peers.values():
+        pool.close()
     dec_pool.close()
-    os.close(fd)
-    os.unlink(f"/dev/shm{dec_name}")
+    return counts
 
 
 if __name__ == "__main__":

@@ -580,7 +580,8 @@ mod tests {
 
     fn endpoint(tag: &str) -> String {
         format!(
-            "ipc:///tmp/ferry-uds-test-{}-{tag}.sock",
+            "ipc://{}/ferry-uds-test-{}-{tag}.sock",
+            std::env::temp_dir().display(),
             std::process::id()
         )
     }

@@ -546,12 +546,13 @@ mod tests {
         let (mut a, _a_rx) = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*"], ZmqSettings::default())
             .unwrap()
             .split();
-        let b = ZmqChannel::bind(
-            &ctx,
-            &["tcp://127.0.0.1:*", "ipc:///tmp/ferry-zmq-unit.sock"],
-            ZmqSettings::default(),
-        )
-        .unwrap();
+        let ipc = format!(
+            "ipc://{}/ferry-zmq-unit-{}.sock",
+            std::env::temp_dir().display(),
+            std::process::id()
+        );
+        let b = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*", &ipc], ZmqSettings::default())
+            .unwrap();
         let eps = b.endpoints();
         let (_b_tx, mut b_rx) = b.split();
         let mut buf = vec![0u8; 1024];
