@@ -6,7 +6,7 @@ tests/data/golden):
 
   canonical.jsonl        one payload per line, exactly as the seed's
                          encode_transfer_msg writes it (ferry's compatible
-                         extensions are added the way DESIGN.md specifies:
+                         extensions are added the way docs/design.md says:
                          extension fields only when they differ from their
                          defaults, appended after the seed's fields)
   loose.jsonl            the same messages written differently: other key

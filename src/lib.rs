@@ -22,3 +22,9 @@ pub mod runtime;
 pub mod slots_bench;
 pub mod wire_bench;
 pub mod wire_text;
+
+/// The README's code, compiled and run as doc tests so that it cannot
+/// drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -60,7 +60,8 @@ pub enum Workload {
     /// denoisers.
     #[default]
     Pipeline,
-    /// One `uint8` tensor per request of [`data::random_size`] bytes;
+    /// One `uint8` tensor per request of a random size (seeded, from one
+    /// byte to `max_bytes`);
     /// receivers check every byte and release (no forwarding).
     Random {
         /// Seeds the sizes (sender and receivers must agree).

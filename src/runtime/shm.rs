@@ -5,6 +5,7 @@
 use ferry_core::transport::{ControlChannel, Transport};
 use ferry_shm::{ShmTransport, UdsChannel, UdsSender};
 
+use super::coordinator::{CoordinatorNode, CoordinatorSettings};
 use super::error::NodeError;
 use super::instance::{InstanceNode, InstanceSettings};
 use super::memory::PoolMemory;
@@ -58,6 +59,24 @@ where
     InstanceNode::start(settings, transport, memory, channel)
 }
 
+/// Starts a coordinator listening at `endpoint` (`ipc://<path>`), for
+/// instances on this host.
+pub fn start_coordinator(
+    settings: &CoordinatorSettings,
+    endpoint: &str,
+) -> Result<CoordinatorNode, NodeError> {
+    let channel = bind(endpoint)?;
+    CoordinatorNode::start(settings, channel, |_| {})
+}
+
+/// A Unix-socket control channel bound at `endpoint`.
+fn bind(endpoint: &str) -> Result<UdsChannel, NodeError> {
+    UdsChannel::bind(endpoint).map_err(|e| NodeError::Transport {
+        verb: "bind control endpoint",
+        source: Box::new(e),
+    })
+}
+
 /// A new shared-memory pool and the runtime's view of it.
 fn pool(pool_len: usize, copy: CopySettings) -> Result<(ShmTransport, PoolMemory), NodeError> {
     let transport = ShmTransport::new(pool_len, copy.threads, copy.split_at).map_err(|e| {
@@ -92,10 +111,7 @@ where
     C::Receiver: 'static,
 {
     let (transport, memory) = pool(pool_len, copy)?;
-    let channel = UdsChannel::bind(endpoint).map_err(|e| NodeError::Transport {
-        verb: "bind control endpoint",
-        source: Box::new(e),
-    })?;
+    let channel = bind(endpoint)?;
     InstanceNode::start(
         settings,
         wrap_transport(transport),

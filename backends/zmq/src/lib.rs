@@ -551,8 +551,8 @@ mod tests {
             std::env::temp_dir().display(),
             std::process::id()
         );
-        let b = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*", &ipc], ZmqSettings::default())
-            .unwrap();
+        let b =
+            ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*", &ipc], ZmqSettings::default()).unwrap();
         let eps = b.endpoints();
         let (_b_tx, mut b_rx) = b.split();
         let mut buf = vec![0u8; 1024];

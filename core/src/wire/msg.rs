@@ -2,7 +2,7 @@
 //!
 //! Field order in each struct is the seed's dataclass order, which is the
 //! order on the wire. Fields marked *extension* are ferry's compatible
-//! additions (see DESIGN.md): a seed-era peer ignores them, and they are
+//! additions (see docs/design.md): a seed-era peer ignores them, and they are
 //! written only when they differ from their default.
 
 use core::fmt;
