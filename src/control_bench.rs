@@ -88,12 +88,15 @@ pub fn echo(listen: &str, reply_to: &str) -> Result<(), ZmqError> {
     }
 }
 
-struct Echo(Child);
+/// The echo process, killed on drop, with the endpoint it bound (its file
+/// removed then: a killed process cannot).
+struct Echo(Child, String);
 
 impl Drop for Echo {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        ferry_zmq::remove_ipc_file(&self.1);
     }
 }
 
@@ -157,7 +160,7 @@ fn measure_one(
         .stdin(Stdio::null())
         .spawn()
         .map_err(|e| format!("starting the echo process: {e}"))?;
-    let _echo = Echo(child);
+    let _echo = Echo(child, theirs.clone());
     let mut out = vec![0u8; 4096];
     let mut buf = vec![0u8; 64 * 1024];
     let mut send = |tx: &mut ferry_zmq::ZmqSender, id: &str| -> Result<(), String> {

@@ -302,6 +302,27 @@ pub struct ZmqReceiver {
     gone: String,
 }
 
+impl Drop for ZmqReceiver {
+    fn drop(&mut self) {
+        for (endpoint, socket) in self.pulls.drain(..) {
+            drop(socket);
+            remove_ipc_file(&endpoint);
+        }
+    }
+}
+
+/// Removes the file an `ipc://` endpoint was bound at (nothing for other
+/// transports, or an abstract `ipc://@name`). libzmq unlinks it only once
+/// its I/O thread closes the listener, which a process that exits soon
+/// after (or is killed) never sees; whoever bound the endpoint removes it.
+pub fn remove_ipc_file(endpoint: &str) {
+    if let Some(path) = endpoint.strip_prefix("ipc://") {
+        if !path.is_empty() && !path.starts_with('@') {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
 impl std::fmt::Debug for ZmqReceiver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ZmqReceiver")
@@ -566,6 +587,20 @@ mod tests {
             next(&mut b_rx, &mut buf),
             (eps[1].clone(), b"work".to_vec(), b"item".to_vec())
         );
+    }
+
+    #[test]
+    fn a_dropped_channel_removes_the_files_of_its_ipc_endpoints() {
+        let ctx = zmq::Context::new();
+        let path = std::env::temp_dir().join(format!("ferry-zmq-drop-{}.sock", std::process::id()));
+        let ep = format!("ipc://{}", path.display());
+        let ch = ZmqChannel::bind(&ctx, &[&ep], ZmqSettings::default()).unwrap();
+        assert!(path.exists(), "bound at {ep}");
+        let (tx, rx) = ch.split();
+        drop(tx);
+        assert!(path.exists(), "the receiving side still listens");
+        drop(rx);
+        assert!(!path.exists(), "{ep} left behind");
     }
 
     #[test]
