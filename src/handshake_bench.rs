@@ -42,6 +42,7 @@ fn instance(role: &str, session: &str, fast_path: bool) -> OwnedInstance {
         staged_timeout: TIMEOUT,
         reserved_timeout: TIMEOUT,
         quarantine: TIMEOUT,
+        landing: None,
     };
     let names = [role, session, session].map(str::to_owned);
     // Valid by construction: fixed sizes that fit.

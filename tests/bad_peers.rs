@@ -90,30 +90,42 @@ fn a_push_the_data_plane_cannot_honour_fails_that_request_and_nothing_else() {
         ferry_core::transport::Transport::session_id(&receiver).to_owned(),
         receiver.pool_ptr() as u64,
     );
+    // Each refusal says what kind of failure it is, then the data plane's
+    // own account of it.
+    let oob = |addr: u64| {
+        format!(
+            "write outside registered memory: write of 4096 bytes to {addr:#x} falls outside \
+             peer {good}'s pool ({base:#x}, 1048576 bytes)"
+        )
+    };
     let cases = [
         // Past the end of the receiver's pool.
         (
             "r-oob",
             good.as_str(),
             base + (1 << 20) - 100,
-            "write outside registered memory",
+            oob(base + (1 << 20) - 100),
         ),
         // Before its start.
-        (
-            "r-low",
-            good.as_str(),
-            base - 4096,
-            "write outside registered memory",
-        ),
+        ("r-low", good.as_str(), base - 4096, oob(base - 4096)),
         // A session whose object does not exist.
         (
             "r-gone",
             "shm:/ferry-no-such-object@1000+1048576",
             0x1000,
-            "peer gone",
+            "peer gone: peer session shm:/ferry-no-such-object@1000+1048576: \
+             its shared-memory object is gone"
+                .to_owned(),
         ),
         // Not a session id at all.
-        ("r-junk", "tcp://10.0.0.1:5000", 0, "unknown peer"),
+        (
+            "r-junk",
+            "tcp://10.0.0.1:5000",
+            0,
+            "unknown peer: session id \"tcp://10.0.0.1:5000\" is not a shared-memory session: \
+             no shm: prefix"
+                .to_owned(),
+        ),
     ];
     for (id, session, addr, error) in cases {
         stage(&node, id);
@@ -134,7 +146,11 @@ fn a_push_the_data_plane_cannot_honour_fails_that_request_and_nothing_else() {
             panic!("{pushed}")
         };
         assert_eq!((p.request_id.raw(), p.success), (id, false), "{pushed}");
-        assert_eq!(p.error.map(|e| e.raw()), Some(error), "{pushed}");
+        let mut text = [0u8; 512];
+        let error_text = p
+            .error
+            .map(|e| e.unescape_into(&mut text).unwrap().to_owned());
+        assert_eq!(error_text.as_deref(), Some(error.as_str()), "{pushed}");
     }
     // The instance is unharmed: a good push goes through, the bytes land.
     stage(&node, "r-ok");

@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use ferry_core::handshake::coordinator::*;
 use ferry_core::handshake::instance::*;
-use ferry_core::handshake::{Ignored, Instant, PeerId, Tombstone};
+use ferry_core::handshake::{Ignored, Instant, PeerId, RequestId, Tombstone, REASON_LEN};
 use ferry_core::json::RawJson;
 use ferry_core::slots::{Buddy, BuddyConfig};
+use ferry_core::transport::WriteTag;
 use ferry_core::wire::{decode, Manifest, Msg, MsgType, PreallocatedSlot, Shape, TensorEntry};
 
 const KIB: u64 = 1024;
@@ -133,7 +134,7 @@ fn instance<'s>(
     session: &'static str,
     endpoint: &'static str,
 ) -> Instance<'s> {
-    instance_with(store, role, session, endpoint, POOL)
+    instance_with(store, role, session, endpoint, POOL, None)
 }
 
 fn instance_with<'s>(
@@ -142,6 +143,7 @@ fn instance_with<'s>(
     session: &'static str,
     endpoint: &'static str,
     pool: BuddyConfig,
+    landing: Option<Duration>,
 ) -> Instance<'s> {
     let config = InstanceConfig {
         role,
@@ -154,6 +156,7 @@ fn instance_with<'s>(
         staged_timeout: Duration::from_millis(100),
         reserved_timeout: Duration::from_millis(100),
         quarantine: Duration::from_millis(5),
+        landing,
     };
     Instance::new(
         Instant(0),
@@ -187,6 +190,8 @@ struct World<'s> {
     pending: Vec<(usize, Write)>,
     /// Every message that went over the wire: (to coordinator?, type).
     log: Vec<(bool, MsgType)>,
+    /// The text of every message the instances sent.
+    from_instances: Vec<String>,
     coord_events: Vec<CoordinatorEvent>,
     inst_events: Vec<(usize, InstanceEvent)>,
     ignored: Vec<Ignored>,
@@ -204,6 +209,7 @@ impl<'s> World<'s> {
             writes: Some(Ok(())),
             pending: Vec::new(),
             log: Vec::new(),
+            from_instances: Vec::new(),
             coord_events: Vec::new(),
             inst_events: Vec::new(),
             ignored: Vec::new(),
@@ -239,6 +245,8 @@ impl<'s> World<'s> {
                     moved = true;
                     let msg = decode(&buf[..n]).unwrap();
                     self.log.push((true, msg.msg_type()));
+                    self.from_instances
+                        .push(String::from_utf8(buf[..n].to_vec()).unwrap());
                     if self.drop.contains(&msg.msg_type()) {
                         continue;
                     }
@@ -257,9 +265,12 @@ impl<'s> World<'s> {
                 while let Some(w) = self.insts[i].poll_action() {
                     moved = true;
                     match self.writes {
-                        Some(r) => self.insts[i]
-                            .handle_completion(self.now, w.token, r)
-                            .unwrap(),
+                        Some(r) => {
+                            let len = self.insts[i]
+                                .handle_completion(self.now, w.token, r)
+                                .unwrap();
+                            assert_eq!(len, w.len);
+                        }
                         None => self.pending.push((i, w)),
                     }
                 }
@@ -480,7 +491,7 @@ fn a_size_no_pool_can_hold_is_rejected_for_good() {
     let mut cs = CoordStore::new(8);
     let (mut s0, mut s1) = (InstStore::with_pool(big_pool), InstStore::new());
     let insts = vec![
-        instance_with(&mut s0, "encoder", "enc-0", "tcp://enc:1", big_pool),
+        instance_with(&mut s0, "encoder", "enc-0", "tcp://enc:1", big_pool, None),
         instance(&mut s1, "denoiser", "den-0", "tcp://den:1"),
     ];
     let mut w = World::new(coordinator(&mut cs), insts);
@@ -575,6 +586,57 @@ fn done_timeout_then_the_late_release() {
     w.pump();
     // The late transfer_done gives the slot back at once.
     assert_eq!(w.coord.prealloc_taken(), 0);
+    w.assert_clean();
+}
+
+/// The `error` of the one message of type `ty` an instance sent,
+/// unescaped.
+fn error_sent(w: &World<'_>, ty: &str) -> String {
+    let texts: Vec<_> = w
+        .from_instances
+        .iter()
+        .filter(|t| t.contains(&format!(r#""msg_type":"{ty}""#)))
+        .collect();
+    let [text] = texts[..] else {
+        panic!("{texts:?}")
+    };
+    let error = match decode(text.as_bytes()).unwrap() {
+        Msg::Pushed(p) => p.error,
+        Msg::Done(d) => d.error,
+        other => panic!("{other:?}"),
+    };
+    let mut buf = [0u8; 1024];
+    error.unwrap().unescape_into(&mut buf).unwrap().to_owned()
+}
+
+#[test]
+fn failure_texts_reach_the_wire_cut_at_a_character_boundary() {
+    world!(w, 8);
+    // A data plane's own error text, longer than a reason holds, with a
+    // two-byte character straddling the limit.
+    let long = format!(
+        "peer gone: fi_writemsg (peer den-0): {} (errno 111)",
+        "é".repeat(REASON_LEN)
+    );
+    w.writes = Some(Err(Box::leak(long.clone().into_boxed_str())));
+    w.stage(0, "r", 6 * KIB);
+    let pushed = error_sent(&w, "transfer_pushed");
+    assert!(long.starts_with(&pushed), "{pushed}");
+    assert!(pushed.len() == REASON_LEN || pushed.len() == REASON_LEN - 1);
+    assert_eq!(w.failed(), vec![FailReason::WriteFailed]);
+    w.advance(10);
+    // The application's reason for failing a received transfer.
+    w.writes = Some(Ok(()));
+    w.stage(0, "r2", 6 * KIB);
+    let [token] = w.received(1)[..] else { panic!() };
+    w.insts[1]
+        .release(token, Some("decode failed: \"latents\" holds NaN\n"))
+        .unwrap();
+    w.pump();
+    assert_eq!(
+        error_sent(&w, "transfer_done"),
+        "decode failed: \"latents\" holds NaN\n"
+    );
     w.assert_clean();
 }
 
@@ -868,4 +930,200 @@ fn losing_the_coordinator_ends_what_it_relayed() {
     w.insts[1].release(token, None).unwrap();
     w.pump();
     w.assert_clean();
+}
+
+/// An encoder, and a denoiser whose data plane reports arrivals (its
+/// completions do not mean delivery): transfers wait for their write to
+/// land, at most `$landing` ms.
+macro_rules! gated_world {
+    ($w:ident, $landing:expr) => {
+        let mut cs = CoordStore::new(8);
+        let (mut s0, mut s1) = (InstStore::new(), InstStore::new());
+        let insts = vec![
+            instance(&mut s0, "encoder", "enc-0", "tcp://enc:1"),
+            instance_with(
+                &mut s1,
+                "denoiser",
+                "den-0",
+                "tcp://den:1",
+                POOL,
+                Some(Duration::from_millis($landing)),
+            ),
+        ];
+        let mut $w = World::new(coordinator(&mut cs), insts);
+        assert!($w.insts.iter().all(Instance::is_registered));
+    };
+}
+
+/// The tag of the one write the receiver's transfers wait for.
+fn awaited(w: &World<'_>) -> WriteTag {
+    let tags: Vec<_> = w.insts[1].awaiting_landing().collect();
+    let [tag] = tags[..] else { panic!("{tags:?}") };
+    tag
+}
+
+#[test]
+fn a_gated_receiver_hands_over_a_transfer_only_once_its_write_landed() {
+    gated_world!(w, 3);
+    w.writes = None;
+    // The fast path (a preallocated slot), then the slow one (too large
+    // for those).
+    for (n, (id, size)) in [("fast", 6 * KIB), ("slow", 20 * KIB)]
+        .into_iter()
+        .enumerate()
+    {
+        w.stage(0, id, size);
+        let (i, write) = w.pending.pop().unwrap();
+        w.insts[i]
+            .handle_completion(w.now, write.token, Ok(()))
+            .unwrap();
+        w.pump();
+        assert_eq!(w.received(1).len(), n, "announced ready, not yet landed");
+        // The receiver waits for the tag the sender wrote with.
+        let tag = awaited(&w);
+        assert_eq!(tag, write.tag);
+        assert_eq!(tag, WriteTag::of(id, write.dest_addr));
+        // Another write's arrival changes nothing.
+        assert_eq!(
+            w.insts[1].handle_landed(w.now, WriteTag(tag.0 ^ 1)),
+            Err(Ignored::UnknownRequest)
+        );
+        w.insts[1].handle_landed(w.now, tag).unwrap();
+        w.pump();
+        assert_eq!(w.received(1).len(), n + 1);
+        // A second notice for it is not a second delivery.
+        assert_eq!(
+            w.insts[1].handle_landed(w.now, tag),
+            Err(Ignored::UnknownRequest)
+        );
+    }
+    assert_eq!(w.sent(MsgType::Alloc), 1);
+    for token in w.received(1) {
+        w.insts[1].release(token, None).unwrap();
+    }
+    w.pump();
+    assert_eq!(w.delivered(), 2);
+    assert_eq!(w.insts[1].stats().received, 2);
+    w.assert_clean();
+}
+
+#[test]
+fn a_write_that_never_lands_is_refused_after_its_slot_sat_out_a_quarantine() {
+    gated_world!(w, 3);
+    w.stage(0, "lost", 6 * KIB);
+    let tag = awaited(&w);
+    let (offset, _) = w.insts[1].slot_for("lost").unwrap();
+    // The landing limit passes: nothing is handed over, nothing reported
+    // yet, and the slot stays held (the bytes may still come).
+    w.advance(3);
+    assert!(w.received(1).is_empty());
+    assert_eq!(w.sent(MsgType::Done), 0);
+    assert_eq!(w.insts[1].slot_for("lost").map(|s| s.0), Some(offset));
+    assert_eq!(w.insts[1].stats().never_landed, 1);
+    assert_eq!(w.insts[1].prealloc_in_use(), 1);
+    assert_eq!(w.coord.prealloc_taken(), 1);
+    // A notice after the limit hands nothing over.
+    assert_eq!(
+        w.insts[1].handle_landed(w.now, tag),
+        Err(Ignored::UnknownRequest)
+    );
+    // The quarantine ends: the slot is free, and only now does the
+    // coordinator hear of the failure (and may reuse the slot).
+    w.advance(5);
+    assert_eq!(error_sent(&w, "transfer_done"), "write never landed");
+    assert_eq!(w.failed(), vec![FailReason::ReceiverError]);
+    assert!(w.received(1).is_empty());
+    w.assert_clean();
+}
+
+#[test]
+fn an_abort_while_landing_quarantines_the_slot_and_reports_when_it_is_free() {
+    // The receiver's gate (20 ms) outlasts the coordinator's done timeout
+    // (10 ms): the coordinator aborts first.
+    gated_world!(w, 20);
+    w.stage(0, "r", 6 * KIB);
+    let _ = awaited(&w);
+    w.advance(10);
+    assert_eq!(w.failed(), vec![FailReason::DoneTimeout]);
+    assert!(w.insts[1].awaiting_landing().next().is_none());
+    assert!(w.insts[1].slot_for("r").is_some(), "quarantined, not freed");
+    assert_eq!(
+        w.coord.prealloc_taken(),
+        1,
+        "parked until the receiver lets go"
+    );
+    w.advance(5);
+    assert_eq!(error_sent(&w, "transfer_done"), "write never landed");
+    assert!(w.received(1).is_empty());
+    w.assert_clean();
+}
+
+#[test]
+fn write_cookies_are_tokens_and_a_stale_one_is_refused() {
+    world!(w, 8);
+    w.writes = None;
+    w.stage(0, "r", 6 * KIB);
+    let (i, write) = w.pending.pop().unwrap();
+    let token = Token::from_cookie(write.token.cookie());
+    assert_eq!(token, write.token);
+    assert_eq!(
+        w.insts[i].handle_completion(w.now, token, Ok(())),
+        Ok(6 * KIB)
+    );
+    // The same cookie again (a duplicated completion) names nothing now.
+    assert_eq!(
+        w.insts[i].handle_completion(w.now, Token::from_cookie(write.token.cookie()), Ok(())),
+        Err(Ignored::UnknownRequest)
+    );
+    // Nor does one no write was posted with.
+    assert!(w.insts[i]
+        .handle_completion(w.now, Token::from_cookie(u64::MAX), Ok(()))
+        .is_err());
+    w.pump();
+    let [token] = w.received(1)[..] else { panic!() };
+    w.insts[1].release(token, None).unwrap();
+    w.pump();
+    w.assert_clean();
+}
+
+#[test]
+fn losing_the_coordinator_reregisters_only_an_answered_registration() {
+    let mut s0 = InstStore::new();
+    let mut inst = instance(&mut s0, "encoder", "enc-0", "tcp://enc:1");
+    let mut buf = vec![0u8; 4096];
+    assert_eq!(inst.registration(), Registration::Pending);
+    let n = inst.poll_transmit(&mut buf).unwrap().unwrap();
+    assert!(buf[..n].starts_with(br#"{"msg_type":"transfer_register""#));
+    // Still registering: the lost coordinator knew nothing, nothing
+    // changes (the staged request waits for whoever answers).
+    let (token, _) = inst.stage("r", 6 * KIB).unwrap();
+    inst.commit(
+        Instant(0),
+        token,
+        6 * KIB,
+        &Manifest::Entries(&[]),
+        RawJson::EMPTY_OBJECT,
+    )
+    .unwrap();
+    inst.handle_coordinator_lost(Instant(1));
+    assert_eq!(inst.registration(), Registration::Pending);
+    assert_eq!(inst.requests_held(), 1);
+    // Refused, then lost: it registers anew.
+    let refused = decode(br#"{"msg_type":"transfer_register_ack","session_id":"enc-0","accepted":false,"error":"unknown role"}"#).unwrap();
+    inst.handle(Instant(2), &refused).unwrap();
+    assert_eq!(inst.registration(), Registration::Refused);
+    inst.handle_coordinator_lost(Instant(3));
+    assert_eq!(inst.registration(), Registration::Pending);
+    // Accepted, then lost: what it relayed ends, and it registers anew.
+    let accepted =
+        decode(br#"{"msg_type":"transfer_register_ack","session_id":"enc-0","accepted":true}"#)
+            .unwrap();
+    inst.handle(Instant(4), &accepted).unwrap();
+    assert_eq!(inst.registration(), Registration::Accepted);
+    while inst.poll_transmit(&mut buf).is_some() {}
+    inst.handle_coordinator_lost(Instant(5));
+    assert_eq!(inst.registration(), Registration::Pending);
+    assert_eq!(inst.requests_held(), 0, "the staged request failed");
+    let n = inst.poll_transmit(&mut buf).unwrap().unwrap();
+    assert!(buf[..n].starts_with(br#"{"msg_type":"transfer_register""#));
 }

@@ -3,6 +3,14 @@
 //! faults injected into the control plane (loss, duplication, delay and so
 //! reordering), failed writes, and instance crashes and restarts.
 //!
+//! A third of the seeds run on a data plane whose completions do not mean
+//! delivery (as libfabric's `tcp` provider): the sender's write completes
+//! before its bytes arrive, the receiver's data plane records each write
+//! that arrived, and the instances (configured with a landing limit) hand
+//! a transfer over only once its write is reported landed. Under faults
+//! there, bytes also arrive late (some after the receiver's landing limit,
+//! while its slot is quarantined) or never.
+//!
 //! Every seed checks: every request ends (delivered or failed) within its
 //! timeout bound; no slot leaks anywhere once the run drains; capacity is
 //! back to zero everywhere; no write lands outside a slot reserved for its
@@ -20,6 +28,7 @@ use ferry_core::handshake::instance::*;
 use ferry_core::handshake::{Instant, PeerId, Tombstone};
 use ferry_core::json::RawJson;
 use ferry_core::slots::{Buddy, BuddyConfig};
+use ferry_core::transport::WriteTag;
 use ferry_core::wire::{decode, Manifest, Msg, PreallocatedSlot, Shape, TensorEntry};
 
 const ROLES: [&str; 3] = ["encoder", "denoiser", "decoder"];
@@ -39,6 +48,13 @@ struct Faults {
     max_delay: u64,
     write_fail: f64,
     crash: f64,
+    /// The data plane reports arrivals (completions do not mean delivery).
+    notify: bool,
+    /// There: the chance that a write's bytes arrive late, up to the
+    /// receiver's landing limit plus most of its quarantine.
+    late_land: f64,
+    /// There: the chance that they never arrive.
+    lost_land: f64,
 }
 
 impl Faults {
@@ -48,8 +64,16 @@ impl Faults {
         max_delay: 2 * MS,
         write_fail: 0.0,
         crash: 0.0,
+        notify: false,
+        late_land: 0.0,
+        lost_land: 0.0,
     };
 }
+
+/// How long a receiver on a notifying data plane waits for a write to land
+/// after `transfer_ready`, and how long its slots sit out a quarantine.
+const LANDING: u64 = 30 * MS;
+const QUARANTINE: u64 = 40 * MS;
 
 struct Rng(u64);
 
@@ -90,6 +114,17 @@ enum Ev {
         to_inc: u32,
         offset: u64,
         data: Vec<u8>,
+        tag: WriteTag,
+    },
+    /// On a notifying data plane: a write's bytes arrive, after the
+    /// sender's completion.
+    Arrive {
+        id: String,
+        to: usize,
+        to_inc: u32,
+        offset: u64,
+        data: Vec<u8>,
+        tag: WriteTag,
     },
     CoordTimer,
     InstTimer {
@@ -169,6 +204,8 @@ struct Node<'s> {
     timer: Option<u64>,
     /// Ids this incarnation staged.
     staged: Vec<String>,
+    /// Writes its data plane saw arrive and has not yet reported.
+    arrived: std::collections::HashSet<WriteTag>,
 }
 
 /// What one seed produced.
@@ -179,6 +216,8 @@ struct Outcome {
     delivered: usize,
     failed: usize,
     verified: usize,
+    /// Transfers refused because their write was not seen to land in time.
+    never_landed: u64,
 }
 
 fn pattern(id: &str, i: usize) -> u8 {
@@ -212,7 +251,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
         timeouts,
         retry_backoff: Duration::from_millis(5),
         max_attempts: 4,
-        quarantine: Duration::from_millis(40),
+        quarantine: Duration::from_nanos(QUARANTINE),
         late_done_wait: Duration::from_millis(200),
     };
     // A request may live at most this long at the coordinator.
@@ -270,10 +309,14 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
         q.push(Reverse((at, seq, evs.len() - 1)));
     };
 
+    let plane = Plane {
+        pool,
+        landing: faults.notify.then_some(Duration::from_nanos(LANDING)),
+    };
     let mut nodes: Vec<Node<'_>> = Vec::new();
     for i in 0..N {
         let store = free_stores[i].pop().unwrap();
-        let (inst, session) = start_instance(i, 0, 0, store, roles[i], &endpoints[i], pool);
+        let (inst, session) = start_instance(i, 0, 0, store, roles[i], &endpoints[i], plane);
         nodes.push(Node {
             inst: Some(inst),
             inc: 0,
@@ -281,6 +324,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
             session,
             timer: None,
             staged: Vec::new(),
+            arrived: Default::default(),
         });
     }
     let crashes_left = &mut [3u32; N];
@@ -351,6 +395,18 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                     now / 1000,
                     data.len()
                 ),
+                Ev::Arrive {
+                    to,
+                    to_inc,
+                    offset,
+                    id,
+                    data,
+                    ..
+                } => println!(
+                    "{:>9} bytes of {id} arrive at inst{to}.{to_inc} @{offset} len {}",
+                    now / 1000,
+                    data.len()
+                ),
                 Ev::Crash { i } => println!("{:>9} crash inst{i}", now / 1000),
                 Ev::Restart { i } => println!("{:>9} restart inst{i}", now / 1000),
                 _ => {}
@@ -388,30 +444,39 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                 to_inc,
                 offset,
                 data,
+                tag,
             } => {
-                let mut ok = false;
-                if nodes[to].inc == to_inc
-                    && nodes[to].inst.is_some()
-                    && !rng.chance(faults.write_fail)
-                {
-                    // The write must land inside a slot reserved for its
-                    // request: by the receiver, or (fast path) preallocated
-                    // and assigned to it by the coordinator.
-                    let inst = nodes[to].inst.as_ref().unwrap();
-                    let prealloc = coord
-                        .prealloc_for(&id)
-                        .filter(|(p, _, _)| *p == PeerId(to as u32 + 1))
-                        .map(|(_, o, s)| (o, s));
-                    let inside =
-                        |(o, s): (u64, u64)| offset >= o && offset + data.len() as u64 <= o + s;
-                    assert!(
-                        inst.slot_for(&id).is_some_and(inside) || prealloc.is_some_and(inside),
-                        "seed {seed}: write for {id} lands at {offset} of instance {to}, outside any slot reserved for it"
-                    );
+                let live = nodes[to].inc == to_inc && nodes[to].inst.is_some();
+                let ok = if rng.chance(faults.write_fail) {
+                    false
+                } else if faults.notify {
+                    // The write completes at the sender; its bytes come
+                    // later (maybe much later, maybe never).
+                    if live && !rng.chance(faults.lost_land) {
+                        let delay = if rng.chance(faults.late_land) {
+                            LANDING / 2 + rng.below(LANDING / 2 + QUARANTINE / 2)
+                        } else {
+                            rng.below(MS)
+                        };
+                        let arrive = Ev::Arrive {
+                            id,
+                            to,
+                            to_inc,
+                            offset,
+                            data,
+                            tag,
+                        };
+                        push(&mut q, &mut evs, now + delay, arrive);
+                    }
+                    true
+                } else if live {
+                    land(&nodes[to], &coord, seed, &id, to, offset, &data);
                     nodes[to].pool[offset as usize..offset as usize + data.len()]
                         .copy_from_slice(&data);
-                    ok = true;
-                }
+                    true
+                } else {
+                    false
+                };
                 if nodes[from].inc == inc {
                     if let Some(inst) = nodes[from].inst.as_mut() {
                         let _ = inst.handle_completion(
@@ -421,6 +486,22 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                         );
                         touched.push(from);
                     }
+                }
+            }
+            Ev::Arrive {
+                id,
+                to,
+                to_inc,
+                offset,
+                data,
+                tag,
+            } => {
+                if nodes[to].inc == to_inc && nodes[to].inst.is_some() {
+                    land(&nodes[to], &coord, seed, &id, to, offset, &data);
+                    nodes[to].pool[offset as usize..offset as usize + data.len()]
+                        .copy_from_slice(&data);
+                    nodes[to].arrived.insert(tag);
+                    touched.push(to);
                 }
             }
             Ev::CoordTimer => {
@@ -510,10 +591,11 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                 let inc = nodes[i].inc;
                 let store = free_stores[i].pop().expect("an incarnation's storage");
                 let (inst, session) =
-                    start_instance(i, inc, now, store, roles[i], &endpoints[i], pool);
+                    start_instance(i, inc, now, store, roles[i], &endpoints[i], plane);
                 nodes[i].inst = Some(inst);
                 nodes[i].session = session;
                 nodes[i].pool.fill(0);
+                nodes[i].arrived.clear();
                 nodes[i].timer = None;
                 touched.push(i);
             }
@@ -632,8 +714,19 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                         to_inc,
                         offset,
                         data,
+                        tag: w.tag,
                     },
                 );
+            }
+            // The receiver's data plane reports the writes that arrived
+            // and that transfers wait for (what the runtime does).
+            let node = &mut nodes[i];
+            let inst = node.inst.as_mut().unwrap();
+            let waiting: Vec<WriteTag> = inst.awaiting_landing().collect();
+            for tag in waiting {
+                if node.arrived.remove(&tag) {
+                    inst.handle_landed(Instant(now), tag).unwrap();
+                }
             }
             let inst = nodes[i].inst.as_mut().unwrap();
             let mut received = Vec::new();
@@ -700,6 +793,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
         let Some(inst) = n.inst.as_ref() else {
             continue;
         };
+        out.never_landed += inst.stats().never_landed;
         assert_eq!(
             inst.requests_held(),
             0,
@@ -719,6 +813,15 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
     out
 }
 
+/// What an instance's pool and data plane are like.
+#[derive(Clone, Copy)]
+struct Plane {
+    /// The pool's size.
+    pool: u64,
+    /// The instance's landing limit, where the data plane reports arrivals.
+    landing: Option<Duration>,
+}
+
 fn start_instance<'s>(
     i: usize,
     inc: u32,
@@ -726,8 +829,9 @@ fn start_instance<'s>(
     store: &'s mut InstStore,
     role: &'static str,
     endpoint: &str,
-    pool: u64,
+    plane: Plane,
 ) -> (Instance<'s>, String) {
+    let Plane { pool, landing } = plane;
     let InstStore {
         tree,
         gens,
@@ -759,7 +863,8 @@ fn start_instance<'s>(
         register_retry: Duration::from_millis(20),
         staged_timeout: Duration::from_millis(1500),
         reserved_timeout: Duration::from_millis(1500),
-        quarantine: Duration::from_millis(40),
+        quarantine: Duration::from_nanos(QUARANTINE),
+        landing,
     };
     let s = InstanceStorage {
         tree,
@@ -777,6 +882,33 @@ fn start_instance<'s>(
         Instance::new(Instant(now), config, s).unwrap(),
         session.clone(),
     )
+}
+
+/// Checks that a write for `id` landing at `offset` of instance `to` lies
+/// inside a slot reserved for its request: by the receiver (reserved,
+/// landing, delivered or quarantined), or (fast path) preallocated and
+/// assigned to it by the coordinator.
+fn land(
+    node: &Node<'_>,
+    coord: &Coordinator<'_, 4>,
+    seed: u64,
+    id: &str,
+    to: usize,
+    offset: u64,
+    data: &[u8],
+) {
+    let Some(inst) = node.inst.as_ref() else {
+        return;
+    };
+    let prealloc = coord
+        .prealloc_for(id)
+        .filter(|(p, _, _)| *p == PeerId(to as u32 + 1))
+        .map(|(_, o, s)| (o, s));
+    let inside = |(o, s): (u64, u64)| offset >= o && offset + data.len() as u64 <= o + s;
+    assert!(
+        inst.slot_for(id).is_some_and(inside) || prealloc.is_some_and(inside),
+        "seed {seed}: write for {id} lands at {offset} of instance {to}, outside any slot reserved for it"
+    );
 }
 
 fn pool_ptr(i: usize, inc: u32) -> u64 {
@@ -856,7 +988,12 @@ fn without_faults_every_request_is_delivered_intact() {
         if only.is_some_and(|o| o != seed) {
             continue;
         }
-        let o = run(seed, requests, Faults::NONE, POOL);
+        // Every third seed on a data plane that reports arrivals.
+        let faults = Faults {
+            notify: seed % 3 == 2,
+            ..Faults::NONE
+        };
+        let o = run(seed, requests, faults, POOL);
         assert_eq!(o.failed, 0, "seed {seed}: {o:?}");
         // Each encoder request is delivered to a denoiser and forwarded.
         assert_eq!(o.delivered, o.staged, "seed {seed}: {o:?}");
@@ -883,6 +1020,9 @@ fn under_faults_every_request_ends_and_nothing_leaks() {
             max_delay: [1, 5, 20][rng.below(3) as usize] * MS,
             write_fail: [0.0, 0.05][rng.below(2) as usize],
             crash: [0.0, 1.0][rng.below(2) as usize],
+            notify: seed % 3 == 2,
+            late_land: [0.0, 0.05][rng.below(2) as usize],
+            lost_land: [0.0, 0.02][rng.below(2) as usize],
         };
         let pool = if seed % 2 == 0 { POOL } else { POOL / 8 };
         // Twice the requests of the fault-free runs: under faults about
@@ -892,10 +1032,16 @@ fn under_faults_every_request_ends_and_nothing_leaks() {
         totals.delivered += o.delivered;
         totals.failed += o.failed;
         totals.verified += o.verified;
+        totals.never_landed += o.never_landed;
         for (k, v) in o.reasons {
             *totals.reasons.entry(k).or_default() += v;
         }
     }
     println!("{seeds} seeds under faults: {totals:?}");
     assert!(totals.delivered > 0 && totals.failed > 0, "{totals:?}");
+    // The notifying data plane's faults were met: transfers refused for
+    // bytes that never came, or came after the landing limit.
+    if seeds >= 30 {
+        assert!(totals.never_landed > 0, "{totals:?}");
+    }
 }

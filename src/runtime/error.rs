@@ -18,7 +18,7 @@ pub enum NodeError {
     #[error("pool settings: {0}")]
     Pool(BuddyError),
     /// Coordinator settings it cannot take.
-    #[error("coordinator settings: {0:?}")]
+    #[error("coordinator settings: {0}")]
     Coordinator(ConfigError),
     /// The data plane failed.
     #[error("data plane {verb}: {source}")]

@@ -17,9 +17,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
-use ferry_core::handshake::coordinator::RequestId;
-use ferry_core::handshake::instance::{InstanceConfig, InstanceEvent, InstanceStats, Token, Write};
+use ferry_core::handshake::instance::{
+    InstanceConfig, InstanceEvent, InstanceStats, Registration, Token, Write,
+};
 use ferry_core::handshake::Instant;
+use ferry_core::handshake::{Reason, RequestId};
 use ferry_core::json::{JsonStr, RawJson};
 use ferry_core::slots::{layout, BuddyConfig, Dtype, TensorSpec};
 use ferry_core::transport::{
@@ -142,18 +144,11 @@ struct State<S> {
     out: Vec<u8>,
     /// Transfers received, with when they arrived.
     received: VecDeque<(Token, SystemTime)>,
-    /// Transfers announced ready whose writes have not been seen to land
-    /// (only where the data plane's completions do not mean delivery):
-    /// token, write tag, when they were announced.
-    landing: Vec<(Token, WriteTag, Instant)>,
-    /// True if received transfers wait in `landing` first.
-    gate: bool,
     outcomes: VecDeque<Outcome>,
     /// Metadata buffers for deliveries, reused.
     meta_free: Vec<Vec<u8>>,
     /// Non-transfer messages for the application.
     frames: VecDeque<Frame>,
-    registered: Option<bool>,
 }
 
 struct Shared<S> {
@@ -178,10 +173,7 @@ impl<S: ControlSend> Shared<S> {
             coordinator,
             out,
             received,
-            landing,
-            gate,
             outcomes,
-            registered,
             ..
         } = st;
         machine.run(|m| {
@@ -207,11 +199,8 @@ impl<S: ControlSend> Shared<S> {
                 }
             }
         }
-        if lost && *registered == Some(true) {
-            // The coordinator went away: register again, and send nothing
-            // else until a coordinator acknowledges.
-            *registered = None;
-            machine.run(|m| m.reregister(now));
+        if lost {
+            machine.run(|m| m.handle_coordinator_lost(now));
         }
         let mut woke = false;
         while let Some(e) = machine.run(|m| m.poll_event()) {
@@ -219,26 +208,13 @@ impl<S: ControlSend> Shared<S> {
             match e {
                 InstanceEvent::Registered => {
                     info!(coordinator = %coordinator, "registered");
-                    *registered = Some(true);
                 }
                 InstanceEvent::Refused => {
                     warn!(coordinator = %coordinator, "registration refused");
-                    *registered = Some(false);
                 }
                 InstanceEvent::Received(t) => {
                     Metrics::add(&self.metrics.received, 1);
-                    if *gate {
-                        let base = self.memory.base() as u64;
-                        let tag = machine.read(|m| {
-                            m.received(t)
-                                .map(|rx| WriteTag::of(rx.id, base + rx.slot_offset))
-                        });
-                        if let Some(tag) = tag {
-                            landing.push((t, tag, now));
-                        }
-                    } else {
-                        received.push_back((t, SystemTime::now()));
-                    }
+                    received.push_back((t, SystemTime::now()));
                 }
                 InstanceEvent::Sent { id } => {
                     Metrics::add(&self.metrics.sent, 1);
@@ -250,8 +226,16 @@ impl<S: ControlSend> Shared<S> {
                     info!(%id, "send failed");
                     push_bounded(outcomes, Outcome { id, sent: false });
                 }
-                InstanceEvent::Aborted(_) => {
-                    debug!("a held transfer was aborted by the coordinator");
+                InstanceEvent::Aborted(t) => {
+                    // The application sees it on the delivery
+                    // (`Delivery::is_aborted`); its release still frees
+                    // the slot.
+                    Metrics::add(&self.metrics.aborted, 1);
+                    machine.read(|m| {
+                        if let Some(rx) = m.received(t) {
+                            info!(id = rx.id, "a held transfer was aborted by the coordinator");
+                        }
+                    });
                 }
             }
         }
@@ -320,7 +304,10 @@ where
             .map_err(transport_err("register"))?;
         let (tx, rx) = channel.split();
         let session = transport.session_id().to_owned();
-        let gate = !transport.capabilities().delivery_complete;
+        // Where a completion does not mean delivery, the core holds each
+        // received transfer until the data plane says its bytes landed.
+        let landing =
+            (!transport.capabilities().delivery_complete).then_some(settings.landing_timeout);
         let endpoint = rx.local_endpoint().to_owned();
         let pool = BuddyConfig {
             pool_size: memory.len() as u64,
@@ -346,6 +333,7 @@ where
             staged_timeout: settings.staged_timeout,
             reserved_timeout: settings.reserved_timeout,
             quarantine: settings.quarantine,
+            landing,
         };
         let machine = OwnedInstance::create(clock.now(), config, store)?;
         let n = settings.limits.requests.max(1);
@@ -356,13 +344,10 @@ where
                 coordinator: settings.coordinator.clone(),
                 out: vec![0; 64 * 1024],
                 received: VecDeque::with_capacity(n),
-                landing: Vec::with_capacity(n),
-                gate,
                 outcomes: VecDeque::with_capacity(4 * n),
                 meta_free: (0..n)
                     .map(|_| Vec::with_capacity(settings.limits.nested_per_request))
                     .collect(),
-                registered: None,
                 frames: VecDeque::new(),
             }),
             changed: Condvar::new(),
@@ -378,10 +363,9 @@ where
             rx,
             buf: vec![0; RECV_BUF],
             writes: Vec::with_capacity(n),
-            pending: Vec::with_capacity(n),
+            in_flight: 0,
             done: Vec::with_capacity(n),
-            next_cookie: 0,
-            landing_timeout: settings.landing_timeout,
+            landing: Vec::with_capacity(n),
             wake: None,
         };
         progress.wake = progress
@@ -420,18 +404,20 @@ where
         let (st, _) = self
             .shared
             .changed
-            .wait_timeout_while(st, timeout, |s| s.registered.is_none())
+            .wait_timeout_while(st, timeout, |s| {
+                s.machine.read(|m| m.registration()) == Registration::Pending
+            })
             .unwrap_or_else(PoisonError::into_inner);
-        match st.registered {
-            Some(true) => Ok(()),
-            Some(false) => Err(NodeError::Refused),
-            None => Err(NodeError::NotRegistered(timeout)),
+        match st.machine.read(|m| m.registration()) {
+            Registration::Accepted => Ok(()),
+            Registration::Refused => Err(NodeError::Refused),
+            Registration::Pending => Err(NodeError::NotRegistered(timeout)),
         }
     }
 
     /// True while the coordinator has acknowledged this instance.
     pub fn is_registered(&self) -> bool {
-        self.shared.lock().registered == Some(true)
+        self.shared.lock().machine.read(|m| m.is_registered())
     }
 
     /// Reserves a slot for request `id` laid out for `tensors` (each at a
@@ -549,7 +535,7 @@ where
         })
     }
 
-    fn release(&self, token: Token, error: Option<&'static str>, meta: Vec<u8>) {
+    fn release(&self, token: Token, error: Option<&str>, meta: Vec<u8>) {
         let mut st = self.shared.lock();
         st.meta_free.push(meta);
         if let Err(e) = st.machine.run(|m| m.release(token, error)) {
@@ -730,18 +716,31 @@ impl<S: ControlSend + Send + 'static> Delivery<'_, S> {
         })
     }
 
+    /// True if the coordinator aborted the request since it arrived
+    /// (it timed out, or the coordinator was lost): its result is not
+    /// wanted. Release it all the same.
+    pub fn is_aborted(&self) -> bool {
+        let Some(token) = self.token else {
+            return false;
+        };
+        let st = self.node.shared.lock();
+        st.machine
+            .read(|m| m.received(token).is_some_and(|rx| rx.aborted))
+    }
+
     /// Done with it: the slot is freed and the coordinator told.
     pub fn release(mut self) {
         self.finish(None);
     }
 
     /// Done with it, but it could not be used: `reason` goes to the
-    /// coordinator in `transfer_done.error`.
-    pub fn fail(mut self, reason: &'static str) {
+    /// coordinator in `transfer_done.error` (cut at
+    /// [`REASON_LEN`](ferry_core::handshake::REASON_LEN) bytes).
+    pub fn fail(mut self, reason: &str) {
         self.finish(Some(reason));
     }
 
-    fn finish(&mut self, error: Option<&'static str>) {
+    fn finish(&mut self, error: Option<&str>) {
         if let Some(token) = self.token.take() {
             let meta = std::mem::take(&mut self.meta);
             self.node.release(token, error, meta);
@@ -763,11 +762,12 @@ struct Progress<S, T: Transport, R> {
     rx: R,
     buf: Vec<u8>,
     writes: Vec<Write>,
-    /// Posted writes: cookie, token, length.
-    pending: Vec<(u64, Token, u64)>,
-    done: Vec<(Token, Result<(), &'static str>)>,
-    next_cookie: u64,
-    landing_timeout: Duration,
+    /// Writes posted and not yet completed.
+    in_flight: usize,
+    /// Finished writes, with the data plane's own text for a failure.
+    done: Vec<(Token, Result<(), Reason>)>,
+    /// The tags of writes that received transfers wait for, reused.
+    landing: Vec<WriteTag>,
     /// The transport's wake descriptor, if the channel can wait on it too.
     wake: Option<i32>,
 }
@@ -787,12 +787,12 @@ where
                 shared.drive(&mut st, now);
                 let next = st.machine.read(|m| m.poll_timeout());
                 // Without a wake descriptor, completions are polled for.
-                let cap =
-                    if self.wake.is_some() || (self.pending.is_empty() && st.landing.is_empty()) {
-                        MAX_WAIT
-                    } else {
-                        POLL_WRITES
-                    };
+                let landing = st.machine.read(|m| m.awaiting_landing().next().is_some());
+                let cap = if self.wake.is_some() || (self.in_flight == 0 && !landing) {
+                    MAX_WAIT
+                } else {
+                    POLL_WRITES
+                };
                 shared.clock.until(next, cap)
             };
             self.receive(wait);
@@ -849,11 +849,11 @@ where
             Ok(Some(ChannelEvent::Gone { from })) => {
                 let mut st = shared.lock();
                 if from == st.coordinator {
-                    warn!(coordinator = %from, "coordinator gone; registering again");
+                    warn!(coordinator = %from, "coordinator gone");
                     Metrics::add(&m.peers_lost, 1);
-                    st.registered = None;
                     let now = shared.clock.now();
-                    st.machine.run(|i| i.reregister(now));
+                    st.machine.run(|i| i.handle_coordinator_lost(now));
+                    shared.drive(&mut st, now);
                 }
             }
             Ok(None) => {}
@@ -864,38 +864,26 @@ where
         }
     }
 
-    /// Hands the application the transfers whose writes have landed, and
-    /// refuses those whose notices never came.
+    /// Tells the state machine which of the writes its received transfers
+    /// wait for have landed (it decides what waits, and for how long).
     fn land(&mut self) {
         let shared = &*self.shared;
         let mut st = shared.lock();
-        if st.landing.is_empty() {
+        self.landing.clear();
+        st.machine
+            .read(|m| self.landing.extend(m.awaiting_landing()));
+        if self.landing.is_empty() {
             return;
         }
         let now = shared.clock.now();
-        let mut changed = false;
-        let mut i = 0;
-        while i < st.landing.len() {
-            let (token, tag, since) = st.landing[i];
+        let mut landed = false;
+        for &tag in &self.landing {
             if self.transport.landed(tag) {
-                st.landing.swap_remove(i);
-                st.received.push_back((token, SystemTime::now()));
-                changed = true;
-            } else if now.since(since) >= self.landing_timeout {
-                st.landing.swap_remove(i);
-                Metrics::add(&shared.metrics.write_errors, 1);
-                warn!(timeout = ?self.landing_timeout, "transfer announced ready, but its write never landed");
-                let _ = st
-                    .machine
-                    .run(|m| m.release(token, Some("write never landed")));
-                changed = true;
-            } else {
-                i += 1;
+                landed |= st.machine.run(|m| m.handle_landed(now, tag)).is_ok();
             }
         }
-        if changed {
+        if landed {
             shared.drive(&mut st, now);
-            shared.changed.notify_all();
         }
     }
 
@@ -903,8 +891,6 @@ where
         let m = &self.shared.metrics;
         for w in self.writes.drain(..) {
             let _span = debug_span!("write", id = %w.id, len = w.len).entered();
-            let cookie = self.next_cookie;
-            self.next_cookie += 1;
             Metrics::add(&m.writes, 1);
             match self.transport.post_write(
                 self.region,
@@ -912,14 +898,14 @@ where
                 w.len,
                 w.dest_session.as_str(),
                 w.dest_addr,
-                WriteTag::of(w.id.as_str(), w.dest_addr),
-                cookie,
+                w.tag,
+                w.token.cookie(),
             ) {
-                Ok(()) => self.pending.push((cookie, w.token, w.len)),
+                Ok(()) => self.in_flight += 1,
                 Err(e) => {
                     Metrics::add(&m.write_errors, 1);
                     warn!(id = %w.id, dest = %w.dest_session, error = %e, "write not posted");
-                    self.done.push((w.token, Err(e.kind().as_str())));
+                    self.done.push((w.token, Err(reason(&e))));
                 }
             }
         }
@@ -928,20 +914,16 @@ where
     fn reap(&mut self) {
         let m = &self.shared.metrics;
         while let Some(c) = self.transport.poll_completion() {
-            let Some(i) = self.pending.iter().position(|p| p.0 == c.cookie) else {
-                continue;
-            };
-            let (_, token, len) = self.pending.swap_remove(i);
+            self.in_flight = self.in_flight.saturating_sub(1);
+            let token = Token::from_cookie(c.cookie);
             match c.result {
-                Ok(()) => Metrics::add(&m.bytes_written, len),
+                Ok(()) => self.done.push((token, Ok(()))),
                 Err(e) => {
                     Metrics::add(&m.write_errors, 1);
                     warn!(error = %e, "write failed");
-                    self.done.push((token, Err(e.kind().as_str())));
-                    continue;
+                    self.done.push((token, Err(reason(&e))));
                 }
             }
-            self.done.push((token, Ok(())));
         }
         if self.done.is_empty() {
             return;
@@ -950,8 +932,24 @@ where
         let mut st = shared.lock();
         let now = shared.clock.now();
         for (token, result) in self.done.drain(..) {
-            let _ = st.machine.run(|i| i.handle_completion(now, token, result));
+            let ok = result.is_ok();
+            let result = result.as_ref().map(|_| ()).map_err(|r| r.as_str());
+            if let Ok(len) = st.machine.run(|i| i.handle_completion(now, token, result)) {
+                if ok {
+                    Metrics::add(&m.bytes_written, len);
+                }
+            }
         }
         shared.drive(&mut st, now);
     }
+}
+
+/// A failed write's reason for the coordinator: its kind, then the data
+/// plane's own text (which names the peer, the call and the errno), cut to
+/// fit, written without allocating.
+fn reason(e: &impl Fault) -> Reason {
+    use std::fmt::Write as _;
+    let mut r = Reason::EMPTY;
+    let _ = write!(r, "{}: {e}", e.kind());
+    r
 }

@@ -51,6 +51,8 @@ metrics! {
     received,
     /// Transfers released by the application.
     released,
+    /// Transfers the application held that the coordinator aborted.
+    aborted,
     /// Writes posted.
     writes,
     /// Writes that failed.

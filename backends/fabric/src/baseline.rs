@@ -248,7 +248,11 @@ impl RawPair {
                     if ret == -(sys::FI_EAGAIN as isize) {
                         free.push(ctx);
                     } else {
-                        crate::ofi::check("fi_writemsg", ret, Some("baseline receiver"))?;
+                        crate::ofi::check(
+                            crate::error::Call::WriteMsg,
+                            ret,
+                            Some("baseline receiver"),
+                        )?;
                         posted += 1;
                         continue;
                     }

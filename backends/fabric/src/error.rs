@@ -10,8 +10,8 @@ pub enum FabricError {
     /// A libfabric call returned an error.
     #[error("{call}{}: {text} (errno {errno})", peer_suffix(.peer))]
     Call {
-        /// The call (`fi_getinfo`, `fi_mr_reg`, `fi_writemsg`, ...).
-        call: &'static str,
+        /// The call.
+        call: Call,
         /// The positive `FI_E*` / errno value.
         errno: i32,
         /// `fi_strerror`'s text.
@@ -125,40 +125,96 @@ pub enum FabricError {
     },
 }
 
+/// The libfabric calls whose failures ferry reports; what a failure means
+/// depends on the call as much as on its errno.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Call {
+    /// `fi_allocinfo`.
+    AllocInfo,
+    /// `fi_getinfo`.
+    GetInfo,
+    /// `fi_fabric`.
+    Fabric,
+    /// `fi_domain`.
+    Domain,
+    /// `fi_cq_open`.
+    CqOpen,
+    /// `fi_av_open`.
+    AvOpen,
+    /// `fi_av_insert`: a peer's address.
+    AvInsert,
+    /// `fi_endpoint`.
+    Endpoint,
+    /// `fi_ep_bind` of the address vector.
+    EpBindAv,
+    /// `fi_ep_bind` of the completion queue.
+    EpBindCq,
+    /// `fi_enable`.
+    Enable,
+    /// `fi_getname`.
+    GetName,
+    /// `fi_mr_reg`.
+    MrReg,
+    /// `fi_mr_bind`.
+    MrBind,
+    /// `fi_mr_enable`.
+    MrEnable,
+    /// `fi_writemsg`.
+    WriteMsg,
+}
+
+impl Call {
+    /// The call's name, as libfabric spells it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::AllocInfo => "fi_allocinfo",
+            Self::GetInfo => "fi_getinfo",
+            Self::Fabric => "fi_fabric",
+            Self::Domain => "fi_domain",
+            Self::CqOpen => "fi_cq_open",
+            Self::AvOpen => "fi_av_open",
+            Self::AvInsert => "fi_av_insert",
+            Self::Endpoint => "fi_endpoint",
+            Self::EpBindAv => "fi_ep_bind(av)",
+            Self::EpBindCq => "fi_ep_bind(cq)",
+            Self::Enable => "fi_enable",
+            Self::GetName => "fi_getname",
+            Self::MrReg => "fi_mr_reg",
+            Self::MrBind => "fi_mr_bind",
+            Self::MrEnable => "fi_mr_enable",
+            Self::WriteMsg => "fi_writemsg",
+        }
+    }
+
+    /// What any failure of this call is, whatever its errno.
+    const fn fault(self) -> Option<FaultKind> {
+        match self {
+            Self::MrReg | Self::MrBind | Self::MrEnable => Some(FaultKind::Registration),
+            Self::AvInsert => Some(FaultKind::UnknownPeer),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Call {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 fn peer_suffix(peer: &Option<String>) -> String {
     peer.as_ref()
         .map(|p| format!(" (peer {p})"))
         .unwrap_or_default()
 }
 
-/// What kind of failure an errno is, for errors that concern a peer.
-pub(crate) fn errno_kind(errno: i32) -> FaultKind {
-    use ferry_fabric_sys as sys;
-    match u32::try_from(errno).unwrap_or(0) {
-        sys::FI_ECONNREFUSED
-        | sys::FI_ECONNRESET
-        | sys::FI_ECONNABORTED
-        | sys::FI_EHOSTUNREACH
-        | sys::FI_ENETUNREACH
-        | sys::FI_EHOSTDOWN
-        | sys::FI_ENETDOWN
-        | sys::FI_ENOTCONN
-        | sys::FI_ESHUTDOWN
-        | sys::FI_EADDRNOTAVAIL => FaultKind::PeerGone,
-        sys::FI_ETIMEDOUT => FaultKind::Timeout,
-        sys::FI_EMSGSIZE | sys::FI_E2BIG | sys::FI_EOVERFLOW => FaultKind::TooLarge,
-        sys::FI_EACCES | sys::FI_EKEYREJECTED | sys::FI_EFAULT => FaultKind::OutOfBounds,
-        _ => FaultKind::Io,
-    }
-}
-
 impl Fault for FabricError {
     fn kind(&self) -> FaultKind {
         match self {
-            Self::Call { call, errno, .. } => match *call {
-                "fi_mr_reg" | "fi_mr_bind" | "fi_mr_enable" => FaultKind::Registration,
-                "fi_av_insert" => FaultKind::UnknownPeer,
-                _ => errno_kind(*errno),
+            Self::Call { call, errno, .. } => match call.fault() {
+                Some(kind) => kind,
+                None => FaultKind::of_errno(*errno),
             },
             Self::NoProvider { .. } | Self::Unsupported { .. } | Self::Os { .. } => FaultKind::Io,
             Self::BadSession { .. } => FaultKind::UnknownPeer,
@@ -167,7 +223,7 @@ impl Fault for FabricError {
             | Self::UnknownRegion(_) => FaultKind::OutOfBounds,
             Self::AlreadyRegistered(_) => FaultKind::Registration,
             Self::TooManyChunks { .. } => FaultKind::TooLarge,
-            Self::Completion { errno, .. } => errno_kind(*errno),
+            Self::Completion { errno, .. } => FaultKind::of_errno(*errno),
             Self::Timeout { .. } => FaultKind::Timeout,
         }
     }
@@ -180,7 +236,7 @@ mod tests {
     #[test]
     fn errors_name_the_call_the_peer_and_the_kind() {
         let e = FabricError::Call {
-            call: "fi_writemsg",
+            call: Call::WriteMsg,
             errno: 111,
             text: "Connection refused".into(),
             peer: Some("ofi:tcp;ofi_rxm:00:1:0:10:nv".into()),
@@ -191,7 +247,7 @@ mod tests {
         );
         assert_eq!(e.kind(), FaultKind::PeerGone);
         let e = FabricError::Call {
-            call: "fi_mr_reg",
+            call: Call::MrReg,
             errno: 12,
             text: "Cannot allocate memory".into(),
             peer: None,
@@ -208,8 +264,42 @@ mod tests {
             text: "timed out".into(),
         };
         assert_eq!(e.kind(), FaultKind::Timeout);
-        assert_eq!(errno_kind(13), FaultKind::OutOfBounds);
-        assert_eq!(errno_kind(5), FaultKind::Io);
-        assert_eq!(errno_kind(-1), FaultKind::Io);
+        assert_eq!(FaultKind::of_errno(13), FaultKind::OutOfBounds);
+        assert_eq!(FaultKind::of_errno(5), FaultKind::Io);
+        assert_eq!(FaultKind::of_errno(-1), FaultKind::Io);
+    }
+
+    /// The core classifies by Linux's errno numbers; libfabric's `FI_E*`
+    /// must be the same numbers for that to hold.
+    #[test]
+    fn libfabric_errnos_are_the_ones_the_core_classifies() {
+        use ferry_core::transport::errno as e;
+        use ferry_fabric_sys as sys;
+        let pairs = [
+            (sys::FI_ECONNREFUSED, e::ECONNREFUSED),
+            (sys::FI_ECONNRESET, e::ECONNRESET),
+            (sys::FI_ECONNABORTED, e::ECONNABORTED),
+            (sys::FI_EHOSTUNREACH, e::EHOSTUNREACH),
+            (sys::FI_ENETUNREACH, e::ENETUNREACH),
+            (sys::FI_EHOSTDOWN, e::EHOSTDOWN),
+            (sys::FI_ENETDOWN, e::ENETDOWN),
+            (sys::FI_ENOTCONN, e::ENOTCONN),
+            (sys::FI_ESHUTDOWN, e::ESHUTDOWN),
+            (sys::FI_EADDRNOTAVAIL, e::EADDRNOTAVAIL),
+            (sys::FI_ETIMEDOUT, e::ETIMEDOUT),
+            (sys::FI_EMSGSIZE, e::EMSGSIZE),
+            (sys::FI_E2BIG, e::E2BIG),
+            (sys::FI_EOVERFLOW, e::EOVERFLOW),
+            (sys::FI_EACCES, e::EACCES),
+            (sys::FI_EKEYREJECTED, e::EKEYREJECTED),
+            (sys::FI_EFAULT, e::EFAULT),
+        ];
+        for (fi, core) in pairs {
+            assert_eq!(fi as i32, core);
+        }
+        assert_eq!(
+            FaultKind::of_errno(sys::FI_EKEYREJECTED as i32),
+            FaultKind::OutOfBounds
+        );
     }
 }

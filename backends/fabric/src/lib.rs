@@ -29,7 +29,7 @@ pub mod provider;
 pub mod session;
 mod transport;
 
-pub use error::FabricError;
+pub use error::{Call, FabricError};
 pub use ferry_hostmem::HostPool;
 pub use mr::MrPolicy;
 pub use provider::{Delivery, Hints, Provider};

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use ferry_fabric_sys as sys;
 
-use crate::error::FabricError;
+use crate::error::{Call, FabricError};
 use crate::provider::Hints;
 
 /// The libfabric API version ferry is written against.
@@ -37,7 +37,7 @@ pub fn strerror(errno: i32) -> String {
 
 /// Maps a libfabric return value (negative `FI_E*` on error) to a typed
 /// error naming `call` and, where given, the peer.
-pub fn check(call: &'static str, ret: isize, peer: Option<&str>) -> Result<usize, FabricError> {
+pub fn check(call: Call, ret: isize, peer: Option<&str>) -> Result<usize, FabricError> {
     if ret >= 0 {
         return Ok(ret as usize);
     }
@@ -103,7 +103,7 @@ impl Info {
         let h = unsafe { sys::ferry_fi_allocinfo() };
         let Some(h) = NonNull::new(h) else {
             return Err(FabricError::Call {
-                call: "fi_allocinfo",
+                call: Call::AllocInfo,
                 errno: sys::FI_ENOMEM as i32,
                 text: strerror(sys::FI_ENOMEM as i32),
                 peer: None,
@@ -135,11 +135,11 @@ impl Info {
             (ret, out)
         };
         drop(hints_info);
-        check("fi_getinfo", ret.0 as isize, None)?;
+        check(Call::GetInfo, ret.0 as isize, None)?;
         NonNull::new(ret.1)
             .map(|ptr| Self { ptr })
             .ok_or_else(|| FabricError::Call {
-                call: "fi_getinfo",
+                call: Call::GetInfo,
                 errno: sys::FI_ENODATA as i32,
                 text: strerror(sys::FI_ENODATA as i32),
                 peer: None,
@@ -317,7 +317,7 @@ impl Fabric {
         let mut ptr = ptr::null_mut();
         // SAFETY: fabric_attr comes from a live fi_getinfo result.
         let ret = unsafe { sys::fi_fabric(info.info().fabric_attr, &mut ptr, ptr::null_mut()) };
-        check("fi_fabric", ret as isize, None)?;
+        check(Call::Fabric, ret as isize, None)?;
         Ok(Arc::new(Self { ptr }))
     }
 }
@@ -330,7 +330,7 @@ impl Domain {
         let ret = unsafe {
             sys::ferry_fi_domain(fabric.ptr, info.ptr.as_ptr(), &mut ptr, ptr::null_mut())
         };
-        check("fi_domain", ret as isize, None)?;
+        check(Call::Domain, ret as isize, None)?;
         Ok(Arc::new(Self {
             ptr,
             _fabric: Arc::clone(fabric),
@@ -358,7 +358,7 @@ impl Cq {
             // SAFETY: live domain; attr is a valid, initialised struct.
             let ret =
                 unsafe { sys::ferry_fi_cq_open(domain.ptr, &mut attr, &mut ptr, ptr::null_mut()) };
-            match check("fi_cq_open", ret as isize, None) {
+            match check(Call::CqOpen, ret as isize, None) {
                 Ok(_) => {
                     return Ok(Arc::new(Self {
                         ptr,
@@ -370,7 +370,7 @@ impl Cq {
             }
         }
         Err(last.unwrap_or(FabricError::Call {
-            call: "fi_cq_open",
+            call: Call::CqOpen,
             errno: sys::FI_EINVAL as i32,
             text: strerror(sys::FI_EINVAL as i32),
             peer: None,
@@ -467,7 +467,7 @@ impl Av {
         // SAFETY: live domain; attr initialised.
         let ret =
             unsafe { sys::ferry_fi_av_open(domain.ptr, &mut attr, &mut ptr, ptr::null_mut()) };
-        check("fi_av_open", ret as isize, None)?;
+        check(Call::AvOpen, ret as isize, None)?;
         Ok(Arc::new(Self {
             ptr,
             _domain: Arc::clone(domain),
@@ -490,10 +490,10 @@ impl Av {
                 ptr::null_mut(),
             )
         };
-        let n = check("fi_av_insert", ret as isize, Some(peer))?;
+        let n = check(Call::AvInsert, ret as isize, Some(peer))?;
         if n != 1 || out == ADDR_UNSPEC {
             return Err(FabricError::Call {
-                call: "fi_av_insert",
+                call: Call::AvInsert,
                 errno: sys::FI_EINVAL as i32,
                 text: "address not inserted".into(),
                 peer: Some(peer.to_owned()),
@@ -523,7 +523,7 @@ impl Endpoint {
         let ret = unsafe {
             sys::ferry_fi_endpoint(domain.ptr, info.ptr.as_ptr(), &mut ptr, ptr::null_mut())
         };
-        check("fi_endpoint", ret as isize, None)?;
+        check(Call::Endpoint, ret as isize, None)?;
         let mut ep = Self {
             ptr,
             name: Vec::new(),
@@ -533,7 +533,7 @@ impl Endpoint {
         };
         // SAFETY: live endpoint, AV and CQ of the same domain.
         let ret = unsafe { sys::ferry_fi_ep_bind(ep.ptr, fid_of(av.ptr), 0) };
-        check("fi_ep_bind(av)", ret as isize, None)?;
+        check(Call::EpBindAv, ret as isize, None)?;
         // SAFETY: as above.
         let ret = unsafe {
             sys::ferry_fi_ep_bind(
@@ -542,16 +542,16 @@ impl Endpoint {
                 u64::from(sys::FI_TRANSMIT | sys::FI_RECV),
             )
         };
-        check("fi_ep_bind(cq)", ret as isize, None)?;
+        check(Call::EpBindCq, ret as isize, None)?;
         // SAFETY: live, bound endpoint.
         let ret = unsafe { sys::ferry_fi_enable(ep.ptr) };
-        check("fi_enable", ret as isize, None)?;
+        check(Call::Enable, ret as isize, None)?;
         let mut name = vec![0u8; 256];
         let mut len = name.len();
         // SAFETY: `name` is writable for `len` bytes; len is updated.
         let ret =
             unsafe { sys::ferry_fi_getname(fid_of(ep.ptr), name.as_mut_ptr().cast(), &mut len) };
-        check("fi_getname", ret as isize, None)?;
+        check(Call::GetName, ret as isize, None)?;
         name.truncate(len);
         ep.name = name;
         Ok(Arc::new(ep))
@@ -640,7 +640,7 @@ impl MemoryRegion {
                 ptr::null_mut(),
             )
         };
-        check("fi_mr_reg", ret as isize, None)?;
+        check(Call::MrReg, ret as isize, None)?;
         let mut mr = Self {
             ptr,
             desc: ptr::null_mut(),
@@ -651,10 +651,10 @@ impl MemoryRegion {
         if let Some(ep) = endpoint {
             // SAFETY: live region and endpoint of the same domain.
             let ret = unsafe { sys::ferry_fi_mr_bind(mr.ptr, fid_of(ep.ptr), 0) };
-            check("fi_mr_bind", ret as isize, None)?;
+            check(Call::MrBind, ret as isize, None)?;
             // SAFETY: live, bound region.
             let ret = unsafe { sys::ferry_fi_mr_enable(mr.ptr) };
-            check("fi_mr_enable", ret as isize, None)?;
+            check(Call::MrEnable, ret as isize, None)?;
         }
         // SAFETY: live region.
         mr.desc = unsafe { sys::ferry_fi_mr_desc(mr.ptr) };

@@ -350,7 +350,7 @@ impl Shared {
                 book.backlog.push_back(c);
                 continue;
             }
-            if let Err(e) = crate::ofi::check("fi_writemsg", ret, Some(&ws.peer)) {
+            if let Err(e) = crate::ofi::check(crate::error::Call::WriteMsg, ret, Some(&ws.peer)) {
                 if ws.error.is_none() {
                     ws.error = Some(e);
                 }
@@ -372,7 +372,7 @@ impl Shared {
                 ws.queued -= 1;
                 if ws.error.is_none() {
                     ws.error = Some(FabricError::Call {
-                        call: "fi_writemsg",
+                        call: crate::error::Call::WriteMsg,
                         errno: sys::FI_ECANCELED as i32,
                         text: why.to_owned(),
                         peer: Some(ws.peer.to_string()),

@@ -3,7 +3,7 @@
 //! reaches `ibv_modify_qp` is decided (and tested) here rather than at the
 //! FFI seam.
 
-use crate::device::{LinkLayer, PortInfo};
+use crate::device::{LinkLayer, PortInfo, Verb};
 use crate::exchange::QpInfo;
 
 /// ACK timeout exponent: 4.096 µs × 2^14 ≈ 67 ms per try, the value
@@ -95,13 +95,13 @@ pub enum QpStep {
 }
 
 impl QpStep {
-    /// The target state's name, for errors (`ibv_modify_qp(RTR)`).
-    pub fn verb(&self) -> &'static str {
+    /// The modify to this step's target state, for errors.
+    pub fn verb(&self) -> Verb {
         match self {
-            Self::Init { .. } => "ibv_modify_qp(INIT)",
-            Self::Rtr { .. } => "ibv_modify_qp(RTR)",
-            Self::Rts { .. } => "ibv_modify_qp(RTS)",
-            Self::Error => "ibv_modify_qp(ERR)",
+            Self::Init { .. } => Verb::ModifyQpInit,
+            Self::Rtr { .. } => Verb::ModifyQpRtr,
+            Self::Rts { .. } => Verb::ModifyQpRts,
+            Self::Error => Verb::ModifyQpErr,
         }
     }
 }
@@ -225,7 +225,7 @@ mod tests {
         assert_eq!(rq_psn, 0xabcdef);
         assert_eq!(max_dest_rd_atomic, 1);
         assert_eq!(min_rnr_timer, 12);
-        assert_eq!(step.verb(), "ibv_modify_qp(RTR)");
+        assert_eq!(step.verb().name(), "ibv_modify_qp(RTR)");
     }
 
     #[test]

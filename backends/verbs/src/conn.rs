@@ -697,7 +697,7 @@ impl<D: Device> Book<D> {
             if let Err(e) = self.device.arm() {
                 if !self.arm_failed {
                     tracing::warn!(
-                        verb = e.verb,
+                        verb = e.verb.name(),
                         errno = e.errno,
                         "verbs: completion events unavailable; completions are found by polling"
                     );

@@ -98,14 +98,105 @@ pub struct Wc {
     pub vendor_err: u32,
 }
 
+/// The verbs (and the one system call on a verbs object) whose failures
+/// ferry reports; what a failure means depends on the verb as much as on
+/// its errno.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Verb {
+    /// `ibv_get_device_list`.
+    GetDeviceList,
+    /// `ibv_open_device`.
+    OpenDevice,
+    /// `ibv_query_device`.
+    QueryDevice,
+    /// `ibv_query_port`.
+    QueryPort,
+    /// `ibv_alloc_pd`.
+    AllocPd,
+    /// `ibv_create_comp_channel`.
+    CreateCompChannel,
+    /// `fcntl(O_NONBLOCK)` on the completion channel.
+    NonBlockingChannel,
+    /// `ibv_create_cq`.
+    CreateCq,
+    /// `ibv_req_notify_cq`.
+    ReqNotifyCq,
+    /// `ibv_get_cq_event`.
+    GetCqEvent,
+    /// `ibv_poll_cq`.
+    PollCq,
+    /// `ibv_reg_mr`.
+    RegMr,
+    /// `ibv_create_qp`.
+    CreateQp,
+    /// `ibv_modify_qp` to INIT.
+    ModifyQpInit,
+    /// `ibv_modify_qp` to RTR.
+    ModifyQpRtr,
+    /// `ibv_modify_qp` to RTS.
+    ModifyQpRts,
+    /// `ibv_modify_qp` to ERR.
+    ModifyQpErr,
+    /// `ibv_post_send`.
+    PostSend,
+}
+
+impl Verb {
+    /// The verb's name, as libibverbs spells it (with the target state of
+    /// a modify).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::GetDeviceList => "ibv_get_device_list",
+            Self::OpenDevice => "ibv_open_device",
+            Self::QueryDevice => "ibv_query_device",
+            Self::QueryPort => "ibv_query_port",
+            Self::AllocPd => "ibv_alloc_pd",
+            Self::CreateCompChannel => "ibv_create_comp_channel",
+            Self::NonBlockingChannel => "fcntl(completion channel, O_NONBLOCK)",
+            Self::CreateCq => "ibv_create_cq",
+            Self::ReqNotifyCq => "ibv_req_notify_cq",
+            Self::GetCqEvent => "ibv_get_cq_event",
+            Self::PollCq => "ibv_poll_cq",
+            Self::RegMr => "ibv_reg_mr",
+            Self::CreateQp => "ibv_create_qp",
+            Self::ModifyQpInit => "ibv_modify_qp(INIT)",
+            Self::ModifyQpRtr => "ibv_modify_qp(RTR)",
+            Self::ModifyQpRts => "ibv_modify_qp(RTS)",
+            Self::ModifyQpErr => "ibv_modify_qp(ERR)",
+            Self::PostSend => "ibv_post_send",
+        }
+    }
+}
+
+impl std::fmt::Display for Verb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A device error: the verb and its errno.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceError {
     /// The verb.
-    pub verb: &'static str,
+    pub verb: Verb,
     /// The positive errno.
     pub errno: i32,
 }
+
+impl std::fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} (errno {})",
+            self.verb,
+            crate::error::errno_text(self.errno),
+            self.errno
+        )
+    }
+}
+
+impl std::error::Error for DeviceError {}
 
 /// An opened device port with one protection domain and one completion
 /// queue: what the transport drives.

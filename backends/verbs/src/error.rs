@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use ferry_core::transport::{Fault, FaultKind};
 
+use crate::device::Verb;
 use crate::status::WcStatus;
 
 /// An ibverbs data-plane error.
@@ -15,8 +16,8 @@ pub enum VerbsError {
     /// A verb returned an error.
     #[error("{verb}{}: {} (errno {errno})", peer_suffix(.peer), errno_text(*.errno))]
     Verb {
-        /// The verb (`ibv_open_device`, `ibv_reg_mr`, `ibv_modify_qp(RTS)`, ...).
-        verb: &'static str,
+        /// The verb.
+        verb: Verb,
         /// The positive errno.
         errno: i32,
         /// The peer's session id, for verbs that concern one connection.
@@ -213,32 +214,13 @@ pub(crate) fn errno_text(errno: i32) -> String {
     }
 }
 
-/// What kind of failure an errno is.
-fn errno_kind(errno: i32) -> FaultKind {
-    match errno {
-        libc::ECONNREFUSED
-        | libc::ECONNRESET
-        | libc::EHOSTUNREACH
-        | libc::ENETUNREACH
-        | libc::ENETDOWN
-        | libc::ENOTCONN => FaultKind::PeerGone,
-        libc::ETIMEDOUT => FaultKind::Timeout,
-        libc::EMSGSIZE | libc::E2BIG => FaultKind::TooLarge,
-        libc::EACCES | libc::EFAULT => FaultKind::OutOfBounds,
-        _ => FaultKind::Io,
-    }
-}
-
 impl Fault for VerbsError {
     fn kind(&self) -> FaultKind {
         match self {
-            Self::Verb { verb, errno, .. } => {
-                if verb.starts_with("ibv_reg_mr") {
-                    FaultKind::Registration
-                } else {
-                    errno_kind(*errno)
-                }
-            }
+            Self::Verb {
+                verb: Verb::RegMr, ..
+            } => FaultKind::Registration,
+            Self::Verb { errno, .. } => FaultKind::of_errno(*errno),
             Self::NoDevice { .. }
             | Self::Port { .. }
             | Self::NoGid { .. }
@@ -266,7 +248,7 @@ mod tests {
     #[test]
     fn errors_name_the_verb_the_errno_and_the_peer() {
         let e = VerbsError::Verb {
-            verb: "ibv_get_device_list",
+            verb: Verb::GetDeviceList,
             errno: libc::ENOSYS,
             peer: None,
         };
@@ -276,13 +258,13 @@ mod tests {
         );
         assert_eq!(e.kind(), FaultKind::Io);
         let e = VerbsError::Verb {
-            verb: "ibv_reg_mr",
+            verb: Verb::RegMr,
             errno: libc::ENOMEM,
             peer: None,
         };
         assert_eq!(e.kind(), FaultKind::Registration);
         let e = VerbsError::Verb {
-            verb: "ibv_post_send",
+            verb: Verb::PostSend,
             errno: libc::ENETUNREACH,
             peer: Some("verbs:00000000000000aa@tcp://10.0.0.2:5000".into()),
         };
@@ -290,6 +272,35 @@ mod tests {
             .to_string()
             .contains("(peer verbs:00000000000000aa@tcp://10.0.0.2:5000)"));
         assert_eq!(e.kind(), FaultKind::PeerGone);
+    }
+
+    /// The core classifies by Linux's errno numbers; they must be libc's.
+    #[test]
+    fn the_cores_errno_numbers_are_libcs() {
+        use ferry_core::transport::errno as e;
+        let pairs = [
+            (libc::ECONNREFUSED, e::ECONNREFUSED),
+            (libc::ECONNRESET, e::ECONNRESET),
+            (libc::ECONNABORTED, e::ECONNABORTED),
+            (libc::EHOSTUNREACH, e::EHOSTUNREACH),
+            (libc::ENETUNREACH, e::ENETUNREACH),
+            (libc::EHOSTDOWN, e::EHOSTDOWN),
+            (libc::ENETDOWN, e::ENETDOWN),
+            (libc::ENOTCONN, e::ENOTCONN),
+            (libc::ESHUTDOWN, e::ESHUTDOWN),
+            (libc::EADDRNOTAVAIL, e::EADDRNOTAVAIL),
+            (libc::EPIPE, e::EPIPE),
+            (libc::ETIMEDOUT, e::ETIMEDOUT),
+            (libc::EMSGSIZE, e::EMSGSIZE),
+            (libc::E2BIG, e::E2BIG),
+            (libc::EOVERFLOW, e::EOVERFLOW),
+            (libc::EACCES, e::EACCES),
+            (libc::EKEYREJECTED, e::EKEYREJECTED),
+            (libc::EFAULT, e::EFAULT),
+        ];
+        for (libc, core) in pairs {
+            assert_eq!(libc, core);
+        }
     }
 
     #[test]

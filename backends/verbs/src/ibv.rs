@@ -29,7 +29,7 @@ use sideway::ibverbs::AccessFlags;
 
 use crate::attrs::{mtu_bytes, QpStep};
 use crate::device::{
-    Device, DeviceError, GidEntry, GidKind, Keys, LinkLayer, PortInfo, Wc, WriteWr,
+    Device, DeviceError, GidEntry, GidKind, Keys, LinkLayer, PortInfo, Verb, Wc, WriteWr,
 };
 use crate::error::VerbsError;
 use crate::status::WcStatus;
@@ -71,14 +71,14 @@ fn os_error_in(text: &str) -> Option<i32> {
     rest[at + "(os error ".len()..].parse().ok()
 }
 
-fn verb_err(verb: &'static str, e: &(dyn std::error::Error + 'static)) -> VerbsError {
+fn verb_err(verb: Verb, e: &(dyn std::error::Error + 'static)) -> VerbsError {
     to_err(verb, e).into()
 }
 
 /// The names of the RDMA devices present, or the error that says why none
 /// can be listed (`ENOSYS` on a kernel without RDMA support).
 pub fn device_names() -> Result<Vec<String>, VerbsError> {
-    let list = DeviceList::new().map_err(|e| verb_err("ibv_get_device_list", &e))?;
+    let list = DeviceList::new().map_err(|e| verb_err(Verb::GetDeviceList, &e))?;
     Ok(list.iter().map(|d| d.name()).collect())
 }
 
@@ -170,7 +170,7 @@ impl std::fmt::Debug for IbvDevice {
 impl IbvDevice {
     /// Opens port `port` of the device named `name`.
     pub fn open(name: &str, port: u8) -> Result<Self, VerbsError> {
-        let list = DeviceList::new().map_err(|e| verb_err("ibv_get_device_list", &e))?;
+        let list = DeviceList::new().map_err(|e| verb_err(Verb::GetDeviceList, &e))?;
         let device =
             list.iter()
                 .find(|d| d.name() == name)
@@ -178,10 +178,10 @@ impl IbvDevice {
                     wanted: name.to_owned(),
                     present: list.iter().map(|d| d.name()).collect(),
                 })?;
-        let ctx = device.open().map_err(|e| verb_err("ibv_open_device", &e))?;
+        let ctx = device.open().map_err(|e| verb_err(Verb::OpenDevice, &e))?;
         let dev_attr = ctx
             .query_device()
-            .map_err(|e| verb_err("ibv_query_device", &e))?;
+            .map_err(|e| verb_err(Verb::QueryDevice, &e))?;
         let port_err = |why: String| VerbsError::Port {
             device: name.to_owned(),
             port,
@@ -195,7 +195,7 @@ impl IbvDevice {
         }
         let attr = ctx
             .query_port(port)
-            .map_err(|e| verb_err("ibv_query_port", &e))?
+            .map_err(|e| verb_err(Verb::QueryPort, &e))?
             .attr;
         if attr.state != PORT_ACTIVE {
             return Err(port_err(format!(
@@ -243,18 +243,18 @@ impl IbvDevice {
                 kind,
             });
         }
-        let pd = ctx.alloc_pd().map_err(|e| verb_err("ibv_alloc_pd", &e))?;
+        let pd = ctx.alloc_pd().map_err(|e| verb_err(Verb::AllocPd, &e))?;
         let channel =
-            CompletionChannel::new(&ctx).map_err(|e| verb_err("ibv_create_comp_channel", &e))?;
+            CompletionChannel::new(&ctx).map_err(|e| verb_err(Verb::CreateCompChannel, &e))?;
         channel
             .set_nonblocking(true)
-            .map_err(|e| verb_err("fcntl(completion channel, O_NONBLOCK)", &e))?;
+            .map_err(|e| verb_err(Verb::NonBlockingChannel, &e))?;
         let cq = ctx
             .create_cq_builder()
             .setup_cqe(CQ_ENTRIES)
             .setup_comp_channel(&channel, 0)
             .build()
-            .map_err(|e| verb_err("ibv_create_cq", &e))?;
+            .map_err(|e| verb_err(Verb::CreateCq, &e))?;
         Ok(Self {
             port: info,
             gids,
@@ -268,7 +268,7 @@ impl IbvDevice {
     }
 }
 
-fn to_err(verb: &'static str, e: &(dyn std::error::Error + 'static)) -> DeviceError {
+fn to_err(verb: Verb, e: &(dyn std::error::Error + 'static)) -> DeviceError {
     DeviceError {
         verb,
         errno: errno_of(e),
@@ -300,7 +300,7 @@ impl Device for IbvDevice {
                 AccessFlags::LocalWrite | AccessFlags::RemoteWrite,
             )
         }
-        .map_err(|e| to_err("ibv_reg_mr", &e))?;
+        .map_err(|e| to_err(Verb::RegMr, &e))?;
         let keys = Keys {
             lkey: mr.lkey(),
             rkey: mr.rkey(),
@@ -323,7 +323,7 @@ impl Device for IbvDevice {
             .setup_send_cq(Arc::clone(&self.cq))
             .setup_recv_cq(Arc::clone(&self.cq))
             .build()
-            .map_err(|e| to_err("ibv_create_qp", &e))
+            .map_err(|e| to_err(Verb::CreateQp, &e))
     }
 
     fn qp_num(&self, qp: &Self::Qp) -> u32 {
@@ -425,14 +425,14 @@ impl Device for IbvDevice {
             // it, nothing here dereferences it.
             unsafe { handle.setup_sge(wr.lkey, wr.local_addr, wr.len) };
         }
-        guard.post().map_err(|e| to_err("ibv_post_send", &e))
+        guard.post().map_err(|e| to_err(Verb::PostSend, &e))
     }
 
     fn poll(&mut self, out: &mut Vec<Wc>, max: usize) -> Result<(), DeviceError> {
         let poller = match self.cq.start_poll() {
             Ok(p) => p,
             Err(PollCompletionQueueError::CompletionQueueEmpty) => return Ok(()),
-            Err(e) => return Err(to_err("ibv_poll_cq", &e)),
+            Err(e) => return Err(to_err(Verb::PollCq, &e)),
         };
         for wc in poller.take(max) {
             out.push(Wc {
@@ -476,7 +476,7 @@ impl Device for IbvDevice {
                 break;
             }
             return Err(DeviceError {
-                verb: "ibv_get_cq_event",
+                verb: Verb::GetCqEvent,
                 errno,
             });
         }
@@ -491,7 +491,7 @@ impl Device for IbvDevice {
             let r = unsafe { ibv_req_notify_cq(cq, 0) };
             if r != 0 {
                 return Err(DeviceError {
-                    verb: "ibv_req_notify_cq",
+                    verb: Verb::ReqNotifyCq,
                     errno: r,
                 });
             }
@@ -529,7 +529,7 @@ mod tests {
         match device_names() {
             Ok(names) => assert!(names.iter().all(|n| !n.is_empty())),
             Err(VerbsError::Verb { verb, errno, .. }) => {
-                assert_eq!(verb, "ibv_get_device_list");
+                assert_eq!(verb, Verb::GetDeviceList);
                 assert_ne!(errno, libc::EIO, "the real errno, not a placeholder");
             }
             Err(other) => panic!("{other}"),

@@ -43,7 +43,7 @@ mod transport;
 mod wake;
 
 pub use conn::ConnState;
-pub use device::Device;
+pub use device::{Device, Verb};
 pub use error::VerbsError;
 pub use gid::GidChoice;
 pub use ibv::{device_names, skip, test_device, test_device_or_skip, IbvDevice, TEST_DEVICE_VAR};

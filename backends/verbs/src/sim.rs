@@ -16,7 +16,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::attrs::QpStep;
 use crate::device::{
-    Device, DeviceError, GidEntry, GidKind, Keys, LinkLayer, PortInfo, Wc, WriteWr,
+    Device, DeviceError, GidEntry, GidKind, Keys, LinkLayer, PortInfo, Verb, Wc, WriteWr,
 };
 use crate::status::WcStatus;
 
@@ -194,7 +194,7 @@ impl Drop for SimDevice {
     }
 }
 
-fn err(verb: &'static str, errno: i32) -> DeviceError {
+fn err(verb: Verb, errno: i32) -> DeviceError {
     DeviceError { verb, errno }
 }
 
@@ -215,7 +215,7 @@ impl Device for SimDevice {
 
     unsafe fn register(&mut self, addr: u64, len: usize) -> Result<Keys, DeviceError> {
         if self.mr.is_some() {
-            return Err(err("ibv_reg_mr", libc::EEXIST));
+            return Err(err(Verb::RegMr, libc::EEXIST));
         }
         let mut n = net();
         n.next_key += 1;
@@ -243,10 +243,10 @@ impl Device for SimDevice {
 
     fn create_qp(&mut self, send_depth: u32) -> Result<SimQp, DeviceError> {
         if send_depth == 0 || send_depth > self.port.max_qp_wr {
-            return Err(err("ibv_create_qp", libc::EINVAL));
+            return Err(err(Verb::CreateQp, libc::EINVAL));
         }
         if let Some(errno) = self.create_errno {
-            return Err(err("ibv_create_qp", errno));
+            return Err(err(Verb::CreateQp, errno));
         }
         let mut n = net();
         n.next_qpn = (n.next_qpn + 1) & 0xff_ffff;
@@ -296,10 +296,10 @@ impl Device for SimDevice {
         {
             let mut n = net();
             let Some(local) = n.qps.get(&qp.qpn) else {
-                return Err(err("ibv_post_send", libc::EINVAL));
+                return Err(err(Verb::PostSend, libc::EINVAL));
             };
             if !matches!(local.state, State::Rts | State::Error) {
-                return Err(err("ibv_post_send", libc::EINVAL));
+                return Err(err(Verb::PostSend, libc::EINVAL));
             }
             let mut errored = local.state == State::Error;
             let dest_qpn = local.dest_qpn;

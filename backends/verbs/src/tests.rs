@@ -11,6 +11,7 @@ use ferry_hostmem::HostPool;
 
 use crate::attrs::QpStep;
 use crate::conn::ConnState;
+use crate::device::Verb;
 use crate::error::VerbsError;
 use crate::sim::SimDevice;
 use crate::status::WcStatus;
@@ -653,7 +654,7 @@ fn a_queue_pair_that_cannot_be_made_fails_the_write_and_wakes_the_caller() {
     assert!(readable(fd, 5000));
     match a.t.poll_completion().map(|c| c.result) {
         Some(Err(VerbsError::Verb { verb, errno, peer })) => {
-            assert_eq!((verb, errno), ("ibv_create_qp", libc::ENOMEM));
+            assert_eq!((verb, errno), (Verb::CreateQp, libc::ENOMEM));
             assert_eq!(peer.as_deref(), Some(b.t.session_id()));
         }
         other => panic!("{other:?}"),

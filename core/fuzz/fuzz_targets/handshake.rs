@@ -112,6 +112,12 @@ enum Op {
     Reregister {
         who: bool,
     },
+    /// The denoiser's data plane reports a write landed: one a transfer
+    /// waits for, or (`bogus`) any tag.
+    Land {
+        nth: u8,
+        bogus: Option<u64>,
+    },
     Pump,
 }
 
@@ -299,6 +305,9 @@ fn instance<'s>(s: &'s mut Store, role: &'static str, session: &'static str) -> 
         staged_timeout: Duration::from_millis(200),
         reserved_timeout: Duration::from_millis(200),
         quarantine: Duration::from_millis(5),
+        // The denoiser's data plane reports arrivals; the encoder's
+        // completions mean delivery.
+        landing: (role == "denoiser").then_some(Duration::from_millis(10)),
     };
     let st = InstanceStorage {
         tree: &mut s.tree,
@@ -449,6 +458,18 @@ fuzz_target!(|ops: Vec<Op>| {
                 let _ = insts[i].handle_completion(now, t, if ok { Ok(()) } else { Err("failed") });
             }
             Op::Reregister { who } => insts[usize::from(who)].reregister(now),
+            Op::Land { nth, bogus } => {
+                let tag = match bogus {
+                    Some(t) => Some(ferry_core::transport::WriteTag(t)),
+                    None => {
+                        let waiting: Vec<_> = insts[1].awaiting_landing().collect();
+                        (!waiting.is_empty()).then(|| waiting[usize::from(nth) % waiting.len()])
+                    }
+                };
+                if let Some(tag) = tag {
+                    let _ = insts[1].handle_landed(now, tag);
+                }
+            }
             Op::Advance { ms } => {
                 now = now + Duration::from_millis(u64::from(ms));
                 coord.handle_timeout(now);

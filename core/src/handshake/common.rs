@@ -1,5 +1,5 @@
-//! Types both sides share: time, peers, bounded names, and the reasons a
-//! message is ignored.
+//! Types both sides share: time, peers, bounded names and request ids, the
+//! legs of a request, and the reasons a message is ignored.
 
 use core::fmt;
 use core::ops::Add;
@@ -55,6 +55,46 @@ impl Add<Duration> for Instant {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PeerId(pub u32);
 
+/// Longest request id stored.
+pub const ID_LEN: usize = 64;
+/// Longest session id or endpoint stored.
+pub const NAME_LEN: usize = 128;
+
+/// A request id.
+pub type RequestId = Text<ID_LEN>;
+/// A session id or endpoint.
+pub type Name = Text<NAME_LEN>;
+
+/// Longest failure reason an instance reports (`transfer_pushed.error`,
+/// `transfer_done.error`); longer texts are cut.
+pub const REASON_LEN: usize = 192;
+
+/// A failure reason: a data plane's own error text, or the application's.
+pub type Reason = Text<REASON_LEN>;
+
+/// The side of a leg an instance plays. The same request id passes through
+/// every leg, so a denoiser may hold a request as receiver (of the
+/// encoder's leg) and as sender (of its own) at once; the side tells them
+/// apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Side {
+    /// It stages and writes the request's bytes.
+    Send,
+    /// It receives them into a slot of its pool.
+    Recv,
+}
+
+/// Which leg of a request a record is about: the same id names a request
+/// on every leg of the pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Leg {
+    /// At the coordinator: the leg whose sender has the role at this index
+    /// of the pipeline.
+    FromRole(usize),
+    /// At an instance: the side it played.
+    Side(Side),
+}
+
 /// A string that does not fit its bounded storage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TextTooLong {
@@ -69,6 +109,8 @@ impl fmt::Display for TextTooLong {
         write!(f, "{} bytes, at most {} fit", self.len, self.capacity)
     }
 }
+
+impl core::error::Error for TextTooLong {}
 
 /// An owned string of at most `N` bytes: request ids, session ids, roles.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -94,6 +136,27 @@ impl<const N: usize> Text<N> {
         dst.copy_from_slice(s.as_bytes());
         t.len = s.len();
         Ok(t)
+    }
+
+    /// As much of `s` as fits, cut at a character boundary: for texts
+    /// (error reasons) where a bounded prefix is better than nothing.
+    pub fn truncated(s: &str) -> Self {
+        let mut t = Self::EMPTY;
+        t.push_truncated(s);
+        t
+    }
+
+    /// Appends as much of `s` as fits, cut at a character boundary; true
+    /// if all of it did.
+    fn push_truncated(&mut self, s: &str) -> bool {
+        let room = N - self.len;
+        let mut take = s.len().min(room);
+        while !s.is_char_boundary(take) {
+            take -= 1;
+        }
+        self.buf[self.len..self.len + take].copy_from_slice(&s.as_bytes()[..take]);
+        self.len += take;
+        take == s.len()
     }
 
     /// The decoded value of `s`.
@@ -149,6 +212,16 @@ impl<const N: usize> fmt::Debug for Text<N> {
     }
 }
 
+/// Formatting into a `Text` keeps what fits and drops the rest (cut at a
+/// character boundary) without failing, so that an error's whole
+/// `Display` can be written into a bounded reason.
+impl<const N: usize> fmt::Write for Text<N> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.push_truncated(s);
+        Ok(())
+    }
+}
+
 impl<const N: usize> fmt::Display for Text<N> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -157,27 +230,32 @@ impl<const N: usize> fmt::Display for Text<N> {
 
 /// A request that ended, remembered so that late and duplicated messages
 /// about it are ignored. The same request id passes through every leg of the
-/// pipeline, so an id alone does not name what ended: the tag does (the
-/// coordinator keeps the sender's role, an instance the side it played).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// pipeline, so an id alone does not name what ended: the leg does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tombstone {
-    id: super::coordinator::RequestId,
-    tag: u8,
+    id: RequestId,
+    leg: Leg,
+}
+
+impl Default for Tombstone {
+    fn default() -> Self {
+        Self::EMPTY
+    }
 }
 
 impl Tombstone {
     /// No request.
     pub const EMPTY: Self = Self {
-        id: super::coordinator::RequestId::EMPTY,
-        tag: 0,
+        id: RequestId::EMPTY,
+        leg: Leg::FromRole(0),
     };
 
-    pub(crate) fn new(id: super::coordinator::RequestId, tag: u8) -> Self {
-        Self { id, tag }
+    pub(crate) fn new(id: RequestId, leg: Leg) -> Self {
+        Self { id, leg }
     }
 
-    pub(crate) fn is(&self, id: crate::json::JsonStr<'_>, tag: u8) -> bool {
-        !self.id.is_empty() && self.tag == tag && self.id.eq_json(id)
+    pub(crate) fn is(&self, id: JsonStr<'_>, leg: Leg) -> bool {
+        !self.id.is_empty() && self.leg == leg && self.id.eq_json(id)
     }
 }
 
@@ -194,13 +272,13 @@ impl<'s> Graveyard<'s> {
         Self { stones, next: 0 }
     }
 
-    pub(crate) fn contains(&self, id: crate::json::JsonStr<'_>, tag: u8) -> bool {
-        self.stones.iter().any(|t| t.is(id, tag))
+    pub(crate) fn contains(&self, id: JsonStr<'_>, leg: Leg) -> bool {
+        self.stones.iter().any(|t| t.is(id, leg))
     }
 
-    pub(crate) fn bury(&mut self, id: super::coordinator::RequestId, tag: u8) {
+    pub(crate) fn bury(&mut self, id: RequestId, leg: Leg) {
         if let Some(t) = self.stones.get_mut(self.next) {
-            *t = Tombstone::new(id, tag);
+            *t = Tombstone::new(id, leg);
             self.next = (self.next + 1) % self.stones.len();
         }
     }
@@ -252,3 +330,5 @@ impl fmt::Display for Ignored {
         }
     }
 }
+
+impl core::error::Error for Ignored {}

@@ -17,7 +17,9 @@
 use core::fmt;
 use core::time::Duration;
 
-use super::common::{nested_json, Graveyard, Ignored, Instant, PeerId, Text, Tombstone};
+use super::common::{
+    nested_json, Graveyard, Ignored, Instant, Leg, Name, PeerId, RequestId, Tombstone,
+};
 use super::ring::Ring;
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
 use crate::slots::{Capacity, CapacityTicket, PreallocTable};
@@ -25,16 +27,6 @@ use crate::wire::{
     Abort, Alloc, AllocReject, Allocated, Done, Manifest, Msg, Push, Pushed, Ready, Register,
     RegisterAck, Staged,
 };
-
-/// Longest request id stored.
-pub const ID_LEN: usize = 64;
-/// Longest session id or endpoint stored.
-pub const NAME_LEN: usize = 128;
-
-/// A request id.
-pub type RequestId = Text<ID_LEN>;
-/// A session id or endpoint.
-pub type Name = Text<NAME_LEN>;
 
 /// How long each wait may last before the request fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -372,6 +364,20 @@ pub enum ConfigError {
     /// The wait queue is shorter than twice the transfer table.
     QueueTooShort,
 }
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Pipeline => "the pipeline must have 1 to 8 roles",
+            Self::NoTransfers => "the transfer table is empty",
+            Self::QueueTooShort => {
+                "the wait queue must be at least twice as long as the transfer table"
+            }
+        })
+    }
+}
+
+impl core::error::Error for ConfigError {}
 
 impl<'s, const P: usize> Coordinator<'s, P> {
     /// A coordinator with no instance registered.
@@ -908,12 +914,16 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             .iter()
             .flatten()
             .any(|t| t.id.eq_json(m.request_id) && t.sender_role == sender_role);
-        if live || self.finished.contains(m.request_id, sender_role as u8) {
+        if live
+            || self
+                .finished
+                .contains(m.request_id, Leg::FromRole(sender_role))
+        {
             return Err(Ignored::Duplicate);
         }
         self.stats.staged += 1;
         let abort = |c: &mut Self, reason: FailReason| {
-            c.finished.bury(id, sender_role as u8);
+            c.finished.bury(id, Leg::FromRole(sender_role));
             c.send(
                 from,
                 OutMsg::Abort {
@@ -1330,7 +1340,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         let Some(t) = self.transfers[i].take() else {
             return;
         };
-        self.finished.bury(t.id, t.sender_role as u8);
+        self.finished.bury(t.id, Leg::FromRole(t.sender_role));
         if let (Some(slot_id), Some(r)) = (t.prealloc, t.receiver) {
             if let Some(m) = self.member_mut(r) {
                 let _ = m.prealloc.give_back(slot_id);
@@ -1345,7 +1355,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         let Some(t) = self.transfers[i].take() else {
             return;
         };
-        self.finished.bury(t.id, t.sender_role as u8);
+        self.finished.bury(t.id, Leg::FromRole(t.sender_role));
         let abort = OutMsg::Abort {
             id: t.id,
             reason: reason.as_str(),

@@ -12,11 +12,13 @@
 use core::fmt;
 use core::time::Duration;
 
-use super::common::{nested_json, Graveyard, Ignored, Instant, Text, Tombstone};
-use super::coordinator::{Name, RequestId};
+use super::common::{
+    nested_json, Graveyard, Ignored, Instant, Leg, Name, Reason, RequestId, Side, Text, Tombstone,
+};
 use super::ring::Ring;
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
 use crate::slots::{check_manifest, Buddy, BuddyConfig, BuddyError, SlotHandle};
+use crate::transport::WriteTag;
 use crate::wire::{
     AllocReject, Allocated, Done, Manifest, Msg, PreallocatedSlot, Pushed, Register, SlotList,
     Staged,
@@ -45,6 +47,13 @@ pub struct InstanceConfig<'a> {
     pub reserved_timeout: Duration,
     /// How long a slot a write may still be landing in stays out of use.
     pub quarantine: Duration,
+    /// `None` where a write's completion means its bytes arrived (the data
+    /// plane's `delivery_complete`). `Some(limit)` where it does not: a
+    /// transfer announced ready is handed to the application only once the
+    /// data plane reports its write landed ([`Instance::handle_landed`]),
+    /// and is refused after `limit` (its slot quarantined first, since the
+    /// bytes may still come).
+    pub landing: Option<Duration>,
 }
 
 /// Where a received transfer's bytes are.
@@ -60,28 +69,33 @@ enum Kind {
     Filling { slot: SlotHandle },
     /// Sender: `transfer_staged` queued or sent, waiting for the push.
     Staged { slot: SlotHandle, data_size: u64 },
-    /// Sender: write posted, waiting for its completion.
-    Writing { slot: SlotHandle, aborted: bool },
+    /// Sender: write of `len` bytes posted, waiting for its completion.
+    Writing {
+        slot: SlotHandle,
+        len: u64,
+        aborted: bool,
+    },
     /// Receiver: slot reserved, waiting for `transfer_ready`.
     Reserved { slot: SlotHandle },
+    /// Receiver: announced ready, waiting for the data plane to report
+    /// that the write tagged `tag` landed.
+    Landing { held: Held, tag: WriteTag },
     /// Receiver: the application holds the data.
     Delivered { held: Held, aborted: bool },
-    /// A slot out of use until a possible late write has landed.
-    Quarantined { held: Held },
+    /// A slot out of use until a possible late write has landed; `report`:
+    /// then tell the coordinator the transfer failed (its write never
+    /// landed), which is when it may reuse a preallocated slot.
+    Quarantined { held: Held, report: bool },
 }
 
-/// The side of a leg an instance plays. The same request id passes through
-/// every leg, so a denoiser may hold a request as receiver (of the
-/// encoder's leg) and as sender (of its own) at once; the side tells them
-/// apart. Also the tag of the instance's tombstones.
-const SEND: u8 = 0;
-const RECV: u8 = 1;
-
 impl Kind {
-    fn side(&self) -> u8 {
+    fn side(&self) -> Side {
         match self {
-            Self::Filling { .. } | Self::Staged { .. } | Self::Writing { .. } => SEND,
-            Self::Reserved { .. } | Self::Delivered { .. } | Self::Quarantined { .. } => RECV,
+            Self::Filling { .. } | Self::Staged { .. } | Self::Writing { .. } => Side::Send,
+            Self::Reserved { .. }
+            | Self::Landing { .. }
+            | Self::Delivered { .. }
+            | Self::Quarantined { .. } => Side::Recv,
         }
     }
 }
@@ -104,6 +118,37 @@ pub struct Token {
     seq: u64,
 }
 
+/// The reason a transfer whose write never landed is refused with.
+const NEVER_LANDED: &str = "write never landed";
+
+/// Bits of a [`Token`]'s sequence number in its cookie; the rest hold its
+/// table index, so an instance holds at most [`MAX_REQUESTS`] requests.
+const SEQ_BITS: u32 = 48;
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+
+/// The most requests one instance's table may hold (a token's index must
+/// fit its cookie).
+pub const MAX_REQUESTS: usize = 1 << (64 - SEQ_BITS);
+
+impl Token {
+    /// The token as a data plane's write cookie: pass it to the data plane
+    /// with the write and back with its completion ([`Token::from_cookie`]),
+    /// so that the caller keeps no table of its own.
+    pub const fn cookie(self) -> u64 {
+        ((self.index as u64) << SEQ_BITS) | (self.seq & SEQ_MASK)
+    }
+
+    /// The token a cookie was made from. A cookie of no live request (a
+    /// completion that arrives after its request ended) gives a token the
+    /// instance refuses as stale.
+    pub const fn from_cookie(cookie: u64) -> Self {
+        Self {
+            index: (cookie >> SEQ_BITS) as usize,
+            seq: cookie & SEQ_MASK,
+        }
+    }
+}
+
 /// A write for the caller's data plane to post.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Write {
@@ -119,6 +164,22 @@ pub struct Write {
     pub dest_session: Name,
     /// Destination address in the receiver's address space.
     pub dest_addr: u64,
+    /// The write's name for receivers whose data plane reports arrivals
+    /// ([`InstanceConfig::landing`]): sender and receiver both compute it
+    /// from the request id and the destination address.
+    pub tag: WriteTag,
+}
+
+/// Where the instance stands with its coordinator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Registration {
+    /// Registering (at start, or again after losing the coordinator):
+    /// nothing else is sent until it is acknowledged.
+    Pending,
+    /// The coordinator accepted it.
+    Accepted,
+    /// The coordinator refused it (an unknown role, say).
+    Refused,
 }
 
 /// What the application should know.
@@ -159,6 +220,9 @@ pub struct Received<'a> {
     pub manifest: Manifest<'a>,
     /// Scalar fields relayed from the sender.
     pub scalar_fields: RawJson<'a>,
+    /// The coordinator aborted the request since it was delivered: nobody
+    /// waits for its result (releasing it still frees the slot).
+    pub aborted: bool,
 }
 
 /// Why the application's call was refused.
@@ -187,6 +251,11 @@ pub enum InstanceError {
     Config(BuddyError),
     /// A name in the settings is too long.
     NameTooLong,
+    /// The request table is larger than a token can index.
+    TooManyRequests {
+        /// The most it may hold.
+        max: usize,
+    },
 }
 
 impl fmt::Display for InstanceError {
@@ -203,6 +272,9 @@ impl fmt::Display for InstanceError {
             }
             Self::Config(e) => write!(f, "pool settings: {e}"),
             Self::NameTooLong => f.write_str("a name in the settings is too long"),
+            Self::TooManyRequests { max } => {
+                write!(f, "a request table holds at most {max} requests")
+            }
         }
     }
 }
@@ -227,11 +299,11 @@ enum OutMsg {
     },
     Pushed {
         id: RequestId,
-        error: Option<&'static str>,
+        error: Option<Reason>,
     },
     Done {
         id: RequestId,
-        error: Option<&'static str>,
+        error: Option<Reason>,
     },
 }
 
@@ -280,6 +352,9 @@ pub struct InstanceStats {
     pub aborted: u64,
     /// Requests dropped by a local timeout.
     pub timed_out: u64,
+    /// Transfers announced ready whose write was not seen to land in time
+    /// (see [`InstanceConfig::landing`]).
+    pub never_landed: u64,
     /// Messages ignored.
     pub ignored: u64,
     /// Messages, actions or events that found their queue full.
@@ -304,6 +379,8 @@ pub struct Instance<'s> {
     events: Ring<'s, InstanceEvent>,
     tombstones: Graveyard<'s>,
     registered: bool,
+    /// The last answer to the registration was a refusal.
+    refused: bool,
     /// A registration is to be sent (before anything else).
     register_due: bool,
     register_at: Instant,
@@ -345,6 +422,9 @@ impl<'s> Instance<'s> {
             };
         }
         let name = |t: &str| Name::new(t).map_err(|_| InstanceError::NameTooLong);
+        if s.requests.len() > MAX_REQUESTS {
+            return Err(InstanceError::TooManyRequests { max: MAX_REQUESTS });
+        }
         let requests = s.requests;
         requests.iter_mut().for_each(|r| *r = None);
         s.prealloc_use.iter_mut().for_each(|u| *u = None);
@@ -366,6 +446,7 @@ impl<'s> Instance<'s> {
             events: Ring::new(s.events),
             tombstones: Graveyard::new(s.tombstones),
             registered: false,
+            refused: false,
             register_due: true,
             register_at: now + config.register_retry,
             seq: 0,
@@ -396,6 +477,7 @@ impl<'s> Instance<'s> {
     /// once the application has released every preallocated slot it holds.
     pub fn reregister(&mut self, now: Instant) {
         self.registered = false;
+        self.refused = false;
         self.register_due = true;
         self.register_at = now + self.config.register_retry;
         while self.transmits.pop().is_some() {}
@@ -407,28 +489,30 @@ impl<'s> Instance<'s> {
             let kind = match r.kind {
                 Kind::Staged { slot, .. } => {
                     let _ = self.pool.free(slot);
-                    self.tombstone(r.id, SEND);
+                    self.tombstone(r.id, Side::Send);
                     self.event(InstanceEvent::SendFailed { id: r.id });
                     continue;
                 }
-                Kind::Writing { slot, aborted } => {
+                Kind::Writing { slot, len, aborted } => {
                     if !aborted {
                         self.event(InstanceEvent::SendFailed { id: r.id });
                     }
                     Kind::Writing {
                         slot,
+                        len,
                         aborted: true,
                     }
                 }
+                // A write may still land in these; the old coordinator
+                // wants no report.
                 Kind::Reserved { slot } => {
-                    self.tombstone(r.id, RECV);
-                    self.requests[index] = Some(Request {
-                        kind: Kind::Quarantined {
-                            held: Held::Pool(slot),
-                        },
-                        deadline: Some(now + self.config.quarantine),
-                        ..r
-                    });
+                    self.tombstone(r.id, Side::Recv);
+                    self.quarantine(index, (r.id, r.seq), Held::Pool(slot), now, false);
+                    continue;
+                }
+                Kind::Landing { held, .. } => {
+                    self.tombstone(r.id, Side::Recv);
+                    self.quarantine(index, (r.id, r.seq), held, now, false);
                     continue;
                 }
                 Kind::Delivered { held, aborted } => {
@@ -451,6 +535,30 @@ impl<'s> Instance<'s> {
         self.registered
     }
 
+    /// Where the registration stands.
+    pub fn registration(&self) -> Registration {
+        if self.registered {
+            Registration::Accepted
+        } else if self.refused {
+            Registration::Refused
+        } else {
+            Registration::Pending
+        }
+    }
+
+    /// The control channel says the coordinator is gone (its connection
+    /// closed, or a send to it found no peer). An instance whose
+    /// registration was answered registers anew ([`reregister`]); one
+    /// still registering goes on as it was, since the lost coordinator
+    /// knew nothing of it.
+    ///
+    /// [`reregister`]: Self::reregister
+    pub fn handle_coordinator_lost(&mut self, now: Instant) {
+        if self.registered || self.refused {
+            self.reregister(now);
+        }
+    }
+
     /// Requests held (in any state, quarantined slots included).
     pub fn requests_held(&self) -> usize {
         self.requests.iter().flatten().count()
@@ -468,10 +576,12 @@ impl<'s> Instance<'s> {
             .requests
             .iter()
             .flatten()
-            .find(|r| r.id.as_str() == id && r.kind.side() == RECV)?;
+            .find(|r| r.id.as_str() == id && r.kind.side() == Side::Recv)?;
         let held = match &r.kind {
             Kind::Reserved { slot } => return Some((slot.offset(), slot.size())),
-            Kind::Delivered { held, .. } | Kind::Quarantined { held } => held,
+            Kind::Landing { held, .. }
+            | Kind::Delivered { held, .. }
+            | Kind::Quarantined { held, .. } => held,
             _ => return None,
         };
         match held {
@@ -497,19 +607,39 @@ impl<'s> Instance<'s> {
         }
     }
 
-    fn find(&self, id: JsonStr<'_>, side: u8) -> Option<usize> {
+    fn find(&self, id: JsonStr<'_>, side: Side) -> Option<usize> {
         self.requests.iter().position(|r| {
             r.as_ref()
                 .is_some_and(|r| r.kind.side() == side && r.id.eq_json(id))
         })
     }
 
-    fn tombstoned(&self, id: JsonStr<'_>, side: u8) -> bool {
-        self.tombstones.contains(id, side)
+    fn tombstoned(&self, id: JsonStr<'_>, side: Side) -> bool {
+        self.tombstones.contains(id, Leg::Side(side))
     }
 
-    fn tombstone(&mut self, id: RequestId, side: u8) {
-        self.tombstones.bury(id, side);
+    fn tombstone(&mut self, id: RequestId, side: Side) {
+        self.tombstones.bury(id, Leg::Side(side));
+    }
+
+    /// Puts request `id` (its token's `seq`) at `index` in quarantine
+    /// over `held`.
+    fn quarantine(
+        &mut self,
+        index: usize,
+        (id, seq): (RequestId, u64),
+        held: Held,
+        now: Instant,
+        report: bool,
+    ) {
+        self.requests[index] = Some(Request {
+            id,
+            seq,
+            kind: Kind::Quarantined { held, report },
+            deadline: Some(now + self.config.quarantine),
+            manifest_len: 0,
+            scalars_len: 0,
+        });
     }
 
     fn insert(
@@ -521,7 +651,8 @@ impl<'s> Instance<'s> {
         let Some(index) = self.requests.iter().position(Option::is_none) else {
             return Err(kind);
         };
-        self.seq += 1;
+        // Within a token cookie's bits; 2^48 requests before a wrap.
+        self.seq = (self.seq + 1) & SEQ_MASK;
         self.requests[index] = Some(Request {
             id,
             seq: self.seq,
@@ -566,7 +697,7 @@ impl<'s> Instance<'s> {
     /// [`commit`](Self::commit).
     pub fn stage(&mut self, id: &str, data_size: u64) -> Result<(Token, u64), InstanceError> {
         let id = RequestId::new(id).map_err(|_| InstanceError::BadId)?;
-        if self.find(id.as_json(), SEND).is_some() {
+        if self.find(id.as_json(), Side::Send).is_some() {
             return Err(InstanceError::BadId);
         }
         if self.requests.iter().all(Option::is_some) {
@@ -667,21 +798,27 @@ impl<'s> Instance<'s> {
     }
 
     /// The data plane finished (or failed) a write from [`poll_action`].
+    /// A failure's text (the data plane's own error, say) goes to the
+    /// coordinator in `transfer_pushed.error`, cut at [`REASON_LEN`]
+    /// bytes.
+    ///
+    /// Returns the bytes the write carried.
     ///
     /// [`poll_action`]: Self::poll_action
+    /// [`REASON_LEN`]: super::REASON_LEN
     pub fn handle_completion(
         &mut self,
         _now: Instant,
         token: Token,
-        result: Result<(), &'static str>,
-    ) -> Result<(), Ignored> {
+        result: Result<(), &str>,
+    ) -> Result<u64, Ignored> {
         let r = self.request_mut(token).ok_or(Ignored::UnknownRequest)?;
         if !matches!(r.kind, Kind::Writing { .. }) {
             return Err(Ignored::WrongState);
         }
         let Some(Request {
             id,
-            kind: Kind::Writing { slot, aborted },
+            kind: Kind::Writing { slot, len, aborted },
             ..
         }) = self.requests[token.index].take()
         else {
@@ -690,11 +827,11 @@ impl<'s> Instance<'s> {
         let _ = self.pool.free(slot);
         if aborted {
             // The coordinator gave up already; it wants no report.
-            return Ok(());
+            return Ok(len);
         }
         self.send(OutMsg::Pushed {
             id,
-            error: result.err(),
+            error: result.err().map(Reason::truncated),
         });
         if result.is_ok() {
             self.stats.sent += 1;
@@ -702,7 +839,7 @@ impl<'s> Instance<'s> {
         } else {
             self.event(InstanceEvent::SendFailed { id });
         }
-        Ok(())
+        Ok(len)
     }
 
     // ---- receiver -----------------------------------------------------------------
@@ -714,9 +851,10 @@ impl<'s> Instance<'s> {
             .get(token.index)?
             .as_ref()
             .filter(|r| r.seq == token.seq)?;
-        let Kind::Delivered { held, .. } = &r.kind else {
+        let Kind::Delivered { held, aborted } = &r.kind else {
             return None;
         };
+        let aborted = *aborted;
         let (slot_offset, slot_size) = match held {
             Held::Pool(h) => (h.offset(), h.size()),
             Held::Prealloc(i) => self.prealloc.get(*i).map(|s| (s.offset, s.size))?,
@@ -733,16 +871,14 @@ impl<'s> Instance<'s> {
             slot_size,
             manifest: Manifest::Raw(manifest),
             scalar_fields,
+            aborted,
         })
     }
 
     /// The application is done with a received transfer: its slot is freed
-    /// and `transfer_done` (with `error`, if any) goes to the coordinator.
-    pub fn release(
-        &mut self,
-        token: Token,
-        error: Option<&'static str>,
-    ) -> Result<(), InstanceError> {
+    /// and `transfer_done` (with `error`, if any, cut at
+    /// [`REASON_LEN`](super::REASON_LEN) bytes) goes to the coordinator.
+    pub fn release(&mut self, token: Token, error: Option<&str>) -> Result<(), InstanceError> {
         match self
             .request_mut(token)
             .map(|r| matches!(r.kind, Kind::Delivered { .. }))
@@ -759,15 +895,15 @@ impl<'s> Instance<'s> {
             return Err(InstanceError::StaleToken);
         };
         self.free_held(held);
-        self.done(id, error);
+        self.done(id, error.map(Reason::truncated));
         Ok(())
     }
 
     /// Reports `transfer_done` for `id` and tombstones it: a duplicated
     /// `transfer_ready` arriving later must not deliver the request again
     /// (its preallocated slot may hold another request's data by then).
-    fn done(&mut self, id: RequestId, error: Option<&'static str>) {
-        self.tombstone(id, RECV);
+    fn done(&mut self, id: RequestId, error: Option<Reason>) {
+        self.tombstone(id, Side::Recv);
         self.send(OutMsg::Done { id, error });
     }
 
@@ -786,6 +922,7 @@ impl<'s> Instance<'s> {
                     Err(Ignored::Duplicate)
                 } else {
                     self.registered = m.accepted;
+                    self.refused = !m.accepted;
                     self.event(if m.accepted {
                         InstanceEvent::Registered
                     } else {
@@ -814,20 +951,24 @@ impl<'s> Instance<'s> {
                 m.dest_addr,
                 m.transfer_size,
             ),
-            Msg::Ready(m) => {
-                self.on_ready(m.request_id, m.slot_offset, &m.manifest, m.scalar_fields)
-            }
+            Msg::Ready(m) => self.on_ready(
+                now,
+                m.request_id,
+                m.slot_offset,
+                &m.manifest,
+                m.scalar_fields,
+            ),
             Msg::Abort(m) => {
                 // Which side of this instance the leg is on: a coordinator
                 // that does not say means whatever it holds of the request.
                 if m.source_role.is_empty() {
-                    let send = self.on_abort(now, m.request_id, SEND);
-                    let recv = self.on_abort(now, m.request_id, RECV);
+                    let send = self.on_abort(now, m.request_id, Side::Send);
+                    let recv = self.on_abort(now, m.request_id, Side::Recv);
                     send.or(recv)
                 } else if self.role.eq_json(m.source_role) {
-                    self.on_abort(now, m.request_id, SEND)
+                    self.on_abort(now, m.request_id, Side::Send)
                 } else {
-                    self.on_abort(now, m.request_id, RECV)
+                    self.on_abort(now, m.request_id, Side::Recv)
                 }
             }
             _ => Err(Ignored::UnexpectedType),
@@ -839,10 +980,10 @@ impl<'s> Instance<'s> {
     }
 
     fn on_alloc(&mut self, now: Instant, id: JsonStr<'_>, data_size: u64) -> Result<(), Ignored> {
-        if self.tombstoned(id, RECV) {
+        if self.tombstoned(id, Side::Recv) {
             return Err(Ignored::Aborted);
         }
-        if self.find(id, RECV).is_some() {
+        if self.find(id, Side::Recv).is_some() {
             return Err(Ignored::Duplicate);
         }
         let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
@@ -884,10 +1025,10 @@ impl<'s> Instance<'s> {
         dest_addr: u64,
         transfer_size: u64,
     ) -> Result<(), Ignored> {
-        if self.tombstoned(id, SEND) {
+        if self.tombstoned(id, Side::Send) {
             return Err(Ignored::Aborted);
         }
-        let index = self.find(id, SEND).ok_or(Ignored::UnknownRequest)?;
+        let index = self.find(id, Side::Send).ok_or(Ignored::UnknownRequest)?;
         let dest_session =
             Name::from_json(dest_session).map_err(|_| Ignored::TooLong("dest_session_id"))?;
         let Some(r) = self.requests[index].take() else {
@@ -912,10 +1053,12 @@ impl<'s> Instance<'s> {
             len: transfer_size,
             dest_session,
             dest_addr,
+            tag: WriteTag::of(r.id.as_str(), dest_addr),
         };
         self.requests[index] = Some(Request {
             kind: Kind::Writing {
                 slot,
+                len: transfer_size,
                 aborted: false,
             },
             deadline: None,
@@ -929,12 +1072,13 @@ impl<'s> Instance<'s> {
 
     fn on_ready(
         &mut self,
+        now: Instant,
         id: JsonStr<'_>,
         slot_offset: u64,
         manifest: &Manifest<'_>,
         scalars: RawJson<'_>,
     ) -> Result<(), Ignored> {
-        if self.tombstoned(id, RECV) {
+        if self.tombstoned(id, Side::Recv) {
             return Err(Ignored::Aborted);
         }
         let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
@@ -945,7 +1089,7 @@ impl<'s> Instance<'s> {
             .iter()
             .position(|s| s.offset == slot_offset)
             .filter(|&p| self.prealloc_use[p].is_none());
-        let mut found = self.find(id, RECV);
+        let mut found = self.find(id, Side::Recv);
         if let (Some(i), Some(_)) = (found, free_prealloc) {
             // A slot reserved by a duplicated `transfer_alloc` that the
             // coordinator never used (it took the fast path instead): no
@@ -971,7 +1115,9 @@ impl<'s> Instance<'s> {
                     (Some(i), slot.size())
                 }
                 Some(Kind::Reserved { .. }) => return Err(Ignored::BadField("slot_offset")),
-                Some(Kind::Delivered { .. }) => return Err(Ignored::Duplicate),
+                Some(Kind::Landing { .. } | Kind::Delivered { .. }) => {
+                    return Err(Ignored::Duplicate)
+                }
                 _ => return Err(Ignored::WrongState),
             },
             None => {
@@ -995,7 +1141,10 @@ impl<'s> Instance<'s> {
                     .ok_or(Ignored::UnknownRequest)?;
                 if !fits {
                     // Nothing to free: the slot is the coordinator's to give back.
-                    self.done(rid, Some("manifest does not fit the slot"));
+                    self.done(
+                        rid,
+                        Some(Reason::truncated("manifest does not fit the slot")),
+                    );
                     return Ok(());
                 }
                 match self.insert(
@@ -1011,7 +1160,7 @@ impl<'s> Instance<'s> {
                         t.index
                     }
                     Err(_) => {
-                        self.done(rid, Some("instance request table full"));
+                        self.done(rid, Some(Reason::truncated("instance request table full")));
                         return Ok(());
                     }
                 }
@@ -1020,24 +1169,47 @@ impl<'s> Instance<'s> {
         let Some(r) = self.requests[index].take() else {
             return Err(Ignored::UnknownRequest);
         };
-        let kind = match r.kind {
+        let held = match r.kind {
             Kind::Reserved { slot } if !fits => {
                 // The write is done (the coordinator saw `transfer_pushed`):
                 // the slot can go at once.
                 let _ = self.pool.free(slot);
-                self.done(r.id, Some("manifest does not fit the slot"));
+                self.done(
+                    r.id,
+                    Some(Reason::truncated("manifest does not fit the slot")),
+                );
                 return Ok(());
             }
-            Kind::Reserved { slot } => Kind::Delivered {
-                held: Held::Pool(slot),
-                aborted: false,
-            },
-            other => other,
+            Kind::Reserved { slot } => Held::Pool(slot),
+            Kind::Delivered { held, .. } => held,
+            other => {
+                self.requests[index] = Some(Request { kind: other, ..r });
+                return Err(Ignored::WrongState);
+            }
         };
         let seq = r.seq;
+        // Where a completion does not mean delivery, the data plane must
+        // say the bytes arrived before the application may read them.
+        let (kind, deadline) = match self.config.landing {
+            Some(limit) => (
+                Kind::Landing {
+                    held,
+                    tag: WriteTag::of(r.id.as_str(), self.pool_ptr + slot_offset),
+                },
+                Some(now + limit),
+            ),
+            None => (
+                Kind::Delivered {
+                    held,
+                    aborted: false,
+                },
+                None,
+            ),
+        };
+        let landing = matches!(kind, Kind::Landing { .. });
         self.requests[index] = Some(Request {
             kind,
-            deadline: None,
+            deadline,
             ..r
         });
         let base = index * self.chunk;
@@ -1050,12 +1222,54 @@ impl<'s> Instance<'s> {
             r.manifest_len = m_len;
             r.scalars_len = s_len;
         }
-        self.stats.received += 1;
-        self.event(InstanceEvent::Received(Token { index, seq }));
+        if !landing {
+            self.stats.received += 1;
+            self.event(InstanceEvent::Received(Token { index, seq }));
+        }
         Ok(())
     }
 
-    fn on_abort(&mut self, now: Instant, id: JsonStr<'_>, side: u8) -> Result<(), Ignored> {
+    /// The data plane reports that the write tagged `tag` has landed in
+    /// this instance's pool: the transfer waiting for it is handed to the
+    /// application ([`InstanceEvent::Received`]). Only where
+    /// [`InstanceConfig::landing`] is set.
+    pub fn handle_landed(&mut self, _now: Instant, tag: WriteTag) -> Result<(), Ignored> {
+        let index = self
+            .requests
+            .iter()
+            .position(|r| matches!(r, Some(Request { kind: Kind::Landing { tag: t, .. }, .. }) if *t == tag))
+            .ok_or(Ignored::UnknownRequest)?;
+        let Some(r) = self.requests[index].take() else {
+            return Err(Ignored::UnknownRequest);
+        };
+        let Kind::Landing { held, .. } = r.kind else {
+            self.requests[index] = Some(r);
+            return Err(Ignored::WrongState);
+        };
+        let token = Token { index, seq: r.seq };
+        self.requests[index] = Some(Request {
+            kind: Kind::Delivered {
+                held,
+                aborted: false,
+            },
+            deadline: None,
+            ..r
+        });
+        self.stats.received += 1;
+        self.event(InstanceEvent::Received(token));
+        Ok(())
+    }
+
+    /// The tags of the writes whose arrival transfers wait for (see
+    /// [`handle_landed`](Self::handle_landed)).
+    pub fn awaiting_landing(&self) -> impl Iterator<Item = WriteTag> + '_ {
+        self.requests.iter().flatten().filter_map(|r| match r.kind {
+            Kind::Landing { tag, .. } => Some(tag),
+            _ => None,
+        })
+    }
+
+    fn on_abort(&mut self, now: Instant, id: JsonStr<'_>, side: Side) -> Result<(), Ignored> {
         let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
         if self.tombstoned(id, side) {
             return Err(Ignored::Duplicate);
@@ -1084,6 +1298,16 @@ impl<'s> Instance<'s> {
                 *aborted = true;
                 self.event(InstanceEvent::Aborted(token));
             }
+            Kind::Landing { .. } => {
+                // The bytes may still come: quarantine the slot, and say
+                // when it is free again (the coordinator waits for that
+                // before it reuses a preallocated slot).
+                if let Some(r) = self.requests[index].take() {
+                    if let Kind::Landing { held, .. } = r.kind {
+                        self.quarantine(index, (r.id, r.seq), held, now, true);
+                    }
+                }
+            }
             Kind::Quarantined { .. } => {}
             Kind::Staged { .. } => {
                 if let Some(Request {
@@ -1097,19 +1321,10 @@ impl<'s> Instance<'s> {
             }
             Kind::Reserved { .. } => {
                 // A write may still land here: quarantine the slot.
-                let until = now + self.config.quarantine;
                 if let Some(r) = self.requests[index].take() {
-                    let kind = match r.kind {
-                        Kind::Reserved { slot } => Kind::Quarantined {
-                            held: Held::Pool(slot),
-                        },
-                        other => other,
-                    };
-                    self.requests[index] = Some(Request {
-                        kind,
-                        deadline: Some(until),
-                        ..r
-                    });
+                    if let Kind::Reserved { slot } = r.kind {
+                        self.quarantine(index, (r.id, r.seq), Held::Pool(slot), now, false);
+                    }
                 }
             }
         }
@@ -1150,22 +1365,32 @@ impl<'s> Instance<'s> {
                 Kind::Staged { slot, .. } => {
                     let _ = self.pool.free(slot);
                     self.stats.timed_out += 1;
-                    self.tombstone(r.id, SEND);
+                    self.tombstone(r.id, Side::Send);
                     self.event(InstanceEvent::SendFailed { id: r.id });
                 }
                 Kind::Reserved { slot } => {
                     // Never told the outcome: a write may still come.
                     self.stats.timed_out += 1;
-                    self.tombstone(r.id, RECV);
-                    self.requests[i] = Some(Request {
-                        kind: Kind::Quarantined {
-                            held: Held::Pool(slot),
-                        },
-                        deadline: Some(now + self.config.quarantine),
-                        ..r
-                    });
+                    self.tombstone(r.id, Side::Recv);
+                    self.quarantine(i, (r.id, r.seq), Held::Pool(slot), now, false);
                 }
-                Kind::Quarantined { held } => self.free_held(held),
+                Kind::Landing { held, .. } => {
+                    // Announced ready, but the bytes did not arrive in time:
+                    // they may still, so the slot sits out a quarantine,
+                    // after which the coordinator hears of the failure.
+                    self.stats.never_landed += 1;
+                    self.tombstone(r.id, Side::Recv);
+                    self.quarantine(i, (r.id, r.seq), held, now, true);
+                }
+                Kind::Quarantined { held, report } => {
+                    self.free_held(held);
+                    if report {
+                        self.send(OutMsg::Done {
+                            id: r.id,
+                            error: Some(Reason::truncated(NEVER_LANDED)),
+                        });
+                    }
+                }
                 other => {
                     // No deadline is set in other states; keep the record.
                     self.requests[i] = Some(Request {
@@ -1281,12 +1506,12 @@ impl<'s> Instance<'s> {
                 OutMsg::Pushed { id, error } => Msg::Pushed(Pushed {
                     request_id: id.as_json(),
                     success: error.is_none(),
-                    error: error.map(JsonStr::plain),
+                    error: error.as_ref().map(|e| JsonStr::plain(e.as_str())),
                 })
                 .write(&mut sink, Default::default()),
                 OutMsg::Done { id, error } => Msg::Done(Done {
                     request_id: id.as_json(),
-                    error: error.map(JsonStr::plain),
+                    error: error.as_ref().map(|e| JsonStr::plain(e.as_str())),
                 })
                 .write(&mut sink, Default::default()),
             }

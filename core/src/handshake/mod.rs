@@ -15,5 +15,8 @@ pub mod coordinator;
 pub mod instance;
 mod ring;
 
-pub use common::{Ignored, Instant, PeerId, Text, TextTooLong, Tombstone};
+pub use common::{
+    Ignored, Instant, Leg, Name, PeerId, Reason, RequestId, Side, Text, TextTooLong, Tombstone,
+    ID_LEN, NAME_LEN, REASON_LEN,
+};
 pub use ring::Ring;
