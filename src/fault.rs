@@ -9,9 +9,10 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use ferry_core::transport::wait::{WaitRecv, Wake};
 use ferry_core::transport::{
     Capabilities, ChannelEvent, Completion, ControlChannel, ControlRecv, Fault, FaultKind,
-    Incoming, Region, Transport, WriteTag,
+    Incoming, Region, Transport, WriteOp, WriteTag,
 };
 
 /// Probabilities (0 to 1) and delays of the faults to inject.
@@ -131,36 +132,19 @@ where
         Ok(self.inner.deregister(region)?)
     }
 
-    fn post_write(
-        &mut self,
-        region: Region,
-        local_offset: u64,
-        len: u64,
-        dest_session: &str,
-        dest_addr: u64,
-        tag: WriteTag,
-        cookie: u64,
-    ) -> Result<(), Self::Error> {
+    fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), Self::Error> {
         if self.rng.chance(self.plan.fail_write) {
             self.injected += 1;
             self.held.push_back((
                 Instant::now(),
                 Completion {
-                    cookie,
+                    cookie: write.cookie,
                     result: Err(FaultError::Injected),
                 },
             ));
             return Ok(());
         }
-        self.inner.post_write(
-            region,
-            local_offset,
-            len,
-            dest_session,
-            dest_addr,
-            tag,
-            cookie,
-        )?;
+        self.inner.post_write(write)?;
         Ok(())
     }
 
@@ -199,6 +183,10 @@ where
         !lost && self.inner.landed(tag)
     }
 }
+
+/// Delayed completions are released by the caller's polling, so the
+/// wrapped transport's descriptor is not offered.
+impl<T: Transport> Wake for FaultyTransport<T> {}
 
 /// A control channel whose received messages are dropped, duplicated or
 /// delayed on schedule.
@@ -325,3 +313,7 @@ impl<R: ControlRecv> ControlRecv for FaultyReceiver<R> {
         }
     }
 }
+
+/// Held-back messages are released by the caller's polling: no waking on
+/// another descriptor.
+impl<R: ControlRecv> WaitRecv for FaultyReceiver<R> {}

@@ -22,6 +22,9 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "std")]
+extern crate std;
+
 pub mod handshake;
 pub mod json;
 pub mod slots;

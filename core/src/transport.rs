@@ -185,6 +185,28 @@ impl WriteTag {
     }
 }
 
+/// One write for a data plane to post: `len` bytes at `local_offset` in
+/// `region` to `dest_addr` in the address space of the peer whose session
+/// id is `dest_session`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteOp<'a> {
+    /// The registered region the bytes come from.
+    pub region: Region,
+    /// Where in `region` they start.
+    pub local_offset: u64,
+    /// How many bytes.
+    pub len: u64,
+    /// The receiving peer's session id.
+    pub dest_session: &'a str,
+    /// Where they go, as an address in the receiver's space.
+    pub dest_addr: u64,
+    /// The write's name for a receiver whose data plane reports arrivals
+    /// (see [`Capabilities::delivery_complete`]).
+    pub tag: WriteTag,
+    /// Comes back in the write's [`Completion`].
+    pub cookie: u64,
+}
+
 /// A finished write.
 #[derive(Debug)]
 pub struct Completion<E> {
@@ -221,22 +243,10 @@ pub trait Transport {
     /// Ends a registration.
     fn deregister(&mut self, region: Region) -> Result<(), Self::Error>;
 
-    /// Posts a write of `len` bytes at `local_offset` in `region` to
-    /// `dest_addr` in the address space of the peer whose session id is
-    /// `dest_session`, named `tag` for the receiver's arrival count. Its
-    /// outcome comes from [`poll_completion`](Self::poll_completion) with
-    /// `cookie`; an error here means it was not posted.
-    #[allow(clippy::too_many_arguments)]
-    fn post_write(
-        &mut self,
-        region: Region,
-        local_offset: u64,
-        len: u64,
-        dest_session: &str,
-        dest_addr: u64,
-        tag: WriteTag,
-        cookie: u64,
-    ) -> Result<(), Self::Error>;
+    /// Posts `write`. Its outcome comes from
+    /// [`poll_completion`](Self::poll_completion) with its cookie; an error
+    /// here means it was not posted.
+    fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), Self::Error>;
 
     /// The next finished write, if any.
     fn poll_completion(&mut self) -> Option<Completion<Self::Error>>;
@@ -248,18 +258,6 @@ pub trait Transport {
     fn landed(&mut self, tag: WriteTag) -> bool {
         let _ = tag;
         true
-    }
-
-    /// A file descriptor (Unix) that is readable while
-    /// [`poll_completion`](Self::poll_completion) or
-    /// [`landed`](Self::landed) may have news, for transports that learn of
-    /// completions on a thread of their own: the caller then waits on it
-    /// together with its control channel
-    /// ([`ControlRecv::recv_or_wake`]) instead of polling. It is cleared
-    /// when `poll_completion` finds nothing; call `landed` after that.
-    /// `None`: poll.
-    fn wake_fd(&self) -> Option<i32> {
-        None
     }
 }
 
@@ -315,27 +313,6 @@ pub trait ControlRecv {
         buf: &'b mut [u8],
         wait: Duration,
     ) -> Result<Option<ChannelEvent<'b>>, Self::Error>;
-
-    /// True if [`recv_or_wake`](Self::recv_or_wake) also wakes on its
-    /// descriptor.
-    fn can_wake(&self) -> bool {
-        false
-    }
-
-    /// Like [`recv`](Self::recv), and also returns `Ok(None)` as soon as
-    /// the file descriptor `wake` is readable (a data plane's
-    /// [`Transport::wake_fd`]), so that one thread waits on both. Channels
-    /// whose [`can_wake`](Self::can_wake) is false wait as `recv` does, and
-    /// their callers must bound `wait`.
-    fn recv_or_wake<'b>(
-        &'b mut self,
-        buf: &'b mut [u8],
-        wait: Duration,
-        wake: i32,
-    ) -> Result<Option<ChannelEvent<'b>>, Self::Error> {
-        let _ = wake;
-        self.recv(buf, wait)
-    }
 }
 
 /// A control channel: the protocol's two-frame messages to and from
@@ -349,4 +326,51 @@ pub trait ControlChannel {
 
     /// Splits the channel.
     fn split(self) -> (Self::Sender, Self::Receiver);
+}
+
+/// Waiting, on the std side: the descriptors by which a data plane that
+/// learns of completions on a thread of its own, and a control channel,
+/// wake the one thread that drives both. The core never blocks, so its
+/// no_std contract has nothing to say about how its caller sleeps.
+#[cfg(feature = "std")]
+pub mod wait {
+    use core::time::Duration;
+    use std::os::fd::RawFd;
+
+    use super::{ChannelEvent, ControlRecv};
+
+    /// A data plane that can wake a waiting caller.
+    pub trait Wake {
+        /// A descriptor that is readable while the transport's
+        /// `poll_completion` or `landed` may have news. It is cleared when
+        /// `poll_completion` finds nothing; call `landed` after that.
+        /// `None` (the default): the caller polls.
+        fn wake_fd(&self) -> Option<RawFd> {
+            None
+        }
+    }
+
+    /// A control channel's receiving side that can also wake on another
+    /// descriptor, so that one thread waits on both.
+    pub trait WaitRecv: ControlRecv {
+        /// True if [`recv_or_wake`](Self::recv_or_wake) wakes on its
+        /// descriptor (the default: it does not).
+        fn can_wake(&self) -> bool {
+            false
+        }
+
+        /// Like [`ControlRecv::recv`], and also returns `Ok(None)` as soon
+        /// as `wake` (a data plane's [`Wake::wake_fd`]) is readable.
+        /// Channels whose [`can_wake`](Self::can_wake) is false wait as
+        /// `recv` does, and their callers must bound `wait`.
+        fn recv_or_wake<'b>(
+            &'b mut self,
+            buf: &'b mut [u8],
+            wait: Duration,
+            wake: RawFd,
+        ) -> Result<Option<ChannelEvent<'b>>, Self::Error> {
+            let _ = wake;
+            self.recv(buf, wait)
+        }
+    }
 }

@@ -470,9 +470,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                     }
                     true
                 } else if live {
-                    land(&nodes[to], &coord, seed, &id, to, offset, &data);
-                    nodes[to].pool[offset as usize..offset as usize + data.len()]
-                        .copy_from_slice(&data);
+                    land(&mut nodes[to], &coord, seed, &id, to, offset, &data);
                     true
                 } else {
                     false
@@ -497,9 +495,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                 tag,
             } => {
                 if nodes[to].inc == to_inc && nodes[to].inst.is_some() {
-                    land(&nodes[to], &coord, seed, &id, to, offset, &data);
-                    nodes[to].pool[offset as usize..offset as usize + data.len()]
-                        .copy_from_slice(&data);
+                    land(&mut nodes[to], &coord, seed, &id, to, offset, &data);
                     nodes[to].arrived.insert(tag);
                     touched.push(to);
                 }
@@ -884,12 +880,12 @@ fn start_instance<'s>(
     )
 }
 
-/// Checks that a write for `id` landing at `offset` of instance `to` lies
-/// inside a slot reserved for its request: by the receiver (reserved,
-/// landing, delivered or quarantined), or (fast path) preallocated and
-/// assigned to it by the coordinator.
+/// Lands the bytes of a write for `id` at `offset` of instance `to`, first
+/// checking that they lie inside a slot reserved for its request: by the
+/// receiver (reserved, landing, delivered or quarantined), or (fast path)
+/// preallocated and assigned to it by the coordinator.
 fn land(
-    node: &Node<'_>,
+    node: &mut Node<'_>,
     coord: &Coordinator<'_, 4>,
     seed: u64,
     id: &str,
@@ -909,6 +905,7 @@ fn land(
         inst.slot_for(id).is_some_and(inside) || prealloc.is_some_and(inside),
         "seed {seed}: write for {id} lands at {offset} of instance {to}, outside any slot reserved for it"
     );
+    node.pool[offset as usize..offset as usize + data.len()].copy_from_slice(data);
 }
 
 fn pool_ptr(i: usize, inc: u32) -> u64 {

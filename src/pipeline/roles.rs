@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ferry_core::handshake::coordinator::{CoordinatorEvent, Timeouts};
 use ferry_core::handshake::instance::InstanceError;
 use ferry_core::json::RawJson;
+use ferry_core::transport::wait::WaitRecv;
 use ferry_core::transport::{ControlChannel, ControlSend};
 use ferry_shm::UdsChannel;
 use ferry_zmq::{ZmqChannel, ZmqSettings};
@@ -138,7 +139,7 @@ fn run_coordinator<C>(settings: &CoordinatorSettings, channel: C) -> ExitCode
 where
     C: ControlChannel,
     C::Sender: 'static,
-    C::Receiver: 'static,
+    C::Receiver: WaitRecv + 'static,
 {
     let node = CoordinatorNode::start(settings, channel, |e| match e {
         CoordinatorEvent::Registered { role, .. } => {

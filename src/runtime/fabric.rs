@@ -3,6 +3,7 @@
 //! registered with the provider, written into by peers with RMA writes;
 //! any control channel (ZeroMQ across hosts).
 
+use ferry_core::transport::wait::WaitRecv;
 use ferry_core::transport::ControlChannel;
 use ferry_fabric::{FabricConfig, FabricTransport};
 
@@ -31,7 +32,7 @@ pub fn start_instance<C>(
 where
     C: ControlChannel,
     C::Sender: 'static,
-    C::Receiver: 'static,
+    C::Receiver: WaitRecv + 'static,
 {
     let transport =
         FabricTransport::with_pool(config, pool_len).map_err(|e| NodeError::Transport {

@@ -24,8 +24,10 @@ use ferry_core::handshake::Instant;
 use ferry_core::handshake::{Reason, RequestId};
 use ferry_core::json::{JsonStr, RawJson};
 use ferry_core::slots::{layout, BuddyConfig, Dtype, TensorSpec};
+use ferry_core::transport::wait::{WaitRecv, Wake};
 use ferry_core::transport::{
-    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, Region, Transport, WriteTag,
+    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, Region, Transport, WriteOp,
+    WriteTag,
 };
 use ferry_core::wire::{Manifest, Shape, ShapeIter, TensorEntry, TRANSFER_MAGIC};
 use tracing::{debug, debug_span, info, warn};
@@ -283,10 +285,10 @@ where
         channel: C,
     ) -> Result<Self, NodeError>
     where
-        T: Transport + Send + 'static,
+        T: Transport + Wake + Send + 'static,
         T::Error: Send + Sync + 'static,
         C: ControlChannel<Sender = S>,
-        C::Receiver: 'static,
+        C::Receiver: WaitRecv + 'static,
     {
         // SAFETY-relevant contract (not unsafe here): `memory` is valid for
         // as long as `transport` lives, which the progress thread owns
@@ -775,8 +777,8 @@ struct Progress<S, T: Transport, R> {
 impl<S, T, R> Progress<S, T, R>
 where
     S: ControlSend,
-    T: Transport,
-    R: ControlRecv,
+    T: Transport + Wake,
+    R: WaitRecv,
 {
     fn run(mut self) {
         let shared = Arc::clone(&self.shared);
@@ -892,15 +894,15 @@ where
         for w in self.writes.drain(..) {
             let _span = debug_span!("write", id = %w.id, len = w.len).entered();
             Metrics::add(&m.writes, 1);
-            match self.transport.post_write(
-                self.region,
-                w.local_offset,
-                w.len,
-                w.dest_session.as_str(),
-                w.dest_addr,
-                w.tag,
-                w.token.cookie(),
-            ) {
+            match self.transport.post_write(&WriteOp {
+                region: self.region,
+                local_offset: w.local_offset,
+                len: w.len,
+                dest_session: w.dest_session.as_str(),
+                dest_addr: w.dest_addr,
+                tag: w.tag,
+                cookie: w.token.cookie(),
+            }) {
                 Ok(()) => self.in_flight += 1,
                 Err(e) => {
                     Metrics::add(&m.write_errors, 1);

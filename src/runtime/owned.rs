@@ -1,6 +1,7 @@
 //! Instances over transports that map their pool themselves (the RDMA data
 //! planes: libfabric and ibverbs), with the one SAFETY argument they share.
 
+use ferry_core::transport::wait::{WaitRecv, Wake};
 use ferry_core::transport::{ControlChannel, Transport};
 
 use super::error::NodeError;
@@ -22,11 +23,11 @@ pub fn start_on_owned_pool<T, C>(
     channel: C,
 ) -> Result<InstanceNode<C::Sender>, NodeError>
 where
-    T: Transport + OwnedPool + Send + 'static,
+    T: Transport + Wake + OwnedPool + Send + 'static,
     T::Error: Send + Sync + 'static,
     C: ControlChannel,
     C::Sender: 'static,
-    C::Receiver: 'static,
+    C::Receiver: WaitRecv + 'static,
 {
     // SAFETY: the pool mapping belongs to `transport`, which the node's
     // progress thread owns until the node is dropped, after every view of

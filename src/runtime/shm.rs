@@ -2,6 +2,7 @@
 //! ([`ferry_shm::ShmTransport`]) and Unix-socket control channels
 //! ([`ferry_shm::UdsChannel`]), for processes on one host.
 
+use ferry_core::transport::wait::{WaitRecv, Wake};
 use ferry_core::transport::{ControlChannel, Transport};
 use ferry_shm::{ShmTransport, UdsChannel, UdsSender};
 
@@ -53,7 +54,7 @@ pub fn start_instance_on<C>(
 where
     C: ControlChannel,
     C::Sender: 'static,
-    C::Receiver: 'static,
+    C::Receiver: WaitRecv + 'static,
 {
     let (transport, memory) = pool(pool_len, copy)?;
     InstanceNode::start(settings, transport, memory, channel)
@@ -104,11 +105,11 @@ pub fn start_instance_wrapped<T, C>(
     wrap_channel: impl FnOnce(UdsChannel) -> C,
 ) -> Result<InstanceNode<C::Sender>, NodeError>
 where
-    T: Transport + Send + 'static,
+    T: Transport + Wake + Send + 'static,
     T::Error: Send + Sync + 'static,
     C: ControlChannel,
     C::Sender: 'static,
-    C::Receiver: 'static,
+    C::Receiver: WaitRecv + 'static,
 {
     let (transport, memory) = pool(pool_len, copy)?;
     let channel = bind(endpoint)?;

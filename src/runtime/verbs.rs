@@ -3,6 +3,7 @@
 //! registered with the NIC, written into by peers with RDMA WRITE over RC
 //! queue pairs; any control channel (ZeroMQ across hosts).
 
+use ferry_core::transport::wait::WaitRecv;
 use ferry_core::transport::ControlChannel;
 use ferry_verbs::{Device, VerbsConfig, VerbsTransport};
 
@@ -31,7 +32,7 @@ pub fn start_instance<C>(
 where
     C: ControlChannel,
     C::Sender: 'static,
-    C::Receiver: 'static,
+    C::Receiver: WaitRecv + 'static,
 {
     let transport =
         VerbsTransport::with_pool(config, pool_len).map_err(|e| NodeError::Transport {

@@ -23,7 +23,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteTag};
+use ferry_core::transport::wait::Wake;
+use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteOp, WriteTag};
 use ferry_fabric_sys as sys;
 use tracing::{debug, warn};
 
@@ -847,16 +848,16 @@ impl Transport for FabricTransport {
         }
     }
 
-    fn post_write(
-        &mut self,
-        region: Region,
-        local_offset: u64,
-        len: u64,
-        dest_session: &str,
-        dest_addr: u64,
-        tag: WriteTag,
-        cookie: u64,
-    ) -> Result<(), FabricError> {
+    fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), FabricError> {
+        let WriteOp {
+            region,
+            local_offset,
+            len,
+            dest_session,
+            dest_addr,
+            tag,
+            cookie,
+        } = *write;
         let (r, desc) = match &self.region {
             Some((r, mr)) if r.id == region.id => (*r, mr.desc()),
             _ => return Err(FabricError::UnknownRegion(region.id)),
@@ -985,12 +986,14 @@ impl Transport for FabricTransport {
         self.shared.lock().done.pop_front()
     }
 
-    fn wake_fd(&self) -> Option<i32> {
-        Some(self.shared.wake.fd())
-    }
-
     fn landed(&mut self, tag: WriteTag) -> bool {
         self.opened.delivery != Delivery::Notify || self.shared.lock().notices.take(tag)
+    }
+}
+
+impl Wake for FabricTransport {
+    fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.shared.wake.fd())
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{Fault, FaultKind, Region, Transport, WriteTag};
+use ferry_core::transport::{Fault, FaultKind, Region, Transport, WriteOp, WriteTag};
 use ferry_fabric::{Delivery, FabricConfig, FabricTransport, Provider};
 
 fn config(provider: &str, delivery: Delivery) -> FabricConfig {
@@ -106,8 +106,16 @@ fn round_trip(provider: &str, delivery: Delivery, max_chunk: u64) {
             *byte = fill.wrapping_add(k as u8).wrapping_mul(31);
         }
         let tag = WriteTag::of(&format!("req-{i}"), base + dst);
-        a.post_write(ra, src, len, b.session_id(), base + dst, tag, i)
-            .expect("post");
+        a.post_write(&WriteOp {
+            region: ra,
+            local_offset: src,
+            len,
+            dest_session: b.session_id(),
+            dest_addr: base + dst,
+            tag,
+            cookie: i,
+        })
+        .expect("post");
         let r = wait_completion(&mut a, i, Duration::from_secs(20)).expect("completion in time");
         r.expect("write succeeds");
         assert!(
@@ -144,8 +152,16 @@ fn write_to_a_stalled_receiver(delivery: Delivery, fill: u8) -> (FabricTransport
     let (mut b, _) = open("tcp;ofi_rxm", delivery, 1 << 20);
     let base = b.pool_ptr() as u64;
     // Connect first, so that only the data is in question.
-    a.post_write(ra, 0, 8, b.session_id(), base, WriteTag(1), 0)
-        .unwrap();
+    a.post_write(&WriteOp {
+        region: ra,
+        local_offset: 0,
+        len: 8,
+        dest_session: b.session_id(),
+        dest_addr: base,
+        tag: WriteTag(1),
+        cookie: 0,
+    })
+    .unwrap();
     wait_completion(&mut a, 0, Duration::from_secs(10))
         .unwrap()
         .unwrap();
@@ -153,8 +169,16 @@ fn write_to_a_stalled_receiver(delivery: Delivery, fill: u8) -> (FabricTransport
     b.hold_progress(true);
     std::thread::sleep(Duration::from_millis(20));
     pool_mut(&mut a)[..65536].fill(fill);
-    a.post_write(ra, 0, 65536, b.session_id(), base, WriteTag(2), 1)
-        .unwrap();
+    a.post_write(&WriteOp {
+        region: ra,
+        local_offset: 0,
+        len: 65536,
+        dest_session: b.session_id(),
+        dest_addr: base,
+        tag: WriteTag(2),
+        cookie: 1,
+    })
+    .unwrap();
     (a, b)
 }
 
@@ -200,36 +224,68 @@ fn bad_writes_fail_typed_and_name_what_is_wrong() {
     let base = b.pool_ptr() as u64;
     let s = b.session_id().to_owned();
     let e = a
-        .post_write(ra, 0, 4096, &s, base + (1 << 20) - 100, WriteTag(0), 1)
+        .post_write(&WriteOp {
+            region: ra,
+            local_offset: 0,
+            len: 4096,
+            dest_session: &s,
+            dest_addr: base + (1 << 20) - 100,
+            tag: WriteTag(0),
+            cookie: 1,
+        })
         .unwrap_err();
     assert_eq!(e.kind(), FaultKind::OutOfBounds, "{e}");
     let e = a
-        .post_write(ra, (1 << 20) - 10, 4096, &s, base, WriteTag(0), 1)
+        .post_write(&WriteOp {
+            region: ra,
+            local_offset: (1 << 20) - 10,
+            len: 4096,
+            dest_session: &s,
+            dest_addr: base,
+            tag: WriteTag(0),
+            cookie: 1,
+        })
         .unwrap_err();
     assert_eq!(e.kind(), FaultKind::OutOfBounds, "{e}");
     let e = a
-        .post_write(ra, 0, 1, "shm:/x@0+10", base, WriteTag(0), 1)
+        .post_write(&WriteOp {
+            region: ra,
+            local_offset: 0,
+            len: 1,
+            dest_session: "shm:/x@0+10",
+            dest_addr: base,
+            tag: WriteTag(0),
+            cookie: 1,
+        })
         .unwrap_err();
     assert_eq!(e.kind(), FaultKind::UnknownPeer, "{e}");
     let other = s.replacen("tcp;ofi_rxm", "efa", 1);
     let e = a
-        .post_write(ra, 0, 1, &other, base, WriteTag(0), 1)
+        .post_write(&WriteOp {
+            region: ra,
+            local_offset: 0,
+            len: 1,
+            dest_session: &other,
+            dest_addr: base,
+            tag: WriteTag(0),
+            cookie: 1,
+        })
         .unwrap_err();
     assert!(e.to_string().contains("efa session"), "{e}");
     let e = a
-        .post_write(
-            Region {
+        .post_write(&WriteOp {
+            region: Region {
                 id: 9,
                 addr: 0,
                 len: 1,
             },
-            0,
-            1,
-            &s,
-            base,
-            WriteTag(0),
-            1,
-        )
+            local_offset: 0,
+            len: 1,
+            dest_session: &s,
+            dest_addr: base,
+            tag: WriteTag(0),
+            cookie: 1,
+        })
         .unwrap_err();
     assert_eq!(e.kind(), FaultKind::OutOfBounds, "{e}");
     // A second pool is refused: the session id names one.
@@ -255,7 +311,15 @@ fn a_write_to_a_peer_that_is_gone_fails_that_write_only() {
     let (c, _) = open("tcp;ofi_rxm", Delivery::Auto, 1 << 20);
     let (gone, base) = (b.session_id().to_owned(), b.pool_ptr() as u64);
     drop(b);
-    let r = match a.post_write(ra, 0, 4096, &gone, base, WriteTag(0), 7) {
+    let r = match a.post_write(&WriteOp {
+        region: ra,
+        local_offset: 0,
+        len: 4096,
+        dest_session: &gone,
+        dest_addr: base,
+        tag: WriteTag(0),
+        cookie: 7,
+    }) {
         Err(e) => Err(e),
         Ok(()) => wait_completion(&mut a, 7, Duration::from_secs(30)).expect("an outcome in time"),
     };
@@ -269,8 +333,16 @@ fn a_write_to_a_peer_that_is_gone_fails_that_write_only() {
     assert!(e.to_string().contains(&gone), "{e}");
     // The transport goes on working with other peers.
     let base_c = c.pool_ptr() as u64;
-    a.post_write(ra, 0, 4096, c.session_id(), base_c, WriteTag(0), 8)
-        .unwrap();
+    a.post_write(&WriteOp {
+        region: ra,
+        local_offset: 0,
+        len: 4096,
+        dest_session: c.session_id(),
+        dest_addr: base_c,
+        tag: WriteTag(0),
+        cookie: 8,
+    })
+    .unwrap();
     wait_completion(&mut a, 8, Duration::from_secs(10))
         .unwrap()
         .unwrap();

@@ -5,6 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use ferry_core::transport::wait::WaitRecv;
 use ferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend, Incoming};
 
 use crate::error::MemError;
@@ -157,6 +158,9 @@ impl ControlRecv for MemReceiver {
         })))
     }
 }
+
+/// An in-process channel wakes on nothing but its own messages.
+impl WaitRecv for MemReceiver {}
 
 impl Drop for MemReceiver {
     fn drop(&mut self) {

@@ -3,7 +3,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteTag};
+use ferry_core::transport::wait::Wake;
+use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteOp};
 
 use crate::copy::Copier;
 use crate::error::ShmError;
@@ -162,16 +163,16 @@ impl Transport for ShmTransport {
         Ok(())
     }
 
-    fn post_write(
-        &mut self,
-        region: Region,
-        local_offset: u64,
-        len: u64,
-        dest_session: &str,
-        dest_addr: u64,
-        _tag: WriteTag,
-        cookie: u64,
-    ) -> Result<(), ShmError> {
+    fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), ShmError> {
+        let WriteOp {
+            region,
+            local_offset,
+            len,
+            dest_session,
+            dest_addr,
+            cookie,
+            ..
+        } = *write;
         let r = *self
             .regions
             .iter()
@@ -237,9 +238,13 @@ impl Transport for ShmTransport {
     }
 }
 
+/// Writes complete on the caller's thread: nothing to wake it for.
+impl Wake for ShmTransport {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_core::transport::WriteTag;
 
     fn pair() -> (ShmTransport, Region, ShmTransport) {
         let mut a = ShmTransport::new(1 << 20, 2, 64 << 10).unwrap();
@@ -259,8 +264,16 @@ mod tests {
             }
         }
         let dest = b.pool_ptr() as u64 + 4096;
-        a.post_write(region, 1000, 300_000, b.session_id(), dest, WriteTag(0), 9)
-            .unwrap();
+        a.post_write(&WriteOp {
+            region,
+            local_offset: 1000,
+            len: 300_000,
+            dest_session: b.session_id(),
+            dest_addr: dest,
+            tag: WriteTag(0),
+            cookie: 9,
+        })
+        .unwrap();
         let c = a.poll_completion().unwrap();
         assert_eq!((c.cookie, c.result.is_ok()), (9, true));
         // SAFETY: the range lies inside b's live pool.
@@ -273,31 +286,71 @@ mod tests {
         let (mut a, region, b) = pair();
         let base = b.pool_ptr() as u64;
         let s = b.session_id().to_owned();
-        let e = a.post_write(region, 0, 4096, &s, base + (1 << 20) - 100, WriteTag(0), 1);
+        let e = a.post_write(&WriteOp {
+            region,
+            local_offset: 0,
+            len: 4096,
+            dest_session: &s,
+            dest_addr: base + (1 << 20) - 100,
+            tag: WriteTag(0),
+            cookie: 1,
+        });
         assert!(matches!(e, Err(ShmError::DestOutOfBounds { .. })), "{e:?}");
-        let e = a.post_write(region, 0, 4096, &s, base - 1, WriteTag(0), 1);
+        let e = a.post_write(&WriteOp {
+            region,
+            local_offset: 0,
+            len: 4096,
+            dest_session: &s,
+            dest_addr: base - 1,
+            tag: WriteTag(0),
+            cookie: 1,
+        });
         assert!(matches!(e, Err(ShmError::DestOutOfBounds { .. })), "{e:?}");
-        let e = a.post_write(region, (1 << 20) - 10, 4096, &s, base, WriteTag(0), 1);
+        let e = a.post_write(&WriteOp {
+            region,
+            local_offset: (1 << 20) - 10,
+            len: 4096,
+            dest_session: &s,
+            dest_addr: base,
+            tag: WriteTag(0),
+            cookie: 1,
+        });
         assert!(
             matches!(e, Err(ShmError::SourceOutOfBounds { .. })),
             "{e:?}"
         );
-        let e = a.post_write(region, 0, 1, "shm:nonsense", base, WriteTag(0), 1);
-        assert!(matches!(e, Err(ShmError::BadSession { .. })), "{e:?}");
-        let e = a.post_write(
+        let e = a.post_write(&WriteOp {
             region,
-            0,
-            1,
-            "shm:/ferry-no-such@1000+4096",
-            0x1000,
-            WriteTag(0),
-            1,
-        );
+            local_offset: 0,
+            len: 1,
+            dest_session: "shm:nonsense",
+            dest_addr: base,
+            tag: WriteTag(0),
+            cookie: 1,
+        });
+        assert!(matches!(e, Err(ShmError::BadSession { .. })), "{e:?}");
+        let e = a.post_write(&WriteOp {
+            region,
+            local_offset: 0,
+            len: 1,
+            dest_session: "shm:/ferry-no-such@1000+4096",
+            dest_addr: 0x1000,
+            tag: WriteTag(0),
+            cookie: 1,
+        });
         assert!(matches!(e, Err(ShmError::PeerGone { .. })), "{e:?}");
         assert!(a.poll_completion().is_none());
         // A peer that claims more than its object holds.
         let liar = s.replace("+1048576", "+2097152");
-        let e = a.post_write(region, 0, 1, &liar, base, WriteTag(0), 1);
+        let e = a.post_write(&WriteOp {
+            region,
+            local_offset: 0,
+            len: 1,
+            dest_session: &liar,
+            dest_addr: base,
+            tag: WriteTag(0),
+            cookie: 1,
+        });
         assert!(matches!(e, Err(ShmError::ShortObject { .. })), "{e:?}");
     }
 
@@ -305,10 +358,26 @@ mod tests {
     fn a_vanished_peer_is_reported_gone() {
         let (mut a, region, b) = pair();
         let (s, base) = (b.session_id().to_owned(), b.pool_ptr() as u64);
-        a.post_write(region, 0, 64, &s, base, WriteTag(0), 1)
-            .unwrap();
+        a.post_write(&WriteOp {
+            region,
+            local_offset: 0,
+            len: 64,
+            dest_session: &s,
+            dest_addr: base,
+            tag: WriteTag(0),
+            cookie: 1,
+        })
+        .unwrap();
         drop(b);
-        let e = a.post_write(region, 0, 64, &s, base, WriteTag(0), 2);
+        let e = a.post_write(&WriteOp {
+            region,
+            local_offset: 0,
+            len: 64,
+            dest_session: &s,
+            dest_addr: base,
+            tag: WriteTag(0),
+            cookie: 2,
+        });
         assert!(matches!(e, Err(ShmError::PeerGone { .. })), "{e:?}");
     }
 

@@ -17,6 +17,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use ferry_core::transport::wait::WaitRecv;
 use ferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend, Incoming};
 
 use crate::error::UdsError;
@@ -461,7 +462,9 @@ impl ControlRecv for UdsReceiver {
     ) -> Result<Option<ChannelEvent<'b>>, UdsError> {
         self.receive(buf, wait, None)
     }
+}
 
+impl WaitRecv for UdsReceiver {
     fn can_wake(&self) -> bool {
         true
     }
@@ -470,7 +473,7 @@ impl ControlRecv for UdsReceiver {
         &'b mut self,
         buf: &'b mut [u8],
         wait: Duration,
-        wake: i32,
+        wake: RawFd,
     ) -> Result<Option<ChannelEvent<'b>>, UdsError> {
         self.receive(buf, wait, Some(wake))
     }

@@ -11,7 +11,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{Region, Transport, WriteTag};
+use ferry_core::transport::{Region, Transport, WriteOp, WriteTag};
 use ferry_hostmem::HostPool;
 use ferry_verbs::sim::SimDevice;
 use ferry_verbs::{VerbsConfig, VerbsTransport};
@@ -54,15 +54,15 @@ fn transport_round(a: &mut Node, b: &Node, size: u64, slots: u64) -> f64 {
         turns = turns.wrapping_add(1);
         while posted - done < WINDOW {
             let slot = posted % slots;
-            a.t.post_write(
-                a.region,
-                slot * size,
-                size,
-                &peer,
-                b.region.addr + slot * size,
-                WriteTag(posted),
-                posted,
-            )
+            a.t.post_write(&WriteOp {
+                region: a.region,
+                local_offset: slot * size,
+                len: size,
+                dest_session: &peer,
+                dest_addr: b.region.addr + slot * size,
+                tag: WriteTag(posted),
+                cookie: posted,
+            })
             .expect("post");
             posted += 1;
         }

@@ -6,7 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{Completion, Fault, FaultKind, Region, Transport, WriteTag};
+use ferry_core::transport::wait::Wake as _;
+use ferry_core::transport::{Completion, Fault, FaultKind, Region, Transport, WriteOp, WriteTag};
 use ferry_hostmem::HostPool;
 
 use crate::attrs::QpStep;
@@ -65,15 +66,15 @@ impl Node {
         dest_off: u64,
         cookie: u64,
     ) -> Result<(), VerbsError> {
-        self.t.post_write(
-            self.region,
-            off,
+        self.t.post_write(&WriteOp {
+            region: self.region,
+            local_offset: off,
             len,
-            to.t.session_id(),
-            to.region.addr + dest_off,
-            WriteTag(cookie),
+            dest_session: to.t.session_id(),
+            dest_addr: to.region.addr + dest_off,
+            tag: WriteTag(cookie),
             cookie,
-        )
+        })
     }
 
     fn wait(&mut self, n: usize) -> Vec<Completion<VerbsError>> {
@@ -267,8 +268,16 @@ fn a_peer_that_disappears_fails_its_writes_and_its_endpoint_then_times_out() {
     a.write(0, 10, &b, 0, 1).unwrap();
     assert!(a.wait(1)[0].result.is_ok());
     drop(b);
-    a.t.post_write(a.region, 0, 10, &b_session, b_addr, WriteTag(2), 2)
-        .unwrap();
+    a.t.post_write(&WriteOp {
+        region: a.region,
+        local_offset: 0,
+        len: 10,
+        dest_session: &b_session,
+        dest_addr: b_addr,
+        tag: WriteTag(2),
+        cookie: 2,
+    })
+    .unwrap();
     let c = a.wait(1).remove(0);
     match &c.result {
         Err(e @ VerbsError::Completion { status, .. }) => {
@@ -279,8 +288,16 @@ fn a_peer_that_disappears_fails_its_writes_and_its_endpoint_then_times_out() {
     }
     // Nobody answers on the old endpoint now: the exchange times out.
     let t0 = Instant::now();
-    a.t.post_write(a.region, 0, 10, &b_session, b_addr, WriteTag(3), 3)
-        .unwrap();
+    a.t.post_write(&WriteOp {
+        region: a.region,
+        local_offset: 0,
+        len: 10,
+        dest_session: &b_session,
+        dest_addr: b_addr,
+        tag: WriteTag(3),
+        cookie: 3,
+    })
+    .unwrap();
     match a.wait(1).remove(0).result {
         Err(VerbsError::ConnectTimeout { peer, .. }) => assert_eq!(peer, b_session),
         other => panic!("{other:?}"),
@@ -298,8 +315,16 @@ fn a_session_of_an_earlier_incarnation_is_refused() {
         endpoint: s.endpoint,
     }
     .to_string();
-    a.t.post_write(a.region, 0, 10, &stale, b.region.addr, WriteTag(1), 1)
-        .unwrap();
+    a.t.post_write(&WriteOp {
+        region: a.region,
+        local_offset: 0,
+        len: 10,
+        dest_session: &stale,
+        dest_addr: b.region.addr,
+        tag: WriteTag(1),
+        cookie: 1,
+    })
+    .unwrap();
     match a.wait(1).remove(0).result {
         Err(e @ VerbsError::Refused { .. }) => {
             assert!(e.to_string().contains("stale session"), "{e}");
@@ -381,19 +406,27 @@ fn bad_writes_are_refused_with_typed_errors() {
     }
     let unknown = Region { id: 9, ..a.region };
     assert!(matches!(
-        a.t.post_write(
-            unknown,
-            0,
-            1,
-            b.t.session_id(),
-            b.region.addr,
-            WriteTag(1),
-            1
-        ),
+        a.t.post_write(&WriteOp {
+            region: unknown,
+            local_offset: 0,
+            len: 1,
+            dest_session: b.t.session_id(),
+            dest_addr: b.region.addr,
+            tag: WriteTag(1),
+            cookie: 1
+        }),
         Err(VerbsError::UnknownRegion(9))
     ));
     assert!(matches!(
-        a.t.post_write(a.region, 0, 1, "shm:/x@0+1", 0, WriteTag(1), 1),
+        a.t.post_write(&WriteOp {
+            region: a.region,
+            local_offset: 0,
+            len: 1,
+            dest_session: "shm:/x@0+1",
+            dest_addr: 0,
+            tag: WriteTag(1),
+            cookie: 1
+        }),
         Err(VerbsError::BadSession { .. })
     ));
     // Before the connection exists the peer's bounds are unknown: the
@@ -409,15 +442,15 @@ fn bad_writes_are_refused_with_typed_errors() {
         Err(VerbsError::DestOutOfBounds { .. })
     ));
     assert!(matches!(
-        a.t.post_write(
-            a.region,
-            0,
-            1,
-            b.t.session_id(),
-            b.region.addr - 1,
-            WriteTag(4),
-            4
-        ),
+        a.t.post_write(&WriteOp {
+            region: a.region,
+            local_offset: 0,
+            len: 1,
+            dest_session: b.t.session_id(),
+            dest_addr: b.region.addr - 1,
+            tag: WriteTag(4),
+            cookie: 4
+        }),
         Err(VerbsError::DestOutOfBounds { .. })
     ));
     // The connection is still good.
@@ -440,8 +473,16 @@ fn a_target_without_a_pool_refuses_and_deregistering_fails_pending_writes() {
     let mut a = node();
     let device = SimDevice::new([127, 0, 0, 1], 4096);
     let bare = VerbsTransport::with_device(device, &config()).unwrap();
-    a.t.post_write(a.region, 0, 10, bare.session_id(), 0, WriteTag(1), 1)
-        .unwrap();
+    a.t.post_write(&WriteOp {
+        region: a.region,
+        local_offset: 0,
+        len: 10,
+        dest_session: bare.session_id(),
+        dest_addr: 0,
+        tag: WriteTag(1),
+        cookie: 1,
+    })
+    .unwrap();
     match a.wait(1).remove(0).result {
         Err(VerbsError::Refused { why, .. }) => assert!(why.contains("no pool"), "{why}"),
         other => panic!("{other:?}"),
@@ -611,8 +652,16 @@ fn the_wake_descriptor_rises_for_completions_and_for_side_channel_news() {
         endpoint: s.endpoint,
     }
     .to_string();
-    a.t.post_write(a.region, 0, 10, &stale, b.region.addr, WriteTag(3), 3)
-        .unwrap();
+    a.t.post_write(&WriteOp {
+        region: a.region,
+        local_offset: 0,
+        len: 10,
+        dest_session: &stale,
+        dest_addr: b.region.addr,
+        tag: WriteTag(3),
+        cookie: 3,
+    })
+    .unwrap();
     assert!(readable(fd, 5000), "news from the side channel raises it");
     match a.t.poll_completion().map(|c| c.result) {
         Some(Err(VerbsError::Refused { .. })) => {}

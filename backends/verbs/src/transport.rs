@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteTag};
+use ferry_core::transport::wait::Wake as WakeFd;
+use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteOp};
 use ferry_hostmem::HostPool;
 
 use crate::conn::{Book, ConnState, Limits, Pool};
@@ -396,16 +397,16 @@ impl<D: Device> Transport for VerbsTransport<D> {
         }
     }
 
-    fn post_write(
-        &mut self,
-        region: Region,
-        local_offset: u64,
-        len: u64,
-        dest_session: &str,
-        dest_addr: u64,
-        _tag: WriteTag,
-        cookie: u64,
-    ) -> Result<(), VerbsError> {
+    fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), VerbsError> {
+        let WriteOp {
+            region,
+            local_offset,
+            len,
+            dest_session,
+            dest_addr,
+            cookie,
+            ..
+        } = *write;
         let fresh = {
             let mut book = self.book();
             let pool = match book.pool {
@@ -458,8 +459,10 @@ impl<D: Device> Transport for VerbsTransport<D> {
         }
         None
     }
+}
 
-    fn wake_fd(&self) -> Option<i32> {
+impl<D: Device> WakeFd for VerbsTransport<D> {
+    fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(self.events.fd())
     }
 }

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{Completion, Fault, FaultKind, Region, Transport, WriteTag};
+use ferry_core::transport::{Completion, Fault, FaultKind, Region, Transport, WriteOp, WriteTag};
 use ferry_verbs::{VerbsConfig, VerbsError, VerbsTransport};
 
 fn device() -> Option<String> {
@@ -89,15 +89,15 @@ fn random_writes_through_the_nic_arrive_byte_exact() {
         }
         for (i, &(s, n, d)) in writes.iter().enumerate() {
             let cookie = round * 100 + i as u64;
-            a.t.post_write(
-                a.region,
-                s,
-                n,
-                b.t.session_id(),
-                b.region.addr + d,
-                WriteTag(cookie),
+            a.t.post_write(&WriteOp {
+                region: a.region,
+                local_offset: s,
+                len: n,
+                dest_session: b.t.session_id(),
+                dest_addr: b.region.addr + d,
+                tag: WriteTag(cookie),
                 cookie,
-            )
+            })
             .expect("post");
         }
         for c in wait(&mut a.t, writes.len()) {
@@ -119,13 +119,29 @@ fn a_peer_that_goes_away_fails_its_writes_in_time() {
     let mut a = open(&dev);
     let b = open(&dev);
     let (peer, addr) = (b.t.session_id().to_owned(), b.region.addr);
-    a.t.post_write(a.region, 0, 4096, &peer, addr, WriteTag(1), 1)
-        .unwrap();
+    a.t.post_write(&WriteOp {
+        region: a.region,
+        local_offset: 0,
+        len: 4096,
+        dest_session: &peer,
+        dest_addr: addr,
+        tag: WriteTag(1),
+        cookie: 1,
+    })
+    .unwrap();
     assert!(wait(&mut a.t, 1)[0].result.is_ok());
     drop(b);
     let t0 = Instant::now();
-    a.t.post_write(a.region, 0, 1 << 20, &peer, addr, WriteTag(2), 2)
-        .unwrap();
+    a.t.post_write(&WriteOp {
+        region: a.region,
+        local_offset: 0,
+        len: 1 << 20,
+        dest_session: &peer,
+        dest_addr: addr,
+        tag: WriteTag(2),
+        cookie: 2,
+    })
+    .unwrap();
     let c = wait(&mut a.t, 1).remove(0);
     let e = c.result.expect_err("the peer's QP is gone");
     assert!(

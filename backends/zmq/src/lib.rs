@@ -23,6 +23,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use std::os::fd::RawFd;
+
+use ferry_core::transport::wait::WaitRecv;
 use ferry_core::transport::{
     ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, FaultKind, Incoming,
 };
@@ -448,7 +451,9 @@ impl ControlRecv for ZmqReceiver {
     ) -> Result<Option<ChannelEvent<'b>>, ZmqError> {
         self.receive(buf, wait, None)
     }
+}
 
+impl WaitRecv for ZmqReceiver {
     fn can_wake(&self) -> bool {
         true
     }
@@ -457,7 +462,7 @@ impl ControlRecv for ZmqReceiver {
         &'b mut self,
         buf: &'b mut [u8],
         wait: Duration,
-        wake: i32,
+        wake: RawFd,
     ) -> Result<Option<ChannelEvent<'b>>, ZmqError> {
         self.receive(buf, wait, Some(wake))
     }
