@@ -21,7 +21,7 @@ struct InstStore {
     requests: Vec<Option<Request>>,
     nested: Vec<u8>,
     prealloc: Vec<PreallocatedSlot>,
-    prealloc_use: Vec<Option<usize>>,
+    prealloc_use: Vec<PreallocUse>,
     transmits: Vec<Option<ferry_core::handshake::instance::Outgoing>>,
     actions: Vec<Option<Write>>,
     events: Vec<Option<InstanceEvent>>,
@@ -55,7 +55,7 @@ impl InstStore {
                 };
                 2
             ],
-            prealloc_use: vec![None; 2],
+            prealloc_use: vec![PreallocUse::FREE; 2],
             transmits: (0..32).map(|_| None).collect(),
             actions: (0..8).map(|_| None).collect(),
             events: (0..32).map(|_| None).collect(),
@@ -1126,4 +1126,47 @@ fn losing_the_coordinator_reregisters_only_an_answered_registration() {
     assert_eq!(inst.requests_held(), 0, "the staged request failed");
     let n = inst.poll_transmit(&mut buf).unwrap().unwrap();
     assert!(buf[..n].starts_with(br#"{"msg_type":"transfer_register""#));
+}
+
+#[test]
+fn a_gated_receiver_holds_a_slot_it_refuses_until_late_bytes_could_have_come() {
+    gated_world!(w, 3);
+    // A manifest larger than its slot: the receiver must refuse it, but on
+    // a data plane whose completions do not mean delivery the bytes may
+    // still be on their way into the preallocated slot.
+    let (token, _) = w.insts[0].stage("big", 6 * KIB).unwrap();
+    let dims = [64 * KIB];
+    let entries = [TensorEntry {
+        field: "x".into(),
+        list_index: None,
+        offset: 0,
+        shape: Shape::Dims(&dims),
+        dtype: "uint8".into(),
+    }];
+    w.insts[0]
+        .commit(
+            w.now,
+            token,
+            6 * KIB,
+            &Manifest::Entries(&entries),
+            RawJson::EMPTY_OBJECT,
+        )
+        .unwrap();
+    w.pump();
+    assert_eq!(w.sent(MsgType::Ready), 1);
+    // Refused, but not yet reported: the slot stays out of use.
+    assert_eq!(w.sent(MsgType::Done), 0);
+    assert_eq!(w.insts[1].prealloc_in_use(), 1);
+    assert_eq!(w.coord.prealloc_taken(), 1);
+    // Once the landing limit and a quarantine have passed, the refusal goes
+    // out and the coordinator may reuse the slot.
+    w.advance(7);
+    assert_eq!(w.sent(MsgType::Done), 0);
+    w.advance(1);
+    assert_eq!(
+        error_sent(&w, "transfer_done"),
+        "manifest does not fit the slot"
+    );
+    assert_eq!(w.failed(), vec![FailReason::ReceiverError]);
+    w.assert_clean();
 }

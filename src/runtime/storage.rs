@@ -11,7 +11,7 @@ use ferry_core::handshake::coordinator::{
 };
 use ferry_core::handshake::instance::{
     Instance, InstanceConfig, InstanceError, InstanceEvent, InstanceStorage,
-    Outgoing as InstanceOutgoing, Request, Write,
+    Outgoing as InstanceOutgoing, PreallocUse, Request, Write,
 };
 use ferry_core::handshake::{Instant, Tombstone};
 use ferry_core::slots::{Buddy, BuddyConfig, BuddyError};
@@ -59,7 +59,7 @@ pub struct InstanceStore {
     requests: Vec<Option<Request>>,
     nested: Vec<u8>,
     prealloc: Vec<PreallocatedSlot>,
-    prealloc_use: Vec<Option<usize>>,
+    prealloc_use: Vec<PreallocUse>,
     transmits: Vec<Option<InstanceOutgoing>>,
     actions: Vec<Option<Write>>,
     events: Vec<Option<InstanceEvent>>,
@@ -93,7 +93,7 @@ impl InstanceStore {
             requests: slots(n),
             nested: vec![0; n * limits.nested_per_request],
             prealloc: vec![empty; prealloc],
-            prealloc_use: vec![None; prealloc],
+            prealloc_use: vec![PreallocUse::FREE; prealloc],
             // Per request at most a few messages and events are queued
             // at once (staged, allocated or reject, pushed, done).
             transmits: slots(4 * n + 8),

@@ -258,7 +258,7 @@ struct Store {
     requests: Vec<Option<Request>>,
     nested: Vec<u8>,
     prealloc: Vec<PreallocatedSlot>,
-    prealloc_use: Vec<Option<usize>>,
+    prealloc_use: Vec<PreallocUse>,
     transmits: Vec<Option<ferry_core::handshake::instance::Outgoing>>,
     actions: Vec<Option<Write>>,
     events: Vec<Option<InstanceEvent>>,
@@ -281,7 +281,7 @@ fn store() -> Store {
             };
             1
         ],
-        prealloc_use: vec![None; 1],
+        prealloc_use: vec![PreallocUse::FREE; 1],
         transmits: (0..64).map(|_| None).collect(),
         actions: (0..8).map(|_| None).collect(),
         events: (0..64).map(|_| None).collect(),

@@ -83,9 +83,12 @@ enum Kind {
     /// Receiver: the application holds the data.
     Delivered { held: Held, aborted: bool },
     /// A slot out of use until a possible late write has landed; `report`:
-    /// then tell the coordinator the transfer failed (its write never
-    /// landed), which is when it may reuse a preallocated slot.
-    Quarantined { held: Held, report: bool },
+    /// then tell the coordinator the transfer failed, and why, which is when
+    /// it may reuse a preallocated slot.
+    Quarantined {
+        held: Held,
+        report: Option<&'static str>,
+    },
 }
 
 impl Kind {
@@ -116,6 +119,37 @@ pub struct Request {
 pub struct Token {
     index: usize,
     seq: u64,
+}
+
+/// What holds a preallocated receive slot: one per slot, in caller storage
+/// ([`InstanceStorage::prealloc_use`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PreallocUse(Use);
+
+#[derive(Clone, Copy, Debug, Default)]
+enum Use {
+    #[default]
+    Free,
+    /// A request record (delivered, landing or quarantined).
+    Request,
+    /// A transfer refused on a data plane whose completions do not mean
+    /// delivery, without a request record to hold it (the table was full):
+    /// its bytes may still land, so the slot sits out until `until`, then
+    /// the refusal goes to the coordinator (if `report` says why).
+    Refused {
+        id: RequestId,
+        until: Instant,
+        report: Option<&'static str>,
+    },
+}
+
+impl PreallocUse {
+    /// Free.
+    pub const FREE: Self = Self(Use::Free);
+
+    fn is_free(&self) -> bool {
+        matches!(self.0, Use::Free)
+    }
 }
 
 /// The reason a transfer whose write never landed is refused with.
@@ -324,7 +358,7 @@ pub struct InstanceStorage<'s> {
     /// Preallocated receive slots (as many as `InstanceConfig::prealloc`).
     pub prealloc: &'s mut [PreallocatedSlot],
     /// Who uses each preallocated slot.
-    pub prealloc_use: &'s mut [Option<usize>],
+    pub prealloc_use: &'s mut [PreallocUse],
     /// Messages not yet polled.
     pub transmits: &'s mut [Option<Outgoing>],
     /// Writes not yet polled.
@@ -373,7 +407,7 @@ pub struct Instance<'s> {
     nested: &'s mut [u8],
     chunk: usize,
     prealloc: &'s mut [PreallocatedSlot],
-    prealloc_use: &'s mut [Option<usize>],
+    prealloc_use: &'s mut [PreallocUse],
     transmits: Ring<'s, Outgoing>,
     actions: Ring<'s, Write>,
     events: Ring<'s, InstanceEvent>,
@@ -427,7 +461,9 @@ impl<'s> Instance<'s> {
         }
         let requests = s.requests;
         requests.iter_mut().for_each(|r| *r = None);
-        s.prealloc_use.iter_mut().for_each(|u| *u = None);
+        s.prealloc_use
+            .iter_mut()
+            .for_each(|u| *u = PreallocUse::FREE);
         let chunk = s.nested.len() / requests.len().max(1);
         let me = Self {
             role: Text::new(config.role).map_err(|_| InstanceError::NameTooLong)?,
@@ -478,6 +514,11 @@ impl<'s> Instance<'s> {
     pub fn reregister(&mut self, now: Instant) {
         self.registered = false;
         self.refused = false;
+        for u in self.prealloc_use.iter_mut() {
+            if let Use::Refused { report, .. } = &mut u.0 {
+                *report = None;
+            }
+        }
         self.register_due = true;
         self.register_at = now + self.config.register_retry;
         while self.transmits.pop().is_some() {}
@@ -507,14 +548,29 @@ impl<'s> Instance<'s> {
                 // wants no report.
                 Kind::Reserved { slot } => {
                     self.tombstone(r.id, Side::Recv);
-                    self.quarantine(index, (r.id, r.seq), Held::Pool(slot), now, false);
+                    self.quarantine(
+                        index,
+                        (r.id, r.seq),
+                        Held::Pool(slot),
+                        now + self.config.quarantine,
+                        None,
+                    );
                     continue;
                 }
                 Kind::Landing { held, .. } => {
                     self.tombstone(r.id, Side::Recv);
-                    self.quarantine(index, (r.id, r.seq), held, now, false);
+                    self.quarantine(
+                        index,
+                        (r.id, r.seq),
+                        held,
+                        now + self.config.quarantine,
+                        None,
+                    );
                     continue;
                 }
+                // A new coordinator wants no report of what the old one
+                // relayed.
+                Kind::Quarantined { held, .. } => Kind::Quarantined { held, report: None },
                 Kind::Delivered { held, aborted } => {
                     if !aborted {
                         self.event(InstanceEvent::Aborted(token));
@@ -566,7 +622,7 @@ impl<'s> Instance<'s> {
 
     /// Preallocated slots in use.
     pub fn prealloc_in_use(&self) -> usize {
-        self.prealloc_use.iter().flatten().count()
+        self.prealloc_use.iter().filter(|u| !u.is_free()).count()
     }
 
     /// The pool range (offset, size) this instance holds for request `id`,
@@ -629,14 +685,14 @@ impl<'s> Instance<'s> {
         index: usize,
         (id, seq): (RequestId, u64),
         held: Held,
-        now: Instant,
-        report: bool,
+        until: Instant,
+        report: Option<&'static str>,
     ) {
         self.requests[index] = Some(Request {
             id,
             seq,
             kind: Kind::Quarantined { held, report },
-            deadline: Some(now + self.config.quarantine),
+            deadline: Some(until),
             manifest_len: 0,
             scalars_len: 0,
         });
@@ -684,7 +740,7 @@ impl<'s> Instance<'s> {
             }
             Held::Prealloc(i) => {
                 if let Some(u) = self.prealloc_use.get_mut(i) {
-                    *u = None;
+                    *u = PreallocUse::FREE;
                 }
             }
         }
@@ -1088,7 +1144,7 @@ impl<'s> Instance<'s> {
             .prealloc
             .iter()
             .position(|s| s.offset == slot_offset)
-            .filter(|&p| self.prealloc_use[p].is_none());
+            .filter(|&p| self.prealloc_use[p].is_free());
         let mut found = self.find(id, Side::Recv);
         if let (Some(i), Some(_)) = (found, free_prealloc) {
             // A slot reserved by a duplicated `transfer_alloc` that the
@@ -1123,7 +1179,7 @@ impl<'s> Instance<'s> {
             None => {
                 let p = self.prealloc.iter().position(|s| s.offset == slot_offset);
                 match p {
-                    Some(p) if self.prealloc_use[p].is_none() => (None, self.prealloc[p].size),
+                    Some(p) if self.prealloc_use[p].is_free() => (None, self.prealloc[p].size),
                     Some(_) => return Err(Ignored::WrongState),
                     None => return Err(Ignored::UnknownRequest),
                 }
@@ -1141,10 +1197,7 @@ impl<'s> Instance<'s> {
                     .ok_or(Ignored::UnknownRequest)?;
                 if !fits {
                     // Nothing to free: the slot is the coordinator's to give back.
-                    self.done(
-                        rid,
-                        Some(Reason::truncated("manifest does not fit the slot")),
-                    );
+                    self.refuse_prealloc(now, p, rid, "manifest does not fit the slot");
                     return Ok(());
                 }
                 match self.insert(
@@ -1156,11 +1209,11 @@ impl<'s> Instance<'s> {
                     None,
                 ) {
                     Ok(t) => {
-                        self.prealloc_use[p] = Some(t.index);
+                        self.prealloc_use[p] = PreallocUse(Use::Request);
                         t.index
                     }
                     Err(_) => {
-                        self.done(rid, Some(Reason::truncated("instance request table full")));
+                        self.refuse_prealloc(now, p, rid, "instance request table full");
                         return Ok(());
                     }
                 }
@@ -1171,13 +1224,22 @@ impl<'s> Instance<'s> {
         };
         let held = match r.kind {
             Kind::Reserved { slot } if !fits => {
-                // The write is done (the coordinator saw `transfer_pushed`):
-                // the slot can go at once.
-                let _ = self.pool.free(slot);
-                self.done(
-                    r.id,
-                    Some(Reason::truncated("manifest does not fit the slot")),
-                );
+                const WHY: &str = "manifest does not fit the slot";
+                match self.config.landing {
+                    // The write may still be landing: the slot sits out the
+                    // time it may take, then the refusal goes out.
+                    Some(limit) => {
+                        self.tombstone(r.id, Side::Recv);
+                        let until = now + limit + self.config.quarantine;
+                        self.quarantine(index, (r.id, r.seq), Held::Pool(slot), until, Some(WHY));
+                    }
+                    // The write is done (the coordinator saw
+                    // `transfer_pushed`): the slot can go at once.
+                    None => {
+                        let _ = self.pool.free(slot);
+                        self.done(r.id, Some(Reason::truncated(WHY)));
+                    }
+                }
                 return Ok(());
             }
             Kind::Reserved { slot } => Held::Pool(slot),
@@ -1227,6 +1289,25 @@ impl<'s> Instance<'s> {
             self.event(InstanceEvent::Received(Token { index, seq }));
         }
         Ok(())
+    }
+
+    /// Refuses a `transfer_ready` into preallocated slot `p` that no request
+    /// record holds. Where completions mean delivery the write is done and
+    /// the coordinator may reuse the slot at once; elsewhere the bytes may
+    /// still come, so the slot is held (without a record: the table may be
+    /// full) for as long as they may take, and the refusal goes out then.
+    fn refuse_prealloc(&mut self, now: Instant, p: usize, id: RequestId, why: &'static str) {
+        match self.config.landing {
+            Some(limit) => {
+                self.tombstone(id, Side::Recv);
+                self.prealloc_use[p] = PreallocUse(Use::Refused {
+                    id,
+                    until: now + limit + self.config.quarantine,
+                    report: Some(why),
+                });
+            }
+            None => self.done(id, Some(Reason::truncated(why))),
+        }
     }
 
     /// The data plane reports that the write tagged `tag` has landed in
@@ -1310,7 +1391,13 @@ impl<'s> Instance<'s> {
                 // before it reuses a preallocated slot).
                 if let Some(r) = self.requests[index].take() {
                     if let Kind::Landing { held, .. } = r.kind {
-                        self.quarantine(index, (r.id, r.seq), held, now, true);
+                        self.quarantine(
+                            index,
+                            (r.id, r.seq),
+                            held,
+                            now + self.config.quarantine,
+                            Some(NEVER_LANDED),
+                        );
                     }
                 }
             }
@@ -1329,7 +1416,13 @@ impl<'s> Instance<'s> {
                 // A write may still land here: quarantine the slot.
                 if let Some(r) = self.requests[index].take() {
                     if let Kind::Reserved { slot } = r.kind {
-                        self.quarantine(index, (r.id, r.seq), Held::Pool(slot), now, false);
+                        self.quarantine(
+                            index,
+                            (r.id, r.seq),
+                            Held::Pool(slot),
+                            now + self.config.quarantine,
+                            None,
+                        );
                     }
                 }
             }
@@ -1342,11 +1435,16 @@ impl<'s> Instance<'s> {
     /// When [`handle_timeout`](Self::handle_timeout) must be called next.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let register = (!self.registered).then_some(self.register_at);
+        let refused = self.prealloc_use.iter().filter_map(|u| match u.0 {
+            Use::Refused { until, .. } => Some(until),
+            _ => None,
+        });
         self.requests
             .iter()
             .flatten()
             .filter_map(|r| r.deadline)
             .chain(register)
+            .chain(refused)
             .min()
     }
 
@@ -1356,6 +1454,19 @@ impl<'s> Instance<'s> {
         if !self.registered && self.register_at <= now {
             self.register_at = now + self.config.register_retry;
             self.register_due = true;
+        }
+        for p in 0..self.prealloc_use.len() {
+            if let Use::Refused { id, until, report } = self.prealloc_use[p].0 {
+                if until <= now {
+                    self.prealloc_use[p] = PreallocUse::FREE;
+                    if let Some(why) = report {
+                        self.send(OutMsg::Done {
+                            id,
+                            error: Some(Reason::truncated(why)),
+                        });
+                    }
+                }
+            }
         }
         for i in 0..self.requests.len() {
             let due = self.requests[i]
@@ -1378,7 +1489,13 @@ impl<'s> Instance<'s> {
                     // Never told the outcome: a write may still come.
                     self.stats.timed_out += 1;
                     self.tombstone(r.id, Side::Recv);
-                    self.quarantine(i, (r.id, r.seq), Held::Pool(slot), now, false);
+                    self.quarantine(
+                        i,
+                        (r.id, r.seq),
+                        Held::Pool(slot),
+                        now + self.config.quarantine,
+                        None,
+                    );
                 }
                 Kind::Landing { held, .. } => {
                     // Announced ready, but the bytes did not arrive in time:
@@ -1386,14 +1503,20 @@ impl<'s> Instance<'s> {
                     // after which the coordinator hears of the failure.
                     self.stats.never_landed += 1;
                     self.tombstone(r.id, Side::Recv);
-                    self.quarantine(i, (r.id, r.seq), held, now, true);
+                    self.quarantine(
+                        i,
+                        (r.id, r.seq),
+                        held,
+                        now + self.config.quarantine,
+                        Some(NEVER_LANDED),
+                    );
                 }
                 Kind::Quarantined { held, report } => {
                     self.free_held(held);
-                    if report {
+                    if let Some(why) = report {
                         self.send(OutMsg::Done {
                             id: r.id,
-                            error: Some(Reason::truncated(NEVER_LANDED)),
+                            error: Some(Reason::truncated(why)),
                         });
                     }
                 }
