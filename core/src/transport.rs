@@ -52,9 +52,7 @@ impl FaultKind {
             Self::Io => "i/o error",
         }
     }
-}
 
-impl FaultKind {
     /// What kind of failure an errno (Linux's numbering, positive; also
     /// libfabric's `FI_E*` values, which equal them) is, for an error that
     /// concerns one peer or one write. The RDMA data planes classify by

@@ -789,7 +789,8 @@ where
                 shared.drive(&mut st, now);
                 let next = st.machine.read(|m| m.poll_timeout());
                 // Without a wake descriptor, completions are polled for.
-                let landing = st.machine.read(|m| m.awaiting_landing().next().is_some());
+                // What `land` found waiting last time (it runs every turn).
+                let landing = !self.landing.is_empty();
                 let cap = if self.wake.is_some() || (self.in_flight == 0 && !landing) {
                     MAX_WAIT
                 } else {

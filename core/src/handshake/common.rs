@@ -146,9 +146,8 @@ impl<const N: usize> Text<N> {
         t
     }
 
-    /// Appends as much of `s` as fits, cut at a character boundary; true
-    /// if all of it did.
-    fn push_truncated(&mut self, s: &str) -> bool {
+    /// Appends as much of `s` as fits, cut at a character boundary.
+    fn push_truncated(&mut self, s: &str) {
         let room = N - self.len;
         let mut take = s.len().min(room);
         while !s.is_char_boundary(take) {
@@ -156,7 +155,6 @@ impl<const N: usize> Text<N> {
         }
         self.buf[self.len..self.len + take].copy_from_slice(&s.as_bytes()[..take]);
         self.len += take;
-        take == s.len()
     }
 
     /// The decoded value of `s`.
