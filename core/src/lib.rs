@@ -1,7 +1,8 @@
 //! ferry-core: the allocation-free heart of ferry.
 //!
-//! This crate is `#![no_std]` and never allocates. It holds what every ferry
-//! process shares regardless of fabric:
+//! This crate is `#![no_std]` and, without its `alloc` feature, never
+//! allocates. It holds what every ferry process shares regardless of
+//! fabric:
 //!
 //! * [`json`]: a bounded, iterative JSON lexer and the Python-compatible
 //!   writer that the wire codec is built on;
@@ -12,7 +13,10 @@
 //!   layout and manifest checks, preallocated receive slots, capacity;
 //! * [`handshake`]: the coordinator's and the instances' state machines;
 //! * [`transport`]: the seams to the outside: the data plane's `Transport`
-//!   and the `ControlChannel`.
+//!   and the `ControlChannel`;
+//! * [`managed`]: the tables the machines keep, borrowed from the caller
+//!   or, with the `alloc` feature, owned (`InstanceStorage::owned`,
+//!   `CoordinatorStorage::owned`, sized by `handshake::Limits`).
 //!
 //! Everything here is sans-IO: bytes come in as slices, bytes go out into
 //! caller buffers, and a buffer that is too small is reported with the size
@@ -22,11 +26,14 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "alloc")]
+extern crate alloc;
 #[cfg(feature = "std")]
 extern crate std;
 
 pub mod handshake;
 pub mod json;
+pub mod managed;
 pub mod slots;
 pub mod transport;
 pub mod wire;

@@ -5,28 +5,15 @@ use std::time::Duration;
 
 use ferry_core::handshake::coordinator::*;
 use ferry_core::handshake::instance::*;
-use ferry_core::handshake::{Ignored, Instant, PeerId, RequestId, Tombstone, REASON_LEN};
+use ferry_core::handshake::{Ignored, Instant, Limits, PeerId, RequestId, REASON_LEN};
 use ferry_core::json::RawJson;
-use ferry_core::slots::{Buddy, BuddyConfig};
+use ferry_core::slots::BuddyConfig;
 use ferry_core::transport::WriteTag;
-use ferry_core::wire::{decode, Manifest, Msg, MsgType, PreallocatedSlot, Shape, TensorEntry};
+use ferry_core::wire::{decode, Manifest, Msg, MsgType, Shape, TensorEntry};
 
 const KIB: u64 = 1024;
 const MS: u64 = 1_000_000;
 const PIPELINE: [&str; 2] = ["encoder", "denoiser"];
-
-struct InstStore {
-    tree: Vec<u8>,
-    gens: Vec<u32>,
-    requests: Vec<Option<Request>>,
-    nested: Vec<u8>,
-    prealloc: Vec<PreallocatedSlot>,
-    prealloc_use: Vec<PreallocUse>,
-    transmits: Vec<Option<ferry_core::handshake::instance::Outgoing>>,
-    actions: Vec<Option<Write>>,
-    events: Vec<Option<InstanceEvent>>,
-    tombstones: Vec<Tombstone>,
-}
 
 const POOL: BuddyConfig = BuddyConfig {
     pool_size: 64 * KIB,
@@ -34,61 +21,13 @@ const POOL: BuddyConfig = BuddyConfig {
     pool_id: 0,
 };
 
-impl InstStore {
-    fn new() -> Self {
-        Self::with_pool(POOL)
-    }
-
-    fn with_pool(pool: BuddyConfig) -> Self {
-        let (nodes, gens) = Buddy::storage_needed(&pool).unwrap();
-        InstStore {
-            tree: vec![0; nodes],
-            gens: vec![0; gens],
-            requests: (0..8).map(|_| None).collect(),
-            nested: vec![0; 8 * 512],
-            prealloc: vec![
-                PreallocatedSlot {
-                    offset: 0,
-                    size: 0,
-                    slot_id: 0,
-                    addr: 0
-                };
-                2
-            ],
-            prealloc_use: vec![PreallocUse::FREE; 2],
-            transmits: (0..32).map(|_| None).collect(),
-            actions: (0..8).map(|_| None).collect(),
-            events: (0..32).map(|_| None).collect(),
-            tombstones: vec![Tombstone::EMPTY; 16],
-        }
-    }
-}
-
-struct CoordStore {
-    members: Vec<Option<Member<4>>>,
-    transfers: Vec<Option<Transfer>>,
-    nested: Vec<u8>,
-    transmits: Vec<Option<ferry_core::handshake::coordinator::Outgoing>>,
-    events: Vec<Option<CoordinatorEvent>>,
-    parked: Vec<Option<Parked>>,
-    finished: Vec<Tombstone>,
-    queue: Vec<Option<Queued>>,
-}
-
-impl CoordStore {
-    fn new(transfers: usize) -> Self {
-        CoordStore {
-            members: (0..4).map(|_| None).collect(),
-            transfers: (0..transfers).map(|_| None).collect(),
-            nested: vec![0; transfers * 512],
-            transmits: (0..64).map(|_| None).collect(),
-            events: (0..64).map(|_| None).collect(),
-            parked: (0..8).map(|_| None).collect(),
-            finished: vec![Tombstone::EMPTY; 64],
-            queue: (0..2 * transfers).map(|_| None).collect(),
-        }
-    }
-}
+/// The instances' table sizes (their queues are sized from them).
+const LIMITS: Limits = Limits {
+    requests: 8,
+    nested_per_request: 512,
+    tombstones: 16,
+    members: 4,
+};
 
 const TIMEOUTS: Timeouts = Timeouts {
     queued: Duration::from_millis(100),
@@ -97,11 +36,12 @@ const TIMEOUTS: Timeouts = Timeouts {
     done: Duration::from_millis(10),
 };
 
-fn coordinator(store: &mut CoordStore) -> Coordinator<'_, 4> {
-    coordinator_for(store, &PIPELINE)
+/// A coordinator with room for `transfers` transfers.
+fn coordinator(transfers: usize) -> Coordinator<'static, 4> {
+    coordinator_for(transfers, &PIPELINE)
 }
 
-fn coordinator_for<'s>(store: &'s mut CoordStore, pipeline: &'s [&'s str]) -> Coordinator<'s, 4> {
+fn coordinator_for(transfers: usize, pipeline: &[&str]) -> Coordinator<'static, 4> {
     let config = CoordinatorConfig {
         pipeline,
         policy: Policy::RoundRobin,
@@ -112,39 +52,29 @@ fn coordinator_for<'s>(store: &'s mut CoordStore, pipeline: &'s [&'s str]) -> Co
         quarantine: Duration::from_millis(5),
         late_done_wait: Duration::from_millis(50),
     };
-    Coordinator::new(
-        config,
-        CoordinatorStorage {
-            members: &mut store.members,
-            transfers: &mut store.transfers,
-            nested: &mut store.nested,
-            transmits: &mut store.transmits,
-            events: &mut store.events,
-            parked: &mut store.parked,
-            queue: &mut store.queue,
-            finished: &mut store.finished,
-        },
-    )
-    .unwrap()
+    let limits = Limits {
+        requests: transfers,
+        tombstones: 64,
+        ..LIMITS
+    };
+    Coordinator::new(config, CoordinatorStorage::owned(&limits)).unwrap()
 }
 
-fn instance<'s>(
-    store: &'s mut InstStore,
+fn instance(
     role: &'static str,
     session: &'static str,
     endpoint: &'static str,
-) -> Instance<'s> {
-    instance_with(store, role, session, endpoint, POOL, None)
+) -> Instance<'static> {
+    instance_with(role, session, endpoint, POOL, None)
 }
 
-fn instance_with<'s>(
-    store: &'s mut InstStore,
+fn instance_with(
     role: &'static str,
     session: &'static str,
     endpoint: &'static str,
     pool: BuddyConfig,
     landing: Option<Duration>,
-) -> Instance<'s> {
+) -> Instance<'static> {
     let config = InstanceConfig {
         role,
         session_id: session,
@@ -158,23 +88,8 @@ fn instance_with<'s>(
         quarantine: Duration::from_millis(5),
         landing,
     };
-    Instance::new(
-        Instant(0),
-        config,
-        InstanceStorage {
-            tree: &mut store.tree,
-            generations: &mut store.gens,
-            requests: &mut store.requests,
-            nested: &mut store.nested,
-            prealloc: &mut store.prealloc,
-            prealloc_use: &mut store.prealloc_use,
-            transmits: &mut store.transmits,
-            actions: &mut store.actions,
-            events: &mut store.events,
-            tombstones: &mut store.tombstones,
-        },
-    )
-    .unwrap()
+    let storage = InstanceStorage::owned(&LIMITS, &pool, 2).unwrap();
+    Instance::new(Instant(0), config, storage).unwrap()
 }
 
 /// A coordinator and instances (instance `i` is peer `i + 1`), joined by a
@@ -380,13 +295,11 @@ impl<'s> World<'s> {
 
 macro_rules! world {
     ($w:ident, $transfers:expr) => {
-        let mut cs = CoordStore::new($transfers);
-        let (mut s0, mut s1) = (InstStore::new(), InstStore::new());
         let insts = vec![
-            instance(&mut s0, "encoder", "enc-0", "tcp://enc:1"),
-            instance(&mut s1, "denoiser", "den-0", "tcp://den:1"),
+            instance("encoder", "enc-0", "tcp://enc:1"),
+            instance("denoiser", "den-0", "tcp://den:1"),
         ];
-        let mut $w = World::new(coordinator(&mut cs), insts);
+        let mut $w = World::new(coordinator($transfers), insts);
         assert!($w.insts.iter().all(Instance::is_registered));
     };
 }
@@ -488,13 +401,11 @@ fn a_size_no_pool_can_hold_is_rejected_for_good() {
         pool_size: 256 * KIB,
         ..POOL
     };
-    let mut cs = CoordStore::new(8);
-    let (mut s0, mut s1) = (InstStore::with_pool(big_pool), InstStore::new());
     let insts = vec![
-        instance_with(&mut s0, "encoder", "enc-0", "tcp://enc:1", big_pool, None),
-        instance(&mut s1, "denoiser", "den-0", "tcp://den:1"),
+        instance_with("encoder", "enc-0", "tcp://enc:1", big_pool, None),
+        instance("denoiser", "den-0", "tcp://den:1"),
     ];
-    let mut w = World::new(coordinator(&mut cs), insts);
+    let mut w = World::new(coordinator(8), insts);
     w.stage(0, "r", 128 * KIB);
     assert_eq!(w.failed(), vec![FailReason::Rejected]);
     assert_eq!(w.sent(MsgType::AllocReject), 1);
@@ -522,11 +433,9 @@ fn a_failed_write_fails_the_request() {
 
 #[test]
 fn queue_timeout_without_receivers() {
-    let mut cs = CoordStore::new(8);
-    let mut s0 = InstStore::new();
     let mut w = World::new(
-        coordinator(&mut cs),
-        vec![instance(&mut s0, "encoder", "enc-0", "tcp://enc:1")],
+        coordinator(8),
+        vec![instance("encoder", "enc-0", "tcp://enc:1")],
     );
     w.stage(0, "lonely", KIB);
     w.advance(99);
@@ -653,17 +562,15 @@ fn receiver_error_in_done_fails_the_request() {
 
 #[test]
 fn re_registration_fails_in_flight_transfers() {
-    let mut cs = CoordStore::new(8);
-    let (mut s0, mut s1, mut s2) = (InstStore::new(), InstStore::new(), InstStore::new());
     let insts = vec![
-        instance(&mut s0, "encoder", "enc-0", "tcp://enc:1"),
-        instance(&mut s1, "denoiser", "den-0", "tcp://den:1"),
+        instance("encoder", "enc-0", "tcp://enc:1"),
+        instance("denoiser", "den-0", "tcp://den:1"),
     ];
-    let mut w = World::new(coordinator(&mut cs), insts);
+    let mut w = World::new(coordinator(8), insts);
     w.writes = None;
     w.stage(0, "r", 20 * KIB);
     // The denoiser restarts with a new session on the same endpoint.
-    w.insts[1] = instance(&mut s2, "denoiser", "den-1", "tcp://den:1");
+    w.insts[1] = instance("denoiser", "den-1", "tcp://den:1");
     w.pump();
     assert_eq!(w.failed(), vec![FailReason::PeerGone]);
     assert!(w.coord_events.contains(&CoordinatorEvent::Registered {
@@ -777,15 +684,12 @@ fn a_full_transfer_table_is_answered_on_the_wire() {
 
 #[test]
 fn unknown_roles_and_bad_slots_are_refused_at_registration() {
-    let mut cs = CoordStore::new(8);
-    let (mut s0, mut s1) = (InstStore::new(), InstStore::new());
     let mut w = World::new(
-        coordinator(&mut cs),
-        vec![instance(&mut s0, "painter", "p-0", "tcp://p:1")],
+        coordinator(8),
+        vec![instance("painter", "p-0", "tcp://p:1")],
     );
     assert!(!w.insts[0].is_registered());
     assert!(w.inst_events.contains(&(0, InstanceEvent::Refused)));
-    let _ = &mut s1;
     let reg = br#"{"msg_type":"transfer_register","role":"denoiser","session_id":"d","pool_ptr":4096,"pool_size":8192,"work_endpoint":"tcp://d:1","preallocated_slots":[{"offset":4096,"size":8192,"slot_id":0,"addr":8192}]}"#;
     assert_eq!(
         w.coord.handle(w.now, PeerId(5), &decode(reg).unwrap()),
@@ -823,14 +727,12 @@ fn a_ready_the_receiver_cannot_take_is_answered_and_its_duplicate_ignored() {
 #[test]
 fn one_request_id_passes_through_every_leg() {
     const THREE: [&str; 3] = ["encoder", "denoiser", "decoder"];
-    let mut cs = CoordStore::new(8);
-    let (mut s0, mut s1, mut s2) = (InstStore::new(), InstStore::new(), InstStore::new());
     let insts = vec![
-        instance(&mut s0, "encoder", "enc-0", "tcp://enc:1"),
-        instance(&mut s1, "denoiser", "den-0", "tcp://den:1"),
-        instance(&mut s2, "decoder", "dec-0", "tcp://dec:1"),
+        instance("encoder", "enc-0", "tcp://enc:1"),
+        instance("denoiser", "den-0", "tcp://den:1"),
+        instance("decoder", "dec-0", "tcp://dec:1"),
     ];
-    let mut w = World::new(coordinator_for(&mut cs, &THREE), insts);
+    let mut w = World::new(coordinator_for(8, &THREE), insts);
     w.stage(0, "r1", 6 * KIB);
     let [input] = w.received(1)[..] else {
         panic!("{:?}", w.inst_events)
@@ -937,12 +839,9 @@ fn losing_the_coordinator_ends_what_it_relayed() {
 /// land, at most `$landing` ms.
 macro_rules! gated_world {
     ($w:ident, $landing:expr) => {
-        let mut cs = CoordStore::new(8);
-        let (mut s0, mut s1) = (InstStore::new(), InstStore::new());
         let insts = vec![
-            instance(&mut s0, "encoder", "enc-0", "tcp://enc:1"),
+            instance("encoder", "enc-0", "tcp://enc:1"),
             instance_with(
-                &mut s1,
                 "denoiser",
                 "den-0",
                 "tcp://den:1",
@@ -950,7 +849,7 @@ macro_rules! gated_world {
                 Some(Duration::from_millis($landing)),
             ),
         ];
-        let mut $w = World::new(coordinator(&mut cs), insts);
+        let mut $w = World::new(coordinator(8), insts);
         assert!($w.insts.iter().all(Instance::is_registered));
     };
 }
@@ -1088,8 +987,7 @@ fn write_cookies_are_tokens_and_a_stale_one_is_refused() {
 
 #[test]
 fn losing_the_coordinator_reregisters_only_an_answered_registration() {
-    let mut s0 = InstStore::new();
-    let mut inst = instance(&mut s0, "encoder", "enc-0", "tcp://enc:1");
+    let mut inst = instance("encoder", "enc-0", "tcp://enc:1");
     let mut buf = vec![0u8; 4096];
     assert_eq!(inst.registration(), Registration::Pending);
     let n = inst.poll_transmit(&mut buf).unwrap().unwrap();

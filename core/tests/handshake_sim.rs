@@ -25,11 +25,11 @@ use std::time::Duration;
 
 use ferry_core::handshake::coordinator::*;
 use ferry_core::handshake::instance::*;
-use ferry_core::handshake::{Instant, PeerId, Tombstone};
+use ferry_core::handshake::{Instant, Limits, PeerId};
 use ferry_core::json::RawJson;
-use ferry_core::slots::{Buddy, BuddyConfig};
+use ferry_core::slots::BuddyConfig;
 use ferry_core::transport::WriteTag;
-use ferry_core::wire::{decode, Manifest, Msg, PreallocatedSlot, Shape, TensorEntry};
+use ferry_core::wire::{decode, Manifest, Msg, Shape, TensorEntry};
 
 const ROLES: [&str; 3] = ["encoder", "denoiser", "decoder"];
 const PER_ROLE: usize = 2;
@@ -147,57 +147,8 @@ enum Ev {
     },
 }
 
-struct InstStore {
-    tree: Vec<u8>,
-    gens: Vec<u32>,
-    requests: Vec<Option<Request>>,
-    nested: Vec<u8>,
-    prealloc: Vec<PreallocatedSlot>,
-    prealloc_use: Vec<PreallocUse>,
-    transmits: Vec<Option<ferry_core::handshake::instance::Outgoing>>,
-    actions: Vec<Option<Write>>,
-    events: Vec<Option<InstanceEvent>>,
-    tombstones: Vec<Tombstone>,
-    session: String,
-    endpoint: String,
-}
-
-impl InstStore {
-    fn new() -> Self {
-        let cfg = BuddyConfig {
-            pool_size: POOL,
-            min_block: MIN_BLOCK,
-            pool_id: 0,
-        };
-        let (nodes, gens) = Buddy::storage_needed(&cfg).unwrap();
-        let r = 48;
-        InstStore {
-            tree: vec![0; nodes],
-            gens: vec![0; gens],
-            requests: (0..r).map(|_| None).collect(),
-            nested: vec![0; r * 512],
-            prealloc: vec![
-                PreallocatedSlot {
-                    offset: 0,
-                    size: 0,
-                    slot_id: 0,
-                    addr: 0
-                };
-                PREALLOC.0
-            ],
-            prealloc_use: vec![PreallocUse::FREE; PREALLOC.0],
-            transmits: (0..4 * r).map(|_| None).collect(),
-            actions: (0..r).map(|_| None).collect(),
-            events: (0..4 * r).map(|_| None).collect(),
-            tombstones: vec![Default::default(); 256],
-            session: String::new(),
-            endpoint: String::new(),
-        }
-    }
-}
-
-struct Node<'s> {
-    inst: Option<Instance<'s>>,
+struct Node {
+    inst: Option<Instance<'static>>,
     inc: u32,
     pool: Vec<u8>,
     session: String,
@@ -261,39 +212,14 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
         + ns(timeouts.done)
         + 10 * MS;
 
-    let r = 256;
-    let mut c_members: Vec<Option<Member<4>>> = (0..N + 2).map(|_| None).collect();
-    let mut c_transfers: Vec<Option<Transfer>> = (0..r).map(|_| None).collect();
-    let mut c_nested = vec![0u8; r * 512];
-    let mut c_tx: Vec<Option<ferry_core::handshake::coordinator::Outgoing>> =
-        (0..4 * r + 4 * N).map(|_| None).collect();
-    let mut c_ev: Vec<Option<CoordinatorEvent>> = (0..4 * r).map(|_| None).collect();
-    let mut c_parked: Vec<Option<Parked>> = (0..4 * N).map(|_| None).collect();
-    let mut c_finished = vec![Tombstone::EMPTY; 1024];
-    let mut c_queue: Vec<Option<Queued>> = (0..2 * r).map(|_| None).collect();
-    let mut coord = Coordinator::<4>::new(
-        cconfig,
-        CoordinatorStorage {
-            members: &mut c_members,
-            transfers: &mut c_transfers,
-            nested: &mut c_nested,
-            transmits: &mut c_tx,
-            events: &mut c_ev,
-            parked: &mut c_parked,
-            queue: &mut c_queue,
-            finished: &mut c_finished,
-        },
-    )
-    .unwrap();
+    let limits = Limits {
+        requests: 256,
+        nested_per_request: 512,
+        tombstones: 1024,
+        members: N + 2,
+    };
+    let mut coord = Coordinator::<4>::new(cconfig, CoordinatorStorage::owned(&limits)).unwrap();
 
-    // Storage for up to 4 incarnations of each instance.
-    let mut stores: Vec<Vec<InstStore>> = (0..N)
-        .map(|_| (0..4).map(|_| InstStore::new()).collect())
-        .collect();
-    let mut free_stores: Vec<Vec<&mut InstStore>> = stores
-        .iter_mut()
-        .map(|v| v.iter_mut().rev().collect())
-        .collect();
     let endpoints: Vec<String> = (0..N).map(|i| format!("tcp://10.0.0.{i}:5555")).collect();
     let roles: Vec<&'static str> = (0..N).map(|i| ROLES[i / PER_ROLE]).collect();
 
@@ -313,10 +239,9 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
         pool,
         landing: faults.notify.then_some(Duration::from_nanos(LANDING)),
     };
-    let mut nodes: Vec<Node<'_>> = Vec::new();
+    let mut nodes: Vec<Node> = Vec::new();
     for i in 0..N {
-        let store = free_stores[i].pop().unwrap();
-        let (inst, session) = start_instance(i, 0, 0, store, roles[i], &endpoints[i], plane);
+        let (inst, session) = start_instance(i, 0, 0, roles[i], &endpoints[i], plane);
         nodes.push(Node {
             inst: Some(inst),
             inc: 0,
@@ -585,9 +510,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
             }
             Ev::Restart { i } => {
                 let inc = nodes[i].inc;
-                let store = free_stores[i].pop().expect("an incarnation's storage");
-                let (inst, session) =
-                    start_instance(i, inc, now, store, roles[i], &endpoints[i], plane);
+                let (inst, session) = start_instance(i, inc, now, roles[i], &endpoints[i], plane);
                 nodes[i].inst = Some(inst);
                 nodes[i].session = session;
                 nodes[i].pool.fill(0);
@@ -765,6 +688,9 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
     }
     // Every request ended: at the coordinator (once), or at its sender.
     assert_eq!(coord.stats().events_dropped, 0);
+    // Owned tables are sized never to fill: nothing the coordinator
+    // meant to send was dropped.
+    assert_eq!(coord.stats().transmits_dropped, 0);
     for id in expected.keys() {
         assert!(
             ended_at_coord.contains(id) || ended_at_sender.contains(id),
@@ -818,37 +744,20 @@ struct Plane {
     landing: Option<Duration>,
 }
 
-fn start_instance<'s>(
+fn start_instance(
     i: usize,
     inc: u32,
     now: u64,
-    store: &'s mut InstStore,
     role: &'static str,
     endpoint: &str,
     plane: Plane,
-) -> (Instance<'s>, String) {
+) -> (Instance<'static>, String) {
     let Plane { pool, landing } = plane;
-    let InstStore {
-        tree,
-        gens,
-        requests,
-        nested,
-        prealloc,
-        prealloc_use,
-        transmits,
-        actions,
-        events,
-        tombstones,
-        session,
-        endpoint: ep,
-    } = store;
-    *session = format!("sess-{i}-{inc}");
-    *ep = endpoint.to_string();
-    let (session, ep): (&'s String, &'s String) = (session, ep);
+    let session = format!("sess-{i}-{inc}");
     let config = InstanceConfig {
         role,
-        session_id: session.as_str(),
-        work_endpoint: ep.as_str(),
+        session_id: &session,
+        work_endpoint: endpoint,
         pool_ptr: pool_ptr(i, inc),
         pool: BuddyConfig {
             pool_size: pool,
@@ -862,21 +771,16 @@ fn start_instance<'s>(
         quarantine: Duration::from_nanos(QUARANTINE),
         landing,
     };
-    let s = InstanceStorage {
-        tree,
-        generations: gens,
-        requests,
-        nested,
-        prealloc,
-        prealloc_use,
-        transmits,
-        actions,
-        events,
-        tombstones,
+    let limits = Limits {
+        requests: 48,
+        nested_per_request: 512,
+        tombstones: 256,
+        members: 0,
     };
+    let storage = InstanceStorage::owned(&limits, &config.pool, PREALLOC.0).unwrap();
     (
-        Instance::new(Instant(now), config, s).unwrap(),
-        session.clone(),
+        Instance::new(Instant(now), config, storage).unwrap(),
+        session,
     )
 }
 
@@ -885,7 +789,7 @@ fn start_instance<'s>(
 /// receiver (reserved, landing, delivered or quarantined), or (fast path)
 /// preallocated and assigned to it by the coordinator.
 fn land(
-    node: &mut Node<'_>,
+    node: &mut Node,
     coord: &Coordinator<'_, 4>,
     seed: u64,
     id: &str,
@@ -913,7 +817,7 @@ fn pool_ptr(i: usize, inc: u32) -> u64 {
 }
 
 fn stage_request(
-    node: &mut Node<'_>,
+    node: &mut Node,
     id: &str,
     data: &[u8],
     now: u64,

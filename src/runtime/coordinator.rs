@@ -14,9 +14,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ferry_core::handshake::coordinator::{
-    CoordinatorConfig, CoordinatorEvent, CoordinatorStats, Policy, Timeouts,
+    Coordinator, CoordinatorConfig, CoordinatorEvent, CoordinatorStats, CoordinatorStorage, Policy,
+    Timeouts,
 };
-use ferry_core::handshake::{Instant, PeerId};
+use ferry_core::handshake::{Instant, Limits, PeerId};
 use ferry_core::transport::{
     ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, FaultKind,
 };
@@ -26,7 +27,9 @@ use tracing::{debug, info, warn};
 use super::clock::Clock;
 use super::error::NodeError;
 use super::metrics::{Metrics, MetricsSnapshot};
-use super::storage::{CoordinatorStore, Limits, OwnedCoordinator};
+
+/// Preallocated slots a coordinator keeps per instance.
+pub const PREALLOC_PER_INSTANCE: usize = 16;
 
 const MAX_WAIT: Duration = Duration::from_millis(20);
 const RECV_BUF: usize = 1 << 20;
@@ -136,8 +139,9 @@ impl CoordinatorNode {
         C::Sender: 'static,
         C::Receiver: 'static,
     {
+        let pipeline: Vec<&str> = settings.pipeline.iter().map(String::as_str).collect();
         let config = CoordinatorConfig {
-            pipeline: &[],
+            pipeline: &pipeline,
             policy: settings.policy,
             capacity_per_instance: settings.capacity_per_instance,
             timeouts: settings.timeouts,
@@ -146,12 +150,8 @@ impl CoordinatorNode {
             quarantine: settings.quarantine,
             late_done_wait: settings.late_done_wait,
         };
-        let machine = OwnedCoordinator::create(
-            settings.pipeline.clone(),
-            config,
-            CoordinatorStore::new(&settings.limits),
-        )
-        .map_err(NodeError::Coordinator)?;
+        let machine = Coordinator::new(config, CoordinatorStorage::owned(&settings.limits))
+            .map_err(NodeError::Coordinator)?;
         let (tx, rx) = channel.split();
         let endpoint = rx.local_endpoint().to_owned();
         let shared = Arc::new(Shared {
@@ -225,7 +225,7 @@ fn intern(peers: &mut Vec<String>, ids: &mut HashMap<String, PeerId>, endpoint: 
 
 struct Progress<S, R> {
     shared: Arc<Shared>,
-    machine: OwnedCoordinator,
+    machine: Coordinator<'static, PREALLOC_PER_INSTANCE>,
     tx: S,
     rx: R,
     clock: Clock,
@@ -244,7 +244,7 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
         while !self.shared.stop.load(Ordering::Relaxed) {
             let now = self.clock.now();
             self.drive(now);
-            let next = self.machine.run(|m| m.poll_timeout());
+            let next = self.machine.poll_timeout();
             let wait = self.clock.until(next, MAX_WAIT);
             self.receive(wait);
         }
@@ -270,7 +270,7 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
                     info!(peer = %from, "instance gone; failing its transfers");
                     Metrics::add(&m.peers_lost, 1);
                     let now = clock.now();
-                    machine.run(|c| c.peer_lost(now, peer));
+                    machine.peer_lost(now, peer);
                 }
                 return;
             }
@@ -300,7 +300,7 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             },
             (_, true) => {
                 let role = result_endpoints.iter().position(|e| e == msg.via);
-                let Some(peer) = machine.run(|c| c.sender_of(&decoded, role)) else {
+                let Some(peer) = machine.sender_of(&decoded, role) else {
                     Metrics::add(&m.ignored, 1);
                     debug!(via = %msg.via, msg = ?decoded.msg_type(), "message from no known sender");
                     return;
@@ -312,7 +312,7 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             .get((peer.0 as usize).wrapping_sub(1))
             .map_or("", String::as_str);
         let now = clock.now();
-        if let Err(why) = machine.run(|c| c.handle(now, peer, &decoded)) {
+        if let Err(why) = machine.handle(now, peer, &decoded) {
             Metrics::add(&m.ignored, 1);
             debug!(peer = %key, msg = ?decoded.msg_type(), ?why, "message ignored");
         }
@@ -329,13 +329,11 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             on_event,
             ..
         } = self;
-        machine.run(|c| {
-            if c.poll_timeout().is_some_and(|t| t <= now) {
-                c.handle_timeout(now);
-            }
-        });
+        if machine.poll_timeout().is_some_and(|t| t <= now) {
+            machine.handle_timeout(now);
+        }
         loop {
-            while let Some(r) = machine.run(|c| c.poll_transmit(out)) {
+            while let Some(r) = machine.poll_transmit(out) {
                 let t = match r {
                     Ok(t) => t,
                     Err(e) => {
@@ -364,10 +362,10 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             // the others: send those too.
             for peer in lost.drain(..) {
                 Metrics::add(&shared.metrics.peers_lost, 1);
-                machine.run(|c| c.peer_lost(now, peer));
+                machine.peer_lost(now, peer);
             }
         }
-        while let Some(e) = machine.run(|c| c.poll_event()) {
+        while let Some(e) = machine.poll_event() {
             match &e {
                 CoordinatorEvent::Registered { peer, role, .. } => {
                     info!(peer = ?peers.get((peer.0 as usize).wrapping_sub(1)), role, "instance registered");
@@ -379,13 +377,13 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             }
             on_event(&e);
         }
-        let snap = machine.run(|c| CoordinatorSnapshot {
-            stats: *c.stats(),
-            members: c.members(),
-            in_flight: c.in_flight(),
-            prealloc_taken: c.prealloc_taken(),
+        let snap = CoordinatorSnapshot {
+            stats: *machine.stats(),
+            members: machine.members(),
+            in_flight: machine.in_flight(),
+            prealloc_taken: machine.prealloc_taken(),
             metrics: MetricsSnapshot::default(),
-        });
+        };
         *shared
             .snapshot
             .lock()

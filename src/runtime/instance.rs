@@ -18,10 +18,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use ferry_core::handshake::instance::{
-    InstanceConfig, InstanceEvent, InstanceStats, Registration, Token, Write,
+    Instance, InstanceConfig, InstanceEvent, InstanceStats, InstanceStorage, Registration, Token,
+    Write,
 };
-use ferry_core::handshake::Instant;
-use ferry_core::handshake::{Reason, RequestId};
+use ferry_core::handshake::{Instant, Limits, Reason, RequestId};
 use ferry_core::json::{JsonStr, RawJson};
 use ferry_core::slots::{layout, BuddyConfig, Dtype, TensorSpec};
 use ferry_core::transport::wait::{WaitRecv, Wake};
@@ -36,7 +36,6 @@ use super::clock::Clock;
 use super::error::NodeError;
 use super::memory::PoolMemory;
 use super::metrics::{Metrics, MetricsSnapshot};
-use super::storage::{InstanceStore, Limits, OwnedInstance};
 
 /// Most tensors one request carries.
 pub const MAX_TENSORS: usize = 32;
@@ -139,7 +138,7 @@ pub struct NodeStats {
 }
 
 struct State<S> {
-    machine: OwnedInstance,
+    machine: Instance<'static>,
     tx: S,
     coordinator: String,
     /// Encoding buffer for outgoing messages.
@@ -178,13 +177,11 @@ impl<S: ControlSend> Shared<S> {
             outcomes,
             ..
         } = st;
-        machine.run(|m| {
-            if m.poll_timeout().is_some_and(|t| t <= now) {
-                m.handle_timeout(now);
-            }
-        });
+        if machine.poll_timeout().is_some_and(|t| t <= now) {
+            machine.handle_timeout(now);
+        }
         let mut lost = false;
-        while let Some(r) = machine.run(|m| m.poll_transmit(out)) {
+        while let Some(r) = machine.poll_transmit(out) {
             let n = match r {
                 Ok(n) => n,
                 Err(e) => {
@@ -202,10 +199,10 @@ impl<S: ControlSend> Shared<S> {
             }
         }
         if lost {
-            machine.run(|m| m.handle_coordinator_lost(now));
+            machine.handle_coordinator_lost(now);
         }
         let mut woke = false;
-        while let Some(e) = machine.run(|m| m.poll_event()) {
+        while let Some(e) = machine.poll_event() {
             woke = true;
             match e {
                 InstanceEvent::Registered => {
@@ -233,11 +230,9 @@ impl<S: ControlSend> Shared<S> {
                     // (`Delivery::is_aborted`); its release still frees
                     // the slot.
                     Metrics::add(&self.metrics.aborted, 1);
-                    machine.read(|m| {
-                        if let Some(rx) = m.received(t) {
-                            info!(id = rx.id, "a held transfer was aborted by the coordinator");
-                        }
-                    });
+                    if let Some(rx) = machine.received(t) {
+                        info!(id = rx.id, "a held transfer was aborted by the coordinator");
+                    }
                 }
             }
         }
@@ -316,18 +311,13 @@ where
             min_block: settings.min_block,
             pool_id: 0,
         };
-        let store = InstanceStore::new(
-            [settings.role.clone(), session.clone(), endpoint.clone()],
-            &settings.limits,
-            &pool,
-            settings.prealloc.0,
-        )
-        .map_err(NodeError::Pool)?;
+        let storage = InstanceStorage::owned(&settings.limits, &pool, settings.prealloc.0)
+            .map_err(NodeError::Pool)?;
         let clock = Clock::start();
         let config = InstanceConfig {
-            role: "",
-            session_id: "",
-            work_endpoint: "",
+            role: &settings.role,
+            session_id: &session,
+            work_endpoint: &endpoint,
             pool_ptr: memory.base() as u64,
             pool,
             prealloc: settings.prealloc,
@@ -337,7 +327,7 @@ where
             quarantine: settings.quarantine,
             landing,
         };
-        let machine = OwnedInstance::create(clock.now(), config, store)?;
+        let machine = Instance::new(clock.now(), config, storage)?;
         let n = settings.limits.requests.max(1);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -407,10 +397,10 @@ where
             .shared
             .changed
             .wait_timeout_while(st, timeout, |s| {
-                s.machine.read(|m| m.registration()) == Registration::Pending
+                s.machine.registration() == Registration::Pending
             })
             .unwrap_or_else(PoisonError::into_inner);
-        match st.machine.read(|m| m.registration()) {
+        match st.machine.registration() {
             Registration::Accepted => Ok(()),
             Registration::Refused => Err(NodeError::Refused),
             Registration::Pending => Err(NodeError::NotRegistered(timeout)),
@@ -419,7 +409,7 @@ where
 
     /// True while the coordinator has acknowledged this instance.
     pub fn is_registered(&self) -> bool {
-        self.shared.lock().machine.read(|m| m.is_registered())
+        self.shared.lock().machine.is_registered()
     }
 
     /// Reserves a slot for request `id` laid out for `tensors` (each at a
@@ -441,7 +431,7 @@ where
         let l = layout(tensors, &mut entries).map_err(NodeError::Layout)?;
         let (token, offset) = {
             let mut st = self.shared.lock();
-            st.machine.run(|m| m.stage(id, l.data_size))?
+            st.machine.stage(id, l.data_size)?
         };
         Ok(Staging {
             node: self,
@@ -468,8 +458,8 @@ where
             let (token, arrived) = st.received.pop_front()?;
             let mut meta = st.meta_free.pop().unwrap_or_default();
             meta.clear();
-            let view = st.machine.read(|m| {
-                m.received(token).map(|rx| {
+            let view = {
+                st.machine.received(token).map(|rx| {
                     meta.extend_from_slice(rx.id.as_bytes());
                     let id_len = rx.id.len();
                     let manifest = match rx.manifest {
@@ -480,7 +470,7 @@ where
                     meta.extend_from_slice(rx.scalar_fields.as_str().as_bytes());
                     (id_len, manifest.len(), rx.slot_offset, rx.slot_size)
                 })
-            });
+            };
             match view {
                 Some((id_len, manifest_len, slot_offset, slot_size)) => {
                     return Some(Delivery {
@@ -527,20 +517,21 @@ where
     /// Figures now.
     pub fn stats(&self) -> NodeStats {
         let st = self.shared.lock();
-        st.machine.read(|m| NodeStats {
+        let m = &st.machine;
+        NodeStats {
             metrics: self.shared.metrics.snapshot(),
             instance: *m.stats(),
             requests_held: m.requests_held(),
             prealloc_in_use: m.prealloc_in_use(),
             live_slots: m.pool().stats().live_slots,
             prealloc_slots: m.prealloc_slots().len(),
-        })
+        }
     }
 
     fn release(&self, token: Token, error: Option<&str>, meta: Vec<u8>) {
         let mut st = self.shared.lock();
         st.meta_free.push(meta);
-        if let Err(e) = st.machine.run(|m| m.release(token, error)) {
+        if let Err(e) = st.machine.release(token, error) {
             debug!(error = %e, "release of a transfer no longer held");
             return;
         }
@@ -605,7 +596,7 @@ impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
         let now = shared.clock.now();
         let manifest = Manifest::Entries(&self.entries[..self.count]);
         st.machine
-            .run(|m| m.commit(now, token, self.data_size, &manifest, scalars))?;
+            .commit(now, token, self.data_size, &manifest, scalars)?;
         self.token = None;
         Metrics::add(&shared.metrics.staged, 1);
         shared.drive(&mut st, now);
@@ -616,7 +607,7 @@ impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
 impl<S: ControlSend + Send + 'static> Drop for Staging<'_, '_, S> {
     fn drop(&mut self) {
         if let Some(token) = self.token.take() {
-            let _ = self.node.shared.lock().machine.run(|m| m.unstage(token));
+            let _ = self.node.shared.lock().machine.unstage(token);
         }
     }
 }
@@ -726,8 +717,7 @@ impl<S: ControlSend + Send + 'static> Delivery<'_, S> {
             return false;
         };
         let st = self.node.shared.lock();
-        st.machine
-            .read(|m| m.received(token).is_some_and(|rx| rx.aborted))
+        st.machine.received(token).is_some_and(|rx| rx.aborted)
     }
 
     /// Done with it: the slot is freed and the coordinator told.
@@ -787,7 +777,7 @@ where
                 let mut st = shared.lock();
                 let now = shared.clock.now();
                 shared.drive(&mut st, now);
-                let next = st.machine.read(|m| m.poll_timeout());
+                let next = st.machine.poll_timeout();
                 // Without a wake descriptor, completions are polled for.
                 // What `land` found waiting last time (it runs every turn).
                 let landing = !self.landing.is_empty();
@@ -836,13 +826,10 @@ where
                 };
                 let mut st = shared.lock();
                 let now = shared.clock.now();
-                let r = st.machine.run(|i| {
-                    let r = i.handle(now, &decoded);
-                    while let Some(w) = i.poll_action() {
-                        self.writes.push(w);
-                    }
-                    r
-                });
+                let r = st.machine.handle(now, &decoded);
+                while let Some(w) = st.machine.poll_action() {
+                    self.writes.push(w);
+                }
                 if let Err(why) = r {
                     Metrics::add(&m.ignored, 1);
                     debug!(msg = ?decoded.msg_type(), ?why, "message ignored");
@@ -855,7 +842,7 @@ where
                     warn!(coordinator = %from, "coordinator gone");
                     Metrics::add(&m.peers_lost, 1);
                     let now = shared.clock.now();
-                    st.machine.run(|i| i.handle_coordinator_lost(now));
+                    st.machine.handle_coordinator_lost(now);
                     shared.drive(&mut st, now);
                 }
             }
@@ -873,8 +860,7 @@ where
         let shared = &*self.shared;
         let mut st = shared.lock();
         self.landing.clear();
-        st.machine
-            .read(|m| self.landing.extend(m.awaiting_landing()));
+        self.landing.extend(st.machine.awaiting_landing());
         if self.landing.is_empty() {
             return;
         }
@@ -882,7 +868,7 @@ where
         let mut landed = false;
         for &tag in &self.landing {
             if self.transport.landed(tag) {
-                landed |= st.machine.run(|m| m.handle_landed(now, tag)).is_ok();
+                landed |= st.machine.handle_landed(now, tag).is_ok();
             }
         }
         if landed {
@@ -937,7 +923,7 @@ where
         for (token, result) in self.done.drain(..) {
             let ok = result.is_ok();
             let result = result.as_ref().map(|_| ()).map_err(|r| r.as_str());
-            if let Ok(len) = st.machine.run(|i| i.handle_completion(now, token, result)) {
+            if let Ok(len) = st.machine.handle_completion(now, token, result) {
                 if ok {
                     Metrics::add(&m.bytes_written, len);
                 }

@@ -25,13 +25,16 @@ mod metrics;
 #[cfg(any(feature = "fabric", feature = "verbs"))]
 pub mod owned;
 pub mod shm;
-pub mod storage;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
 pub use clock::Clock;
-pub use coordinator::{CoordinatorNode, CoordinatorSettings, CoordinatorSnapshot};
+pub use coordinator::{
+    CoordinatorNode, CoordinatorSettings, CoordinatorSnapshot, PREALLOC_PER_INSTANCE,
+};
 pub use error::NodeError;
+/// The table sizes of a node's state machine.
+pub use ferry_core::handshake::Limits;
 pub use instance::{
     Delivery, Frame, InstanceNode, InstanceSettings, NodeStats, Outcome, Staging, TensorView,
     MAX_TENSORS,

@@ -10,9 +10,9 @@ use std::time::Duration;
 use arbitrary::Arbitrary;
 use ferry_core::handshake::coordinator::*;
 use ferry_core::handshake::instance::*;
-use ferry_core::handshake::{Instant, PeerId, Tombstone};
+use ferry_core::handshake::{Instant, Limits, PeerId};
 use ferry_core::json::{JsonStr, RawJson};
-use ferry_core::slots::{Buddy, BuddyConfig};
+use ferry_core::slots::BuddyConfig;
 use ferry_core::wire::*;
 use libfuzzer_sys::fuzz_target;
 
@@ -252,44 +252,15 @@ fn encode(m: &FMsg, buf: &mut Vec<u8>) {
     buf.truncate(n);
 }
 
-struct Store {
-    tree: Vec<u8>,
-    gens: Vec<u32>,
-    requests: Vec<Option<Request>>,
-    nested: Vec<u8>,
-    prealloc: Vec<PreallocatedSlot>,
-    prealloc_use: Vec<PreallocUse>,
-    transmits: Vec<Option<ferry_core::handshake::instance::Outgoing>>,
-    actions: Vec<Option<Write>>,
-    events: Vec<Option<InstanceEvent>>,
-    tombstones: Vec<Tombstone>,
-}
+/// The instances' table sizes.
+const LIMITS: Limits = Limits {
+    requests: 6,
+    nested_per_request: 256,
+    tombstones: 8,
+    members: 0,
+};
 
-fn store() -> Store {
-    let (nodes, gens) = Buddy::storage_needed(&POOL).unwrap();
-    Store {
-        tree: vec![0; nodes],
-        gens: vec![0; gens],
-        requests: (0..6).map(|_| None).collect(),
-        nested: vec![0; 6 * 256],
-        prealloc: vec![
-            PreallocatedSlot {
-                offset: 0,
-                size: 0,
-                slot_id: 0,
-                addr: 0
-            };
-            1
-        ],
-        prealloc_use: vec![PreallocUse::FREE; 1],
-        transmits: (0..64).map(|_| None).collect(),
-        actions: (0..8).map(|_| None).collect(),
-        events: (0..64).map(|_| None).collect(),
-        tombstones: vec![Tombstone::EMPTY; 8],
-    }
-}
-
-fn instance<'s>(s: &'s mut Store, role: &'static str, session: &'static str) -> Instance<'s> {
+fn instance(role: &'static str, session: &'static str) -> Instance<'static> {
     let config = InstanceConfig {
         role,
         session_id: session,
@@ -309,31 +280,11 @@ fn instance<'s>(s: &'s mut Store, role: &'static str, session: &'static str) -> 
         // completions mean delivery.
         landing: (role == "denoiser").then_some(Duration::from_millis(10)),
     };
-    let st = InstanceStorage {
-        tree: &mut s.tree,
-        generations: &mut s.gens,
-        requests: &mut s.requests,
-        nested: &mut s.nested,
-        prealloc: &mut s.prealloc,
-        prealloc_use: &mut s.prealloc_use,
-        transmits: &mut s.transmits,
-        actions: &mut s.actions,
-        events: &mut s.events,
-        tombstones: &mut s.tombstones,
-    };
+    let st = InstanceStorage::owned(&LIMITS, &POOL, 1).expect("storage for the pool");
     Instance::new(Instant(0), config, st).expect("valid instance")
 }
 
 fuzz_target!(|ops: Vec<Op>| {
-    let mut members: Vec<Option<Member<2>>> = (0..4).map(|_| None).collect();
-    let mut transfers: Vec<Option<Transfer>> = (0..4).map(|_| None).collect();
-    let mut nested = vec![0u8; 4 * 256];
-    let mut ctx: Vec<Option<ferry_core::handshake::coordinator::Outgoing>> =
-        (0..64).map(|_| None).collect();
-    let mut cev: Vec<Option<CoordinatorEvent>> = (0..64).map(|_| None).collect();
-    let mut parked: Vec<Option<Parked>> = (0..4).map(|_| None).collect();
-    let mut finished = vec![Tombstone::EMPTY; 8];
-    let mut queue: Vec<Option<Queued>> = (0..8).map(|_| None).collect();
     let config = CoordinatorConfig {
         pipeline: &ROLES,
         policy: Policy::MostFreeSlots,
@@ -349,25 +300,14 @@ fuzz_target!(|ops: Vec<Op>| {
         quarantine: Duration::from_millis(5),
         late_done_wait: Duration::from_millis(30),
     };
-    let mut coord = Coordinator::<2>::new(
-        config,
-        CoordinatorStorage {
-            members: &mut members,
-            transfers: &mut transfers,
-            nested: &mut nested,
-            transmits: &mut ctx,
-            events: &mut cev,
-            parked: &mut parked,
-            queue: &mut queue,
-            finished: &mut finished,
-        },
-    )
+    let limits = Limits {
+        requests: 4,
+        members: 4,
+        ..LIMITS
+    };
+    let mut coord = Coordinator::<2>::new(config, CoordinatorStorage::owned(&limits))
     .expect("valid coordinator");
-    let (mut s0, mut s1) = (store(), store());
-    let mut insts = [
-        instance(&mut s0, "encoder", "enc"),
-        instance(&mut s1, "denoiser", "den"),
-    ];
+    let mut insts = [instance("encoder", "enc"), instance("denoiser", "den")];
     let mut now = Instant(0);
     let mut buf = vec![0u8; 8192];
     let mut held: Vec<(usize, Token)> = Vec::new();

@@ -6,6 +6,7 @@ use core::ops::Add;
 use core::time::Duration;
 
 use crate::json::{JsonStr, RawJson};
+use crate::managed::ManagedSlice;
 
 /// A request's manifest and scalar fields, stored back to back in its chunk
 /// of a `nested` byte table (copies of validated JSON).
@@ -260,12 +261,12 @@ impl Tombstone {
 /// A ring of tombstones over caller storage, newest overwriting oldest.
 #[derive(Debug)]
 pub(crate) struct Graveyard<'s> {
-    stones: &'s mut [Tombstone],
+    stones: ManagedSlice<'s, Tombstone>,
     next: usize,
 }
 
 impl<'s> Graveyard<'s> {
-    pub(crate) fn new(stones: &'s mut [Tombstone]) -> Self {
+    pub(crate) fn new(mut stones: ManagedSlice<'s, Tombstone>) -> Self {
         stones.iter_mut().for_each(|t| *t = Tombstone::EMPTY);
         Self { stones, next: 0 }
     }

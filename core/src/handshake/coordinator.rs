@@ -18,10 +18,11 @@ use core::fmt;
 use core::time::Duration;
 
 use super::common::{
-    nested_json, Graveyard, Ignored, Instant, Leg, Name, PeerId, RequestId, Tombstone,
+    nested_json, Graveyard, Ignored, Instant, Leg, Name, PeerId, RequestId, Text, Tombstone,
 };
 use super::ring::Ring;
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
+use crate::managed::ManagedSlice;
 use crate::slots::{Capacity, CapacityTicket, PreallocTable};
 use crate::wire::{
     Abort, Alloc, AllocReject, Allocated, Done, Manifest, Msg, Push, Pushed, Ready, Register,
@@ -304,39 +305,73 @@ pub struct CoordinatorStats {
     pub transmits_dropped: u64,
 }
 
-/// Caller-owned storage of a coordinator.
+/// A coordinator's tables: the caller's (`(&mut table).into()` each), or
+/// its own ([`owned`](Self::owned), feature `alloc`).
 pub struct CoordinatorStorage<'s, const P: usize> {
     /// One per instance that may register.
-    pub members: &'s mut [Option<Member<P>>],
+    pub members: ManagedSlice<'s, Option<Member<P>>>,
     /// One per request in flight.
-    pub transfers: &'s mut [Option<Transfer>],
+    pub transfers: ManagedSlice<'s, Option<Transfer>>,
     /// Manifest and scalar-field bytes, split evenly among `transfers`.
-    pub nested: &'s mut [u8],
+    pub nested: ManagedSlice<'s, u8>,
     /// Messages not yet polled; at least two per transfer plus one per
     /// member is never full.
-    pub transmits: &'s mut [Option<Outgoing>],
+    pub transmits: ManagedSlice<'s, Option<Outgoing>>,
     /// Events not yet polled.
-    pub events: &'s mut [Option<CoordinatorEvent>],
+    pub events: ManagedSlice<'s, Option<CoordinatorEvent>>,
     /// Preallocated slots out of use.
-    pub parked: &'s mut [Option<Parked>],
+    pub parked: ManagedSlice<'s, Option<Parked>>,
     /// The order queued transfers wait in; at least twice `transfers`.
-    pub queue: &'s mut [Option<Queued>],
+    pub queue: ManagedSlice<'s, Option<Queued>>,
     /// Legs of requests that ended, newest overwriting oldest, so that a
     /// duplicated `transfer_staged` arriving late is not taken for a new
     /// request. Request ids must not be reused while they are here.
-    pub finished: &'s mut [Tombstone],
+    pub finished: ManagedSlice<'s, Tombstone>,
 }
+
+#[cfg(feature = "alloc")]
+impl<const P: usize> CoordinatorStorage<'static, P> {
+    /// Tables of their own, sized by `limits`: `requests` transfers (and
+    /// as many bytes of nested JSON each as `nested_per_request`),
+    /// `members` instances, `tombstones` ended legs, and queues that are
+    /// never full.
+    pub fn owned(limits: &super::Limits) -> Self {
+        use crate::managed::{empty, filled};
+        let n = limits.requests.max(1);
+        let members = limits.members.max(1);
+        Self {
+            members: empty(members),
+            transfers: empty(n),
+            nested: filled(n * limits.nested_per_request, 0),
+            // Two per transfer plus one per member is never full.
+            transmits: empty(2 * n + members + 8),
+            events: empty(2 * n + members + 8),
+            parked: empty(n + members * P),
+            queue: empty(2 * n),
+            finished: filled(limits.tombstones.max(1), Tombstone::EMPTY),
+        }
+    }
+}
+
+/// The longest pipeline role name a coordinator keeps.
+pub const ROLE_LEN: usize = 64;
+/// The most roles a pipeline may have.
+pub const MAX_ROLES: usize = 8;
 
 /// The coordinator's state machine.
 pub struct Coordinator<'s, const P: usize> {
-    config: CoordinatorConfig<'s>,
-    members: &'s mut [Option<Member<P>>],
-    transfers: &'s mut [Option<Transfer>],
-    nested: &'s mut [u8],
+    /// The settings; the pipeline is kept in `roles`, so the machine
+    /// borrows nothing but its tables.
+    config: CoordinatorConfig<'static>,
+    roles: [Text<ROLE_LEN>; MAX_ROLES],
+    role_count: usize,
+    members: ManagedSlice<'s, Option<Member<P>>>,
+    transfers: ManagedSlice<'s, Option<Transfer>>,
+    nested: ManagedSlice<'s, u8>,
     chunk: usize,
     transmits: Ring<'s, Outgoing>,
     events: Ring<'s, CoordinatorEvent>,
-    parked: &'s mut [Option<Parked>],
+    parked: ManagedSlice<'s, Option<Parked>>,
     queue: Ring<'s, Queued>,
     queue_tickets: u64,
     epochs: u32,
@@ -359,6 +394,8 @@ impl<const P: usize> fmt::Debug for Coordinator<'_, P> {
 pub enum ConfigError {
     /// The pipeline has no role, or more than 8.
     Pipeline,
+    /// A pipeline role's name is longer than [`ROLE_LEN`] bytes.
+    RoleTooLong,
     /// No transfer storage.
     NoTransfers,
     /// The wait queue is shorter than twice the transfer table.
@@ -369,6 +406,7 @@ impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Pipeline => "the pipeline must have 1 to 8 roles",
+            Self::RoleTooLong => "a pipeline role's name is longer than 64 bytes",
             Self::NoTransfers => "the transfer table is empty",
             Self::QueueTooShort => {
                 "the wait queue must be at least twice as long as the transfer table"
@@ -382,11 +420,15 @@ impl core::error::Error for ConfigError {}
 impl<'s, const P: usize> Coordinator<'s, P> {
     /// A coordinator with no instance registered.
     pub fn new(
-        config: CoordinatorConfig<'s>,
-        storage: CoordinatorStorage<'s, P>,
+        config: CoordinatorConfig<'_>,
+        mut storage: CoordinatorStorage<'s, P>,
     ) -> Result<Self, ConfigError> {
-        if config.pipeline.is_empty() || config.pipeline.len() > 8 {
+        if config.pipeline.is_empty() || config.pipeline.len() > MAX_ROLES {
             return Err(ConfigError::Pipeline);
+        }
+        let mut roles = [Text::EMPTY; MAX_ROLES];
+        for (kept, role) in roles.iter_mut().zip(config.pipeline) {
+            *kept = Text::new(role).map_err(|_| ConfigError::RoleTooLong)?;
         }
         if storage.transfers.is_empty() {
             return Err(ConfigError::NoTransfers);
@@ -399,7 +441,18 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         storage.transfers.iter_mut().for_each(|t| *t = None);
         storage.parked.iter_mut().for_each(|p| *p = None);
         Ok(Self {
-            config,
+            config: CoordinatorConfig {
+                pipeline: &[],
+                policy: config.policy,
+                capacity_per_instance: config.capacity_per_instance,
+                timeouts: config.timeouts,
+                retry_backoff: config.retry_backoff,
+                max_attempts: config.max_attempts,
+                quarantine: config.quarantine,
+                late_done_wait: config.late_done_wait,
+            },
+            roles,
+            role_count: config.pipeline.len(),
             members: storage.members,
             transfers: storage.transfers,
             nested: storage.nested,
@@ -679,13 +732,18 @@ impl<'s, const P: usize> Coordinator<'s, P> {
     }
 
     /// The name of pipeline role `role` ("" if there is none).
-    fn role_name(&self, role: usize) -> &'s str {
-        self.config.pipeline.get(role).copied().unwrap_or("")
+    fn role_name(&self, role: usize) -> &str {
+        self.pipeline().get(role).map_or("", Text::as_str)
+    }
+
+    /// The pipeline's roles, in hand-off order.
+    fn pipeline(&self) -> &[Text<ROLE_LEN>] {
+        &self.roles[..self.role_count]
     }
 
     fn nested_of(&self, index: usize, t: &Transfer) -> (RawJson<'_>, RawJson<'_>) {
         nested_json(
-            self.nested,
+            &self.nested,
             index * self.chunk,
             t.manifest_len,
             t.scalars_len,
@@ -713,7 +771,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         let session = Name::from_json(m.session_id).map_err(|_| Ignored::TooLong("session_id"))?;
         let endpoint =
             Name::from_json(m.work_endpoint).map_err(|_| Ignored::TooLong("work_endpoint"))?;
-        let role = self.config.pipeline.iter().position(|r| m.role.eq_str(r));
+        let role = self.pipeline().iter().position(|r| r.eq_json(m.role));
         let refuse = |c: &mut Self, error: &'static str| {
             c.send(
                 from,
@@ -940,7 +998,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             });
             Ok(())
         };
-        if sender_role + 1 >= self.config.pipeline.len() {
+        if sender_role + 1 >= self.role_count {
             return abort(self, FailReason::NoNextRole);
         }
         let Some(index) = self.transfers.iter().position(Option::is_none) else {

@@ -16,7 +16,10 @@ use super::common::{
     nested_json, Graveyard, Ignored, Instant, Leg, Name, Reason, RequestId, Side, Text, Tombstone,
 };
 use super::ring::Ring;
+#[cfg(feature = "alloc")]
+use super::Limits;
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
+use crate::managed::ManagedSlice;
 use crate::slots::{check_manifest, Buddy, BuddyConfig, BuddyError, SlotHandle};
 use crate::transport::WriteTag;
 use crate::wire::{
@@ -348,27 +351,60 @@ pub struct Outgoing(OutMsg);
 /// Caller-owned storage of an instance.
 pub struct InstanceStorage<'s> {
     /// The pool allocator's tree (see [`Buddy::storage_needed`]).
-    pub tree: &'s mut [u8],
+    pub tree: ManagedSlice<'s, u8>,
     /// The pool allocator's generations.
-    pub generations: &'s mut [u32],
+    pub generations: ManagedSlice<'s, u32>,
     /// One per request in flight.
-    pub requests: &'s mut [Option<Request>],
+    pub requests: ManagedSlice<'s, Option<Request>>,
     /// Manifest and scalar-field bytes, split evenly among `requests`.
-    pub nested: &'s mut [u8],
+    pub nested: ManagedSlice<'s, u8>,
     /// Preallocated receive slots (as many as `InstanceConfig::prealloc`).
-    pub prealloc: &'s mut [PreallocatedSlot],
+    pub prealloc: ManagedSlice<'s, PreallocatedSlot>,
     /// Who uses each preallocated slot.
-    pub prealloc_use: &'s mut [PreallocUse],
+    pub prealloc_use: ManagedSlice<'s, PreallocUse>,
     /// Messages not yet polled.
-    pub transmits: &'s mut [Option<Outgoing>],
+    pub transmits: ManagedSlice<'s, Option<Outgoing>>,
     /// Writes not yet polled.
-    pub actions: &'s mut [Option<Write>],
+    pub actions: ManagedSlice<'s, Option<Write>>,
     /// Events not yet polled.
-    pub events: &'s mut [Option<InstanceEvent>],
+    pub events: ManagedSlice<'s, Option<InstanceEvent>>,
     /// Requests aborted or received here, newest overwriting oldest, so
     /// that late and duplicated messages about them are ignored. It should
     /// hold the requests that end within the control plane's longest delay.
-    pub tombstones: &'s mut [Tombstone],
+    pub tombstones: ManagedSlice<'s, Tombstone>,
+}
+
+#[cfg(feature = "alloc")]
+impl InstanceStorage<'static> {
+    /// Tables of their own, sized by `limits` (`requests` in flight, each
+    /// with `nested_per_request` bytes of nested JSON, `tombstones` ended
+    /// requests), for a pool of `pool` with `prealloc` preallocated slots,
+    /// and queues that are never full.
+    pub fn owned(limits: &Limits, pool: &BuddyConfig, prealloc: usize) -> Result<Self, BuddyError> {
+        use crate::managed::{empty, filled};
+        let (nodes, gens) = Buddy::storage_needed(pool)?;
+        let none = PreallocatedSlot {
+            offset: 0,
+            size: 0,
+            slot_id: 0,
+            addr: 0,
+        };
+        let n = limits.requests.max(1);
+        Ok(Self {
+            tree: filled(nodes, 0),
+            generations: filled(gens, 0),
+            requests: empty(n),
+            nested: filled(n * limits.nested_per_request, 0),
+            prealloc: filled(prealloc, none),
+            prealloc_use: filled(prealloc, PreallocUse::FREE),
+            // Per request at most a few messages and events are queued at
+            // once (staged, allocated or reject, pushed, done).
+            transmits: empty(4 * n + 8),
+            actions: empty(n),
+            events: empty(4 * n + 8),
+            tombstones: filled(limits.tombstones.max(1), Tombstone::EMPTY),
+        })
+    }
 }
 
 /// Counters for operators.
@@ -401,13 +437,15 @@ pub struct Instance<'s> {
     session: Name,
     endpoint: Name,
     pool_ptr: u64,
-    config: InstanceConfig<'s>,
+    /// The settings; the names are kept above, so the machine borrows
+    /// nothing but its tables.
+    config: InstanceConfig<'static>,
     pool: Buddy<'s>,
-    requests: &'s mut [Option<Request>],
-    nested: &'s mut [u8],
+    requests: ManagedSlice<'s, Option<Request>>,
+    nested: ManagedSlice<'s, u8>,
     chunk: usize,
-    prealloc: &'s mut [PreallocatedSlot],
-    prealloc_use: &'s mut [PreallocUse],
+    prealloc: ManagedSlice<'s, PreallocatedSlot>,
+    prealloc_use: ManagedSlice<'s, PreallocUse>,
     transmits: Ring<'s, Outgoing>,
     actions: Ring<'s, Write>,
     events: Ring<'s, InstanceEvent>,
@@ -436,8 +474,8 @@ impl<'s> Instance<'s> {
     /// its registration queued.
     pub fn new(
         now: Instant,
-        config: InstanceConfig<'s>,
-        s: InstanceStorage<'s>,
+        config: InstanceConfig<'_>,
+        mut s: InstanceStorage<'s>,
     ) -> Result<Self, InstanceError> {
         let mut pool =
             Buddy::new(config.pool, s.tree, s.generations).map_err(InstanceError::Config)?;
@@ -459,7 +497,7 @@ impl<'s> Instance<'s> {
         if s.requests.len() > MAX_REQUESTS {
             return Err(InstanceError::TooManyRequests { max: MAX_REQUESTS });
         }
-        let requests = s.requests;
+        let mut requests = s.requests;
         requests.iter_mut().for_each(|r| *r = None);
         s.prealloc_use
             .iter_mut()
@@ -470,13 +508,25 @@ impl<'s> Instance<'s> {
             session: name(config.session_id)?,
             endpoint: name(config.work_endpoint)?,
             pool_ptr: config.pool_ptr,
-            config,
+            config: InstanceConfig {
+                role: "",
+                session_id: "",
+                work_endpoint: "",
+                pool_ptr: config.pool_ptr,
+                pool: config.pool,
+                prealloc: config.prealloc,
+                register_retry: config.register_retry,
+                staged_timeout: config.staged_timeout,
+                reserved_timeout: config.reserved_timeout,
+                quarantine: config.quarantine,
+                landing: config.landing,
+            },
             pool,
             requests,
             nested: s.nested,
             chunk,
-            prealloc: &mut s.prealloc[..count],
-            prealloc_use: &mut s.prealloc_use[..count],
+            prealloc: s.prealloc.truncated(count),
+            prealloc_use: s.prealloc_use.truncated(count),
             transmits: Ring::new(s.transmits),
             actions: Ring::new(s.actions),
             events: Ring::new(s.events),
@@ -648,7 +698,7 @@ impl<'s> Instance<'s> {
 
     /// The preallocated slots, as registered.
     pub fn prealloc_slots(&self) -> &[PreallocatedSlot] {
-        self.prealloc
+        &self.prealloc
     }
 
     fn send(&mut self, m: OutMsg) {
@@ -916,7 +966,7 @@ impl<'s> Instance<'s> {
             Held::Prealloc(i) => self.prealloc.get(*i).map(|s| (s.offset, s.size))?,
         };
         let (manifest, scalar_fields) = nested_json(
-            self.nested,
+            &self.nested,
             token.index * self.chunk,
             r.manifest_len,
             r.scalars_len,
@@ -1558,7 +1608,7 @@ impl<'s> Instance<'s> {
                 pool_ptr: self.pool_ptr,
                 pool_size: self.config.pool.pool_size,
                 work_endpoint: self.endpoint.as_json(),
-                preallocated_slots: SlotList::Slots(self.prealloc),
+                preallocated_slots: SlotList::Slots(&self.prealloc),
             })
             .write(&mut sink, Default::default());
             let r = sink.finish();
@@ -1593,7 +1643,7 @@ impl<'s> Instance<'s> {
                         }
                     };
                     let (manifest, scalar_fields) = nested_json(
-                        self.nested,
+                        &self.nested,
                         index * self.chunk,
                         r.manifest_len,
                         r.scalars_len,

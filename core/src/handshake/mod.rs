@@ -7,16 +7,19 @@
 //! `handle_completion`), and drains what they want done: messages to send
 //! (`poll_transmit`), writes to post (`poll_action`, instances), things the
 //! application should know (`poll_event`), and when to call back
-//! (`poll_timeout`). Every table is caller-owned storage of fixed size; a
-//! full table is a typed error, answered on the wire where a peer waits.
+//! (`poll_timeout`). Every table is of fixed size, the caller's storage or
+//! (feature `alloc`) the machine's own; a full table is a typed error,
+//! answered on the wire where a peer waits.
 
 mod common;
 pub mod coordinator;
 pub mod instance;
+mod limits;
 mod ring;
 
 pub use common::{
     Ignored, Instant, Leg, Name, PeerId, Reason, RequestId, Side, Text, TextTooLong, Tombstone,
     ID_LEN, NAME_LEN, REASON_LEN,
 };
+pub use limits::Limits;
 pub use ring::Ring;

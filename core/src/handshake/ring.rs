@@ -1,17 +1,19 @@
 //! A FIFO over caller storage, for the messages, actions and events a state
 //! machine has produced and the caller has not polled yet.
 
+use crate::managed::ManagedSlice;
+
 /// A bounded FIFO of `T` in a caller-owned slice.
 #[derive(Debug)]
 pub struct Ring<'s, T> {
-    slots: &'s mut [Option<T>],
+    slots: ManagedSlice<'s, Option<T>>,
     head: usize,
     len: usize,
 }
 
 impl<'s, T> Ring<'s, T> {
     /// A queue holding at most `slots.len()` items.
-    pub fn new(slots: &'s mut [Option<T>]) -> Self {
+    pub fn new(mut slots: ManagedSlice<'s, Option<T>>) -> Self {
         for s in slots.iter_mut() {
             *s = None;
         }

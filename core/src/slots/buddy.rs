@@ -15,6 +15,8 @@
 
 use core::fmt;
 
+use crate::managed::ManagedSlice;
+
 /// The flag bit of a node: a slot is allocated exactly at this node.
 const ALLOCATED: u8 = 0x80;
 /// The bits of a node that hold "largest free order + 1".
@@ -285,8 +287,8 @@ pub struct Fragmentation {
 
 /// A buddy allocator over caller-owned storage.
 pub struct Buddy<'s> {
-    tree: &'s mut [u8],
-    generations: &'s mut [u32],
+    tree: ManagedSlice<'s, u8>,
+    generations: ManagedSlice<'s, u32>,
     config: BuddyConfig,
     /// log2(min_block).
     min_shift: u32,
@@ -349,9 +351,10 @@ impl<'s> Buddy<'s> {
     /// them is O(pool / min_block).
     pub fn new(
         config: BuddyConfig,
-        tree: &'s mut [u8],
-        generations: &'s mut [u32],
+        tree: impl Into<ManagedSlice<'s, u8>>,
+        generations: impl Into<ManagedSlice<'s, u32>>,
     ) -> Result<Self, BuddyError> {
+        let (tree, generations) = (tree.into(), generations.into());
         let (leaves, top) = geometry(&config)?;
         let (nodes, gens) = Self::storage_needed(&config)?;
         if tree.len() < nodes || generations.len() < gens {
@@ -360,8 +363,8 @@ impl<'s> Buddy<'s> {
                 generations_needed: gens,
             });
         }
-        let tree = &mut tree[..nodes];
-        let generations = &mut generations[..gens];
+        let tree = tree.truncated(nodes);
+        let mut generations = generations.truncated(gens);
         generations.fill(0);
         let mut b = Self {
             tree,

@@ -1,9 +1,9 @@
-//! `cargo bench --bench slots`: the buddy allocator on the workloads of
-//! `bench/buddy_python.py` (side by side: `bench/vs_python.sh slots`).
+//! `cargo bench -p ferry-bench --bench slots`: the buddy allocator on the workloads of
+//! `bench/python/buddy_python.py` (side by side: `bench/python/vs_python.sh slots`).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use ferry::core::slots::Buddy;
-use ferry::slots_bench::{churn, pairs, storage, Lcg, CONFIG};
+use ferry_bench::slots::{churn, pairs, storage, Lcg, CONFIG};
+use ferry_core::slots::Buddy;
 
 fn slots(c: &mut Criterion) {
     let (mut tree, mut gens) = storage().expect("storage for the bench pool");

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::runtime::InstanceSettings;
+use ferry::runtime::InstanceSettings;
 
 pub use launcher::{json, launch, table, LaunchArgs, Summary};
 pub use roles::{Control, DataPlane, InstanceArgs, Workload, PIPELINE};
@@ -93,7 +93,7 @@ pub struct CoordinatorArgs {
 
 /// The coordinator's timeouts with the push timeout set.
 fn timeouts(push: Duration) -> ferry_core::handshake::coordinator::Timeouts {
-    let mut t = crate::runtime::CoordinatorSettings::new(&PIPELINE).timeouts;
+    let mut t = ferry::runtime::CoordinatorSettings::new(&PIPELINE).timeouts;
     t.push = push;
     t
 }

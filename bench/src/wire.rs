@@ -1,6 +1,6 @@
 //! The control-plane codec workload shared by `ferry bench wire` and
 //! `cargo bench`: the same messages the seed's Python is timed on
-//! (`bench/wire_seed.py`), encoded and decoded in a loop.
+//! (`bench/python/wire_seed.py`), encoded and decoded in a loop.
 
 use std::time::{Duration, Instant};
 
@@ -8,7 +8,7 @@ use ferry_core::json::JsonStr;
 use ferry_core::wire::{decode, DecodeError, Manifest, Msg, Push, Shape, Staged, TensorEntry};
 
 /// The four tensors of a typical text-to-video hand-off, laid out at
-/// 512-byte-aligned offsets, as in `bench/wire_seed.py`.
+/// 512-byte-aligned offsets, as in `bench/python/wire_seed.py`.
 pub const STAGED_TENSORS: [TensorEntry<'static>; 4] = [
     TensorEntry {
         field: JsonStr::plain("prompt_embeds"),

@@ -1,20 +1,21 @@
 //! Control-plane hand-offs per second: a coordinator, an encoder and a
 //! denoiser in one process, every message encoded and decoded, writes
-//! completed at once (no data moves). Used by `ferry bench handshake` and
-//! `cargo bench --bench handshake`.
+//! completed at once (no data moves): `ferry bench handshake`.
 
 use std::time::{Duration, Instant as Clock};
 
-use ferry_core::handshake::coordinator::{CoordinatorConfig, CoordinatorEvent, Policy, Timeouts};
-use ferry_core::handshake::instance::{InstanceConfig, InstanceEvent};
-use ferry_core::handshake::{Instant, PeerId};
+use ferry_core::handshake::coordinator::{
+    Coordinator, CoordinatorConfig, CoordinatorEvent, CoordinatorStorage, Policy, Timeouts,
+};
+use ferry_core::handshake::instance::{Instance, InstanceConfig, InstanceEvent, InstanceStorage};
+use ferry_core::handshake::{Instant, Limits, PeerId};
 use ferry_core::json::RawJson;
 use ferry_core::slots::BuddyConfig;
 use ferry_core::wire::{decode, Manifest, Shape, TensorEntry};
 
-use crate::runtime::storage::{
-    CoordinatorStore, InstanceStore, Limits, OwnedCoordinator, OwnedInstance,
-};
+/// The runtime's coordinator keeps this many preallocated slots per
+/// instance; so does this one.
+const P: usize = ferry::runtime::PREALLOC_PER_INSTANCE;
 
 const POOL: BuddyConfig = BuddyConfig {
     pool_size: 1 << 30,
@@ -30,11 +31,11 @@ const LIMITS: Limits = Limits {
     members: 4,
 };
 
-fn instance(role: &str, session: &str, fast_path: bool) -> OwnedInstance {
+fn instance(role: &str, session: &str, fast_path: bool) -> Instance<'static> {
     let config = InstanceConfig {
-        role: "",
-        session_id: "",
-        work_endpoint: "",
+        role,
+        session_id: session,
+        work_endpoint: session,
         pool_ptr: 0x7f00_0000_0000,
         pool: POOL,
         prealloc: (if fast_path { 4 } else { 0 }, 64 << 20),
@@ -44,13 +45,12 @@ fn instance(role: &str, session: &str, fast_path: bool) -> OwnedInstance {
         quarantine: TIMEOUT,
         landing: None,
     };
-    let names = [role, session, session].map(str::to_owned);
     // Valid by construction: fixed sizes that fit.
-    let store = match InstanceStore::new(names, &LIMITS, &POOL, config.prealloc.0) {
+    let storage = match InstanceStorage::owned(&LIMITS, &POOL, config.prealloc.0) {
         Ok(s) => s,
         Err(e) => panic!("benchmark instance storage: {e}"),
     };
-    match OwnedInstance::create(Instant(0), config, store) {
+    match Instance::new(Instant(0), config, storage) {
         Ok(i) => i,
         Err(e) => panic!("benchmark instance: {e}"),
     }
@@ -60,7 +60,7 @@ fn instance(role: &str, session: &str, fast_path: bool) -> OwnedInstance {
 /// or the slow path through `transfer_alloc`. Returns hand-offs per second.
 pub fn measure(duration: Duration, fast_path: bool) -> f64 {
     let config = CoordinatorConfig {
-        pipeline: &[],
+        pipeline: &PIPELINE,
         policy: Policy::MostFreeSlots,
         capacity_per_instance: 16,
         timeouts: Timeouts {
@@ -74,8 +74,7 @@ pub fn measure(duration: Duration, fast_path: bool) -> f64 {
         quarantine: TIMEOUT,
         late_done_wait: TIMEOUT,
     };
-    let roles = PIPELINE.map(str::to_owned).to_vec();
-    let mut coord = match OwnedCoordinator::create(roles, config, CoordinatorStore::new(&LIMITS)) {
+    let mut coord = match Coordinator::<P>::new(config, CoordinatorStorage::owned(&LIMITS)) {
         Ok(c) => c,
         Err(e) => panic!("benchmark coordinator: {e:?}"),
     };
@@ -98,48 +97,45 @@ pub fn measure(duration: Duration, fast_path: bool) -> f64 {
         .unwrap_or(RawJson::EMPTY_OBJECT);
     let size = 2 * 16 * 21 * 90 * 160;
 
-    let mut pump = |coord: &mut OwnedCoordinator, insts: &mut [OwnedInstance; 2]| -> u64 {
-        let mut delivered = 0;
-        loop {
-            let mut moved = false;
-            while let Some(Ok(t)) = coord.run(|c| c.poll_transmit(&mut buf)) {
-                moved = true;
-                if let (Ok(msg), Some(inst)) =
-                    (decode(&buf[..t.len]), insts.get_mut(t.to.0 as usize - 1))
-                {
-                    let _ = inst.run(|i| i.handle(now, &msg));
-                }
-            }
-            while let Some(e) = coord.run(|c| c.poll_event()) {
-                delivered += u64::from(matches!(e, CoordinatorEvent::Delivered { .. }));
-            }
-            for (i, inst) in insts.iter_mut().enumerate() {
-                while let Some(Ok(n)) = inst.run(|m| m.poll_transmit(&mut buf)) {
+    let mut pump =
+        |coord: &mut Coordinator<'static, P>, insts: &mut [Instance<'static>; 2]| -> u64 {
+            let mut delivered = 0;
+            loop {
+                let mut moved = false;
+                while let Some(Ok(t)) = coord.poll_transmit(&mut buf) {
                     moved = true;
-                    if let Ok(msg) = decode(&buf[..n]) {
-                        let _ = coord.run(|c| c.handle(now, PeerId(i as u32 + 1), &msg));
+                    if let (Ok(msg), Some(inst)) =
+                        (decode(&buf[..t.len]), insts.get_mut(t.to.0 as usize - 1))
+                    {
+                        let _ = inst.handle(now, &msg);
                     }
                 }
-                moved |= inst.run(|m| {
-                    let mut moved = false;
-                    while let Some(w) = m.poll_action() {
+                while let Some(e) = coord.poll_event() {
+                    delivered += u64::from(matches!(e, CoordinatorEvent::Delivered { .. }));
+                }
+                for (i, inst) in insts.iter_mut().enumerate() {
+                    while let Some(Ok(n)) = inst.poll_transmit(&mut buf) {
                         moved = true;
-                        let _ = m.handle_completion(now, w.token, Ok(()));
-                    }
-                    while let Some(e) = m.poll_event() {
-                        if let InstanceEvent::Received(t) = e {
-                            moved = true;
-                            let _ = m.release(t, None);
+                        if let Ok(msg) = decode(&buf[..n]) {
+                            let _ = coord.handle(now, PeerId(i as u32 + 1), &msg);
                         }
                     }
-                    moved
-                });
+                    while let Some(w) = inst.poll_action() {
+                        moved = true;
+                        let _ = inst.handle_completion(now, w.token, Ok(()));
+                    }
+                    while let Some(e) = inst.poll_event() {
+                        if let InstanceEvent::Received(t) = e {
+                            moved = true;
+                            let _ = inst.release(t, None);
+                        }
+                    }
+                }
+                if !moved {
+                    return delivered;
+                }
             }
-            if !moved {
-                return delivered;
-            }
-        }
-    };
+        };
     pump(&mut coord, &mut insts);
 
     let start = Clock::now();
@@ -148,11 +144,9 @@ pub fn measure(duration: Duration, fast_path: bool) -> f64 {
         for _ in 0..256 {
             let id = format!("req-{n}");
             n += 1;
-            insts[0].run(|m| {
-                if let Ok((token, _)) = m.stage(&id, size) {
-                    let _ = m.commit(now, token, size, &manifest, scalars);
-                }
-            });
+            if let Ok((token, _)) = insts[0].stage(&id, size) {
+                let _ = insts[0].commit(now, token, size, &manifest, scalars);
+            }
             delivered += pump(&mut coord, &mut insts);
         }
     }

@@ -13,7 +13,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.environ.get("FERRY_SEED_DIR", os.path.join(HERE, "..", "..", "shared", "seed")))
+sys.path.insert(0, os.environ.get("FERRY_SEED_DIR", os.path.join(HERE, "..", "..", "..", "shared", "seed")))
 import protocol as seed  # noqa: E402
 
 MANIFEST = {

@@ -5,7 +5,7 @@
 //! bare memcpy side by side in alternating rounds; the table gives both
 //! and the difference, the transport's own cost per write.
 //!
-//! `cargo bench -p ferry-verbs --features sim --bench bookkeeping`
+//! `cargo bench -p ferry-bench --bench bookkeeping`
 //! (`FERRY_BENCH_SIZES=64,4096` picks the sizes).
 
 use std::hint::black_box;

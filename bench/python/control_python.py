@@ -20,7 +20,7 @@ import time
 
 import zmq
 
-sys.path.insert(0, os.environ.get("FERRY_SEED_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "seed")))
+sys.path.insert(0, os.environ.get("FERRY_SEED_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "seed")))
 import protocol as seed  # noqa: E402
 
 PUSH = seed.TransferPushMsg(

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use ferry::wire_bench::{self, Rate};
-use ferry::wire_text::{canon_line, pretty};
+use ferry_bench::wire::{self as wire_bench, Rate};
+use ferry_cli::wire_text::{canon_line, pretty};
 
 /// ferry: tensor transfer for disaggregated diffusion serving.
 #[derive(Parser)]
@@ -23,13 +23,13 @@ enum Command {
     Wire(WireCommand),
     /// Run the pipeline example: a coordinator, an encoder, denoisers and a
     /// decoder as separate processes on the shared-memory loopback.
-    Pipeline(ferry::pipeline::PipelineArgs),
+    Pipeline(ferry_cli::pipeline::PipelineArgs),
     /// Run a coordinator as a standalone process (reports events as JSON
     /// lines on stdout; stops when stdin closes).
-    Coordinator(ferry::pipeline::CoordinatorArgs),
+    Coordinator(ferry_cli::pipeline::CoordinatorArgs),
     /// Run an instance as a standalone process, with the pipeline's
     /// workload for its role (stops when stdin closes).
-    Instance(ferry::pipeline::InstanceCliArgs),
+    Instance(ferry_cli::pipeline::InstanceCliArgs),
     /// The echo side of `ferry bench --control zmq`.
     #[command(hide = true)]
     BenchEcho {
@@ -77,7 +77,7 @@ struct BenchHandoff {
     /// The data plane to measure hand-offs over (`fabric`: against the raw
     /// libfabric baseline in the same run).
     #[command(flatten)]
-    data_plane: ferry::pipeline::DataPlaneArgs,
+    data_plane: ferry_cli::pipeline::DataPlaneArgs,
     /// Transfers in flight at once (fabric).
     #[arg(long, default_value_t = 8)]
     window: usize,
@@ -108,7 +108,7 @@ fn human(bytes: u64) -> String {
 }
 
 fn bench_control(args: &BenchHandoff) -> Result<(), String> {
-    let rows = ferry::control_bench::measure(duration(args.seconds)?, &["bench-echo"])?;
+    let rows = ferry_bench::control::measure(duration(args.seconds)?, &["bench-echo"])?;
     if args.json {
         let parts: Vec<String> = rows
             .iter()
@@ -139,7 +139,7 @@ fn bench_control(args: &BenchHandoff) -> Result<(), String> {
 fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
     let per_size = duration(args.seconds)?;
     let sizes = if args.sizes.is_empty() {
-        ferry::handoff_bench::SIZES.to_vec()
+        ferry_bench::handoff::SIZES.to_vec()
     } else {
         args.sizes.clone()
     };
@@ -149,7 +149,7 @@ fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
     }
     let mut last = (0, 0);
     let tty = io::stderr().is_terminal();
-    let rows = ferry::handoff_bench::measure(&sizes, per_size, copy, |size, done| {
+    let rows = ferry_bench::handoff::measure(&sizes, per_size, copy, |size, done| {
         if tty && (size, done / 10) != last {
             last = (size, done / 10);
             eprint!("\r{:>8}: {done:>5} hand-offs", human(size));
@@ -206,16 +206,16 @@ fn bench_fabric(args: &BenchHandoff) -> Result<(), String> {
 
 #[cfg(feature = "fabric")]
 fn bench_fabric(args: &BenchHandoff) -> Result<(), String> {
-    let ferry::pipeline::DataPlane::Fabric(config) = args.data_plane.data_plane()? else {
+    let ferry_cli::pipeline::DataPlane::Fabric(config) = args.data_plane.data_plane()? else {
         return Err("not a libfabric data plane".into());
     };
     let sizes = if args.sizes.is_empty() {
-        ferry::fabric_bench::SIZES.to_vec()
+        ferry_bench::fabric::SIZES.to_vec()
     } else {
         args.sizes.clone()
     };
     let tty = io::stderr().is_terminal();
-    let report = ferry::fabric_bench::measure(
+    let report = ferry_bench::fabric::measure(
         &config,
         &sizes,
         args.window,
@@ -367,7 +367,7 @@ fn print_rates(format: Format, rates: &[(&str, f64)], unit: &str, per: &str) {
 }
 
 fn bench_slots(args: &BenchSlots) -> Result<(), String> {
-    let rates = ferry::slots_bench::measure(duration(args.seconds)?)
+    let rates = ferry_bench::slots::measure(duration(args.seconds)?)
         .map_err(|e| format!("slot allocator: {e}"))?;
     print_rates(args.format, &rates, "ops", "ns/op");
     Ok(())
@@ -376,8 +376,8 @@ fn bench_slots(args: &BenchSlots) -> Result<(), String> {
 fn bench_handshake(args: &BenchSlots) -> Result<(), String> {
     let d = duration(args.seconds)?;
     let rates = [
-        ("fast_path", ferry::handshake_bench::measure(d, true)),
-        ("slow_path", ferry::handshake_bench::measure(d, false)),
+        ("fast_path", ferry_bench::handshake::measure(d, true)),
+        ("slow_path", ferry_bench::handshake::measure(d, false)),
     ];
     print_rates(args.format, &rates, "hand-offs", "ns/hand-off");
     Ok(())
@@ -448,13 +448,13 @@ fn bench_wire(args: &BenchWire) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    ferry::pipeline::init_tracing();
+    ferry_cli::pipeline::init_tracing();
     let result = match cli.command {
-        Command::Pipeline(args) => return ferry::pipeline::main(args, &["pipeline"]),
-        Command::Coordinator(args) => return ferry::pipeline::coordinator_main(&args),
-        Command::Instance(args) => return ferry::pipeline::instance_main(&args),
+        Command::Pipeline(args) => return ferry_cli::pipeline::main(args, &["pipeline"]),
+        Command::Coordinator(args) => return ferry_cli::pipeline::coordinator_main(&args),
+        Command::Instance(args) => return ferry_cli::pipeline::instance_main(&args),
         Command::BenchEcho { listen, reply_to } => {
-            ferry::control_bench::echo(&listen, &reply_to).map_err(|e| format!("bench echo: {e}"))
+            ferry_bench::control::echo(&listen, &reply_to).map_err(|e| format!("bench echo: {e}"))
         }
         Command::Wire(WireCommand::Canon) => {
             lines(|_, line, out| canon_line(line, out)).map_err(|e| format!("stdin/stdout: {e}"))
@@ -466,10 +466,10 @@ fn main() -> ExitCode {
         .map_err(|e| format!("stdin/stdout: {e}")),
         Command::Bench(b) => match b.which {
             None if b.handoff.control.is_some() => bench_control(&b.handoff),
-            None if b.handoff.data_plane.backend == ferry::pipeline::Backend::Fabric => {
+            None if b.handoff.data_plane.backend == ferry_cli::pipeline::Backend::Fabric => {
                 bench_fabric(&b.handoff)
             }
-            None if b.handoff.data_plane.backend == ferry::pipeline::Backend::Verbs => Err(
+            None if b.handoff.data_plane.backend == ferry_cli::pipeline::Backend::Verbs => Err(
                 "ferry bench does not measure the verbs data plane yet (no NIC to calibrate it on); \
                  time `ferry pipeline --control zmq --backend verbs --device <dev>` instead, and \
                  `cargo bench -p ferry-verbs --features sim --bench bookkeeping` for its CPU cost"

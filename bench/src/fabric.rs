@@ -18,8 +18,8 @@ use ferry_fabric::baseline::RawPair;
 use ferry_fabric::FabricConfig;
 use ferry_shm::UdsSender;
 
-use crate::handoff_bench::bind;
-use crate::runtime::{
+use crate::handoff::bind;
+use ferry::runtime::{
     CoordinatorNode, CoordinatorSettings, InstanceNode, InstanceSettings, NodeError,
 };
 
@@ -79,13 +79,13 @@ fn rig(config: &FabricConfig, slot: u64, window: usize) -> Result<Rig, NodeError
     )?;
     let pool = usize::try_from(slot * window as u64).unwrap_or(usize::MAX);
     let s = InstanceSettings::new("sender", coordinator.endpoint());
-    let sender = crate::runtime::fabric::start_instance(&s, pool, config, bind("sender")?)?;
+    let sender = ferry::runtime::fabric::start_instance(&s, pool, config, bind("sender")?)?;
     let mut r = InstanceSettings::new("receiver", coordinator.endpoint());
     // A receive slot set aside for each transfer in flight (the fast
     // path), and as much room again for a slot the coordinator has not
     // yet seen released.
     r.prealloc = (window, slot);
-    let receiver = crate::runtime::fabric::start_instance(&r, 2 * pool, config, bind("receiver")?)?;
+    let receiver = ferry::runtime::fabric::start_instance(&r, 2 * pool, config, bind("receiver")?)?;
     sender.wait_registered(Duration::from_secs(10))?;
     receiver.wait_registered(Duration::from_secs(10))?;
     Ok(Rig {
@@ -151,7 +151,7 @@ fn ferry_run(
             .map_err(NodeError::Thread)?
     };
     let shape = [size];
-    let spec = [crate::pipeline::data::blob(&shape)];
+    let spec = [crate::blob(&shape)];
     let start = Instant::now();
     let mut committed = 0u64;
     let mut failed = 0u64;

@@ -34,15 +34,7 @@ pub fn encoder_tensors() -> [TensorSpec<'static>; 2] {
 }
 
 /// The random workload's one tensor: `dims[0]` bytes of `uint8`.
-pub fn blob(dims: &[u64; 1]) -> TensorSpec<'_> {
-    TensorSpec {
-        field: "blob",
-        list_index: None,
-        shape: dims,
-        dtype: Dtype::UInt8,
-        byte_len: dims[0],
-    }
-}
+pub use ferry_bench::blob;
 
 /// What the denoiser sends: the denoised latents.
 pub fn denoiser_tensors() -> [TensorSpec<'static>; 1] {

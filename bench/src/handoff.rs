@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use ferry_shm::UdsChannel;
 
-use crate::runtime::shm::{start_instance, CopySettings, ShmInstance};
-use crate::runtime::{CoordinatorNode, CoordinatorSettings, InstanceSettings, NodeError};
+use ferry::runtime::shm::{start_instance, CopySettings, ShmInstance};
+use ferry::runtime::{CoordinatorNode, CoordinatorSettings, InstanceSettings, NodeError};
 
 /// Sizes measured by default: 4 KiB to 256 MiB.
 pub const SIZES: [u64; 7] = [
@@ -122,7 +122,7 @@ pub fn measure(
     let mut rows = Vec::new();
     for (n, &size) in sizes.iter().enumerate() {
         let shape = [size];
-        let spec = [crate::pipeline::data::blob(&shape)];
+        let spec = [crate::blob(&shape)];
         let (mut handoff, mut copy_ns) = (Vec::new(), Vec::new());
         let start = Instant::now();
         let mut i = 0usize;

@@ -25,7 +25,7 @@ fn ferry(args: &[&str], stdin: &[u8]) -> (String, String, bool) {
 
 fn golden(name: &str) -> Vec<u8> {
     std::fs::read(format!(
-        "{}/tests/data/golden/{name}",
+        "{}/../tests/data/golden/{name}",
         env!("CARGO_MANIFEST_DIR")
     ))
     .expect("golden file")

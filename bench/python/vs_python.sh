@@ -2,21 +2,21 @@
 # Side by side on this machine, in one run: ferry against the Python it
 # replaces, with the ratio.
 #
-#   bench/vs_python.sh [wire|slots|control|all] [SECONDS]
+#   bench/python/vs_python.sh [wire|slots|control|all] [SECONDS]
 #
 # wire:  the seed's encode_transfer_msg + decode_transfer_msg against
 #        ferry's encode + decode, on byte-identical payloads
-# slots: a Python buddy allocator (bench/buddy_python.py) against ferry's,
+# slots: a Python buddy allocator (bench/python/buddy_python.py) against ferry's,
 #        on the same request streams
 # control: two processes over ZeroMQ (ipc:// and tcp://127.0.0.1): round
 #        trips of transfer_push → transfer_pushed and the one-way rate, the
-#        seed's Python with pyzmq (bench/control_python.py) against ferry's
+#        seed's Python with pyzmq (bench/python/control_python.py) against ferry's
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 what=${1:-all}
 seconds=${2:-3}
 export FERRY_SEED_DIR=${FERRY_SEED_DIR:-$(pwd)/../shared/seed}
-cargo build --release --quiet --bin ferry
+cargo build --release --quiet -p ferry-cli --bin ferry
 ferry=target/release/ferry
 
 compare() {
@@ -31,21 +31,21 @@ PY
 }
 
 if [ "$what" = wire ] || [ "$what" = all ]; then
-    if ! diff <(python3 bench/wire_seed.py --print-payloads) <("$ferry" bench wire --print-payloads) >/dev/null; then
+    if ! diff <(python3 bench/python/wire_seed.py --print-payloads) <("$ferry" bench wire --print-payloads) >/dev/null; then
         echo "error: ferry and the seed encode different payloads; the comparison would be unfair" >&2
         exit 1
     fi
-    py=$(python3 bench/wire_seed.py --seconds "$seconds")
+    py=$(python3 bench/python/wire_seed.py --seconds "$seconds")
     rs=$("$ferry" bench wire --seconds "$seconds" --format json)
     compare "wire (enc+dec)" "$py" "$rs"
 fi
 if [ "$what" = slots ] || [ "$what" = all ]; then
-    py=$(python3 bench/buddy_python.py --seconds "$seconds")
+    py=$(python3 bench/python/buddy_python.py --seconds "$seconds")
     rs=$("$ferry" bench slots --seconds "$seconds" --format json)
     compare "slots (ops)" "$py" "$rs"
 fi
 if [ "$what" = control ] || [ "$what" = all ]; then
-    py=$(python3 bench/control_python.py "$seconds")
+    py=$(python3 bench/python/control_python.py "$seconds")
     rs=$("$ferry" bench --control zmq --seconds "$seconds" --json)
     python3 - "$py" "$rs" <<'PY'
 import json, sys

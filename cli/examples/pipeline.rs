@@ -13,5 +13,5 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    ferry::pipeline::main(ferry::pipeline::PipelineArgs::parse(), &[])
+    ferry_cli::pipeline::main(ferry_cli::pipeline::PipelineArgs::parse(), &[])
 }

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 SEED_DIR = os.environ.get(
-    "FERRY_SEED_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "seed")
+    "FERRY_SEED_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "seed")
 )
 sys.path.insert(0, SEED_DIR)
 import protocol as seed  # noqa: E402  (the seed, unmodified)

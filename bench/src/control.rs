@@ -5,8 +5,8 @@
 //! Both sides do what a ferry process does with each message: the client
 //! encodes a `transfer_push` and sends it; the echo process decodes it and
 //! answers with an encoded `transfer_pushed`, which the client decodes.
-//! `bench/control_python.py` runs the same exchange with the seed's Python
-//! and pyzmq, and `bench/vs_python.sh control` prints both side by side.
+//! `bench/python/control_python.py` runs the same exchange with the seed's Python
+//! and pyzmq, and `bench/python/vs_python.sh control` prints both side by side.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

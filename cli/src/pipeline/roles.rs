@@ -17,8 +17,8 @@ use ferry_shm::UdsChannel;
 use ferry_zmq::{ZmqChannel, ZmqSettings};
 
 use super::data;
-use crate::runtime::shm::{start_instance, start_instance_on, CopySettings};
-use crate::runtime::{
+use ferry::runtime::shm::{start_instance, start_instance_on, CopySettings};
+use ferry::runtime::{
     CoordinatorNode, CoordinatorSettings, Delivery, InstanceNode, InstanceSettings, NodeError,
     Staging,
 };
@@ -259,7 +259,7 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
             Ok(c) => c,
             Err(code) => return code,
         };
-        return match crate::runtime::fabric::start_instance(&settings, pool, config, channel) {
+        return match ferry::runtime::fabric::start_instance(&settings, pool, config, channel) {
             Ok(node) => run_instance(&node, args),
             Err(e) => fail("start instance", e),
         };
@@ -270,7 +270,7 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
             Ok(c) => c,
             Err(code) => return code,
         };
-        return match crate::runtime::verbs::start_instance(&settings, pool, config, channel) {
+        return match ferry::runtime::verbs::start_instance(&settings, pool, config, channel) {
             Ok(node) => run_instance(&node, args),
             Err(e) => fail("start instance", e),
         };

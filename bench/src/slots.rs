@@ -1,5 +1,5 @@
 //! The slot-allocator workloads shared by `ferry bench slots` and
-//! `cargo bench`, the same as `bench/buddy_python.py` runs: a 1 GiB pool,
+//! `cargo bench`, the same as `bench/python/buddy_python.py` runs: a 1 GiB pool,
 //! 1 MiB minimum block, requests of 1 to 64 MiB.
 
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ pub const CONFIG: BuddyConfig = BuddyConfig {
     pool_id: 0,
 };
 
-/// Knuth's MMIX LCG, the stream `bench/buddy_python.py` draws from too.
+/// Knuth's MMIX LCG, the stream `bench/python/buddy_python.py` draws from too.
 #[derive(Clone, Debug)]
 pub struct Lcg(u64);
 

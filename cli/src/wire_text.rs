@@ -11,7 +11,7 @@ use ferry_core::wire::{decode, DecodeError, Manifest, Msg, SlotList};
 ///
 /// ```
 /// let mut out = Vec::new();
-/// ferry::wire_text::canon_line(br#"{"msg_type":"transfer_done","request_id":"r\u00e9"}"#, &mut out);
+/// ferry_cli::wire_text::canon_line(br#"{"msg_type":"transfer_done","request_id":"r\u00e9"}"#, &mut out);
 /// assert_eq!(out, br#"{"msg_type":"transfer_done","request_id":"r\u00e9","error":null}"#);
 /// ```
 pub fn canon_line(payload: &[u8], out: &mut Vec<u8>) {
