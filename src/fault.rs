@@ -6,13 +6,14 @@
 //! Faults are drawn from a seeded generator: a failing run is replayed by
 //! its seed.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ferry_core::transport::wait::{WaitRecv, Wake};
 use ferry_core::transport::{
     Capabilities, ChannelEvent, Completion, ControlChannel, ControlRecv, Fault, FaultKind,
-    Incoming, Region, Transport, WriteOp, WriteTag,
+    Incoming, Landed, Region, Transport, WriteOp, WriteTag,
 };
 
 /// Probabilities (0 to 1) and delays of the faults to inject.
@@ -29,9 +30,8 @@ pub struct FaultPlan {
     /// A received message is held back by `delay` (so later ones overtake
     /// it).
     pub delay_message: f64,
-    /// A write's arrival notice is lost: the transport then says its
-    /// completions do not mean delivery (so receivers wait for notices),
-    /// and never reports this write landed.
+    /// A write's arrival notice is lost (between transports sharing
+    /// [`Notices`]): its receiver is never told it landed.
     pub lose_notice: f64,
     /// How long delayed writes and messages are held.
     pub delay: Duration,
@@ -77,6 +77,30 @@ impl<E: Fault + 'static> Fault for FaultError<E> {
     }
 }
 
+/// Arrival notices between the faulty transports of one process, standing
+/// in for a data plane whose receivers learn of arrivals (as libfabric's
+/// remote CQ data): a sender's transport posts each write whose completion
+/// it reaps (on a data plane whose completions mean delivery, its bytes
+/// are there) to its receiver's session, unless its plan loses the notice;
+/// the receiver's transport reports them from `poll_landed`.
+#[derive(Clone, Debug, Default)]
+pub struct Notices(Arc<Mutex<HashMap<String, VecDeque<Landed>>>>);
+
+impl Notices {
+    fn post(&self, session: &str, landed: Landed) {
+        let mut boards = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        boards
+            .entry(session.to_owned())
+            .or_default()
+            .push_back(landed);
+    }
+
+    fn take(&self, session: &str) -> Option<Landed> {
+        let mut boards = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        boards.get_mut(session)?.pop_front()
+    }
+}
+
 /// A transport whose writes fail or complete late on schedule.
 #[derive(Debug)]
 pub struct FaultyTransport<T: Transport>
@@ -87,6 +111,10 @@ where
     plan: FaultPlan,
     rng: Rng,
     held: VecDeque<(Instant, Completion<FaultError<T::Error>>)>,
+    notices: Option<Notices>,
+    /// Writes posted, by cookie, while notices are kept: their receiver's
+    /// session and tag.
+    posted: HashMap<u64, (String, WriteTag)>,
     /// Writes failed on purpose so far.
     pub injected: u64,
 }
@@ -102,7 +130,19 @@ where
             rng: Rng::new(plan.seed),
             plan,
             held: VecDeque::new(),
+            notices: None,
+            posted: HashMap::new(),
             injected: 0,
+        }
+    }
+
+    /// Wraps `inner` as a data plane whose completions do not mean
+    /// delivery: its receivers take transfers only once `notices` (shared
+    /// with the senders' transports) says their writes landed.
+    pub fn with_notices(inner: T, plan: FaultPlan, notices: Notices) -> Self {
+        Self {
+            notices: Some(notices),
+            ..Self::new(inner, plan)
         }
     }
 
@@ -145,11 +185,24 @@ where
             return Ok(());
         }
         self.inner.post_write(write)?;
+        if self.notices.is_some() {
+            self.posted
+                .insert(write.cookie, (write.dest_session.to_owned(), write.tag));
+        }
         Ok(())
     }
 
     fn poll_completion(&mut self) -> Option<Completion<Self::Error>> {
         while let Some(c) = self.inner.poll_completion() {
+            if let (Some(notices), Some((session, tag))) =
+                (&self.notices, self.posted.remove(&c.cookie))
+            {
+                // Decided by the tag, so that a run replays by its seed.
+                let lost = Rng::new(self.plan.seed ^ tag.0).chance(self.plan.lose_notice);
+                if c.result.is_ok() && !lost {
+                    notices.post(&session, Landed::of(tag));
+                }
+            }
             let due = if self.rng.chance(self.plan.delay_write) {
                 Instant::now() + self.plan.delay
             } else {
@@ -170,17 +223,17 @@ where
 
     fn capabilities(&self) -> Capabilities {
         let mut c = self.inner.capabilities();
-        if self.plan.lose_notice > 0.0 {
+        if self.notices.is_some() {
             c.delivery_complete = false;
         }
         c
     }
 
-    fn landed(&mut self, tag: WriteTag) -> bool {
-        // Decided by the tag, so that a lost notice stays lost however
-        // often the receiver asks.
-        let lost = Rng::new(self.plan.seed ^ tag.0).chance(self.plan.lose_notice);
-        !lost && self.inner.landed(tag)
+    fn poll_landed(&mut self) -> Option<Landed> {
+        match &self.notices {
+            Some(notices) => notices.take(self.inner.session_id()),
+            None => self.inner.poll_landed(),
+        }
     }
 }
 

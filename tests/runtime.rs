@@ -334,25 +334,40 @@ fn under_injected_faults_every_request_ends_and_no_slot_leaks() {
 /// refused after the landing timeout, and nothing stays held.
 #[test]
 fn a_transfer_whose_write_never_lands_is_refused_and_freed() {
-    use ferry::fault::{FaultPlan, FaultyTransport};
+    use ferry::fault::{FaultPlan, FaultyTransport, Notices};
     use ferry::runtime::shm::start_instance_wrapped;
 
     let coord = coordinator(&["encoder", "denoiser"]);
-    let enc = instance("encoder", &coord, (0, 0));
+    // The encoder's transport posts a notice for each write that
+    // completed, and loses half of them; the denoiser's reports them.
+    let notices = Notices::default();
+    let sender_notices = notices.clone();
+    let enc = start_instance_wrapped(
+        &InstanceSettings::new("encoder", coord.endpoint()),
+        64 << 20,
+        CopySettings::default(),
+        &endpoint("encoder"),
+        |t| {
+            let plan = FaultPlan {
+                lose_notice: 0.5,
+                seed: 9,
+                ..FaultPlan::default()
+            };
+            FaultyTransport::with_notices(t, plan, sender_notices)
+        },
+        |c| c,
+    )
+    .unwrap();
+    enc.wait_registered(5 * SECOND).unwrap();
     let mut s = InstanceSettings::new("denoiser", coord.endpoint());
     s.prealloc = (2, 1 << 20);
     s.landing_timeout = Duration::from_millis(300);
-    let plan = FaultPlan {
-        lose_notice: 0.5,
-        seed: 9,
-        ..FaultPlan::default()
-    };
     let den = start_instance_wrapped(
         &s,
         64 << 20,
         CopySettings::default(),
         &endpoint("denoiser"),
-        |t| FaultyTransport::new(t, plan),
+        |t| FaultyTransport::with_notices(t, FaultPlan::default(), notices),
         |c| c,
     )
     .unwrap();

@@ -139,8 +139,9 @@ pub struct Capabilities {
     pub max_write: u64,
     /// True if a successful completion means the bytes are visible at the
     /// target (delivery complete), not only that the source may be reused.
-    /// When false, a receiver asks [`Transport::landed`] before it accepts
-    /// a transfer as ready.
+    /// When false, the receiving side reports each write whose bytes all
+    /// arrived ([`Transport::poll_landed`]), and a receiver accepts a
+    /// transfer as ready only once its write is reported.
     pub delivery_complete: bool,
 }
 
@@ -181,6 +182,51 @@ impl WriteTag {
         h ^= h >> 31;
         Self(h)
     }
+}
+
+/// A write whose every byte arrived at this receiver, as a data plane that
+/// reports arrivals names it: the low `width` bits of its [`WriteTag`]
+/// (some fabrics carry fewer bits with a write than a tag has).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Landed {
+    bits: u64,
+    width: u8,
+}
+
+impl Landed {
+    /// The write tagged `tag`, named by all its bits.
+    pub const fn of(tag: WriteTag) -> Self {
+        Self {
+            bits: tag.0,
+            width: 64,
+        }
+    }
+
+    /// A write named by the low `width` bits of its tag (`value`'s bits
+    /// above them are ignored; `width` is clamped to 1..=64).
+    pub const fn low_bits(value: u64, width: u32) -> Self {
+        let width = if width == 0 {
+            1
+        } else if width > 64 {
+            64
+        } else {
+            width
+        };
+        Self {
+            bits: value & mask(width),
+            width: width as u8,
+        }
+    }
+
+    /// True if this names the write tagged `tag`.
+    pub const fn matches(self, tag: WriteTag) -> bool {
+        tag.0 & mask(self.width as u32) == self.bits
+    }
+}
+
+/// The low `width` bits set (`width` in 1..=64).
+const fn mask(width: u32) -> u64 {
+    u64::MAX >> (64 - width)
 }
 
 /// One write for a data plane to post: `len` bytes at `local_offset` in
@@ -249,13 +295,13 @@ pub trait Transport {
     /// The next finished write, if any.
     fn poll_completion(&mut self) -> Option<Completion<Self::Error>>;
 
-    /// On the receiving side: true once every byte of the write tagged
-    /// `tag` is visible in this process's memory (the answer is then
-    /// consumed). Data planes whose completions mean delivery answer true
-    /// at once.
-    fn landed(&mut self, tag: WriteTag) -> bool {
-        let _ = tag;
-        true
+    /// On the receiving side, where completions do not mean delivery
+    /// ([`Capabilities::delivery_complete`] false): the next write whose
+    /// every byte became visible in this process's memory, each reported
+    /// once, whether or not a transfer waits for it yet. Data planes whose
+    /// completions mean delivery report nothing (the default).
+    fn poll_landed(&mut self) -> Option<Landed> {
+        None
     }
 }
 
@@ -340,8 +386,9 @@ pub mod wait {
     /// A data plane that can wake a waiting caller.
     pub trait Wake {
         /// A descriptor that is readable while the transport's
-        /// `poll_completion` or `landed` may have news. It is cleared when
-        /// `poll_completion` finds nothing; call `landed` after that.
+        /// `poll_completion` or `poll_landed` may have news. It is cleared
+        /// when `poll_completion` finds nothing; call `poll_landed` after
+        /// that.
         /// `None` (the default): the caller polls.
         fn wake_fd(&self) -> Option<RawFd> {
             None

@@ -8,12 +8,15 @@ use ferry_core::handshake::instance::*;
 use ferry_core::handshake::{Ignored, Instant, Limits, PeerId, RequestId, REASON_LEN};
 use ferry_core::json::RawJson;
 use ferry_core::slots::BuddyConfig;
-use ferry_core::transport::WriteTag;
+use ferry_core::transport::{Landed, WriteTag};
 use ferry_core::wire::{decode, Manifest, Msg, MsgType, Shape, TensorEntry};
 
 const KIB: u64 = 1024;
 const MS: u64 = 1_000_000;
 const PIPELINE: [&str; 2] = ["encoder", "denoiser"];
+
+/// Where the instances' pools are, in their own address space.
+const POOL_PTR: u64 = 0x7f00_0000_0000;
 
 const POOL: BuddyConfig = BuddyConfig {
     pool_size: 64 * KIB,
@@ -79,7 +82,7 @@ fn instance_with(
         role,
         session_id: session,
         work_endpoint: endpoint,
-        pool_ptr: 0x7f00_0000_0000,
+        pool_ptr: POOL_PTR,
         pool,
         prealloc: (2, 8 * KIB),
         register_retry: Duration::from_millis(5),
@@ -854,11 +857,12 @@ macro_rules! gated_world {
     };
 }
 
-/// The tag of the one write the receiver's transfers wait for.
-fn awaited(w: &World<'_>) -> WriteTag {
-    let tags: Vec<_> = w.insts[1].awaiting_landing().collect();
-    let [tag] = tags[..] else { panic!("{tags:?}") };
-    tag
+/// The tag of the write the receiver's one waiting transfer, `id`, waits
+/// for: its request id and the address of its slot.
+fn awaited(w: &World<'_>, id: &str) -> WriteTag {
+    assert_eq!(w.insts[1].awaiting_landing(), 1);
+    let (offset, _) = w.insts[1].slot_for(id).unwrap();
+    WriteTag::of(id, POOL_PTR + offset)
 }
 
 #[test]
@@ -879,22 +883,21 @@ fn a_gated_receiver_hands_over_a_transfer_only_once_its_write_landed() {
         w.pump();
         assert_eq!(w.received(1).len(), n, "announced ready, not yet landed");
         // The receiver waits for the tag the sender wrote with.
-        let tag = awaited(&w);
+        let tag = awaited(&w, id);
         assert_eq!(tag, write.tag);
         assert_eq!(tag, WriteTag::of(id, write.dest_addr));
-        // Another write's arrival changes nothing.
-        assert_eq!(
-            w.insts[1].handle_landed(w.now, WriteTag(tag.0 ^ 1)),
-            Err(Ignored::UnknownRequest)
-        );
-        w.insts[1].handle_landed(w.now, tag).unwrap();
+        // Another write's arrival hands nothing over.
+        assert!(!w.insts[1].handle_landed(w.now, Landed::of(WriteTag(tag.0 ^ 1))));
+        w.pump();
+        assert_eq!(w.received(1).len(), n);
+        // The write's, named by as few bits as a narrow notice carries.
+        assert!(w.insts[1].handle_landed(w.now, Landed::low_bits(tag.0, 20)));
         w.pump();
         assert_eq!(w.received(1).len(), n + 1);
         // A second notice for it is not a second delivery.
-        assert_eq!(
-            w.insts[1].handle_landed(w.now, tag),
-            Err(Ignored::UnknownRequest)
-        );
+        assert!(!w.insts[1].handle_landed(w.now, Landed::of(tag)));
+        w.pump();
+        assert_eq!(w.received(1).len(), n + 1);
     }
     assert_eq!(w.sent(MsgType::Alloc), 1);
     for token in w.received(1) {
@@ -906,11 +909,58 @@ fn a_gated_receiver_hands_over_a_transfer_only_once_its_write_landed() {
     w.assert_clean();
 }
 
+/// The bytes do not travel through the coordinator, the ready does: a
+/// write reported landed before its `transfer_ready` came is remembered,
+/// and the transfer is handed over as soon as the ready comes.
+#[test]
+fn a_write_that_landed_before_its_ready_is_handed_over_when_the_ready_comes() {
+    gated_world!(w, 3);
+    w.writes = None;
+    w.stage(0, "early", 6 * KIB);
+    let (i, write) = w.pending.pop().unwrap();
+    assert!(!w.insts[1].handle_landed(w.now, Landed::of(write.tag)));
+    assert_eq!(w.insts[1].awaiting_landing(), 0, "no ready yet");
+    w.insts[i]
+        .handle_completion(w.now, write.token, Ok(()))
+        .unwrap();
+    w.pump();
+    let [token] = w.received(1)[..] else {
+        panic!("handed over with the ready: {:?}", w.received(1))
+    };
+    assert_eq!(w.insts[1].awaiting_landing(), 0);
+    w.insts[1].release(token, None).unwrap();
+    w.pump();
+    assert_eq!(w.delivered(), 1);
+    w.assert_clean();
+}
+
+/// A remembered arrival is forgotten after the landing limit: a ready that
+/// late is not taken for those bytes, and waits (then fails) as any other.
+#[test]
+fn an_arrival_no_ready_claims_is_forgotten_after_the_landing_limit() {
+    gated_world!(w, 3);
+    w.writes = None;
+    w.stage(0, "stale", 6 * KIB);
+    let (i, write) = w.pending.pop().unwrap();
+    assert!(!w.insts[1].handle_landed(w.now, Landed::of(write.tag)));
+    w.now = w.now + Duration::from_millis(3);
+    w.insts[i]
+        .handle_completion(w.now, write.token, Ok(()))
+        .unwrap();
+    w.pump();
+    assert!(w.received(1).is_empty(), "the arrival was forgotten");
+    assert_eq!(w.insts[1].awaiting_landing(), 1);
+    w.advance(3 + 5);
+    assert_eq!(error_sent(&w, "transfer_done"), "write never landed");
+    assert!(w.received(1).is_empty());
+    w.assert_clean();
+}
+
 #[test]
 fn a_write_that_never_lands_is_refused_after_its_slot_sat_out_a_quarantine() {
     gated_world!(w, 3);
     w.stage(0, "lost", 6 * KIB);
-    let tag = awaited(&w);
+    let tag = awaited(&w, "lost");
     let (offset, _) = w.insts[1].slot_for("lost").unwrap();
     // The landing limit passes: nothing is handed over, nothing reported
     // yet, and the slot stays held (the bytes may still come).
@@ -922,10 +972,7 @@ fn a_write_that_never_lands_is_refused_after_its_slot_sat_out_a_quarantine() {
     assert_eq!(w.insts[1].prealloc_in_use(), 1);
     assert_eq!(w.coord.prealloc_taken(), 1);
     // A notice after the limit hands nothing over.
-    assert_eq!(
-        w.insts[1].handle_landed(w.now, tag),
-        Err(Ignored::UnknownRequest)
-    );
+    assert!(!w.insts[1].handle_landed(w.now, Landed::of(tag)));
     // The quarantine ends: the slot is free, and only now does the
     // coordinator hear of the failure (and may reuse the slot).
     w.advance(5);
@@ -941,10 +988,10 @@ fn an_abort_while_landing_quarantines_the_slot_and_reports_when_it_is_free() {
     // (10 ms): the coordinator aborts first.
     gated_world!(w, 20);
     w.stage(0, "r", 6 * KIB);
-    let _ = awaited(&w);
+    let _ = awaited(&w, "r");
     w.advance(10);
     assert_eq!(w.failed(), vec![FailReason::DoneTimeout]);
-    assert!(w.insts[1].awaiting_landing().next().is_none());
+    assert_eq!(w.insts[1].awaiting_landing(), 0);
     assert!(w.insts[1].slot_for("r").is_some(), "quarantined, not freed");
     assert_eq!(
         w.coord.prealloc_taken(),

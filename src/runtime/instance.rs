@@ -26,8 +26,8 @@ use ferry_core::json::{JsonStr, RawJson};
 use ferry_core::slots::{layout, BuddyConfig, Dtype, TensorSpec};
 use ferry_core::transport::wait::{WaitRecv, Wake};
 use ferry_core::transport::{
-    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, Region, Transport, WriteOp,
-    WriteTag,
+    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, Landed, Region, Transport,
+    WriteOp,
 };
 use ferry_core::wire::{Manifest, Shape, ShapeIter, TensorEntry, TRANSFER_MAGIC};
 use tracing::{debug, debug_span, info, warn};
@@ -357,7 +357,7 @@ where
             writes: Vec::with_capacity(n),
             in_flight: 0,
             done: Vec::with_capacity(n),
-            landing: Vec::with_capacity(n),
+            arrived: Vec::with_capacity(n),
             wake: None,
         };
         progress.wake = progress
@@ -758,8 +758,8 @@ struct Progress<S, T: Transport, R> {
     in_flight: usize,
     /// Finished writes, with the data plane's own text for a failure.
     done: Vec<(Token, Result<(), Reason>)>,
-    /// The tags of writes that received transfers wait for, reused.
-    landing: Vec<WriteTag>,
+    /// The writes the data plane reported landed this turn, reused.
+    arrived: Vec<Landed>,
     /// The transport's wake descriptor, if the channel can wait on it too.
     wake: Option<i32>,
 }
@@ -778,10 +778,10 @@ where
                 let now = shared.clock.now();
                 shared.drive(&mut st, now);
                 let next = st.machine.poll_timeout();
-                // Without a wake descriptor, completions are polled for.
-                // What `land` found waiting last time (it runs every turn).
-                let landing = !self.landing.is_empty();
-                let cap = if self.wake.is_some() || (self.in_flight == 0 && !landing) {
+                // Without a wake descriptor, completions and arrivals are
+                // polled for.
+                let quiet = || self.in_flight == 0 && st.machine.awaiting_landing() == 0;
+                let cap = if self.wake.is_some() || quiet() {
                     MAX_WAIT
                 } else {
                     POLL_WRITES
@@ -854,24 +854,24 @@ where
         }
     }
 
-    /// Tells the state machine which of the writes its received transfers
-    /// wait for have landed (it decides what waits, and for how long).
+    /// Hands the state machine the writes the data plane reports landed
+    /// (it decides what waits for them, and for how long).
     fn land(&mut self) {
-        let shared = &*self.shared;
-        let mut st = shared.lock();
-        self.landing.clear();
-        self.landing.extend(st.machine.awaiting_landing());
-        if self.landing.is_empty() {
+        self.arrived.clear();
+        while let Some(landed) = self.transport.poll_landed() {
+            self.arrived.push(landed);
+        }
+        if self.arrived.is_empty() {
             return;
         }
+        let shared = &*self.shared;
+        let mut st = shared.lock();
         let now = shared.clock.now();
-        let mut landed = false;
-        for &tag in &self.landing {
-            if self.transport.landed(tag) {
-                landed |= st.machine.handle_landed(now, tag).is_ok();
-            }
+        let mut handed = false;
+        for &landed in &self.arrived {
+            handed |= st.machine.handle_landed(now, landed);
         }
-        if landed {
+        if handed {
             shared.drive(&mut st, now);
         }
     }

@@ -11,10 +11,10 @@
 //! The data is the tag's low bits and the chunk count: 40 + 24 bits where
 //! the provider carries 8 bytes, 20 + 12 where it carries 4 (EFA, verbs).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::WriteTag;
+use ferry_core::transport::{Landed, WriteTag};
 
 /// How a notice is packed into remote CQ data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,22 +65,27 @@ impl NoticeFormat {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct Landing {
+struct Count {
     seen: u64,
     expected: u64,
     first: Instant,
 }
 
-/// The receiver's count of notices, by tag.
+/// The receiver's count of notices, by tag, and the writes whose every
+/// chunk arrived, in the order they completed, until they are polled.
 #[derive(Debug)]
 pub struct NoticeBook {
     format: NoticeFormat,
-    landings: HashMap<u64, Landing>,
-    /// Counts that were never claimed (the transfer was aborted after its
-    /// write) are dropped after this long.
+    counts: HashMap<u64, Count>,
+    landed: VecDeque<Landed>,
+    /// Counts whose write never completes (a chunk lost with its
+    /// connection) are dropped after this long.
     max_age: Duration,
-    /// Most counts kept; the oldest go first beyond it.
+    /// Most counts, and most landed writes, kept; the oldest go first
+    /// beyond it.
     cap: usize,
+    /// Landed writes dropped unpolled because `cap` were waiting.
+    pub dropped: u64,
 }
 
 impl NoticeBook {
@@ -88,65 +93,69 @@ impl NoticeBook {
     pub fn new(format: NoticeFormat, max_age: Duration, cap: usize) -> Self {
         Self {
             format,
-            landings: HashMap::with_capacity(cap.min(4096)),
+            counts: HashMap::with_capacity(cap.min(4096)),
+            landed: VecDeque::new(),
             max_age,
             cap: cap.max(1),
+            dropped: 0,
         }
     }
 
-    /// Counts one received notice.
+    /// Counts one received notice; the write it belongs to is landed once
+    /// every chunk's notice came.
     pub fn record(&mut self, data: u64, now: Instant) {
         let (tag, expected) = self.format.decode(data);
-        if self.landings.len() >= self.cap && !self.landings.contains_key(&tag) {
+        if self.counts.len() >= self.cap && !self.counts.contains_key(&tag) {
             self.prune(now);
-            if self.landings.len() >= self.cap {
+            if self.counts.len() >= self.cap {
                 if let Some(oldest) = self
-                    .landings
+                    .counts
                     .iter()
-                    .min_by_key(|(_, l)| l.first)
+                    .min_by_key(|(_, c)| c.first)
                     .map(|(t, _)| *t)
                 {
-                    self.landings.remove(&oldest);
+                    self.counts.remove(&oldest);
                 }
             }
         }
-        let l = self.landings.entry(tag).or_insert(Landing {
+        let c = self.counts.entry(tag).or_insert(Count {
             seen: 0,
             expected,
             first: now,
         });
-        l.seen += 1;
-        l.expected = expected;
+        c.seen += 1;
+        c.expected = expected;
+        if c.seen >= c.expected {
+            self.counts.remove(&tag);
+            if self.landed.len() >= self.cap {
+                self.landed.pop_front();
+                self.dropped += 1;
+            }
+            self.landed
+                .push_back(Landed::low_bits(tag, self.format.tag_bits));
+        }
     }
 
-    /// True once every chunk of the write tagged `tag` arrived; the count
-    /// is then consumed.
-    pub fn take(&mut self, tag: WriteTag) -> bool {
-        let key = self.format.tag_of(tag);
-        match self.landings.get(&key) {
-            Some(l) if l.seen >= l.expected => {
-                self.landings.remove(&key);
-                true
-            }
-            _ => false,
-        }
+    /// The next write whose every chunk arrived, each once.
+    pub fn pop_landed(&mut self) -> Option<Landed> {
+        self.landed.pop_front()
     }
 
     /// Drops counts older than the maximum age.
     pub fn prune(&mut self, now: Instant) {
         let max_age = self.max_age;
-        self.landings
-            .retain(|_, l| now.saturating_duration_since(l.first) < max_age);
+        self.counts
+            .retain(|_, c| now.saturating_duration_since(c.first) < max_age);
     }
 
-    /// Counts held.
-    pub fn len(&self) -> usize {
-        self.landings.len()
+    /// Writes counted and not yet landed.
+    pub fn counting(&self) -> usize {
+        self.counts.len()
     }
 
-    /// True if no count is held.
-    pub fn is_empty(&self) -> bool {
-        self.landings.is_empty()
+    /// Landed writes not yet polled.
+    pub fn waiting(&self) -> usize {
+        self.landed.len()
     }
 }
 
@@ -178,35 +187,53 @@ mod tests {
         let now = Instant::now();
         let a = WriteTag::of("a", 4096);
         let b = WriteTag::of("b", 4096);
-        assert!(!book.take(a));
+        assert_eq!(book.pop_landed(), None);
         book.record(f.encode(a, 3), now);
         book.record(f.encode(b, 1), now);
         book.record(f.encode(a, 3), now);
-        assert!(!book.take(a), "2 of 3 chunks");
-        assert!(book.take(b));
-        assert!(!book.take(b), "a count is consumed once");
+        let landed = book.pop_landed().expect("b's one chunk arrived");
+        assert!(landed.matches(b) && !landed.matches(a));
+        assert_eq!(
+            book.pop_landed(),
+            None,
+            "2 of a's 3 chunks; b reported once"
+        );
         book.record(f.encode(a, 3), now);
-        assert!(book.take(a));
-        assert!(book.is_empty());
+        assert!(book.pop_landed().is_some_and(|l| l.matches(a)));
+        assert_eq!((book.counting(), book.waiting()), (0, 0));
     }
 
     #[test]
-    fn unclaimed_counts_age_out_and_the_book_stays_bounded() {
+    fn unfinished_counts_age_out_and_the_book_stays_bounded() {
         let f = NoticeFormat::new(false);
         let mut book = NoticeBook::new(f, Duration::from_secs(1), 4);
         let t0 = Instant::now();
         for i in 0..4 {
             book.record(f.encode(WriteTag::of("r", i * 4096), 2), t0);
         }
-        assert_eq!(book.len(), 4);
+        assert_eq!(book.counting(), 4);
         book.record(
             f.encode(WriteTag::of("late", 0), 1),
             t0 + Duration::from_millis(10),
         );
-        assert_eq!(book.len(), 4, "the oldest went to make room");
-        assert!(book.take(WriteTag::of("late", 0)));
+        assert_eq!(
+            book.counting(),
+            3,
+            "the oldest went to make room; late landed"
+        );
+        assert!(book
+            .pop_landed()
+            .is_some_and(|l| l.matches(WriteTag::of("late", 0))));
         book.prune(t0 + Duration::from_secs(2));
-        assert!(book.is_empty());
+        assert_eq!(book.counting(), 0);
+        // Landed writes nobody polls are bounded too: the oldest go.
+        for i in 0..6 {
+            book.record(f.encode(WriteTag::of("w", i * 4096), 1), t0);
+        }
+        assert_eq!((book.waiting(), book.dropped), (4, 2));
+        assert!(book
+            .pop_landed()
+            .is_some_and(|l| l.matches(WriteTag::of("w", 2 * 4096))));
     }
 
     #[test]

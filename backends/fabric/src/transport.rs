@@ -12,8 +12,8 @@
 //! Delivery. [`Delivery::Complete`] posts every write with
 //! `FI_DELIVERY_COMPLETE`: its completion means the bytes are at the
 //! target. [`Delivery::Notify`] posts every chunk with remote CQ data that
-//! the receiver counts ([`crate::notice`]); its [`Transport::landed`]
-//! answers from that count.
+//! the receiver counts ([`crate::notice`]); its
+//! [`Transport::poll_landed`] reports each write whose count is complete.
 #![allow(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};
@@ -24,7 +24,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ferry_core::transport::wait::Wake;
-use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteOp, WriteTag};
+use ferry_core::transport::{Capabilities, Completion, Landed, Region, Transport, WriteOp};
 use ferry_fabric_sys as sys;
 use tracing::{debug, warn};
 
@@ -986,8 +986,11 @@ impl Transport for FabricTransport {
         self.shared.lock().done.pop_front()
     }
 
-    fn landed(&mut self, tag: WriteTag) -> bool {
-        self.opened.delivery != Delivery::Notify || self.shared.lock().notices.take(tag)
+    fn poll_landed(&mut self) -> Option<Landed> {
+        if self.opened.delivery != Delivery::Notify {
+            return None;
+        }
+        self.shared.lock().notices.pop_landed()
     }
 }
 

@@ -112,10 +112,12 @@ enum Op {
     Reregister {
         who: bool,
     },
-    /// The denoiser's data plane reports a write landed: one a transfer
-    /// waits for, or (`bogus`) any tag.
+    /// The denoiser's data plane reports a write landed: one posted so far
+    /// (before or after its ready, by `bits` of its tag), or (`bogus`)
+    /// any tag.
     Land {
         nth: u8,
+        bits: u8,
         bogus: Option<u64>,
     },
     Pump,
@@ -312,12 +314,15 @@ fuzz_target!(|ops: Vec<Op>| {
     let mut buf = vec![0u8; 8192];
     let mut held: Vec<(usize, Token)> = Vec::new();
     let mut writes: Vec<(usize, Token)> = Vec::new();
+    // The tags of the writes posted, newest last.
+    let mut posted: Vec<ferry_core::transport::WriteTag> = Vec::new();
 
     let mut pump = |coord: &mut Coordinator<'_, 2>,
                     insts: &mut [Instance<'_>; 2],
                     now: Instant,
                     held: &mut Vec<(usize, Token)>,
-                    writes: &mut Vec<(usize, Token)>| {
+                    writes: &mut Vec<(usize, Token)>,
+                    posted: &mut Vec<ferry_core::transport::WriteTag>| {
         for _ in 0..64 {
             let mut moved = false;
             while let Some(t) = coord.poll_transmit(&mut buf) {
@@ -339,6 +344,10 @@ fuzz_target!(|ops: Vec<Op>| {
                 }
                 while let Some(w) = inst.poll_action() {
                     writes.push((i, w.token));
+                    if posted.len() == 64 {
+                        posted.remove(0);
+                    }
+                    posted.push(w.tag);
                 }
                 while let Some(e) = inst.poll_event() {
                     if let InstanceEvent::Received(t) = e {
@@ -398,16 +407,14 @@ fuzz_target!(|ops: Vec<Op>| {
                 let _ = insts[i].handle_completion(now, t, if ok { Ok(()) } else { Err("failed") });
             }
             Op::Reregister { who } => insts[usize::from(who)].reregister(now),
-            Op::Land { nth, bogus } => {
+            Op::Land { nth, bits, bogus } => {
                 let tag = match bogus {
-                    Some(t) => Some(ferry_core::transport::WriteTag(t)),
-                    None => {
-                        let waiting: Vec<_> = insts[1].awaiting_landing().collect();
-                        (!waiting.is_empty()).then(|| waiting[usize::from(nth) % waiting.len()])
-                    }
+                    Some(t) => Some(t),
+                    None => (!posted.is_empty()).then(|| posted[usize::from(nth) % posted.len()].0),
                 };
                 if let Some(tag) = tag {
-                    let _ = insts[1].handle_landed(now, tag);
+                    let landed = ferry_core::transport::Landed::low_bits(tag, u32::from(bits));
+                    let _ = insts[1].handle_landed(now, landed);
                 }
             }
             Op::Advance { ms } => {
@@ -419,7 +426,7 @@ fuzz_target!(|ops: Vec<Op>| {
             }
             _ => {}
         }
-        pump(&mut coord, &mut insts, now, &mut held, &mut writes);
+        pump(&mut coord, &mut insts, now, &mut held, &mut writes, &mut posted);
     }
 
     // Let go of everything, then let time run out every wait.
@@ -435,7 +442,7 @@ fuzz_target!(|ops: Vec<Op>| {
         for inst in &mut insts {
             inst.handle_timeout(now);
         }
-        pump(&mut coord, &mut insts, now, &mut held, &mut writes);
+        pump(&mut coord, &mut insts, now, &mut held, &mut writes, &mut posted);
     }
     assert_eq!(coord.in_flight(), 0, "requests still in flight");
     assert_eq!(coord.prealloc_taken(), 0, "preallocated slots still taken");

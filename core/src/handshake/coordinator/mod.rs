@@ -1,0 +1,628 @@
+//! The coordinator: registry of instances by role, and one transfer record
+//! per request from `transfer_staged` to `transfer_done`.
+//!
+//! A request moves through
+//! `Queued → (fast path: Pushing | slow path: Allocating → Pushing) → Ready`
+//! and ends with `transfer_done`, or fails: on a timeout in any phase, a
+//! failed write, a non-retryable reject, or an instance that went away.
+//! Failing sends `transfer_abort` to each instance involved and releases
+//! the receiver's capacity exactly once (the ticket is consumed).
+//!
+//! Preallocated slots of a request that failed after its `transfer_push`
+//! went out are not reused at once: a write may still be landing, or the
+//! receiver may still be reading. They are parked, for `quarantine` if the
+//! write was not confirmed, or until the receiver's late `transfer_done`
+//! (at most `late_done_wait`) if it already held the data.
+
+use core::fmt;
+use core::time::Duration;
+
+use super::common::{
+    nested_json, Graveyard, Ignored, Instant, Leg, Name, PeerId, RequestId, Text, Tombstone,
+};
+use super::ring::Ring;
+use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
+use crate::managed::ManagedSlice;
+use crate::slots::{Capacity, CapacityTicket, PreallocTable};
+use crate::wire::{
+    Abort, Alloc, AllocReject, Allocated, Done, Manifest, Msg, Push, Pushed, Ready, Register,
+    RegisterAck, Staged,
+};
+
+mod dispatch;
+mod endings;
+mod output;
+mod registry;
+mod replies;
+
+/// How long each wait may last before the request fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Staged, waiting for a receiver with room.
+    pub queued: Duration,
+    /// `transfer_alloc` sent, waiting for `transfer_allocated` or a reject.
+    pub alloc: Duration,
+    /// `transfer_push` sent, waiting for `transfer_pushed`. Must exceed the
+    /// data plane's own write timeout plus the control plane's delay, so
+    /// that no write lands after the request failed.
+    pub push: Duration,
+    /// `transfer_ready` sent, waiting for `transfer_done`.
+    pub done: Duration,
+}
+
+/// How a receiver is chosen among the instances of the next role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// In turn, skipping instances without capacity.
+    RoundRobin,
+    /// The instance with the most free preallocated slots that fit, then
+    /// the most free capacity.
+    MostFreeSlots,
+}
+
+/// The coordinator's settings.
+#[derive(Clone, Copy, Debug)]
+pub struct CoordinatorConfig<'a> {
+    /// Roles in hand-off order, e.g. `["encoder", "denoiser", "decoder"]`:
+    /// a request staged by a role goes to the next one.
+    pub pipeline: &'a [&'a str],
+    /// Receiver choice.
+    pub policy: Policy,
+    /// Transfers an instance may receive at once.
+    pub capacity_per_instance: u32,
+    /// Per-phase timeouts.
+    pub timeouts: Timeouts,
+    /// Wait before re-dispatching after a retryable reject (times the
+    /// attempt number).
+    pub retry_backoff: Duration,
+    /// Dispatch attempts before a request fails.
+    pub max_attempts: u32,
+    /// How long a preallocated slot of a request that failed mid-write
+    /// stays out of use.
+    pub quarantine: Duration,
+    /// How long a preallocated slot of a request that failed while its
+    /// receiver held the data waits for the receiver's late
+    /// `transfer_done` before it is reused anyway.
+    pub late_done_wait: Duration,
+}
+
+/// A registered instance.
+#[derive(Debug)]
+pub struct Member<const P: usize> {
+    peer: PeerId,
+    role: usize,
+    session: Name,
+    endpoint: Name,
+    pool_ptr: u64,
+    pool_size: u64,
+    prealloc: PreallocTable<P>,
+    capacity: Capacity,
+    epoch: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MemberRef {
+    index: usize,
+    epoch: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for a receiver with room; `retry_at`: after a reject's
+    /// backoff. Otherwise a capacity release triggers the next attempt.
+    Queued {
+        retry_at: Option<Instant>,
+    },
+    Allocating,
+    Pushing,
+    Ready,
+}
+
+/// One request in flight.
+#[derive(Debug)]
+pub struct Transfer {
+    id: RequestId,
+    seq: u64,
+    phase: Phase,
+    deadline: Instant,
+    queued_until: Instant,
+    sender: MemberRef,
+    /// The sender's role: with the id, it names the leg.
+    sender_role: usize,
+    receiver: Option<MemberRef>,
+    ticket: Option<CapacityTicket>,
+    prealloc: Option<u64>,
+    data_size: u64,
+    slot_offset: u64,
+    attempts: u32,
+    manifest_len: usize,
+    scalars_len: usize,
+    /// Which queue entry is this transfer's live one.
+    queue_ticket: u64,
+}
+
+/// A place in the coordinator's wait queue.
+#[derive(Clone, Copy, Debug)]
+pub struct Queued {
+    index: usize,
+    ticket: u64,
+}
+
+/// A preallocated slot out of use after its request failed.
+#[derive(Clone, Copy, Debug)]
+pub struct Parked {
+    member: MemberRef,
+    slot_id: u64,
+    id: RequestId,
+    until: Instant,
+    /// The receiver held the data: a late `transfer_done` ends the wait.
+    held: bool,
+}
+
+/// Why a request failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailReason {
+    /// No receiver had room within the queue timeout.
+    QueueTimeout,
+    /// The receiver did not answer `transfer_alloc` in time.
+    AllocTimeout,
+    /// The sender did not report its write in time.
+    PushTimeout,
+    /// The receiver did not report `transfer_done` in time.
+    DoneTimeout,
+    /// The receiver could not allocate, for good or too often.
+    Rejected,
+    /// The sender's write failed.
+    WriteFailed,
+    /// The receiver reported an error in `transfer_done`.
+    ReceiverError,
+    /// An instance involved went away or registered again.
+    PeerGone,
+    /// The sender's role is the last of the pipeline.
+    NoNextRole,
+    /// The coordinator's transfer table is full.
+    TableFull,
+    /// Manifest and scalar fields exceed the storage of one transfer.
+    TooLarge,
+    /// The receiver answered with a slot that cannot hold the data.
+    BadSlot,
+}
+
+impl FailReason {
+    /// The reason as sent in `transfer_abort`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::QueueTimeout => "timeout waiting for a receiver",
+            Self::AllocTimeout => "timeout waiting for transfer_allocated",
+            Self::PushTimeout => "timeout waiting for transfer_pushed",
+            Self::DoneTimeout => "timeout waiting for transfer_done",
+            Self::Rejected => "receiver rejected the allocation",
+            Self::WriteFailed => "write failed",
+            Self::ReceiverError => "receiver reported an error",
+            Self::PeerGone => "instance went away",
+            Self::NoNextRole => "no role after the sender's",
+            Self::TableFull => "coordinator transfer table full",
+            Self::TooLarge => "manifest and scalar fields too large",
+            Self::BadSlot => "receiver's slot cannot hold the data",
+        }
+    }
+}
+
+impl fmt::Display for FailReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the coordinator tells its application.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoordinatorEvent {
+    /// An instance registered (`replaced`: a previous session of the same
+    /// endpoint was dropped).
+    Registered {
+        /// Its peer.
+        peer: PeerId,
+        /// Its role, as an index into the pipeline.
+        role: usize,
+        /// True if it replaced an earlier session.
+        replaced: bool,
+    },
+    /// A leg of a request was received and consumed.
+    Delivered {
+        /// The request.
+        id: RequestId,
+        /// The leg: its sender's role, as an index into the pipeline.
+        leg: usize,
+    },
+    /// A leg of a request failed; every instance involved was told.
+    Failed {
+        /// The request.
+        id: RequestId,
+        /// The leg: its sender's role, as an index into the pipeline.
+        leg: usize,
+        /// Why.
+        reason: FailReason,
+    },
+}
+
+/// A message to send.
+#[derive(Clone, Copy, Debug)]
+pub struct Outgoing {
+    to: PeerId,
+    msg: OutMsg,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum OutMsg {
+    Ack {
+        session: Name,
+        role: usize,
+        accepted: bool,
+        error: Option<&'static str>,
+    },
+    Alloc {
+        id: RequestId,
+        data_size: u64,
+        source_role: usize,
+        session: Name,
+    },
+    Push {
+        id: RequestId,
+        dest_session: Name,
+        dest_addr: u64,
+        transfer_size: u64,
+    },
+    /// Encoded from the transfer record when polled.
+    Ready { index: usize, seq: u64 },
+    Abort {
+        id: RequestId,
+        reason: &'static str,
+        source_role: usize,
+    },
+}
+
+/// A message for the caller to send: to whom, and its length in the buffer
+/// given to [`Coordinator::poll_transmit`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// The peer.
+    pub to: PeerId,
+    /// Payload bytes written (frame 1; frame 0 is `TRANSFER_MAGIC`).
+    pub len: usize,
+}
+
+/// Counters for operators.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CoordinatorStats {
+    /// Requests staged.
+    pub staged: u64,
+    /// Requests delivered.
+    pub delivered: u64,
+    /// Requests failed.
+    pub failed: u64,
+    /// Hand-offs that took the preallocated-slot fast path.
+    pub fast_path: u64,
+    /// Messages ignored.
+    pub ignored: u64,
+    /// Events dropped because the caller did not poll them.
+    pub events_dropped: u64,
+    /// Messages that could not be queued (transmit queue full).
+    pub transmits_dropped: u64,
+}
+
+/// A coordinator's tables: the caller's (`(&mut table).into()` each), or
+/// its own ([`owned`](Self::owned), feature `alloc`).
+pub struct CoordinatorStorage<'s, const P: usize> {
+    /// One per instance that may register.
+    pub members: ManagedSlice<'s, Option<Member<P>>>,
+    /// One per request in flight.
+    pub transfers: ManagedSlice<'s, Option<Transfer>>,
+    /// Manifest and scalar-field bytes, split evenly among `transfers`.
+    pub nested: ManagedSlice<'s, u8>,
+    /// Messages not yet polled; at least two per transfer plus one per
+    /// member is never full.
+    pub transmits: ManagedSlice<'s, Option<Outgoing>>,
+    /// Events not yet polled.
+    pub events: ManagedSlice<'s, Option<CoordinatorEvent>>,
+    /// Preallocated slots out of use.
+    pub parked: ManagedSlice<'s, Option<Parked>>,
+    /// The order queued transfers wait in; at least twice `transfers`.
+    pub queue: ManagedSlice<'s, Option<Queued>>,
+    /// Legs of requests that ended, newest overwriting oldest, so that a
+    /// duplicated `transfer_staged` arriving late is not taken for a new
+    /// request. Request ids must not be reused while they are here.
+    pub finished: ManagedSlice<'s, Tombstone>,
+}
+
+#[cfg(feature = "alloc")]
+impl<const P: usize> CoordinatorStorage<'static, P> {
+    /// Tables of their own, sized by `limits`: `requests` transfers (and
+    /// as many bytes of nested JSON each as `nested_per_request`),
+    /// `members` instances, `tombstones` ended legs, and queues that are
+    /// never full.
+    pub fn owned(limits: &super::Limits) -> Self {
+        use crate::managed::{empty, filled};
+        let n = limits.requests.max(1);
+        let members = limits.members.max(1);
+        Self {
+            members: empty(members),
+            transfers: empty(n),
+            nested: filled(n * limits.nested_per_request, 0),
+            // Two per transfer plus one per member is never full.
+            transmits: empty(2 * n + members + 8),
+            events: empty(2 * n + members + 8),
+            parked: empty(n + members * P),
+            queue: empty(2 * n),
+            finished: filled(limits.tombstones.max(1), Tombstone::EMPTY),
+        }
+    }
+}
+
+/// The longest pipeline role name a coordinator keeps.
+pub const ROLE_LEN: usize = 64;
+/// The most roles a pipeline may have.
+pub const MAX_ROLES: usize = 8;
+
+/// The coordinator's state machine.
+pub struct Coordinator<'s, const P: usize> {
+    /// The settings; the pipeline is kept in `roles`, so the machine
+    /// borrows nothing but its tables.
+    config: CoordinatorConfig<'static>,
+    roles: [Text<ROLE_LEN>; MAX_ROLES],
+    role_count: usize,
+    members: ManagedSlice<'s, Option<Member<P>>>,
+    transfers: ManagedSlice<'s, Option<Transfer>>,
+    nested: ManagedSlice<'s, u8>,
+    chunk: usize,
+    transmits: Ring<'s, Outgoing>,
+    events: Ring<'s, CoordinatorEvent>,
+    parked: ManagedSlice<'s, Option<Parked>>,
+    queue: Ring<'s, Queued>,
+    queue_tickets: u64,
+    epochs: u32,
+    finished: Graveyard<'s>,
+    cursor: [usize; 8],
+    seq: u64,
+    stats: CoordinatorStats,
+}
+
+impl<const P: usize> fmt::Debug for Coordinator<'_, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Coordinator")
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Bad coordinator settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    /// The pipeline has no role, or more than 8.
+    Pipeline,
+    /// A pipeline role's name is longer than [`ROLE_LEN`] bytes.
+    RoleTooLong,
+    /// No transfer storage.
+    NoTransfers,
+    /// The wait queue is shorter than twice the transfer table.
+    QueueTooShort,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Pipeline => "the pipeline must have 1 to 8 roles",
+            Self::RoleTooLong => "a pipeline role's name is longer than 64 bytes",
+            Self::NoTransfers => "the transfer table is empty",
+            Self::QueueTooShort => {
+                "the wait queue must be at least twice as long as the transfer table"
+            }
+        })
+    }
+}
+
+impl core::error::Error for ConfigError {}
+
+impl<'s, const P: usize> Coordinator<'s, P> {
+    /// A coordinator with no instance registered.
+    pub fn new(
+        config: CoordinatorConfig<'_>,
+        mut storage: CoordinatorStorage<'s, P>,
+    ) -> Result<Self, ConfigError> {
+        if config.pipeline.is_empty() || config.pipeline.len() > MAX_ROLES {
+            return Err(ConfigError::Pipeline);
+        }
+        let mut roles = [Text::EMPTY; MAX_ROLES];
+        for (kept, role) in roles.iter_mut().zip(config.pipeline) {
+            *kept = Text::new(role).map_err(|_| ConfigError::RoleTooLong)?;
+        }
+        if storage.transfers.is_empty() {
+            return Err(ConfigError::NoTransfers);
+        }
+        if storage.queue.len() < 2 * storage.transfers.len() {
+            return Err(ConfigError::QueueTooShort);
+        }
+        let chunk = storage.nested.len() / storage.transfers.len();
+        storage.members.iter_mut().for_each(|m| *m = None);
+        storage.transfers.iter_mut().for_each(|t| *t = None);
+        storage.parked.iter_mut().for_each(|p| *p = None);
+        Ok(Self {
+            config: CoordinatorConfig {
+                pipeline: &[],
+                policy: config.policy,
+                capacity_per_instance: config.capacity_per_instance,
+                timeouts: config.timeouts,
+                retry_backoff: config.retry_backoff,
+                max_attempts: config.max_attempts,
+                quarantine: config.quarantine,
+                late_done_wait: config.late_done_wait,
+            },
+            roles,
+            role_count: config.pipeline.len(),
+            members: storage.members,
+            transfers: storage.transfers,
+            nested: storage.nested,
+            chunk,
+            transmits: Ring::new(storage.transmits),
+            events: Ring::new(storage.events),
+            parked: storage.parked,
+            queue: Ring::new(storage.queue),
+            queue_tickets: 0,
+            epochs: 0,
+            finished: Graveyard::new(storage.finished),
+            cursor: [0; 8],
+            seq: 0,
+            stats: CoordinatorStats::default(),
+        })
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &CoordinatorStats {
+        &self.stats
+    }
+
+    /// Requests in flight.
+    pub fn in_flight(&self) -> usize {
+        self.transfers.iter().flatten().count()
+    }
+
+    /// Registered instances.
+    pub fn members(&self) -> usize {
+        self.members.iter().flatten().count()
+    }
+
+    /// Capacity units in use on each registered instance, with its peer.
+    pub fn capacity_in_use(&self) -> impl Iterator<Item = (PeerId, u32)> + '_ {
+        self.members
+            .iter()
+            .flatten()
+            .map(|m| (m.peer, m.capacity.in_use()))
+    }
+
+    /// Preallocated slots taken or parked, over all instances.
+    pub fn prealloc_taken(&self) -> usize {
+        self.members
+            .iter()
+            .flatten()
+            .map(|m| m.prealloc.len() - m.prealloc.free())
+            .sum()
+    }
+
+    /// The preallocated slot assigned (or parked) for request `id`: the
+    /// receiver's peer and the slot's offset and size in its pool.
+    pub fn prealloc_for(&self, id: &str) -> Option<(PeerId, u64, u64)> {
+        let slot = |r: MemberRef, slot_id: u64| {
+            let m = self.member(r)?;
+            let (s, _) = m.prealloc.get(slot_id)?;
+            Some((m.peer, s.offset, s.size))
+        };
+        let live = self
+            .transfers
+            .iter()
+            .flatten()
+            .find(|t| t.id.as_str() == id);
+        if let Some(found) = live.and_then(|t| slot(t.receiver?, t.prealloc?)) {
+            return Some(found);
+        }
+        self.parked
+            .iter()
+            .flatten()
+            .filter(|p| p.id.as_str() == id)
+            .find_map(|p| slot(p.member, p.slot_id))
+    }
+
+    /// Handles a message from `from`. `Err` says why it was ignored; it
+    /// changed nothing.
+    pub fn handle(&mut self, now: Instant, from: PeerId, msg: &Msg<'_>) -> Result<(), Ignored> {
+        let r = match msg {
+            Msg::Register(m) => self.on_register(now, from, m),
+            Msg::Staged(m) => self.on_staged(now, from, m),
+            Msg::Allocated(m) => self.on_allocated(now, from, m),
+            Msg::AllocReject(m) => self.on_reject(now, from, m),
+            Msg::Pushed(m) => self.on_pushed(now, from, m),
+            Msg::Done(m) => self.on_done(now, from, m),
+            _ => Err(Ignored::UnexpectedType),
+        };
+        if r.is_err() {
+            self.stats.ignored += 1;
+        }
+        r
+    }
+
+    // ---- lookups -----------------------------------------------------------
+
+    fn member_of_peer(&self, peer: PeerId) -> Option<usize> {
+        self.members
+            .iter()
+            .position(|m| m.as_ref().is_some_and(|m| m.peer == peer))
+    }
+
+    fn member(&self, r: MemberRef) -> Option<&Member<P>> {
+        self.members
+            .get(r.index)?
+            .as_ref()
+            .filter(|m| m.epoch == r.epoch)
+    }
+
+    fn member_mut(&mut self, r: MemberRef) -> Option<&mut Member<P>> {
+        self.members
+            .get_mut(r.index)?
+            .as_mut()
+            .filter(|m| m.epoch == r.epoch)
+    }
+
+    /// The transfer of request `id` whose sender or receiver (as
+    /// `from_sender` says) is `from`. One request has a transfer per leg,
+    /// and an instance takes part in a leg on one side only, so at most one
+    /// matches; failing that, any transfer of `id` (to say why it is not
+    /// `from`'s).
+    fn transfer_of(&self, id: JsonStr<'_>, from: PeerId, from_sender: bool) -> Option<usize> {
+        let mut any = None;
+        for (i, t) in self.transfers.iter().enumerate() {
+            let Some(t) = t.as_ref().filter(|t| t.id.eq_json(id)) else {
+                continue;
+            };
+            let who = if from_sender {
+                Some(t.sender)
+            } else {
+                t.receiver
+            };
+            if who
+                .and_then(|r| self.member(r))
+                .is_some_and(|m| m.peer == from)
+            {
+                return Some(i);
+            }
+            any.get_or_insert(i);
+        }
+        any
+    }
+
+    /// The transfer `id` if it is in `phase` and `from` is its receiver (or
+    /// sender, if `from_sender`).
+    fn expect(
+        &self,
+        id: JsonStr<'_>,
+        from: PeerId,
+        from_sender: bool,
+        phase: fn(&Phase) -> bool,
+    ) -> Result<usize, Ignored> {
+        let i = self
+            .transfer_of(id, from, from_sender)
+            .ok_or(Ignored::UnknownRequest)?;
+        let t = self.transfers[i].as_ref().ok_or(Ignored::UnknownRequest)?;
+        let who = if from_sender {
+            Some(t.sender)
+        } else {
+            t.receiver
+        };
+        let member = who.and_then(|r| self.member(r)).ok_or(Ignored::WrongPeer)?;
+        if member.peer != from {
+            return Err(Ignored::WrongPeer);
+        }
+        if !phase(&t.phase) {
+            return Err(Ignored::WrongState);
+        }
+        Ok(i)
+    }
+}

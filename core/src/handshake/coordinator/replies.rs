@@ -1,0 +1,162 @@
+//! The receivers' and senders' replies: allocated, rejected, pushed, done.
+
+use super::*;
+
+impl<'s, const P: usize> Coordinator<'s, P> {
+    pub(super) fn on_allocated(
+        &mut self,
+        now: Instant,
+        from: PeerId,
+        m: &Allocated<'_>,
+    ) -> Result<(), Ignored> {
+        let i = self.expect(m.request_id, from, false, |p| *p == Phase::Allocating)?;
+        let t = self.transfers[i].as_ref().ok_or(Ignored::UnknownRequest)?;
+        let (receiver, data_size, id, sender) = (t.receiver, t.data_size, t.id, t.sender);
+        let r = receiver
+            .and_then(|r| self.member(r))
+            .ok_or(Ignored::WrongPeer)?;
+        if !r.session.eq_json(m.session_id) {
+            return Err(Ignored::WrongPeer);
+        }
+        let end = m.slot_offset.checked_add(m.slot_size);
+        let dest_addr = r.pool_ptr.checked_add(m.slot_offset);
+        let (session, fits) = (
+            r.session,
+            m.slot_size >= data_size && end.is_some_and(|e| e <= r.pool_size),
+        );
+        let (Some(dest_addr), true) = (dest_addr, fits) else {
+            self.fail(now, i, FailReason::BadSlot);
+            return Ok(());
+        };
+        let Some(sender_peer) = self.member(sender).map(|s| s.peer) else {
+            self.fail(now, i, FailReason::PeerGone);
+            return Ok(());
+        };
+        if let Some(t) = self.transfers[i].as_mut() {
+            t.slot_offset = m.slot_offset;
+            t.phase = Phase::Pushing;
+            t.deadline = now + self.config.timeouts.push;
+        }
+        self.send(
+            sender_peer,
+            OutMsg::Push {
+                id,
+                dest_session: session,
+                dest_addr,
+                transfer_size: data_size,
+            },
+        );
+        Ok(())
+    }
+
+    pub(super) fn on_reject(
+        &mut self,
+        now: Instant,
+        from: PeerId,
+        m: &AllocReject<'_>,
+    ) -> Result<(), Ignored> {
+        let i = self.expect(m.request_id, from, false, |p| *p == Phase::Allocating)?;
+        let attempts = self.transfers[i].as_ref().map_or(0, |t| t.attempts);
+        if !m.retryable || attempts >= self.config.max_attempts {
+            self.fail(now, i, FailReason::Rejected);
+            return Ok(());
+        }
+        self.release(i);
+        let backoff = self.config.retry_backoff * attempts;
+        if let Some(t) = self.transfers[i].as_mut() {
+            t.phase = Phase::Queued {
+                retry_at: Some(now + backoff),
+            };
+            t.deadline = t.queued_until.max(now + backoff);
+        }
+        self.enqueue(i);
+        self.dispatch_queued(now);
+        Ok(())
+    }
+
+    pub(super) fn on_pushed(
+        &mut self,
+        now: Instant,
+        from: PeerId,
+        m: &Pushed<'_>,
+    ) -> Result<(), Ignored> {
+        let i = self.expect(m.request_id, from, true, |p| *p == Phase::Pushing)?;
+        if !m.success {
+            self.fail(now, i, FailReason::WriteFailed);
+            return Ok(());
+        }
+        let Some(receiver) = self.transfers[i].as_ref().and_then(|t| t.receiver) else {
+            return Err(Ignored::WrongState);
+        };
+        let Some(peer) = self.member(receiver).map(|r| r.peer) else {
+            self.fail(now, i, FailReason::PeerGone);
+            return Ok(());
+        };
+        let seq = match self.transfers[i].as_mut() {
+            Some(t) => {
+                t.phase = Phase::Ready;
+                t.deadline = now + self.config.timeouts.done;
+                t.seq
+            }
+            None => return Err(Ignored::UnknownRequest),
+        };
+        self.send(peer, OutMsg::Ready { index: i, seq });
+        Ok(())
+    }
+
+    pub(super) fn on_done(
+        &mut self,
+        now: Instant,
+        from: PeerId,
+        m: &Done<'_>,
+    ) -> Result<(), Ignored> {
+        let i = match self.expect(m.request_id, from, false, |p| *p == Phase::Ready) {
+            Ok(i) => i,
+            Err(Ignored::UnknownRequest) => return self.late_done(from, m.request_id),
+            Err(e) => return Err(e),
+        };
+        let Some(t) = self.transfers[i].as_ref() else {
+            return Err(Ignored::UnknownRequest);
+        };
+        let (id, leg) = (t.id, t.sender_role);
+        if m.error.is_some() {
+            self.end(now, i);
+            self.stats.failed += 1;
+            self.event(CoordinatorEvent::Failed {
+                id,
+                leg,
+                reason: FailReason::ReceiverError,
+            });
+        } else {
+            self.end(now, i);
+            self.stats.delivered += 1;
+            self.event(CoordinatorEvent::Delivered { id, leg });
+        }
+        self.dispatch_queued(now);
+        Ok(())
+    }
+
+    /// A `transfer_done` for a request that already failed: the receiver
+    /// has let go of its preallocated slot now.
+    pub(super) fn late_done(&mut self, from: PeerId, id: JsonStr<'_>) -> Result<(), Ignored> {
+        let found = self.parked.iter().position(|p| {
+            p.is_some_and(|p| {
+                p.held && p.id.eq_json(id) && self.member(p.member).is_some_and(|m| m.peer == from)
+            })
+        });
+        let Some(pi) = found else {
+            return Err(Ignored::UnknownRequest);
+        };
+        let Some(p) = self.parked[pi] else {
+            return Err(Ignored::UnknownRequest);
+        };
+        if self.member(p.member).map(|m| m.peer) != Some(from) {
+            return Err(Ignored::WrongPeer);
+        }
+        self.parked[pi] = None;
+        if let Some(m) = self.member_mut(p.member) {
+            let _ = m.prealloc.give_back(p.slot_id);
+        }
+        Ok(())
+    }
+}

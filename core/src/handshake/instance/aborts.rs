@@ -1,0 +1,84 @@
+//! `transfer_abort`: a request ended elsewhere, on either side.
+
+use super::*;
+
+impl<'s> Instance<'s> {
+    pub(super) fn on_abort(
+        &mut self,
+        now: Instant,
+        id: JsonStr<'_>,
+        side: Side,
+    ) -> Result<(), Ignored> {
+        let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
+        if self.tombstoned(id, side) {
+            return Err(Ignored::Duplicate);
+        }
+        self.tombstone(rid, side);
+        self.stats.aborted += 1;
+        let Some(index) = self.find(id, side) else {
+            // Nothing held here (a fast-path transfer not yet ready): the
+            // tombstone keeps a late `transfer_ready` out.
+            return Ok(());
+        };
+        let Some(r) = self.requests[index].as_mut() else {
+            return Ok(());
+        };
+        let token = Token { index, seq: r.seq };
+        match &mut r.kind {
+            Kind::Filling { .. } => {
+                // Not announced yet; the coordinator cannot mean it.
+                return Err(Ignored::WrongState);
+            }
+            Kind::Writing { aborted, .. } => {
+                *aborted = true;
+                self.event(InstanceEvent::SendFailed { id: rid });
+            }
+            Kind::Delivered { aborted, .. } => {
+                *aborted = true;
+                self.event(InstanceEvent::Aborted(token));
+            }
+            Kind::Landing { .. } => {
+                // The bytes may still come: quarantine the slot, and say
+                // when it is free again (the coordinator waits for that
+                // before it reuses a preallocated slot).
+                if let Some(r) = self.requests[index].take() {
+                    if let Kind::Landing { held, .. } = r.kind {
+                        self.quarantine(
+                            index,
+                            (r.id, r.seq),
+                            held,
+                            now + self.config.quarantine,
+                            Some(NEVER_LANDED),
+                        );
+                    }
+                }
+            }
+            Kind::Quarantined { .. } => {}
+            Kind::Staged { .. } => {
+                if let Some(Request {
+                    kind: Kind::Staged { slot, .. },
+                    ..
+                }) = self.requests[index].take()
+                {
+                    let _ = self.pool.free(slot);
+                }
+                self.event(InstanceEvent::SendFailed { id: rid });
+            }
+            Kind::Reserved { .. } => {
+                // A write may still land here: quarantine the slot.
+                if let Some(r) = self.requests[index].take() {
+                    if let Kind::Reserved { slot } = r.kind {
+                        self.quarantine(
+                            index,
+                            (r.id, r.seq),
+                            Held::Pool(slot),
+                            now + self.config.quarantine,
+                            None,
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

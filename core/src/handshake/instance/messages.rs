@@ -1,0 +1,361 @@
+//! The coordinator's messages: registration answered, `transfer_alloc`,
+//! `transfer_push`, `transfer_ready`.
+
+use super::*;
+
+impl<'s> Instance<'s> {
+    /// Handles a message from the coordinator. `Err` says why it was
+    /// ignored; it changed nothing.
+    pub fn handle(&mut self, now: Instant, msg: &Msg<'_>) -> Result<(), Ignored> {
+        let r = match msg {
+            Msg::RegisterAck(m) => {
+                // An ack that names no session (a seed-era coordinator's)
+                // answers whoever it reached: this endpoint is ours.
+                if !m.session_id.is_empty() && !self.session.eq_json(m.session_id) {
+                    Err(Ignored::WrongPeer)
+                } else if self.registered {
+                    Err(Ignored::Duplicate)
+                } else {
+                    self.registered = m.accepted;
+                    self.refused = !m.accepted;
+                    self.event(if m.accepted {
+                        InstanceEvent::Registered
+                    } else {
+                        InstanceEvent::Refused
+                    });
+                    Ok(())
+                }
+            }
+            // A message for another session of this endpoint (a predecessor
+            // that crashed) is not for us.
+            Msg::Alloc(m)
+                if !m.receiver_session_id.is_empty()
+                    && !self.session.eq_json(m.receiver_session_id) =>
+            {
+                Err(Ignored::WrongPeer)
+            }
+            Msg::Ready(m)
+                if !m.dest_session_id.is_empty() && !self.session.eq_json(m.dest_session_id) =>
+            {
+                Err(Ignored::WrongPeer)
+            }
+            Msg::Alloc(m) => self.on_alloc(now, m.request_id, m.data_size),
+            Msg::Push(m) => self.on_push(
+                m.request_id,
+                m.dest_session_id,
+                m.dest_addr,
+                m.transfer_size,
+            ),
+            Msg::Ready(m) => self.on_ready(
+                now,
+                m.request_id,
+                m.slot_offset,
+                &m.manifest,
+                m.scalar_fields,
+            ),
+            Msg::Abort(m) => {
+                // Which side of this instance the leg is on: a coordinator
+                // that does not say means whatever it holds of the request.
+                if m.source_role.is_empty() {
+                    let send = self.on_abort(now, m.request_id, Side::Send);
+                    let recv = self.on_abort(now, m.request_id, Side::Recv);
+                    send.or(recv)
+                } else if self.role.eq_json(m.source_role) {
+                    self.on_abort(now, m.request_id, Side::Send)
+                } else {
+                    self.on_abort(now, m.request_id, Side::Recv)
+                }
+            }
+            _ => Err(Ignored::UnexpectedType),
+        };
+        if r.is_err() {
+            self.stats.ignored += 1;
+        }
+        r
+    }
+
+    pub(super) fn on_alloc(
+        &mut self,
+        now: Instant,
+        id: JsonStr<'_>,
+        data_size: u64,
+    ) -> Result<(), Ignored> {
+        if self.tombstoned(id, Side::Recv) {
+            return Err(Ignored::Aborted);
+        }
+        if self.find(id, Side::Recv).is_some() {
+            return Err(Ignored::Duplicate);
+        }
+        let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
+        let reject = |me: &mut Self, retryable, reason| {
+            me.stats.rejected += 1;
+            me.send(OutMsg::Reject {
+                id: rid,
+                retryable,
+                reason,
+            });
+            Ok(())
+        };
+        if self.requests.iter().all(Option::is_some) {
+            return reject(self, true, "instance request table full");
+        }
+        let slot = match self.pool.allocate(data_size) {
+            Ok(s) => s,
+            Err(BuddyError::OutOfSpace { .. }) => return reject(self, true, "pool full"),
+            Err(_) => return reject(self, false, "size cannot fit this pool"),
+        };
+        let (slot_offset, slot_size) = (slot.offset(), slot.size());
+        let deadline = Some(now + self.config.reserved_timeout);
+        if let Err(Kind::Reserved { slot }) = self.insert(rid, Kind::Reserved { slot }, deadline) {
+            let _ = self.pool.free(slot);
+            return reject(self, true, "instance request table full");
+        }
+        self.send(OutMsg::Allocated {
+            id: rid,
+            slot_offset,
+            slot_size,
+        });
+        Ok(())
+    }
+
+    pub(super) fn on_push(
+        &mut self,
+        id: JsonStr<'_>,
+        dest_session: JsonStr<'_>,
+        dest_addr: u64,
+        transfer_size: u64,
+    ) -> Result<(), Ignored> {
+        if self.tombstoned(id, Side::Send) {
+            return Err(Ignored::Aborted);
+        }
+        let index = self.find(id, Side::Send).ok_or(Ignored::UnknownRequest)?;
+        let dest_session =
+            Name::from_json(dest_session).map_err(|_| Ignored::TooLong("dest_session_id"))?;
+        let Some(r) = self.requests[index].take() else {
+            return Err(Ignored::UnknownRequest);
+        };
+        let slot = match r.kind {
+            Kind::Staged { slot, data_size } if data_size == transfer_size => slot,
+            kind => {
+                let why = match kind {
+                    Kind::Writing { .. } => Ignored::Duplicate,
+                    Kind::Staged { .. } => Ignored::BadField("transfer_size"),
+                    _ => Ignored::WrongState,
+                };
+                self.requests[index] = Some(Request { kind, ..r });
+                return Err(why);
+            }
+        };
+        let write = Write {
+            token: Token { index, seq: r.seq },
+            id: r.id,
+            local_offset: slot.offset(),
+            len: transfer_size,
+            dest_session,
+            dest_addr,
+            tag: WriteTag::of(r.id.as_str(), dest_addr),
+        };
+        self.requests[index] = Some(Request {
+            kind: Kind::Writing {
+                slot,
+                len: transfer_size,
+                aborted: false,
+            },
+            deadline: None,
+            ..r
+        });
+        if self.actions.push(write).is_err() {
+            self.stats.dropped += 1;
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_ready(
+        &mut self,
+        now: Instant,
+        id: JsonStr<'_>,
+        slot_offset: u64,
+        manifest: &Manifest<'_>,
+        scalars: RawJson<'_>,
+    ) -> Result<(), Ignored> {
+        if self.tombstoned(id, Side::Recv) {
+            return Err(Ignored::Aborted);
+        }
+        let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
+        // Where the data is: a slot reserved for this request, or a free
+        // preallocated slot (the coordinator's fast path).
+        let free_prealloc = self
+            .prealloc
+            .iter()
+            .position(|s| s.offset == slot_offset)
+            .filter(|&p| self.prealloc_use[p].is_free());
+        let mut found = self.find(id, Side::Recv);
+        if let (Some(i), Some(_)) = (found, free_prealloc) {
+            // A slot reserved by a duplicated `transfer_alloc` that the
+            // coordinator never used (it took the fast path instead): no
+            // write can target it, so it goes now.
+            let stale = matches!(
+                &self.requests[i],
+                Some(Request { kind: Kind::Reserved { slot }, .. }) if slot.offset() != slot_offset
+            );
+            if stale {
+                if let Some(Request {
+                    kind: Kind::Reserved { slot },
+                    ..
+                }) = self.requests[i].take()
+                {
+                    let _ = self.pool.free(slot);
+                }
+                found = None;
+            }
+        }
+        let (index, slot_size) = match found {
+            Some(i) => match self.requests[i].as_ref().map(|r| &r.kind) {
+                Some(Kind::Reserved { slot }) if slot.offset() == slot_offset => {
+                    (Some(i), slot.size())
+                }
+                Some(Kind::Reserved { .. }) => return Err(Ignored::BadField("slot_offset")),
+                Some(Kind::Landing { .. } | Kind::Delivered { .. }) => {
+                    return Err(Ignored::Duplicate)
+                }
+                _ => return Err(Ignored::WrongState),
+            },
+            None => {
+                let p = self.prealloc.iter().position(|s| s.offset == slot_offset);
+                match p {
+                    Some(p) if self.prealloc_use[p].is_free() => (None, self.prealloc[p].size),
+                    Some(_) => return Err(Ignored::WrongState),
+                    None => return Err(Ignored::UnknownRequest),
+                }
+            }
+        };
+        let total = manifest_len(manifest) + scalars.as_str().len();
+        let fits = check_manifest(manifest, slot_size).is_ok() && total <= self.chunk;
+        let index = match index {
+            Some(i) => i,
+            None => {
+                let p = self
+                    .prealloc
+                    .iter()
+                    .position(|s| s.offset == slot_offset)
+                    .ok_or(Ignored::UnknownRequest)?;
+                if !fits {
+                    // Nothing to free: the slot is the coordinator's to give back.
+                    self.refuse_prealloc(now, p, rid, "manifest does not fit the slot");
+                    return Ok(());
+                }
+                match self.insert(
+                    rid,
+                    Kind::Delivered {
+                        held: Held::Prealloc(p),
+                        aborted: false,
+                    },
+                    None,
+                ) {
+                    Ok(t) => {
+                        self.prealloc_use[p] = PreallocUse(Use::Request);
+                        t.index
+                    }
+                    Err(_) => {
+                        self.refuse_prealloc(now, p, rid, "instance request table full");
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        let Some(r) = self.requests[index].take() else {
+            return Err(Ignored::UnknownRequest);
+        };
+        let held = match r.kind {
+            Kind::Reserved { slot } if !fits => {
+                const WHY: &str = "manifest does not fit the slot";
+                match self.config.landing {
+                    // The write may still be landing: the slot sits out the
+                    // time it may take, then the refusal goes out.
+                    Some(limit) => {
+                        self.tombstone(r.id, Side::Recv);
+                        let until = now + limit + self.config.quarantine;
+                        self.quarantine(index, (r.id, r.seq), Held::Pool(slot), until, Some(WHY));
+                    }
+                    // The write is done (the coordinator saw
+                    // `transfer_pushed`): the slot can go at once.
+                    None => {
+                        let _ = self.pool.free(slot);
+                        self.done(r.id, Some(Reason::truncated(WHY)));
+                    }
+                }
+                return Ok(());
+            }
+            Kind::Reserved { slot } => Held::Pool(slot),
+            Kind::Delivered { held, .. } => held,
+            other => {
+                self.requests[index] = Some(Request { kind: other, ..r });
+                return Err(Ignored::WrongState);
+            }
+        };
+        let seq = r.seq;
+        // Where a completion does not mean delivery, the data plane must
+        // say the bytes arrived before the application may read them (it
+        // may have said so already).
+        let tag = WriteTag::of(r.id.as_str(), self.pool_ptr + slot_offset);
+        let gate = self.config.landing;
+        let (kind, deadline) = match gate {
+            Some(limit) if !self.arrivals.take(now, tag) => {
+                (Kind::Landing { held, tag }, Some(now + limit))
+            }
+            _ => (
+                Kind::Delivered {
+                    held,
+                    aborted: false,
+                },
+                None,
+            ),
+        };
+        let landing = matches!(kind, Kind::Landing { .. });
+        self.requests[index] = Some(Request {
+            kind,
+            deadline,
+            ..r
+        });
+        let base = index * self.chunk;
+        let mut sink = Sink::new(&mut self.nested[base..base + self.chunk]);
+        manifest.write_json(&mut sink, Default::default());
+        let m_len = sink.len();
+        sink.put(scalars.as_str().as_bytes());
+        let s_len = sink.len() - m_len;
+        if let Some(r) = self.requests[index].as_mut() {
+            r.manifest_len = m_len;
+            r.scalars_len = s_len;
+        }
+        if !landing {
+            self.stats.received += 1;
+            self.event(InstanceEvent::Received(Token { index, seq }));
+        }
+        Ok(())
+    }
+
+    /// Refuses a `transfer_ready` into preallocated slot `p` that no request
+    /// record holds. Where completions mean delivery the write is done and
+    /// the coordinator may reuse the slot at once; elsewhere the bytes may
+    /// still come, so the slot is held (without a record: the table may be
+    /// full) for as long as they may take, and the refusal goes out then.
+    pub(super) fn refuse_prealloc(
+        &mut self,
+        now: Instant,
+        p: usize,
+        id: RequestId,
+        why: &'static str,
+    ) {
+        match self.config.landing {
+            Some(limit) => {
+                self.tombstone(id, Side::Recv);
+                self.prealloc_use[p] = PreallocUse(Use::Refused {
+                    id,
+                    until: now + limit + self.config.quarantine,
+                    report: Some(why),
+                });
+            }
+            None => self.done(id, Some(Reason::truncated(why))),
+        }
+    }
+}

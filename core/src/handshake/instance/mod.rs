@@ -1,0 +1,825 @@
+//! An instance: the sender side (stage a request in a pool slot, write it
+//! where the coordinator says, report) and the receiver side (reserve a slot
+//! or reject, validate `transfer_ready`, hand the tensors to the
+//! application, report `transfer_done` when it lets go).
+//!
+//! Every slot is freed exactly once, whatever arrives: on completion, on
+//! release, on `transfer_abort`, or on a local timeout when the coordinator
+//! went quiet. A slot that a write may still be landing in (reserved for a
+//! transfer that was then aborted) is quarantined before reuse. Aborted
+//! requests leave a tombstone so that late messages about them are ignored.
+
+use core::fmt;
+use core::time::Duration;
+
+use super::common::{
+    nested_json, Graveyard, Ignored, Instant, Leg, Name, Reason, RequestId, Side, Text, Tombstone,
+};
+use super::ring::Ring;
+#[cfg(feature = "alloc")]
+use super::Limits;
+use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
+use crate::managed::ManagedSlice;
+use crate::slots::{check_manifest, Buddy, BuddyConfig, BuddyError, SlotHandle};
+use crate::transport::{Landed, WriteTag};
+use crate::wire::{
+    AllocReject, Allocated, Done, Manifest, Msg, PreallocatedSlot, Pushed, Register, SlotList,
+    Staged,
+};
+
+mod aborts;
+mod landing;
+pub use landing::Arrival;
+use landing::Arrivals;
+mod messages;
+mod output;
+mod receiver;
+mod sender;
+mod time;
+
+/// An instance's settings.
+#[derive(Clone, Copy, Debug)]
+pub struct InstanceConfig<'a> {
+    /// The role it registers as.
+    pub role: &'a str,
+    /// Its data-plane session id (what peers address its pool by).
+    pub session_id: &'a str,
+    /// Its work endpoint.
+    pub work_endpoint: &'a str,
+    /// The pool's base address in this process.
+    pub pool_ptr: u64,
+    /// The pool's shape.
+    pub pool: BuddyConfig,
+    /// Receive slots set aside at start: how many, of what size.
+    pub prealloc: (usize, u64),
+    /// Resend `transfer_register` this often until acknowledged.
+    pub register_retry: Duration,
+    /// Staged, waiting for `transfer_push`, before the slot is freed.
+    pub staged_timeout: Duration,
+    /// Slot reserved, waiting for `transfer_ready`, before it is freed.
+    pub reserved_timeout: Duration,
+    /// How long a slot a write may still be landing in stays out of use.
+    pub quarantine: Duration,
+    /// `None` where a write's completion means its bytes arrived (the data
+    /// plane's `delivery_complete`). `Some(limit)` where it does not: a
+    /// transfer announced ready is handed to the application only once the
+    /// data plane reports its write landed ([`Instance::handle_landed`]),
+    /// and is refused after `limit` (its slot quarantined first, since the
+    /// bytes may still come).
+    pub landing: Option<Duration>,
+}
+
+/// Where a received transfer's bytes are.
+#[derive(Debug)]
+enum Held {
+    Pool(SlotHandle),
+    Prealloc(usize),
+}
+
+#[derive(Debug)]
+enum Kind {
+    /// Sender: slot allocated, the application is filling it.
+    Filling { slot: SlotHandle },
+    /// Sender: `transfer_staged` queued or sent, waiting for the push.
+    Staged { slot: SlotHandle, data_size: u64 },
+    /// Sender: write of `len` bytes posted, waiting for its completion.
+    Writing {
+        slot: SlotHandle,
+        len: u64,
+        aborted: bool,
+    },
+    /// Receiver: slot reserved, waiting for `transfer_ready`.
+    Reserved { slot: SlotHandle },
+    /// Receiver: announced ready, waiting for the data plane to report
+    /// that the write tagged `tag` landed.
+    Landing { held: Held, tag: WriteTag },
+    /// Receiver: the application holds the data.
+    Delivered { held: Held, aborted: bool },
+    /// A slot out of use until a possible late write has landed; `report`:
+    /// then tell the coordinator the transfer failed, and why, which is when
+    /// it may reuse a preallocated slot.
+    Quarantined {
+        held: Held,
+        report: Option<&'static str>,
+    },
+}
+
+impl Kind {
+    fn side(&self) -> Side {
+        match self {
+            Self::Filling { .. } | Self::Staged { .. } | Self::Writing { .. } => Side::Send,
+            Self::Reserved { .. }
+            | Self::Landing { .. }
+            | Self::Delivered { .. }
+            | Self::Quarantined { .. } => Side::Recv,
+        }
+    }
+}
+
+/// One request this instance is part of.
+#[derive(Debug)]
+pub struct Request {
+    id: RequestId,
+    seq: u64,
+    kind: Kind,
+    deadline: Option<Instant>,
+    manifest_len: usize,
+    scalars_len: usize,
+}
+
+/// Names a request to the application; stale tokens are refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Token {
+    index: usize,
+    seq: u64,
+}
+
+/// What holds a preallocated receive slot: one per slot, in caller storage
+/// ([`InstanceStorage::prealloc_use`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PreallocUse(Use);
+
+#[derive(Clone, Copy, Debug, Default)]
+enum Use {
+    #[default]
+    Free,
+    /// A request record (delivered, landing or quarantined).
+    Request,
+    /// A transfer refused on a data plane whose completions do not mean
+    /// delivery, without a request record to hold it (the table was full):
+    /// its bytes may still land, so the slot sits out until `until`, then
+    /// the refusal goes to the coordinator (if `report` says why).
+    Refused {
+        id: RequestId,
+        until: Instant,
+        report: Option<&'static str>,
+    },
+}
+
+impl PreallocUse {
+    /// Free.
+    pub const FREE: Self = Self(Use::Free);
+
+    fn is_free(&self) -> bool {
+        matches!(self.0, Use::Free)
+    }
+}
+
+/// The reason a transfer whose write never landed is refused with.
+const NEVER_LANDED: &str = "write never landed";
+
+/// Bits of a [`Token`]'s sequence number in its cookie; the rest hold its
+/// table index, so an instance holds at most [`MAX_REQUESTS`] requests.
+const SEQ_BITS: u32 = 48;
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+
+/// The most requests one instance's table may hold (a token's index must
+/// fit its cookie).
+pub const MAX_REQUESTS: usize = 1 << (64 - SEQ_BITS);
+
+impl Token {
+    /// The token as a data plane's write cookie: pass it to the data plane
+    /// with the write and back with its completion ([`Token::from_cookie`]),
+    /// so that the caller keeps no table of its own.
+    pub const fn cookie(self) -> u64 {
+        ((self.index as u64) << SEQ_BITS) | (self.seq & SEQ_MASK)
+    }
+
+    /// The token a cookie was made from. A cookie of no live request (a
+    /// completion that arrives after its request ended) gives a token the
+    /// instance refuses as stale.
+    pub const fn from_cookie(cookie: u64) -> Self {
+        Self {
+            index: (cookie >> SEQ_BITS) as usize,
+            seq: cookie & SEQ_MASK,
+        }
+    }
+}
+
+/// A write for the caller's data plane to post.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Write {
+    /// Pass back to [`Instance::handle_completion`].
+    pub token: Token,
+    /// The request.
+    pub id: RequestId,
+    /// Offset of the bytes in this instance's pool.
+    pub local_offset: u64,
+    /// Bytes to write.
+    pub len: u64,
+    /// The receiver's data-plane session.
+    pub dest_session: Name,
+    /// Destination address in the receiver's address space.
+    pub dest_addr: u64,
+    /// The write's name for receivers whose data plane reports arrivals
+    /// ([`InstanceConfig::landing`]): sender and receiver both compute it
+    /// from the request id and the destination address.
+    pub tag: WriteTag,
+}
+
+/// Where the instance stands with its coordinator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Registration {
+    /// Registering (at start, or again after losing the coordinator):
+    /// nothing else is sent until it is acknowledged.
+    Pending,
+    /// The coordinator accepted it.
+    Accepted,
+    /// The coordinator refused it (an unknown role, say).
+    Refused,
+}
+
+/// What the application should know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstanceEvent {
+    /// The coordinator accepted the registration.
+    Registered,
+    /// The coordinator refused the registration.
+    Refused,
+    /// A transfer arrived: read it with [`Instance::received`], then
+    /// [`Instance::release`] it.
+    Received(Token),
+    /// A request this instance staged was written to its receiver.
+    Sent {
+        /// The request.
+        id: RequestId,
+    },
+    /// A request this instance staged will not be delivered.
+    SendFailed {
+        /// The request.
+        id: RequestId,
+    },
+    /// A transfer the application holds was aborted by the coordinator;
+    /// release it when done reading (its slot is freed then).
+    Aborted(Token),
+}
+
+/// A received transfer, as the application reads it.
+#[derive(Clone, Copy, Debug)]
+pub struct Received<'a> {
+    /// The request.
+    pub id: &'a str,
+    /// Where the slot starts in the pool.
+    pub slot_offset: u64,
+    /// The slot's size (every tensor of the manifest lies inside it).
+    pub slot_size: u64,
+    /// Where each tensor lies in the slot (checked against its size).
+    pub manifest: Manifest<'a>,
+    /// Scalar fields relayed from the sender.
+    pub scalar_fields: RawJson<'a>,
+    /// The coordinator aborted the request since it was delivered: nobody
+    /// waits for its result (releasing it still frees the slot).
+    pub aborted: bool,
+}
+
+/// Why the application's call was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InstanceError {
+    /// The pool has no room (or the size is zero or too large).
+    Pool(BuddyError),
+    /// The request table is full.
+    TableFull,
+    /// The request id is in use, or longer than [`RequestId`] holds.
+    BadId,
+    /// The token names no request in the state the call needs.
+    StaleToken,
+    /// Manifest and scalar fields exceed the storage of one request.
+    TooLarge,
+    /// The pool is too small for the preallocated slots asked for.
+    Prealloc(BuddyError),
+    /// `prealloc` or `prealloc_use` storage holds fewer than the slots
+    /// asked for.
+    PreallocStorage {
+        /// Slots asked for.
+        needed: usize,
+    },
+    /// Settings the pool cannot take.
+    Config(BuddyError),
+    /// A name in the settings is too long.
+    NameTooLong,
+    /// The request table is larger than a token can index.
+    TooManyRequests {
+        /// The most it may hold.
+        max: usize,
+    },
+}
+
+impl fmt::Display for InstanceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Pool(e) => write!(f, "pool: {e}"),
+            Self::TableFull => f.write_str("request table full"),
+            Self::BadId => f.write_str("request id in use or too long"),
+            Self::StaleToken => f.write_str("no such request in that state"),
+            Self::TooLarge => f.write_str("manifest and scalar fields too large"),
+            Self::Prealloc(e) => write!(f, "preallocated slots: {e}"),
+            Self::PreallocStorage { needed } => {
+                write!(f, "storage for {needed} preallocated slots needed")
+            }
+            Self::Config(e) => write!(f, "pool settings: {e}"),
+            Self::NameTooLong => f.write_str("a name in the settings is too long"),
+            Self::TooManyRequests { max } => {
+                write!(f, "a request table holds at most {max} requests")
+            }
+        }
+    }
+}
+
+impl core::error::Error for InstanceError {}
+
+#[derive(Clone, Copy, Debug)]
+enum OutMsg {
+    Staged {
+        index: usize,
+        seq: u64,
+    },
+    Allocated {
+        id: RequestId,
+        slot_offset: u64,
+        slot_size: u64,
+    },
+    Reject {
+        id: RequestId,
+        retryable: bool,
+        reason: &'static str,
+    },
+    Pushed {
+        id: RequestId,
+        error: Option<Reason>,
+    },
+    Done {
+        id: RequestId,
+        error: Option<Reason>,
+    },
+}
+
+/// A queued message.
+#[derive(Clone, Copy, Debug)]
+pub struct Outgoing(OutMsg);
+
+/// Caller-owned storage of an instance.
+pub struct InstanceStorage<'s> {
+    /// The pool allocator's tree (see [`Buddy::storage_needed`]).
+    pub tree: ManagedSlice<'s, u8>,
+    /// The pool allocator's generations.
+    pub generations: ManagedSlice<'s, u32>,
+    /// One per request in flight.
+    pub requests: ManagedSlice<'s, Option<Request>>,
+    /// Manifest and scalar-field bytes, split evenly among `requests`.
+    pub nested: ManagedSlice<'s, u8>,
+    /// Preallocated receive slots (as many as `InstanceConfig::prealloc`).
+    pub prealloc: ManagedSlice<'s, PreallocatedSlot>,
+    /// Who uses each preallocated slot.
+    pub prealloc_use: ManagedSlice<'s, PreallocUse>,
+    /// Messages not yet polled.
+    pub transmits: ManagedSlice<'s, Option<Outgoing>>,
+    /// Writes not yet polled.
+    pub actions: ManagedSlice<'s, Option<Write>>,
+    /// Events not yet polled.
+    pub events: ManagedSlice<'s, Option<InstanceEvent>>,
+    /// Requests aborted or received here, newest overwriting oldest, so
+    /// that late and duplicated messages about them are ignored. It should
+    /// hold the requests that end within the control plane's longest delay.
+    pub tombstones: ManagedSlice<'s, Tombstone>,
+    /// Writes that landed before their `transfer_ready` (where
+    /// [`InstanceConfig::landing`] is set): one per request in flight.
+    pub arrivals: ManagedSlice<'s, Option<Arrival>>,
+}
+
+#[cfg(feature = "alloc")]
+impl InstanceStorage<'static> {
+    /// Tables of their own, sized by `limits` (`requests` in flight, each
+    /// with `nested_per_request` bytes of nested JSON, `tombstones` ended
+    /// requests), for a pool of `pool` with `prealloc` preallocated slots,
+    /// and queues that are never full.
+    pub fn owned(limits: &Limits, pool: &BuddyConfig, prealloc: usize) -> Result<Self, BuddyError> {
+        use crate::managed::{empty, filled};
+        let (nodes, gens) = Buddy::storage_needed(pool)?;
+        let none = PreallocatedSlot {
+            offset: 0,
+            size: 0,
+            slot_id: 0,
+            addr: 0,
+        };
+        let n = limits.requests.max(1);
+        Ok(Self {
+            tree: filled(nodes, 0),
+            generations: filled(gens, 0),
+            requests: empty(n),
+            nested: filled(n * limits.nested_per_request, 0),
+            prealloc: filled(prealloc, none),
+            prealloc_use: filled(prealloc, PreallocUse::FREE),
+            // Per request at most a few messages and events are queued at
+            // once (staged, allocated or reject, pushed, done).
+            transmits: empty(4 * n + 8),
+            actions: empty(n),
+            events: empty(4 * n + 8),
+            tombstones: filled(limits.tombstones.max(1), Tombstone::EMPTY),
+            arrivals: empty(n),
+        })
+    }
+}
+
+/// Counters for operators.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InstanceStats {
+    /// Requests staged.
+    pub staged: u64,
+    /// Requests written to their receiver.
+    pub sent: u64,
+    /// Transfers received and handed to the application.
+    pub received: u64,
+    /// Allocations rejected.
+    pub rejected: u64,
+    /// Requests aborted by the coordinator.
+    pub aborted: u64,
+    /// Requests dropped by a local timeout.
+    pub timed_out: u64,
+    /// Transfers announced ready whose write was not seen to land in time
+    /// (see [`InstanceConfig::landing`]).
+    pub never_landed: u64,
+    /// Arrivals forgotten before their time to make room for newer ones
+    /// (more writes landed ahead of their `transfer_ready` than requests
+    /// fit in the table).
+    pub arrivals_dropped: u64,
+    /// Messages ignored.
+    pub ignored: u64,
+    /// Messages, actions or events that found their queue full.
+    pub dropped: u64,
+}
+
+/// The instance's state machine.
+pub struct Instance<'s> {
+    role: Text<64>,
+    session: Name,
+    endpoint: Name,
+    pool_ptr: u64,
+    /// The settings; the names are kept above, so the machine borrows
+    /// nothing but its tables.
+    config: InstanceConfig<'static>,
+    pool: Buddy<'s>,
+    requests: ManagedSlice<'s, Option<Request>>,
+    nested: ManagedSlice<'s, u8>,
+    chunk: usize,
+    prealloc: ManagedSlice<'s, PreallocatedSlot>,
+    prealloc_use: ManagedSlice<'s, PreallocUse>,
+    transmits: Ring<'s, Outgoing>,
+    actions: Ring<'s, Write>,
+    events: Ring<'s, InstanceEvent>,
+    tombstones: Graveyard<'s>,
+    arrivals: Arrivals<'s>,
+    registered: bool,
+    /// The last answer to the registration was a refusal.
+    refused: bool,
+    /// A registration is to be sent (before anything else).
+    register_due: bool,
+    register_at: Instant,
+    seq: u64,
+    stats: InstanceStats,
+}
+
+impl fmt::Debug for Instance<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Instance")
+            .field("session", &self.session)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'s> Instance<'s> {
+    /// An instance with its pool free but for the preallocated slots, and
+    /// its registration queued.
+    pub fn new(
+        now: Instant,
+        config: InstanceConfig<'_>,
+        mut s: InstanceStorage<'s>,
+    ) -> Result<Self, InstanceError> {
+        let mut pool =
+            Buddy::new(config.pool, s.tree, s.generations).map_err(InstanceError::Config)?;
+        let (count, size) = config.prealloc;
+        if s.prealloc.len() < count || s.prealloc_use.len() < count {
+            return Err(InstanceError::PreallocStorage { needed: count });
+        }
+        for (i, slot) in s.prealloc.iter_mut().take(count).enumerate() {
+            // Held for the instance's lifetime: the handle is not kept.
+            let h = pool.allocate(size).map_err(InstanceError::Prealloc)?;
+            *slot = PreallocatedSlot {
+                offset: h.offset(),
+                size: h.size(),
+                slot_id: i as u64,
+                addr: config.pool_ptr + h.offset(),
+            };
+        }
+        let name = |t: &str| Name::new(t).map_err(|_| InstanceError::NameTooLong);
+        if s.requests.len() > MAX_REQUESTS {
+            return Err(InstanceError::TooManyRequests { max: MAX_REQUESTS });
+        }
+        let mut requests = s.requests;
+        requests.iter_mut().for_each(|r| *r = None);
+        s.prealloc_use
+            .iter_mut()
+            .for_each(|u| *u = PreallocUse::FREE);
+        let chunk = s.nested.len() / requests.len().max(1);
+        let me = Self {
+            role: Text::new(config.role).map_err(|_| InstanceError::NameTooLong)?,
+            session: name(config.session_id)?,
+            endpoint: name(config.work_endpoint)?,
+            pool_ptr: config.pool_ptr,
+            config: InstanceConfig {
+                role: "",
+                session_id: "",
+                work_endpoint: "",
+                pool_ptr: config.pool_ptr,
+                pool: config.pool,
+                prealloc: config.prealloc,
+                register_retry: config.register_retry,
+                staged_timeout: config.staged_timeout,
+                reserved_timeout: config.reserved_timeout,
+                quarantine: config.quarantine,
+                landing: config.landing,
+            },
+            pool,
+            requests,
+            nested: s.nested,
+            chunk,
+            prealloc: s.prealloc.truncated(count),
+            prealloc_use: s.prealloc_use.truncated(count),
+            transmits: Ring::new(s.transmits),
+            actions: Ring::new(s.actions),
+            events: Ring::new(s.events),
+            tombstones: Graveyard::new(s.tombstones),
+            arrivals: Arrivals::new(s.arrivals),
+            registered: false,
+            refused: false,
+            register_due: true,
+            register_at: now + config.register_retry,
+            seq: 0,
+            stats: InstanceStats::default(),
+        };
+        Ok(me)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &InstanceStats {
+        &self.stats
+    }
+
+    /// The pool allocator (for its figures).
+    pub fn pool(&self) -> &Buddy<'s> {
+        &self.pool
+    }
+
+    /// Registers again (the coordinator restarted, or the control channel
+    /// reconnected): nothing else is sent until it is acknowledged.
+    ///
+    /// What the lost coordinator was relaying ends here: a new one knows
+    /// nothing of it. Staged requests fail (their slots are freed), writes
+    /// in progress will not be reported, reserved slots are quarantined (a
+    /// write may still land), transfers the application holds are marked
+    /// aborted, and messages still queued for the old coordinator are
+    /// dropped. Requests being filled are kept. The registration goes out
+    /// once the application has released every preallocated slot it holds.
+    pub fn reregister(&mut self, now: Instant) {
+        self.registered = false;
+        self.refused = false;
+        for u in self.prealloc_use.iter_mut() {
+            if let Use::Refused { report, .. } = &mut u.0 {
+                *report = None;
+            }
+        }
+        self.register_due = true;
+        self.register_at = now + self.config.register_retry;
+        while self.transmits.pop().is_some() {}
+        for index in 0..self.requests.len() {
+            let Some(r) = self.requests[index].take() else {
+                continue;
+            };
+            let token = Token { index, seq: r.seq };
+            let kind = match r.kind {
+                Kind::Staged { slot, .. } => {
+                    let _ = self.pool.free(slot);
+                    self.tombstone(r.id, Side::Send);
+                    self.event(InstanceEvent::SendFailed { id: r.id });
+                    continue;
+                }
+                Kind::Writing { slot, len, aborted } => {
+                    if !aborted {
+                        self.event(InstanceEvent::SendFailed { id: r.id });
+                    }
+                    Kind::Writing {
+                        slot,
+                        len,
+                        aborted: true,
+                    }
+                }
+                // A write may still land in these; the old coordinator
+                // wants no report.
+                Kind::Reserved { slot } => {
+                    self.tombstone(r.id, Side::Recv);
+                    self.quarantine(
+                        index,
+                        (r.id, r.seq),
+                        Held::Pool(slot),
+                        now + self.config.quarantine,
+                        None,
+                    );
+                    continue;
+                }
+                Kind::Landing { held, .. } => {
+                    self.tombstone(r.id, Side::Recv);
+                    self.quarantine(
+                        index,
+                        (r.id, r.seq),
+                        held,
+                        now + self.config.quarantine,
+                        None,
+                    );
+                    continue;
+                }
+                // A new coordinator wants no report of what the old one
+                // relayed.
+                Kind::Quarantined { held, .. } => Kind::Quarantined { held, report: None },
+                Kind::Delivered { held, aborted } => {
+                    if !aborted {
+                        self.event(InstanceEvent::Aborted(token));
+                    }
+                    Kind::Delivered {
+                        held,
+                        aborted: true,
+                    }
+                }
+                other => other,
+            };
+            self.requests[index] = Some(Request { kind, ..r });
+        }
+    }
+
+    /// True once the coordinator acknowledged the registration.
+    pub fn is_registered(&self) -> bool {
+        self.registered
+    }
+
+    /// Where the registration stands.
+    pub fn registration(&self) -> Registration {
+        if self.registered {
+            Registration::Accepted
+        } else if self.refused {
+            Registration::Refused
+        } else {
+            Registration::Pending
+        }
+    }
+
+    /// The control channel says the coordinator is gone (its connection
+    /// closed, or a send to it found no peer). An instance whose
+    /// registration was answered registers anew ([`reregister`]); one
+    /// still registering goes on as it was, since the lost coordinator
+    /// knew nothing of it.
+    ///
+    /// [`reregister`]: Self::reregister
+    pub fn handle_coordinator_lost(&mut self, now: Instant) {
+        if self.registered || self.refused {
+            self.reregister(now);
+        }
+    }
+
+    /// Requests held (in any state, quarantined slots included).
+    pub fn requests_held(&self) -> usize {
+        self.requests.iter().flatten().count()
+    }
+
+    /// Preallocated slots in use.
+    pub fn prealloc_in_use(&self) -> usize {
+        self.prealloc_use.iter().filter(|u| !u.is_free()).count()
+    }
+
+    /// The pool range (offset, size) this instance holds for request `id`,
+    /// if any: a reserved, received or quarantined slot.
+    pub fn slot_for(&self, id: &str) -> Option<(u64, u64)> {
+        let r = self
+            .requests
+            .iter()
+            .flatten()
+            .find(|r| r.id.as_str() == id && r.kind.side() == Side::Recv)?;
+        let held = match &r.kind {
+            Kind::Reserved { slot } => return Some((slot.offset(), slot.size())),
+            Kind::Landing { held, .. }
+            | Kind::Delivered { held, .. }
+            | Kind::Quarantined { held, .. } => held,
+            _ => return None,
+        };
+        match held {
+            Held::Pool(h) => Some((h.offset(), h.size())),
+            Held::Prealloc(i) => self.prealloc.get(*i).map(|s| (s.offset, s.size)),
+        }
+    }
+
+    /// The preallocated slots, as registered.
+    pub fn prealloc_slots(&self) -> &[PreallocatedSlot] {
+        &self.prealloc
+    }
+
+    fn send(&mut self, m: OutMsg) {
+        if self.transmits.push(Outgoing(m)).is_err() {
+            self.stats.dropped += 1;
+        }
+    }
+
+    fn event(&mut self, e: InstanceEvent) {
+        if self.events.push(e).is_err() {
+            self.stats.dropped += 1;
+        }
+    }
+
+    fn find(&self, id: JsonStr<'_>, side: Side) -> Option<usize> {
+        self.requests.iter().position(|r| {
+            r.as_ref()
+                .is_some_and(|r| r.kind.side() == side && r.id.eq_json(id))
+        })
+    }
+
+    fn tombstoned(&self, id: JsonStr<'_>, side: Side) -> bool {
+        self.tombstones.contains(id, Leg::Side(side))
+    }
+
+    fn tombstone(&mut self, id: RequestId, side: Side) {
+        self.tombstones.bury(id, Leg::Side(side));
+    }
+
+    /// Puts request `id` (its token's `seq`) at `index` in quarantine
+    /// over `held`.
+    fn quarantine(
+        &mut self,
+        index: usize,
+        (id, seq): (RequestId, u64),
+        held: Held,
+        until: Instant,
+        report: Option<&'static str>,
+    ) {
+        self.requests[index] = Some(Request {
+            id,
+            seq,
+            kind: Kind::Quarantined { held, report },
+            deadline: Some(until),
+            manifest_len: 0,
+            scalars_len: 0,
+        });
+    }
+
+    fn insert(
+        &mut self,
+        id: RequestId,
+        kind: Kind,
+        deadline: Option<Instant>,
+    ) -> Result<Token, Kind> {
+        let Some(index) = self.requests.iter().position(Option::is_none) else {
+            return Err(kind);
+        };
+        // Within a token cookie's bits; 2^48 requests before a wrap.
+        self.seq = (self.seq + 1) & SEQ_MASK;
+        self.requests[index] = Some(Request {
+            id,
+            seq: self.seq,
+            kind,
+            deadline,
+            manifest_len: 0,
+            scalars_len: 0,
+        });
+        Ok(Token {
+            index,
+            seq: self.seq,
+        })
+    }
+
+    fn request_mut(&mut self, t: Token) -> Option<&mut Request> {
+        self.requests
+            .get_mut(t.index)?
+            .as_mut()
+            .filter(|r| r.seq == t.seq)
+    }
+
+    /// Frees what a request held: pool slots to the allocator, preallocated
+    /// slots back to the table.
+    fn free_held(&mut self, held: Held) {
+        match held {
+            Held::Pool(h) => {
+                // The handle came from this pool and is freed once.
+                let _ = self.pool.free(h);
+            }
+            Held::Prealloc(i) => {
+                if let Some(u) = self.prealloc_use.get_mut(i) {
+                    *u = PreallocUse::FREE;
+                }
+            }
+        }
+    }
+}
+
+/// Bytes `manifest` takes as JSON.
+fn manifest_len(m: &Manifest<'_>) -> usize {
+    let mut sink = Sink::new(&mut []);
+    m.write_json(&mut sink, Default::default());
+    sink.len()
+}

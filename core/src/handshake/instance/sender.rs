@@ -1,0 +1,156 @@
+//! The sending side: stage a request, commit it, write on `transfer_push`,
+//! report the completion.
+
+use super::*;
+
+impl<'s> Instance<'s> {
+    /// Reserves a slot of `data_size` bytes to stage request `id` in. Fill
+    /// it at the returned offset of the pool, then call
+    /// [`commit`](Self::commit).
+    pub fn stage(&mut self, id: &str, data_size: u64) -> Result<(Token, u64), InstanceError> {
+        let id = RequestId::new(id).map_err(|_| InstanceError::BadId)?;
+        if self.find(id.as_json(), Side::Send).is_some() {
+            return Err(InstanceError::BadId);
+        }
+        if self.requests.iter().all(Option::is_some) {
+            return Err(InstanceError::TableFull);
+        }
+        let slot = self.pool.allocate(data_size).map_err(InstanceError::Pool)?;
+        let offset = slot.offset();
+        match self.insert(id, Kind::Filling { slot }, None) {
+            Ok(t) => Ok((t, offset)),
+            Err(Kind::Filling { slot }) => {
+                let _ = self.pool.free(slot);
+                Err(InstanceError::TableFull)
+            }
+            Err(_) => Err(InstanceError::TableFull),
+        }
+    }
+
+    /// Announces a filled slot to the coordinator (`transfer_staged`).
+    /// `data_size` bytes from the slot's start will be written.
+    pub fn commit(
+        &mut self,
+        now: Instant,
+        token: Token,
+        data_size: u64,
+        manifest: &Manifest<'_>,
+        scalar_fields: RawJson<'_>,
+    ) -> Result<(), InstanceError> {
+        let chunk = self.chunk;
+        let base = token.index * chunk;
+        let timeout = self.config.staged_timeout;
+        let r = self
+            .requests
+            .get_mut(token.index)
+            .and_then(Option::as_mut)
+            .filter(|r| r.seq == token.seq);
+        let Some(r) = r else {
+            return Err(InstanceError::StaleToken);
+        };
+        let Kind::Filling { slot } = &r.kind else {
+            return Err(InstanceError::StaleToken);
+        };
+        if data_size > slot.size() {
+            return Err(InstanceError::Pool(BuddyError::TooLarge {
+                requested: data_size,
+                max_slot: slot.size(),
+            }));
+        }
+        let Some(dst) = self.nested.get_mut(base..base + chunk) else {
+            return Err(InstanceError::TooLarge);
+        };
+        let mut sink = Sink::new(dst);
+        manifest.write_json(&mut sink, Default::default());
+        let manifest_len = sink.len();
+        sink.put(scalar_fields.as_str().as_bytes());
+        let total = sink.len();
+        if sink.finish().is_err() {
+            return Err(InstanceError::TooLarge);
+        }
+        let Some(r) = self.requests[token.index].take() else {
+            return Err(InstanceError::StaleToken);
+        };
+        let Kind::Filling { slot } = r.kind else {
+            self.requests[token.index] = Some(r);
+            return Err(InstanceError::StaleToken);
+        };
+        self.requests[token.index] = Some(Request {
+            kind: Kind::Staged { slot, data_size },
+            manifest_len,
+            scalars_len: total - manifest_len,
+            deadline: Some(now + timeout),
+            ..r
+        });
+        self.stats.staged += 1;
+        self.send(OutMsg::Staged {
+            index: token.index,
+            seq: token.seq,
+        });
+        Ok(())
+    }
+
+    /// Gives up a slot from [`stage`](Self::stage) that was never committed.
+    pub fn unstage(&mut self, token: Token) -> Result<(), InstanceError> {
+        match self
+            .request_mut(token)
+            .map(|r| matches!(r.kind, Kind::Filling { .. }))
+        {
+            Some(true) => {}
+            _ => return Err(InstanceError::StaleToken),
+        }
+        if let Some(Request {
+            kind: Kind::Filling { slot },
+            ..
+        }) = self.requests[token.index].take()
+        {
+            let _ = self.pool.free(slot);
+        }
+        Ok(())
+    }
+
+    /// The data plane finished (or failed) a write from [`poll_action`].
+    /// A failure's text (the data plane's own error, say) goes to the
+    /// coordinator in `transfer_pushed.error`, cut at [`REASON_LEN`]
+    /// bytes.
+    ///
+    /// Returns the bytes the write carried.
+    ///
+    /// [`poll_action`]: Self::poll_action
+    /// [`REASON_LEN`]: crate::handshake::REASON_LEN
+    pub fn handle_completion(
+        &mut self,
+        _now: Instant,
+        token: Token,
+        result: Result<(), &str>,
+    ) -> Result<u64, Ignored> {
+        let r = self.request_mut(token).ok_or(Ignored::UnknownRequest)?;
+        if !matches!(r.kind, Kind::Writing { .. }) {
+            return Err(Ignored::WrongState);
+        }
+        let Some(Request {
+            id,
+            kind: Kind::Writing { slot, len, aborted },
+            ..
+        }) = self.requests[token.index].take()
+        else {
+            return Err(Ignored::WrongState);
+        };
+        let _ = self.pool.free(slot);
+        if aborted {
+            // The coordinator gave up already; it wants no report.
+            return Ok(len);
+        }
+        self.send(OutMsg::Pushed {
+            id,
+            error: result.err().map(Reason::truncated),
+        });
+        if result.is_ok() {
+            self.stats.sent += 1;
+            self.event(InstanceEvent::Sent { id });
+        } else {
+            self.event(InstanceEvent::SendFailed { id });
+        }
+        Ok(len)
+    }
+}

@@ -1,0 +1,105 @@
+//! Time: when to be called back, and what each deadline ends.
+
+use super::*;
+
+impl<'s> Instance<'s> {
+    /// When [`handle_timeout`](Self::handle_timeout) must be called next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let register = (!self.registered).then_some(self.register_at);
+        let refused = self.prealloc_use.iter().filter_map(|u| match u.0 {
+            Use::Refused { until, .. } => Some(until),
+            _ => None,
+        });
+        self.requests
+            .iter()
+            .flatten()
+            .filter_map(|r| r.deadline)
+            .chain(register)
+            .chain(refused)
+            .min()
+    }
+
+    /// Retries registration, drops requests the coordinator went quiet
+    /// about, and ends quarantines.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if !self.registered && self.register_at <= now {
+            self.register_at = now + self.config.register_retry;
+            self.register_due = true;
+        }
+        for p in 0..self.prealloc_use.len() {
+            if let Use::Refused { id, until, report } = self.prealloc_use[p].0 {
+                if until <= now {
+                    self.prealloc_use[p] = PreallocUse::FREE;
+                    if let Some(why) = report {
+                        self.send(OutMsg::Done {
+                            id,
+                            error: Some(Reason::truncated(why)),
+                        });
+                    }
+                }
+            }
+        }
+        for i in 0..self.requests.len() {
+            let due = self.requests[i]
+                .as_ref()
+                .is_some_and(|r| r.deadline.is_some_and(|d| d <= now));
+            if !due {
+                continue;
+            }
+            let Some(r) = self.requests[i].take() else {
+                continue;
+            };
+            match r.kind {
+                Kind::Staged { slot, .. } => {
+                    let _ = self.pool.free(slot);
+                    self.stats.timed_out += 1;
+                    self.tombstone(r.id, Side::Send);
+                    self.event(InstanceEvent::SendFailed { id: r.id });
+                }
+                Kind::Reserved { slot } => {
+                    // Never told the outcome: a write may still come.
+                    self.stats.timed_out += 1;
+                    self.tombstone(r.id, Side::Recv);
+                    self.quarantine(
+                        i,
+                        (r.id, r.seq),
+                        Held::Pool(slot),
+                        now + self.config.quarantine,
+                        None,
+                    );
+                }
+                Kind::Landing { held, .. } => {
+                    // Announced ready, but the bytes did not arrive in time:
+                    // they may still, so the slot sits out a quarantine,
+                    // after which the coordinator hears of the failure.
+                    self.stats.never_landed += 1;
+                    self.tombstone(r.id, Side::Recv);
+                    self.quarantine(
+                        i,
+                        (r.id, r.seq),
+                        held,
+                        now + self.config.quarantine,
+                        Some(NEVER_LANDED),
+                    );
+                }
+                Kind::Quarantined { held, report } => {
+                    self.free_held(held);
+                    if let Some(why) = report {
+                        self.send(OutMsg::Done {
+                            id: r.id,
+                            error: Some(Reason::truncated(why)),
+                        });
+                    }
+                }
+                other => {
+                    // No deadline is set in other states; keep the record.
+                    self.requests[i] = Some(Request {
+                        kind: other,
+                        deadline: None,
+                        ..r
+                    });
+                }
+            }
+        }
+    }
+}
