@@ -45,8 +45,9 @@ pub enum FabricError {
         /// What is wrong with it.
         why: String,
     },
-    /// A write's destination lies outside the peer's registered pool.
-    #[error("write of {len} bytes to {addr:#x} falls outside peer {peer}'s pool ({base:#x}, {pool_len} bytes)")]
+    /// A write's destination lies in none of the peer's registered
+    /// regions.
+    #[error("write of {len} bytes to {addr:#x} lies in none of peer {peer}'s {regions} registered region(s)")]
     DestOutOfBounds {
         /// The peer's session id.
         peer: String,
@@ -54,10 +55,8 @@ pub enum FabricError {
         addr: u64,
         /// The write's length.
         len: u64,
-        /// The pool's base address in the peer.
-        base: u64,
-        /// The pool's length.
-        pool_len: u64,
+        /// How many regions the peer's session id lists.
+        regions: usize,
     },
     /// A write's source lies outside the registered region.
     #[error("write of {len} bytes at offset {offset} falls outside region {region} ({region_len} bytes)")]
@@ -74,11 +73,12 @@ pub enum FabricError {
     /// A region that is not (or no longer) registered.
     #[error("region {0} is not registered")]
     UnknownRegion(u32),
-    /// A second region: the session id advertises one pool per transport.
-    #[error(
-        "this transport already registered its pool (region {0}); register one pool per transport"
-    )]
-    AlreadyRegistered(u32),
+    /// More regions than a session id lists.
+    #[error("{max} regions are registered already; a session id lists at most {max}")]
+    TooManyRegions {
+        /// The most regions a transport registers.
+        max: usize,
+    },
     /// A write is split into more chunks than a completion notice can
     /// count.
     #[error("write of {len} bytes to {peer} needs {chunks} chunks of {chunk} bytes; notices count at most {max}")]
@@ -221,7 +221,7 @@ impl Fault for FabricError {
             Self::DestOutOfBounds { .. }
             | Self::SourceOutOfBounds { .. }
             | Self::UnknownRegion(_) => FaultKind::OutOfBounds,
-            Self::AlreadyRegistered(_) => FaultKind::Registration,
+            Self::TooManyRegions { .. } => FaultKind::Registration,
             Self::TooManyChunks { .. } => FaultKind::TooLarge,
             Self::Completion { errno, .. } => FaultKind::of_errno(*errno),
             Self::Timeout { .. } => FaultKind::Timeout,

@@ -33,5 +33,5 @@ pub use error::{Call, FabricError};
 pub use ferry_hostmem::HostPool;
 pub use mr::MrPolicy;
 pub use provider::{Delivery, Hints, Provider};
-pub use session::Session;
+pub use session::{RemoteRegion, Session, MAX_REGIONS};
 pub use transport::{FabricConfig, FabricTransport, Opened};

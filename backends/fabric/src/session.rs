@@ -1,18 +1,47 @@
 //! The session id a libfabric transport advertises: what a peer needs to
-//! write into its pool.
+//! write into its registered regions.
 //!
-//! `ofi:<provider>:<endpoint address, hex>:<key, hex>:<pool base, hex>:<pool length, hex>:<flags>`
+//! `ofi:<provider>:<endpoint address, hex>:<regions>:<flags>`
+//!
+//! `<regions>` lists every registered region as `<key>.<base>.<length>`
+//! (hex), joined by `,`; empty when none is registered. A writer finds the
+//! region that holds its destination and uses that region's key.
 //!
 //! Flags: `n` the receiver counts remote CQ data before it accepts
-//! `transfer_ready` (so writers must send it), `v` peers address the pool
-//! by virtual address (otherwise by offset), `w` CQ data is 8 bytes wide
-//! (otherwise 4). The provider name rides along so that a peer on another
-//! provider is refused by name instead of failing in `fi_av_insert`.
+//! `transfer_ready` (so writers must send it), `v` peers address a region
+//! by virtual address (otherwise by offset into it), `w` CQ data is 8
+//! bytes wide (otherwise 4). The provider name rides along so that a peer
+//! on another provider is refused by name instead of failing in
+//! `fi_av_insert`.
 
 use std::fmt::Write as _;
 
 /// Longest endpoint address accepted (EFA's is 32 bytes, IPv6 sockaddr 28).
 const MAX_ADDR: usize = 256;
+
+/// Most regions a session id may list.
+pub const MAX_REGIONS: usize = 64;
+
+/// One registered region of a peer, as its session id lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteRegion {
+    /// Its remote key.
+    pub key: u64,
+    /// Its first byte in the peer's address space.
+    pub base: u64,
+    /// Its length.
+    pub len: u64,
+}
+
+impl RemoteRegion {
+    /// True if `len` bytes at `addr` (the peer's address space) lie in it.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.base
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.base + self.len)
+    }
+}
 
 /// A parsed libfabric session id.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,15 +50,11 @@ pub struct Session {
     pub provider: String,
     /// Its endpoint's address (`fi_getname`), as `fi_av_insert` takes it.
     pub addr: Vec<u8>,
-    /// The remote key of its pool.
-    pub key: u64,
-    /// The pool's first byte in the peer's address space.
-    pub base: u64,
-    /// The pool's length.
-    pub len: u64,
+    /// Its registered regions.
+    pub regions: Vec<RemoteRegion>,
     /// The peer counts remote CQ data before accepting `transfer_ready`.
     pub notify: bool,
-    /// Peers address the pool by virtual address.
+    /// Peers address a region by virtual address.
     pub virt_addr: bool,
     /// CQ data is 8 bytes wide.
     pub wide_data: bool,
@@ -38,14 +63,19 @@ pub struct Session {
 impl Session {
     /// The session id text.
     pub fn encode(&self) -> String {
-        let mut s = String::with_capacity(32 + 2 * self.addr.len());
+        let mut s = String::with_capacity(32 + 2 * self.addr.len() + 40 * self.regions.len());
         s.push_str("ofi:");
         s.push_str(&self.provider);
         s.push(':');
         for b in &self.addr {
             let _ = write!(s, "{b:02x}");
         }
-        let _ = write!(s, ":{:x}:{:x}:{:x}:", self.key, self.base, self.len);
+        s.push(':');
+        for (i, r) in self.regions.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            let _ = write!(s, "{sep}{:x}.{:x}.{:x}", r.key, r.base, r.len);
+        }
+        s.push(':');
         for (on, c) in [
             (self.notify, 'n'),
             (self.virt_addr, 'v'),
@@ -64,9 +94,9 @@ impl Session {
             .strip_prefix("ofi:")
             .ok_or("does not start with `ofi:`")?;
         let parts: Vec<&str> = rest.split(':').collect();
-        let [provider, addr, key, base, len, flags] = parts[..] else {
+        let [provider, addr, regions, flags] = parts[..] else {
             return Err(format!(
-                "has {} fields after `ofi:`, expected 6 (provider:addr:key:base:len:flags)",
+                "has {} fields after `ofi:`, expected 4 (provider:addr:regions:flags)",
                 parts.len()
             ));
         };
@@ -74,19 +104,26 @@ impl Session {
             return Err("names no provider".into());
         }
         let addr = parse_hex_bytes(addr)?;
-        let num = |what: &str, v: &str| {
-            u64::from_str_radix(v, 16).map_err(|e| format!("{what} {v:?} is not a hex u64: {e}"))
+        let regions = if regions.is_empty() {
+            Vec::new()
+        } else {
+            let listed: Vec<&str> = regions.split(',').collect();
+            if listed.len() > MAX_REGIONS {
+                return Err(format!(
+                    "lists {} regions; at most {MAX_REGIONS}",
+                    listed.len()
+                ));
+            }
+            listed
+                .iter()
+                .enumerate()
+                .map(|(i, r)| parse_region(i, r))
+                .collect::<Result<_, _>>()?
         };
-        let (key, base, len) = (num("key", key)?, num("base", base)?, num("length", len)?);
-        if base.checked_add(len).is_none() {
-            return Err(format!("pool {base:#x}+{len:#x} wraps around"));
-        }
         let mut s = Self {
             provider: provider.to_owned(),
             addr,
-            key,
-            base,
-            len,
+            regions,
             notify: false,
             virt_addr: false,
             wide_data: false,
@@ -106,14 +143,38 @@ impl Session {
         Ok(s)
     }
 
-    /// Checks that `len` bytes at `addr` (the peer's address space) lie in
-    /// the pool.
-    pub fn contains(&self, addr: u64, len: u64) -> bool {
-        addr >= self.base
-            && addr
-                .checked_add(len)
-                .is_some_and(|end| end <= self.base + self.len)
+    /// The region that holds `len` bytes at `addr` (the peer's address
+    /// space), if one does.
+    pub fn region_for(&self, addr: u64, len: u64) -> Option<&RemoteRegion> {
+        self.regions.iter().find(|r| r.contains(addr, len))
     }
+}
+
+/// Region `i` of a session id: `<key>.<base>.<length>`, hex.
+fn parse_region(i: usize, text: &str) -> Result<RemoteRegion, String> {
+    let fields: Vec<&str> = text.split('.').collect();
+    let [key, base, len] = fields[..] else {
+        return Err(format!(
+            "region {i} {text:?} has {} fields, expected key.base.length",
+            fields.len()
+        ));
+    };
+    let num = |what: &str, v: &str| {
+        u64::from_str_radix(v, 16)
+            .map_err(|e| format!("region {i}: {what} {v:?} is not a hex u64: {e}"))
+    };
+    let r = RemoteRegion {
+        key: num("key", key)?,
+        base: num("base", base)?,
+        len: num("length", len)?,
+    };
+    if r.base.checked_add(r.len).is_none() {
+        return Err(format!(
+            "region {i}: {:#x}+{:#x} wraps around",
+            r.base, r.len
+        ));
+    }
+    Ok(r)
 }
 
 fn parse_hex_bytes(hex: &str) -> Result<Vec<u8>, String> {
@@ -142,9 +203,18 @@ mod tests {
         Session {
             provider: "tcp;ofi_rxm".into(),
             addr: vec![0x02, 0x00, 0x9c, 0x40, 127, 0, 0, 1],
-            key: 0x2a,
-            base: 0x7f12_3400_0000,
-            len: 64 << 20,
+            regions: vec![
+                RemoteRegion {
+                    key: 0x2a,
+                    base: 0x7f12_3400_0000,
+                    len: 64 << 20,
+                },
+                RemoteRegion {
+                    key: 0x2b,
+                    base: 0x7f20_0000_0000,
+                    len: 0x1000,
+                },
+            ],
             notify: true,
             virt_addr: false,
             wide_data: true,
@@ -157,51 +227,68 @@ mod tests {
         let text = s.encode();
         assert_eq!(
             text,
-            "ofi:tcp;ofi_rxm:02009c407f000001:2a:7f1234000000:4000000:nw"
+            "ofi:tcp;ofi_rxm:02009c407f000001:2a.7f1234000000.4000000,2b.7f2000000000.1000:nw"
         );
         assert_eq!(Session::parse(&text), Ok(s));
         let efa = Session {
             provider: "efa".into(),
             addr: vec![0xfe; 32],
-            key: u64::MAX,
-            base: 0,
-            len: 1,
+            regions: vec![RemoteRegion {
+                key: u64::MAX,
+                base: 0,
+                len: 1,
+            }],
             notify: false,
             virt_addr: true,
             wide_data: false,
         };
         assert_eq!(Session::parse(&efa.encode()), Ok(efa));
+        let none = Session {
+            regions: Vec::new(),
+            ..sample()
+        };
+        assert_eq!(none.encode(), "ofi:tcp;ofi_rxm:02009c407f000001::nw");
+        assert_eq!(Session::parse(&none.encode()), Ok(none));
     }
 
     #[test]
     fn bad_session_ids_say_what_is_wrong() {
         let cases = [
             ("shm:/x@0+10", "does not start"),
-            ("ofi:tcp:00:1:0", "has 4 fields"),
-            ("ofi::00:1:0:10:", "no provider"),
-            ("ofi:tcp:0:1:0:10:", "hex digits"),
-            ("ofi:tcp:zz:1:0:10:", "not hex at digit 0"),
-            ("ofi:tcp:00:g:0:10:", "key \"g\""),
-            ("ofi:tcp:00:1:ffffffffffffffff:10:", "wraps around"),
-            ("ofi:tcp:00:1:0:10:x", "unknown flag 'x'"),
-            ("ofi:tcp:00:1:0:10:nn", "repeated"),
+            ("ofi:tcp:00:1.0", "has 3 fields"),
+            // The one-pool form of earlier versions is refused by name.
+            ("ofi:tcp:00:1:0:10:", "has 6 fields"),
+            ("ofi::00:1.0.10:", "no provider"),
+            ("ofi:tcp:0:1.0.10:", "hex digits"),
+            ("ofi:tcp:zz:1.0.10:", "not hex at digit 0"),
+            ("ofi:tcp:00:g.0.10:", "region 0: key \"g\""),
+            ("ofi:tcp:00:1.0.10,1.0:", "region 1 \"1.0\" has 2 fields"),
+            ("ofi:tcp:00:1.ffffffffffffffff.10:", "wraps around"),
+            ("ofi:tcp:00:1.0.10:x", "unknown flag 'x'"),
+            ("ofi:tcp:00:1.0.10:nn", "repeated"),
         ];
         for (text, why) in cases {
             let err = Session::parse(text).unwrap_err();
             assert!(err.contains(why), "{text}: {err}");
         }
-        let long = format!("ofi:tcp:{}:1:0:10:", "00".repeat(MAX_ADDR + 1));
+        let long = format!("ofi:tcp:{}:1.0.10:", "00".repeat(MAX_ADDR + 1));
         assert!(Session::parse(&long).is_err());
+        let many = vec!["1.0.10"; MAX_REGIONS + 1].join(",");
+        let err = Session::parse(&format!("ofi:tcp:00:{many}:")).unwrap_err();
+        assert!(err.contains("at most 64"), "{err}");
     }
 
     #[test]
-    fn bounds_cover_exactly_the_pool() {
+    fn a_destination_is_found_in_exactly_the_region_that_holds_it() {
         let s = sample();
-        assert!(s.contains(s.base, s.len));
-        assert!(s.contains(s.base + s.len, 0));
-        assert!(!s.contains(s.base - 1, 1));
-        assert!(!s.contains(s.base + 1, s.len));
-        assert!(!s.contains(u64::MAX, 2));
+        let [a, b] = [s.regions[0], s.regions[1]];
+        assert_eq!(s.region_for(a.base, a.len), Some(&a));
+        assert_eq!(s.region_for(a.base + a.len, 0), Some(&a));
+        assert_eq!(s.region_for(b.base + 8, 8), Some(&b));
+        assert_eq!(s.region_for(a.base - 1, 1), None);
+        assert_eq!(s.region_for(a.base + 1, a.len), None);
+        assert_eq!(s.region_for(b.base + b.len - 4, 8), None, "past b's end");
+        assert_eq!(s.region_for(u64::MAX, 2), None);
     }
 
     proptest::proptest! {
@@ -214,16 +301,22 @@ mod tests {
         fn near_misses_are_refused_or_round_trip(
             provider in "[a-z;_]{1,12}",
             addr in proptest::collection::vec(proptest::num::u8::ANY, 1..40),
-            key in proptest::num::u64::ANY,
-            base in proptest::num::u64::ANY,
-            len in proptest::num::u64::ANY,
+            regions in proptest::collection::vec(
+                (proptest::num::u64::ANY, proptest::num::u64::ANY, proptest::num::u64::ANY),
+                0..4,
+            ),
             flags in "[nvwx]{0,4}",
         ) {
             let hex: String = addr.iter().map(|b| format!("{b:02x}")).collect();
-            let text = format!("ofi:{provider}:{hex}:{key:x}:{base:x}:{len:x}:{flags}");
+            let listed: Vec<String> = regions
+                .iter()
+                .map(|(k, b, l)| format!("{k:x}.{b:x}.{l:x}"))
+                .collect();
+            let text = format!("ofi:{provider}:{hex}:{}:{flags}", listed.join(","));
             if let Ok(s) = Session::parse(&text) {
                 proptest::prop_assert_eq!(Session::parse(&s.encode()), Ok(s.clone()));
-                proptest::prop_assert!(s.base.checked_add(s.len).is_some());
+                proptest::prop_assert!(s.regions.iter().all(|r| r.base.checked_add(r.len).is_some()));
+                proptest::prop_assert_eq!(s.regions.len(), regions.len());
                 proptest::prop_assert_eq!(&s.addr, &addr);
             }
         }

@@ -33,7 +33,7 @@ use crate::mr::MrPolicy;
 use crate::notice::{NoticeBook, NoticeFormat};
 use crate::ofi::{Av, Cq, Domain, Endpoint, Fabric, Info, MemoryRegion};
 use crate::provider::{Delivery, Hints, Provider};
-use crate::session::Session;
+use crate::session::{RemoteRegion, Session, MAX_REGIONS};
 use ferry_hostmem::HostPool;
 
 /// How often late writes are looked for.
@@ -124,6 +124,8 @@ struct WriteState {
 /// was in use.
 struct Chunk {
     write: u32,
+    /// The source region (its id), whose deregistration fails the chunk.
+    region: u32,
     local: usize,
     len: usize,
     desc: usize,
@@ -361,10 +363,15 @@ impl Shared {
         !self.lock().backlog.is_empty()
     }
 
-    /// Fails every queued chunk (the region is going away).
-    fn fail_backlog(&self, why: &str) {
+    /// Fails every queued chunk from `region` (it is going away); the
+    /// others stay queued.
+    fn fail_backlog(&self, region: u32, why: &str) {
         let mut book = self.lock();
-        while let Some(c) = book.backlog.pop_front() {
+        let (gone, kept): (VecDeque<Chunk>, VecDeque<Chunk>) = std::mem::take(&mut book.backlog)
+            .into_iter()
+            .partition(|c| c.region == region);
+        book.backlog = kept;
+        for c in gone {
             if let Some(ws) = book
                 .writes
                 .get_mut(c.write as usize)
@@ -497,11 +504,12 @@ impl Shared {
 
 /// A libfabric data plane.
 pub struct FabricTransport {
-    // Field order is drop order: the region closes before the endpoint,
+    // Field order is drop order: the regions close before the endpoint,
     // the endpoint before the operation contexts it may still use (in
     // `shared`) and before its queue, and all before the domain and the
     // pool.
-    region: Option<(Region, MemoryRegion)>,
+    regions: Vec<(Region, MemoryRegion)>,
+    next_region: u32,
     thread: Option<JoinHandle<()>>,
     endpoint: Arc<Endpoint>,
     shared: Arc<Shared>,
@@ -613,7 +621,8 @@ impl FabricTransport {
                 })?
         };
         let mut t = Self {
-            region: None,
+            regions: Vec::new(),
+            next_region: 1,
             thread: Some(thread),
             shared,
             endpoint,
@@ -631,7 +640,7 @@ impl FabricTransport {
             next_sweep: Instant::now(),
             _info: info,
         };
-        t.session = t.session_text(0, 0, 0);
+        t.session = t.session_text();
         debug!(opened = ?t.opened, "libfabric transport open");
         Ok(t)
     }
@@ -673,13 +682,20 @@ impl FabricTransport {
         self.shared.cq.signal();
     }
 
-    fn session_text(&self, key: u64, base: u64, len: u64) -> String {
+    /// The session id over the regions registered now.
+    fn session_text(&self) -> String {
         Session {
             provider: self.opened.provider.clone(),
             addr: self.endpoint.name().to_vec(),
-            key,
-            base,
-            len,
+            regions: self
+                .regions
+                .iter()
+                .map(|(r, mr)| RemoteRegion {
+                    key: mr.key(),
+                    base: r.addr,
+                    len: r.len,
+                })
+                .collect(),
             notify: self.opened.delivery == Delivery::Notify,
             virt_addr: self.opened.mr.virt_addr,
             wide_data: self.cq_data_size >= 8,
@@ -722,10 +738,10 @@ impl FabricTransport {
                     ),
                 });
             }
-            if parsed.len == 0 {
+            if parsed.regions.is_empty() {
                 return Err(FabricError::BadSession {
                     session: session.to_owned(),
-                    why: "the peer registered no pool".into(),
+                    why: "the peer registered no memory".into(),
                 });
             }
             if parsed.notify && self.cq_data_size < 4 {
@@ -815,37 +831,40 @@ impl Transport for FabricTransport {
     }
 
     unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, FabricError> {
-        if let Some((r, _)) = &self.region {
-            return Err(FabricError::AlreadyRegistered(r.id));
+        if self.regions.len() >= MAX_REGIONS {
+            return Err(FabricError::TooManyRegions { max: MAX_REGIONS });
         }
         let key = self.opened.mr.requested_key(self.next_key);
         self.next_key += 1;
         let ep = self.opened.mr.endpoint.then_some(&self.endpoint);
         // SAFETY: the caller's contract: the memory stays mapped until
-        // deregistered or the transport dropped (the region is dropped
+        // deregistered or the transport dropped (the regions are dropped
         // first of all fields).
         let mr = unsafe { MemoryRegion::register(&self.domain, ep, addr, len, key)? };
         let region = Region {
-            id: 1,
+            id: self.next_region,
             addr: addr as u64,
             len: len as u64,
         };
-        self.session = self.session_text(mr.key(), addr as u64, len as u64);
-        self.region = Some((region, mr));
+        self.next_region += 1;
+        self.regions.push((region, mr));
+        // Peers address every region through the session id, so it lists
+        // them all; a peer must be given the new one.
+        self.session = self.session_text();
         Ok(region)
     }
 
     fn deregister(&mut self, region: Region) -> Result<(), FabricError> {
-        match &self.region {
-            Some((r, _)) if r.id == region.id => {
-                self.shared
-                    .fail_backlog("the source region was deregistered");
-                self.region = None;
-                self.session = self.session_text(0, 0, 0);
-                Ok(())
-            }
-            _ => Err(FabricError::UnknownRegion(region.id)),
-        }
+        let i = self
+            .regions
+            .iter()
+            .position(|(r, _)| r.id == region.id)
+            .ok_or(FabricError::UnknownRegion(region.id))?;
+        self.shared
+            .fail_backlog(region.id, "the source region was deregistered");
+        self.regions.remove(i);
+        self.session = self.session_text();
+        Ok(())
     }
 
     fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), FabricError> {
@@ -858,9 +877,9 @@ impl Transport for FabricTransport {
             tag,
             cookie,
         } = *write;
-        let (r, desc) = match &self.region {
-            Some((r, mr)) if r.id == region.id => (*r, mr.desc()),
-            _ => return Err(FabricError::UnknownRegion(region.id)),
+        let (r, desc) = match self.regions.iter().find(|(r, _)| r.id == region.id) {
+            Some((r, mr)) => (*r, mr.desc()),
+            None => return Err(FabricError::UnknownRegion(region.id)),
         };
         if local_offset.checked_add(len).is_none_or(|end| end > r.len) {
             return Err(FabricError::SourceOutOfBounds {
@@ -875,15 +894,14 @@ impl Transport for FabricTransport {
         let format_max = self.notice_format.max_chunks();
         let peer = self.peer(dest_session)?;
         let s = &peer.session;
-        if !s.contains(dest_addr, len) {
+        let Some(dest) = s.region_for(dest_addr, len) else {
             return Err(FabricError::DestOutOfBounds {
                 peer: dest_session.to_owned(),
                 addr: dest_addr,
                 len,
-                base: s.base,
-                pool_len: s.len,
+                regions: s.regions.len(),
             });
-        }
+        };
         let chunks = len.div_ceil(chunk).max(1);
         let peer_format = NoticeFormat::new(s.wide_data);
         if s.notify && chunks > peer_format.max_chunks().min(format_max) {
@@ -896,7 +914,7 @@ impl Transport for FabricTransport {
             });
         }
         let (fi_addr, key, virt, base, notify) =
-            (peer.fi_addr, s.key, s.virt_addr, s.base, s.notify);
+            (peer.fi_addr, dest.key, s.virt_addr, dest.base, s.notify);
         let name = Arc::clone(&peer.name);
         let mut flags = u64::from(sys::FI_COMPLETION);
         if delivery == Delivery::Complete {
@@ -934,6 +952,7 @@ impl Transport for FabricTransport {
             let off = i * chunk;
             book.backlog.push_back(Chunk {
                 write: w,
+                region: r.id,
                 local: (r.addr + local_offset + off) as usize,
                 len: chunk.min(len - off) as usize,
                 desc: desc as usize,

@@ -295,14 +295,135 @@ fn bad_writes_fail_typed_and_name_what_is_wrong() {
         })
         .unwrap_err();
     assert_eq!(e.kind(), FaultKind::OutOfBounds, "{e}");
-    // A second pool is refused: the session id names one.
-    let mut extra = vec![0u8; 4096];
-    // SAFETY: not reached: registration is refused before any use.
-    #[allow(unsafe_code)]
-    let e = unsafe { a.register(extra.as_mut_ptr(), extra.len()) }.unwrap_err();
-    assert_eq!(e.kind(), FaultKind::Registration, "{e}");
     // Nothing was posted, so nothing completes.
     assert!(a.poll_completion().is_none());
+}
+
+/// Posts `len` bytes from `offset` of `from` to `dest_addr` at `to` and
+/// waits until they landed.
+fn write_and_wait(
+    a: &mut FabricTransport,
+    b: &mut FabricTransport,
+    from: Region,
+    offset: u64,
+    len: u64,
+    dest_addr: u64,
+    cookie: u64,
+) {
+    let tag = WriteTag(0x5eed ^ cookie);
+    let session = b.session_id().to_owned();
+    a.post_write(&WriteOp {
+        region: from,
+        local_offset: offset,
+        len,
+        dest_session: &session,
+        dest_addr,
+        tag,
+        cookie,
+    })
+    .expect("post");
+    wait_completion(a, cookie, Duration::from_secs(20))
+        .expect("completion in time")
+        .expect("write succeeds");
+    assert!(
+        wait_landed(b, tag, Duration::from_secs(20)),
+        "write {cookie} landed"
+    );
+}
+
+/// A transport registers any number of regions (memory the application
+/// allocated among them), each addressable by peers through the session
+/// id, and writes go from any of its regions into any of a peer's.
+fn several_regions(provider: &str, delivery: Delivery) {
+    // Declared first, dropped last: they outlive their registrations.
+    let mut app_src = vec![0u8; 1 << 16];
+    let mut app_dst = vec![0u8; 1 << 16];
+    let (mut a, ra) = open(provider, delivery, 1 << 20);
+    let mut b = FabricTransport::with_pool(&config(provider, delivery), 1 << 20).expect("open");
+    let half = b.pool_len() / 2;
+    // SAFETY: the pool belongs to the transport; the vectors outlive both
+    // transports (declared before them) and are read only once the writes
+    // into them landed.
+    #[allow(unsafe_code)]
+    let (rb1, rb2, ra2) = unsafe {
+        (
+            b.register(b.pool_ptr(), half)
+                .expect("register half the pool"),
+            b.register(app_dst.as_mut_ptr(), app_dst.len())
+                .expect("register an application buffer"),
+            a.register(app_src.as_mut_ptr(), app_src.len())
+                .expect("register a source buffer"),
+        )
+    };
+    assert_ne!(rb1.id, rb2.id);
+    let listed = ferry_fabric::Session::parse(b.session_id()).expect("own session parses");
+    assert_eq!(listed.regions.len(), 2, "{}", b.session_id());
+
+    // From the sender's pool into the application's buffer, and from the
+    // sender's second region into the receiver's pool.
+    pool_mut(&mut a)[..4000]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, x)| *x = i as u8 ^ 0x5a);
+    write_and_wait(&mut a, &mut b, ra, 0, 4000, rb2.addr + 100, 1);
+    app_src
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, x)| *x = (i as u8).wrapping_mul(7));
+    write_and_wait(&mut a, &mut b, ra2, 512, 8192, rb1.addr + 4096, 2);
+    assert_eq!(&app_dst[100..4100], &pool(&a)[..4000]);
+    assert_eq!(&pool(&b)[4096..4096 + 8192], &app_src[512..512 + 8192]);
+
+    // A write that spans the end of a region, or lies in none, is refused.
+    let session = b.session_id().to_owned();
+    for dest_addr in [rb1.addr + rb1.len - 10, rb1.addr + rb1.len + 4096] {
+        let e = a
+            .post_write(&WriteOp {
+                region: ra,
+                local_offset: 0,
+                len: 100,
+                dest_session: &session,
+                dest_addr,
+                tag: WriteTag(0),
+                cookie: 9,
+            })
+            .unwrap_err();
+        assert_eq!(e.kind(), FaultKind::OutOfBounds, "{e}");
+        assert!(e.to_string().contains("none of peer"), "{e}");
+    }
+
+    // Deregistered, a region leaves the session id; writes into it are
+    // refused, the other region still takes them.
+    b.deregister(rb2).expect("deregister");
+    assert_eq!(
+        b.deregister(rb2).unwrap_err().kind(),
+        FaultKind::OutOfBounds
+    );
+    let listed = ferry_fabric::Session::parse(b.session_id()).expect("own session parses");
+    assert_eq!(listed.regions.len(), 1);
+    let session = b.session_id().to_owned();
+    let e = a
+        .post_write(&WriteOp {
+            region: ra,
+            local_offset: 0,
+            len: 10,
+            dest_session: &session,
+            dest_addr: rb2.addr,
+            tag: WriteTag(0),
+            cookie: 9,
+        })
+        .unwrap_err();
+    assert_eq!(e.kind(), FaultKind::OutOfBounds, "{e}");
+    write_and_wait(&mut a, &mut b, ra2, 0, 1000, rb1.addr, 3);
+    assert_eq!(&pool(&b)[..1000], &app_src[..1000]);
+    drop((a, b));
+}
+
+#[test]
+fn several_regions_are_each_written_through_the_session_id() {
+    several_regions("tcp;ofi_rxm", Delivery::Notify);
+    several_regions("tcp;ofi_rxm", Delivery::Auto);
+    several_regions("shm", Delivery::Auto);
 }
 
 #[test]
