@@ -458,19 +458,17 @@ where
             let (token, arrived) = st.received.pop_front()?;
             let mut meta = st.meta_free.pop().unwrap_or_default();
             meta.clear();
-            let view = {
-                st.machine.received(token).map(|rx| {
-                    meta.extend_from_slice(rx.id.as_bytes());
-                    let id_len = rx.id.len();
-                    let manifest = match rx.manifest {
-                        Manifest::Raw(raw) => raw.as_str(),
-                        Manifest::Entries(_) => "{}",
-                    };
-                    meta.extend_from_slice(manifest.as_bytes());
-                    meta.extend_from_slice(rx.scalar_fields.as_str().as_bytes());
-                    (id_len, manifest.len(), rx.slot_offset, rx.slot_size)
-                })
-            };
+            let view = st.machine.received(token).map(|rx| {
+                meta.extend_from_slice(rx.id.as_bytes());
+                let id_len = rx.id.len();
+                let manifest = match rx.manifest {
+                    Manifest::Raw(raw) => raw.as_str(),
+                    Manifest::Entries(_) => "{}",
+                };
+                meta.extend_from_slice(manifest.as_bytes());
+                meta.extend_from_slice(rx.scalar_fields.as_str().as_bytes());
+                (id_len, manifest.len(), rx.slot_offset, rx.slot_size)
+            });
             match view {
                 Some((id_len, manifest_len, slot_offset, slot_size)) => {
                     return Some(Delivery {
