@@ -24,7 +24,7 @@ use crate::attrs;
 use crate::chunk::{chunk_len, Window};
 use crate::device::{Device, DeviceError, Keys, Wc, WriteWr};
 use crate::error::VerbsError;
-use crate::exchange::{PoolInfo, QpInfo, Reply, Request};
+use crate::exchange::{QpInfo, RegionInfo, Reply, Request};
 use crate::gid::gid_text;
 use crate::session::Session;
 use crate::status::WcStatus;
@@ -117,7 +117,8 @@ struct Conn<Q> {
     last_used: u64,
     qp: Option<Q>,
     local: Option<QpInfo>,
-    pool: Option<PoolInfo>,
+    /// The peer's registered regions, as its reply listed them.
+    regions: Option<Vec<RegionInfo>>,
     window: Window,
     next_seq: u32,
     /// Writes not yet fully posted, oldest first.
@@ -130,6 +131,10 @@ struct Conn<Q> {
 struct Write {
     cookie: u64,
     local_addr: u64,
+    /// The source region's lkey.
+    lkey: u32,
+    /// The destination region's rkey (found when the first chunk goes).
+    rkey: u32,
     remote_addr: u64,
     len: u64,
     posted: u64,
@@ -143,7 +148,7 @@ struct Signal {
     completes: Option<u64>,
 }
 
-/// The registered pool.
+/// A registered region.
 #[derive(Clone, Copy, Debug)]
 pub struct Pool {
     /// Region id handed to the runtime.
@@ -197,12 +202,14 @@ pub struct Book<D: Device> {
     /// Writes finished since [`Book::take_news`] last looked.
     news: bool,
     psn_seed: u64,
-    /// The registered pool.
-    pub pool: Option<Pool>,
+    /// The registered regions.
+    pub regions: Vec<Pool>,
     /// This transport's session id.
     pub me: String,
     /// Our incarnation.
     pub incarnation: u64,
+    /// How often our registered regions changed (see [`Session`]).
+    pub generation: u32,
     /// The local GID index and GID.
     pub gid: (u8, [u8; 16]),
     limits: Limits,
@@ -246,9 +253,10 @@ impl<D: Device> Book<D> {
             arm_failed: false,
             news: false,
             psn_seed: incarnation,
-            pool: None,
+            regions: Vec::new(),
             me,
             incarnation,
+            generation: 0,
             gid,
             limits,
         }
@@ -275,13 +283,14 @@ impl<D: Device> Book<D> {
         }
     }
 
-    /// Queues a write of `len` bytes from `local_addr` (inside the pool)
-    /// to `dest_addr` in the peer `dest`. Returns whether the side channel
-    /// must be woken (a new connection was made).
+    /// Queues a write of `len` bytes from `local_addr` (inside the
+    /// registered region `lkey` names) to `dest_addr` in the peer `dest`.
+    /// Returns whether the side channel must be woken (a new connection
+    /// was made).
     pub fn post(
         &mut self,
         dest: &str,
-        local_addr: u64,
+        (local_addr, lkey): (u64, u32),
         len: u64,
         dest_addr: u64,
         cookie: u64,
@@ -305,7 +314,7 @@ impl<D: Device> Book<D> {
                         last_used: self.tick,
                         qp: None,
                         local: None,
-                        pool: None,
+                        regions: None,
                         window: Window::new(self.limits.send_depth),
                         next_seq: 0,
                         queue: VecDeque::new(),
@@ -323,8 +332,8 @@ impl<D: Device> Book<D> {
             });
         };
         conn.last_used = self.tick;
-        if let Some(pool) = conn.pool {
-            check_dest(&conn.peer, pool, dest_addr, len)?;
+        if let Some(regions) = &conn.regions {
+            check_dest(&conn.peer, regions, dest_addr, len)?;
         }
         if len == 0 {
             // Nothing moves; an RDMA WRITE with a zero-length scatter entry
@@ -342,6 +351,8 @@ impl<D: Device> Book<D> {
             Write {
                 cookie,
                 local_addr,
+                lkey,
+                rkey: 0,
                 remote_addr: dest_addr,
                 len,
                 posted: 0,
@@ -399,7 +410,7 @@ impl<D: Device> Book<D> {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
         };
-        let (Some(pool), Some(keys)) = (conn.pool, self.pool.map(|p| p.keys)) else {
+        let Some(regions) = conn.regions.as_ref() else {
             return;
         };
         let mut wrs = std::mem::take(&mut self.wrs);
@@ -418,10 +429,13 @@ impl<D: Device> Book<D> {
                 continue;
             };
             if w.posted == 0 {
-                if let Err(e) = check_dest(&conn.peer, pool, w.remote_addr, w.len) {
-                    conn.queue.pop_front();
-                    refused.push((wid, e));
-                    continue;
+                match check_dest(&conn.peer, regions, w.remote_addr, w.len) {
+                    Ok(rkey) => w.rkey = rkey,
+                    Err(e) => {
+                        conn.queue.pop_front();
+                        refused.push((wid, e));
+                        continue;
+                    }
                 }
             }
             let n = chunk_len(w.len, w.posted, self.limits.max_chunk);
@@ -447,10 +461,10 @@ impl<D: Device> Book<D> {
             wrs.push(WriteWr {
                 wr_id,
                 local_addr: w.local_addr + w.posted,
-                lkey: keys.lkey,
+                lkey: w.lkey,
                 len: n,
                 remote_addr: w.remote_addr + w.posted,
-                rkey: pool.rkey,
+                rkey: w.rkey,
                 signaled: signaled.is_some(),
             });
             w.posted += u64::from(n);
@@ -473,9 +487,9 @@ impl<D: Device> Book<D> {
             self.wrs = wrs;
             return;
         };
-        // SAFETY: every source range was checked against the registered
-        // pool when the write was accepted, and every destination against
-        // the pool the peer announced for this rkey.
+        // SAFETY: every source range was checked against its registered
+        // region when the write was accepted, and every destination
+        // against the region the peer announced with this rkey.
         #[allow(unsafe_code)]
         let posted = unsafe { self.device.post_writes(qp, &wrs) };
         self.wrs = wrs;
@@ -584,8 +598,8 @@ impl<D: Device> Book<D> {
             Ok(r) => r,
             Err(e) => return self.fail_conn(conn_id, e),
         };
-        let (remote, pool) = match reply {
-            Reply::Accept { qp, pool } => (qp, pool),
+        let (remote, regions) = match reply {
+            Reply::Accept { qp, regions } => (qp, regions),
             Reply::Refuse { why } => {
                 return self.fail_conn(conn_id, VerbsError::Refused { peer, why })
             }
@@ -605,7 +619,7 @@ impl<D: Device> Book<D> {
         if let Err(e) = self.device.modify(qp, &attrs::rts(sq_psn)) {
             return self.fail_conn(conn_id, verb(e, &peer));
         }
-        conn.pool = Some(pool);
+        conn.regions = Some(regions);
         conn.state = ConnState::Ready;
         tracing::debug!(peer = %peer, remote_qpn = remote.qpn, "verbs connection ready");
         self.pump(conn_id);
@@ -617,7 +631,7 @@ impl<D: Device> Book<D> {
     }
 
     /// Answers a writer's request: a queue pair walked to RTS toward it,
-    /// and our pool.
+    /// and our registered regions.
     pub fn on_request(&mut self, bytes: &[u8], from: &str) -> Reply {
         let req = match Request::decode(bytes, from) {
             Ok(r) => r,
@@ -631,11 +645,11 @@ impl<D: Device> Book<D> {
                 ),
             };
         }
-        let Some(pool) = self.pool else {
+        if self.regions.is_empty() {
             return Reply::Refuse {
-                why: "no pool is registered yet".into(),
+                why: "no memory is registered yet".into(),
             };
-        };
+        }
         // A writer that reconnects replaces its old queue pair.
         if self.inbound.remove(&req.from).is_some() {
             self.inbound_order.retain(|w| *w != req.from);
@@ -654,11 +668,15 @@ impl<D: Device> Book<D> {
                 tracing::debug!(writer = %req.from, "verbs connection accepted");
                 Reply::Accept {
                     qp: info,
-                    pool: PoolInfo {
-                        addr: pool.addr,
-                        len: pool.len,
-                        rkey: pool.keys.rkey,
-                    },
+                    regions: self
+                        .regions
+                        .iter()
+                        .map(|r| RegionInfo {
+                            addr: r.addr,
+                            len: r.len,
+                            rkey: r.keys.rkey,
+                        })
+                        .collect(),
                 }
             }
             Err(e) => {
@@ -873,21 +891,22 @@ fn forget(writes: &mut VecDeque<u64>, wid: u64) {
     }
 }
 
-fn check_dest(peer: &str, pool: PoolInfo, addr: u64, len: u64) -> Result<(), VerbsError> {
-    let inside = addr >= pool.addr
-        && addr
-            .checked_add(len)
-            .is_some_and(|end| end <= pool.addr + pool.len);
-    if inside {
-        Ok(())
-    } else {
-        Err(VerbsError::DestOutOfBounds {
+/// The rkey of the peer's region that holds `len` bytes at `addr`.
+fn check_dest(peer: &str, regions: &[RegionInfo], addr: u64, len: u64) -> Result<u32, VerbsError> {
+    let inside = |r: &&RegionInfo| {
+        addr >= r.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= r.addr + r.len)
+    };
+    match regions.iter().find(inside) {
+        Some(r) => Ok(r.rkey),
+        None => Err(VerbsError::DestOutOfBounds {
             peer: peer.to_owned(),
             addr,
             len,
-            base: pool.addr,
-            pool_len: pool.len,
-        })
+            regions: regions.len(),
+        }),
     }
 }
 

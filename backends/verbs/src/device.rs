@@ -59,7 +59,7 @@ pub struct GidEntry {
     pub kind: GidKind,
 }
 
-/// The keys of the registered pool.
+/// The keys of one registered region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Keys {
     /// For local scatter entries.
@@ -213,14 +213,16 @@ pub trait Device: Send + 'static {
     /// Completions the CQ holds.
     fn cq_capacity(&self) -> u32;
 
-    /// Registers `len` bytes at `addr` for local access and remote write.
+    /// Registers `len` bytes at `addr` for local access and remote write
+    /// (any number of regions).
     ///
     /// # Safety
-    /// The memory must stay mapped until [`Device::deregister`] or drop.
+    /// The memory must stay mapped until [`Device::deregister`] of these
+    /// keys or drop.
     unsafe fn register(&mut self, addr: u64, len: usize) -> Result<Keys, DeviceError>;
 
-    /// Drops the registration.
-    fn deregister(&mut self);
+    /// Drops the registration `keys` names (nothing if none does).
+    fn deregister(&mut self, keys: Keys);
 
     /// Creates an RC queue pair (in RESET) on the device's CQ, able to hold
     /// `send_depth` outstanding send work requests.

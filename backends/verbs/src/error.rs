@@ -125,8 +125,9 @@ pub enum VerbsError {
         /// The time allowed.
         after: Duration,
     },
-    /// A write's destination lies outside the peer's registered pool.
-    #[error("write of {len} bytes to {addr:#x} falls outside peer {peer}'s pool ({base:#x}, {pool_len} bytes)")]
+    /// A write's destination lies in none of the peer's registered
+    /// regions.
+    #[error("write of {len} bytes to {addr:#x} lies in none of peer {peer}'s {regions} registered region(s)")]
     DestOutOfBounds {
         /// The peer's session id.
         peer: String,
@@ -134,10 +135,8 @@ pub enum VerbsError {
         addr: u64,
         /// The write's length.
         len: u64,
-        /// The pool's base address in the peer.
-        base: u64,
-        /// The pool's length.
-        pool_len: u64,
+        /// How many regions the peer listed.
+        regions: usize,
     },
     /// A write's source lies outside the registered region.
     #[error("write of {len} bytes at offset {offset} falls outside region {region} ({region_len} bytes)")]
@@ -154,11 +153,12 @@ pub enum VerbsError {
     /// A region that is not (or no longer) registered.
     #[error("region {0} is not registered")]
     UnknownRegion(u32),
-    /// A second region: a transport registers one pool.
-    #[error(
-        "this transport already registered its pool (region {0}); register one pool per transport"
-    )]
-    AlreadyRegistered(u32),
+    /// More regions than a connection exchange lists.
+    #[error("{max} regions are registered already; a transport registers at most {max}")]
+    TooManyRegions {
+        /// The most regions a transport registers.
+        max: usize,
+    },
     /// The side channel (ZeroMQ) failed.
     #[error("verbs side channel: {what}{}: {source}", peer_suffix(.peer))]
     SideChannel {
@@ -236,7 +236,7 @@ impl Fault for VerbsError {
             Self::DestOutOfBounds { .. }
             | Self::SourceOutOfBounds { .. }
             | Self::UnknownRegion(_) => FaultKind::OutOfBounds,
-            Self::AlreadyRegistered(_) => FaultKind::Registration,
+            Self::TooManyRegions { .. } => FaultKind::Registration,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The connection exchange on the side channel: a writer sends a
 //! [`Request`] with its queue pair's coordinates; the target creates its
 //! queue pair, walks it to RTS and answers with an [`Reply`] holding its
-//! own coordinates and its pool's address, length and rkey.
+//! own coordinates and each registered region's address, length and rkey.
 //!
 //! Messages are JSON (one per ZeroMQ frame). Everything that arrives is
 //! validated field by field before any of it reaches a verb.
@@ -12,10 +12,15 @@ use crate::attrs::mtu_enum;
 use crate::error::VerbsError;
 
 /// The exchange's version; a message of another version is refused.
-pub const VERSION: u32 = 1;
+/// (2: a reply lists every registered region, not one pool.)
+pub const VERSION: u32 = 2;
 
-/// Largest exchange message accepted.
-pub const MAX_MESSAGE: usize = 4096;
+/// Largest exchange message accepted (a reply listing the most regions
+/// fits).
+pub const MAX_MESSAGE: usize = 16384;
+
+/// Most regions a reply lists (and a transport registers).
+pub const MAX_REGIONS: usize = 64;
 
 /// One end's queue-pair coordinates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,9 +37,9 @@ pub struct QpInfo {
     pub mtu: u32,
 }
 
-/// The target's pool.
+/// One of the target's registered regions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PoolInfo {
+pub struct RegionInfo {
     /// Its first byte's address in the target.
     pub addr: u64,
     /// Its length.
@@ -61,8 +66,8 @@ pub enum Reply {
     Accept {
         /// The target's queue pair.
         qp: QpInfo,
-        /// The target's pool.
-        pool: PoolInfo,
+        /// The target's registered regions (at least one).
+        regions: Vec<RegionInfo>,
     },
     /// Refused, with the reason.
     Refuse {
@@ -92,7 +97,7 @@ struct WireRequest {
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WirePool {
+struct WireRegion {
     addr: u64,
     len: u64,
     rkey: u32,
@@ -105,7 +110,7 @@ struct WireReply {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     qp: Option<WireQp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pool: Option<WirePool>,
+    regions: Option<Vec<WireRegion>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     refuse: Option<String>,
 }
@@ -228,20 +233,25 @@ impl Reply {
     /// The message bytes.
     pub fn encode(&self) -> Vec<u8> {
         let w = match self {
-            Self::Accept { qp, pool } => WireReply {
+            Self::Accept { qp, regions } => WireReply {
                 v: VERSION,
                 qp: Some(qp.into()),
-                pool: Some(WirePool {
-                    addr: pool.addr,
-                    len: pool.len,
-                    rkey: pool.rkey,
-                }),
+                regions: Some(
+                    regions
+                        .iter()
+                        .map(|r| WireRegion {
+                            addr: r.addr,
+                            len: r.len,
+                            rkey: r.rkey,
+                        })
+                        .collect(),
+                ),
                 refuse: None,
             },
             Self::Refuse { why } => WireReply {
                 v: VERSION,
                 qp: None,
-                pool: None,
+                regions: None,
                 refuse: Some(why.clone()),
             },
         };
@@ -253,28 +263,37 @@ impl Reply {
         let c = Check { peer };
         let w: WireReply = c.json(bytes)?;
         c.version(w.v)?;
-        match (w.qp, w.pool, w.refuse) {
+        match (w.qp, w.regions, w.refuse) {
             (None, None, Some(why)) => Ok(Self::Refuse { why }),
-            (Some(qp), Some(pool), None) => {
+            (Some(qp), Some(regions), None) => {
                 let qp = c.qp(&qp)?;
-                if pool.len == 0 {
-                    return Err(c.bad("pool.len", "zero"));
+                if regions.is_empty() || regions.len() > MAX_REGIONS {
+                    return Err(c.bad(
+                        "regions",
+                        format!("{} regions, expected 1 to {MAX_REGIONS}", regions.len()),
+                    ));
                 }
-                if pool.addr.checked_add(pool.len).is_none() {
-                    return Err(c.bad("pool.len", "the pool wraps the address space"));
-                }
-                Ok(Self::Accept {
-                    qp,
-                    pool: PoolInfo {
-                        addr: pool.addr,
-                        len: pool.len,
-                        rkey: pool.rkey,
-                    },
-                })
+                let regions = regions
+                    .iter()
+                    .map(|r| {
+                        if r.len == 0 {
+                            return Err(c.bad("regions.len", "zero"));
+                        }
+                        if r.addr.checked_add(r.len).is_none() {
+                            return Err(c.bad("regions.len", "a region wraps the address space"));
+                        }
+                        Ok(RegionInfo {
+                            addr: r.addr,
+                            len: r.len,
+                            rkey: r.rkey,
+                        })
+                    })
+                    .collect::<Result<_, _>>()?;
+                Ok(Self::Accept { qp, regions })
             }
             _ => Err(c.bad(
                 "message",
-                "a reply holds either `qp` and `pool`, or `refuse`",
+                "a reply holds either `qp` and `regions`, or `refuse`",
             )),
         }
     }
@@ -307,18 +326,40 @@ mod tests {
         let bytes = r.encode();
         assert_eq!(
             std::str::from_utf8(&bytes).unwrap(),
-            r#"{"v":1,"from":"verbs:0000000000000001@tcp://10.0.0.1:4000","to":"000000000000feed","qp":{"qpn":17,"lid":0,"gid":"00000000000000000000ffff0a000001","psn":119,"mtu":4096}}"#
+            r#"{"v":2,"from":"verbs:0000000000000001@tcp://10.0.0.1:4000","to":"000000000000feed","qp":{"qpn":17,"lid":0,"gid":"00000000000000000000ffff0a000001","psn":119,"mtu":4096}}"#
         );
         assert_eq!(Request::decode(&bytes, "p").unwrap(), r);
         let a = Reply::Accept {
             qp: qp(),
-            pool: PoolInfo {
-                addr: 0x7f00_0000_0000,
-                len: 1 << 30,
-                rkey: 0x1234,
-            },
+            regions: vec![
+                RegionInfo {
+                    addr: 0x7f00_0000_0000,
+                    len: 1 << 30,
+                    rkey: 0x1234,
+                },
+                RegionInfo {
+                    addr: 0x5500_0000_1000,
+                    len: 4096,
+                    rkey: 0x1235,
+                },
+            ],
         };
         assert_eq!(Reply::decode(&a.encode(), "p").unwrap(), a);
+        // The most regions fit in a message.
+        let most = Reply::Accept {
+            qp: qp(),
+            regions: vec![
+                RegionInfo {
+                    addr: u64::MAX / 2,
+                    len: u64::MAX / 4,
+                    rkey: u32::MAX,
+                };
+                MAX_REGIONS
+            ],
+        };
+        let bytes = most.encode();
+        assert!(bytes.len() <= MAX_MESSAGE, "{} bytes", bytes.len());
+        assert_eq!(Reply::decode(&bytes, "p").unwrap(), most);
         let f = Reply::Refuse {
             why: "no pool registered".into(),
         };
@@ -335,7 +376,7 @@ mod tests {
     #[test]
     fn requests_are_validated_field_by_field() {
         let with = |qp: &str| {
-            format!(r#"{{"v":1,"from":"{FROM}","to":"000000000000feed","qp":{qp}}}"#).into_bytes()
+            format!(r#"{{"v":2,"from":"{FROM}","to":"000000000000feed","qp":{qp}}}"#).into_bytes()
         };
         let gid = "00000000000000000000ffff0a000001";
         assert_eq!(
@@ -383,26 +424,26 @@ mod tests {
         let ok_qp = format!(r#"{{"qpn":1,"lid":0,"gid":"{gid}","psn":1,"mtu":1024}}"#);
         assert_eq!(
             field_of(
-                format!(r#"{{"v":2,"from":"{FROM}","to":"000000000000feed","qp":{ok_qp}}}"#)
+                format!(r#"{{"v":3,"from":"{FROM}","to":"000000000000feed","qp":{ok_qp}}}"#)
                     .as_bytes()
             ),
             "v"
         );
         assert_eq!(
             field_of(
-                format!(r#"{{"v":1,"from":"shm:x","to":"000000000000feed","qp":{ok_qp}}}"#)
+                format!(r#"{{"v":2,"from":"shm:x","to":"000000000000feed","qp":{ok_qp}}}"#)
                     .as_bytes()
             ),
             "from"
         );
         assert_eq!(
-            field_of(format!(r#"{{"v":1,"from":"{FROM}","to":"feed","qp":{ok_qp}}}"#).as_bytes()),
+            field_of(format!(r#"{{"v":2,"from":"{FROM}","to":"feed","qp":{ok_qp}}}"#).as_bytes()),
             "to"
         );
         assert_eq!(field_of(b"{"), "message");
         assert_eq!(
             field_of(
-                format!(r#"{{"v":1,"from":"{FROM}","to":"000000000000feed","qp":{ok_qp},"x":1}}"#)
+                format!(r#"{{"v":2,"from":"{FROM}","to":"000000000000feed","qp":{ok_qp},"x":1}}"#)
                     .as_bytes()
             ),
             "message"
@@ -420,20 +461,43 @@ mod tests {
         };
         assert_eq!(
             field(format!(
-                r#"{{"v":1,"qp":{qp},"pool":{{"addr":0,"len":0,"rkey":1}}}}"#
+                r#"{{"v":2,"qp":{qp},"regions":[{{"addr":0,"len":1,"rkey":1}},{{"addr":0,"len":0,"rkey":1}}]}}"#
             )),
-            "pool.len"
+            "regions.len"
         );
         assert_eq!(
             field(format!(
-                r#"{{"v":1,"qp":{qp},"pool":{{"addr":18446744073709551615,"len":2,"rkey":1}}}}"#
+                r#"{{"v":2,"qp":{qp},"regions":[{{"addr":18446744073709551615,"len":2,"rkey":1}}]}}"#
             )),
-            "pool.len"
+            "regions.len"
         );
-        assert_eq!(field(format!(r#"{{"v":1,"qp":{qp}}}"#)), "message");
+        assert_eq!(
+            field(format!(r#"{{"v":2,"qp":{qp},"regions":[]}}"#)),
+            "regions"
+        );
+        let many = vec![r#"{"addr":0,"len":1,"rkey":1}"#; MAX_REGIONS + 1].join(",");
+        assert_eq!(
+            field(format!(r#"{{"v":2,"qp":{qp},"regions":[{many}]}}"#)),
+            "regions"
+        );
+        assert_eq!(field(format!(r#"{{"v":2,"qp":{qp}}}"#)), "message");
+        // A reply of another version is refused by its version, and one in
+        // version 1's shape (one `pool`) by that unknown field.
         assert_eq!(
             field(format!(
-                r#"{{"v":1,"qp":{qp},"pool":{{"addr":0,"len":1,"rkey":1}},"refuse":"x"}}"#
+                r#"{{"v":1,"qp":{qp},"regions":[{{"addr":0,"len":1,"rkey":1}}]}}"#
+            )),
+            "v"
+        );
+        assert_eq!(
+            field(format!(
+                r#"{{"v":1,"qp":{qp},"pool":{{"addr":0,"len":1,"rkey":1}}}}"#
+            )),
+            "message"
+        );
+        assert_eq!(
+            field(format!(
+                r#"{{"v":2,"qp":{qp},"regions":[{{"addr":0,"len":1,"rkey":1}}],"refuse":"x"}}"#
             )),
             "message"
         );

@@ -150,7 +150,8 @@ pub struct IbvDevice {
     gids: Vec<GidEntry>,
     // Field order is drop order: the registration and CQ go before the PD
     // and the context (sideway also holds parents by `Arc`).
-    mr: Option<Arc<MemoryRegion>>,
+    /// The registrations, with their keys.
+    mrs: Vec<(Keys, Arc<MemoryRegion>)>,
     cq: Arc<BasicCompletionQueue>,
     channel: Arc<CompletionChannel>,
     armed: bool,
@@ -258,7 +259,7 @@ impl IbvDevice {
         Ok(Self {
             port: info,
             gids,
-            mr: None,
+            mrs: Vec::new(),
             cq,
             channel,
             armed: false,
@@ -305,12 +306,12 @@ impl Device for IbvDevice {
             lkey: mr.lkey(),
             rkey: mr.rkey(),
         };
-        self.mr = Some(mr);
+        self.mrs.push((keys, mr));
         Ok(keys)
     }
 
-    fn deregister(&mut self) {
-        self.mr = None;
+    fn deregister(&mut self, keys: Keys) {
+        self.mrs.retain(|(k, _)| *k != keys);
     }
 
     fn create_qp(&mut self, send_depth: u32) -> Result<Self::Qp, DeviceError> {

@@ -1,12 +1,13 @@
 //! ferry's ibverbs data plane: one RC queue pair per peer session and
-//! one-sided RDMA WRITE into the peer's registered pool, on InfiniBand and
-//! RoCE NICs.
+//! one-sided RDMA WRITE into the peer's registered regions, on InfiniBand
+//! and RoCE NICs.
 //!
 //! - [`VerbsTransport`] implements ferry-core's `Transport`. Its session id
 //!   ([`Session`]) names the endpoint of its side channel, a ZeroMQ socket
 //!   where it answers connection exchanges ([`exchange`]).
 //! - The first write to a peer exchanges QP number, LID, GID, PSN, MTU and
-//!   the pool's address, length and rkey, then walks both queue pairs
+//!   every registered region's address, length and rkey, then walks both
+//!   queue pairs
 //!   RESET → INIT → RTR → RTS ([`attrs`]). The GID index is chosen from the
 //!   port's table ([`gid`]) or configured.
 //! - Writes are split at the port's maximum message; only the last chunk

@@ -1,11 +1,15 @@
-//! The verbs session id: `verbs:<incarnation>@<side channel endpoint>`.
+//! The verbs session id:
+//! `verbs:<incarnation>[.<generation>]@<side channel endpoint>`.
 //!
 //! The endpoint is the ZeroMQ address where the transport answers
 //! connection exchanges; the incarnation (16 hex digits, random per
 //! transport) lets a peer tell a restarted process on the same endpoint
 //! from the one it connected to, so a stale queue pair is never reused.
-//! Everything else a writer needs (QP number, GID, rkey, pool bounds)
-//! travels in the exchange, not in the id.
+//! The generation (hex, left out while 0) counts the changes of the
+//! registered regions: a writer connects once per session id, so a new
+//! generation makes it connect again and learn the regions anew.
+//! Everything else a writer needs (QP number, GID, the regions' rkeys and
+//! bounds) travels in the exchange, not in the id.
 
 use std::fmt;
 
@@ -19,6 +23,8 @@ pub const PREFIX: &str = "verbs:";
 pub struct Session {
     /// Random per transport; changes when the process restarts.
     pub incarnation: u64,
+    /// How often the registered regions changed.
+    pub generation: u32,
     /// The side channel's ZeroMQ endpoint (`tcp://host:port` or `ipc://path`).
     pub endpoint: String,
 }
@@ -36,6 +42,16 @@ impl Session {
         let (inc, endpoint) = rest
             .split_once('@')
             .ok_or_else(|| bad("no `@` between incarnation and endpoint"))?;
+        let (inc, generation) = match inc.split_once('.') {
+            None => (inc, 0),
+            Some((inc, g)) => {
+                if g.is_empty() || g.len() > 8 || !g.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(bad("the generation is not 1 to 8 hex digits"));
+                }
+                let g = u32::from_str_radix(g, 16).map_err(|e| bad(&e.to_string()))?;
+                (inc, g)
+            }
+        };
         if inc.len() != 16 || !inc.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(bad("the incarnation is not 16 hex digits"));
         }
@@ -59,6 +75,7 @@ impl Session {
         }
         Ok(Self {
             incarnation,
+            generation,
             endpoint: endpoint.to_owned(),
         })
     }
@@ -66,7 +83,11 @@ impl Session {
 
 impl fmt::Display for Session {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{PREFIX}{:016x}@{}", self.incarnation, self.endpoint)
+        write!(f, "{PREFIX}{:016x}", self.incarnation)?;
+        if self.generation > 0 {
+            write!(f, ".{:x}", self.generation)?;
+        }
+        write!(f, "@{}", self.endpoint)
     }
 }
 
@@ -82,7 +103,13 @@ mod tests {
         assert_eq!(s.endpoint, "tcp://10.0.0.2:5555");
         assert_eq!(s.to_string(), "verbs:00000000deadbeef@tcp://10.0.0.2:5555");
         let s = Session::parse("verbs:ffffffffffffffff@ipc:///tmp/ferry-verbs-1").unwrap();
-        assert_eq!(s.incarnation, u64::MAX);
+        assert_eq!((s.incarnation, s.generation), (u64::MAX, 0));
+        let s = Session::parse("verbs:00000000deadbeef.1f@tcp://10.0.0.2:5555").unwrap();
+        assert_eq!((s.incarnation, s.generation), (0xdead_beef, 0x1f));
+        assert_eq!(
+            s.to_string(),
+            "verbs:00000000deadbeef.1f@tcp://10.0.0.2:5555"
+        );
     }
 
     #[test]
@@ -100,6 +127,9 @@ mod tests {
             "verbs:00000000deadbeef@tcp://h:70000",
             "verbs:00000000deadbeef@tcp://*:5",
             "verbs:00000000deadbeef@tcp://h :5",
+            "verbs:00000000deadbeef.@tcp://h:5",
+            "verbs:00000000deadbeef.g@tcp://h:5",
+            "verbs:00000000deadbeef.100000000@tcp://h:5",
         ] {
             let e = Session::parse(bad).unwrap_err();
             assert!(matches!(e, VerbsError::BadSession { .. }), "{bad}: {e}");
@@ -108,8 +138,8 @@ mod tests {
 
     proptest! {
         #[test]
-        fn round_trips(inc in any::<u64>(), a in 1u8..255, port in 1u16..) {
-            let s = Session { incarnation: inc, endpoint: format!("tcp://10.0.{a}.1:{port}") };
+        fn round_trips(inc in any::<u64>(), generation in any::<u32>(), a in 1u8..255, port in 1u16..) {
+            let s = Session { incarnation: inc, generation, endpoint: format!("tcp://10.0.{a}.1:{port}") };
             prop_assert_eq!(Session::parse(&s.to_string()).unwrap(), s);
         }
 

@@ -75,7 +75,8 @@ pub struct SimDevice {
     id: u64,
     port: PortInfo,
     gids: Vec<GidEntry>,
-    mr: Option<(u32, u64, u64)>,
+    /// This device's registrations: key, address, length.
+    mrs: Vec<(u32, u64, u64)>,
     cq: VecDeque<Wc>,
     held: VecDeque<Wc>,
     /// `ibv_modify_qp(RTR)` fails with this errno.
@@ -154,7 +155,7 @@ impl SimDevice {
                     kind: GidKind::RoceV2,
                 },
             ],
-            mr: None,
+            mrs: Vec::new(),
             cq: VecDeque::new(),
             held: VecDeque::new(),
             rtr_errno: None,
@@ -214,9 +215,6 @@ impl Device for SimDevice {
     }
 
     unsafe fn register(&mut self, addr: u64, len: usize) -> Result<Keys, DeviceError> {
-        if self.mr.is_some() {
-            return Err(err(Verb::RegMr, libc::EEXIST));
-        }
         let mut n = net();
         n.next_key += 1;
         let key = n.next_key;
@@ -228,16 +226,17 @@ impl Device for SimDevice {
                 len: len as u64,
             },
         );
-        self.mr = Some((key, addr, len as u64));
+        self.mrs.push((key, addr, len as u64));
         Ok(Keys {
             lkey: key,
             rkey: key,
         })
     }
 
-    fn deregister(&mut self) {
-        if let Some((key, _, _)) = self.mr.take() {
-            net().mrs.remove(&key);
+    fn deregister(&mut self, keys: Keys) {
+        if let Some(i) = self.mrs.iter().position(|(key, _, _)| *key == keys.lkey) {
+            self.mrs.remove(i);
+            net().mrs.remove(&keys.lkey);
         }
     }
 
@@ -319,7 +318,7 @@ impl Device for SimDevice {
                             && wr.remote_addr >= m.addr
                             && wr.remote_addr + u64::from(wr.len) <= m.addr + m.len
                     });
-                    let local_ok = self.mr.is_some_and(|(key, addr, len)| {
+                    let local_ok = self.mrs.iter().any(|&(key, addr, len)| {
                         key == wr.lkey
                             && wr.local_addr >= addr
                             && wr.local_addr + u64::from(wr.len) <= addr + len

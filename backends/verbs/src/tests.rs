@@ -311,6 +311,7 @@ fn a_session_of_an_earlier_incarnation_is_refused() {
     let b = node();
     let s = crate::session::Session::parse(b.t.session_id()).unwrap();
     let stale = crate::session::Session {
+        generation: s.generation,
         incarnation: s.incarnation ^ 1,
         endpoint: s.endpoint,
     }
@@ -459,13 +460,98 @@ fn bad_writes_are_refused_with_typed_errors() {
     // A zero-byte write completes without a work request.
     a.write(0, 0, &b, 0, 6).unwrap();
     assert_eq!(a.wait(1)[0].cookie, 6);
-    // One pool per transport.
-    let other = HostPool::new(4096).unwrap();
-    // SAFETY: refused before anything is registered.
-    match unsafe { a.t.register(other.ptr(), other.len()) } {
-        Err(VerbsError::AlreadyRegistered(1)) => {}
-        other => panic!("{other:?}"),
+}
+
+/// A transport registers any number of regions; writers learn them in the
+/// connection exchange, and a region registered later reaches them
+/// through the session id's new generation (a writer connects once per
+/// session id).
+#[test]
+fn several_regions_are_written_and_a_later_one_reaches_writers_through_the_session_id() {
+    // Declared first, dropped last: they outlive the registrations.
+    let extra = HostPool::new(64 << 10).unwrap();
+    let src = HostPool::new(64 << 10).unwrap();
+    let mut a = node();
+    let mut b = node();
+    let first = b.t.session_id().to_owned();
+    fill(a.bytes_mut(), 3);
+    a.write(0, 4096, &b, 0, 1).unwrap();
+    assert!(
+        a.wait(1)[0].result.is_ok(),
+        "connected under the first session"
+    );
+
+    // SAFETY: the pools outlive both transports (declared before them)
+    // and are read only once the writes into them completed.
+    let (rx, rs) = unsafe {
+        (
+            b.t.register(extra.ptr(), extra.len())
+                .expect("a second region"),
+            a.t.register(src.ptr(), src.len())
+                .expect("a second source region"),
+        )
+    };
+    assert_ne!(rx.id, b.region.id);
+    let second = b.t.session_id().to_owned();
+    assert_ne!(second, first, "the session id moved on");
+    let parsed = crate::session::Session::parse(&second).unwrap();
+    assert_eq!(
+        parsed.generation, 2,
+        "{second}: one change since the pool's"
+    );
+    let pool_region = a.region;
+    let write = |a: &mut Node, region: Region, session: &str, dest_addr: u64, cookie: u64| {
+        a.t.post_write(&WriteOp {
+            region,
+            local_offset: 0,
+            len: 4096,
+            dest_session: session,
+            dest_addr,
+            tag: WriteTag(cookie),
+            cookie,
+        })
+    };
+    // Under the first session the writer knows only the pool.
+    assert!(matches!(
+        write(&mut a, pool_region, &first, rx.addr, 2),
+        Err(VerbsError::DestOutOfBounds { regions: 1, .. })
+    ));
+    // Under the second it learns both: into the new region from the
+    // pool, and into the pool from the new source region.
+    // SAFETY: nothing writes into `src`; it is filled here and read by
+    // the device only.
+    unsafe { std::slice::from_raw_parts_mut(src.ptr(), 4096) }.fill(0xa5);
+    write(&mut a, pool_region, &second, rx.addr + 512, 3).unwrap();
+    write(&mut a, rs, &second, b.region.addr + 8192, 4).unwrap();
+    for c in a.wait(2) {
+        assert!(c.result.is_ok(), "{c:?}");
     }
+    // SAFETY: the write into it completed.
+    let landed = unsafe { std::slice::from_raw_parts(extra.ptr(), extra.len()) };
+    assert_eq!(&landed[512..512 + 4096], &a.bytes()[..4096]);
+    assert!(b.bytes()[8192..8192 + 4096].iter().all(|&x| x == 0xa5));
+
+    // Deregistered, a region leaves the exchange: a writer connecting
+    // under the next session cannot write into it, and the other
+    // region still takes writes.
+    b.t.deregister(rx).unwrap();
+    assert!(matches!(
+        b.t.deregister(rx),
+        Err(VerbsError::UnknownRegion(_))
+    ));
+    let third = b.t.session_id().to_owned();
+    write(&mut a, pool_region, &third, rx.addr, 5).unwrap();
+    let [c] = &a.wait(1)[..] else { panic!() };
+    assert!(
+        matches!(
+            c.result,
+            Err(VerbsError::DestOutOfBounds { regions: 1, .. })
+        ),
+        "{c:?}"
+    );
+    write(&mut a, rs, &third, b.region.addr, 6).unwrap();
+    assert!(a.wait(1)[0].result.is_ok());
+    drop((a, b));
 }
 
 #[test]
@@ -484,7 +570,9 @@ fn a_target_without_a_pool_refuses_and_deregistering_fails_pending_writes() {
     })
     .unwrap();
     match a.wait(1).remove(0).result {
-        Err(VerbsError::Refused { why, .. }) => assert!(why.contains("no pool"), "{why}"),
+        Err(VerbsError::Refused { why, .. }) => {
+            assert!(why.contains("no memory is registered"), "{why}")
+        }
         other => panic!("{other:?}"),
     }
     let b = node();
@@ -648,6 +736,7 @@ fn the_wake_descriptor_rises_for_completions_and_for_side_channel_news() {
     // descriptor without the caller polling.
     let s = crate::session::Session::parse(b.t.session_id()).unwrap();
     let stale = crate::session::Session {
+        generation: s.generation,
         incarnation: s.incarnation ^ 1,
         endpoint: s.endpoint,
     }

@@ -22,6 +22,7 @@ use ferry_hostmem::HostPool;
 use crate::conn::{Book, ConnState, Limits, Pool};
 use crate::device::{Device, PortInfo};
 use crate::error::VerbsError;
+use crate::exchange::MAX_REGIONS;
 use crate::gid::{choose, gid_text, ipv4_of, GidChoice};
 use crate::ibv::IbvDevice;
 use crate::session::Session;
@@ -88,6 +89,8 @@ pub struct VerbsTransport<D: Device = IbvDevice> {
     events: Arc<Wake>,
     book: Arc<Mutex<Book<D>>>,
     next_sweep: Instant,
+    /// The id the next registered region gets.
+    next_region: u32,
     // Last: unmapped after the registration (inside the book) is gone.
     pool: Option<HostPool>,
 }
@@ -198,6 +201,7 @@ impl<D: Device> VerbsTransport<D> {
             .map_err(|_| side_err("read the bound endpoint", None, zmq::Error::EINVAL))?;
         let session = Session {
             incarnation,
+            generation: 0,
             endpoint: endpoint.clone(),
         };
         // Peers dial what the session names, so it must be an address of
@@ -278,12 +282,30 @@ impl<D: Device> VerbsTransport<D> {
             events,
             book,
             next_sweep: Instant::now(),
+            next_region: 1,
             pool: None,
         })
     }
 
     fn book(&self) -> MutexGuard<'_, Book<D>> {
         side::lock(&self.book)
+    }
+
+    /// A region came or went: the session id's generation moves on, so
+    /// that writers connect again and learn the regions anew.
+    fn regions_changed(&mut self) {
+        let session = {
+            let mut book = self.book();
+            let session = Session {
+                incarnation: book.incarnation,
+                generation: book.generation.wrapping_add(1),
+                endpoint: self.endpoint.clone(),
+            };
+            book.generation = session.generation;
+            book.me = session.to_string();
+            book.me.clone()
+        };
+        self.session = session;
     }
 
     fn wake_side(&self) {
@@ -364,37 +386,44 @@ impl<D: Device> Transport for VerbsTransport<D> {
 
     unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, VerbsError> {
         let mut book = self.book();
-        if let Some(p) = book.pool {
-            return Err(VerbsError::AlreadyRegistered(p.region));
+        if book.regions.len() >= MAX_REGIONS {
+            return Err(VerbsError::TooManyRegions { max: MAX_REGIONS });
         }
         // SAFETY: the caller's contract: the memory stays mapped until
         // deregistered or the transport dropped.
         let keys = unsafe { book.device.register(addr as u64, len) }.map_err(VerbsError::from)?;
         let region = Region {
-            id: 1,
+            id: self.next_region,
             addr: addr as u64,
             len: len as u64,
         };
-        book.pool = Some(Pool {
+        book.regions.push(Pool {
             region: region.id,
             addr: region.addr,
             len: region.len,
             keys,
         });
+        drop(book);
+        self.next_region += 1;
+        self.regions_changed();
         Ok(region)
     }
 
     fn deregister(&mut self, region: Region) -> Result<(), VerbsError> {
         let mut book = self.book();
-        match book.pool {
-            Some(p) if p.region == region.id => {
-                book.fail_all("the source region was deregistered");
-                book.pool = None;
-                book.device.deregister();
-                Ok(())
-            }
-            _ => Err(VerbsError::UnknownRegion(region.id)),
-        }
+        let i = book
+            .regions
+            .iter()
+            .position(|p| p.region == region.id)
+            .ok_or(VerbsError::UnknownRegion(region.id))?;
+        // Posted work may name the region: its connections end (and
+        // reconnect on next use) before the registration goes.
+        book.fail_all("a registered region was deregistered");
+        let gone = book.regions.remove(i);
+        book.device.deregister(gone.keys);
+        drop(book);
+        self.regions_changed();
+        Ok(())
     }
 
     fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), VerbsError> {
@@ -409,9 +438,9 @@ impl<D: Device> Transport for VerbsTransport<D> {
         } = *write;
         let fresh = {
             let mut book = self.book();
-            let pool = match book.pool {
-                Some(p) if p.region == region.id => p,
-                _ => return Err(VerbsError::UnknownRegion(region.id)),
+            let pool = match book.regions.iter().find(|p| p.region == region.id) {
+                Some(&p) => p,
+                None => return Err(VerbsError::UnknownRegion(region.id)),
             };
             if local_offset
                 .checked_add(len)
@@ -426,7 +455,7 @@ impl<D: Device> Transport for VerbsTransport<D> {
             }
             book.post(
                 dest_session,
-                pool.addr + local_offset,
+                (pool.addr + local_offset, pool.keys.lkey),
                 len,
                 dest_addr,
                 cookie,
