@@ -382,8 +382,47 @@ mod tests {
     }
 
     #[test]
-    fn only_the_pool_can_be_registered() {
-        let (mut a, _, _) = pair();
+    fn any_number_of_regions_inside_the_pool_register_and_memory_outside_is_refused() {
+        let (mut a, whole, b) = pair();
+        // SAFETY: sub-ranges of `a`'s live pool (the session id names the
+        // pool, so every region inside it is addressable by peers).
+        let (r1, r2) = unsafe {
+            (
+                a.register(a.pool_ptr(), 4096).unwrap(),
+                a.register(a.pool_ptr().add(8192), 4096).unwrap(),
+            )
+        };
+        assert!(whole.id != r1.id && r1.id != r2.id);
+        // SAFETY: inside `a`'s live pool.
+        unsafe { std::slice::from_raw_parts_mut(a.pool_ptr().add(8192), 4096) }.fill(0x3c);
+        a.post_write(&WriteOp {
+            region: r2,
+            local_offset: 0,
+            len: 4096,
+            dest_session: b.session_id(),
+            dest_addr: b.pool_ptr() as u64,
+            tag: WriteTag(0),
+            cookie: 1,
+        })
+        .unwrap();
+        assert!(a.poll_completion().unwrap().result.is_ok());
+        // SAFETY: inside `b`'s live pool, written above.
+        let got = unsafe { std::slice::from_raw_parts(b.pool_ptr(), 4096) };
+        assert!(got.iter().all(|&x| x == 0x3c));
+        // A region's bounds hold for writes from it.
+        let e = a.post_write(&WriteOp {
+            region: r1,
+            local_offset: 4000,
+            len: 200,
+            dest_session: b.session_id(),
+            dest_addr: b.pool_ptr() as u64,
+            tag: WriteTag(0),
+            cookie: 2,
+        });
+        assert!(e.is_err(), "{e:?}");
+        a.deregister(r1).unwrap();
+        assert!(a.deregister(r1).is_err());
+        // Memory another process cannot map is refused.
         let mut outside = vec![0u8; 64];
         // SAFETY: registration is refused, so nothing is ever written.
         let e = unsafe { a.register(outside.as_mut_ptr(), 64) };
