@@ -214,6 +214,7 @@ fn measure_one(
     let n = Msg::Done(ferry_core::wire::Done {
         request_id: "one-way".into(),
         error: None,
+        ..Default::default()
     })
     .encode(&mut one_way)
     .map_err(|e| e.to_string())?;

@@ -44,6 +44,8 @@ fn instance(role: &str, session: &str, fast_path: bool) -> Instance<'static> {
         reserved_timeout: TIMEOUT,
         quarantine: TIMEOUT,
         landing: None,
+        head: ferry_core::handshake::instance::Head::Ferry,
+        alloc_hold: Duration::from_secs(20),
     };
     // Valid by construction: fixed sizes that fit.
     let storage = match InstanceStorage::owned(&LIMITS, &POOL, config.prealloc.0) {

@@ -106,6 +106,7 @@ fn main() -> ExitCode {
                 slot_offset: 0,
                 scalar_fields: scalars,
                 dest_session_id: "shm:ferry-denoiser-0".into(),
+                prealloc_slot_id: None,
             }),
         ),
         (
@@ -113,6 +114,7 @@ fn main() -> ExitCode {
             Msg::Done(Done {
                 request_id: "req-1".into(),
                 error: None,
+                ..Done::default()
             }),
         ),
     ];

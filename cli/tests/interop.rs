@@ -98,9 +98,13 @@ fn python_instances_on_the_seed_hand_off_through_a_ferry_coordinator() {
             .arg(&p.dir),
     );
     let summary = p.wait_for(py, "\"event\": \"summary\"", 120);
-    // The Python decoder checked every byte the ferry denoiser wrote.
+    // The Python decoder checked every byte the ferry denoiser wrote and
+    // returned each result as sglang's tensor multipart, which ended the
+    // request at the ferry coordinator.
     assert_eq!(num(&summary, "verified"), N, "{summary}");
     assert_eq!(num(&summary, "mismatches"), 0, "{summary}");
+    assert_eq!(num(&summary, "alloc_dropped"), 0, "{summary}");
+    assert_eq!(num(&summary, "outputs"), N, "{summary}");
     assert_eq!(num(&summary, "sent"), N, "{summary}");
     assert!(
         num(&summary, "fast") > 0 && num(&summary, "slow") > 0,

@@ -341,6 +341,15 @@ pub trait ControlSend {
     fn send(&mut self, to: &str, magic: &[u8], payload: &[u8]) -> Result<(), Self::Error>;
 }
 
+/// A control channel's sending side that also carries messages of any
+/// number of frames: an application's own messages on the protocol's
+/// sockets (sglang's decoder returns its output to the head as a tensor
+/// multipart: a JSON descriptor frame, then one frame per tensor).
+pub trait ControlSendParts: ControlSend {
+    /// Sends `parts` as one message to `to`: all of them, or none.
+    fn send_parts(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), Self::Error>;
+}
+
 /// The receiving side of a control channel.
 pub trait ControlRecv {
     /// Its errors.

@@ -164,3 +164,52 @@ fn typed_manifest_and_slots_rebuild_the_same_bytes() {
         "{entries_seen} {slots_seen}"
     );
 }
+
+/// Encodes in sglang 0.5.23's dialect, nested JSON as Python re-emits it.
+fn encode_sglang(msg: &Msg<'_>) -> Vec<u8> {
+    use ferry_core::json::Sink;
+    use ferry_core::wire::{Dialect, Style};
+    let mut counter = Sink::new(&mut []);
+    msg.write_dialect(&mut counter, Style::Canonical, Dialect::Sglang);
+    let mut buf = vec![0u8; counter.len()];
+    let mut sink = Sink::new(&mut buf);
+    msg.write_dialect(&mut sink, Style::Canonical, Dialect::Sglang);
+    let n = sink.finish().expect("sized by the count");
+    buf.truncate(n);
+    buf
+}
+
+/// sglang 0.5.23's own encoder wrote these (`scripts/gen_golden_sglang.py`):
+/// its `transfer_staged` always with `scalar_fields`, the denoiser's
+/// forward (`transfer_done{staged_for_decoder}`) and the head's fast-path
+/// `transfer_ready` (`_prealloc_slot_id` inside `scalar_fields`). ferry
+/// decodes each and writes it back byte for byte in its sglang dialect.
+#[test]
+fn sglang_0_5_23_vectors_reencode_byte_identically_in_its_dialect() {
+    let vectors = lines("sglang-0.5.23.jsonl");
+    assert!(vectors.len() >= 300, "only {} vectors", vectors.len());
+    let (mut forwards, mut staged_empty, mut slot_ids) = (0, 0, 0);
+    for line in &vectors {
+        let msg = decode(line).unwrap_or_else(|e| panic!("{e}: {}", show(line)));
+        assert_eq!(show(&encode_sglang(&msg)), show(line));
+        match msg {
+            Msg::Done(d) if d.staged_for_decoder => {
+                forwards += 1;
+                // The forward is a staged next leg, field for field.
+                let s = d.staged().unwrap();
+                assert_eq!((s.request_id, s.data_size), (d.request_id, d.data_size));
+            }
+            Msg::Staged(s) if s.scalar_fields.is_empty_container() => {
+                staged_empty += 1;
+                // The seed's dialect leaves an empty `scalar_fields` out.
+                assert!(!show(&encode(&msg)).contains("scalar_fields"));
+            }
+            Msg::Ready(r) if r.scalar_fields.get("_prealloc_slot_id").is_some() => slot_ids += 1,
+            _ => {}
+        }
+    }
+    assert!(
+        forwards > 10 && staged_empty > 5 && slot_ids > 10,
+        "{forwards} {staged_empty} {slot_ids}"
+    );
+}

@@ -761,6 +761,8 @@ fn start_instance(
         reserved_timeout: Duration::from_millis(1500),
         quarantine: Duration::from_nanos(QUARANTINE),
         landing,
+        head: ferry_core::handshake::instance::Head::Ferry,
+        alloc_hold: Duration::from_secs(20),
     };
     let limits = Limits {
         requests: 48,

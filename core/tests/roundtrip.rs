@@ -176,10 +176,12 @@ fn build<'a>(o: &'a Owned, entries: &'a [TensorEntry<'a>]) -> Msg<'a> {
             slot_offset: n0,
             scalar_fields: scalars,
             dest_session_id: s(3),
+            prealloc_slot_id: None,
         }),
         MsgType::Done => Msg::Done(Done {
             request_id: s(0),
             error: opt,
+            ..Done::default()
         }),
         MsgType::Abort => Msg::Abort(Abort {
             request_id: s(0),

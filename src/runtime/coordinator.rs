@@ -281,12 +281,22 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
                 return;
             }
         };
-        if msg.magic != TRANSFER_MAGIC {
+        let decoded = if msg.magic == TRANSFER_MAGIC {
+            match m.decode_transfer(msg.from, msg.payload) {
+                Some(d) => d,
+                None => return,
+            }
+        } else {
             Metrics::add(&m.non_transfer, 1);
-            return;
-        }
-        let Some(decoded) = m.decode_transfer(msg.from, msg.payload) else {
-            return;
+            // sglang's decoder ends a request with its output (a tensor
+            // multipart), not with `transfer_done`: it counts as one.
+            match ferry_core::wire::result_as_done(msg.magic) {
+                Some(done) => Msg::Done(done),
+                None => {
+                    debug!(via = %msg.via, "a message that is neither a transfer message nor a result");
+                    return;
+                }
+            }
         };
         let mut name = [0u8; 256];
         let peer = match (&decoded, msg.from.is_empty()) {

@@ -59,4 +59,15 @@ pub enum NodeError {
     /// The coordinator refused the registration (unknown role?).
     #[error("the coordinator refused the registration")]
     Refused,
+    /// A delivery of another node was passed to this node's call.
+    #[error("the delivery was received by another node")]
+    ForeignDelivery,
+    /// The control channel did not take the application's message.
+    #[error("sending to {to}: {source}")]
+    Send {
+        /// The endpoint.
+        to: String,
+        /// The channel's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }

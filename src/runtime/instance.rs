@@ -18,16 +18,16 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use ferry_core::handshake::instance::{
-    Instance, InstanceConfig, InstanceEvent, InstanceStats, InstanceStorage, Registration, Token,
-    Write,
+    Head, Instance, InstanceConfig, InstanceEvent, InstanceStats, InstanceStorage, Registration,
+    Token, Write,
 };
 use ferry_core::handshake::{Instant, Limits, Reason, RequestId};
 use ferry_core::json::{JsonStr, RawJson};
 use ferry_core::slots::{layout, BuddyConfig, Dtype, TensorSpec};
 use ferry_core::transport::wait::{WaitRecv, Wake};
 use ferry_core::transport::{
-    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, Landed, Region, Transport,
-    WriteOp,
+    ChannelEvent, ControlChannel, ControlRecv, ControlSend, ControlSendParts, Fault, Landed,
+    Region, Transport, WriteOp,
 };
 use ferry_core::wire::{Manifest, Shape, ShapeIter, TensorEntry, TRANSFER_MAGIC};
 use tracing::{debug, debug_span, info, warn};
@@ -77,7 +77,15 @@ pub struct InstanceSettings {
     /// transfer announced ready may wait for its write's arrival notices
     /// before it is refused (`transfer_done` with an error).
     pub landing_timeout: Duration,
+    /// Which coordinator this instance serves under ([`Head`]).
+    pub head: Head,
+    /// Under [`Head::Sglang`]: how long a `transfer_alloc` without room is
+    /// held before the head is told it failed.
+    pub alloc_hold: Duration,
 }
+
+/// sglang's head's only timeout by default (`--disagg-timeout`).
+pub const SGLANG_HEAD_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl InstanceSettings {
     /// Settings with ferry's defaults for `role`, reporting to
@@ -94,7 +102,24 @@ impl InstanceSettings {
             reserved_timeout: Duration::from_secs(20),
             quarantine: Duration::from_secs(1),
             landing_timeout: Duration::from_secs(10),
+            head: Head::Ferry,
+            alloc_hold: Duration::from_secs(20),
         }
+    }
+
+    /// These settings for serving under sglang's head, whose only timeout
+    /// (`--disagg-timeout`) is `head_timeout` ([`SGLANG_HEAD_TIMEOUT`] by
+    /// default): that head tells no instance when it gives up, so nothing
+    /// here gives up first. A staged slot waits for its push, a reserved
+    /// one for its ready, and an ALLOC without room for room, as long as
+    /// the head may still use them, and a little longer.
+    pub fn under_sglang(mut self, head_timeout: Duration) -> Self {
+        let beyond = head_timeout + head_timeout / 10 + Duration::from_secs(1);
+        self.head = Head::Sglang;
+        self.staged_timeout = beyond;
+        self.reserved_timeout = beyond;
+        self.alloc_hold = head_timeout;
+        self
     }
 }
 
@@ -115,6 +140,16 @@ pub struct Frame {
     pub magic: Vec<u8>,
     /// Frame 1.
     pub payload: Vec<u8>,
+}
+
+impl Frame {
+    /// Frame 0 as text: the request id, in a work item sglang's head
+    /// dispatches to an encoder (`[request_id, pickled Req list]`).
+    pub fn request_id(&self) -> Option<&str> {
+        std::str::from_utf8(&self.magic)
+            .ok()
+            .filter(|id| !id.is_empty())
+    }
 }
 
 /// Frames kept for the application before the oldest are dropped.
@@ -326,6 +361,8 @@ where
             reserved_timeout: settings.reserved_timeout,
             quarantine: settings.quarantine,
             landing,
+            head: settings.head,
+            alloc_hold: settings.alloc_hold,
         };
         let machine = Instance::new(clock.now(), config, storage)?;
         let n = settings.limits.requests.max(1);
@@ -390,7 +427,8 @@ where
         &self.endpoint
     }
 
-    /// Waits until the coordinator acknowledged the registration.
+    /// Waits until the coordinator acknowledged the registration (under
+    /// sglang's head, which never does: until it is sent).
     pub fn wait_registered(&self, timeout: Duration) -> Result<(), NodeError> {
         let st = self.shared.lock();
         let (st, _) = self
@@ -401,7 +439,7 @@ where
             })
             .unwrap_or_else(PoisonError::into_inner);
         match st.machine.registration() {
-            Registration::Accepted => Ok(()),
+            Registration::Accepted | Registration::Sent => Ok(()),
             Registration::Refused => Err(NodeError::Refused),
             Registration::Pending => Err(NodeError::NotRegistered(timeout)),
         }
@@ -538,6 +576,36 @@ where
     }
 }
 
+impl<S> InstanceNode<S>
+where
+    S: ControlSendParts + Send + 'static,
+    S::Error: Send + Sync + 'static,
+{
+    /// Sends the application's own message, `frames` as one multipart, to
+    /// the coordinator on the protocol's socket: sglang's decoder returns
+    /// its output to the head this way (a JSON descriptor frame, then the
+    /// tensors' bytes).
+    pub fn send_frames(&self, frames: &[&[u8]]) -> Result<(), NodeError> {
+        let mut st = self.shared.lock();
+        let State {
+            tx, coordinator, ..
+        } = &mut *st;
+        match tx.send_parts(coordinator, frames) {
+            Ok(()) => {
+                Metrics::add(&self.shared.metrics.messages_out, 1);
+                Ok(())
+            }
+            Err(e) => {
+                Metrics::add(&self.shared.metrics.send_errors, 1);
+                Err(NodeError::Send {
+                    to: coordinator.clone(),
+                    source: Box::new(e),
+                })
+            }
+        }
+    }
+}
+
 impl<S: ControlSend> Drop for InstanceNode<S> {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
@@ -597,6 +665,60 @@ impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
             .commit(now, token, self.data_size, &manifest, scalars)?;
         self.token = None;
         Metrics::add(&shared.metrics.staged, 1);
+        shared.drive(&mut st, now);
+        Ok(())
+    }
+}
+
+impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
+    /// Announces the filled slot as the next leg of `delivery` (the same
+    /// request, received by this node) and releases the delivery, at once:
+    /// under sglang's head in its one message,
+    /// `transfer_done{staged_for_decoder}`, which that head needs from a
+    /// denoiser; under ferry's coordinator as `transfer_staged` then
+    /// `transfer_done`.
+    ///
+    /// On an error the delivery is failed with its text (its slot freed,
+    /// the coordinator told) and the staged slot given back.
+    pub fn forward(
+        mut self,
+        delivery: Delivery<'_, S>,
+        scalar_fields: &str,
+    ) -> Result<(), NodeError> {
+        let mut delivery = delivery;
+        let result = self.forward_inner(&mut delivery, scalar_fields);
+        if let Err(e) = &result {
+            delivery.fail(&e.to_string());
+        }
+        result
+    }
+
+    fn forward_inner(
+        &mut self,
+        delivery: &mut Delivery<'_, S>,
+        scalar_fields: &str,
+    ) -> Result<(), NodeError> {
+        if !std::ptr::eq(self.node, delivery.node) {
+            // Its token would name a request of another machine.
+            return Err(NodeError::ForeignDelivery);
+        }
+        let scalars = RawJson::parse_object(scalar_fields).map_err(NodeError::ScalarFields)?;
+        let (Some(token), Some(received)) = (self.token, delivery.token) else {
+            return Err(NodeError::Instance(
+                ferry_core::handshake::instance::InstanceError::StaleToken,
+            ));
+        };
+        let shared = &self.node.shared;
+        let mut st = shared.lock();
+        let now = shared.clock.now();
+        let manifest = Manifest::Entries(&self.entries[..self.count]);
+        st.machine
+            .forward(now, received, token, self.data_size, &manifest, scalars)?;
+        self.token = None;
+        delivery.token = None;
+        st.meta_free.push(std::mem::take(&mut delivery.meta));
+        Metrics::add(&shared.metrics.staged, 1);
+        Metrics::add(&shared.metrics.released, 1);
         shared.drive(&mut st, now);
         Ok(())
     }

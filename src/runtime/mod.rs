@@ -33,11 +33,12 @@ pub use coordinator::{
     CoordinatorNode, CoordinatorSettings, CoordinatorSnapshot, PREALLOC_PER_INSTANCE,
 };
 pub use error::NodeError;
+pub use ferry_core::handshake::instance::Head;
 /// The table sizes of a node's state machine.
 pub use ferry_core::handshake::Limits;
 pub use instance::{
     Delivery, Frame, InstanceNode, InstanceSettings, NodeStats, Outcome, Staging, TensorView,
-    MAX_TENSORS,
+    MAX_TENSORS, SGLANG_HEAD_TIMEOUT,
 };
 pub use memory::PoolMemory;
 pub use metrics::{Metrics, MetricsSnapshot};

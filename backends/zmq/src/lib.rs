@@ -27,7 +27,8 @@ use std::os::fd::RawFd;
 
 use ferry_core::transport::wait::WaitRecv;
 use ferry_core::transport::{
-    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, FaultKind, Incoming,
+    ChannelEvent, ControlChannel, ControlRecv, ControlSend, ControlSendParts, Fault, FaultKind,
+    Incoming,
 };
 
 /// A ZeroMQ control-channel error.
@@ -276,22 +277,46 @@ impl ControlSend for ZmqSender {
     type Error = ZmqError;
 
     fn send(&mut self, to: &str, magic: &[u8], payload: &[u8]) -> Result<(), ZmqError> {
-        let timeout = self.settings.send_timeout;
+        let full = send_error(to, self.settings.send_timeout);
         let s = self.push(to)?;
-        let full = |e: zmq::Error| match e {
-            zmq::Error::EAGAIN => ZmqError::Timeout {
-                endpoint: to.to_owned(),
-                millis: timeout.as_millis() as u64,
-            },
-            e => ZmqError::Sys {
-                call: "send",
-                endpoint: to.to_owned(),
-                source: e,
-            },
-        };
         // A multipart message is queued whole or not at all.
-        s.send(magic, zmq::SNDMORE).map_err(full)?;
-        s.send(payload, 0).map_err(full)
+        s.send(magic, zmq::SNDMORE).map_err(&full)?;
+        s.send(payload, 0).map_err(&full)
+    }
+}
+
+/// A send's error: a queue that stayed full for `timeout` (EAGAIN under
+/// ZMQ_SNDTIMEO), or ZeroMQ's own.
+fn send_error(to: &str, timeout: Duration) -> impl Fn(zmq::Error) -> ZmqError + '_ {
+    move |e| match e {
+        zmq::Error::EAGAIN => ZmqError::Timeout {
+            endpoint: to.to_owned(),
+            millis: timeout.as_millis() as u64,
+        },
+        e => ZmqError::Sys {
+            call: "send",
+            endpoint: to.to_owned(),
+            source: e,
+        },
+    }
+}
+
+impl ControlSendParts for ZmqSender {
+    fn send_parts(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), ZmqError> {
+        let full = send_error(to, self.settings.send_timeout);
+        let s = self.push(to)?;
+        let Some((last, rest)) = parts.split_last() else {
+            return Err(ZmqError::Malformed {
+                via: to.to_owned(),
+                why: "a message of no frames",
+            });
+        };
+        // ZeroMQ queues a multipart message whole or not at all: once the
+        // first frame is taken, the rest are.
+        for p in rest {
+            s.send(*p, zmq::SNDMORE).map_err(&full)?;
+        }
+        s.send(*last, 0).map_err(&full)
     }
 }
 

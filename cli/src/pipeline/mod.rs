@@ -8,13 +8,14 @@
 pub(crate) mod data;
 mod launcher;
 mod roles;
+pub mod sglang;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
 
-use ferry::runtime::InstanceSettings;
+use ferry::runtime::{Head, InstanceSettings, SGLANG_HEAD_TIMEOUT};
 
 pub use launcher::{json, launch, table, LaunchArgs, Summary};
 pub use roles::{Control, DataPlane, InstanceArgs, Workload, PIPELINE};
@@ -153,6 +154,43 @@ pub struct InstanceCliArgs {
     /// it is freed, ms.
     #[arg(long, env = "FERRY_RESERVED_TIMEOUT_MS", default_value_t = 20_000)]
     pub reserved_timeout_ms: u64,
+    /// The coordinator's kind: ferry's, or sglang's `DiffusionServer`
+    /// (no registration acks, forwards as `transfer_done`, no rejects;
+    /// timeouts follow --head-timeout). `--workload sglang` implies sglang.
+    #[arg(long, value_enum, env = "FERRY_HEAD")]
+    pub head: Option<HeadKind>,
+    /// sglang's head's timeout (its `--disagg-timeout`), seconds: under
+    /// that head nothing gives up before it does.
+    #[arg(long, env = "FERRY_HEAD_TIMEOUT", default_value_t = 600.0)]
+    pub head_timeout: f64,
+}
+
+/// A role as it goes on the wire: sglang's `RoleType.from_string` reads
+/// names case-blind and `denoising` as `denoiser`, and registers the
+/// canonical value; so does ferry.
+fn sglang_role_name(role: &str) -> String {
+    match role.to_ascii_lowercase().as_str() {
+        "denoising" => "denoiser".to_owned(),
+        other => other.to_owned(),
+    }
+}
+
+/// Which coordinator an instance serves under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HeadKind {
+    /// ferry's coordinator.
+    Ferry,
+    /// sglang 0.5.23's `DiffusionServer`.
+    Sglang,
+}
+
+impl From<HeadKind> for Head {
+    fn from(k: HeadKind) -> Self {
+        match k {
+            HeadKind::Ferry => Head::Ferry,
+            HeadKind::Sglang => Head::Sglang,
+        }
+    }
 }
 
 /// A data plane by name.
@@ -309,6 +347,10 @@ pub enum WorkloadKind {
     Pipeline,
     /// One tensor of a random size (1 byte to --max-bytes) per request.
     Random,
+    /// sglang's roles under sglang's head: the encoder stages a payload
+    /// derived from each request id the head dispatches, denoisers check
+    /// and forward, the decoder checks and returns an `output` tensor.
+    Sglang,
 }
 
 fn parse_prealloc(s: &str) -> Result<(usize, u64), String> {
@@ -349,7 +391,24 @@ pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let head = match (args.head, args.workload) {
+        (Some(h), _) => h,
+        (None, WorkloadKind::Sglang) => HeadKind::Sglang,
+        (None, _) => HeadKind::Ferry,
+    };
+    let head_timeout = match Duration::try_from_secs_f64(args.head_timeout) {
+        Ok(t) if !t.is_zero() => t,
+        _ => {
+            eprintln!(
+                "ferry instance: --head-timeout {} is not a positive number of seconds",
+                args.head_timeout
+            );
+            return ExitCode::from(2);
+        }
+    };
     roles::instance(&InstanceArgs {
+        head: head.into(),
+        head_timeout,
         data_plane,
         workload: match args.workload {
             WorkloadKind::Pipeline => Workload::Pipeline,
@@ -357,8 +416,9 @@ pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
                 seed: args.seed,
                 max_bytes: args.max_bytes.max(1),
             },
+            WorkloadKind::Sglang => Workload::Sglang,
         },
-        role: args.role.clone(),
+        role: sglang_role_name(&args.role),
         name: args.name.clone(),
         coordinator: args.coordinator.clone(),
         endpoint: args.endpoint.clone(),
@@ -420,6 +480,8 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
                 data_plane,
                 workload: Workload::Pipeline,
                 reserved_timeout: InstanceSettings::new("", "").reserved_timeout,
+                head: HeadKind::Ferry.into(),
+                head_timeout: SGLANG_HEAD_TIMEOUT,
             });
         }
         None => {}

@@ -17,11 +17,14 @@ use ferry_shm::UdsChannel;
 use ferry_zmq::{ZmqChannel, ZmqSettings};
 
 use super::data;
+use super::sglang::{self, SglangRole, SglangTally};
 use ferry::runtime::shm::{start_instance, start_instance_on, CopySettings};
+use ferry::runtime::Head;
 use ferry::runtime::{
     CoordinatorNode, CoordinatorSettings, Delivery, InstanceNode, InstanceSettings, NodeError,
     Staging,
 };
+use ferry_core::transport::ControlSendParts;
 
 /// The control plane the processes talk over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -70,10 +73,20 @@ pub enum Workload {
         /// The largest size.
         max_bytes: u64,
     },
+    /// sglang's roles under sglang's head (see `sglang.rs`): the encoder
+    /// stages for the work items the head dispatches, denoisers check and
+    /// forward, the decoder checks and returns an output tensor.
+    Sglang,
 }
 
 /// The pipeline's roles, in hand-off order.
 pub const PIPELINE: [&str; 3] = ["encoder", "denoiser", "decoder"];
+
+/// Prints one JSON object as a line (serde_json writes it: ids and errors
+/// from peers are escaped).
+pub(crate) fn emit_json(v: &serde_json::Value) {
+    emit(&v.to_string());
+}
 
 /// Prints one line and flushes it (the launcher reads it at once).
 pub(crate) fn emit(line: &str) {
@@ -209,6 +222,10 @@ pub struct InstanceArgs {
     pub workload: Workload,
     /// How long a reserved receive slot waits for `transfer_ready`.
     pub reserved_timeout: Duration,
+    /// The coordinator's kind.
+    pub head: Head,
+    /// sglang's head's timeout (`--disagg-timeout`), when `head` is sglang.
+    pub head_timeout: Duration,
 }
 
 /// Counts and latencies an instance reports.
@@ -228,6 +245,9 @@ struct Tally {
 pub fn instance(args: &InstanceArgs) -> ExitCode {
     let mut settings = InstanceSettings::new(&args.role, &args.coordinator);
     settings.reserved_timeout = args.reserved_timeout;
+    if args.head == Head::Sglang {
+        settings = settings.under_sglang(args.head_timeout);
+    }
     let slot = 16u64 << 20;
     let mut pool: usize = match args.role.as_str() {
         "encoder" => 256 << 20,
@@ -276,6 +296,22 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
         };
     }
     let copy = CopySettings::default();
+    if args.workload == Workload::Sglang {
+        // sglang's sockets are ZeroMQ's, and the decoder's output needs
+        // a channel that carries any number of frames.
+        let role = match SglangRole::from_name(&args.role) {
+            Ok(r) => r,
+            Err(e) => return fail("start instance", e),
+        };
+        let channel = match bind_zmq(args) {
+            Ok(c) => c,
+            Err(code) => return code,
+        };
+        return match start_instance_on(&settings, pool, copy, channel) {
+            Ok(node) => run_sglang(&node, args, role),
+            Err(e) => fail("start instance", e),
+        };
+    }
     match args.control {
         Control::Uds => match start_instance(&settings, pool, copy, &args.endpoint) {
             Ok(node) => run_instance(&node, args),
@@ -304,6 +340,48 @@ fn bind_zmq(args: &InstanceArgs) -> Result<ZmqChannel, ExitCode> {
     }
     let ctx = zmq::Context::new();
     ZmqChannel::bind(&ctx, &[&args.endpoint], ZmqSettings::default()).map_err(|e| fail("bind", e))
+}
+
+/// Runs an instance of the sglang workload until stdin closes.
+fn run_sglang<S>(node: &InstanceNode<S>, args: &InstanceArgs, role: SglangRole) -> ExitCode
+where
+    S: ControlSendParts + Send + 'static,
+    S::Error: Send + Sync + 'static,
+{
+    if let Err(e) = node.wait_registered(Duration::from_secs(30)) {
+        return fail("register", e);
+    }
+    emit_json(&serde_json::json!({
+        "event": "registered",
+        "name": args.name,
+        "pid": std::process::id(),
+        "session_id": node.session_id(),
+    }));
+    let done = stdin_closed();
+    let mut tally = SglangTally::default();
+    sglang::run(node, role, &done, &mut tally);
+    let s = node.stats();
+    emit_json(&serde_json::json!({
+        "event": "summary",
+        "role": args.role,
+        "name": args.name,
+        "work_items": tally.work_items,
+        "staged": tally.staged,
+        "received": tally.received,
+        "verified": tally.verified,
+        "mismatches": tally.mismatches,
+        "outputs": tally.outputs,
+        "errors": tally.errors,
+        "sent": s.metrics.sent,
+        "send_failed": s.metrics.send_failed,
+        "bytes_written": s.metrics.bytes_written,
+        "requests_held": s.requests_held,
+        "live_slots": s.live_slots,
+        "prealloc_slots": s.prealloc_slots,
+        "allocs_held": s.instance.allocs_held,
+        "forwarded": s.instance.forwarded,
+    }));
+    ExitCode::SUCCESS
 }
 
 fn run_instance<S: ControlSend + Send + 'static>(
@@ -380,7 +458,7 @@ fn scalars(n: u64) -> String {
 
 /// Stages a request, retrying while the pool or the request table is full
 /// (the receivers drain it), for at most `patience`.
-fn stage_with_patience<'n, 'a, S: ControlSend + Send + 'static>(
+pub(crate) fn stage_with_patience<'n, 'a, S: ControlSend + Send + 'static>(
     node: &'n InstanceNode<S>,
     id: &str,
     specs: &[ferry_core::slots::TensorSpec<'a>],
@@ -422,7 +500,8 @@ fn encode<S: ControlSend + Send + 'static>(
         let id = format!("{}-{n}", args.name);
         let random_spec;
         let specs: &[ferry_core::slots::TensorSpec<'_>] = match args.workload {
-            Workload::Pipeline => &pipeline_specs,
+            // (The sglang workload's encoder runs in `sglang.rs`.)
+            Workload::Pipeline | Workload::Sglang => &pipeline_specs,
             Workload::Random { seed, max_bytes } => {
                 dims[0] = data::random_size(seed, n, max_bytes);
                 random_spec = [data::blob(&dims)];
@@ -555,24 +634,29 @@ fn serve<S: ControlSend + Send + 'static>(
         let staged = stage_with_patience(node, &id, &specs, Duration::from_secs(30), || {
             std::thread::sleep(Duration::from_millis(1));
         });
-        let result = staged.and_then(|mut s| {
-            if let Some(t) = s.tensor_mut(0) {
-                data::fill_denoised(t, n);
-            }
-            s.commit(&scalars(n))
-        });
-        match result {
-            Ok(()) => {
-                tally.forwarded += 1;
-                d.release();
-            }
+        let mut staged = match staged {
+            Ok(s) => s,
             Err(e) => {
                 tally.forward_failed += 1;
-                emit(&format!(
-                    r#"{{"event":"forward_failed","id":"{id}","error":"{}"}}"#,
-                    e.to_string().replace(['"', '\\'], "'")
-                ));
+                emit_json(
+                    &serde_json::json!({"event": "forward_failed", "id": id, "error": e.to_string()}),
+                );
                 d.fail("could not forward");
+                continue;
+            }
+        };
+        if let Some(t) = staged.tensor_mut(0) {
+            data::fill_denoised(t, n);
+        }
+        // The next leg staged and the input let go of at once (one
+        // message under sglang's head); on an error the delivery is failed.
+        match staged.forward(d, &scalars(n)) {
+            Ok(()) => tally.forwarded += 1,
+            Err(e) => {
+                tally.forward_failed += 1;
+                emit_json(
+                    &serde_json::json!({"event": "forward_failed", "id": id, "error": e.to_string()}),
+                );
             }
         }
     }

@@ -1,15 +1,26 @@
-"""An encoder and a decoder written with the seed's message classes and
-pyzmq, around a ferry coordinator and a ferry denoiser. The encoder's data
-plane writes each request straight into the ferry denoiser's shared-memory
-pool (mapping the object its session id names); the decoder owns a
-shared-memory pool of its own, which the ferry denoiser writes into, offers
-one preallocated slot (fast path) and answers transfer_alloc for the rest
-(slow path), and checks every byte it receives.
+"""An encoder and a decoder that behave as sglang 0.5.23's role instances
+do (its scheduler_mixin.py), written with the seed's message classes and
+pyzmq, around a ferry coordinator and a ferry denoiser:
+
+- each registers once and waits for no acknowledgement;
+- the encoder's transfer_staged always carries scalar_fields (0.5.23's
+  TransferStagedMsg), and its data plane writes each request straight into
+  the ferry denoiser's shared-memory pool (mapping the object its session
+  id names), then reports transfer_pushed;
+- the decoder owns a shared-memory pool of its own, which the ferry
+  denoiser writes into: one preallocated slot (fast path; it finds the slot
+  by the _prealloc_slot_id the coordinator puts in scalar_fields, as
+  sglang's receiver pops it) and transfer_alloc for the rest (slow path; an
+  ALLOC without room is dropped, as sglang's is);
+- the decoder checks every byte it receives and returns its result as
+  sglang's tensor multipart (a JSON descriptor frame, then the output
+  tensor's bytes) with the request id, not as transfer_done.
 
 usage: py_instances.py N ENC_RESULTS DEC_RESULTS WORK_DIR
 """
 
 import dataclasses
+import json
 import mmap
 import os
 import sys
@@ -30,7 +41,10 @@ from common import (
 )
 
 SLOT = 16 << 20
-DEC_POOL = 4 * SLOT
+# One preallocated slot and seven for transfer_alloc: room for every
+# request the pipeline can have in flight to the decoder, and the one it
+# holds, so that no ALLOC is dropped for want of a slot.
+DEC_POOL = 8 * SLOT
 DEC_BASE = 0x7E00_0000_0000  # the decoder's pool as peers address it
 
 
@@ -63,6 +77,9 @@ def main():
     def send(who, msg):
         to_coord[who].send_multipart(seed.encode_transfer_msg(msg))
 
+    def send_frames(who, frames):
+        to_coord[who].send_multipart(frames)
+
     # The decoder's pool: a shared-memory object ferry's transport can map,
     # named as ferry names its own (<prefix>-<pid>-<n>, the prefix the test
     # gives its processes), so that the test removes it should this process
@@ -71,7 +88,7 @@ def main():
     dec_name = f"/{prefix}-{os.getpid()}-0"
     fd = os.open(f"/dev/shm{dec_name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
-        counts = serve(n_requests, socks, send, fd, dec_name, enc_work, dec_work)
+        counts = serve(n_requests, socks, send, send_frames, fd, dec_name, enc_work, dec_work)
     finally:
         os.close(fd)
         os.unlink(f"/dev/shm{dec_name}")
@@ -81,13 +98,13 @@ def main():
     ctx.term()
 
 
-def serve(n_requests, socks, send, fd, dec_name, enc_work, dec_work):
+def serve(n_requests, socks, send, send_frames, fd, dec_name, enc_work, dec_work):
     """Runs the encoder and the decoder until every request is checked (or
     two minutes pass); returns the counts."""
     os.ftruncate(fd, DEC_POOL)
     dec_pool = mmap.mmap(fd, DEC_POOL)
     dec_session = f"shm:{dec_name}@{DEC_BASE:x}+{DEC_POOL}"
-    free_slots = [SLOT, 2 * SLOT, 3 * SLOT]  # for transfer_alloc
+    free_slots = [k * SLOT for k in range(1, DEC_POOL // SLOT)]  # for transfer_alloc
     prealloc_free = True
     reserved = {}  # request_id -> offset (slow path)
 
@@ -103,10 +120,9 @@ def serve(n_requests, socks, send, fd, dec_name, enc_work, dec_work):
             preallocated_slots=[{"offset": 0, "size": SLOT, "slot_id": 0, "addr": DEC_BASE}],
         ),
     )
-    acked = set()
     peers = {}  # denoiser pools mapped by the encoder's data plane
     staged = {}  # request_id -> bytes
-    counts = dict(decoded=0, sent=0, verified=0, mismatches=0, fast=0, slow=0, bad=0)
+    counts = dict(decoded=0, sent=0, verified=0, mismatches=0, fast=0, slow=0, bad=0, alloc_dropped=0, outputs=0)
     next_n = 0
     poller = zmq.Poller()
     for s in socks:
@@ -116,10 +132,14 @@ def serve(n_requests, socks, send, fd, dec_name, enc_work, dec_work):
         "prompt_embeds": [{"offset": 0, "shape": PROMPT_SHAPE, "dtype": "bfloat16"}],
         "latents": [{"offset": align(PROMPT_BYTES), "shape": LATENT_SHAPE, "dtype": "bfloat16"}],
     }
+    held = []  # delivered to the decoder, not yet let go of
+    finish = result_sender(send_frames, counts)
     deadline = time.time() + 120
-    while counts["verified"] + counts["mismatches"] < n_requests and time.time() < deadline:
+    # A dropped ALLOC fails its request at the coordinator: it ends too.
+    ended = lambda: counts["verified"] + counts["mismatches"] + counts["alloc_dropped"]  # noqa: E731
+    while ended() < n_requests and time.time() < deadline:
         # The encoder stages while fewer than 4 are in flight.
-        while "encoder" in acked and next_n < n_requests and len(staged) < 4:
+        while next_n < n_requests and len(staged) < 4:
             n = next_n
             next_n += 1
             rid = f"py-{n}"
@@ -132,7 +152,8 @@ def serve(n_requests, socks, send, fd, dec_name, enc_work, dec_work):
             # What sglang's scheduler adds beside the seed's fields.
             msg["scalar_fields"] = {"n": n, "prompt": "a red fox", "t_commit_ns": time.time_ns()}
             send("encoder", msg)
-        for s, _ in poller.poll(100):
+        events = poller.poll(100)
+        for s, _ in events:
             who = socks[s]
             frames = s.recv_multipart()
             if not seed.is_transfer_message(frames):
@@ -142,9 +163,9 @@ def serve(n_requests, socks, send, fd, dec_name, enc_work, dec_work):
             counts["decoded"] += 1
             t = m["msg_type"]
             if t == seed.TransferMsgType.REGISTER_ACK:
-                if m.get("accepted", True):
-                    acked.add(who)
-            elif who == "encoder" and t == seed.TransferMsgType.PUSH:
+                # ferry's coordinator answers; sglang's instances never wait for it.
+                continue
+            if who == "encoder" and t == seed.TransferMsgType.PUSH:
                 rid = m["request_id"]
                 data = staged.pop(rid)
                 name, base, length = shm_session(m["dest_session_id"])
@@ -157,13 +178,11 @@ def serve(n_requests, socks, send, fd, dec_name, enc_work, dec_work):
                 peers[name][off : off + len(data)] = data
                 send("encoder", seed.TransferPushedMsg(request_id=rid))
                 counts["sent"] += 1
-            elif who == "encoder" and t == "transfer_abort":
-                staged.pop(m["request_id"], None)
             elif who == "decoder" and t == seed.TransferMsgType.ALLOC:
                 rid = m["request_id"]
                 if not free_slots or m["data_size"] > SLOT:
-                    send("decoder", {"msg_type": "transfer_alloc_reject", "request_id": rid,
-                                     "session_id": dec_session, "retryable": True, "reason": "pool full"})
+                    # sglang's receiver logs it and answers nothing.
+                    counts["alloc_dropped"] += 1
                     continue
                 off = free_slots.pop()
                 reserved[rid] = off
@@ -177,11 +196,13 @@ def serve(n_requests, socks, send, fd, dec_name, enc_work, dec_work):
             elif who == "decoder" and t == seed.TransferMsgType.READY:
                 rid = m["request_id"]
                 off = m["slot_offset"]
-                if rid in reserved:
+                slot_id = m["scalar_fields"].pop("_prealloc_slot_id", None)
+                if slot_id is None:
+                    assert rid in reserved, m
                     reserved.pop(rid)
                     release = lambda o=off: free_slots.append(o)  # noqa: E731
                 else:
-                    assert off == 0 and prealloc_free, m
+                    assert slot_id == 0 and off == 0 and prealloc_free, m
                     prealloc_free = False
                     counts["fast"] += 1
 
@@ -193,14 +214,47 @@ def serve(n_requests, socks, send, fd, dec_name, enc_work, dec_work):
                 entry = m["manifest"]["latents"]
                 entry = entry[0] if isinstance(entry, list) else entry
                 start = off + entry["offset"]
-                ok = dec_pool[start : start + LATENT_BYTES] == denoised(n)
+                got = dec_pool[start : start + LATENT_BYTES]
+                ok = got == denoised(n)
                 counts["verified" if ok else "mismatches"] += 1
-                release()
-                send("decoder", seed.TransferDoneMsg(request_id=rid, error=None if ok else "byte mismatch"))
+                # The decoder's compute holds the slot until the next
+                # request is in (or the line goes quiet), so the one behind
+                # finds the preallocated slot taken and goes the ALLOC way.
+                held.append((rid, ok, bytes(got[:4096]), release))
+                while len(held) > 1:
+                    finish(*held.pop(0))
+        if not events:
+            while held:
+                finish(*held.pop(0))
+    while held:
+        finish(*held.pop(0))
     for pool in peers.values():
         pool.close()
     dec_pool.close()
     return counts
+
+
+def result_sender(send_frames, counts):
+    """The decoder's end of a request, as sglang's: let go of the slot, then
+    return the result to the coordinator as a tensor multipart."""
+
+    def finish(rid, ok, output, release):
+        release()
+        # The result, as sglang's send_tensors frames it: a small "output"
+        # (the latents' first 4 KiB) or the error.
+        scalars = {"request_id": rid}
+        tensors = []
+        descs = []
+        if ok:
+            tensors = [output]
+            descs = [{"field_name": "output", "shape": [len(output)], "dtype": "uint8", "list_index": -1}]
+        else:
+            scalars["error"] = "byte mismatch"
+        meta = json.dumps({"tensor_descriptors": descs, "scalar_fields": scalars}, separators=(",", ":"))
+        send_frames("decoder", [meta.encode(), *tensors])
+        counts["outputs"] += 1
+
+    return finish
 
 
 if __name__ == "__main__":

@@ -72,6 +72,9 @@ enum FMsg {
     Done {
         id: u8,
         error: bool,
+        /// sglang's forward: the next leg staged in the same message, from
+        /// this session.
+        forward: Option<u8>,
     },
     Abort {
         id: u8,
@@ -228,10 +231,20 @@ fn encode(m: &FMsg, buf: &mut Vec<u8>) {
             slot_offset: u64::from(*offset),
             scalar_fields: RawJson::EMPTY_OBJECT,
             dest_session_id: session(s),
+            prealloc_slot_id: None,
         }),
-        FMsg::Done { id: i, error } => Msg::Done(Done {
+        FMsg::Done {
+            id: i,
+            error,
+            forward,
+        } => Msg::Done(Done {
             request_id: id(i),
             error: error.then_some("x".into()),
+            staged_for_decoder: forward.is_some(),
+            session_id: forward.as_ref().map(session).unwrap_or_default(),
+            data_size: 1024,
+            manifest: Manifest::Entries(&small),
+            ..Done::default()
         }),
         FMsg::Abort { id: i, role } => Msg::Abort(Abort {
             request_id: id(i),
@@ -281,6 +294,8 @@ fn instance(role: &'static str, session: &'static str) -> Instance<'static> {
         // The denoiser's data plane reports arrivals; the encoder's
         // completions mean delivery.
         landing: (role == "denoiser").then_some(Duration::from_millis(10)),
+        head: ferry_core::handshake::instance::Head::Ferry,
+        alloc_hold: Duration::from_secs(20),
     };
     let st = InstanceStorage::owned(&LIMITS, &POOL, 1).expect("storage for the pool");
     Instance::new(Instant(0), config, st).expect("valid instance")

@@ -17,7 +17,7 @@ use super::value::{read_val, resolve_key, At};
 use crate::json::{JsonError, JsonErrorKind, JsonStr, Lexer, RawJson};
 
 /// Every top-level field name of every message type.
-const KEYS: [&str; 23] = [
+const KEYS: [&str; 24] = [
     "msg_type",
     "request_id",
     "data_size",
@@ -41,6 +41,7 @@ const KEYS: [&str; 23] = [
     "reason",
     "accepted",
     "receiver_session_id",
+    "staged_for_decoder",
 ];
 
 /// Index of each known key in [`KEYS`].
@@ -69,6 +70,7 @@ enum Key {
     Reason,
     Accepted,
     ReceiverSessionId,
+    StagedForDecoder,
 }
 
 impl Key {
@@ -107,6 +109,7 @@ fn key_index(key: JsonStr<'_>) -> Option<Key> {
         "reason" => Key::Reason,
         "accepted" => Key::Accepted,
         "receiver_session_id" => Key::ReceiverSessionId,
+        "staged_for_decoder" => Key::StagedForDecoder,
         _ => return None,
     })
 }
@@ -304,10 +307,18 @@ fn build<'a>(f: &Fields<'a>) -> Result<Msg<'a>, DecodeError> {
             slot_offset: f.u64(Key::SlotOffset)?,
             scalar_fields: f.object(Key::ScalarFields)?,
             dest_session_id: f.str(Key::DestSessionId)?,
+            prealloc_slot_id: None,
         }),
         MsgType::Done => Msg::Done(Done {
             request_id: f.str(Key::RequestId)?,
             error: f.opt_str(Key::Error)?,
+            staged_for_decoder: f.bool(Key::StagedForDecoder, false)?,
+            session_id: f.str(Key::SessionId)?,
+            pool_ptr: f.u64(Key::PoolPtr)?,
+            slot_offset: f.u64(Key::SlotOffset)?,
+            data_size: f.u64(Key::DataSize)?,
+            manifest: f.manifest()?,
+            scalar_fields: f.object(Key::ScalarFields)?,
         }),
         MsgType::Abort => Msg::Abort(Abort {
             request_id: f.str(Key::RequestId)?,

@@ -19,6 +19,19 @@ pub enum Style {
     Canonical,
 }
 
+/// Whose encoder's bytes to match where the seed and sglang's release
+/// differ. Decoding accepts both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Dialect {
+    /// The seed's `protocol.py` (and ferry's extensions, written only when
+    /// they differ from their defaults).
+    #[default]
+    Seed,
+    /// sglang 0.5.23's `transport/protocol.py`: `transfer_staged` always
+    /// carries `scalar_fields` (a `default_factory` field there).
+    Sglang,
+}
+
 /// `,"name":` as one literal, so that writing a key is one fixed-size copy.
 macro_rules! key {
     ($name:literal) => {
@@ -29,6 +42,7 @@ macro_rules! key {
 struct Enc<'s, 'b> {
     out: &'s mut Sink<'b>,
     style: Style,
+    dialect: Dialect,
 }
 
 impl Enc<'_, '_> {
@@ -176,6 +190,32 @@ impl Enc<'_, '_> {
     }
 
     #[inline]
+    /// `v` with `"_prealloc_slot_id": id` as its last member, as Python's
+    /// `d["_prealloc_slot_id"] = id` appends it (a key already there is
+    /// shadowed: `json.loads` keeps the last).
+    fn object_with_slot_id(&mut self, name: &'static [u8], v: RawJson<'_>, id: u64) {
+        self.key(name);
+        // A validated object: `{`, members, `}`, with whitespace around.
+        let text = v.as_str().trim_ascii().as_bytes();
+        let inner = text.get(1..text.len().saturating_sub(1)).unwrap_or(&[]);
+        let empty = inner.trim_ascii().is_empty();
+        match self.style {
+            Style::Verbatim => self.out.put(&text[..text.len().saturating_sub(1)]),
+            Style::Canonical => {
+                // Canonical output ends in the object's `}`, nothing after.
+                self.raw(v);
+                let len = self.out.len();
+                self.out.truncate(len.saturating_sub(1));
+            }
+        }
+        if !empty {
+            self.out.byte(b',');
+        }
+        self.out.put(b"\"_prealloc_slot_id\":");
+        write_u64(self.out, id);
+        self.out.byte(b'}');
+    }
+
     fn object(&mut self, name: &'static [u8], v: RawJson<'_>) {
         self.key(name);
         self.raw(v);
@@ -185,17 +225,32 @@ impl Enc<'_, '_> {
 impl Manifest<'_> {
     /// Writes the manifest alone, as the JSON object it is on the wire.
     pub fn write_json(&self, out: &mut Sink<'_>, style: Style) {
-        Enc { out, style }.manifest_value(self);
+        Enc {
+            out,
+            style,
+            dialect: Dialect::Seed,
+        }
+        .manifest_value(self);
     }
 }
 
 impl Msg<'_> {
     /// Writes the JSON payload (frame 1) into `out`.
     pub fn write(&self, out: &mut Sink<'_>, style: Style) {
+        self.write_dialect(out, style, Dialect::Seed);
+    }
+
+    /// Writes the JSON payload (frame 1) into `out` as `dialect`'s encoder
+    /// would.
+    pub fn write_dialect(&self, out: &mut Sink<'_>, style: Style, dialect: Dialect) {
         out.put(b"{\"msg_type\":\"");
         out.put(self.msg_type().as_str().as_bytes());
         out.byte(b'"');
-        let mut e = Enc { out, style };
+        let mut e = Enc {
+            out,
+            style,
+            dialect,
+        };
         match self {
             Msg::Register(m) => {
                 e.str(key!("role"), m.role);
@@ -218,7 +273,7 @@ impl Msg<'_> {
                 e.str(key!("session_id"), m.session_id);
                 e.u64(key!("pool_ptr"), m.pool_ptr);
                 e.u64(key!("slot_offset"), m.slot_offset);
-                if !m.scalar_fields.is_empty_container() {
+                if e.dialect == Dialect::Sglang || !m.scalar_fields.is_empty_container() {
                     e.object(key!("scalar_fields"), m.scalar_fields);
                 }
             }
@@ -262,10 +317,28 @@ impl Msg<'_> {
                 e.str(key!("request_id"), m.request_id);
                 e.manifest(&m.manifest);
                 e.u64(key!("slot_offset"), m.slot_offset);
-                e.object(key!("scalar_fields"), m.scalar_fields);
+                match m.prealloc_slot_id {
+                    None => e.object(key!("scalar_fields"), m.scalar_fields),
+                    Some(id) => e.object_with_slot_id(key!("scalar_fields"), m.scalar_fields, id),
+                }
                 if !m.dest_session_id.is_empty() {
                     e.str(key!("dest_session_id"), m.dest_session_id);
                 }
+            }
+            Msg::Done(m) if m.staged_for_decoder => {
+                // sglang's forward, in the order its denoiser writes it; it
+                // has no `error` (a failed forward is a plain done).
+                e.str(key!("request_id"), m.request_id);
+                if m.error.is_some() {
+                    e.opt_str(key!("error"), m.error);
+                }
+                e.bool(key!("staged_for_decoder"), true);
+                e.str(key!("session_id"), m.session_id);
+                e.u64(key!("pool_ptr"), m.pool_ptr);
+                e.u64(key!("slot_offset"), m.slot_offset);
+                e.u64(key!("data_size"), m.data_size);
+                e.manifest(&m.manifest);
+                e.object(key!("scalar_fields"), m.scalar_fields);
             }
             Msg::Done(m) => {
                 e.str(key!("request_id"), m.request_id);

@@ -243,6 +243,13 @@ fn assign<'a>(msg: &mut Msg<'a>, key: &str, v: V<'a>) -> Option<()> {
         Msg::Done(m) => match key {
             "request_id" => m.request_id = s(v)?,
             "error" => m.error = opt_s(v)?,
+            "staged_for_decoder" => m.staged_for_decoder = b(v)?,
+            "session_id" => m.session_id = s(v)?,
+            "pool_ptr" => m.pool_ptr = n(v)?,
+            "slot_offset" => m.slot_offset = n(v)?,
+            "data_size" => m.data_size = n(v)?,
+            "manifest" => m.manifest = Manifest::Raw(obj(v)?),
+            "scalar_fields" => m.scalar_fields = obj(v)?,
             _ => {}
         },
         Msg::Abort(m) => match key {

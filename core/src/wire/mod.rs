@@ -41,11 +41,12 @@ mod fast;
 mod frame;
 mod manifest;
 mod msg;
+mod result;
 mod slots;
 mod value;
 
 pub use decode::{decode, decode_reference};
-pub use encode::Style;
+pub use encode::{Dialect, Style};
 pub use error::{DecodeError, DecodeErrorKind};
 pub use frame::{is_transfer_frame, transfer_payload, TRANSFER_MAGIC};
 pub use manifest::{Manifest, ManifestIter, Shape, ShapeIter, TensorEntry};
@@ -53,6 +54,7 @@ pub use msg::{
     Abort, Alloc, AllocReject, Allocated, Done, Msg, MsgType, Push, Pushed, Ready, Register,
     RegisterAck, Staged,
 };
+pub use result::result_as_done;
 pub use slots::{PreallocatedSlot, SlotList, SlotListIter};
 
 pub use crate::json::{BufferTooSmall, JsonStr, RawJson};

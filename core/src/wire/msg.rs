@@ -263,15 +263,59 @@ pub struct Ready<'a> {
     /// `""`): a restarted instance on the same endpoint must not take its
     /// predecessor's transfer for its own.
     pub dest_session_id: JsonStr<'a>,
+    /// The preallocated slot the fast path chose, written as sglang's head
+    /// writes it: as `_prealloc_slot_id`, the last key *inside*
+    /// `scalar_fields` (sglang's receiver pops it to find the slot). Only
+    /// an encoder setting; decoding leaves the key in `scalar_fields` and
+    /// this `None`.
+    pub prealloc_slot_id: Option<u64>,
 }
 
 /// `transfer_done`: the receiver consumed (or failed) the request.
+///
+/// With `staged_for_decoder` it is also sglang's forward (what its
+/// denoiser sends): the receiver is done with its slot *and* has staged
+/// the request's next leg in its own pool, described by the remaining
+/// fields as in `transfer_staged`. Written, in sglang's order
+/// (`request_id`, `staged_for_decoder`, `session_id`, `pool_ptr`,
+/// `slot_offset`, `data_size`, `manifest`, `scalar_fields`), only when
+/// `staged_for_decoder` is true; otherwise the seed's two fields.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Done<'a> {
     /// The request.
     pub request_id: JsonStr<'a>,
     /// Why it failed, if it did.
     pub error: Option<JsonStr<'a>>,
+    /// *sglang 0.5.23*: the next leg is staged (the fields below say where).
+    pub staged_for_decoder: bool,
+    /// *sglang 0.5.23*: the forwarding sender's data-plane session.
+    pub session_id: JsonStr<'a>,
+    /// *sglang 0.5.23*: the forwarding sender's pool base address.
+    pub pool_ptr: u64,
+    /// *sglang 0.5.23*: offset of the staged slot in that pool.
+    pub slot_offset: u64,
+    /// *sglang 0.5.23*: bytes to transfer.
+    pub data_size: u64,
+    /// *sglang 0.5.23*: where each tensor lies in the staged slot.
+    pub manifest: Manifest<'a>,
+    /// *sglang 0.5.23*: scalar fields to relay into the next `transfer_ready`.
+    pub scalar_fields: RawJson<'a>,
+}
+
+impl<'a> Done<'a> {
+    /// The forward's next leg as the `transfer_staged` it stands for, if
+    /// this is a forward.
+    pub fn staged(&self) -> Option<Staged<'a>> {
+        self.staged_for_decoder.then_some(Staged {
+            request_id: self.request_id,
+            data_size: self.data_size,
+            manifest: self.manifest,
+            session_id: self.session_id,
+            pool_ptr: self.pool_ptr,
+            slot_offset: self.slot_offset,
+            scalar_fields: self.scalar_fields,
+        })
+    }
 }
 
 /// `transfer_abort` (ferry extension): the coordinator gave up on a request.

@@ -303,6 +303,9 @@ pub struct CoordinatorStats {
     pub failed: u64,
     /// Hand-offs that took the preallocated-slot fast path.
     pub fast_path: u64,
+    /// Forwards received (`transfer_done{staged_for_decoder}`): a leg
+    /// delivered and the next staged in one message.
+    pub forwarded: u64,
     /// Messages ignored.
     pub ignored: u64,
     /// Events dropped because the caller did not poll them.

@@ -45,6 +45,9 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                         slot_offset: t.slot_offset,
                         scalar_fields: scalars,
                         dest_session_id: session.unwrap_or_default(),
+                        // sglang's receivers find their preallocated slot
+                        // by it; ferry's by the offset.
+                        prealloc_slot_id: t.prealloc,
                     })
                     .write(&mut sink, Default::default());
                     true

@@ -131,6 +131,16 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             self.end(now, i);
             self.stats.delivered += 1;
             self.event(CoordinatorEvent::Delivered { id, leg });
+            if let Some(next) = m.staged() {
+                // sglang's forward: the receiver staged the next leg in the
+                // same message, as if it had sent `transfer_staged`. The
+                // done stands whatever becomes of it; a staged leg this
+                // coordinator cannot take counts as ignored.
+                self.stats.forwarded += 1;
+                if self.on_staged(now, from, &next).is_err() {
+                    self.stats.ignored += 1;
+                }
+            }
         }
         self.dispatch_queued(now);
         Ok(())

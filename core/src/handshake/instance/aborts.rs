@@ -54,6 +54,10 @@ impl<'s> Instance<'s> {
                 }
             }
             Kind::Quarantined { .. } => {}
+            Kind::AllocHeld { .. } => {
+                // Nothing reserved yet: the record goes.
+                self.requests[index] = None;
+            }
             Kind::Staged { .. } => {
                 if let Some(Request {
                     kind: Kind::Staged { slot, .. },

@@ -71,6 +71,7 @@ impl<'s> Instance<'s> {
         if r.is_err() {
             self.stats.ignored += 1;
         }
+        self.retry_held(now);
         r
     }
 
@@ -87,13 +88,24 @@ impl<'s> Instance<'s> {
             return Err(Ignored::Duplicate);
         }
         let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
-        let reject = |me: &mut Self, retryable, reason| {
-            me.stats.rejected += 1;
-            me.send(OutMsg::Reject {
-                id: rid,
-                retryable,
-                reason,
-            });
+        let reject = |me: &mut Self, retryable: bool, reason: &'static str| {
+            match me.config.head {
+                Head::Ferry => {
+                    me.stats.rejected += 1;
+                    me.send(OutMsg::Reject {
+                        id: rid,
+                        retryable,
+                        reason,
+                    });
+                }
+                // sglang's head reads no reject: wait for room, or say at
+                // once in a message it reads that this will never fit.
+                Head::Sglang if retryable => me.hold_alloc(now, rid, data_size),
+                Head::Sglang => {
+                    me.stats.rejected += 1;
+                    me.done(rid, Some(Reason::truncated(reason)));
+                }
+            }
             Ok(())
         };
         if self.requests.iter().all(Option::is_some) {
@@ -321,7 +333,7 @@ impl<'s> Instance<'s> {
         let mut sink = Sink::new(&mut self.nested[base..base + self.chunk]);
         manifest.write_json(&mut sink, Default::default());
         let m_len = sink.len();
-        sink.put(scalars.as_str().as_bytes());
+        write_scalars(&mut sink, scalars);
         let s_len = sink.len() - m_len;
         if let Some(r) = self.requests[index].as_mut() {
             r.manifest_len = m_len;
@@ -358,4 +370,36 @@ impl<'s> Instance<'s> {
             None => self.done(id, Some(Reason::truncated(why))),
         }
     }
+}
+
+/// The key under which sglang's head names the preallocated slot of a
+/// fast-path `transfer_ready`, inside its scalar fields.
+const PREALLOC_SLOT_KEY: &str = "_prealloc_slot_id";
+
+/// Writes the scalar fields the application is to see: as relayed, less
+/// the head's `_prealloc_slot_id` (sglang's receiver pops it; ferry finds
+/// the slot by its offset), so that a forward does not pass it on.
+fn write_scalars(sink: &mut Sink<'_>, scalars: RawJson<'_>) {
+    let has_key = scalars
+        .members()
+        .any(|m| m.is_ok_and(|(k, _)| k.eq_str(PREALLOC_SLOT_KEY)));
+    if !has_key {
+        sink.put(scalars.as_str().as_bytes());
+        return;
+    }
+    sink.byte(b'{');
+    let mut first = true;
+    for (k, v) in scalars.members().flatten() {
+        if k.eq_str(PREALLOC_SLOT_KEY) {
+            continue;
+        }
+        if !first {
+            sink.byte(b',');
+        }
+        first = false;
+        k.write_json(sink);
+        sink.byte(b':');
+        sink.put(v.as_str().as_bytes());
+    }
+    sink.byte(b'}');
 }

@@ -28,6 +28,7 @@ use crate::wire::{
 };
 
 mod aborts;
+mod forward;
 mod landing;
 pub use landing::Arrival;
 use landing::Arrivals;
@@ -67,6 +68,41 @@ pub struct InstanceConfig<'a> {
     /// and is refused after `limit` (its slot quarantined first, since the
     /// bytes may still come).
     pub landing: Option<Duration>,
+    /// What the coordinator is: its flow differs ([`Head`]).
+    pub head: Head,
+    /// Under [`Head::Sglang`]: how long a `transfer_alloc` that finds no
+    /// room is held (and retried whenever room frees) before
+    /// `transfer_done` with an error tells the head it failed. That head
+    /// reads no `transfer_alloc_reject`.
+    pub alloc_hold: Duration,
+}
+
+/// Which coordinator an instance serves under. ferry cannot tell from the
+/// messages alone before it needs to (a head that never answers a
+/// registration looks like a slow one), so it is a setting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Head {
+    /// ferry's coordinator (or one that speaks ferry's additions): it
+    /// answers registrations (`transfer_register_ack`), reads
+    /// `transfer_alloc_reject`, and sends `transfer_abort`.
+    #[default]
+    Ferry,
+    /// sglang 0.5.23's `DiffusionServer`: it never answers a registration
+    /// (the instance is usable once it is sent, and sends it once per
+    /// connection), knows no reject or abort (an ALLOC without room is
+    /// held, then failed with `transfer_done`), and writes
+    /// `transfer_staged` in its release's dialect.
+    Sglang,
+}
+
+impl Head {
+    /// The dialect messages to this head are written in.
+    pub const fn dialect(self) -> crate::wire::Dialect {
+        match self {
+            Self::Ferry => crate::wire::Dialect::Seed,
+            Self::Sglang => crate::wire::Dialect::Sglang,
+        }
+    }
 }
 
 /// Where a received transfer's bytes are.
@@ -90,6 +126,9 @@ enum Kind {
     },
     /// Receiver: slot reserved, waiting for `transfer_ready`.
     Reserved { slot: SlotHandle },
+    /// Receiver under [`Head::Sglang`]: a `transfer_alloc` of `data_size`
+    /// bytes that found no room, retried as room frees until its deadline.
+    AllocHeld { data_size: u64 },
     /// Receiver: announced ready, waiting for the data plane to report
     /// that the write tagged `tag` landed.
     Landing { held: Held, tag: WriteTag },
@@ -109,6 +148,7 @@ impl Kind {
         match self {
             Self::Filling { .. } | Self::Staged { .. } | Self::Writing { .. } => Side::Send,
             Self::Reserved { .. }
+            | Self::AllocHeld { .. }
             | Self::Landing { .. }
             | Self::Delivered { .. }
             | Self::Quarantined { .. } => Side::Recv,
@@ -227,6 +267,9 @@ pub enum Registration {
     Accepted,
     /// The coordinator refused it (an unknown role, say).
     Refused,
+    /// Sent to a coordinator that does not answer registrations
+    /// ([`Head::Sglang`]): the instance is usable.
+    Sent,
 }
 
 /// What the application should know.
@@ -352,6 +395,12 @@ enum OutMsg {
         id: RequestId,
         error: Option<Reason>,
     },
+    /// The receive side of the request at `index` is done and its next leg
+    /// is staged: sglang's `transfer_done{staged_for_decoder}`.
+    Forward {
+        index: usize,
+        seq: u64,
+    },
 }
 
 /// A queued message.
@@ -436,6 +485,11 @@ pub struct InstanceStats {
     pub aborted: u64,
     /// Requests dropped by a local timeout.
     pub timed_out: u64,
+    /// Requests forwarded (received, then staged for the next leg in one
+    /// message).
+    pub forwarded: u64,
+    /// `transfer_alloc`s held for lack of room (under [`Head::Sglang`]).
+    pub allocs_held: u64,
     /// Transfers announced ready whose write was not seen to land in time
     /// (see [`InstanceConfig::landing`]).
     pub never_landed: u64,
@@ -475,6 +529,8 @@ pub struct Instance<'s> {
     /// A registration is to be sent (before anything else).
     register_due: bool,
     register_at: Instant,
+    /// The latest time a call passed in (for the calls that take none).
+    last_now: Instant,
     seq: u64,
     stats: InstanceStats,
 }
@@ -539,6 +595,8 @@ impl<'s> Instance<'s> {
                 reserved_timeout: config.reserved_timeout,
                 quarantine: config.quarantine,
                 landing: config.landing,
+                head: config.head,
+                alloc_hold: config.alloc_hold,
             },
             pool,
             requests,
@@ -555,6 +613,7 @@ impl<'s> Instance<'s> {
             refused: false,
             register_due: true,
             register_at: now + config.register_retry,
+            last_now: now,
             seq: 0,
             stats: InstanceStats::default(),
         };
@@ -638,6 +697,11 @@ impl<'s> Instance<'s> {
                     );
                     continue;
                 }
+                // Nothing was reserved; the old coordinator's request ends.
+                Kind::AllocHeld { .. } => {
+                    self.tombstone(r.id, Side::Recv);
+                    continue;
+                }
                 // A new coordinator wants no report of what the old one
                 // relayed.
                 Kind::Quarantined { held, .. } => Kind::Quarantined { held, report: None },
@@ -663,7 +727,9 @@ impl<'s> Instance<'s> {
 
     /// Where the registration stands.
     pub fn registration(&self) -> Registration {
-        if self.registered {
+        if self.registered && self.config.head == Head::Sglang {
+            Registration::Sent
+        } else if self.registered {
             Registration::Accepted
         } else if self.refused {
             Registration::Refused
@@ -705,6 +771,7 @@ impl<'s> Instance<'s> {
             .find(|r| r.id.as_str() == id && r.kind.side() == Side::Recv)?;
         let held = match &r.kind {
             Kind::Reserved { slot } => return Some((slot.offset(), slot.size())),
+            Kind::AllocHeld { .. } => return None,
             Kind::Landing { held, .. }
             | Kind::Delivered { held, .. }
             | Kind::Quarantined { held, .. } => held,

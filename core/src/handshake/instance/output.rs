@@ -2,6 +2,7 @@
 //! the caller's buffer.
 
 use super::*;
+use crate::wire::Style;
 
 impl<'s> Instance<'s> {
     /// The next write to post.
@@ -17,6 +18,7 @@ impl<'s> Instance<'s> {
     /// The next message for the coordinator, encoded into `buf`; one that
     /// does not fit stays queued and its size is returned.
     pub fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<Result<usize, BufferTooSmall>> {
+        let dialect = self.config.head.dialect();
         // A registration offers every preallocated slot as free: it waits
         // until the application has let go of those it still holds (after
         // `reregister`), or a new coordinator would write into them.
@@ -30,10 +32,15 @@ impl<'s> Instance<'s> {
                 work_endpoint: self.endpoint.as_json(),
                 preallocated_slots: SlotList::Slots(&self.prealloc),
             })
-            .write(&mut sink, Default::default());
+            .write_dialect(&mut sink, Style::Verbatim, dialect);
             let r = sink.finish();
             if r.is_ok() {
                 self.register_due = false;
+                if self.config.head == Head::Sglang && !self.registered {
+                    // That head never answers: sent is as far as it goes.
+                    self.registered = true;
+                    self.event(InstanceEvent::Registered);
+                }
             }
             return Some(r);
         }
@@ -46,28 +53,18 @@ impl<'s> Instance<'s> {
             let mut sink = Sink::new(buf);
             match m {
                 OutMsg::Staged { index, seq } => {
-                    let Some(r) = self
-                        .requests
-                        .get(index)
-                        .and_then(Option::as_ref)
-                        .filter(|r| r.seq == seq)
+                    let Some(StagedView {
+                        r,
+                        slot_offset,
+                        data_size,
+                        manifest,
+                        scalar_fields,
+                    }) = self.staged_view(index, seq)
                     else {
+                        // It ended before its announcement went out.
                         self.transmits.pop();
                         continue;
                     };
-                    let (slot_offset, data_size) = match &r.kind {
-                        Kind::Staged { slot, data_size } => (slot.offset(), *data_size),
-                        _ => {
-                            self.transmits.pop();
-                            continue;
-                        }
-                    };
-                    let (manifest, scalar_fields) = nested_json(
-                        &self.nested,
-                        index * self.chunk,
-                        r.manifest_len,
-                        r.scalars_len,
-                    );
                     Msg::Staged(Staged {
                         request_id: r.id.as_json(),
                         data_size,
@@ -77,7 +74,7 @@ impl<'s> Instance<'s> {
                         slot_offset,
                         scalar_fields,
                     })
-                    .write(&mut sink, Default::default())
+                    .write_dialect(&mut sink, Style::Verbatim, dialect)
                 }
                 OutMsg::Allocated {
                     id,
@@ -90,7 +87,7 @@ impl<'s> Instance<'s> {
                     slot_offset,
                     slot_size,
                 })
-                .write(&mut sink, Default::default()),
+                .write_dialect(&mut sink, Style::Verbatim, dialect),
                 OutMsg::Reject {
                     id,
                     retryable,
@@ -101,18 +98,44 @@ impl<'s> Instance<'s> {
                     retryable,
                     reason: JsonStr::plain(reason),
                 })
-                .write(&mut sink, Default::default()),
+                .write_dialect(&mut sink, Style::Verbatim, dialect),
                 OutMsg::Pushed { id, error } => Msg::Pushed(Pushed {
                     request_id: id.as_json(),
                     success: error.is_none(),
                     error: error.as_ref().map(|e| JsonStr::plain(e.as_str())),
                 })
-                .write(&mut sink, Default::default()),
+                .write_dialect(&mut sink, Style::Verbatim, dialect),
                 OutMsg::Done { id, error } => Msg::Done(Done {
                     request_id: id.as_json(),
                     error: error.as_ref().map(|e| JsonStr::plain(e.as_str())),
+                    ..Done::default()
                 })
-                .write(&mut sink, Default::default()),
+                .write_dialect(&mut sink, Style::Verbatim, dialect),
+                OutMsg::Forward { index, seq } => {
+                    let Some(StagedView {
+                        r,
+                        slot_offset,
+                        data_size,
+                        manifest,
+                        scalar_fields,
+                    }) = self.staged_view(index, seq)
+                    else {
+                        self.transmits.pop();
+                        continue;
+                    };
+                    Msg::Done(Done {
+                        request_id: r.id.as_json(),
+                        error: None,
+                        staged_for_decoder: true,
+                        session_id: self.session.as_json(),
+                        pool_ptr: self.pool_ptr,
+                        slot_offset,
+                        data_size,
+                        manifest: Manifest::Raw(manifest),
+                        scalar_fields,
+                    })
+                    .write_dialect(&mut sink, Style::Verbatim, dialect)
+                }
             }
             return Some(match sink.finish() {
                 Ok(n) => {
@@ -122,5 +145,41 @@ impl<'s> Instance<'s> {
                 Err(e) => Err(e),
             });
         }
+    }
+}
+
+/// A staged request as its announcement describes it.
+struct StagedView<'r> {
+    r: &'r Request,
+    slot_offset: u64,
+    data_size: u64,
+    manifest: RawJson<'r>,
+    scalar_fields: RawJson<'r>,
+}
+
+impl<'s> Instance<'s> {
+    /// The request at `index` (of sequence `seq`), if it is still staged.
+    fn staged_view(&self, index: usize, seq: u64) -> Option<StagedView<'_>> {
+        let r = self
+            .requests
+            .get(index)
+            .and_then(Option::as_ref)
+            .filter(|r| r.seq == seq)?;
+        let Kind::Staged { slot, data_size } = &r.kind else {
+            return None;
+        };
+        let (manifest, scalar_fields) = nested_json(
+            &self.nested,
+            index * self.chunk,
+            r.manifest_len,
+            r.scalars_len,
+        );
+        Some(StagedView {
+            r,
+            slot_offset: slot.offset(),
+            data_size: *data_size,
+            manifest,
+            scalar_fields,
+        })
     }
 }

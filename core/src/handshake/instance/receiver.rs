@@ -37,7 +37,12 @@ impl<'s> Instance<'s> {
 
     /// The application is done with a received transfer: its slot is freed
     /// and `transfer_done` (with `error`, if any, cut at
-    /// [`REASON_LEN`](crate::handshake::REASON_LEN) bytes) goes to the coordinator.
+    /// [`REASON_LEN`](crate::handshake::REASON_LEN) bytes) goes to the
+    /// coordinator. Under [`Head::Sglang`] only a failure is reported: that
+    /// head takes a plain `transfer_done` as the request's end, so a good
+    /// receive is reported by what the application sends next (a forward,
+    /// or the decoder's output, sent after this release: the head reuses
+    /// a preallocated slot once it has the output).
     pub fn release(&mut self, token: Token, error: Option<&str>) -> Result<(), InstanceError> {
         match self
             .request_mut(token)
@@ -55,7 +60,16 @@ impl<'s> Instance<'s> {
             return Err(InstanceError::StaleToken);
         };
         self.free_held(held);
-        self.done(id, error.map(Reason::truncated));
+        match (self.config.head, error) {
+            // sglang's head learns of a good receive from what follows it
+            // (the decoder's output, a denoiser's forward); a plain
+            // `transfer_done` would end the request there with no result.
+            (Head::Sglang, None) => self.tombstone(id, Side::Recv),
+            (_, error) => self.done(id, error.map(Reason::truncated)),
+        }
+        // The room may be what a held `transfer_alloc` waits for; the
+        // clock is the held requests' own (their deadline is not moved).
+        self.retry_held_untimed();
         Ok(())
     }
 

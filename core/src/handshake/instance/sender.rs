@@ -37,6 +37,19 @@ impl<'s> Instance<'s> {
         manifest: &Manifest<'_>,
         scalar_fields: RawJson<'_>,
     ) -> Result<(), InstanceError> {
+        self.commit_as(now, token, data_size, manifest, scalar_fields, false)
+    }
+
+    /// [`commit`](Self::commit), announced as a forward if `forward`.
+    pub(super) fn commit_as(
+        &mut self,
+        now: Instant,
+        token: Token,
+        data_size: u64,
+        manifest: &Manifest<'_>,
+        scalar_fields: RawJson<'_>,
+        forward: bool,
+    ) -> Result<(), InstanceError> {
         let chunk = self.chunk;
         let base = token.index * chunk;
         let timeout = self.config.staged_timeout;
@@ -83,9 +96,11 @@ impl<'s> Instance<'s> {
             ..r
         });
         self.stats.staged += 1;
-        self.send(OutMsg::Staged {
-            index: token.index,
-            seq: token.seq,
+        let (index, seq) = (token.index, token.seq);
+        self.send(if forward {
+            OutMsg::Forward { index, seq }
+        } else {
+            OutMsg::Staged { index, seq }
         });
         Ok(())
     }
@@ -106,6 +121,7 @@ impl<'s> Instance<'s> {
         {
             let _ = self.pool.free(slot);
         }
+        self.retry_held_untimed();
         Ok(())
     }
 
@@ -120,7 +136,7 @@ impl<'s> Instance<'s> {
     /// [`REASON_LEN`]: crate::handshake::REASON_LEN
     pub fn handle_completion(
         &mut self,
-        _now: Instant,
+        now: Instant,
         token: Token,
         result: Result<(), &str>,
     ) -> Result<u64, Ignored> {
@@ -137,14 +153,22 @@ impl<'s> Instance<'s> {
             return Err(Ignored::WrongState);
         };
         let _ = self.pool.free(slot);
+        self.retry_held(now);
         if aborted {
             // The coordinator gave up already; it wants no report.
             return Ok(len);
         }
-        self.send(OutMsg::Pushed {
-            id,
-            error: result.err().map(Reason::truncated),
-        });
+        // sglang's head reads no failure in `transfer_pushed` (it would
+        // announce the unwritten slot ready), and a `transfer_done` with an
+        // error from a forwarding sender makes it return the receiver's
+        // preallocated slot to the sender's list; nothing goes out, and
+        // the head fails the request at its timeout.
+        if result.is_ok() || self.config.head == Head::Ferry {
+            self.send(OutMsg::Pushed {
+                id,
+                error: result.err().map(Reason::truncated),
+            });
+        }
         if result.is_ok() {
             self.stats.sent += 1;
             self.event(InstanceEvent::Sent { id });

@@ -22,6 +22,7 @@ impl<'s> Instance<'s> {
     /// Retries registration, drops requests the coordinator went quiet
     /// about, and ends quarantines.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.last_now = self.last_now.max(now);
         if !self.registered && self.register_at <= now {
             self.register_at = now + self.config.register_retry;
             self.register_due = true;
@@ -50,6 +51,12 @@ impl<'s> Instance<'s> {
                 continue;
             };
             match r.kind {
+                Kind::AllocHeld { .. } => {
+                    // No room came in time: the head hears it failed.
+                    self.stats.timed_out += 1;
+                    self.stats.rejected += 1;
+                    self.done(r.id, Some(Reason::truncated("no room in the pool in time")));
+                }
                 Kind::Staged { slot, .. } => {
                     let _ = self.pool.free(slot);
                     self.stats.timed_out += 1;
@@ -101,5 +108,6 @@ impl<'s> Instance<'s> {
                 }
             }
         }
+        self.retry_held(now);
     }
 }

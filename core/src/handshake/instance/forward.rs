@@ -1,0 +1,124 @@
+//! Forwarding (a received request's next leg staged in one message, as
+//! sglang's denoiser does) and, under sglang's head, `transfer_alloc`s
+//! held until room frees.
+
+use super::*;
+
+impl<'s> Instance<'s> {
+    /// Ends the receive side of a request and announces its next leg:
+    /// `received` is the delivery the application holds (its slot is
+    /// freed), `staged` a slot from [`stage`](Self::stage) for the same
+    /// request id, filled with `data_size` bytes laid out as `manifest`.
+    ///
+    /// Under [`Head::Sglang`] it is one message, sglang's
+    /// `transfer_done{staged_for_decoder}`, which that head needs from a
+    /// denoiser. Under [`Head::Ferry`] it is `transfer_staged` then
+    /// `transfer_done`, which every coordinator since the seed reads (ferry's
+    /// also takes the one message, from sglang's own instances). On any
+    /// error nothing changed.
+    pub fn forward(
+        &mut self,
+        now: Instant,
+        received: Token,
+        staged: Token,
+        data_size: u64,
+        manifest: &Manifest<'_>,
+        scalar_fields: RawJson<'_>,
+    ) -> Result<(), InstanceError> {
+        let rx_id = match self.request_mut(received).map(|r| (&r.kind, r.id)) {
+            Some((Kind::Delivered { .. }, id)) => id,
+            _ => return Err(InstanceError::StaleToken),
+        };
+        match self.request_mut(staged) {
+            Some(r) if matches!(r.kind, Kind::Filling { .. }) && r.id == rx_id => {}
+            Some(r) if matches!(r.kind, Kind::Filling { .. }) => return Err(InstanceError::BadId),
+            _ => return Err(InstanceError::StaleToken),
+        }
+        // The commit's checks (size, nested JSON room) apply unchanged; the
+        // announcement is the forward.
+        let one_message = self.config.head == Head::Sglang;
+        self.commit_as(now, staged, data_size, manifest, scalar_fields, one_message)?;
+        self.stats.forwarded += 1;
+        if let Some(Request {
+            id,
+            kind: Kind::Delivered { held, .. },
+            ..
+        }) = self.requests[received.index].take()
+        {
+            self.free_held(held);
+            if one_message {
+                // As `done` does, but the forward is the report.
+                self.tombstone(id, Side::Recv);
+            } else {
+                self.done(id, None);
+            }
+        }
+        self.retry_held(now);
+        Ok(())
+    }
+
+    /// Holds a `transfer_alloc` that found no room (sglang's head reads no
+    /// reject): it is retried as room frees, and failed with
+    /// `transfer_done` at the hold's end.
+    pub(super) fn hold_alloc(&mut self, now: Instant, id: RequestId, data_size: u64) {
+        let deadline = Some(now + self.config.alloc_hold);
+        match self.insert(id, Kind::AllocHeld { data_size }, deadline) {
+            Ok(_) => self.stats.allocs_held += 1,
+            Err(_) => {
+                self.stats.rejected += 1;
+                self.done(id, Some(Reason::truncated("instance request table full")));
+            }
+        }
+    }
+
+    /// [`retry_held`](Self::retry_held) from a call that takes no time:
+    /// the latest time seen stands in.
+    pub(super) fn retry_held_untimed(&mut self) {
+        self.retry_held(self.last_now);
+    }
+
+    /// Gives held `transfer_alloc`s the room that freed, oldest first.
+    pub(super) fn retry_held(&mut self, now: Instant) {
+        self.last_now = self.last_now.max(now);
+        if self.stats.allocs_held == 0 {
+            // Nothing was ever held (always so under ferry's coordinator).
+            return;
+        }
+        loop {
+            let oldest = self
+                .requests
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| match r {
+                    Some(Request {
+                        kind: Kind::AllocHeld { data_size },
+                        seq,
+                        ..
+                    }) => Some((i, *seq, *data_size)),
+                    _ => None,
+                })
+                .min_by_key(|&(_, seq, _)| seq);
+            let Some((index, _, data_size)) = oldest else {
+                return;
+            };
+            let Ok(slot) = self.pool.allocate(data_size) else {
+                return;
+            };
+            let Some(r) = self.requests[index].take() else {
+                let _ = self.pool.free(slot);
+                return;
+            };
+            let (slot_offset, slot_size) = (slot.offset(), slot.size());
+            self.requests[index] = Some(Request {
+                kind: Kind::Reserved { slot },
+                deadline: Some(now + self.config.reserved_timeout),
+                ..r
+            });
+            self.send(OutMsg::Allocated {
+                id: r.id,
+                slot_offset,
+                slot_size,
+            });
+        }
+    }
+}
