@@ -213,3 +213,51 @@ fn sglang_0_5_23_vectors_reencode_byte_identically_in_its_dialect() {
         "{forwards} {staged_empty} {slot_ids}"
     );
 }
+
+/// The fast path's slot id goes inside `scalar_fields` as its last key, as
+/// the head's Python appends it, whatever the object's spelling.
+#[test]
+fn the_prealloc_slot_id_is_appended_inside_the_scalar_fields() {
+    use ferry_core::json::RawJson;
+    for (scalars, verbatim, canonical) in [
+        (
+            "{}",
+            r#"{"_prealloc_slot_id":3}"#,
+            r#"{"_prealloc_slot_id":3}"#,
+        ),
+        // Verbatim keeps the spelling as relayed, whitespace too.
+        (
+            "{ }",
+            r#"{ "_prealloc_slot_id":3}"#,
+            r#"{"_prealloc_slot_id":3}"#,
+        ),
+        (
+            r#"{ "a" : 1.50 }"#,
+            r#"{ "a" : 1.50 ,"_prealloc_slot_id":3}"#,
+            r#"{"a":1.5,"_prealloc_slot_id":3}"#,
+        ),
+    ] {
+        let msg = Msg::Ready(Ready {
+            request_id: "r".into(),
+            scalar_fields: RawJson::parse_object(scalars).unwrap(),
+            prealloc_slot_id: Some(3),
+            ..Default::default()
+        });
+        let want = |s: &str| {
+            format!(
+                r#"{{"msg_type":"transfer_ready","request_id":"r","manifest":{{}},"slot_offset":0,"scalar_fields":{s}}}"#
+            )
+        };
+        assert_eq!(show(&encode(&msg)), want(verbatim));
+        assert_eq!(show(&encode_canonical(&msg)), want(canonical));
+        // What sglang's receiver reads: the relayed fields and the id.
+        let bytes = encode(&msg);
+        let Msg::Ready(r) = decode(&bytes).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            r.scalar_fields.get("_prealloc_slot_id").map(|v| v.as_str()),
+            Some("3")
+        );
+    }
+}

@@ -78,6 +78,19 @@ fn instance_with(
     pool: BuddyConfig,
     landing: Option<Duration>,
 ) -> Instance<'static> {
+    instance_under(Head::Ferry, role, session, endpoint, pool, landing)
+}
+
+/// An instance serving under `head` (an ALLOC without room is held 50 ms
+/// under sglang's).
+fn instance_under(
+    head: Head,
+    role: &'static str,
+    session: &'static str,
+    endpoint: &'static str,
+    pool: BuddyConfig,
+    landing: Option<Duration>,
+) -> Instance<'static> {
     let config = InstanceConfig {
         role,
         session_id: session,
@@ -90,8 +103,8 @@ fn instance_with(
         reserved_timeout: Duration::from_millis(100),
         quarantine: Duration::from_millis(5),
         landing,
-        head: ferry_core::handshake::instance::Head::Ferry,
-        alloc_hold: Duration::from_secs(20),
+        head,
+        alloc_hold: Duration::from_millis(50),
     };
     let storage = InstanceStorage::owned(&LIMITS, &pool, 2).unwrap();
     Instance::new(Instant(0), config, storage).unwrap()
@@ -1135,23 +1148,7 @@ fn sglang_instance_at(
     session: &'static str,
     endpoint: &'static str,
 ) -> Instance<'static> {
-    let config = InstanceConfig {
-        role,
-        session_id: session,
-        work_endpoint: endpoint,
-        pool_ptr: POOL_PTR,
-        pool: POOL,
-        prealloc: (2, 8 * KIB),
-        register_retry: Duration::from_millis(5),
-        staged_timeout: Duration::from_millis(100),
-        reserved_timeout: Duration::from_millis(100),
-        quarantine: Duration::from_millis(5),
-        landing: None,
-        head: Head::Sglang,
-        alloc_hold: Duration::from_millis(50),
-    };
-    let storage = InstanceStorage::owned(&LIMITS, &POOL, 2).unwrap();
-    Instance::new(Instant(0), config, storage).unwrap()
+    instance_under(Head::Sglang, role, session, endpoint, POOL, None)
 }
 
 /// One `uint8` tensor of `dims` at the slot's start.

@@ -194,9 +194,13 @@ impl Enc<'_, '_> {
     /// `d["_prealloc_slot_id"] = id` appends it (a key already there is
     /// shadowed: `json.loads` keeps the last).
     fn object_with_slot_id(&mut self, name: &'static [u8], v: RawJson<'_>, id: u64) {
+        let text = v.as_str().trim_ascii().as_bytes();
+        if text.first() != Some(&b'{') {
+            // Not an object (a caller's value): nothing to add a key to.
+            return self.object(name, v);
+        }
         self.key(name);
         // A validated object: `{`, members, `}`, with whitespace around.
-        let text = v.as_str().trim_ascii().as_bytes();
         let inner = text.get(1..text.len().saturating_sub(1)).unwrap_or(&[]);
         let empty = inner.trim_ascii().is_empty();
         match self.style {

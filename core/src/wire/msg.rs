@@ -303,6 +303,22 @@ pub struct Done<'a> {
 }
 
 impl<'a> Done<'a> {
+    /// The forward that ends a receive and stages `next` (the same
+    /// request's next leg), as sglang's denoiser sends it.
+    pub fn forward(next: Staged<'a>) -> Self {
+        Self {
+            request_id: next.request_id,
+            error: None,
+            staged_for_decoder: true,
+            session_id: next.session_id,
+            pool_ptr: next.pool_ptr,
+            slot_offset: next.slot_offset,
+            data_size: next.data_size,
+            manifest: next.manifest,
+            scalar_fields: next.scalar_fields,
+        }
+    }
+
     /// The forward's next leg as the `transfer_staged` it stands for, if
     /// this is a forward.
     pub fn staged(&self) -> Option<Staged<'a>> {

@@ -52,7 +52,7 @@ impl<'s> Instance<'s> {
             let Outgoing(m) = *self.transmits.front()?;
             let mut sink = Sink::new(buf);
             match m {
-                OutMsg::Staged { index, seq } => {
+                OutMsg::Staged { index, seq } | OutMsg::Forward { index, seq } => {
                     let Some(StagedView {
                         r,
                         slot_offset,
@@ -65,7 +65,7 @@ impl<'s> Instance<'s> {
                         self.transmits.pop();
                         continue;
                     };
-                    Msg::Staged(Staged {
+                    let staged = Staged {
                         request_id: r.id.as_json(),
                         data_size,
                         manifest: Manifest::Raw(manifest),
@@ -73,7 +73,11 @@ impl<'s> Instance<'s> {
                         pool_ptr: self.pool_ptr,
                         slot_offset,
                         scalar_fields,
-                    })
+                    };
+                    match m {
+                        OutMsg::Forward { .. } => Msg::Done(Done::forward(staged)),
+                        _ => Msg::Staged(staged),
+                    }
                     .write_dialect(&mut sink, Style::Verbatim, dialect)
                 }
                 OutMsg::Allocated {
@@ -111,31 +115,6 @@ impl<'s> Instance<'s> {
                     ..Done::default()
                 })
                 .write_dialect(&mut sink, Style::Verbatim, dialect),
-                OutMsg::Forward { index, seq } => {
-                    let Some(StagedView {
-                        r,
-                        slot_offset,
-                        data_size,
-                        manifest,
-                        scalar_fields,
-                    }) = self.staged_view(index, seq)
-                    else {
-                        self.transmits.pop();
-                        continue;
-                    };
-                    Msg::Done(Done {
-                        request_id: r.id.as_json(),
-                        error: None,
-                        staged_for_decoder: true,
-                        session_id: self.session.as_json(),
-                        pool_ptr: self.pool_ptr,
-                        slot_offset,
-                        data_size,
-                        manifest: Manifest::Raw(manifest),
-                        scalar_fields,
-                    })
-                    .write_dialect(&mut sink, Style::Verbatim, dialect)
-                }
             }
             return Some(match sink.finish() {
                 Ok(n) => {
