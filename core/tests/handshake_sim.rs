@@ -11,6 +11,14 @@
 //! there, bytes also arrive late (some after the receiver's landing limit,
 //! while its slot is quarantined) or never.
 //!
+//! Denoisers pass each request on in one of three ways, by seed: released
+//! and staged again under a new id; forwarded under the same id
+//! (`Instance::forward`: `transfer_staged` then `transfer_done`); or
+//! forwarded by denoisers configured for sglang's head (`Head::Sglang`: one
+//! `transfer_done{staged_for_decoder}`, a single registration, ALLOCs
+//! without room held), which ferry's coordinator takes as well. A leg is
+//! named by its request id and its sender's role.
+//!
 //! Every seed checks: every request ends (delivered or failed) within its
 //! timeout bound; no slot leaks anywhere once the run drains; capacity is
 //! back to zero everywhere; no write lands outside a slot reserved for its
@@ -153,8 +161,10 @@ struct Node {
     pool: Vec<u8>,
     session: String,
     timer: Option<u64>,
-    /// Ids this incarnation staged.
-    staged: Vec<String>,
+    /// The legs this incarnation staged.
+    staged: Vec<Leg>,
+    /// Its role's index in the pipeline.
+    role: usize,
 }
 
 /// What one seed produced.
@@ -167,6 +177,24 @@ struct Outcome {
     verified: usize,
     /// Transfers refused because their write was not seen to land in time.
     never_landed: u64,
+}
+
+/// One leg of a request: its id and the role index of the leg's sender
+/// (a forward keeps the id, so the id alone does not name the leg).
+type Leg = (String, usize);
+
+/// How the seed's denoisers pass a request on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Forwarding {
+    /// Release, then stage under a new id (`{id}/d`).
+    NewId,
+    /// `Instance::forward` under the same id, serving ferry's coordinator
+    /// (`transfer_staged` then `transfer_done`).
+    Forward,
+    /// `Instance::forward` under the same id from denoisers configured for
+    /// sglang's head: the one message, `transfer_done{staged_for_decoder}`,
+    /// one registration, ALLOCs without room held, releases unreported.
+    SglangDenoisers,
 }
 
 fn pattern(id: &str, i: usize) -> u8 {
@@ -183,6 +211,15 @@ fn ns(d: Duration) -> u64 {
 fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let trace = std::env::var("FERRY_SIM_TRACE").is_ok_and(|v| v == seed.to_string());
+    let forwarding = match seed % 3 {
+        0 => Forwarding::NewId,
+        1 => Forwarding::Forward,
+        _ => Forwarding::SglangDenoisers,
+    };
+    let head_of = |i: usize| match forwarding {
+        Forwarding::SglangDenoisers if i / PER_ROLE == 1 => Head::Sglang,
+        _ => Head::Ferry,
+    };
     let timeouts = Timeouts {
         queued: Duration::from_millis(400),
         alloc: Duration::from_millis(50),
@@ -239,7 +276,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
     };
     let mut nodes: Vec<Node> = Vec::new();
     for i in 0..N {
-        let (inst, session) = start_instance(i, 0, 0, roles[i], &endpoints[i], plane);
+        let (inst, session) = start_instance(i, 0, 0, roles[i], &endpoints[i], plane, head_of(i));
         nodes.push(Node {
             inst: Some(inst),
             inc: 0,
@@ -247,18 +284,19 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
             session,
             timer: None,
             staged: Vec::new(),
+            role: i / PER_ROLE,
         });
     }
     let crashes_left = &mut [3u32; N];
 
     let mut out = Outcome::default();
-    let mut first_seen: HashMap<String, u64> = HashMap::new();
-    let mut expected: HashMap<String, Vec<u8>> = HashMap::new();
-    // Requests that ended at their sender: never seen by the coordinator
+    let mut first_seen: HashMap<Leg, u64> = HashMap::new();
+    let mut expected: HashMap<Leg, Vec<u8>> = HashMap::new();
+    // Legs that ended at their sender: never seen by the coordinator
     // (staged timeout), or their sender crashed.
-    let mut ended_at_sender: std::collections::HashSet<String> = Default::default();
-    let mut ended_at_coord: std::collections::HashSet<String> = Default::default();
-    let mut staged_at: HashMap<String, u64> = HashMap::new();
+    let mut ended_at_sender: std::collections::HashSet<Leg> = Default::default();
+    let mut ended_at_coord: std::collections::HashSet<Leg> = Default::default();
+    let mut staged_at: HashMap<Leg, u64> = HashMap::new();
     let sender_bound = bound.max(1500 * MS) + 10 * MS;
     let mut buf = vec![0u8; 64 * 1024];
     let mut coord_timer: Option<u64> = None;
@@ -341,8 +379,15 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                 // Messages of a dead incarnation still in flight arrive
                 // like any other, as they would on a real network.
                 let msg = decode(&bytes).expect("instances send valid messages");
-                if let Msg::Staged(m) = &msg {
-                    first_seen.entry(m.request_id.to_string()).or_insert(now);
+                let staged = match &msg {
+                    Msg::Staged(m) => Some(m.request_id),
+                    Msg::Done(d) if d.staged_for_decoder => Some(d.request_id),
+                    _ => None,
+                };
+                if let Some(id) = staged {
+                    first_seen
+                        .entry((id.to_string(), from / PER_ROLE))
+                        .or_insert(now);
                 }
                 let _ = coord.handle(Instant(now), PeerId(from as u32 + 1), &msg);
                 touched_coord = true;
@@ -450,28 +495,57 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                 };
                 if let Some((id, slot_offset)) = rx {
                     // Verify and forward before letting go.
-                    let len = expected.get(&id).map_or(0, Vec::len);
+                    let role = i / PER_ROLE;
+                    let leg = (id.clone(), role - 1);
+                    let len = expected.get(&leg).map_or(0, Vec::len);
                     let data = nodes[i].pool[slot_offset as usize..][..len].to_vec();
-                    if let Some(want) = expected.get(&id) {
+                    if let Some(want) = expected.get(&leg) {
                         assert_eq!(&data, want, "seed {seed}: bytes of {id} differ");
                         out.verified += 1;
                     }
-                    if let Some(inst) = nodes[i].inst.as_mut() {
-                        inst.release(token, None).unwrap();
-                    }
-                    if i / PER_ROLE == 1 {
-                        // The denoiser passes the request on, transformed.
-                        let next_id = format!("{id}/d");
-                        let next: Vec<u8> = data.iter().map(|b| b ^ 0x5a).collect();
-                        staged_at.insert(next_id.clone(), now);
-                        stage_request(
-                            &mut nodes[i],
-                            &next_id,
-                            &next,
-                            now,
-                            &mut expected,
-                            &mut staged_count,
-                        );
+                    // The denoiser passes the request on, transformed.
+                    let next: Vec<u8> = data.iter().map(|b| b ^ 0x5a).collect();
+                    match forwarding {
+                        _ if role != 1 => {
+                            if let Some(inst) = nodes[i].inst.as_mut() {
+                                inst.release(token, None).unwrap();
+                            }
+                        }
+                        Forwarding::NewId => {
+                            if let Some(inst) = nodes[i].inst.as_mut() {
+                                inst.release(token, None).unwrap();
+                            }
+                            let next_id = format!("{id}/d");
+                            staged_at.insert((next_id.clone(), role), now);
+                            stage_request(
+                                &mut nodes[i],
+                                &next_id,
+                                &next,
+                                now,
+                                &mut expected,
+                                &mut staged_count,
+                                None,
+                            );
+                        }
+                        Forwarding::Forward | Forwarding::SglangDenoisers => {
+                            staged_at.insert((id.clone(), role), now);
+                            let sent = stage_request(
+                                &mut nodes[i],
+                                &id,
+                                &next,
+                                now,
+                                &mut expected,
+                                &mut staged_count,
+                                Some(token),
+                            );
+                            if !sent {
+                                // No room for the next leg: let go of the
+                                // input all the same.
+                                if let Some(inst) = nodes[i].inst.as_mut() {
+                                    inst.release(token, None).unwrap();
+                                }
+                            }
+                        }
                     }
                     touched.push(i);
                 } else if nodes[i].inc == inc {
@@ -487,7 +561,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                 let len = 1 + rng.below(12 * MIN_BLOCK) as usize;
                 let data: Vec<u8> = (0..len).map(|k| pattern(&id, k)).collect();
                 if nodes[i].inst.is_some() {
-                    staged_at.insert(id.clone(), now);
+                    staged_at.insert((id.clone(), 0), now);
                     stage_request(
                         &mut nodes[i],
                         &id,
@@ -495,6 +569,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                         now,
                         &mut expected,
                         &mut staged_count,
+                        None,
                     );
                     touched.push(i);
                 }
@@ -512,7 +587,8 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
             }
             Ev::Restart { i } => {
                 let inc = nodes[i].inc;
-                let (inst, session) = start_instance(i, inc, now, roles[i], &endpoints[i], plane);
+                let (inst, session) =
+                    start_instance(i, inc, now, roles[i], &endpoints[i], plane, head_of(i));
                 nodes[i].inst = Some(inst);
                 nodes[i].session = session;
                 nodes[i].pool.fill(0);
@@ -538,24 +614,26 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
             }
             while let Some(e) = coord.poll_event() {
                 match e {
-                    CoordinatorEvent::Delivered { id, .. } => {
+                    CoordinatorEvent::Delivered { id, leg } => {
                         out.delivered += 1;
+                        let key = (id.to_string(), leg);
+                        let t0 = first_seen.get(&key).copied().unwrap_or(now);
                         assert!(
-                            ended_at_coord.insert(id.to_string()),
-                            "seed {seed}: {id} ended twice"
+                            ended_at_coord.insert(key),
+                            "seed {seed}: {id} (leg {leg}) ended twice"
                         );
-                        let t0 = first_seen.get(id.as_str()).copied().unwrap_or(now);
                         assert!(
                             now - t0 <= bound,
                             "seed {seed}: {id} took {} ms",
                             (now - t0) / MS
                         );
                     }
-                    CoordinatorEvent::Failed { id, reason, .. } => {
+                    CoordinatorEvent::Failed { id, leg, reason } => {
                         out.failed += 1;
-                        ended_at_coord.insert(id.to_string());
+                        let key = (id.to_string(), leg);
+                        let t0 = first_seen.get(&key).copied().unwrap_or(now);
+                        ended_at_coord.insert(key);
                         *out.reasons.entry(reason.as_str().to_string()).or_default() += 1;
-                        let t0 = first_seen.get(id.as_str()).copied().unwrap_or(now);
                         assert!(
                             now - t0 <= bound,
                             "seed {seed}: {id} failed after {} ms",
@@ -645,14 +723,15 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                     InstanceEvent::Received(token) => received.push(token),
                     InstanceEvent::SendFailed { id } => {
                         // Ends within the sender's own staged timeout at most.
-                        if let Some(t0) = staged_at.get(id.as_str()) {
+                        let key = (id.to_string(), i / PER_ROLE);
+                        if let Some(t0) = staged_at.get(&key) {
                             assert!(
                                 now - t0 <= sender_bound,
                                 "seed {seed}: {id} ended at its sender after {} ms",
                                 (now - t0) / MS
                             );
                         }
-                        ended_at_sender.insert(id.to_string());
+                        ended_at_sender.insert(key);
                     }
                     _ => {}
                 }
@@ -673,8 +752,8 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
     out.staged = staged_count;
 
     if trace {
-        for id in expected.keys().filter(|id| !ended_at_coord.contains(*id)) {
-            println!("not ended at the coordinator: {id}");
+        for (id, leg) in expected.keys().filter(|k| !ended_at_coord.contains(*k)) {
+            println!("not ended at the coordinator: {id} (leg {leg})");
         }
     }
     // Every request ended: at the coordinator (once), or at its sender.
@@ -682,10 +761,10 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
     // Owned tables are sized never to fill: nothing the coordinator
     // meant to send was dropped.
     assert_eq!(coord.stats().transmits_dropped, 0);
-    for id in expected.keys() {
+    for key @ (id, leg) in expected.keys() {
         assert!(
-            ended_at_coord.contains(id) || ended_at_sender.contains(id),
-            "seed {seed}: request {id} never ended"
+            ended_at_coord.contains(key) || ended_at_sender.contains(key),
+            "seed {seed}: request {id} (leg {leg}) never ended ({forwarding:?})"
         );
     }
     // Drained: nothing in flight, nothing leaked, capacity all back.
@@ -742,6 +821,7 @@ fn start_instance(
     role: &'static str,
     endpoint: &str,
     plane: Plane,
+    head: Head,
 ) -> (Instance<'static>, String) {
     let Plane { pool, landing } = plane;
     let session = format!("sess-{i}-{inc}");
@@ -761,8 +841,10 @@ fn start_instance(
         reserved_timeout: Duration::from_millis(1500),
         quarantine: Duration::from_nanos(QUARANTINE),
         landing,
-        head: ferry_core::handshake::instance::Head::Ferry,
-        alloc_hold: Duration::from_secs(20),
+        head,
+        // Within the coordinator's alloc timeout and more: a held ALLOC
+        // outlives the coordinator's patience under faults.
+        alloc_hold: Duration::from_millis(100),
     };
     let limits = Limits {
         requests: 48,
@@ -793,10 +875,7 @@ fn land(
     let Some(inst) = node.inst.as_ref() else {
         return;
     };
-    let prealloc = coord
-        .prealloc_for(id)
-        .filter(|(p, _, _)| *p == PeerId(to as u32 + 1))
-        .map(|(_, o, s)| (o, s));
+    let prealloc = coord.prealloc_for(id, PeerId(to as u32 + 1));
     let inside = |(o, s): (u64, u64)| offset >= o && offset + data.len() as u64 <= o + s;
     assert!(
         inst.slot_for(id).is_some_and(inside) || prealloc.is_some_and(inside),
@@ -809,19 +888,24 @@ fn pool_ptr(i: usize, inc: u32) -> u64 {
     0x10_0000_0000 * (i as u64 + 1) + u64::from(inc) * 0x1_0000_0000
 }
 
+/// Stages `data` as request `id` at `node` (the next leg of the delivery
+/// `forward_of`, if given, which ends with it); false if the instance had no
+/// room.
 fn stage_request(
     node: &mut Node,
     id: &str,
     data: &[u8],
     now: u64,
-    expected: &mut HashMap<String, Vec<u8>>,
+    expected: &mut HashMap<Leg, Vec<u8>>,
     count: &mut usize,
-) {
+    forward_of: Option<Token>,
+) -> bool {
+    let leg = node.role;
     let Some(inst) = node.inst.as_mut() else {
-        return;
+        return false;
     };
     let Ok((token, offset)) = inst.stage(id, data.len() as u64) else {
-        return;
+        return false;
     };
     node.pool[offset as usize..offset as usize + data.len()].copy_from_slice(data);
     let dims = [data.len() as u64];
@@ -833,17 +917,20 @@ fn stage_request(
         dtype: "uint8".into(),
     }];
     let scalars = RawJson::parse_object(r#"{"step":1,"cfg":1e-05}"#).unwrap();
-    inst.commit(
-        Instant(now),
-        token,
-        data.len() as u64,
-        &Manifest::Entries(&entries),
-        scalars,
-    )
-    .unwrap();
-    expected.insert(id.to_string(), data.to_vec());
-    node.staged.push(id.to_string());
+    let manifest = Manifest::Entries(&entries);
+    let len = data.len() as u64;
+    match forward_of {
+        Some(rx) => inst
+            .forward(Instant(now), rx, token, len, &manifest, scalars)
+            .unwrap(),
+        None => inst
+            .commit(Instant(now), token, len, &manifest, scalars)
+            .unwrap(),
+    }
+    expected.insert((id.to_string(), leg), data.to_vec());
+    node.staged.push((id.to_string(), leg));
     *count += 1;
+    true
 }
 
 /// Puts `bytes` on the wire with the seed's faults: maybe lost, maybe

@@ -511,27 +511,29 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             .sum()
     }
 
-    /// The preallocated slot assigned (or parked) for request `id`: the
-    /// receiver's peer and the slot's offset and size in its pool.
-    pub fn prealloc_for(&self, id: &str) -> Option<(PeerId, u64, u64)> {
+    /// The preallocated slot of `receiver` assigned (or parked) for
+    /// request `id`: its offset and size in the receiver's pool. One request
+    /// has a transfer per leg, each to another receiver, so the pair names
+    /// one slot.
+    pub fn prealloc_for(&self, id: &str, receiver: PeerId) -> Option<(u64, u64)> {
         let slot = |r: MemberRef, slot_id: u64| {
-            let m = self.member(r)?;
+            let m = self.member(r).filter(|m| m.peer == receiver)?;
             let (s, _) = m.prealloc.get(slot_id)?;
-            Some((m.peer, s.offset, s.size))
+            Some((s.offset, s.size))
         };
         let live = self
             .transfers
             .iter()
             .flatten()
-            .find(|t| t.id.as_str() == id);
-        if let Some(found) = live.and_then(|t| slot(t.receiver?, t.prealloc?)) {
-            return Some(found);
-        }
-        self.parked
-            .iter()
-            .flatten()
-            .filter(|p| p.id.as_str() == id)
-            .find_map(|p| slot(p.member, p.slot_id))
+            .filter(|t| t.id.as_str() == id)
+            .find_map(|t| slot(t.receiver?, t.prealloc?));
+        live.or_else(|| {
+            self.parked
+                .iter()
+                .flatten()
+                .filter(|p| p.id.as_str() == id)
+                .find_map(|p| slot(p.member, p.slot_id))
+        })
     }
 
     /// Handles a message from `from`. `Err` says why it was ignored; it
