@@ -1,6 +1,6 @@
-//! Forwarding (a received request's next leg staged in one message, as
-//! sglang's denoiser does) and, under sglang's head, `transfer_alloc`s
-//! held until room frees.
+//! Forwarding (a received request let go of and its next leg staged in one
+//! step; under sglang's head in one message, as its denoiser sends it) and,
+//! under sglang's head, `transfer_alloc`s held until room frees.
 
 use super::*;
 
