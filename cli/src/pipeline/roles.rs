@@ -478,6 +478,36 @@ pub(crate) fn stage_with_patience<'n, 'a, S: ControlSend + Send + 'static>(
     }
 }
 
+/// A denoiser's hand-off: stages the denoised latents of request `n` under
+/// the delivery's id (waiting up to 30 s for room) and forwards them with
+/// `scalar_fields`, which lets go of the delivery. On an error the
+/// delivery is failed.
+pub(crate) fn forward_denoised<S: ControlSend + Send + 'static>(
+    node: &InstanceNode<S>,
+    d: Delivery<'_, S>,
+    n: u64,
+    scalar_fields: &str,
+) -> Result<(), NodeError> {
+    let id = d.id().to_owned();
+    let specs = data::denoiser_tensors();
+    let staged = stage_with_patience(node, &id, &specs, Duration::from_secs(30), || {
+        std::thread::sleep(Duration::from_millis(1));
+    });
+    let mut staged = match staged {
+        Ok(s) => s,
+        Err(e) => {
+            d.fail("no room to stage the denoised latents");
+            return Err(e);
+        }
+    };
+    if let Some(t) = staged.tensor_mut(0) {
+        data::fill_denoised(t, n);
+    }
+    // The next leg staged and the input let go of at once (one message
+    // under sglang's head).
+    staged.forward(d, scalar_fields)
+}
+
 /// The encoder: sends `requests` requests, at most `window` in flight.
 fn encode<S: ControlSend + Send + 'static>(
     node: &InstanceNode<S>,
@@ -589,7 +619,6 @@ fn serve<S: ControlSend + Send + 'static>(
     hold: Duration,
     workload: Workload,
 ) -> Result<(), NodeError> {
-    let specs = data::denoiser_tensors();
     while !done.load(Ordering::Relaxed) {
         drain_outcomes(node, tally, Duration::ZERO);
         let Some(d) = node.recv(Duration::from_millis(20)) else {
@@ -631,26 +660,7 @@ fn serve<S: ControlSend + Send + 'static>(
         }
         // Forward before letting go of the input, as a denoiser would.
         let id = d.id().to_owned();
-        let staged = stage_with_patience(node, &id, &specs, Duration::from_secs(30), || {
-            std::thread::sleep(Duration::from_millis(1));
-        });
-        let mut staged = match staged {
-            Ok(s) => s,
-            Err(e) => {
-                tally.forward_failed += 1;
-                emit_json(
-                    &serde_json::json!({"event": "forward_failed", "id": id, "error": e.to_string()}),
-                );
-                d.fail("could not forward");
-                continue;
-            }
-        };
-        if let Some(t) = staged.tensor_mut(0) {
-            data::fill_denoised(t, n);
-        }
-        // The next leg staged and the input let go of at once (one
-        // message under sglang's head); on an error the delivery is failed.
-        match staged.forward(d, &scalars(n)) {
+        match forward_denoised(node, d, n, &scalars(n)) {
             Ok(()) => tally.forwarded += 1,
             Err(e) => {
                 tally.forward_failed += 1;

@@ -24,7 +24,7 @@ use ferry_core::transport::ControlSendParts;
 use serde_json::json;
 
 use super::data;
-use super::roles::{emit_json, stage_with_patience};
+use super::roles::{emit_json, forward_denoised, stage_with_patience};
 
 /// The decoder's output: a 64×64 RGB image of `uint8`.
 pub const OUTPUT_SHAPE: [u64; 3] = [64, 64, 3];
@@ -194,23 +194,7 @@ where
     S::Error: Send + Sync + 'static,
 {
     let id = d.id().to_owned();
-    let specs = data::denoiser_tensors();
-    let staged = stage_with_patience(node, &id, &specs, Duration::from_secs(30), || {
-        std::thread::sleep(Duration::from_millis(1));
-    });
-    let mut staging = match staged {
-        Ok(s) => s,
-        Err(e) => {
-            tally.errors += 1;
-            emit_json(&json!({"event": "forward_failed", "id": id, "error": e.to_string()}));
-            d.fail("no room to stage the denoised latents");
-            return;
-        }
-    };
-    if let Some(t) = staging.tensor_mut(0) {
-        data::fill_denoised(t, n);
-    }
-    match staging.forward(d, &json!({"request_id": id}).to_string()) {
+    match forward_denoised(node, d, n, &json!({"request_id": id}).to_string()) {
         Ok(()) => tally.staged += 1,
         Err(e) => {
             tally.errors += 1;

@@ -80,8 +80,8 @@ impl<'s> Instance<'s> {
     /// Gives held `transfer_alloc`s the room that freed, oldest first.
     pub(super) fn retry_held(&mut self, now: Instant) {
         self.last_now = self.last_now.max(now);
-        if self.stats.allocs_held == 0 {
-            // Nothing was ever held (always so under ferry's coordinator).
+        if self.config.head != Head::Sglang {
+            // Only that head's ALLOCs are ever held.
             return;
         }
         loop {
