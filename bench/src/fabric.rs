@@ -19,6 +19,7 @@ use ferry_fabric::FabricConfig;
 use ferry_shm::UdsSender;
 
 use crate::handoff::bind;
+use ferry::runtime::telemetry::Telemetry;
 use ferry::runtime::{
     CoordinatorNode, CoordinatorSettings, InstanceNode, InstanceSettings, NodeError,
 };
@@ -71,7 +72,12 @@ struct Rig {
     receiver: Arc<InstanceNode<UdsSender>>,
 }
 
-fn rig(config: &FabricConfig, slot: u64, window: usize) -> Result<Rig, NodeError> {
+fn rig(
+    config: &FabricConfig,
+    slot: u64,
+    window: usize,
+    telemetry: &Telemetry,
+) -> Result<Rig, NodeError> {
     let coordinator = CoordinatorNode::start(
         &CoordinatorSettings::new(&["sender", "receiver"]),
         bind("coord")?,
@@ -88,6 +94,9 @@ fn rig(config: &FabricConfig, slot: u64, window: usize) -> Result<Rig, NodeError
     let receiver = ferry::runtime::fabric::start_instance(&r, 2 * pool, config, bind("receiver")?)?;
     sender.wait_registered(Duration::from_secs(10))?;
     receiver.wait_registered(Duration::from_secs(10))?;
+    telemetry.add_coordinator(coordinator.probe());
+    telemetry.add_instance(sender.probe(), "sender");
+    telemetry.add_instance(receiver.probe(), "receiver");
     Ok(Rig {
         _coordinator: coordinator,
         sender,
@@ -196,12 +205,14 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Measures each size in alternating rounds of ferry and the baseline;
-/// `progress(size)` is told as each starts.
+/// `progress(size)` is told as each starts. Each size's nodes are added
+/// to `telemetry` while they run.
 pub fn measure(
     config: &FabricConfig,
     sizes: &[u64],
     window: usize,
     per_size: Duration,
+    telemetry: &Telemetry,
     mut progress: impl FnMut(u64),
 ) -> Result<Report, String> {
     let mut rows = Vec::new();
@@ -212,7 +223,8 @@ pub fn measure(
         let slot = size.next_power_of_two().max(1 << 20);
         // The coordinator takes at most 16 preallocated slots.
         let window = window.clamp(1, (POOL_BUDGET / 2 / slot).clamp(1, 16) as usize);
-        let rig = rig(config, slot, window).map_err(|e| format!("ferry over libfabric: {e}"))?;
+        let rig = rig(config, slot, window, telemetry)
+            .map_err(|e| format!("ferry over libfabric: {e}"))?;
         // The baseline cycles through as many slot-sized places as ferry's
         // sender has slots.
         let pool = usize::try_from(slot * window as u64).unwrap_or(usize::MAX);

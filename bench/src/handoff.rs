@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use ferry_shm::UdsChannel;
 
 use ferry::runtime::shm::{start_instance, CopySettings, ShmInstance};
+use ferry::runtime::telemetry::Telemetry;
 use ferry::runtime::{CoordinatorNode, CoordinatorSettings, InstanceSettings, NodeError};
 
 /// Sizes measured by default: 4 KiB to 256 MiB.
@@ -81,7 +82,7 @@ pub(crate) fn bind(tag: &str) -> Result<UdsChannel, NodeError> {
     })
 }
 
-fn rig(largest: u64, copy: CopySettings) -> Result<Rig, NodeError> {
+fn rig(largest: u64, copy: CopySettings, telemetry: &Telemetry) -> Result<Rig, NodeError> {
     let coordinator = CoordinatorNode::start(
         &CoordinatorSettings::new(&["sender", "receiver"]),
         bind("coord")?,
@@ -97,6 +98,9 @@ fn rig(largest: u64, copy: CopySettings) -> Result<Rig, NodeError> {
     let receiver = start_instance(&r, pool, copy, &endpoint("receiver"))?;
     sender.wait_registered(Duration::from_secs(10))?;
     receiver.wait_registered(Duration::from_secs(10))?;
+    telemetry.add_coordinator(coordinator.probe());
+    telemetry.add_instance(sender.probe(), "sender");
+    telemetry.add_instance(receiver.probe(), "receiver");
     Ok(Rig {
         _coordinator: coordinator,
         sender,
@@ -105,15 +109,17 @@ fn rig(largest: u64, copy: CopySettings) -> Result<Rig, NodeError> {
 }
 
 /// Times hand-offs of each size for about `per_size` (at least 5, at most
-/// 10,000 each); `progress(size, done, of)` is told as it goes.
+/// 10,000 each); `progress(size, done, of)` is told as it goes. The
+/// nodes are added to `telemetry` while they run.
 pub fn measure(
     sizes: &[u64],
     per_size: Duration,
     copy: CopySettings,
+    telemetry: &Telemetry,
     mut progress: impl FnMut(u64, usize),
 ) -> Result<Vec<Row>, NodeError> {
     let largest = sizes.iter().copied().max().unwrap_or(4096);
-    let rig = rig(largest, copy)?;
+    let rig = rig(largest, copy, telemetry)?;
     let mut src = vec![0x5au8; largest as usize];
     let mut dst = vec![0u8; largest as usize];
     // Touch both private buffers once so memcpy pays no page faults.

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ferry_bench::wire::{self as wire_bench, Rate};
+use ferry_cli::metrics_http::MetricsServer;
 use ferry_cli::wire_text::{canon_line, pretty};
 
 /// ferry: tensor transfer for disaggregated diffusion serving.
@@ -43,6 +44,10 @@ enum Command {
     /// Measure ferry on this machine (no subcommand: hand-offs through
     /// the full handshake on the shared-memory loopback, against memcpy).
     Bench(Bench),
+    /// What this host offers the data planes and what ferry would choose:
+    /// libfabric providers and their domains, RDMA devices, ports and GID
+    /// tables (or why there are none).
+    Devices(ferry_cli::devices::DevicesArgs),
 }
 
 #[derive(Args)]
@@ -81,6 +86,23 @@ struct BenchHandoff {
     /// Transfers in flight at once (fabric).
     #[arg(long, default_value_t = 8)]
     window: usize,
+    /// Serve the measured nodes' Prometheus metrics over HTTP at this
+    /// address:port while the benchmark runs (port 0 picks a free one).
+    #[arg(long, env = "FERRY_METRICS_LISTEN")]
+    metrics_listen: Option<String>,
+}
+
+/// The benchmark's metrics endpoint, if asked for; says where on stderr.
+fn bench_metrics(
+    args: &BenchHandoff,
+) -> Result<(ferry::runtime::telemetry::Telemetry, Option<MetricsServer>), String> {
+    let telemetry = ferry::runtime::telemetry::Telemetry::new();
+    let Some(listen) = &args.metrics_listen else {
+        return Ok((telemetry, None));
+    };
+    let server = MetricsServer::start(listen, telemetry.clone())?;
+    eprintln!("ferry bench: metrics at {}", server.url());
+    Ok((telemetry, Some(server)))
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -149,7 +171,8 @@ fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
     }
     let mut last = (0, 0);
     let tty = io::stderr().is_terminal();
-    let rows = ferry_bench::handoff::measure(&sizes, per_size, copy, |size, done| {
+    let (telemetry, _metrics) = bench_metrics(args)?;
+    let rows = ferry_bench::handoff::measure(&sizes, per_size, copy, &telemetry, |size, done| {
         if tty && (size, done / 10) != last {
             last = (size, done / 10);
             eprint!("\r{:>8}: {done:>5} hand-offs", human(size));
@@ -215,11 +238,13 @@ fn bench_fabric(args: &BenchHandoff) -> Result<(), String> {
         args.sizes.clone()
     };
     let tty = io::stderr().is_terminal();
+    let (telemetry, _metrics) = bench_metrics(args)?;
     let report = ferry_bench::fabric::measure(
         &config,
         &sizes,
         args.window,
         duration(args.seconds)?,
+        &telemetry,
         |size| {
             if tty {
                 eprint!("\r{:>8} ...", human(size));
@@ -453,6 +478,15 @@ fn main() -> ExitCode {
         Command::Pipeline(args) => return ferry_cli::pipeline::main(args, &["pipeline"]),
         Command::Coordinator(args) => return ferry_cli::pipeline::coordinator_main(&args),
         Command::Instance(args) => return ferry_cli::pipeline::instance_main(&args),
+        Command::Devices(args) => {
+            let report = ferry_cli::devices::report(&args);
+            if args.json {
+                println!("{report}");
+            } else {
+                print!("{}", ferry_cli::devices::text(&report));
+            }
+            Ok(())
+        }
         Command::BenchEcho { listen, reply_to } => {
             ferry_bench::control::echo(&listen, &reply_to).map_err(|e| format!("bench echo: {e}"))
         }

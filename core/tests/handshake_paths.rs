@@ -346,12 +346,61 @@ fn fast_path_uses_a_preallocated_slot() {
     assert_eq!(w.delivered(), 1);
     // staged, pushed and done were each traced to their sender by content.
     assert_eq!(w.judged, 3);
-    assert!(w.inst_events.contains(&(
-        0,
-        InstanceEvent::Sent {
-            id: RequestId::new("r1").unwrap()
-        }
-    )));
+    assert!(w.inst_events.iter().any(
+        |(i, e)| *i == 0 && matches!(e, InstanceEvent::Sent { id, .. } if id.as_str() == "r1")
+    ));
+    w.assert_clean();
+}
+
+#[test]
+fn each_phase_of_a_hand_off_is_timed_on_the_given_clock() {
+    world!(w, 8);
+    w.writes = None;
+    w.stage(0, "r1", 6 * KIB);
+    // The push went out at once (fast path); the write takes 3 ms.
+    w.advance(3);
+    let (i, write) = w.pending.pop().unwrap();
+    w.insts[i]
+        .handle_completion(w.now, write.token, Ok(()))
+        .unwrap();
+    w.pump();
+    let sent: Vec<_> = w
+        .inst_events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            InstanceEvent::Sent { timing, .. } => Some(*timing),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        [SendTiming {
+            queued: Duration::ZERO,
+            written: Duration::from_millis(3),
+        }]
+    );
+    // The receiver holds it for 2 ms.
+    let [token] = w.received(1)[..] else {
+        panic!("{:?}", w.inst_events)
+    };
+    w.advance(2);
+    w.insts[1].release(token, None).unwrap();
+    w.pump();
+    let timing: Vec<_> = w
+        .coord_events
+        .iter()
+        .filter_map(|e| match e {
+            CoordinatorEvent::Delivered { timing, .. } => Some(*timing),
+            _ => None,
+        })
+        .collect();
+    let expected = LegTiming {
+        queued: Duration::ZERO,
+        written: Duration::from_millis(3),
+        consumed: Duration::from_millis(2),
+    };
+    assert_eq!(timing, [expected]);
+    assert_eq!(expected.to_ready(), Duration::from_millis(3));
     w.assert_clean();
 }
 
@@ -800,7 +849,7 @@ fn one_request_id_passes_through_every_leg() {
         .coord_events
         .iter()
         .filter_map(|e| match e {
-            CoordinatorEvent::Delivered { id, leg } => Some((id.as_str(), *leg)),
+            CoordinatorEvent::Delivered { id, leg, .. } => Some((id.as_str(), *leg)),
             _ => None,
         })
         .collect();
@@ -1422,4 +1471,17 @@ fn under_sglangs_head_a_failed_write_is_not_announced_as_pushed() {
             id: RequestId::new("r1").unwrap()
         }));
     assert_eq!(inst.requests_held(), 0);
+}
+
+#[test]
+fn every_fail_reason_has_its_place_and_a_distinct_label() {
+    let mut codes = std::collections::HashSet::new();
+    for (i, r) in FailReason::ALL.iter().enumerate() {
+        assert_eq!(r.index(), i, "{r:?}");
+        assert!(codes.insert(r.code()), "{r:?}: {} twice", r.code());
+        assert!(r
+            .code()
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b == b'_'));
+    }
 }

@@ -614,10 +614,18 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
             }
             while let Some(e) = coord.poll_event() {
                 match e {
-                    CoordinatorEvent::Delivered { id, leg } => {
+                    CoordinatorEvent::Delivered { id, leg, timing } => {
                         out.delivered += 1;
                         let key = (id.to_string(), leg);
                         let t0 = first_seen.get(&key).copied().unwrap_or(now);
+                        // The phases follow one another within the leg's
+                        // life at the coordinator.
+                        let phases = timing.queued + timing.written + timing.consumed;
+                        assert!(
+                            phases <= Duration::from_nanos(now - t0),
+                            "seed {seed}: {id} (leg {leg}) phases {timing:?} exceed its {} ns",
+                            now - t0
+                        );
                         assert!(
                             ended_at_coord.insert(key),
                             "seed {seed}: {id} (leg {leg}) ended twice"

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -27,6 +27,7 @@ use tracing::{debug, info, warn};
 use super::clock::Clock;
 use super::error::NodeError;
 use super::metrics::{Metrics, MetricsSnapshot};
+use super::telemetry::CoordinatorProbe;
 
 /// Preallocated slots a coordinator keeps per instance.
 pub const PREALLOC_PER_INSTANCE: usize = 16;
@@ -107,8 +108,7 @@ pub struct CoordinatorSnapshot {
 
 struct Shared {
     stop: AtomicBool,
-    metrics: Metrics,
-    snapshot: Mutex<CoordinatorSnapshot>,
+    probe: Arc<CoordinatorProbe>,
 }
 
 /// A running coordinator.
@@ -156,8 +156,7 @@ impl CoordinatorNode {
         let endpoint = rx.local_endpoint().to_owned();
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
-            metrics: Metrics::default(),
-            snapshot: Mutex::new(CoordinatorSnapshot::default()),
+            probe: Arc::new(CoordinatorProbe::new(&settings.pipeline)),
         });
         let mut progress = Progress {
             shared: Arc::clone(&shared),
@@ -191,13 +190,15 @@ impl CoordinatorNode {
 
     /// Figures as of the progress thread's last turn.
     pub fn snapshot(&self) -> CoordinatorSnapshot {
-        let mut s = *self
-            .shared
-            .snapshot
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        s.metrics = self.shared.metrics.snapshot();
-        s
+        self.shared.probe.snapshot()
+    }
+
+    /// What this coordinator measures (counters, per-leg latencies and
+    /// failures by reason), readable from any thread while it runs and
+    /// served to Prometheus by adding it to a
+    /// [`Telemetry`](super::telemetry::Telemetry).
+    pub fn probe(&self) -> &Arc<CoordinatorProbe> {
+        &self.shared.probe
     }
 }
 
@@ -262,7 +263,7 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             result_endpoints,
             ..
         } = self;
-        let m = &shared.metrics;
+        let m = &shared.probe.metrics;
         let msg = match rx.recv(buf, wait) {
             Ok(Some(ChannelEvent::Message(msg))) => msg,
             Ok(Some(ChannelEvent::Gone { from })) => {
@@ -355,9 +356,9 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
                     continue;
                 };
                 match tx.send(to, TRANSFER_MAGIC, &out[..t.len]) {
-                    Ok(()) => Metrics::add(&shared.metrics.messages_out, 1),
+                    Ok(()) => Metrics::add(&shared.probe.metrics.messages_out, 1),
                     Err(e) => {
-                        Metrics::add(&shared.metrics.send_errors, 1);
+                        Metrics::add(&shared.probe.metrics.send_errors, 1);
                         warn!(peer = %to, error = %e, "control send failed");
                         if e.kind() == FaultKind::PeerGone && !lost.contains(&t.to) {
                             lost.push(t.to);
@@ -371,7 +372,7 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             // Dropping a peer fails its transfers, which queues aborts to
             // the others: send those too.
             for peer in lost.drain(..) {
-                Metrics::add(&shared.metrics.peers_lost, 1);
+                Metrics::add(&shared.probe.metrics.peers_lost, 1);
                 machine.peer_lost(now, peer);
             }
         }
@@ -380,8 +381,12 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
                 CoordinatorEvent::Registered { peer, role, .. } => {
                     info!(peer = ?peers.get((peer.0 as usize).wrapping_sub(1)), role, "instance registered");
                 }
-                CoordinatorEvent::Delivered { id, leg } => debug!(%id, leg, "delivered"),
+                CoordinatorEvent::Delivered { id, leg, timing } => {
+                    shared.probe.delivered(*leg, timing);
+                    debug!(%id, leg, ?timing, "delivered");
+                }
                 CoordinatorEvent::Failed { id, leg, reason } => {
+                    shared.probe.failed(*leg, *reason);
                     info!(%id, leg, %reason, "transfer failed");
                 }
             }
@@ -394,9 +399,6 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             prealloc_taken: machine.prealloc_taken(),
             metrics: MetricsSnapshot::default(),
         };
-        *shared
-            .snapshot
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = snap;
+        shared.probe.set_snapshot(snap);
     }
 }

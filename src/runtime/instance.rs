@@ -36,6 +36,7 @@ use super::clock::Clock;
 use super::error::NodeError;
 use super::memory::PoolMemory;
 use super::metrics::{Metrics, MetricsSnapshot};
+use super::telemetry::{InstanceGauges, InstanceProbe};
 
 /// Most tensors one request carries.
 pub const MAX_TENSORS: usize = 32;
@@ -179,7 +180,7 @@ struct State<S> {
     /// Encoding buffer for outgoing messages.
     out: Vec<u8>,
     /// Transfers received, with when they arrived.
-    received: VecDeque<(Token, SystemTime)>,
+    received: VecDeque<(Token, Arrival)>,
     outcomes: VecDeque<Outcome>,
     /// Metadata buffers for deliveries, reused.
     meta_free: Vec<Vec<u8>>,
@@ -191,7 +192,7 @@ struct Shared<S> {
     state: Mutex<State<S>>,
     changed: Condvar,
     stop: AtomicBool,
-    metrics: Metrics,
+    probe: Arc<InstanceProbe>,
     clock: Clock,
     memory: PoolMemory,
 }
@@ -225,9 +226,9 @@ impl<S: ControlSend> Shared<S> {
                 }
             };
             match tx.send(coordinator, TRANSFER_MAGIC, &out[..n]) {
-                Ok(()) => Metrics::add(&self.metrics.messages_out, 1),
+                Ok(()) => Metrics::add(&self.probe.metrics.messages_out, 1),
                 Err(e) => {
-                    Metrics::add(&self.metrics.send_errors, 1);
+                    Metrics::add(&self.probe.metrics.send_errors, 1);
                     warn!(coordinator = %coordinator, error = %e, "control send failed");
                     lost |= e.kind() == ferry_core::transport::FaultKind::PeerGone;
                 }
@@ -247,16 +248,17 @@ impl<S: ControlSend> Shared<S> {
                     warn!(coordinator = %coordinator, "registration refused");
                 }
                 InstanceEvent::Received(t) => {
-                    Metrics::add(&self.metrics.received, 1);
-                    received.push_back((t, SystemTime::now()));
+                    Metrics::add(&self.probe.metrics.received, 1);
+                    received.push_back((t, Arrival::now()));
                 }
-                InstanceEvent::Sent { id } => {
-                    Metrics::add(&self.metrics.sent, 1);
+                InstanceEvent::Sent { id, timing } => {
+                    self.probe.sent(&timing);
+                    Metrics::add(&self.probe.metrics.sent, 1);
                     debug!(%id, "sent");
                     push_bounded(outcomes, Outcome { id, sent: true });
                 }
                 InstanceEvent::SendFailed { id } => {
-                    Metrics::add(&self.metrics.send_failed, 1);
+                    Metrics::add(&self.probe.metrics.send_failed, 1);
                     info!(%id, "send failed");
                     push_bounded(outcomes, Outcome { id, sent: false });
                 }
@@ -264,15 +266,39 @@ impl<S: ControlSend> Shared<S> {
                     // The application sees it on the delivery
                     // (`Delivery::is_aborted`); its release still frees
                     // the slot.
-                    Metrics::add(&self.metrics.aborted, 1);
+                    Metrics::add(&self.probe.metrics.aborted, 1);
                     if let Some(rx) = machine.received(t) {
                         info!(id = rx.id, "a held transfer was aborted by the coordinator");
                     }
                 }
             }
         }
+        let gauges = InstanceGauges {
+            requests_held: machine.requests_held() as u64,
+            prealloc_in_use: machine.prealloc_in_use() as u64,
+            prealloc_slots: machine.prealloc_slots().len() as u64,
+            live_slots: machine.pool().stats().live_slots,
+        };
+        self.probe.set_state(gauges, *machine.stats());
         if woke {
             self.changed.notify_all();
+        }
+    }
+}
+
+/// When a transfer reached this node: on the wall clock for the
+/// application, on the monotonic one for its hold time.
+#[derive(Clone, Copy, Debug)]
+struct Arrival {
+    wall: SystemTime,
+    at: std::time::Instant,
+}
+
+impl Arrival {
+    fn now() -> Self {
+        Self {
+            wall: SystemTime::now(),
+            at: std::time::Instant::now(),
         }
     }
 }
@@ -381,7 +407,7 @@ where
             }),
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
-            metrics: Metrics::default(),
+            probe: Arc::new(InstanceProbe::new(&settings.role)),
             clock,
             memory,
         });
@@ -550,12 +576,19 @@ where
         st.frames.pop_front()
     }
 
+    /// What this node measures (counters, gauges, latencies), readable
+    /// from any thread while it runs and served to Prometheus by adding it
+    /// to a [`Telemetry`](super::telemetry::Telemetry).
+    pub fn probe(&self) -> &Arc<InstanceProbe> {
+        &self.shared.probe
+    }
+
     /// Figures now.
     pub fn stats(&self) -> NodeStats {
         let st = self.shared.lock();
         let m = &st.machine;
         NodeStats {
-            metrics: self.shared.metrics.snapshot(),
+            metrics: self.shared.probe.metrics.snapshot(),
             instance: *m.stats(),
             requests_held: m.requests_held(),
             prealloc_in_use: m.prealloc_in_use(),
@@ -564,14 +597,15 @@ where
         }
     }
 
-    fn release(&self, token: Token, error: Option<&str>, meta: Vec<u8>) {
+    fn release(&self, token: Token, error: Option<&str>, meta: Vec<u8>, arrived: Arrival) {
+        self.shared.probe.hold.observe(arrived.at.elapsed());
         let mut st = self.shared.lock();
         st.meta_free.push(meta);
         if let Err(e) = st.machine.release(token, error) {
             debug!(error = %e, "release of a transfer no longer held");
             return;
         }
-        Metrics::add(&self.shared.metrics.released, 1);
+        Metrics::add(&self.shared.probe.metrics.released, 1);
         self.shared.drive(&mut st, self.shared.clock.now());
     }
 }
@@ -592,11 +626,11 @@ where
         } = &mut *st;
         match tx.send_parts(coordinator, frames) {
             Ok(()) => {
-                Metrics::add(&self.shared.metrics.messages_out, 1);
+                Metrics::add(&self.shared.probe.metrics.messages_out, 1);
                 Ok(())
             }
             Err(e) => {
-                Metrics::add(&self.shared.metrics.send_errors, 1);
+                Metrics::add(&self.shared.probe.metrics.send_errors, 1);
                 Err(NodeError::Send {
                     to: coordinator.clone(),
                     source: Box::new(e),
@@ -664,7 +698,7 @@ impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
         st.machine
             .commit(now, token, self.data_size, &manifest, scalars)?;
         self.token = None;
-        Metrics::add(&shared.metrics.staged, 1);
+        Metrics::add(&shared.probe.metrics.staged, 1);
         shared.drive(&mut st, now);
         Ok(())
     }
@@ -717,8 +751,9 @@ impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
         self.token = None;
         delivery.token = None;
         st.meta_free.push(std::mem::take(&mut delivery.meta));
-        Metrics::add(&shared.metrics.staged, 1);
-        Metrics::add(&shared.metrics.released, 1);
+        shared.probe.hold.observe(delivery.arrived.at.elapsed());
+        Metrics::add(&shared.probe.metrics.staged, 1);
+        Metrics::add(&shared.probe.metrics.released, 1);
         shared.drive(&mut st, now);
         Ok(())
     }
@@ -760,7 +795,7 @@ impl TensorView<'_> {
 pub struct Delivery<'n, S: ControlSend + Send + 'static> {
     node: &'n InstanceNode<S>,
     token: Option<Token>,
-    arrived: SystemTime,
+    arrived: Arrival,
     meta: Vec<u8>,
     id_len: usize,
     manifest_len: usize,
@@ -777,7 +812,7 @@ impl<S: ControlSend + Send + 'static> Delivery<'_, S> {
     /// When the transfer reached this node (its `transfer_ready` was
     /// accepted), on the wall clock so that it compares across processes.
     pub fn arrived(&self) -> SystemTime {
-        self.arrived
+        self.arrived.wall
     }
 
     /// The request id.
@@ -855,7 +890,7 @@ impl<S: ControlSend + Send + 'static> Delivery<'_, S> {
     fn finish(&mut self, error: Option<&str>) {
         if let Some(token) = self.token.take() {
             let meta = std::mem::take(&mut self.meta);
-            self.node.release(token, error, meta);
+            self.node.release(token, error, meta, self.arrived);
         }
     }
 }
@@ -919,7 +954,7 @@ where
 
     fn receive(&mut self, wait: Duration) {
         let shared = &*self.shared;
-        let m = &shared.metrics;
+        let m = &shared.probe.metrics;
         let got = match self.wake {
             Some(fd) => self.rx.recv_or_wake(&mut self.buf, wait, fd),
             None => self.rx.recv(&mut self.buf, wait),
@@ -997,7 +1032,7 @@ where
     }
 
     fn post_writes(&mut self) {
-        let m = &self.shared.metrics;
+        let m = &self.shared.probe.metrics;
         for w in self.writes.drain(..) {
             let _span = debug_span!("write", id = %w.id, len = w.len).entered();
             Metrics::add(&m.writes, 1);
@@ -1012,7 +1047,7 @@ where
             }) {
                 Ok(()) => self.in_flight += 1,
                 Err(e) => {
-                    Metrics::add(&m.write_errors, 1);
+                    self.shared.probe.write_failed(e.kind());
                     warn!(id = %w.id, dest = %w.dest_session, error = %e, "write not posted");
                     self.done.push((w.token, Err(reason(&e))));
                 }
@@ -1021,14 +1056,14 @@ where
     }
 
     fn reap(&mut self) {
-        let m = &self.shared.metrics;
+        let m = &self.shared.probe.metrics;
         while let Some(c) = self.transport.poll_completion() {
             self.in_flight = self.in_flight.saturating_sub(1);
             let token = Token::from_cookie(c.cookie);
             match c.result {
                 Ok(()) => self.done.push((token, Ok(()))),
                 Err(e) => {
-                    Metrics::add(&m.write_errors, 1);
+                    self.shared.probe.write_failed(e.kind());
                     warn!(error = %e, "write failed");
                     self.done.push((token, Err(reason(&e))));
                 }

@@ -11,8 +11,9 @@
 //! * `verbs` (cargo feature `verbs`): instances over RC queue pairs on an
 //!   InfiniBand or RoCE NIC.
 //!
-//! Every hand-off is traced (`tracing`, target `ferry`) and counted
-//! ([`MetricsSnapshot`]).
+//! Every hand-off is traced (`tracing`, target `ferry`), counted
+//! ([`MetricsSnapshot`]) and timed ([`telemetry`], which also serves it
+//! all to Prometheus).
 
 mod clock;
 mod coordinator;
@@ -25,6 +26,7 @@ mod metrics;
 #[cfg(any(feature = "fabric", feature = "verbs"))]
 pub mod owned;
 pub mod shm;
+pub mod telemetry;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 

@@ -22,6 +22,7 @@
 
 pub mod baseline;
 mod error;
+pub mod listing;
 pub mod mr;
 pub mod notice;
 pub mod ofi;

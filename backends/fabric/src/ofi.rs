@@ -146,6 +146,61 @@ impl Info {
             })
     }
 
+    /// Every endpoint type of every provider libfabric offers on this host
+    /// (`fi_getinfo` without hints), as `fi_info -l` lists them.
+    pub fn all() -> Result<Self, FabricError> {
+        let mut out = ptr::null_mut();
+        // SAFETY: null node, service and hints ask for everything; `out`
+        // receives a list this handle frees.
+        let ret = unsafe {
+            sys::fi_getinfo(
+                API_VERSION,
+                ptr::null(),
+                ptr::null(),
+                0,
+                ptr::null_mut(),
+                &mut out,
+            )
+        };
+        check(Call::GetInfo, ret as isize, None)?;
+        NonNull::new(out)
+            .map(|ptr| Self { ptr })
+            .ok_or_else(|| FabricError::Call {
+                call: Call::GetInfo,
+                errno: sys::FI_ENODATA as i32,
+                text: strerror(sys::FI_ENODATA as i32),
+                peer: None,
+            })
+    }
+
+    /// Provider, fabric and domain names of every entry of the list.
+    pub fn entries(&self) -> Vec<(String, String, String)> {
+        let mut out = Vec::new();
+        let mut p: *const sys::fi_info = self.ptr.as_ptr();
+        while !p.is_null() {
+            // SAFETY: an entry of the list fi_getinfo returned, alive while
+            // self is; its attribute pointers are filled (or null, which
+            // `text` takes).
+            let (prov, fabric, domain, next) = unsafe {
+                let i = &*p;
+                let (prov, fabric) = if i.fabric_attr.is_null() {
+                    (ptr::null_mut(), ptr::null_mut())
+                } else {
+                    ((*i.fabric_attr).prov_name, (*i.fabric_attr).name)
+                };
+                let domain = if i.domain_attr.is_null() {
+                    ptr::null_mut()
+                } else {
+                    (*i.domain_attr).name
+                };
+                (prov, fabric, domain, i.next)
+            };
+            out.push((Self::text(prov), Self::text(fabric), Self::text(domain)));
+            p = next;
+        }
+        out
+    }
+
     fn info(&self) -> &sys::fi_info {
         // SAFETY: the first entry of a list fi_getinfo returned, alive
         // while self is.

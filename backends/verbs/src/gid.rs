@@ -37,6 +37,26 @@ pub fn gid_text(gid: &[u8; 16]) -> String {
     std::net::Ipv6Addr::from(*gid).to_string()
 }
 
+/// Why [`choose`] picked `entry`, in words for an operator.
+pub fn why_chosen(link: LinkLayer, entry: &GidEntry, choice: GidChoice) -> &'static str {
+    if let GidChoice::Index(_) = choice {
+        return "configured (--gid-index)";
+    }
+    match (link, entry.kind) {
+        (LinkLayer::InfiniBand, _) => "InfiniBand: the port GID, lowest index",
+        (LinkLayer::Ethernet, GidKind::RoceV2) if is_ipv4_mapped(&entry.gid) => {
+            "RoCE v2 with an IPv4-mapped address: routable, what data-centre fabrics run"
+        }
+        (LinkLayer::Ethernet, GidKind::RoceV2) if !is_link_local(&entry.gid) => {
+            "RoCE v2 with a global IPv6 address: no IPv4-mapped RoCE v2 entry"
+        }
+        (LinkLayer::Ethernet, GidKind::RoceV2) => {
+            "RoCE v2, link-local only: peers must share the L2 segment"
+        }
+        (LinkLayer::Ethernet, _) => "RoCE v1 only: not routable; peers must share the L2 segment",
+    }
+}
+
 /// Picks the entry to use, or says why none fits.
 pub fn choose(link: LinkLayer, table: &[GidEntry], choice: GidChoice) -> Result<GidEntry, String> {
     let listing = || {

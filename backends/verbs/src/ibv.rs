@@ -98,7 +98,7 @@ pub fn test_device() -> Result<String, String> {
     let here = match device_names() {
         Ok(names) if names.is_empty() => "this machine has no RDMA device".to_owned(),
         Ok(names) => format!("devices here: {}", names.join(", ")),
-        Err(e) => format!("no RDMA device can exist here: {e}{}", hint(&e)),
+        Err(e) => why_none(&e),
     };
     Err(format!(
         "{TEST_DEVICE_VAR} is not set ({here}); set it to an RDMA device, e.g. {TEST_DEVICE_VAR}=rxe0"
@@ -128,6 +128,12 @@ pub fn skip(why: &str) {
     );
     use std::io::Write as _;
     let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
+}
+
+/// Why listing the devices failed: the verb, its errno, and what that
+/// usually means.
+pub(crate) fn why_none(e: &VerbsError) -> String {
+    format!("no RDMA device can exist here: {e}{}", hint(e))
 }
 
 fn hint(e: &VerbsError) -> &'static str {

@@ -35,6 +35,7 @@ mod error;
 pub mod exchange;
 pub mod gid;
 mod ibv;
+pub mod report;
 pub mod session;
 mod side;
 #[cfg(any(test, feature = "sim"))]

@@ -41,11 +41,21 @@ pub struct LaunchArgs {
     pub control: super::Control,
     /// The data-plane options each instance gets (`DataPlaneArgs::to_args`).
     pub data_plane: Vec<String>,
+    /// Serve each process's metrics: the coordinator at this address, the
+    /// instances at the ports after it (port 0: each picks its own).
+    pub metrics_listen: Option<String>,
     /// How to start this program again as a pipeline process.
     pub exe: PathBuf,
     /// Arguments before the role arguments (`pipeline` for the `ferry`
     /// binary, none for the example).
     pub prefix: Vec<String>,
+}
+
+/// The address `--metrics-listen` names.
+pub fn metrics_address(listen: &str) -> Result<std::net::SocketAddr, String> {
+    listen.parse().map_err(|e| {
+        format!("--metrics-listen {listen:?} is not an address:port (e.g. 127.0.0.1:9464): {e}")
+    })
 }
 
 /// What a run found.
@@ -131,9 +141,20 @@ struct Run {
 
 impl Run {
     fn spawn(&mut self, name: &str, role_args: &[String]) -> Result<usize, String> {
+        let mut metrics = Vec::new();
+        if let Some(listen) = &self.args.metrics_listen {
+            let mut addr = metrics_address(listen)?;
+            if addr.port() != 0 {
+                let port = u16::try_from(usize::from(addr.port()) + self.procs.len())
+                    .map_err(|_| format!("no port for {name}'s metrics after {listen}"))?;
+                addr.set_port(port);
+            }
+            metrics = vec!["--metrics-listen".to_owned(), addr.to_string()];
+        }
         let mut child = Command::new(&self.args.exe)
             .args(&self.args.prefix)
             .args(role_args)
+            .args(&metrics)
             .env("FERRY_SHM_PREFIX", &self.prefix)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -171,6 +192,7 @@ impl Run {
             let left = end.saturating_duration_since(Instant::now());
             match self.rx.recv_timeout(left) {
                 Ok((j, line)) if line.contains(&tag) => waiting.retain(|&w| w != j),
+                Ok((j, line)) if line.contains(r#""event":"metrics""#) => self.metrics_at(j, &line),
                 Ok((j, line)) if line.contains(r#""event":"error""#) => {
                     return Err(format!("{}: {line}", self.procs[j].name))
                 }
@@ -185,6 +207,16 @@ impl Run {
             }
         }
         Ok(())
+    }
+
+    /// Says where process `j` serves its metrics (its `metrics` line).
+    fn metrics_at(&self, j: usize, line: &str) {
+        if let Some(url) = RawJson::parse_object(line).ok().and_then(|o| get(o, "url")) {
+            eprintln!(
+                "pipeline: {} serves its metrics at {url}",
+                self.procs[j].name
+            );
+        }
     }
 
     /// Where instances of `role` report to the coordinator.
@@ -386,6 +418,7 @@ pub fn launch(args: LaunchArgs) -> Result<Summary, String> {
             }
             Some("mismatch") => mismatches += 1,
             Some("error") => errors.push(format!("{}: {line}", run.procs[i].name)),
+            Some("metrics") => run.metrics_at(i, &line),
             _ => {}
         }
         if let Some((d, after)) = args.kill {

@@ -65,6 +65,12 @@ pub struct PipelineArgs {
     /// pairs with `zmq`).
     #[arg(long, value_enum, default_value_t = Control::Uds)]
     pub control: Control,
+    /// Serve each process's Prometheus metrics over HTTP: the coordinator
+    /// at this address:port, the instances at the ports after it (port 0:
+    /// each picks a free one); where each is served is printed as it
+    /// starts.
+    #[arg(long, env = "FERRY_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
     /// The data plane between the processes.
     #[command(flatten)]
     pub data_plane: DataPlaneArgs,
@@ -90,6 +96,10 @@ pub struct CoordinatorArgs {
     /// Timeout for a receiver's `transfer_done` after `transfer_ready`, ms.
     #[arg(long, env = "FERRY_DONE_TIMEOUT_MS", default_value_t = 60_000)]
     pub done_timeout_ms: u64,
+    /// Serve Prometheus metrics over HTTP at this address:port (port 0
+    /// picks a free one; the process prints `{"event":"metrics","url":...}`).
+    #[arg(long, env = "FERRY_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
 }
 
 /// The coordinator's timeouts with the push timeout set.
@@ -163,6 +173,10 @@ pub struct InstanceCliArgs {
     /// that head nothing gives up before it does.
     #[arg(long, env = "FERRY_HEAD_TIMEOUT", default_value_t = 600.0)]
     pub head_timeout: f64,
+    /// Serve Prometheus metrics over HTTP at this address:port (port 0
+    /// picks a free one; the process prints `{"event":"metrics","url":...}`).
+    #[arg(long, env = "FERRY_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
 }
 
 /// A role as it goes on the wire: sglang's `RoleType.from_string` reads
@@ -378,7 +392,12 @@ pub fn coordinator_main(args: &CoordinatorArgs) -> ExitCode {
     let mut t = timeouts(Duration::from_millis(args.push_timeout_ms));
     t.alloc = Duration::from_millis(args.alloc_timeout_ms);
     t.done = Duration::from_millis(args.done_timeout_ms);
-    roles::coordinator(&args.listen, args.control, t)
+    roles::coordinator(
+        &args.listen,
+        args.control,
+        t,
+        args.metrics_listen.as_deref(),
+    )
 }
 
 /// Runs `ferry instance`.
@@ -430,6 +449,7 @@ pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
         pace: Duration::from_millis(args.pace_ms),
         hold: Duration::from_millis(args.hold_ms),
         reserved_timeout: Duration::from_millis(args.reserved_timeout_ms),
+        metrics_listen: args.metrics_listen.clone(),
     })
 }
 
@@ -455,6 +475,7 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
                 &endpoints,
                 args.control,
                 timeouts(Duration::from_millis(args.push_timeout_ms)),
+                args.metrics_listen.as_deref(),
             );
         }
         Some(role) => {
@@ -482,6 +503,7 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
                 reserved_timeout: InstanceSettings::new("", "").reserved_timeout,
                 head: HeadKind::Ferry.into(),
                 head_timeout: SGLANG_HEAD_TIMEOUT,
+                metrics_listen: args.metrics_listen.clone(),
             });
         }
         None => {}
@@ -494,6 +516,14 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
         return ExitCode::from(2);
     }
     if let Err(e) = args.data_plane.data_plane() {
+        eprintln!("pipeline: {e}");
+        return ExitCode::from(2);
+    }
+    if let Some(Err(e)) = args
+        .metrics_listen
+        .as_deref()
+        .map(launcher::metrics_address)
+    {
         eprintln!("pipeline: {e}");
         return ExitCode::from(2);
     }
@@ -518,6 +548,7 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
         json: args.json,
         control: args.control,
         data_plane: args.data_plane.to_args(),
+        metrics_listen: args.metrics_listen.clone(),
         exe,
         prefix: prefix.iter().map(|s| (*s).to_owned()).collect(),
     };

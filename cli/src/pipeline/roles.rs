@@ -19,7 +19,10 @@ use ferry_zmq::{ZmqChannel, ZmqSettings};
 use super::data;
 use super::sglang::{self, SglangRole, SglangTally};
 use ferry::runtime::shm::{start_instance, start_instance_on, CopySettings};
+use ferry::runtime::telemetry::Telemetry;
 use ferry::runtime::Head;
+
+use crate::metrics_http::MetricsServer;
 use ferry::runtime::{
     CoordinatorNode, CoordinatorSettings, Delivery, InstanceNode, InstanceSettings, NodeError,
     Staging,
@@ -126,12 +129,17 @@ fn fail(what: &str, e: impl std::fmt::Display) -> ExitCode {
 /// Runs the coordinator until stdin closes. With ZeroMQ it binds one
 /// result endpoint per role of the pipeline (in order); over Unix sockets,
 /// the first endpoint only.
-pub fn coordinator(endpoints: &[String], control: Control, timeouts: Timeouts) -> ExitCode {
+pub fn coordinator(
+    endpoints: &[String],
+    control: Control,
+    timeouts: Timeouts,
+    metrics: Option<&str>,
+) -> ExitCode {
     let mut settings = CoordinatorSettings::new(&PIPELINE);
     settings.timeouts = timeouts;
     match control {
         Control::Uds => match UdsChannel::bind(&endpoints[0]) {
-            Ok(c) => run_coordinator(&settings, c),
+            Ok(c) => run_coordinator(&settings, c, metrics),
             Err(e) => fail("bind", e),
         },
         Control::Zmq => {
@@ -140,7 +148,7 @@ pub fn coordinator(endpoints: &[String], control: Control, timeouts: Timeouts) -
             match ZmqChannel::bind(&ctx, &eps, ZmqSettings::default()) {
                 Ok(c) => {
                     settings.result_endpoints = c.endpoints();
-                    run_coordinator(&settings, c)
+                    run_coordinator(&settings, c, metrics)
                 }
                 Err(e) => fail("bind", e),
             }
@@ -148,7 +156,27 @@ pub fn coordinator(endpoints: &[String], control: Control, timeouts: Timeouts) -
     }
 }
 
-fn run_coordinator<C>(settings: &CoordinatorSettings, channel: C) -> ExitCode
+/// Serves the nodes `add` puts in a [`Telemetry`] at `listen`, if given,
+/// and says where on stdout; the endpoint lives as long as the value.
+fn serve_metrics(
+    listen: Option<&str>,
+    add: impl FnOnce(&Telemetry),
+) -> Result<Option<MetricsServer>, ExitCode> {
+    let Some(listen) = listen else {
+        return Ok(None);
+    };
+    let telemetry = Telemetry::new();
+    add(&telemetry);
+    match MetricsServer::start(listen, telemetry) {
+        Ok(server) => {
+            emit_json(&serde_json::json!({"event": "metrics", "url": server.url()}));
+            Ok(Some(server))
+        }
+        Err(e) => Err(fail("metrics", e)),
+    }
+}
+
+fn run_coordinator<C>(settings: &CoordinatorSettings, channel: C, metrics: Option<&str>) -> ExitCode
 where
     C: ControlChannel,
     C::Sender: 'static,
@@ -158,7 +186,7 @@ where
         CoordinatorEvent::Registered { role, .. } => {
             emit(&format!(r#"{{"event":"registered","role":{role}}}"#));
         }
-        CoordinatorEvent::Delivered { id, leg } => {
+        CoordinatorEvent::Delivered { id, leg, .. } => {
             emit(&format!(
                 r#"{{"event":"delivered","id":"{id}","leg":{leg}}}"#
             ));
@@ -171,21 +199,47 @@ where
         Ok(n) => n,
         Err(e) => return fail("start coordinator", e),
     };
+    let _metrics = match serve_metrics(metrics, |t| t.add_coordinator(node.probe())) {
+        Ok(m) => m,
+        Err(code) => return code,
+    };
     emit(r#"{"event":"ready"}"#);
     let done = stdin_closed();
     while !done.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let s = node.snapshot();
-    emit(&format!(
-        r#"{{"event":"summary","role":"coordinator","delivered":{},"failed":{},"fast_path":{},"in_flight":{},"prealloc_taken":{},"ignored":{}}}"#,
-        s.stats.delivered,
-        s.stats.failed,
-        s.stats.fast_path,
-        s.in_flight,
-        s.prealloc_taken,
-        s.metrics.ignored
-    ));
+    let probe = node.probe();
+    // Per leg: deliveries and the hand-off latency as the metrics endpoint
+    // serves them (its histogram), exactly.
+    let legs: serde_json::Map<String, serde_json::Value> = probe
+        .pipeline()
+        .iter()
+        .zip(&probe.legs)
+        .map(|(role, l)| {
+            let h = l.handoff.snapshot();
+            let us = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e6);
+            let leg = serde_json::json!({
+                "delivered": l.delivered(),
+                "handoff_count": h.count,
+                "handoff_sum_us": h.sum.as_secs_f64() * 1e6,
+                "handoff_min_us": us(h.min),
+                "handoff_max_us": us(h.max),
+            });
+            (role.clone(), leg)
+        })
+        .collect();
+    emit_json(&serde_json::json!({
+        "event": "summary",
+        "role": "coordinator",
+        "delivered": s.stats.delivered,
+        "failed": s.stats.failed,
+        "fast_path": s.stats.fast_path,
+        "in_flight": s.in_flight,
+        "prealloc_taken": s.prealloc_taken,
+        "ignored": s.metrics.ignored,
+        "legs": legs,
+    }));
     ExitCode::SUCCESS
 }
 
@@ -226,6 +280,8 @@ pub struct InstanceArgs {
     pub head: Head,
     /// sglang's head's timeout (`--disagg-timeout`), when `head` is sglang.
     pub head_timeout: Duration,
+    /// Where to serve Prometheus metrics (`host:port`), if anywhere.
+    pub metrics_listen: Option<String>,
 }
 
 /// Counts and latencies an instance reports.
@@ -348,6 +404,12 @@ where
     S: ControlSendParts + Send + 'static,
     S::Error: Send + Sync + 'static,
 {
+    let _metrics = match serve_metrics(args.metrics_listen.as_deref(), |t| {
+        t.add_instance(node.probe(), &args.name);
+    }) {
+        Ok(m) => m,
+        Err(code) => return code,
+    };
     if let Err(e) = node.wait_registered(Duration::from_secs(30)) {
         return fail("register", e);
     }
@@ -388,6 +450,12 @@ fn run_instance<S: ControlSend + Send + 'static>(
     node: &InstanceNode<S>,
     args: &InstanceArgs,
 ) -> ExitCode {
+    let _metrics = match serve_metrics(args.metrics_listen.as_deref(), |t| {
+        t.add_instance(node.probe(), &args.name);
+    }) {
+        Ok(m) => m,
+        Err(code) => return code,
+    };
     if let Err(e) = node.wait_registered(Duration::from_secs(30)) {
         return fail("register", e);
     }

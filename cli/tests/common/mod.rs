@@ -221,15 +221,23 @@ pub fn result_endpoints(p: &Procs, name: &str) -> Vec<String> {
 
 /// `ferry coordinator` over ZeroMQ at `results`, started and ready.
 pub fn coordinator(p: &mut Procs, results: &[String]) -> usize {
+    coordinator_with(p, results, &[])
+}
+
+/// `ferry coordinator` over ZeroMQ at `results` with `extra` arguments,
+/// started and ready.
+pub fn coordinator_with(p: &mut Procs, results: &[String], extra: &[&str]) -> usize {
     let c = p.spawn(
         "coordinator",
-        ferry().args([
-            "coordinator",
-            "--control",
-            "zmq",
-            "--listen",
-            &results.join(","),
-        ]),
+        ferry()
+            .args([
+                "coordinator",
+                "--control",
+                "zmq",
+                "--listen",
+                &results.join(","),
+            ])
+            .args(extra),
     );
     p.wait_for(c, "\"event\":\"ready\"", 30);
     c

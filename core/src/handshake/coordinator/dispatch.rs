@@ -95,6 +95,9 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             manifest_len: manifest.len(),
             scalars_len: scalars.len(),
             queue_ticket: 0,
+            staged_at: now,
+            pushed_at: now,
+            ready_at: now,
         });
         self.enqueue(index);
         self.dispatch(now, index);
@@ -177,6 +180,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                 t.slot_offset = slot.offset;
                 t.phase = Phase::Pushing;
                 t.deadline = now + self.config.timeouts.push;
+                t.pushed_at = now;
                 self.stats.fast_path += 1;
                 if let Some(sender_peer) = self.member(sender).map(|s| s.peer) {
                     self.send(

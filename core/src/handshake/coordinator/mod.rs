@@ -139,6 +139,12 @@ pub struct Transfer {
     scalars_len: usize,
     /// Which queue entry is this transfer's live one.
     queue_ticket: u64,
+    /// When its `transfer_staged` arrived.
+    staged_at: Instant,
+    /// When its (latest) `transfer_push` went out.
+    pushed_at: Instant,
+    /// When its `transfer_ready` went out.
+    ready_at: Instant,
 }
 
 /// A place in the coordinator's wait queue.
@@ -207,6 +213,45 @@ impl FailReason {
             Self::BadSlot => "receiver's slot cannot hold the data",
         }
     }
+
+    /// Every reason, for tables indexed by [`index`](Self::index).
+    pub const ALL: [FailReason; 12] = [
+        Self::QueueTimeout,
+        Self::AllocTimeout,
+        Self::PushTimeout,
+        Self::DoneTimeout,
+        Self::Rejected,
+        Self::WriteFailed,
+        Self::ReceiverError,
+        Self::PeerGone,
+        Self::NoNextRole,
+        Self::TableFull,
+        Self::TooLarge,
+        Self::BadSlot,
+    ];
+
+    /// Its position in [`ALL`](Self::ALL).
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// A short snake_case name, for metric labels and logs.
+    pub const fn code(self) -> &'static str {
+        match self {
+            Self::QueueTimeout => "queue_timeout",
+            Self::AllocTimeout => "alloc_timeout",
+            Self::PushTimeout => "push_timeout",
+            Self::DoneTimeout => "done_timeout",
+            Self::Rejected => "rejected",
+            Self::WriteFailed => "write_failed",
+            Self::ReceiverError => "receiver_error",
+            Self::PeerGone => "peer_gone",
+            Self::NoNextRole => "no_next_role",
+            Self::TableFull => "table_full",
+            Self::TooLarge => "too_large",
+            Self::BadSlot => "bad_slot",
+        }
+    }
 }
 
 impl fmt::Display for FailReason {
@@ -234,6 +279,8 @@ pub enum CoordinatorEvent {
         id: RequestId,
         /// The leg: its sender's role, as an index into the pipeline.
         leg: usize,
+        /// How long it spent in each phase.
+        timing: LegTiming,
     },
     /// A leg of a request failed; every instance involved was told.
     Failed {
@@ -244,6 +291,30 @@ pub enum CoordinatorEvent {
         /// Why.
         reason: FailReason,
     },
+}
+
+/// How long a delivered leg spent in each phase of the handshake, on the
+/// coordinator's clock (which sees every phase of every leg, where each
+/// instance sees only its own side).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LegTiming {
+    /// `transfer_staged` received to `transfer_push` sent: waiting for a
+    /// receiver with room, its allocation round trip and any retries
+    /// included.
+    pub queued: Duration,
+    /// `transfer_push` sent to `transfer_pushed` received: the sender's
+    /// write, and the two messages around it.
+    pub written: Duration,
+    /// `transfer_ready` sent to `transfer_done` received: the receiving
+    /// application's hold of the slot.
+    pub consumed: Duration,
+}
+
+impl LegTiming {
+    /// Staged to ready: the hand-off as the receiver experiences it.
+    pub fn to_ready(&self) -> Duration {
+        self.queued + self.written
+    }
 }
 
 /// A message to send.

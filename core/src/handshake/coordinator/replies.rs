@@ -36,6 +36,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             t.slot_offset = m.slot_offset;
             t.phase = Phase::Pushing;
             t.deadline = now + self.config.timeouts.push;
+            t.pushed_at = now;
         }
         self.send(
             sender_peer,
@@ -96,6 +97,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             Some(t) => {
                 t.phase = Phase::Ready;
                 t.deadline = now + self.config.timeouts.done;
+                t.ready_at = now;
                 t.seq
             }
             None => return Err(Ignored::UnknownRequest),
@@ -119,6 +121,11 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             return Err(Ignored::UnknownRequest);
         };
         let (id, leg) = (t.id, t.sender_role);
+        let timing = LegTiming {
+            queued: t.pushed_at.since(t.staged_at),
+            written: t.ready_at.since(t.pushed_at),
+            consumed: now.since(t.ready_at),
+        };
         if m.error.is_some() {
             self.end(now, i);
             self.stats.failed += 1;
@@ -130,7 +137,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         } else {
             self.end(now, i);
             self.stats.delivered += 1;
-            self.event(CoordinatorEvent::Delivered { id, leg });
+            self.event(CoordinatorEvent::Delivered { id, leg, timing });
             if let Some(next) = m.staged() {
                 // sglang's forward: the receiver staged the next leg in the
                 // same message, as if it had sent `transfer_staged`. The

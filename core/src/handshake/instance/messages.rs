@@ -41,6 +41,7 @@ impl<'s> Instance<'s> {
             }
             Msg::Alloc(m) => self.on_alloc(now, m.request_id, m.data_size),
             Msg::Push(m) => self.on_push(
+                now,
                 m.request_id,
                 m.dest_session_id,
                 m.dest_addr,
@@ -132,6 +133,7 @@ impl<'s> Instance<'s> {
 
     pub(super) fn on_push(
         &mut self,
+        now: Instant,
         id: JsonStr<'_>,
         dest_session: JsonStr<'_>,
         dest_addr: u64,
@@ -146,8 +148,12 @@ impl<'s> Instance<'s> {
         let Some(r) = self.requests[index].take() else {
             return Err(Ignored::UnknownRequest);
         };
-        let slot = match r.kind {
-            Kind::Staged { slot, data_size } if data_size == transfer_size => slot,
+        let (slot, staged) = match r.kind {
+            Kind::Staged {
+                slot,
+                data_size,
+                since,
+            } if data_size == transfer_size => (slot, since),
             kind => {
                 let why = match kind {
                     Kind::Writing { .. } => Ignored::Duplicate,
@@ -172,6 +178,8 @@ impl<'s> Instance<'s> {
                 slot,
                 len: transfer_size,
                 aborted: false,
+                staged,
+                posted: now,
             },
             deadline: None,
             ..r

@@ -116,13 +116,21 @@ enum Held {
 enum Kind {
     /// Sender: slot allocated, the application is filling it.
     Filling { slot: SlotHandle },
-    /// Sender: `transfer_staged` queued or sent, waiting for the push.
-    Staged { slot: SlotHandle, data_size: u64 },
-    /// Sender: write of `len` bytes posted, waiting for its completion.
+    /// Sender: `transfer_staged` queued or sent (at `since`), waiting for
+    /// the push.
+    Staged {
+        slot: SlotHandle,
+        data_size: u64,
+        since: Instant,
+    },
+    /// Sender: write of `len` bytes posted (at `posted`, staged at
+    /// `staged`), waiting for its completion.
     Writing {
         slot: SlotHandle,
         len: u64,
         aborted: bool,
+        staged: Instant,
+        posted: Instant,
     },
     /// Receiver: slot reserved, waiting for `transfer_ready`.
     Reserved { slot: SlotHandle },
@@ -272,6 +280,17 @@ pub enum Registration {
     Sent,
 }
 
+/// How long a sent request waited and how long its write took, on the
+/// instance's clock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendTiming {
+    /// Committed (`transfer_staged` queued) to `transfer_push` received:
+    /// the wait for the coordinator to find a receiver with room.
+    pub queued: Duration,
+    /// `transfer_push` received to the write's completion: the write.
+    pub written: Duration,
+}
+
 /// What the application should know.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InstanceEvent {
@@ -286,6 +305,8 @@ pub enum InstanceEvent {
     Sent {
         /// The request.
         id: RequestId,
+        /// How long it waited, and how long its write took.
+        timing: SendTiming,
     },
     /// A request this instance staged will not be delivered.
     SendFailed {
@@ -663,7 +684,13 @@ impl<'s> Instance<'s> {
                     self.event(InstanceEvent::SendFailed { id: r.id });
                     continue;
                 }
-                Kind::Writing { slot, len, aborted } => {
+                Kind::Writing {
+                    slot,
+                    len,
+                    aborted,
+                    staged,
+                    posted,
+                } => {
                     if !aborted {
                         self.event(InstanceEvent::SendFailed { id: r.id });
                     }
@@ -671,6 +698,8 @@ impl<'s> Instance<'s> {
                         slot,
                         len,
                         aborted: true,
+                        staged,
+                        posted,
                     }
                 }
                 // A write may still land in these; the old coordinator

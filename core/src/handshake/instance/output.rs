@@ -144,7 +144,10 @@ impl<'s> Instance<'s> {
             .get(index)
             .and_then(Option::as_ref)
             .filter(|r| r.seq == seq)?;
-        let Kind::Staged { slot, data_size } = &r.kind else {
+        let Kind::Staged {
+            slot, data_size, ..
+        } = &r.kind
+        else {
             return None;
         };
         let (manifest, scalar_fields) = nested_json(

@@ -89,7 +89,11 @@ impl<'s> Instance<'s> {
             return Err(InstanceError::StaleToken);
         };
         self.requests[token.index] = Some(Request {
-            kind: Kind::Staged { slot, data_size },
+            kind: Kind::Staged {
+                slot,
+                data_size,
+                since: now,
+            },
             manifest_len,
             scalars_len: total - manifest_len,
             deadline: Some(now + timeout),
@@ -146,7 +150,14 @@ impl<'s> Instance<'s> {
         }
         let Some(Request {
             id,
-            kind: Kind::Writing { slot, len, aborted },
+            kind:
+                Kind::Writing {
+                    slot,
+                    len,
+                    aborted,
+                    staged,
+                    posted,
+                },
             ..
         }) = self.requests[token.index].take()
         else {
@@ -171,7 +182,11 @@ impl<'s> Instance<'s> {
         }
         if result.is_ok() {
             self.stats.sent += 1;
-            self.event(InstanceEvent::Sent { id });
+            let timing = SendTiming {
+                queued: posted.since(staged),
+                written: now.since(posted),
+            };
+            self.event(InstanceEvent::Sent { id, timing });
         } else {
             self.event(InstanceEvent::SendFailed { id });
         }

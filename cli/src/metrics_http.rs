@@ -1,0 +1,137 @@
+//! The metrics endpoint of a `ferry` process (`--metrics-listen`): its
+//! nodes' [`Telemetry`] encoded on each `GET /metrics`, in OpenMetrics
+//! text when the scraper asks for it (Prometheus does) and in Prometheus'
+//! text format 0.0.4 otherwise (curl, older scrapers).
+//!
+//! One thread answers requests one at a time: a scrape encodes a few
+//! kilobytes from atomics and short locks, so it never waits on a
+//! hand-off, and no hand-off waits on it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use ferry::runtime::telemetry::prometheus_client::encoding::{prometheus_text, text};
+use ferry::runtime::telemetry::Telemetry;
+
+/// `Content-Type` of OpenMetrics text.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// `Content-Type` of Prometheus' text format.
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// A running metrics endpoint; stops when dropped.
+pub struct MetricsServer {
+    server: Arc<tiny_http::Server>,
+    addr: SocketAddr,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for MetricsServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsServer")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MetricsServer {
+    /// Listens at `listen` (`host:port`; port 0 picks a free one) and
+    /// serves `telemetry`.
+    pub fn start(listen: &str, telemetry: Telemetry) -> Result<Self, String> {
+        let wanted: SocketAddr = listen.parse().map_err(|e| {
+            format!("--metrics-listen {listen:?} is not an address:port (e.g. 127.0.0.1:9464): {e}")
+        })?;
+        let server = tiny_http::Server::http(wanted)
+            .map_err(|e| format!("cannot serve metrics at {wanted}: {e}"))?;
+        let addr = server
+            .server_addr()
+            .to_ip()
+            .ok_or_else(|| format!("the metrics server at {wanted} has no IP address"))?;
+        let server = Arc::new(server);
+        let s = Arc::clone(&server);
+        let thread = std::thread::Builder::new()
+            .name("ferry-metrics".into())
+            .spawn(move || serve(&s, &telemetry))
+            .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
+        Ok(Self {
+            server,
+            addr,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it listens at.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The URL to scrape.
+    pub fn url(&self) -> String {
+        format!("http://{}/metrics", self.addr)
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.server.unblock();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve(server: &tiny_http::Server, telemetry: &Telemetry) {
+    let registry = telemetry.registry();
+    for request in server.incoming_requests() {
+        let response = answer(&request, &registry);
+        // A scraper that left before its answer needs nothing more.
+        let _ = request.respond(response);
+    }
+}
+
+fn answer(
+    request: &tiny_http::Request,
+    registry: &ferry::runtime::telemetry::prometheus_client::registry::Registry,
+) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
+    let plain = |code: u16, body: &str| {
+        typed(
+            tiny_http::Response::from_string(body).with_status_code(code),
+            "text/plain; charset=utf-8",
+        )
+    };
+    let path = request.url().split('?').next().unwrap_or("");
+    if path != "/metrics" {
+        return plain(404, "ferry serves its metrics at /metrics\n");
+    }
+    if !matches!(
+        request.method(),
+        tiny_http::Method::Get | tiny_http::Method::Head
+    ) {
+        return plain(405, "GET /metrics\n");
+    }
+    let openmetrics = request.headers().iter().any(|h| {
+        h.field.equiv("Accept") && h.value.as_str().contains("application/openmetrics-text")
+    });
+    let mut body = String::new();
+    let (encoded, kind) = if openmetrics {
+        (text::encode(&mut body, registry), OPENMETRICS)
+    } else {
+        (
+            prometheus_text::encode(&mut body, registry),
+            PROMETHEUS_TEXT,
+        )
+    };
+    match encoded {
+        Ok(()) => typed(tiny_http::Response::from_string(body), kind),
+        Err(e) => plain(500, &format!("encoding the metrics failed: {e}\n")),
+    }
+}
+
+/// `response` with its `Content-Type`.
+fn typed<R: std::io::Read>(response: tiny_http::Response<R>, kind: &str) -> tiny_http::Response<R> {
+    // The types above are fixed ASCII, which is all a header needs.
+    match tiny_http::Header::from_bytes(&b"Content-Type"[..], kind.as_bytes()) {
+        Ok(h) => response.with_header(h),
+        Err(()) => response,
+    }
+}
