@@ -445,6 +445,20 @@ fn a_retryable_reject_is_retried_after_backoff() {
     w.insts[1].release(token, None).unwrap();
     w.pump();
     assert_eq!(w.delivered(), 2);
+    // "next" waited in the queue from its staging at 0 until the retry
+    // after the 1 ms backoff, which the clock reached at once.
+    let queued: Vec<_> = w
+        .coord_events
+        .iter()
+        .filter_map(|e| match e {
+            CoordinatorEvent::Delivered { id, timing, .. } => Some((id.as_str(), timing.queued)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        queued,
+        [("hold", Duration::ZERO), ("next", Duration::from_millis(1))]
+    );
     w.assert_clean();
 }
 

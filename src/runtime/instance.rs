@@ -598,13 +598,13 @@ where
     }
 
     fn release(&self, token: Token, error: Option<&str>, meta: Vec<u8>, arrived: Arrival) {
-        self.shared.probe.hold.observe(arrived.at.elapsed());
         let mut st = self.shared.lock();
         st.meta_free.push(meta);
         if let Err(e) = st.machine.release(token, error) {
             debug!(error = %e, "release of a transfer no longer held");
             return;
         }
+        self.shared.probe.hold.observe(arrived.at.elapsed());
         Metrics::add(&self.shared.probe.metrics.released, 1);
         self.shared.drive(&mut st, self.shared.clock.now());
     }

@@ -420,6 +420,48 @@ const INSTANCE_COUNTERS: [CounterRow; 9] = [
     ("written_bytes", "Bytes written to peers.", |m| m.bytes_written),
 ];
 
+/// A counter of the instance's state machine.
+type StatsRow = (&'static str, &'static str, fn(&InstanceStats) -> u64);
+
+/// The state machine's counters of what went wrong, or out of the way.
+const INSTANCE_STATS: [StatsRow; 7] = [
+    (
+        "ferry_allocs_rejected",
+        "Allocations this receiver rejected (no room, or a size its pool can never hold).",
+        |s| s.rejected,
+    ),
+    (
+        "ferry_requests_aborted",
+        "Requests the coordinator aborted, in any state (the application's held ones: ferry_transfers_aborted_total).",
+        |s| s.aborted,
+    ),
+    (
+        "ferry_requests_timed_out",
+        "Requests dropped by a local timeout (staged without a push, reserved without a ready).",
+        |s| s.timed_out,
+    ),
+    (
+        "ferry_requests_forwarded",
+        "Requests received and staged for the next leg in one message.",
+        |s| s.forwarded,
+    ),
+    (
+        "ferry_allocs_held",
+        "transfer_alloc messages held for lack of room (under sglang's head).",
+        |s| s.allocs_held,
+    ),
+    (
+        "ferry_writes_never_landed",
+        "Transfers announced ready whose write was not seen to land in time.",
+        |s| s.never_landed,
+    ),
+    (
+        "ferry_state_queue_drops",
+        "Messages, actions or events that found their queue full.",
+        |s| s.dropped,
+    ),
+];
+
 type GaugeRow = (&'static str, &'static str, fn(&InstanceGauges) -> u64);
 
 const INSTANCE_GAUGES: [GaugeRow; 4] = [
@@ -467,6 +509,7 @@ struct InstanceRow<'a> {
     labels: InstanceLabels<'a>,
     metrics: MetricsSnapshot,
     gauges: InstanceGauges,
+    stats: InstanceStats,
     probe: &'a InstanceProbe,
 }
 
@@ -476,11 +519,15 @@ fn encode_instances(
 ) -> std::fmt::Result {
     let rows: Vec<InstanceRow<'_>> = nodes
         .iter()
-        .map(|(name, p)| InstanceRow {
-            labels: [("role", p.role()), ("node", name.as_str())],
-            metrics: p.metrics.snapshot(),
-            gauges: p.state().0,
-            probe: p,
+        .map(|(name, p)| {
+            let (gauges, stats) = p.state();
+            InstanceRow {
+                labels: [("role", p.role()), ("node", name.as_str())],
+                metrics: p.metrics.snapshot(),
+                gauges,
+                stats,
+                probe: p,
+            }
         })
         .collect();
     let mut name = String::new();
@@ -502,6 +549,12 @@ fn encode_instances(
         for (kind, label) in FAULTS {
             let labels = (r.labels, [("kind", label)]);
             counter(m.encode_family(&labels)?, r.probe.write_failures(kind))?;
+        }
+    }
+    for (name, help, read) in INSTANCE_STATS {
+        let mut m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for r in &rows {
+            counter(m.encode_family(&r.labels)?, read(&r.stats))?;
         }
     }
     for (name, help, read) in INSTANCE_GAUGES {
@@ -658,3 +711,129 @@ fn encode_coordinators(
 
 /// No labels, for a metric's only series.
 const NO_LABELS: [(&str, &str); 0] = [];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::encoding::{prometheus_text, text};
+
+    fn scrape(t: &Telemetry) -> String {
+        let mut out = String::new();
+        text::encode(&mut out, &t.registry()).unwrap();
+        out
+    }
+
+    #[test]
+    fn nodes_are_series_of_one_family_each_and_leave_when_dropped() {
+        let t = Telemetry::new();
+        let a = Arc::new(InstanceProbe::new("encoder"));
+        let b = Arc::new(InstanceProbe::new("decoder"));
+        t.add_instance(&a, "enc-0");
+        t.add_instance(&b, "dec-0");
+        a.write.observe(Duration::from_micros(30));
+        a.write_failed(FaultKind::Timeout);
+        let out = scrape(&t);
+        assert_eq!(
+            out.matches("# TYPE ferry_write_seconds histogram").count(),
+            1,
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"ferry_write_seconds_count{role="encoder",node="enc-0"} 1"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"ferry_write_seconds_count{role="decoder",node="dec-0"} 0"#),
+            "{out}"
+        );
+        // 30 µs falls in the 40 µs bucket, not the 20 µs one.
+        assert!(
+            out.contains(
+                r#"ferry_write_seconds_bucket{le="0.00002",role="encoder",node="enc-0"} 0"#
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                r#"ferry_write_seconds_bucket{le="0.00004",role="encoder",node="enc-0"} 1"#
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                r#"ferry_write_errors_total{role="encoder",node="enc-0",kind="timeout"} 1"#
+            ),
+            "{out}"
+        );
+        assert!(out.ends_with("# EOF\n"), "{out}");
+        drop(b);
+        let out = scrape(&t);
+        assert!(!out.contains("dec-0"), "{out}");
+        let mut plain = String::new();
+        prometheus_text::encode(&mut plain, &t.registry()).unwrap();
+        assert!(
+            plain.contains("# TYPE ferry_requests_sent_total counter"),
+            "{plain}"
+        );
+        assert!(!plain.contains("# EOF"), "{plain}");
+    }
+
+    #[test]
+    fn legs_carry_their_role_and_failures_their_reason() {
+        let t = Telemetry::new();
+        let c = Arc::new(CoordinatorProbe::new(&["encoder".into(), "decoder".into()]));
+        t.add_coordinator(&c);
+        let timing = LegTiming {
+            queued: Duration::from_millis(1),
+            written: Duration::from_millis(2),
+            consumed: Duration::from_millis(4),
+        };
+        c.delivered(0, &timing);
+        c.failed(0, FailReason::PushTimeout);
+        // A leg past the pipeline is not counted anywhere (nor a panic).
+        c.delivered(7, &timing);
+        assert_eq!(c.legs[0].delivered(), 1);
+        let h = c.legs[0].handoff.snapshot();
+        assert_eq!(
+            (h.count, h.min, h.max),
+            (
+                1,
+                Some(Duration::from_millis(3)),
+                Some(Duration::from_millis(3))
+            )
+        );
+        let out = scrape(&t);
+        assert!(
+            out.contains(r#"ferry_coordinator_handoffs_total{leg="encoder"} 1"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                r#"ferry_coordinator_failures_total{leg="encoder",reason="push_timeout"} 1"#
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"ferry_coordinator_handoff_seconds_sum{leg="encoder"} 0.003"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"ferry_coordinator_consume_seconds_sum{leg="encoder"} 0.004"#),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn a_latency_without_observations_has_no_extremes() {
+        let l = Latency::default();
+        assert_eq!(l.snapshot(), LatencySnapshot::default());
+        l.observe(Duration::from_nanos(5));
+        l.observe(Duration::from_nanos(2));
+        let s = l.snapshot();
+        assert_eq!((s.count, s.sum), (2, Duration::from_nanos(7)));
+        assert_eq!(
+            (s.min, s.max),
+            (Some(Duration::from_nanos(2)), Some(Duration::from_nanos(5)))
+        );
+    }
+}

@@ -21,13 +21,13 @@ use super::sglang::{self, SglangRole, SglangTally};
 use ferry::runtime::shm::{start_instance, start_instance_on, CopySettings};
 use ferry::runtime::telemetry::Telemetry;
 use ferry::runtime::Head;
-
-use crate::metrics_http::MetricsServer;
 use ferry::runtime::{
     CoordinatorNode, CoordinatorSettings, Delivery, InstanceNode, InstanceSettings, NodeError,
     Staging,
 };
 use ferry_core::transport::ControlSendParts;
+
+use crate::metrics_http::MetricsServer;
 
 /// The control plane the processes talk over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
