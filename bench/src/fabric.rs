@@ -66,10 +66,12 @@ pub struct Report {
     pub rows: Vec<Row>,
 }
 
+/// Field order is drop order: the instances stop before their
+/// coordinator, which a healthy run's instances must not see go.
 struct Rig {
-    _coordinator: CoordinatorNode,
     sender: InstanceNode<UdsSender>,
     receiver: Arc<InstanceNode<UdsSender>>,
+    _coordinator: CoordinatorNode,
 }
 
 fn rig(

@@ -68,10 +68,12 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted.get(i).copied().unwrap_or(f64::NAN)
 }
 
+/// Field order is drop order: the instances stop before their
+/// coordinator, which a healthy run's instances must not see go.
 struct Rig {
-    _coordinator: CoordinatorNode,
     sender: ShmInstance,
     receiver: ShmInstance,
+    _coordinator: CoordinatorNode,
 }
 
 /// A Unix-socket control channel at a fresh endpoint.

@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use ferry_bench::wire::{self as wire_bench, Rate};
 use ferry_cli::metrics_http::MetricsServer;
 use ferry_cli::wire_text::{canon_line, pretty};
+use serde_json::json;
 
 /// ferry: tensor transfer for disaggregated diffusion serving.
 #[derive(Parser)]
@@ -129,19 +130,28 @@ fn human(bytes: u64) -> String {
     }
 }
 
+/// `x` to `digits` decimals, for JSON figures people read.
+fn rounded(x: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (x * scale).round() / scale
+}
+
 fn bench_control(args: &BenchHandoff) -> Result<(), String> {
     let rows = ferry_bench::control::measure(duration(args.seconds)?, &["bench-echo"])?;
     if args.json {
-        let parts: Vec<String> = rows
+        let report: serde_json::Map<String, serde_json::Value> = rows
             .iter()
             .map(|r| {
-                format!(
-                    "\"{}\":{{\"round_trips\":{},\"p50_us\":{:.2},\"p99_us\":{:.2},\"messages_per_second\":{:.0}}}",
-                    r.transport, r.round_trips, r.p50_us, r.p99_us, r.messages_per_second
-                )
+                let row = json!({
+                    "round_trips": r.round_trips,
+                    "p50_us": rounded(r.p50_us, 2),
+                    "p99_us": rounded(r.p99_us, 2),
+                    "messages_per_second": r.messages_per_second.round(),
+                });
+                (r.transport.to_string(), row)
             })
             .collect();
-        println!("{{{}}}", parts.join(","));
+        println!("{}", serde_json::Value::Object(report));
         return Ok(());
     }
     println!("ZeroMQ control plane between two processes (transfer_push → transfer_pushed, encoded and decoded)");
@@ -183,20 +193,21 @@ fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
         eprint!("\r{:40}\r", "");
     }
     if args.json {
-        let parts: Vec<String> = rows
+        let rows: Vec<serde_json::Value> = rows
             .iter()
             .map(|r| {
-                format!(
-                    "{{\"size\":{},\"iterations\":{},\"p50_us\":{:.2},\"p99_us\":{:.2},\"gbps\":{:.3},\"memcpy_gbps\":{:.3},\"ratio\":{:.3}}}",
-                    r.size, r.iterations, r.p50_us, r.p99_us, r.gbps, r.memcpy_gbps, r.ratio()
-                )
+                json!({
+                    "size": r.size,
+                    "iterations": r.iterations,
+                    "p50_us": rounded(r.p50_us, 2),
+                    "p99_us": rounded(r.p99_us, 2),
+                    "gbps": rounded(r.gbps, 3),
+                    "memcpy_gbps": rounded(r.memcpy_gbps, 3),
+                    "ratio": rounded(r.ratio(), 3),
+                })
             })
             .collect();
-        println!(
-            "{{\"copy_threads\":{},\"rows\":[{}]}}",
-            copy.threads,
-            parts.join(",")
-        );
+        println!("{}", json!({"copy_threads": copy.threads, "rows": rows}));
         return Ok(());
     }
     println!(
@@ -255,21 +266,24 @@ fn bench_fabric(args: &BenchHandoff) -> Result<(), String> {
         eprint!("\r{:40}\r", "");
     }
     if args.json {
-        let parts: Vec<String> = report
+        let rows: Vec<serde_json::Value> = report
             .rows
             .iter()
             .map(|r| {
-                format!(
-                    "{{\"size\":{},\"window\":{},\"transfers\":{},\"gbps\":{:.3},\"raw_writes\":{},\"raw_gbps\":{:.3},\"ratio\":{:.3}}}",
-                    r.size, r.window, r.transfers, r.gbps, r.raw_writes, r.raw_gbps, r.ratio()
-                )
+                json!({
+                    "size": r.size,
+                    "window": r.window,
+                    "transfers": r.transfers,
+                    "gbps": rounded(r.gbps, 3),
+                    "raw_writes": r.raw_writes,
+                    "raw_gbps": rounded(r.raw_gbps, 3),
+                    "ratio": rounded(r.ratio(), 3),
+                })
             })
             .collect();
         println!(
-            "{{\"provider\":\"{}\",\"delivery\":\"{}\",\"rows\":[{}]}}",
-            report.provider,
-            report.delivery,
-            parts.join(",")
+            "{}",
+            json!({"provider": report.provider, "delivery": report.delivery, "rows": rows})
         );
         return Ok(());
     }
@@ -376,11 +390,11 @@ fn duration(seconds: f64) -> Result<Duration, String> {
 fn print_rates(format: Format, rates: &[(&str, f64)], unit: &str, per: &str) {
     match format {
         Format::Json => {
-            let parts: Vec<String> = rates
+            let report: serde_json::Map<String, serde_json::Value> = rates
                 .iter()
-                .map(|(name, r)| format!("\"{name}\":{{\"per_second\":{r:.1}}}"))
+                .map(|(name, r)| ((*name).to_owned(), json!({"per_second": rounded(*r, 1)})))
                 .collect();
-            println!("{{{}}}", parts.join(","));
+            println!("{}", serde_json::Value::Object(report));
         }
         Format::Table => {
             println!("{:<10} {:>14} {:>12}", "workload", format!("{unit}/s"), per);
@@ -441,17 +455,17 @@ fn bench_wire(args: &BenchWire) -> Result<(), String> {
     results.push((format!("{name}+walk"), rate));
     match args.format {
         Format::Json => {
-            let parts: Vec<String> = results
+            let report: serde_json::Map<String, serde_json::Value> = results
                 .iter()
                 .map(|(name, r)| {
-                    format!(
-                        "\"{name}\":{{\"per_second\":{:.1},\"payload_bytes\":{}}}",
-                        r.per_second(),
-                        r.payload_len
-                    )
+                    let row = json!({
+                        "per_second": rounded(r.per_second(), 1),
+                        "payload_bytes": r.payload_len,
+                    });
+                    (name.clone(), row)
                 })
                 .collect();
-            println!("{{{}}}", parts.join(","));
+            println!("{}", serde_json::Value::Object(report));
         }
         Format::Table => {
             println!(

@@ -52,7 +52,8 @@ fn bench_compares_hand_offs_with_raw_writes_on_both_providers() {
     for (provider, extra) in [("shm", None), ("tcp;ofi_rxm", Some("127.0.0.1"))] {
         let mut c = common::ferry();
         c.args(["bench", "--backend", "fabric", "--provider", provider])
-            .args(["--seconds", "0.2", "--sizes", "4K,1M", "--json"]);
+            .args(["--seconds", "0.4", "--sizes", "4K,1M,64M", "--json"])
+            .env("FERRY_LOG", "warn");
         if let Some(src) = extra {
             c.args(["--fabric-source", src]);
         }
@@ -72,6 +73,13 @@ fn bench_compares_hand_offs_with_raw_writes_on_both_providers() {
         }
         assert!(!text.contains("\"transfers\":0,"), "{text}");
         assert!(!text.contains("\"raw_writes\":0,"), "{text}");
+        // A healthy run says nothing alarming: a warning or an error must
+        // mean something is wrong.
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !log.contains("ERROR") && !log.contains("WARN"),
+            "{provider}: {log}"
+        );
     }
 }
 

@@ -55,6 +55,14 @@ fn coordinator_and_instance_restarts_fail_in_flight_work_cleanly() {
     std::thread::sleep(Duration::from_millis(800));
     p.kill(d1);
     let d2 = denoiser(&mut p, &results, "denoiser-2");
+    // The replacement removes what the killed one left in shared memory.
+    let removed = p.wait_for(d2, "\"event\":\"stale_pools_removed\"", 30);
+    let removed: serde_json::Value = serde_json::from_str(&removed).unwrap();
+    assert_eq!(
+        removed["objects"].as_array().map(Vec::len),
+        Some(1),
+        "{removed}"
+    );
     p.wait_for(d2, "\"event\":\"registered\"", 30);
 
     // Every request of the running encoder ended, one way or the other.
@@ -85,10 +93,10 @@ fn coordinator_and_instance_restarts_fail_in_flight_work_cleanly() {
         assert_clean(&p.finish(i), None);
     }
     let cs = p.finish(c2);
-    // Only the killed denoiser left its pool behind; it is removed, and
+    // The killed denoiser's pool went when its replacement started, and
     // every process that finished removed its own.
     std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(p.clean_shm(), (1, 0));
+    assert_eq!(p.clean_shm(), (0, 0));
     // The denoiser held work when it was killed: those transfers failed
     // (and the encoder's waiting ones when the coordinator died).
     assert!(

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use ferry_core::handshake::coordinator::*;
 use ferry_core::handshake::instance::*;
-use ferry_core::handshake::{Ignored, Instant, Limits, PeerId, RequestId, REASON_LEN};
+use ferry_core::handshake::{Ignored, Instant, Limits, PeerId, REASON_LEN};
 use ferry_core::json::RawJson;
 use ferry_core::slots::BuddyConfig;
 use ferry_core::transport::{Landed, WriteTag};
@@ -505,12 +505,9 @@ fn a_failed_write_fails_the_request() {
     w.writes = Some(Err("remote access error"));
     w.stage(0, "r", 20 * KIB);
     assert_eq!(w.failed(), vec![FailReason::WriteFailed]);
-    assert!(w.inst_events.contains(&(
-        0,
-        InstanceEvent::SendFailed {
-            id: RequestId::new("r").unwrap()
-        }
-    )));
+    assert!(w.inst_events.iter().any(|(i, e)| *i == 0
+        && matches!(e, InstanceEvent::SendFailed { id, reason }
+            if id.as_str() == "r" && reason.as_str() == "remote access error")));
     // The receiver's reserved slot sits out its quarantine, then frees.
     assert_eq!(w.insts[1].requests_held(), 1);
     w.advance(10);
@@ -759,12 +756,9 @@ fn a_full_transfer_table_is_answered_on_the_wire() {
     w.stage(0, "a", 6 * KIB);
     w.stage(0, "b", 6 * KIB);
     assert_eq!(w.failed(), vec![FailReason::TableFull]);
-    assert!(w.inst_events.contains(&(
-        0,
-        InstanceEvent::SendFailed {
-            id: RequestId::new("b").unwrap()
-        }
-    )));
+    assert!(w.inst_events.iter().any(|(i, e)| *i == 0
+        && matches!(e, InstanceEvent::SendFailed { id, reason }
+            if id.as_str() == "b" && reason.as_str() == FailReason::TableFull.as_str())));
     assert_eq!(w.insts[0].requests_held(), 1, "only 'a' is still staged");
 }
 
@@ -1140,6 +1134,7 @@ fn losing_the_coordinator_reregisters_only_an_answered_registration() {
     let refused = decode(br#"{"msg_type":"transfer_register_ack","session_id":"enc-0","accepted":false,"error":"unknown role"}"#).unwrap();
     inst.handle(Instant(2), &refused).unwrap();
     assert_eq!(inst.registration(), Registration::Refused);
+    assert_eq!(inst.refusal(), "unknown role");
     inst.handle_coordinator_lost(Instant(3));
     assert_eq!(inst.registration(), Registration::Pending);
     // Accepted, then lost: what it relayed ends, and it registers anew.
@@ -1480,10 +1475,8 @@ fn under_sglangs_head_a_failed_write_is_not_announced_as_pushed() {
     // That head would announce the unwritten slot ready; it fails the
     // request at its timeout instead.
     assert!(drain(&mut inst).is_empty());
-    assert!(std::iter::from_fn(|| inst.poll_event()).any(|e| e
-        == InstanceEvent::SendFailed {
-            id: RequestId::new("r1").unwrap()
-        }));
+    assert!(std::iter::from_fn(|| inst.poll_event())
+        .any(|e| matches!(e, InstanceEvent::SendFailed { id, .. } if id.as_str() == "r1")));
     assert_eq!(inst.requests_held(), 0);
 }
 
@@ -1498,4 +1491,147 @@ fn every_fail_reason_has_its_place_and_a_distinct_label() {
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b == b'_'));
     }
+}
+
+#[test]
+fn an_encoder_restarted_under_its_old_ids_is_told_the_ids_are_taken() {
+    let insts = vec![
+        instance("encoder", "enc-0", "tcp://enc:1"),
+        instance("denoiser", "den-0", "tcp://den:1"),
+    ];
+    let mut w = World::new(coordinator(8), insts);
+    w.stage(0, "r1", 6 * KIB);
+    let [token] = w.received(1)[..] else { panic!() };
+    w.insts[1].release(token, None).unwrap();
+    w.pump();
+    assert_eq!(w.delivered(), 1);
+    // The encoder restarts (a new session at the same endpoint) and
+    // stages the same id again: refused, and told why.
+    w.insts[0] = instance("encoder", "enc-1", "tcp://enc:1");
+    w.pump();
+    w.stage(0, "r1", 6 * KIB);
+    assert_eq!(w.failed(), vec![FailReason::IdReused]);
+    assert!(w.inst_events.iter().any(|(i, e)| *i == 0
+        && matches!(e, InstanceEvent::SendFailed { id, reason }
+            if id.as_str() == "r1" && reason.as_str() == FailReason::IdReused.as_str())));
+    // A fresh id goes through.
+    w.stage(0, "r2", 6 * KIB);
+    let [_, token] = w.received(1)[..] else {
+        panic!()
+    };
+    w.insts[1].release(token, None).unwrap();
+    w.pump();
+    assert_eq!(w.delivered(), 2);
+    w.assert_clean();
+}
+
+/// The ack the coordinator sends to a registration, if any.
+fn answer_to(
+    c: &mut Coordinator<'static, 4>,
+    peer: u32,
+    reg: &[u8],
+) -> (Result<(), Ignored>, Option<String>) {
+    let r = c.handle(Instant(0), PeerId(peer), &decode(reg).unwrap());
+    let mut buf = vec![0u8; 1024];
+    let ack = c
+        .poll_transmit(&mut buf)
+        .map(|t| String::from_utf8(buf[..t.unwrap().len].to_vec()).unwrap());
+    (r, ack)
+}
+
+fn refusals(c: &mut Coordinator<'static, 4>) -> Vec<(&'static str, bool)> {
+    std::iter::from_fn(|| c.poll_event())
+        .filter_map(|e| match e {
+            CoordinatorEvent::Refused { reason, acked, .. } => Some((reason, acked)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_pool_whose_end_overflows_is_refused_with_the_reason() {
+    let mut c = coordinator(8);
+    let reg = br#"{"msg_type":"transfer_register","role":"denoiser","session_id":"d","pool_ptr":18446744073709547520,"pool_size":16777216,"work_endpoint":"tcp://d:1"}"#;
+    let (r, ack) = answer_to(&mut c, 1, reg);
+    assert_eq!(r, Ok(()));
+    let ack = ack.expect("an answer");
+    assert!(ack.contains(r#""accepted":false"#), "{ack}");
+    assert!(ack.contains("overflows"), "{ack}");
+    assert_eq!(c.members(), 0);
+    assert_eq!(
+        refusals(&mut c),
+        [("pool_ptr + pool_size overflows 64 bits", true)]
+    );
+    // An unknown role is refused the same way, and said.
+    let reg = br#"{"msg_type":"transfer_register","role":"overlord","session_id":"o","pool_ptr":4096,"pool_size":4096,"work_endpoint":"tcp://o:1"}"#;
+    let (_, ack) = answer_to(&mut c, 2, reg);
+    assert!(ack.unwrap().contains("unknown role"));
+    assert_eq!(refusals(&mut c), [("unknown role", true)]);
+    assert_eq!(c.stats().refused, 2);
+}
+
+#[test]
+fn with_an_admission_list_only_its_endpoints_register_as_their_roles() {
+    let mut c = coordinator(8);
+    c.admit("denoiser", "tcp://d:1").unwrap();
+    assert_eq!(
+        c.admit("painter", "tcp://p:1"),
+        Err(ConfigError::UnknownRole)
+    );
+    let reg = |role: &str, ep: &str| {
+        format!(
+            r#"{{"msg_type":"transfer_register","role":"{role}","session_id":"s-{ep}","pool_ptr":4096,"pool_size":65536,"work_endpoint":"{ep}"}}"#
+        )
+    };
+    // A stranger: dropped unanswered, and said.
+    let (r, ack) = answer_to(&mut c, 1, reg("denoiser", "tcp://ghost:1").as_bytes());
+    assert_eq!((r, ack), (Err(Ignored::NotAdmitted), None));
+    // An admitted endpoint under another role: the same.
+    let (r, ack) = answer_to(&mut c, 2, reg("encoder", "tcp://d:1").as_bytes());
+    assert_eq!((r, ack), (Err(Ignored::NotAdmitted), None));
+    assert_eq!(
+        refusals(&mut c),
+        [
+            ("the endpoint is not admitted for this role", false),
+            ("the endpoint is not admitted for this role", false)
+        ]
+    );
+    assert_eq!(c.members(), 0);
+    // The admitted endpoint as its role.
+    let (r, ack) = answer_to(&mut c, 3, reg("denoiser", "tcp://d:1").as_bytes());
+    assert_eq!(r, Ok(()));
+    assert!(ack.unwrap().contains(r#""accepted":true"#));
+    assert_eq!(c.members(), 1);
+}
+
+#[test]
+fn forged_allocs_cannot_take_the_room_of_the_preallocated_slots() {
+    world!(w, 8);
+    let mut buf = vec![0u8; 1024];
+    let mut answers = Vec::new();
+    // A flood of ALLOCs for ids nobody staged (8 request records, 2
+    // preallocated slots: 6 may be reserved).
+    for n in 0..20 {
+        let alloc = format!(
+            r#"{{"msg_type":"transfer_alloc","request_id":"forged-{n}","data_size":1024,"source_role":"encoder"}}"#
+        );
+        let _ = w.insts[1].handle(w.now, &decode(alloc.as_bytes()).unwrap());
+        while let Some(r) = w.insts[1].poll_transmit(&mut buf) {
+            answers.push(decode(&buf[..r.unwrap()]).unwrap().msg_type());
+        }
+    }
+    let allocated = answers.iter().filter(|t| **t == MsgType::Allocated).count();
+    let rejected = answers
+        .iter()
+        .filter(|t| **t == MsgType::AllocReject)
+        .count();
+    assert_eq!((allocated, rejected), (6, 14), "{answers:?}");
+    // A real hand-off on the fast path still finds its place.
+    w.stage(0, "real", 6 * KIB);
+    let [token] = w.received(1)[..] else {
+        panic!("{:?}", w.inst_events)
+    };
+    w.insts[1].release(token, None).unwrap();
+    w.pump();
+    assert_eq!(w.delivered(), 1);
 }

@@ -648,7 +648,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                             (now - t0) / MS
                         );
                     }
-                    CoordinatorEvent::Registered { .. } => {}
+                    CoordinatorEvent::Registered { .. } | CoordinatorEvent::Refused { .. } => {}
                 }
             }
             if let Some(t) = coord.poll_timeout() {
@@ -729,7 +729,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
             while let Some(e) = inst.poll_event() {
                 match e {
                     InstanceEvent::Received(token) => received.push(token),
-                    InstanceEvent::SendFailed { id } => {
+                    InstanceEvent::SendFailed { id, .. } => {
                         // Ends within the sender's own staged timeout at most.
                         let key = (id.to_string(), i / PER_ROLE);
                         if let Some(t0) = staged_at.get(&key) {

@@ -64,6 +64,11 @@ pub struct CoordinatorSettings {
     /// a message arrives at tells its sender's role, and its content the
     /// sender. Empty when the channel names senders.
     pub result_endpoints: Vec<String>,
+    /// The endpoints that may register, as (role, work endpoint) pairs,
+    /// like sglang's `--encoder-urls`, `--denoiser-urls` and
+    /// `--decoder-urls`: with any, every other registration is dropped
+    /// (and logged); empty, any endpoint may register.
+    pub admitted: Vec<(String, String)>,
 }
 
 impl CoordinatorSettings {
@@ -87,6 +92,7 @@ impl CoordinatorSettings {
             late_done_wait: Duration::from_secs(5),
             limits: Limits::default(),
             result_endpoints: Vec::new(),
+            admitted: Vec::new(),
         }
     }
 }
@@ -150,8 +156,20 @@ impl CoordinatorNode {
             quarantine: settings.quarantine,
             late_done_wait: settings.late_done_wait,
         };
-        let machine = Coordinator::new(config, CoordinatorStorage::owned(&settings.limits))
+        let mut limits = settings.limits;
+        // Room for the whole admission list.
+        limits.members = limits.members.max(settings.admitted.len());
+        let mut machine = Coordinator::new(config, CoordinatorStorage::owned(&limits))
             .map_err(NodeError::Coordinator)?;
+        for (role, endpoint) in &settings.admitted {
+            machine
+                .admit(role, endpoint)
+                .map_err(|e| NodeError::Admission {
+                    role: role.clone(),
+                    endpoint: endpoint.clone(),
+                    source: e,
+                })?;
+        }
         let (tx, rx) = channel.split();
         let endpoint = rx.local_endpoint().to_owned();
         let shared = Arc::new(Shared {
@@ -171,6 +189,8 @@ impl CoordinatorNode {
             lost: Vec::new(),
             on_event: Box::new(on_event),
             result_endpoints: settings.result_endpoints.clone(),
+            peer_cap: peer_table_len(&limits),
+            refusals: HashMap::new(),
         };
         let thread = std::thread::Builder::new()
             .name("ferry-coordinator".into())
@@ -213,10 +233,36 @@ impl Drop for CoordinatorNode {
 
 type OnEvent = Box<dyn FnMut(&CoordinatorEvent) + Send>;
 
-/// The peer id of `endpoint`, made on first sight.
-fn intern(peers: &mut Vec<String>, ids: &mut HashMap<String, PeerId>, endpoint: &str) -> PeerId {
+/// The endpoints a coordinator names at once: members, and strangers
+/// whose messages it answered or refused. Past this, a stranger's id is
+/// reused, so that a flood of registrations under made-up endpoints costs
+/// a bounded table.
+fn peer_table_len(limits: &Limits) -> usize {
+    4 * limits.members + 64
+}
+
+/// The peer id of `endpoint`, made on first sight; when the table is full,
+/// the id of a peer that is not a member is given to it.
+fn intern(
+    peers: &mut Vec<String>,
+    ids: &mut HashMap<String, PeerId>,
+    cap: usize,
+    is_member: impl Fn(PeerId) -> bool,
+    endpoint: &str,
+) -> PeerId {
     if let Some(&p) = ids.get(endpoint) {
         return p;
+    }
+    if peers.len() >= cap {
+        let stranger = (1..=peers.len() as u32)
+            .map(PeerId)
+            .find(|&p| !is_member(p));
+        if let Some(p) = stranger {
+            let old = std::mem::replace(&mut peers[p.0 as usize - 1], endpoint.to_owned());
+            ids.remove(&old);
+            ids.insert(endpoint.to_owned(), p);
+            return p;
+        }
     }
     peers.push(endpoint.to_owned());
     let p = PeerId(peers.len() as u32);
@@ -238,6 +284,11 @@ struct Progress<S, R> {
     lost: Vec<PeerId>,
     on_event: OnEvent,
     result_endpoints: Vec<String>,
+    /// Most peers named at once ([`peer_table_len`]).
+    peer_cap: usize,
+    /// Refused registrations per peer, for logging the first and then
+    /// every 100th.
+    refusals: HashMap<PeerId, u64>,
 }
 
 impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
@@ -261,6 +312,7 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             ids,
             buf,
             result_endpoints,
+            peer_cap,
             ..
         } = self;
         let m = &shared.probe.metrics;
@@ -283,7 +335,7 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             }
         };
         let decoded = if msg.magic == TRANSFER_MAGIC {
-            match m.decode_transfer(msg.from, msg.payload) {
+            match m.decode_transfer(msg.from, msg.via, msg.payload) {
                 Some(d) => d,
                 None => return,
             }
@@ -301,12 +353,18 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
         };
         let mut name = [0u8; 256];
         let peer = match (&decoded, msg.from.is_empty()) {
-            (_, false) => intern(peers, ids, msg.from),
+            (_, false) => intern(
+                peers,
+                ids,
+                *peer_cap,
+                |p| machine.role_of(p).is_some(),
+                msg.from,
+            ),
             // A channel that cannot name senders: registration names the
             // endpoint to answer at, and the rest is judged by content and
             // the endpoint it arrived at.
             (Msg::Register(r), true) => match r.work_endpoint.unescape_into(&mut name) {
-                Ok(e) => intern(peers, ids, e),
+                Ok(e) => intern(peers, ids, *peer_cap, |p| machine.role_of(p).is_some(), e),
                 Err(_) => return,
             },
             (_, true) => {
@@ -338,6 +396,7 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             lost,
             shared,
             on_event,
+            refusals,
             ..
         } = self;
         if machine.poll_timeout().is_some_and(|t| t <= now) {
@@ -380,6 +439,26 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             match &e {
                 CoordinatorEvent::Registered { peer, role, .. } => {
                     info!(peer = ?peers.get((peer.0 as usize).wrapping_sub(1)), role, "instance registered");
+                }
+                CoordinatorEvent::Refused {
+                    peer,
+                    reason,
+                    acked,
+                } => {
+                    let endpoint = peers.get((peer.0 as usize).wrapping_sub(1));
+                    // Said once per endpoint and then every 100th time: a
+                    // refused instance retries, and a forger can repeat.
+                    let n = refusals.entry(*peer).or_insert(0);
+                    *n += 1;
+                    if *n == 1 || *n % 100 == 0 {
+                        warn!(
+                            endpoint = endpoint.map_or("", String::as_str),
+                            reason,
+                            answered = acked,
+                            times = *n,
+                            "registration refused"
+                        );
+                    }
                 }
                 CoordinatorEvent::Delivered { id, leg, timing } => {
                     shared.probe.delivered(*leg, timing);

@@ -20,6 +20,16 @@ pub enum NodeError {
     /// Coordinator settings it cannot take.
     #[error("coordinator settings: {0}")]
     Coordinator(ConfigError),
+    /// An entry of the admission list it cannot take.
+    #[error("admitting {endpoint} as {role}: {source}")]
+    Admission {
+        /// The role.
+        role: String,
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        source: ConfigError,
+    },
     /// The data plane failed.
     #[error("data plane {verb}: {source}")]
     Transport {
@@ -56,9 +66,12 @@ pub enum NodeError {
         /// How long it was awaited.
         after: Duration,
     },
-    /// The coordinator refused the registration (unknown role?).
-    #[error("the coordinator refused the registration")]
-    Refused,
+    /// The coordinator refused the registration, for the reason it gave.
+    #[error("the coordinator refused the registration: {reason}")]
+    Refused {
+        /// The coordinator's words (`unknown role`, ...).
+        reason: String,
+    },
     /// A delivery of another node was passed to this node's call.
     #[error("the delivery was received by another node")]
     ForeignDelivery,

@@ -131,6 +131,9 @@ pub struct Outcome {
     pub id: RequestId,
     /// True if its bytes reached the receiver.
     pub sent: bool,
+    /// Why it did not (the coordinator's abort reason, the write's error,
+    /// a local timeout); empty when sent.
+    pub reason: Reason,
 }
 
 /// A message on the control channel that is not a transfer message (sglang
@@ -255,12 +258,26 @@ impl<S: ControlSend> Shared<S> {
                     self.probe.sent(&timing);
                     Metrics::add(&self.probe.metrics.sent, 1);
                     debug!(%id, "sent");
-                    push_bounded(outcomes, Outcome { id, sent: true });
+                    push_bounded(
+                        outcomes,
+                        Outcome {
+                            id,
+                            sent: true,
+                            reason: Reason::EMPTY,
+                        },
+                    );
                 }
-                InstanceEvent::SendFailed { id } => {
+                InstanceEvent::SendFailed { id, reason } => {
                     Metrics::add(&self.probe.metrics.send_failed, 1);
-                    info!(%id, "send failed");
-                    push_bounded(outcomes, Outcome { id, sent: false });
+                    info!(%id, %reason, "send failed");
+                    push_bounded(
+                        outcomes,
+                        Outcome {
+                            id,
+                            sent: false,
+                            reason,
+                        },
+                    );
                 }
                 InstanceEvent::Aborted(t) => {
                     // The application sees it on the delivery
@@ -466,7 +483,12 @@ where
             .unwrap_or_else(PoisonError::into_inner);
         match st.machine.registration() {
             Registration::Accepted | Registration::Sent => Ok(()),
-            Registration::Refused => Err(NodeError::Refused),
+            Registration::Refused => Err(NodeError::Refused {
+                reason: match st.machine.refusal() {
+                    "" => "no reason given".to_owned(),
+                    why => why.to_owned(),
+                },
+            }),
             Registration::Pending => Err(NodeError::NotRegistered(timeout)),
         }
     }
@@ -976,7 +998,7 @@ where
                     shared.changed.notify_all();
                     return;
                 }
-                let Some(decoded) = m.decode_transfer(msg.from, msg.payload) else {
+                let Some(decoded) = m.decode_transfer(msg.from, msg.via, msg.payload) else {
                     return;
                 };
                 let mut st = shared.lock();

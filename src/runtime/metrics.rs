@@ -65,18 +65,30 @@ metrics! {
 
 impl Metrics {
     /// Decodes a received transfer message, counting it; a payload that
-    /// does not decode is counted as a bad frame, logged, and `None`.
+    /// does not decode is counted as a bad frame, logged (with its sender
+    /// where the channel names it, and the endpoint it arrived at), and
+    /// `None`.
     pub(crate) fn decode_transfer<'a>(
         &self,
         from: &str,
+        via: &str,
         payload: &'a [u8],
     ) -> Option<ferry_core::wire::Msg<'a>> {
         Self::add(&self.messages_in, 1);
         match ferry_core::wire::decode(payload) {
             Ok(m) => Some(m),
             Err(e) => {
-                Self::add(&self.bad_frames, 1);
-                tracing::warn!(%from, error = %e, "undecodable transfer message dropped");
+                let n = self.bad_frames.fetch_add(1, Ordering::Relaxed);
+                // The first ten, then one in a thousand: a peer that sends
+                // garbage costs a counter, not the log.
+                if n < 10 || n % 1000 == 0 {
+                    let from = if from.is_empty() {
+                        "(not named by the channel)"
+                    } else {
+                        from
+                    };
+                    tracing::warn!(from, via, error = %e, bad_frames = n + 1, "undecodable transfer message dropped");
+                }
                 None
             }
         }

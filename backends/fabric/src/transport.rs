@@ -205,9 +205,12 @@ impl Book {
         self.news = true;
     }
 
-    fn expire(&mut self, now: Instant, timeout: Duration) {
+    /// Fails the writes past their deadline; returns how many.
+    fn expire(&mut self, now: Instant, timeout: Duration) -> usize {
+        let mut expired = 0;
         for ws in self.writes.iter_mut().flatten() {
             if !ws.reported && now >= ws.deadline {
+                expired += 1;
                 ws.reported = true;
                 // A write that may still land must not land later, into a
                 // slot given to another request: drop the peer, which
@@ -223,6 +226,7 @@ impl Book {
                 self.news = true;
             }
         }
+        expired
     }
 }
 
@@ -499,6 +503,31 @@ impl Shared {
                 }
             }
         }
+    }
+}
+
+/// What the progress thread's silence means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stall {
+    /// It went round its loop lately (or is held on purpose).
+    None,
+    /// It is inside one provider call for longer than the write timeout,
+    /// and no write failed for it: a provider may rightly copy a window of
+    /// large writes inside one queue read. Not a fault.
+    Long,
+    /// Writes timed out while it was silent: said once, as an error.
+    Failing,
+    /// It came back after `Failing` was said.
+    Back,
+}
+
+fn stall(silent: Duration, timeout: Duration, held: bool, expired: usize, reported: bool) -> Stall {
+    let stuck = silent > timeout && !held;
+    match (stuck, reported) {
+        (true, false) if expired > 0 => Stall::Failing,
+        (true, _) => Stall::Long,
+        (false, true) => Stall::Back,
+        (false, false) => Stall::None,
     }
 }
 
@@ -982,14 +1011,35 @@ impl Transport for FabricTransport {
             let now = Instant::now();
             if now >= self.next_sweep {
                 self.next_sweep = now + SWEEP;
-                book.expire(now, self.write_timeout);
+                let expired = book.expire(now, self.write_timeout);
                 let beat = Duration::from_millis(self.shared.beat.load(Ordering::Relaxed));
-                let stuck = self.shared.born.elapsed().saturating_sub(beat) > self.write_timeout;
-                if stuck && !book.held && !std::mem::replace(&mut self.stuck_reported, true) {
-                    tracing::error!(
-                        provider = %self.opened.provider,
-                        "the progress thread is stuck inside the provider; writes will fail at their timeout"
-                    );
+                let silent = self.shared.born.elapsed().saturating_sub(beat);
+                let provider = &self.opened.provider;
+                let silent_ms = silent.as_millis() as u64;
+                match stall(
+                    silent,
+                    self.write_timeout,
+                    book.held,
+                    expired,
+                    self.stuck_reported,
+                ) {
+                    Stall::Failing => {
+                        self.stuck_reported = true;
+                        tracing::error!(
+                            %provider,
+                            expired,
+                            silent_ms,
+                            "writes timed out while the progress thread was inside one provider call; later writes fail at their timeout until it returns"
+                        );
+                    }
+                    Stall::Long => {
+                        tracing::debug!(%provider, silent_ms, "the progress thread is inside a long provider call");
+                    }
+                    Stall::Back => {
+                        self.stuck_reported = false;
+                        tracing::info!(%provider, "the progress thread is back from the provider");
+                    }
+                    Stall::None => {}
                 }
             }
             if let Some(c) = book.done.pop_front() {
@@ -1066,5 +1116,28 @@ impl WakeFd {
         // SAFETY: reads 8 bytes into a live buffer from our own
         // non-blocking eventfd; EAGAIN means it was clear.
         let _ = unsafe { libc::read(self.fd(), v.as_mut_ptr().cast(), v.len()) };
+    }
+}
+
+#[cfg(test)]
+mod stall_tests {
+    use super::*;
+
+    #[test]
+    fn a_long_provider_call_is_an_error_only_once_writes_fail_for_it() {
+        let t = Duration::from_secs(5);
+        let long = Duration::from_secs(6);
+        // A healthy run whose provider copies a large window in one call.
+        assert_eq!(stall(long, t, false, 0, false), Stall::Long);
+        assert_eq!(
+            stall(Duration::from_millis(3), t, false, 0, false),
+            Stall::None
+        );
+        // Held on purpose (a test pausing the thread) is not silence.
+        assert_eq!(stall(long, t, true, 3, false), Stall::None);
+        assert_eq!(stall(long, t, false, 2, false), Stall::Failing);
+        // Said once; then it comes back.
+        assert_eq!(stall(long, t, false, 2, true), Stall::Long);
+        assert_eq!(stall(Duration::ZERO, t, false, 0, true), Stall::Back);
     }
 }

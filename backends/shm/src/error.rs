@@ -70,6 +70,20 @@ pub enum ShmError {
         /// The region's length.
         region_len: u64,
     },
+    /// The peer made its pool smaller than its session says, after this
+    /// side mapped it (found before the copy, or by the fault it caused):
+    /// the write fails rather than the process.
+    #[error(
+        "peer session {session}: its pool shrank to {actual} bytes (its session says {claimed})"
+    )]
+    PeerShrank {
+        /// The peer's session.
+        session: String,
+        /// The size the session claims.
+        claimed: u64,
+        /// The object's size now.
+        actual: u64,
+    },
     /// A region not registered (or deregistered) with this transport.
     #[error("region {0} is not registered")]
     UnknownRegion(u32),
@@ -92,7 +106,8 @@ impl Fault for ShmError {
             Self::BadSession { .. } | Self::ShortObject { .. } => FaultKind::UnknownPeer,
             Self::DestOutOfBounds { .. }
             | Self::SourceOutOfBounds { .. }
-            | Self::UnknownRegion(_) => FaultKind::OutOfBounds,
+            | Self::UnknownRegion(_)
+            | Self::PeerShrank { .. } => FaultKind::OutOfBounds,
             Self::NotShared { .. } => FaultKind::Registration,
         }
     }

@@ -16,6 +16,7 @@
 
 mod copy;
 mod error;
+mod guard;
 mod mem;
 mod pool;
 mod session;

@@ -157,6 +157,13 @@ impl ShmPool {
     pub fn is_unlinked(&self) -> Result<bool, ShmError> {
         Ok(fstat(&self.fd, &self.name)?.st_nlink == 0)
     }
+
+    /// The object's state now: unlinked, and its size (which its owner may
+    /// have changed since it was mapped).
+    pub fn object_state(&self) -> Result<(bool, u64), ShmError> {
+        let st = fstat(&self.fd, &self.name)?;
+        Ok((st.st_nlink == 0, u64::try_from(st.st_size).unwrap_or(0)))
+    }
 }
 
 fn fstat(fd: &OwnedFd, name: &str) -> Result<libc::stat, ShmError> {

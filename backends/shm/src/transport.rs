@@ -8,12 +8,15 @@ use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteOp
 
 use crate::copy::Copier;
 use crate::error::ShmError;
+use crate::guard::Guard;
 use crate::pool::ShmPool;
 use crate::session::SessionId;
 
 /// A peer's pool, mapped here.
 #[derive(Debug)]
 struct Peer {
+    // Field order is drop order: unguarded before it is unmapped.
+    guard: Option<Guard>,
     map: ShmPool,
     base: u64,
     len: u64,
@@ -83,7 +86,22 @@ impl ShmTransport {
     /// unlinked is dropped and reported gone.
     fn peer(&mut self, session: &str) -> Result<&Peer, ShmError> {
         let gone = match self.peers.get(session) {
-            Some(p) => p.map.is_unlinked()?,
+            Some(p) => {
+                // Its owner may have shrunk it since: a copy past its new
+                // end would fault. Checked on every write (one fstat); a
+                // shrink racing the copy is caught by the kernel copy.
+                let (unlinked, size) = p.map.object_state()?;
+                if size < p.len {
+                    let claimed = p.len;
+                    self.peers.remove(session);
+                    return Err(ShmError::PeerShrank {
+                        session: session.to_owned(),
+                        claimed,
+                        actual: size,
+                    });
+                }
+                unlinked
+            }
             None => {
                 let id = SessionId::parse(session)?;
                 let len = usize::try_from(id.len).map_err(|_| ShmError::BadSession {
@@ -98,7 +116,15 @@ impl ShmTransport {
                     }
                     other => other,
                 })?;
+                let guard = Guard::new(map.as_ptr(), map.len());
+                if guard.is_none() {
+                    tracing::warn!(
+                        %session,
+                        "writes to this peer are not guarded against it shrinking its pool (no guard slot, or no SIGBUS handler)"
+                    );
+                }
                 let peer = Peer {
+                    guard,
                     map,
                     base: id.base,
                     len: id.len,
@@ -220,8 +246,29 @@ impl Transport for ShmTransport {
             // live mapping of the destination pool (own or peer's, held in
             // `self` for the whole call); both bounds were checked above and
             // the ranges are disjoint. Peers only write into slots the
-            // coordinator assigned them, never into this staged source.
+            // coordinator assigned them, never into this staged source. A
+            // peer's object may shrink under the copy: its mapping is
+            // guarded, and the fault is seen just below.
             unsafe { self.copier.copy(dst, src, n) };
+            if !own {
+                let shrank = self
+                    .peers
+                    .get(dest_session)
+                    .is_some_and(|p| p.guard.as_ref().is_some_and(Guard::take_fault));
+                if shrank {
+                    // Mapped again (and its size checked) on the next write.
+                    let actual = self
+                        .peers
+                        .remove(dest_session)
+                        .and_then(|p| p.map.object_state().ok())
+                        .map_or(0, |(_, size)| size);
+                    return Err(ShmError::PeerShrank {
+                        session: dest_session.to_owned(),
+                        claimed: pool_len,
+                        actual,
+                    });
+                }
+            }
         }
         if self.done.len() == self.done.capacity() {
             self.done.pop_front();
@@ -279,6 +326,106 @@ mod tests {
         // SAFETY: the range lies inside b's live pool.
         let got = unsafe { std::slice::from_raw_parts(b.pool_ptr().add(4096), 300_000) };
         assert!(got.iter().enumerate().all(|(i, &v)| v == (i % 251) as u8));
+    }
+
+    #[test]
+    fn a_peer_that_shrinks_its_pool_gets_a_typed_error_not_sigbus() {
+        use ferry_core::transport::{Fault, FaultKind};
+        let (mut a, region, b) = pair();
+        let s = b.session_id().to_owned();
+        let base = b.pool_ptr() as u64;
+        let write = |a: &mut ShmTransport| {
+            a.post_write(&WriteOp {
+                region,
+                local_offset: 0,
+                len: 64 << 10,
+                dest_session: &s,
+                dest_addr: base + (512 << 10),
+                tag: WriteTag(0),
+                cookie: 3,
+            })
+        };
+        write(&mut a).unwrap();
+        assert!(a.poll_completion().unwrap().result.is_ok());
+        // The receiver shrinks its object behind the sender's back, after
+        // the sender mapped it (a plain copy there would raise SIGBUS).
+        let name = SessionId::parse(b.session_id()).unwrap().name;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/dev/shm{name}"))
+            .unwrap();
+        f.set_len(4096).unwrap();
+        let e = write(&mut a).unwrap_err();
+        assert!(
+            matches!(e, ShmError::PeerShrank { actual: 4096, claimed, .. } if claimed == 1 << 20),
+            "{e}"
+        );
+        assert_eq!(e.kind(), FaultKind::OutOfBounds);
+        assert!(a.poll_completion().is_none());
+        // Still refused (mapped again, its size checked), and the sender
+        // lives on: its own pool takes writes as before.
+        assert!(matches!(
+            write(&mut a),
+            Err(ShmError::ShortObject { .. } | ShmError::PeerShrank { .. })
+        ));
+        let own = a.session_id().to_owned();
+        let own_base = a.pool_ptr() as u64;
+        a.post_write(&WriteOp {
+            region,
+            local_offset: 0,
+            len: 4096,
+            dest_session: &own,
+            dest_addr: own_base + (256 << 10),
+            tag: WriteTag(0),
+            cookie: 4,
+        })
+        .unwrap();
+        assert!(a.poll_completion().unwrap().result.is_ok());
+    }
+
+    #[test]
+    fn a_peer_shrinking_and_growing_its_pool_under_writes_never_kills_the_sender() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let (mut a, region, b) = pair();
+        let s = b.session_id().to_owned();
+        let base = b.pool_ptr() as u64;
+        let name = SessionId::parse(&s).unwrap().name.to_owned();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&stop);
+        // The receiver's owner flips its object's size as fast as it can.
+        let flipper = std::thread::spawn(move || {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(format!("/dev/shm{name}"))
+                .unwrap();
+            while !flag.load(Ordering::Relaxed) {
+                f.set_len(4096).unwrap();
+                f.set_len(1 << 20).unwrap();
+            }
+        });
+        let (mut ok, mut refused) = (0, 0);
+        for i in 0..3000 {
+            let r = a.post_write(&WriteOp {
+                region,
+                local_offset: 0,
+                len: 256 << 10,
+                dest_session: &s,
+                dest_addr: base + (512 << 10),
+                tag: WriteTag(0),
+                cookie: i,
+            });
+            match r {
+                Ok(()) => {
+                    assert!(a.poll_completion().unwrap().result.is_ok());
+                    ok += 1;
+                }
+                Err(ShmError::PeerShrank { .. } | ShmError::ShortObject { .. }) => refused += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        flipper.join().unwrap();
+        assert!(refused > 0, "{ok} writes, none refused");
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //! queue full fails after a short timeout instead of blocking the caller,
 //! and closing lingers so that queued messages still go out.
 
+mod zap;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -153,9 +155,33 @@ impl ZmqChannel {
         endpoints: &[&str],
         settings: ZmqSettings,
     ) -> Result<Self, ZmqError> {
+        Self::bind_allowing(ctx, endpoints, settings, &[])
+    }
+
+    /// Like [`bind`](Self::bind), and with a non-empty `allow`, only peers
+    /// at those addresses can connect to its `tcp://` endpoints: ZeroMQ's
+    /// authentication protocol (ZAP) puts every new connection to a
+    /// handler this channel runs in `ctx`, which refuses (and logs) the
+    /// others before any message of theirs is read. One such channel per
+    /// context.
+    pub fn bind_allowing(
+        ctx: &zmq::Context,
+        endpoints: &[&str],
+        settings: ZmqSettings,
+        allow: &[std::net::IpAddr],
+    ) -> Result<Self, ZmqError> {
+        let zap = if allow.is_empty() {
+            None
+        } else {
+            Some(zap::ZapHandler::start(ctx, allow.to_vec())?)
+        };
         let mut pulls = Vec::new();
         for &e in endpoints {
             let s = ctx.socket(zmq::PULL).map_err(sys("socket(PULL)", e))?;
+            if zap.is_some() && e.starts_with("tcp://") {
+                s.set_zap_domain(zap::DOMAIN)
+                    .map_err(sys("setsockopt(ZAP_DOMAIN)", e))?;
+            }
             s.set_rcvhwm(settings.recv_hwm)
                 .map_err(sys("setsockopt(RCVHWM)", e))?;
             s.set_maxmsgsize(settings.max_message)
@@ -189,7 +215,9 @@ impl ZmqChannel {
             receiver: ZmqReceiver {
                 pulls,
                 monitors: Vec::new(),
+                reached: Vec::new(),
                 new_monitors: monitors_rx,
+                _zap: zap,
                 next: 0,
                 gone: String::new(),
             },
@@ -249,12 +277,18 @@ impl ZmqSender {
                 .map_err(sys("setsockopt(LINGER)", to))?;
             s.set_reconnect_ivl(millis(st.reconnect))
                 .map_err(sys("setsockopt(RECONNECT_IVL)", to))?;
+            // A TCP connect that hangs (no host answers) counts as failed
+            // after this, so that an endpoint nobody serves is found out.
+            s.set_connect_timeout(millis(CONNECT_TIMEOUT))
+                .map_err(sys("setsockopt(CONNECT_TIMEOUT)", to))?;
             let addr = format!(
                 "inproc://ferry-monitor-{}",
                 MONITORS.fetch_add(1, Ordering::Relaxed)
             );
-            s.monitor(&addr, zmq::SocketEvent::DISCONNECTED as i32)
-                .map_err(sys("monitor", to))?;
+            let events = zmq::SocketEvent::DISCONNECTED as i32
+                | zmq::SocketEvent::CONNECTED as i32
+                | zmq::SocketEvent::CONNECT_RETRIED as i32;
+            s.monitor(&addr, events).map_err(sys("monitor", to))?;
             let watch = self
                 .ctx
                 .socket(zmq::PAIR)
@@ -320,11 +354,31 @@ impl ControlSendParts for ZmqSender {
     }
 }
 
+/// How far a sender's connection to a peer got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reach {
+    /// Not yet connected.
+    Never,
+    /// Connected at least once.
+    Connected,
+    /// Its first connection failed, and that was reported.
+    Unreachable,
+}
+
+/// How long a TCP connect may hang before it counts as failed.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The receiving side: the PULL sockets, and the monitors of the sender's
 /// PUSH sockets.
 pub struct ZmqReceiver {
     pulls: Vec<(String, zmq::Socket)>,
     monitors: Vec<(String, zmq::Socket)>,
+    /// Per monitor: its peer was connected once, and (if not) whether its
+    /// being unreachable was reported.
+    reached: Vec<Reach>,
+    /// The allow-list's handler, if one was asked for: it lives as long as
+    /// the sockets it guards.
+    _zap: Option<zap::ZapHandler>,
     new_monitors: mpsc::Receiver<(String, zmq::Socket)>,
     next: usize,
     gone: String,
@@ -422,7 +476,7 @@ impl ZmqReceiver {
         Ok(Got::Message(i, n0, n0 + n1))
     }
 
-    fn read_monitor(&self, i: usize) -> Got {
+    fn read_monitor(&mut self, i: usize) -> Got {
         let s = &self.monitors[i].1;
         let mut event = [0u8; 6];
         let Ok(n) = s.recv_into(&mut event, zmq::DONTWAIT) else {
@@ -431,11 +485,25 @@ impl ZmqReceiver {
         while s.get_rcvmore().unwrap_or(false) {
             let _ = s.recv_into(&mut [], 0);
         }
+        if n < 2 {
+            return Got::Nothing;
+        }
         let code = u16::from_le_bytes([event[0], event[1]]);
-        if n >= 2 && code == zmq::SocketEvent::DISCONNECTED as u16 {
-            Got::Gone(i)
-        } else {
-            Got::Nothing
+        let reach = &mut self.reached[i];
+        match code {
+            c if c == zmq::SocketEvent::CONNECTED as u16 => {
+                *reach = Reach::Connected;
+                Got::Nothing
+            }
+            c if c == zmq::SocketEvent::DISCONNECTED as u16 => Got::Gone(i),
+            // A peer never reached, whose first connection failed: an
+            // endpoint nobody serves (a registration naming a ghost). Said
+            // once; ZeroMQ goes on retrying, and a later connection counts.
+            c if c == zmq::SocketEvent::CONNECT_RETRIED as u16 && *reach == Reach::Never => {
+                *reach = Reach::Unreachable;
+                Got::Gone(i)
+            }
+            _ => Got::Nothing,
         }
     }
 
@@ -502,6 +570,7 @@ impl ZmqReceiver {
     ) -> Result<Option<ChannelEvent<'b>>, ZmqError> {
         while let Ok(m) = self.new_monitors.try_recv() {
             self.monitors.push(m);
+            self.reached.push(Reach::Never);
         }
         let deadline = Instant::now() + wait;
         let got = loop {
@@ -569,6 +638,62 @@ mod tests {
             }
         }
         panic!("nothing arrived");
+    }
+
+    #[test]
+    fn an_allow_list_lets_only_its_addresses_through_and_finds_ghosts() {
+        let ctx = zmq::Context::new();
+        let allowed: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+        let (_own, mut rx) = ZmqChannel::bind_allowing(
+            &ctx,
+            &["tcp://127.0.0.1:*"],
+            ZmqSettings::default(),
+            &[allowed],
+        )
+        .unwrap()
+        .split();
+        let ep = rx.endpoints()[0].clone();
+        let other = zmq::Context::new();
+        let (mut tx, mut tx_events) =
+            ZmqChannel::bind(&other, &["tcp://127.0.0.1:*"], ZmqSettings::default())
+                .unwrap()
+                .split();
+        // The same receiver, reached from 127.0.0.1 (not on the list) and
+        // from 127.0.0.2 (libzmq's `source;destination` form).
+        let from_listed = format!("tcp://127.0.0.2:0;{}", ep.trim_start_matches("tcp://"));
+        let mut buf = vec![0u8; 256];
+        for _ in 0..5 {
+            tx.send(&ep, b"__transfer__", b"forged").unwrap();
+        }
+        tx.send(&from_listed, b"__transfer__", b"listed").unwrap();
+        let (_, _, payload) = next(&mut rx, &mut buf);
+        assert_eq!(payload, b"listed");
+        // Nothing else comes: the refused connection's messages never do.
+        for _ in 0..10 {
+            match rx.recv(&mut buf, Duration::from_millis(50)) {
+                Ok(Some(ChannelEvent::Message(m))) => panic!("{:?} got through", m.payload),
+                Ok(_) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        // A peer nobody serves is reported gone once its first connection
+        // fails (a registration naming a ghost endpoint).
+        tx.send("tcp://127.0.0.1:1", b"__transfer__", b"to nobody")
+            .unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            match tx_events.recv(&mut buf, Duration::from_millis(50)) {
+                Ok(Some(ChannelEvent::Gone {
+                    from: "tcp://127.0.0.1:1",
+                })) => break,
+                Ok(_) => {}
+                Err(e) => panic!("{e}"),
+            }
+            assert!(
+                Instant::now() < end,
+                "the unserved endpoint was not reported"
+            );
+        }
     }
 
     #[test]

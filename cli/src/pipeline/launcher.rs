@@ -565,31 +565,29 @@ pub fn table(s: &Summary) -> String {
 
 /// The summary as one JSON object.
 pub fn json(s: &Summary) -> String {
-    let reasons: Vec<String> = s
+    let reasons: Vec<serde_json::Value> = s
         .reasons
         .iter()
-        .map(|(l, r, n)| format!(r#"{{"leg":{l},"reason":"{r}","count":{n}}}"#))
+        .map(|(l, r, n)| serde_json::json!({"leg": l, "reason": r, "count": n}))
         .collect();
-    format!(
-        r#"{{"ok":{},"requests":{},"delivered":{},"failed":{},"reasons":[{}],"bytes":{},"seconds":{:.3},"leg0_p50_us":{},"leg0_p99_us":{},"leg1_p50_us":{},"leg1_p99_us":{},"mismatches":{},"leaks":{},"shm_left":{},"shm_cleaned":{},"killed":{},"incomplete":{}}}"#,
-        s.ok(),
-        s.requests,
-        s.delivered,
-        s.failed,
-        reasons.join(","),
-        s.bytes,
-        s.seconds,
-        s.latency_us[0].0,
-        s.latency_us[0].1,
-        s.latency_us[1].0,
-        s.latency_us[1].1,
-        s.mismatches,
-        s.leaks.len(),
-        s.shm_left,
-        s.shm_cleaned,
-        s.killed
-            .as_ref()
-            .map_or("null".to_owned(), |k| format!("\"{k}\"")),
-        s.incomplete
-    )
+    serde_json::json!({
+        "ok": s.ok(),
+        "requests": s.requests,
+        "delivered": s.delivered,
+        "failed": s.failed,
+        "reasons": reasons,
+        "bytes": s.bytes,
+        "seconds": (s.seconds * 1000.0).round() / 1000.0,
+        "leg0_p50_us": s.latency_us[0].0,
+        "leg0_p99_us": s.latency_us[0].1,
+        "leg1_p50_us": s.latency_us[1].0,
+        "leg1_p99_us": s.latency_us[1].1,
+        "mismatches": s.mismatches,
+        "leaks": s.leaks.len(),
+        "shm_left": s.shm_left,
+        "shm_cleaned": s.shm_cleaned,
+        "killed": s.killed,
+        "incomplete": s.incomplete,
+    })
+    .to_string()
 }

@@ -18,7 +18,7 @@ use clap::Parser;
 use ferry::runtime::{Head, InstanceSettings, SGLANG_HEAD_TIMEOUT};
 
 pub use launcher::{json, launch, table, LaunchArgs, Summary};
-pub use roles::{Control, DataPlane, InstanceArgs, Workload, PIPELINE};
+pub use roles::{Control, CoordinatorOptions, DataPlane, InstanceArgs, Workload, PIPELINE};
 
 /// Runs the pipeline, or one of its processes.
 #[derive(Parser, Debug)]
@@ -96,6 +96,24 @@ pub struct CoordinatorArgs {
     /// Timeout for a receiver's `transfer_done` after `transfer_ready`, ms.
     #[arg(long, env = "FERRY_DONE_TIMEOUT_MS", default_value_t = 60_000)]
     pub done_timeout_ms: u64,
+    /// The work endpoints that may register as encoders, comma-separated
+    /// (as sglang's head takes them). With any of the three lists, every
+    /// registration they do not name is dropped, and logged; without, any
+    /// endpoint may register.
+    #[arg(long, env = "FERRY_ENCODER_URLS", value_delimiter = ',')]
+    pub encoder_urls: Vec<String>,
+    /// The work endpoints that may register as denoisers.
+    #[arg(long, env = "FERRY_DENOISER_URLS", value_delimiter = ',')]
+    pub denoiser_urls: Vec<String>,
+    /// The work endpoints that may register as decoders.
+    #[arg(long, env = "FERRY_DECODER_URLS", value_delimiter = ',')]
+    pub decoder_urls: Vec<String>,
+    /// Accept connections to this process's tcp:// endpoints only from
+    /// these IP addresses, comma-separated (ZeroMQ's ZAP refuses the
+    /// others before any message of theirs is read, and each refusal is
+    /// logged); without, any address may connect.
+    #[arg(long, env = "FERRY_ALLOW_FROM", value_delimiter = ',')]
+    pub allow_from: Vec<std::net::IpAddr>,
     /// Serve Prometheus metrics over HTTP at this address:port (port 0
     /// picks a free one; the process prints `{"event":"metrics","url":...}`).
     #[arg(long, env = "FERRY_METRICS_LISTEN")]
@@ -173,6 +191,12 @@ pub struct InstanceCliArgs {
     /// that head nothing gives up before it does.
     #[arg(long, env = "FERRY_HEAD_TIMEOUT", default_value_t = 600.0)]
     pub head_timeout: f64,
+    /// Accept connections to this process's tcp:// endpoints only from
+    /// these IP addresses, comma-separated (ZeroMQ's ZAP refuses the
+    /// others before any message of theirs is read, and each refusal is
+    /// logged); without, any address may connect.
+    #[arg(long, env = "FERRY_ALLOW_FROM", value_delimiter = ',')]
+    pub allow_from: Vec<std::net::IpAddr>,
     /// Serve Prometheus metrics over HTTP at this address:port (port 0
     /// picks a free one; the process prints `{"event":"metrics","url":...}`).
     #[arg(long, env = "FERRY_METRICS_LISTEN")]
@@ -392,11 +416,27 @@ pub fn coordinator_main(args: &CoordinatorArgs) -> ExitCode {
     let mut t = timeouts(Duration::from_millis(args.push_timeout_ms));
     t.alloc = Duration::from_millis(args.alloc_timeout_ms);
     t.done = Duration::from_millis(args.done_timeout_ms);
+    let admitted: Vec<(String, String)> = [
+        ("encoder", &args.encoder_urls),
+        ("denoiser", &args.denoiser_urls),
+        ("decoder", &args.decoder_urls),
+    ]
+    .into_iter()
+    .flat_map(|(role, urls)| {
+        urls.iter()
+            .filter(|u| !u.trim().is_empty())
+            .map(move |u| (role.to_owned(), u.trim().to_owned()))
+    })
+    .collect();
     roles::coordinator(
         &args.listen,
         args.control,
         t,
-        args.metrics_listen.as_deref(),
+        &roles::CoordinatorOptions {
+            metrics_listen: args.metrics_listen.clone(),
+            admitted,
+            allow_from: args.allow_from.clone(),
+        },
     )
 }
 
@@ -450,6 +490,7 @@ pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
         hold: Duration::from_millis(args.hold_ms),
         reserved_timeout: Duration::from_millis(args.reserved_timeout_ms),
         metrics_listen: args.metrics_listen.clone(),
+        allow_from: args.allow_from.clone(),
     })
 }
 
@@ -475,7 +516,10 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
                 &endpoints,
                 args.control,
                 timeouts(Duration::from_millis(args.push_timeout_ms)),
-                args.metrics_listen.as_deref(),
+                &roles::CoordinatorOptions {
+                    metrics_listen: args.metrics_listen.clone(),
+                    ..Default::default()
+                },
             );
         }
         Some(role) => {
@@ -504,6 +548,7 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
                 head: HeadKind::Ferry.into(),
                 head_timeout: SGLANG_HEAD_TIMEOUT,
                 metrics_listen: args.metrics_listen.clone(),
+                allow_from: Vec::new(),
             });
         }
         None => {}

@@ -26,6 +26,7 @@ use ferry::runtime::{
     Staging,
 };
 use ferry_core::transport::ControlSendParts;
+use serde_json::json;
 
 use crate::metrics_http::MetricsServer;
 
@@ -86,15 +87,11 @@ pub enum Workload {
 pub const PIPELINE: [&str; 3] = ["encoder", "denoiser", "decoder"];
 
 /// Prints one JSON object as a line (serde_json writes it: ids and errors
-/// from peers are escaped).
+/// from peers are escaped), flushed at once: the launcher reads it as it
+/// comes.
 pub(crate) fn emit_json(v: &serde_json::Value) {
-    emit(&v.to_string());
-}
-
-/// Prints one line and flushes it (the launcher reads it at once).
-pub(crate) fn emit(line: &str) {
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
+    let _ = writeln!(out, "{v}");
     let _ = out.flush();
 }
 
@@ -119,11 +116,19 @@ fn stdin_closed() -> Arc<AtomicBool> {
 }
 
 fn fail(what: &str, e: impl std::fmt::Display) -> ExitCode {
-    emit(&format!(
-        r#"{{"event":"error","what":"{what}","error":"{}"}}"#,
-        e.to_string().replace(['"', '\\'], "'")
-    ));
+    emit_json(&json!({"event": "error", "what": what, "error": e.to_string()}));
     ExitCode::FAILURE
+}
+
+/// What a coordinator process is told besides its endpoints.
+#[derive(Clone, Debug, Default)]
+pub struct CoordinatorOptions {
+    /// Where to serve Prometheus metrics, if anywhere.
+    pub metrics_listen: Option<String>,
+    /// (role, work endpoint) pairs that may register; empty: any.
+    pub admitted: Vec<(String, String)>,
+    /// The addresses that may connect (ZeroMQ over tcp); empty: any.
+    pub allow_from: Vec<std::net::IpAddr>,
 }
 
 /// Runs the coordinator until stdin closes. With ZeroMQ it binds one
@@ -133,10 +138,13 @@ pub fn coordinator(
     endpoints: &[String],
     control: Control,
     timeouts: Timeouts,
-    metrics: Option<&str>,
+    options: &CoordinatorOptions,
 ) -> ExitCode {
+    remove_stale_pools();
     let mut settings = CoordinatorSettings::new(&PIPELINE);
     settings.timeouts = timeouts;
+    settings.admitted = options.admitted.clone();
+    let metrics = options.metrics_listen.as_deref();
     match control {
         Control::Uds => match UdsChannel::bind(&endpoints[0]) {
             Ok(c) => run_coordinator(&settings, c, metrics),
@@ -145,7 +153,8 @@ pub fn coordinator(
         Control::Zmq => {
             let ctx = zmq::Context::new();
             let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
-            match ZmqChannel::bind(&ctx, &eps, ZmqSettings::default()) {
+            match ZmqChannel::bind_allowing(&ctx, &eps, ZmqSettings::default(), &options.allow_from)
+            {
                 Ok(c) => {
                     settings.result_endpoints = c.endpoints();
                     run_coordinator(&settings, c, metrics)
@@ -169,7 +178,7 @@ fn serve_metrics(
     add(&telemetry);
     match MetricsServer::start(listen, telemetry) {
         Ok(server) => {
-            emit_json(&serde_json::json!({"event": "metrics", "url": server.url()}));
+            emit_json(&json!({"event": "metrics", "url": server.url()}));
             Ok(Some(server))
         }
         Err(e) => Err(fail("metrics", e)),
@@ -184,16 +193,20 @@ where
 {
     let node = CoordinatorNode::start(settings, channel, |e| match e {
         CoordinatorEvent::Registered { role, .. } => {
-            emit(&format!(r#"{{"event":"registered","role":{role}}}"#));
+            emit_json(&json!({"event": "registered", "role": role}));
+        }
+        CoordinatorEvent::Refused { reason, acked, .. } => {
+            emit_json(&json!({"event": "refused", "reason": reason, "answered": acked}));
         }
         CoordinatorEvent::Delivered { id, leg, .. } => {
-            emit(&format!(
-                r#"{{"event":"delivered","id":"{id}","leg":{leg}}}"#
-            ));
+            emit_json(&json!({"event": "delivered", "id": id.as_str(), "leg": leg}));
         }
-        CoordinatorEvent::Failed { id, leg, reason } => emit(&format!(
-            r#"{{"event":"failed","id":"{id}","leg":{leg},"reason":"{reason}"}}"#
-        )),
+        CoordinatorEvent::Failed { id, leg, reason } => emit_json(&json!({
+            "event": "failed",
+            "id": id.as_str(),
+            "leg": leg,
+            "reason": reason.as_str(),
+        })),
     });
     let node = match node {
         Ok(n) => n,
@@ -203,7 +216,7 @@ where
         Ok(m) => m,
         Err(code) => return code,
     };
-    emit(r#"{"event":"ready"}"#);
+    emit_json(&json!({"event": "ready"}));
     let done = stdin_closed();
     while !done.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(20));
@@ -219,7 +232,7 @@ where
         .map(|(role, l)| {
             let h = l.handoff.snapshot();
             let us = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e6);
-            let leg = serde_json::json!({
+            let leg = json!({
                 "delivered": l.delivered(),
                 "handoff_count": h.count,
                 "handoff_sum_us": h.sum.as_secs_f64() * 1e6,
@@ -229,7 +242,7 @@ where
             (role.clone(), leg)
         })
         .collect();
-    emit_json(&serde_json::json!({
+    emit_json(&json!({
         "event": "summary",
         "role": "coordinator",
         "delivered": s.stats.delivered,
@@ -282,6 +295,8 @@ pub struct InstanceArgs {
     pub head_timeout: Duration,
     /// Where to serve Prometheus metrics (`host:port`), if anywhere.
     pub metrics_listen: Option<String>,
+    /// The addresses that may connect (ZeroMQ over tcp); empty: any.
+    pub allow_from: Vec<std::net::IpAddr>,
 }
 
 /// Counts and latencies an instance reports.
@@ -294,11 +309,24 @@ struct Tally {
     forward_failed: u64,
     sent: u64,
     send_failed: u64,
+    /// Why requests were not sent, with how many each.
+    failures: std::collections::BTreeMap<String, u64>,
     latencies_us: Vec<u64>,
+}
+
+/// Removes the pools of processes that died without removing them (SIGKILL,
+/// a crash), and says which: what a restarted process finds of its
+/// predecessor.
+fn remove_stale_pools() {
+    let removed = ferry_shm::clean_stale();
+    if !removed.is_empty() {
+        emit_json(&json!({"event": "stale_pools_removed", "objects": removed}));
+    }
 }
 
 /// Runs an instance until stdin closes.
 pub fn instance(args: &InstanceArgs) -> ExitCode {
+    remove_stale_pools();
     let mut settings = InstanceSettings::new(&args.role, &args.coordinator);
     settings.reserved_timeout = args.reserved_timeout;
     if args.head == Head::Sglang {
@@ -316,18 +344,16 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
             256 << 20
         }
     };
-    if args.pool_mib > 0 {
-        pool = args.pool_mib << 20;
-    }
     if let Some((n, mib)) = args.prealloc {
         settings.prealloc = (n, mib << 20);
     }
     if let Workload::Random { max_bytes, .. } = args.workload {
-        // Room for the largest request, twice over, besides the slots.
-        let need = usize::try_from(max_bytes.next_power_of_two().saturating_mul(2))
-            .unwrap_or(usize::MAX)
-            .saturating_add((settings.prealloc.0 as u64 * settings.prealloc.1) as usize);
-        pool = pool.max(need);
+        match random_pool(&settings, max_bytes, args.pool_mib, pool) {
+            Ok(p) => pool = p,
+            Err(e) => return fail("pool", e),
+        }
+    } else if args.pool_mib > 0 {
+        pool = args.pool_mib << 20;
     }
     #[cfg(feature = "fabric")]
     if let DataPlane::Fabric(config) = &args.data_plane {
@@ -386,6 +412,46 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
     }
 }
 
+/// The pool the random workload needs: the preallocated slots, and room
+/// for its largest request twice over (a slot is a power of two of at
+/// least `min_block`), in whole `min_block`s. The pool `--pool-mib` asks
+/// for is taken as given if it holds that, and refused with what it needs
+/// if not; without it, the role's `default` grows to what is needed.
+fn random_pool(
+    settings: &InstanceSettings,
+    max_bytes: u64,
+    pool_mib: usize,
+    default: usize,
+) -> Result<usize, String> {
+    let block = settings.min_block.max(1);
+    let (slots, slot) = settings.prealloc;
+    let prealloc = (slots as u64).saturating_mul(slot);
+    let largest = max_bytes.next_power_of_two().max(block);
+    let need = prealloc
+        .saturating_add(largest.saturating_mul(2))
+        .div_ceil(block)
+        .saturating_mul(block);
+    let need_mib = need.div_ceil(1 << 20);
+    if pool_mib == 0 {
+        return usize::try_from(need)
+            .map(|need| need.max(default))
+            .map_err(|_| {
+                format!("a pool of {need} bytes does not fit this machine's address space")
+            });
+    }
+    let asked = (pool_mib as u64).saturating_mul(1 << 20);
+    if asked < need {
+        return Err(format!(
+            "--pool-mib {pool_mib} is too small: {slots} preallocated slot(s) of {} MiB take {} MiB, and two requests of up to {max_bytes} bytes (--max-bytes) need {} MiB more; give --pool-mib {need_mib} or more, or fewer or smaller --prealloc slots",
+            slot >> 20,
+            prealloc >> 20,
+            (largest * 2).div_ceil(1 << 20),
+        ));
+    }
+    usize::try_from(asked)
+        .map_err(|_| format!("--pool-mib {pool_mib} does not fit this machine's address space"))
+}
+
 /// The instance's ZeroMQ channel at its endpoint.
 fn bind_zmq(args: &InstanceArgs) -> Result<ZmqChannel, ExitCode> {
     if args.control != Control::Zmq && args.data_plane.needs_zmq() {
@@ -395,7 +461,13 @@ fn bind_zmq(args: &InstanceArgs) -> Result<ZmqChannel, ExitCode> {
         ));
     }
     let ctx = zmq::Context::new();
-    ZmqChannel::bind(&ctx, &[&args.endpoint], ZmqSettings::default()).map_err(|e| fail("bind", e))
+    ZmqChannel::bind_allowing(
+        &ctx,
+        &[&args.endpoint],
+        ZmqSettings::default(),
+        &args.allow_from,
+    )
+    .map_err(|e| fail("bind", e))
 }
 
 /// Runs an instance of the sglang workload until stdin closes.
@@ -413,7 +485,7 @@ where
     if let Err(e) = node.wait_registered(Duration::from_secs(30)) {
         return fail("register", e);
     }
-    emit_json(&serde_json::json!({
+    emit_json(&json!({
         "event": "registered",
         "name": args.name,
         "pid": std::process::id(),
@@ -423,7 +495,7 @@ where
     let mut tally = SglangTally::default();
     sglang::run(node, role, &done, &mut tally);
     let s = node.stats();
-    emit_json(&serde_json::json!({
+    emit_json(&json!({
         "event": "summary",
         "role": args.role,
         "name": args.name,
@@ -459,11 +531,11 @@ fn run_instance<S: ControlSend + Send + 'static>(
     if let Err(e) = node.wait_registered(Duration::from_secs(30)) {
         return fail("register", e);
     }
-    emit(&format!(
-        r#"{{"event":"registered","name":"{}","pid":{}}}"#,
-        args.name,
-        std::process::id()
-    ));
+    emit_json(&json!({
+        "event": "registered",
+        "name": args.name,
+        "pid": std::process::id(),
+    }));
     let done = stdin_closed();
     let mut tally = Tally::default();
     let result = match (args.role.as_str(), args.workload) {
@@ -482,24 +554,25 @@ fn run_instance<S: ControlSend + Send + 'static>(
     }
     drain_outcomes(node, &mut tally, Duration::ZERO);
     let s = node.stats();
-    let lat: Vec<String> = tally.latencies_us.iter().map(u64::to_string).collect();
-    emit(&format!(
-        r#"{{"event":"summary","role":"{}","name":"{}","received":{},"verified":{},"mismatches":{},"forwarded":{},"forward_failed":{},"sent":{},"send_failed":{},"bytes_written":{},"requests_held":{},"live_slots":{},"prealloc_slots":{},"latencies_us":[{}]}}"#,
-        args.role,
-        args.name,
-        tally.received,
-        tally.verified,
-        tally.mismatches,
-        tally.forwarded,
-        tally.forward_failed,
-        tally.sent,
-        tally.send_failed,
-        s.metrics.bytes_written,
-        s.requests_held,
-        s.live_slots,
-        s.prealloc_slots,
-        lat.join(",")
-    ));
+    emit_json(&json!({
+        "event": "summary",
+        "role": args.role,
+        "name": args.name,
+        "received": tally.received,
+        "verified": tally.verified,
+        "mismatches": tally.mismatches,
+        "forwarded": tally.forwarded,
+        "forward_failed": tally.forward_failed,
+        "sent": tally.sent,
+        "send_failed": tally.send_failed,
+        "bytes_written": s.metrics.bytes_written,
+        "requests_held": s.requests_held,
+        "live_slots": s.live_slots,
+        "prealloc_slots": s.prealloc_slots,
+        "ignored": s.metrics.ignored,
+        "bad_frames": s.metrics.bad_frames,
+        "latencies_us": tally.latencies_us,
+    }));
     ExitCode::SUCCESS
 }
 
@@ -510,18 +583,32 @@ fn drain_outcomes<S: ControlSend + Send + 'static>(
 ) -> bool {
     match node.next_outcome(wait) {
         Some(o) if o.sent => tally.sent += 1,
-        Some(_) => tally.send_failed += 1,
+        Some(o) => {
+            tally.send_failed += 1;
+            *tally
+                .failures
+                .entry(o.reason.as_str().to_owned())
+                .or_default() += 1;
+        }
         None => return false,
     }
     true
 }
 
 fn scalars(n: u64) -> String {
-    format!(
-        r#"{{"n":{n},"prompt":"a red fox running through fresh snow at dawn, cinematic","negative_prompt":"","num_inference_steps":50,"guidance_scale":5.0,"seed":{},"height":720,"width":1280,"num_frames":81,"t_commit_ns":{}}}"#,
-        1000 + n,
-        wall_ns()
-    )
+    json!({
+        "n": n,
+        "prompt": "a red fox running through fresh snow at dawn, cinematic",
+        "negative_prompt": "",
+        "num_inference_steps": 50,
+        "guidance_scale": 5.0,
+        "seed": 1000 + n,
+        "height": 720,
+        "width": 1280,
+        "num_frames": 81,
+        "t_commit_ns": wall_ns(),
+    })
+    .to_string()
 }
 
 /// Stages a request, retrying while the pool or the request table is full
@@ -620,10 +707,12 @@ fn encode<S: ControlSend + Send + 'static>(
     while tally.sent + tally.send_failed < args.requests && !done.load(Ordering::Relaxed) {
         drain_outcomes(node, tally, Duration::from_millis(50));
     }
-    emit(&format!(
-        r#"{{"event":"encoded","sent":{},"send_failed":{}}}"#,
-        tally.sent, tally.send_failed
-    ));
+    emit_json(&json!({
+        "event": "encoded",
+        "sent": tally.sent,
+        "send_failed": tally.send_failed,
+        "failures": tally.failures,
+    }));
     Ok(())
 }
 
@@ -711,10 +800,7 @@ fn serve<S: ControlSend + Send + 'static>(
         }
         if let Some((field, at)) = verify(&d, n, workload, forward) {
             tally.mismatches += 1;
-            emit(&format!(
-                r#"{{"event":"mismatch","id":"{}","field":"{field}","byte":{at}}}"#,
-                d.id()
-            ));
+            emit_json(&json!({"event": "mismatch", "id": d.id(), "field": field, "byte": at}));
             d.fail("byte mismatch");
             continue;
         }
@@ -732,9 +818,7 @@ fn serve<S: ControlSend + Send + 'static>(
             Ok(()) => tally.forwarded += 1,
             Err(e) => {
                 tally.forward_failed += 1;
-                emit_json(
-                    &serde_json::json!({"event": "forward_failed", "id": id, "error": e.to_string()}),
-                );
+                emit_json(&json!({"event": "forward_failed", "id": id, "error": e.to_string()}));
             }
         }
     }

@@ -148,7 +148,7 @@ impl<const N: usize> Text<N> {
     }
 
     /// Appends as much of `s` as fits, cut at a character boundary.
-    fn push_truncated(&mut self, s: &str) {
+    pub(crate) fn push_truncated(&mut self, s: &str) {
         let room = N - self.len;
         let mut take = s.len().min(room);
         while !s.is_char_boundary(take) {
@@ -234,6 +234,9 @@ impl<const N: usize> fmt::Display for Text<N> {
 pub struct Tombstone {
     id: RequestId,
     leg: Leg,
+    /// Who ended it, for telling a duplicate (the same owner) from a reuse
+    /// of the id (another): the coordinator's sender registration epoch.
+    owner: u32,
 }
 
 impl Default for Tombstone {
@@ -247,10 +250,11 @@ impl Tombstone {
     pub const EMPTY: Self = Self {
         id: RequestId::EMPTY,
         leg: Leg::FromRole(0),
+        owner: 0,
     };
 
-    pub(crate) fn new(id: RequestId, leg: Leg) -> Self {
-        Self { id, leg }
+    pub(crate) fn new(id: RequestId, leg: Leg, owner: u32) -> Self {
+        Self { id, leg, owner }
     }
 
     pub(crate) fn is(&self, id: JsonStr<'_>, leg: Leg) -> bool {
@@ -275,9 +279,21 @@ impl<'s> Graveyard<'s> {
         self.stones.iter().any(|t| t.is(id, leg))
     }
 
+    /// The owners `id`'s `leg` was buried by, newest first: true if
+    /// `owner` is among them.
+    pub(crate) fn buried_by(&self, id: JsonStr<'_>, leg: Leg, owner: u32) -> bool {
+        self.stones
+            .iter()
+            .any(|t| t.is(id, leg) && t.owner == owner)
+    }
+
     pub(crate) fn bury(&mut self, id: RequestId, leg: Leg) {
+        self.bury_owned(id, leg, 0);
+    }
+
+    pub(crate) fn bury_owned(&mut self, id: RequestId, leg: Leg, owner: u32) {
         if let Some(t) = self.stones.get_mut(self.next) {
-            *t = Tombstone::new(id, leg);
+            *t = Tombstone::new(id, leg, owner);
             self.next = (self.next + 1) % self.stones.len();
         }
     }
@@ -310,6 +326,8 @@ pub enum Ignored {
     BadField(&'static str),
     /// An id or name longer than this side stores.
     TooLong(&'static str),
+    /// A registration from an endpoint the admission list does not name.
+    NotAdmitted,
 }
 
 impl fmt::Display for Ignored {
@@ -326,6 +344,7 @@ impl fmt::Display for Ignored {
             Self::Duplicate => f.write_str("duplicate"),
             Self::BadField(name) => write!(f, "field `{name}` out of range"),
             Self::TooLong(name) => write!(f, "field `{name}` too long"),
+            Self::NotAdmitted => f.write_str("endpoint not admitted for its role"),
         }
     }
 }

@@ -23,21 +23,43 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             epoch: sender.epoch,
         };
         let sender_role = sender.role;
+        let leg = Leg::FromRole(sender_role);
         let live = self
             .transfers
             .iter()
             .flatten()
-            .any(|t| t.id.eq_json(m.request_id) && t.sender_role == sender_role);
-        if live
-            || self
-                .finished
-                .contains(m.request_id, Leg::FromRole(sender_role))
-        {
+            .find(|t| t.id.eq_json(m.request_id) && t.sender_role == sender_role)
+            .map(|t| t.sender);
+        // The same sender's staged again (a retry, a duplicate on the
+        // network): ignored. Another sender's (an instance restarted under
+        // the same name, two with the same ids): the id is taken, and the
+        // sender is told so rather than left waiting.
+        let duplicate = live == Some(sender_ref)
+            || (live.is_none() && self.finished.buried_by(m.request_id, leg, sender_ref.epoch));
+        let reused = live.is_some() || self.finished.contains(m.request_id, leg);
+        if duplicate {
             return Err(Ignored::Duplicate);
+        }
+        if reused {
+            self.send(
+                from,
+                OutMsg::Abort {
+                    id,
+                    reason: FailReason::IdReused.as_str(),
+                    source_role: sender_role,
+                },
+            );
+            self.stats.failed += 1;
+            self.event(CoordinatorEvent::Failed {
+                id,
+                leg: sender_role,
+                reason: FailReason::IdReused,
+            });
+            return Ok(());
         }
         self.stats.staged += 1;
         let abort = |c: &mut Self, reason: FailReason| {
-            c.finished.bury(id, Leg::FromRole(sender_role));
+            c.finished.bury_owned(id, leg, sender_ref.epoch);
             c.send(
                 from,
                 OutMsg::Abort {

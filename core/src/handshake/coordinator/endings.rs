@@ -27,7 +27,8 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         let Some(t) = self.transfers[i].take() else {
             return;
         };
-        self.finished.bury(t.id, Leg::FromRole(t.sender_role));
+        self.finished
+            .bury_owned(t.id, Leg::FromRole(t.sender_role), t.sender.epoch);
         if let (Some(slot_id), Some(r)) = (t.prealloc, t.receiver) {
             if let Some(m) = self.member_mut(r) {
                 let _ = m.prealloc.give_back(slot_id);
@@ -42,7 +43,8 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         let Some(t) = self.transfers[i].take() else {
             return;
         };
-        self.finished.bury(t.id, Leg::FromRole(t.sender_role));
+        self.finished
+            .bury_owned(t.id, Leg::FromRole(t.sender_role), t.sender.epoch);
         let abort = OutMsg::Abort {
             id: t.id,
             reason: reason.as_str(),

@@ -86,6 +86,14 @@ pub struct CoordinatorConfig<'a> {
     pub late_done_wait: Duration,
 }
 
+/// An endpoint that may register as a role: an entry of the admission
+/// list ([`Coordinator::admit`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Admitted {
+    role: usize,
+    endpoint: Name,
+}
+
 /// A registered instance.
 #[derive(Debug)]
 pub struct Member<const P: usize> {
@@ -193,6 +201,10 @@ pub enum FailReason {
     TooLarge,
     /// The receiver answered with a slot that cannot hold the data.
     BadSlot,
+    /// The request id is taken: another sender's request of the same leg
+    /// holds it, or ended under it lately (ids must be unique, across
+    /// restarts too).
+    IdReused,
 }
 
 impl FailReason {
@@ -211,11 +223,12 @@ impl FailReason {
             Self::TableFull => "coordinator transfer table full",
             Self::TooLarge => "manifest and scalar fields too large",
             Self::BadSlot => "receiver's slot cannot hold the data",
+            Self::IdReused => "request id already used by another request of this leg",
         }
     }
 
     /// Every reason, for tables indexed by [`index`](Self::index).
-    pub const ALL: [FailReason; 12] = [
+    pub const ALL: [FailReason; 13] = [
         Self::QueueTimeout,
         Self::AllocTimeout,
         Self::PushTimeout,
@@ -228,6 +241,7 @@ impl FailReason {
         Self::TableFull,
         Self::TooLarge,
         Self::BadSlot,
+        Self::IdReused,
     ];
 
     /// Its position in [`ALL`](Self::ALL).
@@ -250,6 +264,7 @@ impl FailReason {
             Self::TableFull => "table_full",
             Self::TooLarge => "too_large",
             Self::BadSlot => "bad_slot",
+            Self::IdReused => "id_reused",
         }
     }
 }
@@ -272,6 +287,18 @@ pub enum CoordinatorEvent {
         role: usize,
         /// True if it replaced an earlier session.
         replaced: bool,
+    },
+    /// A registration was refused: answered with `reason` (`acked`), or
+    /// dropped unanswered (an endpoint the admission list does not name,
+    /// as sglang's head drops those outside its `--*-urls`).
+    Refused {
+        /// Who sent it (its work endpoint, on channels that cannot name
+        /// senders).
+        peer: PeerId,
+        /// Why.
+        reason: &'static str,
+        /// True if the refusal was sent to the registrant.
+        acked: bool,
     },
     /// A leg of a request was received and consumed.
     Delivered {
@@ -379,6 +406,8 @@ pub struct CoordinatorStats {
     pub forwarded: u64,
     /// Messages ignored.
     pub ignored: u64,
+    /// Registrations refused (answered or dropped).
+    pub refused: u64,
     /// Events dropped because the caller did not poll them.
     pub events_dropped: u64,
     /// Messages that could not be queued (transmit queue full).
@@ -407,6 +436,9 @@ pub struct CoordinatorStorage<'s, const P: usize> {
     /// duplicated `transfer_staged` arriving late is not taken for a new
     /// request. Request ids must not be reused while they are here.
     pub finished: ManagedSlice<'s, Tombstone>,
+    /// Room for the admission list ([`Coordinator::admit`]); may be empty
+    /// when no list is kept.
+    pub admitted: ManagedSlice<'s, Option<Admitted>>,
 }
 
 #[cfg(feature = "alloc")]
@@ -429,6 +461,7 @@ impl<const P: usize> CoordinatorStorage<'static, P> {
             parked: empty(n + members * P),
             queue: empty(2 * n),
             finished: filled(limits.tombstones.max(1), Tombstone::EMPTY),
+            admitted: empty(limits.members.max(1)),
         }
     }
 }
@@ -456,6 +489,9 @@ pub struct Coordinator<'s, const P: usize> {
     queue_tickets: u64,
     epochs: u32,
     finished: Graveyard<'s>,
+    admitted: ManagedSlice<'s, Option<Admitted>>,
+    /// Registrations are refused unless the admission list names them.
+    admission: bool,
     cursor: [usize; 8],
     seq: u64,
     stats: CoordinatorStats,
@@ -480,6 +516,13 @@ pub enum ConfigError {
     NoTransfers,
     /// The wait queue is shorter than twice the transfer table.
     QueueTooShort,
+    /// An admission names a role not in the pipeline.
+    UnknownRole,
+    /// An admitted endpoint is longer than an endpoint the coordinator
+    /// keeps.
+    EndpointTooLong,
+    /// The admission list is full.
+    AdmissionFull,
 }
 
 impl fmt::Display for ConfigError {
@@ -491,6 +534,9 @@ impl fmt::Display for ConfigError {
             Self::QueueTooShort => {
                 "the wait queue must be at least twice as long as the transfer table"
             }
+            Self::UnknownRole => "an admitted endpoint names a role not in the pipeline",
+            Self::EndpointTooLong => "an admitted endpoint is longer than 128 bytes",
+            Self::AdmissionFull => "the admission list is full (more entries than members)",
         })
     }
 }
@@ -520,6 +566,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         storage.members.iter_mut().for_each(|m| *m = None);
         storage.transfers.iter_mut().for_each(|t| *t = None);
         storage.parked.iter_mut().for_each(|p| *p = None);
+        storage.admitted.iter_mut().for_each(|a| *a = None);
         Ok(Self {
             config: CoordinatorConfig {
                 pipeline: &[],
@@ -544,10 +591,47 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             queue_tickets: 0,
             epochs: 0,
             finished: Graveyard::new(storage.finished),
+            admitted: storage.admitted,
+            admission: false,
             cursor: [0; 8],
             seq: 0,
             stats: CoordinatorStats::default(),
         })
+    }
+
+    /// Lets `endpoint` (a work endpoint, as registrations name it) register
+    /// as `role`. Once any endpoint is admitted, every registration the
+    /// list does not name is dropped unanswered ([`CoordinatorEvent::Refused`]
+    /// says so), as sglang's head drops those outside its
+    /// `--encoder-urls`, `--denoiser-urls` and `--decoder-urls`; without a
+    /// list, any endpoint may register.
+    pub fn admit(&mut self, role: &str, endpoint: &str) -> Result<(), ConfigError> {
+        let role = self
+            .pipeline()
+            .iter()
+            .position(|r| r.as_str() == role)
+            .ok_or(ConfigError::UnknownRole)?;
+        let endpoint = Name::new(endpoint).map_err(|_| ConfigError::EndpointTooLong)?;
+        let free = self
+            .admitted
+            .iter_mut()
+            .find(|a| a.is_none())
+            .ok_or(ConfigError::AdmissionFull)?;
+        *free = Some(Admitted { role, endpoint });
+        self.admission = true;
+        Ok(())
+    }
+
+    /// True unless an admission list is kept and does not name `endpoint`
+    /// as `role`.
+    fn admits(&self, role: Option<usize>, endpoint: &Name) -> bool {
+        !self.admission
+            || role.is_some_and(|role| {
+                self.admitted
+                    .iter()
+                    .flatten()
+                    .any(|a| a.role == role && a.endpoint == *endpoint)
+            })
     }
 
     /// Counters.

@@ -14,6 +14,17 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         let endpoint =
             Name::from_json(m.work_endpoint).map_err(|_| Ignored::TooLong("work_endpoint"))?;
         let role = self.pipeline().iter().position(|r| r.eq_json(m.role));
+        if !self.admits(role, &endpoint) {
+            // Not answered: the answer would go to an endpoint nobody
+            // vouched for.
+            self.stats.refused += 1;
+            self.event(CoordinatorEvent::Refused {
+                peer: from,
+                reason: "the endpoint is not admitted for this role",
+                acked: false,
+            });
+            return Err(Ignored::NotAdmitted);
+        }
         let refuse = |c: &mut Self, error: &'static str| {
             c.send(
                 from,
@@ -24,11 +35,20 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                     error: Some(error),
                 },
             );
+            c.stats.refused += 1;
+            c.event(CoordinatorEvent::Refused {
+                peer: from,
+                reason: error,
+                acked: true,
+            });
             Ok(())
         };
         let Some(role) = role else {
             return refuse(self, "unknown role");
         };
+        if m.pool_ptr.checked_add(m.pool_size).is_none() {
+            return refuse(self, "pool_ptr + pool_size overflows 64 bits");
+        }
         let prealloc = match PreallocTable::<P>::from_registration(
             &m.preallocated_slots,
             m.pool_ptr,

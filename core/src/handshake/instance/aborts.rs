@@ -8,8 +8,15 @@ impl<'s> Instance<'s> {
         now: Instant,
         id: JsonStr<'_>,
         side: Side,
+        reason: JsonStr<'_>,
     ) -> Result<(), Ignored> {
         let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
+        // The coordinator's words, cut to fit.
+        let mut why = Reason::EMPTY;
+        let mut utf8 = [0u8; 4];
+        for c in reason.chars() {
+            why.push_truncated(c.encode_utf8(&mut utf8));
+        }
         if self.tombstoned(id, side) {
             return Err(Ignored::Duplicate);
         }
@@ -31,7 +38,10 @@ impl<'s> Instance<'s> {
             }
             Kind::Writing { aborted, .. } => {
                 *aborted = true;
-                self.event(InstanceEvent::SendFailed { id: rid });
+                self.event(InstanceEvent::SendFailed {
+                    id: rid,
+                    reason: why,
+                });
             }
             Kind::Delivered { aborted, .. } => {
                 *aborted = true;
@@ -66,7 +76,10 @@ impl<'s> Instance<'s> {
                 {
                     let _ = self.pool.free(slot);
                 }
-                self.event(InstanceEvent::SendFailed { id: rid });
+                self.event(InstanceEvent::SendFailed {
+                    id: rid,
+                    reason: why,
+                });
             }
             Kind::Reserved { .. } => {
                 // A write may still land here: quarantine the slot.

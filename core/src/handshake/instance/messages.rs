@@ -18,6 +18,14 @@ impl<'s> Instance<'s> {
                 } else {
                     self.registered = m.accepted;
                     self.refused = !m.accepted;
+                    self.refusal = Reason::EMPTY;
+                    if !m.accepted {
+                        let mut utf8 = [0u8; 4];
+                        let why = m.error.map(|e| e.chars());
+                        for c in why.into_iter().flatten() {
+                            self.refusal.push_truncated(c.encode_utf8(&mut utf8));
+                        }
+                    }
                     self.event(if m.accepted {
                         InstanceEvent::Registered
                     } else {
@@ -57,14 +65,15 @@ impl<'s> Instance<'s> {
             Msg::Abort(m) => {
                 // Which side of this instance the leg is on: a coordinator
                 // that does not say means whatever it holds of the request.
+                let reason = m.reason;
                 if m.source_role.is_empty() {
-                    let send = self.on_abort(now, m.request_id, Side::Send);
-                    let recv = self.on_abort(now, m.request_id, Side::Recv);
+                    let send = self.on_abort(now, m.request_id, Side::Send, reason);
+                    let recv = self.on_abort(now, m.request_id, Side::Recv, reason);
                     send.or(recv)
                 } else if self.role.eq_json(m.source_role) {
-                    self.on_abort(now, m.request_id, Side::Send)
+                    self.on_abort(now, m.request_id, Side::Send, reason)
                 } else {
-                    self.on_abort(now, m.request_id, Side::Recv)
+                    self.on_abort(now, m.request_id, Side::Recv, reason)
                 }
             }
             _ => Err(Ignored::UnexpectedType),
@@ -111,6 +120,31 @@ impl<'s> Instance<'s> {
         };
         if self.requests.iter().all(Option::is_some) {
             return reject(self, true, "instance request table full");
+        }
+        // Allocations may take the table only up to the room the
+        // preallocated slots need: a fast-path `transfer_ready` always
+        // finds a place, however many ALLOCs (forged ones included) wait.
+        let by_alloc = self
+            .requests
+            .iter()
+            .flatten()
+            .filter(|r| matches!(r.kind, Kind::Reserved { .. } | Kind::AllocHeld { .. }))
+            .count();
+        let alloc_room = self
+            .requests
+            .len()
+            .saturating_sub(self.prealloc.len())
+            .max(1);
+        if by_alloc >= alloc_room {
+            const FULL: &str =
+                "instance request table full (the rest is kept for preallocated slots)";
+            if self.config.head == Head::Sglang {
+                // Held ALLOCs count too: another would only wait longer.
+                self.stats.rejected += 1;
+                self.done(rid, Some(Reason::truncated(FULL)));
+                return Ok(());
+            }
+            return reject(self, true, FULL);
         }
         let slot = match self.pool.allocate(data_size) {
             Ok(s) => s,

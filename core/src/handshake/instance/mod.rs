@@ -312,6 +312,9 @@ pub enum InstanceEvent {
     SendFailed {
         /// The request.
         id: RequestId,
+        /// Why: the coordinator's abort reason, the write's error, or the
+        /// local cause (a timeout, the coordinator lost).
+        reason: Reason,
     },
     /// A transfer the application holds was aborted by the coordinator;
     /// release it when done reading (its slot is freed then).
@@ -547,6 +550,8 @@ pub struct Instance<'s> {
     registered: bool,
     /// The last answer to the registration was a refusal.
     refused: bool,
+    /// Its reason, as the coordinator gave it (empty if it gave none).
+    refusal: Reason,
     /// A registration is to be sent (before anything else).
     register_due: bool,
     register_at: Instant,
@@ -632,6 +637,7 @@ impl<'s> Instance<'s> {
             arrivals: Arrivals::new(s.arrivals),
             registered: false,
             refused: false,
+            refusal: Reason::EMPTY,
             register_due: true,
             register_at: now + config.register_retry,
             last_now: now,
@@ -681,7 +687,10 @@ impl<'s> Instance<'s> {
                 Kind::Staged { slot, .. } => {
                     let _ = self.pool.free(slot);
                     self.tombstone(r.id, Side::Send);
-                    self.event(InstanceEvent::SendFailed { id: r.id });
+                    self.event(InstanceEvent::SendFailed {
+                        id: r.id,
+                        reason: Reason::truncated("the coordinator was lost"),
+                    });
                     continue;
                 }
                 Kind::Writing {
@@ -692,7 +701,10 @@ impl<'s> Instance<'s> {
                     posted,
                 } => {
                     if !aborted {
-                        self.event(InstanceEvent::SendFailed { id: r.id });
+                        self.event(InstanceEvent::SendFailed {
+                            id: r.id,
+                            reason: Reason::truncated("the coordinator was lost"),
+                        });
                     }
                     Kind::Writing {
                         slot,
@@ -752,6 +764,12 @@ impl<'s> Instance<'s> {
     /// True once the coordinator acknowledged the registration.
     pub fn is_registered(&self) -> bool {
         self.registered
+    }
+
+    /// Why the coordinator refused the registration, as it said (empty if
+    /// it said nothing, or did not refuse).
+    pub fn refusal(&self) -> &str {
+        self.refusal.as_str()
     }
 
     /// Where the registration stands.

@@ -188,7 +188,8 @@ impl<'s> Instance<'s> {
             };
             self.event(InstanceEvent::Sent { id, timing });
         } else {
-            self.event(InstanceEvent::SendFailed { id });
+            let reason = Reason::truncated(result.err().unwrap_or("write failed"));
+            self.event(InstanceEvent::SendFailed { id, reason });
         }
         Ok(len)
     }

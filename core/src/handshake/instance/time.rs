@@ -61,7 +61,10 @@ impl<'s> Instance<'s> {
                     let _ = self.pool.free(slot);
                     self.stats.timed_out += 1;
                     self.tombstone(r.id, Side::Send);
-                    self.event(InstanceEvent::SendFailed { id: r.id });
+                    self.event(InstanceEvent::SendFailed {
+                        id: r.id,
+                        reason: Reason::truncated("no transfer_push in time (staged timeout)"),
+                    });
                 }
                 Kind::Reserved { slot } => {
                     // Never told the outcome: a write may still come.

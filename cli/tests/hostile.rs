@@ -1,0 +1,515 @@
+//! Hostile and buggy peers against real `ferry coordinator` and
+//! `ferry instance` processes over ZeroMQ: forged and malformed messages
+//! from a raw ZeroMQ socket, registrations that must be refused, restarts
+//! that reuse names, and output that peers can put text into. Nothing may
+//! crash, nothing may be accepted that should not be, and every refusal
+//! must say why.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{coordinator, coordinator_with, ferry, named_instance, num, result_endpoints, Procs};
+use serde_json::Value;
+
+const MAGIC: &[u8] = b"__transfer__";
+
+/// A random-workload instance (small requests), at `endpoint`.
+fn random(
+    p: &Procs,
+    role: &str,
+    name: &str,
+    coordinator: &str,
+    extra: &[&str],
+) -> std::process::Command {
+    let mut args = vec![
+        "--workload",
+        "random",
+        "--seed",
+        "3",
+        "--max-bytes",
+        "65536",
+    ];
+    args.extend_from_slice(extra);
+    named_instance(p, role, name, coordinator, &args)
+}
+
+/// A raw PUSH socket, as a forger would use.
+fn forger(ctx: &zmq::Context, to: &str) -> zmq::Socket {
+    let s = ctx.socket(zmq::PUSH).unwrap();
+    s.set_sndhwm(100_000).unwrap();
+    s.set_linger(0).unwrap();
+    s.connect(to).unwrap();
+    s
+}
+
+fn send(s: &zmq::Socket, payload: &str) {
+    s.send_multipart([MAGIC, payload.as_bytes()], 0).unwrap();
+}
+
+#[test]
+fn request_ids_with_quotes_backslashes_and_newlines_stay_inside_their_json_strings() {
+    let mut p = Procs::new("json");
+    let results = result_endpoints(&p, "c");
+    let c = coordinator(&mut p, &results);
+    let d = p.spawn(
+        "denoiser",
+        &mut random(&p, "denoiser", "denoiser", &results[1], &[]),
+    );
+    p.wait_for(d, "\"event\":\"registered\"", 30);
+    // The encoder's name goes into every request id it makes.
+    let name = "e\"vil\\\n\",\"event\":\"forged";
+    let mut cmd = ferry();
+    cmd.args([
+        "instance",
+        "--control",
+        "zmq",
+        "--role",
+        "encoder",
+        "--name",
+        name,
+    ])
+    .args(["--coordinator", &results[0], "--endpoint", &p.ep("enc")])
+    .args([
+        "--workload",
+        "random",
+        "--seed",
+        "3",
+        "--max-bytes",
+        "65536",
+    ])
+    .args(["--requests", "3"]);
+    let e = p.spawn("encoder", &mut cmd);
+    let encoded = p.wait_for(e, "\"event\":\"encoded\"", 60);
+    let encoded: Value = serde_json::from_str(&encoded).unwrap();
+    assert_eq!(encoded["sent"], 3, "{encoded}");
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let line = p.wait_for(c, "\"event\":\"delivered\"", 30);
+        // One object per line, whatever the id holds.
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert_eq!(v["event"], "delivered", "{line}");
+        ids.push(v["id"].as_str().unwrap().to_owned());
+    }
+    ids.sort();
+    assert_eq!(
+        ids,
+        (0..3).map(|n| format!("{name}-{n}")).collect::<Vec<_>>()
+    );
+    let s = p.finish(e);
+    let s: Value = serde_json::from_str(&s).unwrap();
+    assert_eq!(s["name"], name);
+    for i in [d, c] {
+        let line = p.finish(i);
+        serde_json::from_str::<Value>(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    }
+}
+
+#[test]
+fn a_pool_too_small_for_its_slots_is_refused_with_what_it_needs() {
+    let p = Procs::new("pool");
+    let out = named_instance(
+        &p,
+        "decoder",
+        "decoder",
+        &p.ep("nobody"),
+        &[
+            "--workload",
+            "random",
+            "--max-bytes",
+            "1000",
+            "--pool-mib",
+            "4",
+        ],
+    )
+    .stdin(Stdio::null())
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    let line = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("{e}: {line}"));
+    let error = v["error"].as_str().unwrap();
+    assert!(error.contains("--pool-mib 4 is too small"), "{error}");
+    assert!(error.contains("--pool-mib 66 or more"), "{error}");
+    assert!(!error.contains("multiple of min_block"), "{error}");
+}
+
+#[test]
+fn refused_registrations_say_why_on_both_sides() {
+    let mut p = Procs::new("refuse");
+    let results = result_endpoints(&p, "c");
+    let c = coordinator(&mut p, &results);
+    let out = named_instance(&p, "overlord", "overlord", &results[0], &[])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        line.contains("refused the registration: unknown role"),
+        "{line}"
+    );
+    let refused = p.wait_for(c, "\"event\":\"refused\"", 30);
+    let v: Value = serde_json::from_str(&refused).unwrap();
+    assert_eq!(
+        (v["reason"].as_str(), v["answered"].as_bool()),
+        (Some("unknown role"), Some(true))
+    );
+}
+
+#[test]
+fn an_admission_list_drops_other_endpoints_and_a_ghost_endpoint_is_dropped_too() {
+    let mut p = Procs::new("admit");
+    let results = result_endpoints(&p, "c");
+    let good = p.ep("good");
+    let c = coordinator_with(&mut p, &results, &["--denoiser-urls", &good]);
+    // An endpoint not on the list: dropped unanswered, and said.
+    let mut cmd = random(&p, "denoiser", "stranger", &results[1], &[]);
+    let stranger = p.spawn("stranger", &mut cmd);
+    let refused = p.wait_for(c, "\"event\":\"refused\"", 30);
+    assert!(
+        refused.contains("not admitted") && refused.contains("\"answered\":false"),
+        "{refused}"
+    );
+    p.kill(stranger);
+    // The admitted one registers.
+    let mut cmd = ferry();
+    cmd.args([
+        "instance",
+        "--control",
+        "zmq",
+        "--role",
+        "denoiser",
+        "--name",
+        "good",
+    ])
+    .args(["--coordinator", &results[1], "--endpoint", &good])
+    .args([
+        "--workload",
+        "random",
+        "--seed",
+        "3",
+        "--max-bytes",
+        "65536",
+    ]);
+    let d = p.spawn("good", &mut cmd);
+    p.wait_for(d, "\"event\":\"registered\"", 30);
+    p.wait_for(c, "\"event\":\"registered\"", 30);
+
+    // Without a list: a registration naming an endpoint nobody serves is
+    // found out and dropped, so it takes no hand-off.
+    let results = result_endpoints(&p, "open");
+    let open = coordinator(&mut p, &results);
+    let d = p.spawn(
+        "denoiser",
+        &mut random(&p, "denoiser", "denoiser", &results[1], &[]),
+    );
+    p.wait_for(d, "\"event\":\"registered\"", 30);
+    p.wait_for(open, "\"event\":\"registered\"", 30);
+    let ctx = zmq::Context::new();
+    let to_coordinator = forger(&ctx, &results[1]);
+    let ghost = p.ep("ghost");
+    send(
+        &to_coordinator,
+        &serde_json::json!({
+            "msg_type": "transfer_register", "role": "denoiser", "session_id": "ghost",
+            "pool_ptr": 4096, "pool_size": 1 << 26, "work_endpoint": ghost,
+            // More free slots than the real denoiser: the receiver a
+            // most-free-slots policy picks first.
+            "preallocated_slots": (0..8u64).map(|k| serde_json::json!({
+                "offset": k << 20, "size": 1 << 20, "slot_id": k, "addr": 4096 + (k << 20),
+            })).collect::<Vec<_>>(),
+        })
+        .to_string(),
+    );
+    p.wait_for(open, "\"event\":\"registered\"", 30);
+    std::thread::sleep(Duration::from_millis(500));
+    let e = p.spawn(
+        "encoder",
+        &mut random(
+            &p,
+            "encoder",
+            "encoder",
+            &results[0],
+            &["--requests", "8", "--window", "2"],
+        ),
+    );
+    let encoded = p.wait_for(e, "\"event\":\"encoded\"", 60);
+    assert_eq!(
+        (num(&encoded, "sent"), num(&encoded, "send_failed")),
+        (8, 0),
+        "{encoded}"
+    );
+}
+
+#[test]
+fn an_encoder_restarted_under_its_old_name_is_told_its_ids_are_taken() {
+    let mut p = Procs::new("dupname");
+    let results = result_endpoints(&p, "c");
+    let _c = coordinator(&mut p, &results);
+    let d = p.spawn(
+        "denoiser",
+        &mut random(&p, "denoiser", "denoiser", &results[1], &[]),
+    );
+    p.wait_for(d, "\"event\":\"registered\"", 30);
+    let run = |p: &mut Procs, label: &'static str| {
+        let mut cmd = ferry();
+        cmd.args([
+            "instance",
+            "--control",
+            "zmq",
+            "--role",
+            "encoder",
+            "--name",
+            "enc",
+        ])
+        .args(["--coordinator", &results[0], "--endpoint", &p.ep(label)])
+        .args([
+            "--workload",
+            "random",
+            "--seed",
+            "3",
+            "--max-bytes",
+            "65536",
+        ])
+        .args(["--requests", "3"]);
+        let e = p.spawn(label, &mut cmd);
+        let encoded = p.wait_for(e, "\"event\":\"encoded\"", 60);
+        p.kill(e);
+        serde_json::from_str::<Value>(&encoded).unwrap()
+    };
+    let first = run(&mut p, "first");
+    assert_eq!(
+        (first["sent"].as_u64(), first["send_failed"].as_u64()),
+        (Some(3), Some(0))
+    );
+    let again = run(&mut p, "again");
+    assert_eq!(
+        (again["sent"].as_u64(), again["send_failed"].as_u64()),
+        (Some(0), Some(3)),
+        "{again}"
+    );
+    let failures = again["failures"].as_object().unwrap();
+    assert!(
+        failures
+            .keys()
+            .all(|k| k.contains("request id already used")),
+        "{again}"
+    );
+}
+
+/// Forged messages for unknown and in-flight ids, as fast as one socket
+/// sends them, until `stop`.
+fn flood(s: &zmq::Socket, n: usize, session: &str) -> usize {
+    let mut sent = 0;
+    for k in 0..n {
+        let id = format!("encoder-{}", k % 40);
+        let ghost = format!("ghost-{k}");
+        for msg in [
+            serde_json::json!({"msg_type": "transfer_alloc", "request_id": ghost, "data_size": 1 << 20, "source_role": "encoder"}),
+            serde_json::json!({"msg_type": "transfer_push", "request_id": id, "dest_session_id": session, "dest_addr": 4096, "transfer_size": 511}),
+            serde_json::json!({"msg_type": "transfer_ready", "request_id": id, "slot_offset": 0, "manifest": {}}),
+            serde_json::json!({"msg_type": "transfer_staged", "request_id": ghost, "data_size": 10, "session_id": "x"}),
+            serde_json::json!({"msg_type": "transfer_done", "request_id": id}),
+        ] {
+            if s.send_multipart([MAGIC, msg.to_string().as_bytes()], zmq::DONTWAIT)
+                .is_ok()
+            {
+                sent += 1;
+            }
+        }
+        if k % 1000 == 999 {
+            let _ = s.send_multipart([MAGIC, b"{not json"], zmq::DONTWAIT);
+        }
+    }
+    sent
+}
+
+#[test]
+fn a_flood_of_forged_messages_from_outside_the_allow_list_changes_nothing() {
+    let mut p = Procs::new("flood");
+    let port = |_: ()| {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let results: Vec<String> = (0..3)
+        .map(|_| format!("tcp://127.0.0.1:{}", port(())))
+        .collect();
+    let allow = ["--allow-from", "127.0.0.1"];
+    let c = coordinator_with(&mut p, &results, &allow);
+    let den_ep = format!("tcp://127.0.0.1:{}", port(()));
+    let mut cmd = ferry();
+    cmd.args([
+        "instance",
+        "--control",
+        "zmq",
+        "--role",
+        "denoiser",
+        "--name",
+        "denoiser",
+    ])
+    .args(["--coordinator", &results[1], "--endpoint", &den_ep])
+    .args([
+        "--workload",
+        "random",
+        "--seed",
+        "3",
+        "--max-bytes",
+        "65536",
+    ])
+    .args(allow);
+    let d = p.spawn("denoiser", &mut cmd);
+    p.wait_for(d, "\"event\":\"registered\"", 30);
+    let enc_ep = format!("tcp://127.0.0.1:{}", port(()));
+    let mut cmd = ferry();
+    cmd.args([
+        "instance",
+        "--control",
+        "zmq",
+        "--role",
+        "encoder",
+        "--name",
+        "encoder",
+    ])
+    .args(["--coordinator", &results[0], "--endpoint", &enc_ep])
+    .args([
+        "--workload",
+        "random",
+        "--seed",
+        "3",
+        "--max-bytes",
+        "65536",
+    ])
+    .args(["--requests", "200", "--window", "4", "--pace-ms", "5"])
+    .args(allow);
+    let e = p.spawn("encoder", &mut cmd);
+
+    // From 127.0.0.2, at the denoiser's work endpoint, the encoder's, and
+    // every result endpoint of the coordinator.
+    let ctx = zmq::Context::new();
+    let from_outside = |to: &str| {
+        forger(
+            &ctx,
+            &format!("tcp://127.0.0.2:0;{}", to.trim_start_matches("tcp://")),
+        )
+    };
+    let targets: Vec<zmq::Socket> = [&den_ep, &enc_ep]
+        .into_iter()
+        .chain(&results)
+        .map(|t| from_outside(t))
+        .collect();
+    let start = Instant::now();
+    let mut forged = 0;
+    while start.elapsed() < Duration::from_secs(2) {
+        for t in &targets {
+            forged += flood(t, 200, "shm:/ferry-x@1000+1000");
+        }
+    }
+    assert!(forged > 1000, "only {forged} forged messages sent");
+    let encoded = p.wait_for(e, "\"event\":\"encoded\"", 120);
+    assert_eq!(
+        (num(&encoded, "sent"), num(&encoded, "send_failed")),
+        (200, 0),
+        "{encoded}"
+    );
+    for _ in 0..200 {
+        let line = p.wait_for(c, "\"leg\"", 60);
+        assert!(line.contains("\"event\":\"delivered\""), "{line}");
+    }
+    drop(targets);
+    // None of it reached a state machine: nothing was ignored or dropped
+    // as malformed, and every byte the denoiser got was the encoder's.
+    let s = p.finish(d);
+    assert_eq!(
+        (num(&s, "verified"), num(&s, "mismatches")),
+        (200, 0),
+        "{s}"
+    );
+    assert_eq!((num(&s, "ignored"), num(&s, "bad_frames")), (0, 0), "{s}");
+    let s = p.finish(e);
+    assert_eq!((num(&s, "ignored"), num(&s, "bad_frames")), (0, 0), "{s}");
+    let s = p.finish(c);
+    assert_eq!(num(&s, "ignored"), 0, "{s}");
+}
+
+#[test]
+fn a_flood_of_forged_messages_for_unknown_ids_costs_only_counters() {
+    let mut p = Procs::new("flood-in");
+    let results = result_endpoints(&p, "c");
+    let c = coordinator(&mut p, &results);
+    let d = p.spawn(
+        "denoiser",
+        &mut random(&p, "denoiser", "denoiser", &results[1], &[]),
+    );
+    p.wait_for(d, "\"event\":\"registered\"", 30);
+    let e = p.spawn(
+        "encoder",
+        &mut random(
+            &p,
+            "encoder",
+            "encoder",
+            &results[0],
+            &["--requests", "200", "--window", "4", "--pace-ms", "5"],
+        ),
+    );
+    // From where the peers are (the same host, ipc): forged messages the
+    // state machines see, for ids they do not hold.
+    let ctx = zmq::Context::new();
+    let targets: Vec<zmq::Socket> = [p.ep("denoiser")]
+        .iter()
+        .chain(&results)
+        .map(|t| forger(&ctx, t))
+        .collect();
+    let start = Instant::now();
+    let mut forged = 0;
+    while start.elapsed() < Duration::from_secs(2) {
+        for t in &targets {
+            for k in 0..100 {
+                let ghost = format!("ghost-{forged}-{k}");
+                for msg in [
+                    serde_json::json!({"msg_type": "transfer_alloc", "request_id": ghost, "data_size": 1 << 20, "source_role": "encoder"}),
+                    serde_json::json!({"msg_type": "transfer_push", "request_id": ghost, "dest_session_id": "shm:/ferry-x@1000+1000", "dest_addr": 4096, "transfer_size": 511}),
+                    // A ready naming no slot of the instance (one that names
+                    // a preallocated slot is an attack the allow-list must
+                    // stop: see the README's trust model).
+                    serde_json::json!({"msg_type": "transfer_ready", "request_id": ghost, "slot_offset": 12345, "manifest": {}}),
+                    serde_json::json!({"msg_type": "transfer_done", "request_id": ghost}),
+                ] {
+                    if t.send_multipart([MAGIC, msg.to_string().as_bytes()], zmq::DONTWAIT)
+                        .is_ok()
+                    {
+                        forged += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(forged > 1000, "only {forged} forged messages sent");
+    let encoded = p.wait_for(e, "\"event\":\"encoded\"", 120);
+    assert_eq!(
+        (num(&encoded, "sent"), num(&encoded, "send_failed")),
+        (200, 0),
+        "{encoded}"
+    );
+    for _ in 0..200 {
+        let line = p.wait_for(c, "\"leg\"", 60);
+        assert!(line.contains("\"event\":\"delivered\""), "{line}");
+    }
+    drop(targets);
+    let s = p.finish(d);
+    // Every byte the denoiser handed over was the encoder's; the forgeries
+    // were counted, and nothing stayed held past its timeout.
+    assert_eq!(
+        (num(&s, "verified"), num(&s, "mismatches")),
+        (200, 0),
+        "{s}"
+    );
+    assert!(num(&s, "ignored") > 0, "{s}");
+    let s = p.finish(c);
+    assert_eq!(num(&s, "delivered"), 200, "{s}");
+    assert!(num(&s, "ignored") > 0, "{s}");
+}
