@@ -64,6 +64,16 @@ fn close(call: &'static str, fid: *mut sys::fid) {
     }
 }
 
+/// `fi_getinfo` answered with an empty list: no provider matches.
+fn no_data() -> FabricError {
+    FabricError::Call {
+        call: Call::GetInfo,
+        errno: sys::FI_ENODATA as i32,
+        text: strerror(sys::FI_ENODATA as i32),
+        peer: None,
+    }
+}
+
 /// An `fi_info` list returned by `fi_getinfo`, freed on drop.
 pub struct Info {
     ptr: NonNull<sys::fi_info>,
@@ -138,12 +148,7 @@ impl Info {
         check(Call::GetInfo, ret.0 as isize, None)?;
         NonNull::new(ret.1)
             .map(|ptr| Self { ptr })
-            .ok_or_else(|| FabricError::Call {
-                call: Call::GetInfo,
-                errno: sys::FI_ENODATA as i32,
-                text: strerror(sys::FI_ENODATA as i32),
-                peer: None,
-            })
+            .ok_or_else(no_data)
     }
 
     /// Every endpoint type of every provider libfabric offers on this host
@@ -165,12 +170,7 @@ impl Info {
         check(Call::GetInfo, ret as isize, None)?;
         NonNull::new(out)
             .map(|ptr| Self { ptr })
-            .ok_or_else(|| FabricError::Call {
-                call: Call::GetInfo,
-                errno: sys::FI_ENODATA as i32,
-                text: strerror(sys::FI_ENODATA as i32),
-                peer: None,
-            })
+            .ok_or_else(no_data)
     }
 
     /// Provider, fabric and domain names of every entry of the list.

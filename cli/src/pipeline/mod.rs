@@ -5,7 +5,7 @@
 //! `cargo run --release --example pipeline` and `ferry pipeline` run it;
 //! the launcher starts this same program again for each process.
 
-pub(crate) mod data;
+pub mod data;
 mod launcher;
 mod roles;
 pub mod sglang;

@@ -445,7 +445,7 @@ fn random_pool(
             "--pool-mib {pool_mib} is too small: {slots} preallocated slot(s) of {} MiB take {} MiB, and two requests of up to {max_bytes} bytes (--max-bytes) need {} MiB more; give --pool-mib {need_mib} or more, or fewer or smaller --prealloc slots",
             slot >> 20,
             prealloc >> 20,
-            (largest * 2).div_ceil(1 << 20),
+            largest.saturating_mul(2).div_ceil(1 << 20),
         ));
     }
     usize::try_from(asked)
@@ -535,6 +535,7 @@ fn run_instance<S: ControlSend + Send + 'static>(
         "event": "registered",
         "name": args.name,
         "pid": std::process::id(),
+        "session_id": node.session_id(),
     }));
     let done = stdin_closed();
     let mut tally = Tally::default();

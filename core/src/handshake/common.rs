@@ -279,8 +279,7 @@ impl<'s> Graveyard<'s> {
         self.stones.iter().any(|t| t.is(id, leg))
     }
 
-    /// The owners `id`'s `leg` was buried by, newest first: true if
-    /// `owner` is among them.
+    /// True if a tombstone of `id`'s `leg` was laid by `owner`.
     pub(crate) fn buried_by(&self, id: JsonStr<'_>, leg: Leg, owner: u32) -> bool {
         self.stones
             .iter()
