@@ -15,6 +15,7 @@
 
 pub use ferry_core as core;
 
+pub mod engine;
 pub mod fault;
 pub mod runtime;
 

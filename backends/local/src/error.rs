@@ -1,0 +1,149 @@
+//! The local data plane's errors: each names the call, the peer (its
+//! session id) or the address, and the errno where there is one.
+
+use std::io;
+
+use ferry_core::transport::{Fault, FaultKind};
+
+/// A local engine error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LocalError {
+    /// A system call on this engine's own resources failed.
+    #[error("{call}: {source}")]
+    Sys {
+        /// The call (`memfd_create`, `mmap`, `fcntl`, ...).
+        call: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// A session id that is not a local engine's.
+    #[error("session id {session:?} is not a local session: {why}")]
+    BadSession {
+        /// The session id.
+        session: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A session of an engine on another host, or in another pid
+    /// namespace, where its process id names nothing of ours.
+    #[error("session {session} belongs to another host or pid namespace ({theirs}; this process is on {ours})")]
+    OtherHost {
+        /// The session id.
+        session: String,
+        /// The host it names.
+        theirs: String,
+        /// This host.
+        ours: String,
+    },
+    /// The peer cannot be reached: its process exited, closed its engine,
+    /// or its table is not what its session id says.
+    #[error("peer session {session}: {why}")]
+    PeerGone {
+        /// The peer's session id.
+        session: String,
+        /// What was found.
+        why: String,
+    },
+    /// A system call on a peer failed.
+    #[error("{call} on peer session {session} (pid {pid}): {source}{hint}")]
+    PeerSys {
+        /// The call (`pidfd_open`, `pidfd_getfd`, `process_vm_writev`).
+        call: &'static str,
+        /// The peer's session id.
+        session: String,
+        /// Its process id.
+        pid: i32,
+        /// The OS error.
+        source: io::Error,
+        /// What to do about it, when the errno says (empty otherwise).
+        hint: &'static str,
+    },
+    /// A destination outside every region the peer registered.
+    #[error(
+        "write of {len} bytes to {addr:#x} falls outside every region peer {session} registered"
+    )]
+    DestOutOfBounds {
+        /// The peer's session id.
+        session: String,
+        /// The destination address (the peer's space).
+        addr: u64,
+        /// The write's length.
+        len: u64,
+    },
+    /// A source outside every region this engine registered.
+    #[error(
+        "write of {len} bytes from {addr:#x} falls outside every region this engine registered"
+    )]
+    SourceOutOfBounds {
+        /// The source address.
+        addr: u64,
+        /// The write's length.
+        len: u64,
+    },
+    /// The kernel wrote part of a write only: the peer unmapped part of a
+    /// region it registered.
+    #[error("peer session {session}: only {written} of {len} bytes were written ({why})")]
+    Partial {
+        /// The peer's session id.
+        session: String,
+        /// Bytes written.
+        written: u64,
+        /// Bytes asked for.
+        len: u64,
+        /// What the kernel said of the rest.
+        why: String,
+    },
+    /// A registration that cannot be made.
+    #[error("register {len} bytes at {addr:#x}: {why}")]
+    Register {
+        /// The region's first byte.
+        addr: u64,
+        /// Its length.
+        len: u64,
+        /// Why.
+        why: &'static str,
+    },
+    /// `deregister` of an address no region starts at.
+    #[error("deregister {addr:#x}: no registered region starts there")]
+    NotRegistered {
+        /// The address.
+        addr: u64,
+    },
+    /// The peer's table kept changing while it was read.
+    #[error("peer session {session}: its region table did not hold still to be read")]
+    TableBusy {
+        /// The peer's session id.
+        session: String,
+    },
+}
+
+impl Fault for LocalError {
+    fn kind(&self) -> FaultKind {
+        match self {
+            Self::Sys { .. } => FaultKind::Io,
+            Self::BadSession { .. } | Self::OtherHost { .. } => FaultKind::UnknownPeer,
+            Self::PeerGone { .. } | Self::TableBusy { .. } => FaultKind::PeerGone,
+            Self::PeerSys { source, .. } => match source.raw_os_error() {
+                Some(libc::ESRCH) => FaultKind::PeerGone,
+                Some(libc::EFAULT) => FaultKind::OutOfBounds,
+                _ => FaultKind::Io,
+            },
+            Self::DestOutOfBounds { .. }
+            | Self::SourceOutOfBounds { .. }
+            | Self::Partial { .. } => FaultKind::OutOfBounds,
+            Self::Register { .. } | Self::NotRegistered { .. } => FaultKind::Registration,
+        }
+    }
+}
+
+/// What to do about an errno a call on a peer returned.
+pub(crate) fn hint(errno: Option<i32>) -> &'static str {
+    match errno {
+        Some(libc::EPERM) | Some(libc::EACCES) => {
+            " (the kernel refuses this process access to the peer's memory: both must run as the same user, and Yama's kernel.yama.ptrace_scope must be 0)"
+        }
+        Some(libc::ENOSYS) => " (this kernel lacks the call: Linux 5.6 or later is needed)",
+        _ => "",
+    }
+}

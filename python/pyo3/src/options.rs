@@ -1,0 +1,163 @@
+//! The keyword options of `TransferEngine(backend=..., **options)`, read
+//! into the Rust backend's configuration. An option the chosen backend
+//! does not take is an error that names it, never ignored.
+
+use std::time::Duration;
+
+use ferry::engine::{Backend, LocalConfig};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// Options every backend takes.
+pub(crate) struct Common {
+    /// How long a posted transfer may take before it fails.
+    pub timeout: Duration,
+}
+
+/// Takes `key` out of `options`, converted, if present.
+fn take<'py, T: FromPyObjectOwned<'py>>(
+    options: &mut Vec<(String, Bound<'py, PyAny>)>,
+    key: &str,
+) -> PyResult<Option<T>> {
+    let Some(at) = options.iter().position(|(k, _)| k == key) else {
+        return Ok(None);
+    };
+    let (_, v) = options.remove(at);
+    v.extract::<T>().map(Some).map_err(|e| {
+        let e: PyErr = e.into();
+        PyTypeError::new_err(format!("option {key}: {e}"))
+    })
+}
+
+fn seconds(key: &str, v: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(v).map_err(|_| {
+        PyValueError::new_err(format!("option {key}: {v} is not a duration in seconds"))
+    })
+}
+
+/// Reads `backend` and `options` into a backend configuration.
+pub(crate) fn parse(
+    py: Python<'_>,
+    backend: &str,
+    options: Option<&Bound<'_, PyDict>>,
+) -> PyResult<(Backend, Common)> {
+    let mut opts: Vec<(String, Bound<'_, PyAny>)> = match options {
+        Some(d) => d
+            .iter()
+            .map(|(k, v)| Ok((k.extract::<String>()?, v)))
+            .collect::<PyResult<_>>()?,
+        None => Vec::new(),
+    };
+    // Only the verbs backend raises through the interpreter here.
+    let _ = py;
+    let timeout = match take::<f64>(&mut opts, "timeout")? {
+        Some(s) => seconds("timeout", s)?,
+        None => Duration::from_secs(30),
+    };
+    let chosen = match backend {
+        "auto" => Backend::auto(),
+        "local" => Backend::Local(LocalConfig::default()),
+        #[cfg(feature = "fabric")]
+        "fabric" => {
+            let provider: String = take(&mut opts, "provider")?.unwrap_or_else(|| "auto".into());
+            let provider = provider
+                .parse::<ferry_fabric::Provider>()
+                .map_err(|e| PyValueError::new_err(format!("option provider: {e}")))?;
+            Backend::Fabric(ferry_fabric::FabricConfig::new(provider))
+        }
+        #[cfg(feature = "verbs")]
+        "verbs" => {
+            let device = match take::<String>(&mut opts, "device")? {
+                Some(d) => d,
+                None => first_device().map_err(|why| crate::ferry_error(py, why, "io"))?,
+            };
+            Backend::Verbs(ferry_verbs::VerbsConfig::new(device))
+        }
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "backend {other:?} is not in this module (it has: {})",
+                names().join(", ")
+            )))
+        }
+    };
+    let chosen = configure(chosen, &mut opts)?;
+    if let Some((key, _)) = opts.first() {
+        return Err(PyTypeError::new_err(format!(
+            "option {key:?} is not one the {} backend takes",
+            chosen.name()
+        )));
+    }
+    Ok((chosen, Common { timeout }))
+}
+
+/// The backends this module has.
+pub(crate) fn names() -> Vec<&'static str> {
+    let mut v = vec!["auto", "local"];
+    if cfg!(feature = "fabric") {
+        v.push("fabric");
+    }
+    if cfg!(feature = "verbs") {
+        v.push("verbs");
+    }
+    v
+}
+
+#[cfg(feature = "verbs")]
+fn first_device() -> Result<String, String> {
+    match ferry_verbs::device_names() {
+        Ok(names) => names
+            .into_iter()
+            .next()
+            .ok_or_else(|| "the verbs backend finds no RDMA device on this host".to_owned()),
+        Err(e) => Err(format!(
+            "the verbs backend finds no RDMA device on this host: {e}"
+        )),
+    }
+}
+
+/// Applies the backend's own options.
+fn configure(backend: Backend, opts: &mut Vec<(String, Bound<'_, PyAny>)>) -> PyResult<Backend> {
+    Ok(match backend {
+        Backend::Local(mut c) => {
+            if let Some(t) = take::<usize>(opts, "threads")? {
+                c.threads = t.max(1);
+            }
+            if let Some(m) = take::<u64>(opts, "parallel_min")? {
+                c.parallel_min = m;
+            }
+            Backend::Local(c)
+        }
+        #[cfg(feature = "fabric")]
+        Backend::Fabric(mut c) => {
+            if let Some(s) = take::<String>(opts, "source")? {
+                c.source = Some(s);
+            }
+            if let Some(m) = take::<u64>(opts, "max_chunk")? {
+                c.max_chunk = m;
+            }
+            if let Some(s) = take::<f64>(opts, "write_timeout")? {
+                c.write_timeout = seconds("write_timeout", s)?;
+            }
+            Backend::Fabric(c)
+        }
+        #[cfg(feature = "verbs")]
+        Backend::Verbs(mut c) => {
+            if let Some(p) = take::<u8>(opts, "port")? {
+                c.port = p;
+            }
+            if let Some(g) = take::<u8>(opts, "gid_index")? {
+                c.gid = ferry_verbs::GidChoice::Index(g);
+            }
+            if let Some(l) = take::<String>(opts, "listen")? {
+                c.listen = Some(l);
+            }
+            if let Some(s) = take::<f64>(opts, "write_timeout")? {
+                c.write_timeout = seconds("write_timeout", s)?;
+            }
+            Backend::Verbs(c)
+        }
+        #[allow(unreachable_patterns)]
+        other => other,
+    })
+}

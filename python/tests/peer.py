@@ -1,0 +1,71 @@
+"""A peer process for the tests: opens a ferry.TransferEngine, allocates and
+registers memory of its own (numpy or torch), and answers the test's
+commands (JSON lines on stdin, one JSON reply line each on stdout). It makes
+no engine call to receive: peers write into its memory on their own.
+"""
+
+import hashlib
+import json
+import sys
+
+import numpy as np
+
+import ferry
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    engine = ferry.TransferEngine(spec["backend"], **spec.get("options", {}))
+    bufs = {}
+    keep = {}
+
+    def reply(**fields):
+        sys.stdout.write(json.dumps(fields) + "\n")
+        sys.stdout.flush()
+
+    reply(ready=True, backend=engine.backend)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op = cmd["op"]
+        try:
+            if op == "alloc":
+                if cmd.get("torch"):
+                    import torch
+
+                    t = torch.full((cmd["size"],), cmd.get("fill", 0), dtype=torch.uint8)
+                    arr = t.numpy()
+                    keep[cmd["name"]] = t
+                else:
+                    arr = np.full(cmd["size"], cmd.get("fill", 0), dtype=np.uint8)
+                bufs[cmd["name"]] = arr
+                engine.register_buffer(arr.ctypes.data, arr.nbytes)
+                reply(addr=arr.ctypes.data, session=engine.session_id)
+            elif op == "write":
+                # Fill a buffer with a pattern, then write part of it to a peer.
+                arr = bufs[cmd["name"]]
+                rng = np.random.default_rng(cmd["seed"])
+                arr[:] = rng.integers(0, 256, arr.nbytes, dtype=np.uint8)
+                rc = engine.transfer_sync(cmd["to"], arr.ctypes.data + cmd["offset"], cmd["dst"], cmd["len"])
+                reply(rc=rc, error=engine.last_error,
+                      sha=hashlib.sha256(arr[cmd["offset"]:cmd["offset"] + cmd["len"]].tobytes()).hexdigest())
+            elif op == "sha":
+                arr = bufs[cmd["name"]]
+                view = arr[cmd.get("offset", 0):cmd.get("offset", 0) + cmd.get("len", arr.nbytes)]
+                reply(sha=hashlib.sha256(view.tobytes()).hexdigest())
+            elif op == "deregister":
+                engine.deregister_buffer(bufs[cmd["name"]].ctypes.data)
+                reply(ok=True, session=engine.session_id)
+            elif op == "session":
+                reply(session=engine.session_id)
+            elif op == "exit":
+                engine.close()
+                reply(ok=True)
+                return
+            else:
+                reply(error=f"unknown op {op}")
+        except ferry.FerryError as e:
+            reply(ferry_error=str(e), kind=e.kind)
+
+
+if __name__ == "__main__":
+    main()

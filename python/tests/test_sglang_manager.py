@@ -1,0 +1,95 @@
+"""sglang 0.5.23's own transfer code on ferry.TransferEngine, across two
+processes: an encoder stages a request's tensors into its pool, a denoiser
+allocates a receive slot in its own, the encoder pushes
+(``DiffusionTransferManager.push_to_peer``, which calls ``transfer_sync``),
+and the denoiser loads the tensors from the slot. They must arrive byte for
+byte. sglang's files are used unmodified (see sglang_role.py for the one
+change a CPU-only host forces)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+if os.environ.get("FERRY_REQUIRE_SGLANG") != "1":
+    pytest.importorskip("sglang.multimodal_gen.runtime.disaggregation.transport.manager")
+torch = pytest.importorskip("torch")
+
+import sglang_role  # noqa: E402
+
+
+class Encoder:
+    def __init__(self, backend: str, options: dict) -> None:
+        spec = json.dumps({"backend": backend, "options": options})
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "sglang_role.py"), spec],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        hello = self.ask()
+        assert hello["ready"]
+        self.session = hello["session"]
+
+    def ask(self, **cmd) -> dict:
+        if cmd:
+            self.proc.stdin.write(json.dumps(cmd) + "\n")
+            self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the encoder ended (exit status {self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.ask(op="exit")
+            self.proc.wait(timeout=30)
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+
+
+def same(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a.dtype == b.dtype and a.shape == b.shape and a.view(torch.uint8).equal(b.view(torch.uint8))
+
+
+def test_sglang_roles_move_tensors_through_ferry(backend):
+    name, options = backend
+    encoder = Encoder(name, options)
+    try:
+        denoiser = sglang_role.manager("denoiser", name, options)
+        assert denoiser._engine.ferry.backend == name
+        for i, seed in enumerate([11, 12, 13, 14]):
+            rid = f"req-{i}"
+            staged = encoder.ask(op="stage", rid=rid, seed=seed)
+            assert staged["event"] is False
+            if i % 2 == 0:
+                pending = denoiser.allocate_receive_slot(rid, staged["data_size"])
+            else:
+                # sglang's fast path: a slot allocated ahead, registered as the receive.
+                slot = denoiser._buffer.allocate(staged["data_size"], rid)
+                pending = denoiser.register_prealloc_as_receive(rid, slot)
+            assert pending is not None
+            addr = denoiser.pool_data_ptr + pending.slot.offset
+            pushed = encoder.ask(op="push", rid=rid, session=denoiser.session_id, addr=addr, size=staged["data_size"])
+            assert pushed["ok"], pushed
+            got, event = denoiser.load_tensors_async(rid, staged["manifest"], device="cpu")
+            assert event is None
+            want = sglang_role.tensors(seed)
+            for field, value in want.items():
+                if value is None:
+                    assert field not in got
+                    continue
+                assert same(got[field], value), field
+            denoiser.free_receive_slot(rid)
+        denoiser.cleanup()
+    finally:
+        encoder.close()

@@ -1,0 +1,288 @@
+//! A transfer engine: sglang's `BaseTransferEngine` contract in Rust.
+//!
+//! Register any memory of this process, then write from it into a peer's
+//! registered memory by the peer's session id and absolute addresses, and
+//! return once every byte is at the peer. This is the level below ferry's
+//! nodes (no control plane, no slots): what a serving runtime that keeps
+//! its own pools and protocol (sglang's `DiffusionTransferManager`) asks
+//! of a data plane. The Python module's `ferry.TransferEngine` is this
+//! type.
+//!
+//! Backends:
+//! * [`Backend::Local`]: processes on one host, any memory, by
+//!   cross-memory attach ([`ferry_local`]).
+//! * `Backend::Fabric` (feature `fabric`): ferry's libfabric data plane,
+//!   delivery-complete writes.
+//! * `Backend::Verbs` (feature `verbs`): RC queue pairs on an RDMA NIC.
+//!
+//! All of it is safe to call from many threads at once; a process that
+//! only receives needs no calls at all (a thread of the engine answers
+//! peers where the data plane needs one).
+
+// Registration hands memory's lifetime to the caller, which only an unsafe
+// signature can say.
+#![allow(unsafe_code)]
+
+mod posted;
+
+use std::time::Duration;
+
+use ferry_core::transport::{Fault, FaultKind};
+pub use ferry_local::{LocalConfig, LocalError, Op};
+
+/// Which data plane an engine runs on.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum Backend {
+    /// Processes on one host (any memory they registered).
+    Local(LocalConfig),
+    /// ferry's libfabric data plane; the engine asks for delivery-complete
+    /// writes whatever `delivery` says (a write's completion must mean its
+    /// bytes are at the peer).
+    #[cfg(feature = "fabric")]
+    Fabric(ferry_fabric::FabricConfig),
+    /// ferry's ibverbs data plane.
+    #[cfg(feature = "verbs")]
+    Verbs(ferry_verbs::VerbsConfig),
+}
+
+impl Backend {
+    /// The best data plane present: an RDMA NIC's verbs when this build
+    /// has them and the host has a device, else the local engine (which
+    /// reaches processes on this host only).
+    pub fn auto() -> Self {
+        #[cfg(feature = "verbs")]
+        if let Ok(names) = ferry_verbs::device_names() {
+            if let Some(first) = names.into_iter().next() {
+                return Self::Verbs(ferry_verbs::VerbsConfig::new(first));
+            }
+        }
+        Self::Local(LocalConfig::default())
+    }
+
+    /// Its name: `local`, `fabric` or `verbs`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Local(_) => "local",
+            #[cfg(feature = "fabric")]
+            Self::Fabric(_) => "fabric",
+            #[cfg(feature = "verbs")]
+            Self::Verbs(_) => "verbs",
+        }
+    }
+}
+
+/// An engine's error: what failed, with the peer, address or call.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// From the local engine.
+    #[error(transparent)]
+    Local(#[from] LocalError),
+    /// From a data plane's transport.
+    #[error("{verb}: {message}")]
+    Transport {
+        /// What was being done.
+        verb: &'static str,
+        /// The transport's error, as it says it.
+        message: String,
+        /// Its kind.
+        kind: FaultKind,
+    },
+    /// A source outside every region this engine registered.
+    #[error(
+        "write of {len} bytes from {addr:#x} falls outside every region this engine registered"
+    )]
+    SourceOutOfBounds {
+        /// The source address.
+        addr: u64,
+        /// The write's length.
+        len: u64,
+    },
+    /// `deregister` of an address no region starts at.
+    #[error("deregister {addr:#x}: no registered region starts there")]
+    NotRegistered {
+        /// The address.
+        addr: u64,
+    },
+    /// Writes not finished in time.
+    #[error("transfer to {session}: {pending} of {total} writes not finished after {waited:?}")]
+    Timeout {
+        /// The peer's session id.
+        session: String,
+        /// Writes still running.
+        pending: usize,
+        /// Writes in the transfer.
+        total: usize,
+        /// How long was waited.
+        waited: Duration,
+    },
+    /// The batch's lists have different lengths.
+    #[error("a batch of {sources} sources, {dests} destinations and {lengths} lengths")]
+    BatchShape {
+        /// Sources given.
+        sources: usize,
+        /// Destinations given.
+        dests: usize,
+        /// Lengths given.
+        lengths: usize,
+    },
+    /// The engine was closed.
+    #[error("the transfer engine is closed")]
+    Closed,
+}
+
+impl EngineError {
+    /// What kind of failure it is.
+    pub fn kind(&self) -> FaultKind {
+        match self {
+            Self::Local(e) => e.kind(),
+            Self::Transport { kind, .. } => *kind,
+            Self::SourceOutOfBounds { .. } => FaultKind::OutOfBounds,
+            Self::NotRegistered { .. } => FaultKind::Registration,
+            Self::Timeout { .. } => FaultKind::Timeout,
+            Self::BatchShape { .. } | Self::Closed => FaultKind::Io,
+        }
+    }
+
+    /// The local engine's error, with the failures every backend shares
+    /// under one variant.
+    fn local(e: LocalError) -> Self {
+        match e {
+            LocalError::NotRegistered { addr } => Self::NotRegistered { addr },
+            LocalError::SourceOutOfBounds { addr, len } => Self::SourceOutOfBounds { addr, len },
+            e => Self::Local(e),
+        }
+    }
+
+    fn transport<E: Fault>(verb: &'static str, e: &E) -> Self {
+        Self::Transport {
+            verb,
+            message: e.to_string(),
+            kind: e.kind(),
+        }
+    }
+}
+
+enum Inner {
+    Local(ferry_local::LocalEngine),
+    Posted(Box<dyn posted::Posted>),
+}
+
+/// A transfer engine (see the module's documentation).
+pub struct TransferEngine {
+    inner: Inner,
+    backend: &'static str,
+}
+
+impl std::fmt::Debug for TransferEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferEngine")
+            .field("backend", &self.backend)
+            .field("session_id", &self.session_id())
+            .finish()
+    }
+}
+
+impl TransferEngine {
+    /// Opens an engine on `backend`, with no memory registered.
+    pub fn open(backend: Backend) -> Result<Self, EngineError> {
+        let name = backend.name();
+        let inner = match backend {
+            Backend::Local(config) => {
+                Inner::Local(ferry_local::LocalEngine::open(config).map_err(EngineError::local)?)
+            }
+            #[cfg(feature = "fabric")]
+            Backend::Fabric(mut config) => {
+                config.delivery = ferry_fabric::Delivery::Complete;
+                let t = ferry_fabric::FabricTransport::open(&config)
+                    .map_err(|e| EngineError::transport("open the libfabric transport", &e))?;
+                Inner::Posted(Box::new(posted::Driven::start(t)?))
+            }
+            #[cfg(feature = "verbs")]
+            Backend::Verbs(config) => {
+                let t = ferry_verbs::VerbsTransport::open(&config)
+                    .map_err(|e| EngineError::transport("open the verbs transport", &e))?;
+                Inner::Posted(Box::new(posted::Driven::start(t)?))
+            }
+        };
+        Ok(Self {
+            inner,
+            backend: name,
+        })
+    }
+
+    /// The backend's name: `local`, `fabric` or `verbs`.
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// The session id peers write to this engine by. Some data planes name
+    /// the registered regions in it (libfabric's keys), so read it after
+    /// registering.
+    pub fn session_id(&self) -> String {
+        match &self.inner {
+            Inner::Local(l) => l.session_id().to_owned(),
+            Inner::Posted(p) => p.session_id(),
+        }
+    }
+
+    /// Registers `len` bytes at `addr`, for peers to write into and this
+    /// engine to write from.
+    ///
+    /// # Safety
+    /// The memory must stay mapped until [`deregister`](Self::deregister)
+    /// returns or the engine is dropped, and the caller must expect peers
+    /// to write into it at any time while registered.
+    pub unsafe fn register(&self, addr: u64, len: u64) -> Result<(), EngineError> {
+        match &self.inner {
+            Inner::Local(l) => l.register(addr, len).map_err(EngineError::local),
+            // SAFETY: the caller's contract, passed on.
+            Inner::Posted(p) => unsafe { p.register(addr, len) },
+        }
+    }
+
+    /// Ends the registration of the region that starts at `addr`.
+    pub fn deregister(&self, addr: u64) -> Result<(), EngineError> {
+        match &self.inner {
+            Inner::Local(l) => l.deregister(addr).map_err(EngineError::local),
+            Inner::Posted(p) => p.deregister(addr),
+        }
+    }
+
+    /// Writes every op into the peer `session` and returns once every byte
+    /// is at the peer, or fails (waiting at most `timeout` where the data
+    /// plane posts writes and waits for their completions).
+    pub fn write(&self, session: &str, ops: &[Op], timeout: Duration) -> Result<(), EngineError> {
+        match &self.inner {
+            Inner::Local(l) => l.write(session, ops).map_err(EngineError::local),
+            Inner::Posted(p) => p.write(session, ops, timeout),
+        }
+    }
+
+    /// [`write`](Self::write) of a batch given as three lists (sglang's
+    /// `batch_transfer_sync`), refused if their lengths differ.
+    pub fn write_lists(
+        &self,
+        session: &str,
+        sources: &[u64],
+        dests: &[u64],
+        lengths: &[u64],
+        timeout: Duration,
+    ) -> Result<(), EngineError> {
+        if sources.len() != dests.len() || dests.len() != lengths.len() {
+            return Err(EngineError::BatchShape {
+                sources: sources.len(),
+                dests: dests.len(),
+                lengths: lengths.len(),
+            });
+        }
+        let ops: Vec<Op> = sources
+            .iter()
+            .zip(dests)
+            .zip(lengths)
+            .map(|((&src, &dst), &len)| Op { src, dst, len })
+            .collect();
+        self.write(session, &ops, timeout)
+    }
+}
