@@ -2,11 +2,15 @@
 
 ``ferry.TransferEngine`` is a transfer engine with the names of sglang's
 ``BaseTransferEngine``; ``ferry.sglang.use()`` makes sglang run on it.
+``ferry.Instance`` and ``ferry.Coordinator`` are ferry's nodes: stage
+tensors into slots of a pool and commit them, receive deliveries as
+zero-copy views and release them.
 """
 
 from ferry._errors import FerryError
 from ferry._engine import ERROR_CODES, TransferEngine
 from ferry._native import __version__
+from ferry._node import Coordinator, Delivery, Instance, Outcome, Staging
 
 
 def backends() -> list:
@@ -23,4 +27,15 @@ def backends() -> list:
     return names
 
 
-__all__ = ["ERROR_CODES", "FerryError", "TransferEngine", "backends", "__version__"]
+__all__ = [
+    "Coordinator",
+    "Delivery",
+    "ERROR_CODES",
+    "FerryError",
+    "Instance",
+    "Outcome",
+    "Staging",
+    "TransferEngine",
+    "backends",
+    "__version__",
+]

@@ -50,6 +50,10 @@ class Peer:
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait()
+        # libfabric's shm provider names its objects <pid>:...; a killed
+        # process cannot remove its own.
+        for leftover in Path("/dev/shm").glob(f"{self.proc.pid}:*"):
+            leftover.unlink(missing_ok=True)
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -1,0 +1,413 @@
+"""ferry's nodes from Python: ``Instance`` (stage tensors into slots of its
+pool, receive deliveries as zero-copy views, release them) and
+``Coordinator``, over ZeroMQ and ferry's data planes."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import weakref
+from types import TracebackType
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Type, Union
+
+from ferry import _native
+from ferry._engine import _fabric_module
+
+#: numpy's dtype for each of ferry's (sglang's) dtype names; those numpy
+#: lacks are viewed as unsigned integers of their size (use ``.torch()``
+#: for them).
+NUMPY_DTYPES = {
+    "float16": "float16",
+    "float32": "float32",
+    "float64": "float64",
+    "bfloat16": "uint16",
+    "int8": "int8",
+    "int16": "int16",
+    "int32": "int32",
+    "int64": "int64",
+    "uint8": "uint8",
+    "uint16": "uint16",
+    "uint32": "uint32",
+    "uint64": "uint64",
+    "bool": "bool",
+    "float8_e4m3fn": "uint8",
+    "float8_e5m2": "uint8",
+    "complex64": "complex64",
+    "complex128": "complex128",
+}
+
+Spec = Tuple[Sequence[int], str]
+
+
+class Outcome(NamedTuple):
+    """What became of a request this instance staged."""
+
+    request_id: str
+    sent: bool
+    reason: str
+
+
+def _dtype_name(x: Any) -> str:
+    name = str(x)
+    return name[len("torch."):] if name.startswith("torch.") else getattr(x, "name", name)
+
+
+def _spec_of(value: Any) -> Tuple[List[int], str]:
+    if isinstance(value, tuple) and len(value) == 2:
+        shape, dtype = value
+        return [int(d) for d in shape], _dtype_name(dtype)
+    return [int(d) for d in value.shape], _dtype_name(value.dtype)
+
+
+def _views(native: Any, specs: Iterable[Tuple[str, Optional[int], str, Sequence[int]]], torch: bool) -> Dict[str, Any]:
+    """One view per tensor of the slot, grouped by field (list-valued
+    fields become lists ordered by their index).
+
+    numpy arrays hold the slot's buffer export while they (or any view of
+    them) live, which is how the slot knows it may not be let go; torch
+    tensors are made from them through DLPack, so that they hold it too
+    (``torch.frombuffer`` would let the export go at once and keep only the
+    pointer).
+    """
+    import numpy as np
+
+    if torch:
+        import torch as _torch
+    out: Dict[str, Any] = {}
+    for i, (field, index, dtype, shape) in enumerate(specs):
+        view = np.frombuffer(native.buffer(i), dtype=NUMPY_DTYPES[dtype]).reshape(list(shape))
+        if torch:
+            view = _torch.from_dlpack(view)
+            wanted = getattr(_torch, dtype)
+            if view.dtype != wanted:
+                # bfloat16 and the float8 types, which numpy lacks: the
+                # same bytes, reinterpreted.
+                view = view.view(wanted)
+        if index is None:
+            out[field] = view
+        else:
+            out.setdefault(field, []).append((index, view))
+    for field, value in out.items():
+        if isinstance(value, list):
+            out[field] = [v for _, v in sorted(value, key=lambda p: p[0])]
+    return out
+
+
+class Staging:
+    """A slot reserved for one request: fill ``tensors``, then ``commit``.
+
+    ``tensors`` maps each field to a writable numpy array over the slot (a
+    list of them for list-valued fields); ``torch()`` gives torch tensors
+    over the same bytes. Views must be gone (deleted) before ``commit``,
+    ``forward`` or ``abandon``, which otherwise raise ``BufferError``: the
+    slot is the sender's until then, and is written out after. Leaving a
+    ``with`` block without committing gives the slot back.
+    """
+
+    def __init__(self, native: Any, specs: List[Tuple[str, Optional[int], str, List[int]]]) -> None:
+        self._native = native
+        self._specs = specs
+        self._tensors: Optional[Dict[str, Any]] = None
+
+    @property
+    def request_id(self) -> str:
+        return self._native.request_id
+
+    @property
+    def data_size(self) -> int:
+        """Bytes the slot's data takes (512-byte alignment included)."""
+        return self._native.data_size
+
+    @property
+    def tensors(self) -> Dict[str, Any]:
+        if self._tensors is None:
+            self._tensors = _views(self._native, self._specs, torch=False)
+        return self._tensors
+
+    def torch(self) -> Dict[str, Any]:
+        """The tensors as torch tensors over the slot (zero-copy)."""
+        return _views(self._native, self._specs, torch=True)
+
+    def commit(self, scalar_fields: Optional[dict] = None) -> None:
+        """Announces the filled slot; ``scalar_fields`` (JSON-serialisable)
+        reach the receiver."""
+        self._tensors = None
+        self._native.commit(json.dumps(scalar_fields or {}))
+
+    def forward(self, delivery: "Delivery", scalar_fields: Optional[dict] = None) -> None:
+        """Announces the filled slot as the next leg of ``delivery`` (the
+        same request, received here) and releases the delivery: a
+        denoiser's forward."""
+        self._tensors = None
+        delivery._tensors = None
+        self._native.forward(delivery._native, json.dumps(scalar_fields or {}))
+
+    def abandon(self) -> None:
+        """Gives the slot back without sending."""
+        self._tensors = None
+        self._native.abandon()
+
+    def __enter__(self) -> "Staging":
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+        if self._native.open:
+            self.abandon()
+
+
+class Delivery:
+    """A transfer received into this instance's pool.
+
+    ``tensors`` maps each field to a read-only numpy array over the slot,
+    zero-copy; ``torch()`` gives torch tensors. ``release()``, ``fail()``
+    and leaving a ``with`` block free the slot (and tell the coordinator);
+    while any view is alive they raise ``BufferError`` instead, so no view
+    can read the slot after it holds another request. Copy what must
+    outlive the delivery.
+    """
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+        self._specs = native.specs()
+        self._tensors: Optional[Dict[str, Any]] = None
+
+    @property
+    def request_id(self) -> str:
+        return self._native.request_id
+
+    @property
+    def scalar_fields(self) -> dict:
+        """The sender's scalar fields."""
+        return json.loads(self._native.scalar_fields)
+
+    @property
+    def manifest(self) -> dict:
+        """The manifest as received."""
+        return json.loads(self._native.manifest)
+
+    @property
+    def is_aborted(self) -> bool:
+        """True if the coordinator gave up on the request since it arrived;
+        release it all the same."""
+        return self._native.is_aborted
+
+    @property
+    def tensors(self) -> Dict[str, Any]:
+        if self._tensors is None:
+            self._tensors = _views(self._native, self._specs, torch=False)
+        return self._tensors
+
+    def torch(self) -> Dict[str, Any]:
+        """The tensors as torch tensors over the slot (zero-copy, through
+        DLPack; do not write them: torch has no read-only tensors)."""
+        return _views(self._native, self._specs, torch=True)
+
+    def release(self) -> None:
+        """Done with it: the slot is freed and the coordinator told."""
+        self._tensors = None
+        self._native.release(None)
+
+    def fail(self, reason: str) -> None:
+        """Done with it, but it could not be used: ``reason`` goes to the
+        coordinator."""
+        self._tensors = None
+        self._native.release(reason)
+
+    def __enter__(self) -> "Delivery":
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+        if self._native.held:
+            if exc is None:
+                self.release()
+            else:
+                self.fail(f"{exc_type.__name__ if exc_type else 'error'}: {exc}")
+
+
+TensorsArg = Dict[str, Union[Spec, Any, List[Union[Spec, Any]]]]
+
+
+class Instance:
+    """A ferry instance: a role's node with a pool, registered with a
+    coordinator (ferry's, or sglang's head with ``head="sglang"``).
+
+    ``endpoint`` is the ZeroMQ endpoint this instance binds for the
+    coordinator's messages, ``coordinator`` the one it registers at.
+    ``backend``: ``"shm"`` (the shared-memory loopback), ``"fabric"`` (the
+    ``ferry-fabric`` plugin; ``provider=``...) or ``"verbs"`` (``device=``...).
+    ``prealloc=(count, bytes)``: receive slots set aside for the fast path.
+    """
+
+    def __init__(
+        self,
+        role: str,
+        coordinator: str,
+        endpoint: str,
+        *,
+        backend: str = "shm",
+        pool_bytes: int = 256 << 20,
+        prealloc: Tuple[int, int] = (0, 0),
+        min_block: int = 1 << 20,
+        head: str = "ferry",
+        head_timeout: float = 600.0,
+        allow_from: Sequence[str] = (),
+        **options: Any,
+    ) -> None:
+        module = _fabric_module() if backend == "fabric" else _native
+        self._node = module.InstanceNode(
+            role, coordinator, endpoint, backend, pool_bytes, tuple(prealloc), min_block,
+            head, head_timeout, list(allow_from), **options,
+        )
+        _running.add(self)
+
+    @property
+    def role(self) -> str:
+        return self._node.role
+
+    @property
+    def session_id(self) -> str:
+        """Its data plane's session id."""
+        return self._node.session_id
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint the coordinator sends to."""
+        return self._node.endpoint
+
+    @property
+    def is_registered(self) -> bool:
+        return self._node.is_registered
+
+    def wait_registered(self, timeout: float = 10.0) -> None:
+        """Waits until the coordinator accepted the registration; raises
+        ``FerryError`` if it refused (with its reason) or did not answer."""
+        self._node.wait_registered(timeout)
+
+    def stage(self, request_id: str, tensors: TensorsArg) -> Staging:
+        """Reserves a slot for ``request_id`` laid out for ``tensors``:
+        field → ``(shape, dtype)``, or an array or tensor (whose bytes are
+        copied in), or a list of those for a list-valued field."""
+        specs: List[Tuple[str, Optional[int], List[int], str]] = []
+        sources: List[Any] = []
+        for field, value in tensors.items():
+            items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+            for index, item in items:
+                shape, dtype = _spec_of(item)
+                specs.append((field, index, shape, dtype))
+                sources.append(None if isinstance(item, tuple) else item)
+        native = self._node.stage(request_id, specs)
+        staging = Staging(native, [(f, i, d, s) for f, i, s, d in specs])
+        if any(src is not None for src in sources):
+            views = _views(native, staging._specs, torch=False)
+            flat = [v for value in views.values() for v in (value if isinstance(value, list) else [value])]
+            for view, src in zip(flat, sources):
+                if src is not None:
+                    _copy_into(view, src)
+            del views, flat, view
+        return staging
+
+    def recv(self, timeout: float = 1.0) -> Optional[Delivery]:
+        """The next delivery, waiting at most ``timeout`` seconds."""
+        native = self._node.recv(timeout)
+        return None if native is None else Delivery(native)
+
+    def next_outcome(self, timeout: float = 0.0) -> Optional[Outcome]:
+        """What became of the next request this instance staged."""
+        o = self._node.next_outcome(timeout)
+        return None if o is None else Outcome(*o)
+
+    def next_frame(self, timeout: float = 0.0) -> Optional[Tuple[bytes, bytes]]:
+        """The next message that was not a transfer message (a work item
+        of the application, such as sglang's head's requests)."""
+        return self._node.next_frame(timeout)
+
+    def send_frames(self, frames: Sequence[bytes]) -> None:
+        """Sends the application's own multipart message to the coordinator
+        (sglang's decoder returns its output this way)."""
+        self._node.send_frames([bytes(f) for f in frames])
+
+    def stats(self) -> dict:
+        """Counters and gauges."""
+        return self._node.stats()
+
+    def close(self) -> None:
+        """Stops the node once no staging or delivery of it is alive."""
+        self._node.close()
+
+    def __enter__(self) -> "Instance":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+#: Instances not closed yet: closed at exit, so that their pools (named
+#: shared-memory objects) are removed even if the application forgets.
+_running: "weakref.WeakSet[Instance]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for inst in list(_running):
+        inst.close()
+
+
+def _copy_into(view: Any, src: Any) -> None:
+    """Copies an array or tensor's bytes into a slot view."""
+    import numpy as np
+
+    if hasattr(src, "detach") and hasattr(src, "numpy"):  # a torch tensor
+        import torch
+
+        src = src.detach().cpu().contiguous()
+        if src.dtype in (torch.bfloat16, getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)):
+            src = src.view(torch.uint16 if src.dtype == torch.bfloat16 else torch.uint8)
+        src = src.numpy()
+    np.copyto(view, np.asarray(src).reshape(view.shape), casting="no")
+
+
+class Coordinator:
+    """ferry's coordinator: relays the hand-offs between the instances of
+    ``pipeline``'s roles, over ZeroMQ. It binds one endpoint per role, in
+    pipeline order (as sglang's head does: a PULL socket cannot name a
+    message's sender, so the endpoint a message arrives at tells its
+    role); each instance gives its role's endpoint as its
+    ``coordinator``. ``admitted``: ``(role, work endpoint)`` pairs allowed
+    to register (any, when empty); ``allow_from``: the IP addresses that
+    may connect over tcp (any, when empty)."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        pipeline: Sequence[str] = ("encoder", "denoiser", "decoder"),
+        *,
+        admitted: Sequence[Tuple[str, str]] = (),
+        allow_from: Sequence[str] = (),
+    ) -> None:
+        self._pipeline = list(pipeline)
+        self._node = _native.CoordinatorNode(self._pipeline, list(endpoints), list(admitted), list(allow_from))
+
+    @property
+    def endpoints(self) -> List[str]:
+        """The endpoints it bound, one per role, in pipeline order."""
+        return self._node.endpoints
+
+    def endpoint_of(self, role: str) -> str:
+        """The endpoint instances of ``role`` register at."""
+        try:
+            return self._node.endpoints[self._pipeline.index(role)]
+        except ValueError:
+            raise ValueError(f"role {role!r} is not in the pipeline {self._pipeline}") from None
+
+    def snapshot(self) -> dict:
+        """Its figures now."""
+        return self._node.snapshot()
+
+    def close(self) -> None:
+        self._node.close()
+
+    def __enter__(self) -> "Coordinator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,216 @@
+"""ferry's nodes from Python: an encoder in another process hands
+requests to a denoiser in this one through a ferry coordinator, every byte
+checked; the views' lifetime rules; work items and frames."""
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ferry
+
+HERE = Path(__file__).resolve().parent
+torch = pytest.importorskip("torch")
+
+import node_peer  # noqa: E402
+
+NODE_BACKENDS = [
+    ("shm", "shm", {}),
+    ("fabric-tcp", "fabric", {"provider": "tcp;ofi_rxm"}),
+]
+
+
+@pytest.fixture
+def ipc():
+    """ipc:// endpoints in a directory of their own, removed after."""
+    with tempfile.TemporaryDirectory(prefix="ferry-py-") as d:
+        yield lambda name: f"ipc://{d}/{name}"
+
+
+@pytest.fixture
+def coordinator(ipc):
+    co = ferry.Coordinator([ipc("co-encoder"), ipc("co-denoiser"), ipc("co-decoder")])
+    yield co
+    co.close()
+
+
+def same(got, want) -> bool:
+    if isinstance(want, list):
+        return len(got) == len(want) and all(same(g, w) for g, w in zip(got, want))
+    if isinstance(want, np.ndarray):
+        want = torch.from_numpy(want)
+    return got.dtype == want.dtype and tuple(got.shape) == tuple(want.shape) and got.view(torch.uint8).equal(want.contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize("backend", NODE_BACKENDS, ids=[b[0] for b in NODE_BACKENDS])
+def test_an_encoder_process_hands_requests_to_this_denoiser(backend, coordinator, ipc):
+    _, name, options = backend
+    count = 12
+    den = ferry.Instance("denoiser", coordinator.endpoint_of("denoiser"), ipc("den"), backend=name,
+                         prealloc=(2, 1 << 20), **options)
+    den.wait_registered(10)
+    spec = {"coordinator": coordinator.endpoint_of("encoder"), "endpoint": ipc("enc"), "backend": name,
+            "options": options, "count": count}
+    enc = subprocess.Popen([sys.executable, str(HERE / "node_peer.py"), json.dumps(spec)], stdout=subprocess.PIPE, text=True)
+    seen = set()
+    try:
+        while len(seen) < count:
+            d = den.recv(30)
+            assert d is not None, f"only {sorted(seen)} arrived"
+            with d:
+                i = d.scalar_fields["i"]
+                assert d.request_id == f"req-{i}" and d.scalar_fields["note"] == "from the encoder"
+                want = node_peer.tensors(i)
+                got = d.torch()
+                for field, value in want.items():
+                    assert same(got[field], value), (i, field)
+                # numpy views of the same bytes, read-only.
+                arr = d.tensors["latents"]
+                assert not arr.flags.writeable
+                assert np.array_equal(arr, want["latents"])
+                assert d.manifest["latents"][0]["shape"] == [2, 4, 32, 32]
+                del got, arr
+            seen.add(i)
+        out, _ = enc.communicate(timeout=60)
+    finally:
+        if enc.poll() is None:
+            enc.kill()
+            enc.wait()
+    report = json.loads(out)
+    assert report["sent"] == count, report
+    stats = den.stats()
+    assert stats["received"] == count and stats["released"] == count
+    assert stats["requests_held"] == 0
+    snap = coordinator.snapshot()
+    assert snap["delivered"] == count and snap["failed"] == 0
+    den.close()
+
+
+def pair(coordinator, ipc, **den_options):
+    enc = ferry.Instance("encoder", coordinator.endpoint_of("encoder"), ipc("enc"))
+    den = ferry.Instance("denoiser", coordinator.endpoint_of("denoiser"), ipc("den"), **den_options)
+    enc.wait_registered(10)
+    den.wait_registered(10)
+    return enc, den
+
+
+def test_views_cannot_outlive_their_slot(coordinator, ipc):
+    enc, den = pair(coordinator, ipc)
+    st = enc.stage("r1", {"x": ((4, 4), "float32"), "y": [((3,), "int16")]})
+    x = st.tensors["x"]
+    assert x.flags.writeable and st.data_size == 1024
+    x[:] = 2.5
+    st.tensors["y"][0][:] = [1, 2, 3]
+    # A writable view alive: the slot is still the application's.
+    with pytest.raises(BufferError, match="1 view"):
+        st.commit({"k": 1})
+    del x
+    st.commit({"k": 1})
+    with pytest.raises(ferry.FerryError, match="committed or given back already"):
+        st.commit()
+    d = den.recv(10)
+    assert d is not None and d.scalar_fields == {"k": 1}
+    got = d.tensors["x"]
+    t = d.torch()["y"][0]
+    assert got.tolist() == [[2.5] * 4] * 4 and t.tolist() == [1, 2, 3]
+    with pytest.raises(ValueError, match="read-only"):
+        got[0, 0] = 1
+    buf = d._native.buffer(0)
+    # numpy and torch (DLPack) views both hold the slot.
+    with pytest.raises(BufferError, match="2 view"):
+        d.release()
+    del got
+    with pytest.raises(BufferError, match="1 view"):
+        d.release()
+    del t
+    gc.collect()
+    d.release()
+    assert not d._native.held
+    # The slot is gone: no new view of it.
+    with pytest.raises(BufferError, match="was released"):
+        memoryview(buf)
+    with pytest.raises(ferry.FerryError, match="released already"):
+        d.release()
+    assert enc.next_outcome(10) == ferry.Outcome("r1", True, "")
+    enc.close()
+    den.close()
+
+
+def test_with_blocks_release_fail_and_give_back(coordinator, ipc):
+    enc, den = pair(coordinator, ipc)
+    held = enc.stats()["live_slots"]
+    with enc.stage("dropped", {"x": ((16,), "uint8")}) as st:
+        st.tensors["x"][:] = 1
+    assert enc.stats()["live_slots"] == held and enc.stats()["requests_held"] == 0
+    for rid in ("ok", "bad"):
+        with enc.stage(rid, {"x": np.full(16, 7, dtype=np.uint8)}) as st:
+            st.commit()
+    for _ in range(2):
+        d = den.recv(10)
+        try:
+            with d:
+                assert d.tensors["x"].tolist() == [7] * 16
+                if d.request_id == "bad":
+                    raise RuntimeError("the model could not use it")
+        except RuntimeError:
+            pass
+        assert not d._native.held
+    assert den.stats()["released"] == 2 and den.stats()["requests_held"] == 0
+    deadline_snap = None
+    for _ in range(50):
+        deadline_snap = coordinator.snapshot()
+        if deadline_snap["delivered"] + deadline_snap["failed"] == 2:
+            break
+        den.recv(0.1)
+    assert deadline_snap["failed"] == 1 and deadline_snap["delivered"] == 1, deadline_snap
+    enc.close()
+    den.close()
+
+
+def test_refusals_and_bad_arguments_are_named(coordinator, ipc):
+    odd = ferry.Instance("overlord", coordinator.endpoint_of("encoder"), ipc("odd"))
+    with pytest.raises(ferry.FerryError, match="unknown role"):
+        odd.wait_registered(10)
+    odd.close()
+    with pytest.raises(ValueError, match="one endpoint per role"):
+        ferry.Coordinator([ipc("only")])
+    enc = ferry.Instance("encoder", coordinator.endpoint_of("encoder"), ipc("enc"))
+    with pytest.raises(ValueError, match="unknown dtype"):
+        enc.stage("r", {"x": ((4,), "float128")})
+    with pytest.raises(TypeError, match="takes no options"):
+        ferry.Instance("encoder", coordinator.endpoint_of("encoder"), ipc("enc2"), provider="tcp")
+    with pytest.raises(ValueError, match="node backend \"local\""):
+        ferry.Instance("encoder", coordinator.endpoint_of("encoder"), ipc("enc3"), backend="local")
+    enc.close()
+    with pytest.raises(ferry.FerryError, match="closed"):
+        enc.stats()
+
+
+def test_work_items_and_frames_pass_through(ipc):
+    zmq = pytest.importorskip("zmq")
+    ctx = zmq.Context()
+    head = ctx.socket(zmq.PULL)
+    head_ep = ipc("head")
+    head.bind(head_ep)
+    inst = ferry.Instance("decoder", head_ep, ipc("dec"), head="sglang")
+    # sglang's head never acknowledges: the registration counts once sent.
+    inst.wait_registered(10)
+    frames = head.recv_multipart()
+    assert frames[0] == b"__transfer__" and json.loads(frames[1])["msg_type"] == "transfer_register"
+    work = ctx.socket(zmq.PUSH)
+    work.connect(inst.endpoint)
+    work.send_multipart([b"req-9", b"pickled work item"])
+    assert inst.next_frame(10) == (b"req-9", b"pickled work item")
+    inst.send_frames([b'{"output": "tensor"}', b"\x01\x02\x03"])
+    assert head.recv_multipart() == [b'{"output": "tensor"}', b"\x01\x02\x03"]
+    assert inst.next_frame(0.0) is None
+    inst.close()
+    work.close(0)
+    head.close(0)
+    ctx.term()
