@@ -214,3 +214,29 @@ def test_work_items_and_frames_pass_through(ipc):
     work.close(0)
     head.close(0)
     ctx.term()
+
+
+def test_a_denoiser_forwards_to_the_decoder(coordinator, ipc):
+    enc, den = pair(coordinator, ipc)
+    dec = ferry.Instance("decoder", coordinator.endpoint_of("decoder"), ipc("dec"))
+    dec.wait_registered(10)
+    with enc.stage("r", {"latents": np.arange(64, dtype=np.float32)}) as st:
+        st.commit({"step": 0})
+    d = den.recv(10)
+    latents = d.tensors["latents"] * 2
+    nxt = den.stage("r", {"latents": latents})
+    view = nxt.tensors["latents"]
+    # Views of either side alive: refused, and both are left as they were.
+    with pytest.raises(BufferError, match="cannot forward request r: 1 view"):
+        nxt.forward(d, {"step": 1})
+    del view
+    assert d._native.held and nxt._native.open
+    nxt.forward(d, {"step": 1})
+    assert not d._native.held and not nxt._native.open
+    out = dec.recv(10)
+    assert out.scalar_fields == {"step": 1}
+    assert np.array_equal(out.tensors["latents"], np.arange(64, dtype=np.float32) * 2)
+    out.release()
+    assert den.stats()["forwarded"] == 1
+    for n in (enc, den, dec):
+        n.close()

@@ -388,6 +388,36 @@ struct StagedInner {
     _node: Arc<Node>,
 }
 
+// The handles are consumed by methods that bind every field by name, so
+// that the owners the handle borrows are dropped after the call, at the
+// end of the method (a `let S { handle, .. } = temporary` would drop them
+// at the end of that statement, before the handle is used).
+impl StagedInner {
+    fn commit(self, scalar_fields: &str) -> Result<(), NodeError> {
+        let Self {
+            staging,
+            _names,
+            _shapes,
+            _node,
+        } = self;
+        staging.commit(scalar_fields)
+    }
+
+    fn forward(self, received: ReceivedInner, scalar_fields: &str) -> Result<(), NodeError> {
+        let Self {
+            staging,
+            _names,
+            _shapes,
+            _node,
+        } = self;
+        let ReceivedInner {
+            delivery,
+            _node: _received_node,
+        } = received;
+        staging.forward(delivery, scalar_fields)
+    }
+}
+
 /// A slot reserved for a request, to fill and commit (see `ferry.Staging`).
 #[pyclass(name = "Staged", module = "ferry._native", frozen)]
 pub struct PyStaged {
@@ -460,29 +490,38 @@ impl PyStaged {
     /// Announces the filled slot, with `scalar_fields` (JSON object text).
     fn commit(&self, py: Python<'_>, scalar_fields: &str) -> PyResult<()> {
         let inner = self.take(py, "commit")?;
-        let StagedInner { staging, .. } = inner;
-        py.detach(|| staging.commit(scalar_fields))
+        py.detach(|| inner.commit(scalar_fields))
             .map_err(|e| node_error(py, &e))
     }
 
     /// Announces the filled slot as the next leg of `delivery` and releases
     /// the delivery (a denoiser's forward).
     fn forward(&self, py: Python<'_>, delivery: &PyReceived, scalar_fields: &str) -> PyResult<()> {
-        let received = delivery.take(py, "forward")?;
-        let inner = match self.take(py, "forward") {
-            Ok(i) => i,
-            Err(e) => {
-                // Hand the delivery back untouched.
-                *delivery
-                    .inner
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(received);
-                return Err(e);
+        // Both must be free of views before either is taken, so that a
+        // refusal leaves both as they were.
+        for (live, id) in [
+            (self.exports.live(), &self.request_id),
+            (delivery.exports.live(), &delivery.request_id),
+        ] {
+            if live > 0 {
+                return Err(PyBufferError::new_err(format!(
+                    "cannot forward request {id}: {live} view(s) of its tensors are alive (delete them first)"
+                )));
             }
-        };
-        let StagedInner { staging, .. } = inner;
-        let ReceivedInner { delivery: d, .. } = received;
-        py.detach(|| staging.forward(d, scalar_fields))
+        }
+        if !self.open() {
+            return Err(ferry_error(
+                py,
+                format!(
+                    "request {} was committed or given back already",
+                    self.request_id
+                ),
+                "io",
+            ));
+        }
+        let received = delivery.take(py, "forward")?;
+        let inner = self.take(py, "forward")?;
+        py.detach(|| inner.forward(received, scalar_fields))
             .map_err(|e| node_error(py, &e))
     }
 
@@ -514,6 +553,18 @@ struct ReceivedInner {
     // Dropped first: it borrows the node.
     delivery: Delivery<'static, ZmqSender>,
     _node: Arc<Node>,
+}
+
+impl ReceivedInner {
+    /// Releases the delivery, or fails it with `error` (see the note on
+    /// `StagedInner`).
+    fn finish(self, error: Option<&str>) {
+        let Self { delivery, _node } = self;
+        match error {
+            Some(reason) => delivery.fail(reason),
+            None => delivery.release(),
+        }
+    }
 }
 
 /// A received transfer (see `ferry.Delivery`).
@@ -611,11 +662,8 @@ impl PyReceived {
     /// used, and why).
     #[pyo3(signature = (error = None))]
     fn release(&self, py: Python<'_>, error: Option<&str>) -> PyResult<()> {
-        let ReceivedInner { delivery, .. } = self.take(py, "release")?;
-        py.detach(|| match error {
-            Some(reason) => delivery.fail(reason),
-            None => delivery.release(),
-        });
+        let inner = self.take(py, "release")?;
+        py.detach(|| inner.finish(error));
         Ok(())
     }
 
