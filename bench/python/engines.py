@@ -12,8 +12,11 @@ its ratios, because the machines these run on are shared and noisy.
 Engines that are not installed are left out (and said so). NIXL runs its
 UCX backend on DRAM (on one host UCX picks shared memory or cross-memory
 attach); Mooncake runs its TCP transport with the P2P handshake. Every
-engine's last 64 MiB write is checked by hash in the target process. This
-is a benchmark, not a test: it asserts nothing about speed.
+engine's last 64 MiB write is checked by hash in the target process. Each
+engine runs in fresh processes of its own (writer and target), so that no
+engine's background threads (NIXL's progress thread, Mooncake's workers)
+share the cores with another's measurement. This is a benchmark, not a
+test: it asserts nothing about speed.
 """
 
 import argparse
@@ -27,8 +30,10 @@ import time
 
 import numpy as np
 
-# Mooncake logs every connection through glog; keep its warnings and errors.
+# Mooncake logs every connection through glog, NIXL every agent: keep
+# their warnings and errors.
 os.environ.setdefault("GLOG_minloglevel", "1")
+os.environ.setdefault("NIXL_LOG_LEVEL", "WARNING")
 
 SMALL = 4096
 LARGE = 64 << 20
@@ -171,6 +176,40 @@ def measure(write, iters_small: int, iters_large: int) -> tuple:
     return statistics.median(lat) / 1000, statistics.median(rates)
 
 
+def run(engine: str, conn) -> None:
+    """One engine's measurement, in a process of its own with a target
+    process of its own, so that no other engine's threads (NIXL's progress
+    thread, Mooncake's workers) share the cores while it runs."""
+    src = np.random.default_rng(5).integers(0, 256, LARGE, dtype=np.uint8)
+    if engine == "memcpy":
+        dst = np.ones(LARGE, dtype=np.uint8)
+        small_src, small_dst = src[:SMALL].copy(), np.ones(SMALL, dtype=np.uint8)
+
+        def write(small: bool) -> None:
+            if small:
+                np.copyto(small_dst, small_src)
+            else:
+                np.copyto(dst, src)
+
+        conn.send({"result": measure(write, SMALL_ITERS, LARGE_ITERS), "checked": True})
+        return
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(engine, there), daemon=True)
+    proc.start()
+    info = here.recv()
+    if "error" in info:
+        conn.send({"error": info["error"]})
+        return
+    ini = Initiator(engine, src, info)
+    result = measure(ini.write, SMALL_ITERS, LARGE_ITERS)
+    here.send("sha")
+    checked = here.recv() == hashlib.sha256(src.tobytes()).hexdigest()
+    here.send("exit")
+    proc.join(timeout=10)
+    conn.send({"result": result, "checked": checked})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -178,54 +217,35 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="one JSON line per round")
     args = ap.parse_args()
     engines = [e for e in args.engines.split(",") if available(e)]
-    src = np.random.default_rng(5).integers(0, 256, LARGE, dtype=np.uint8)
-    want = hashlib.sha256(src.tobytes()).hexdigest()
     ctx = mp.get_context("spawn")
-    peers, initiators = {}, {}
-    for e in engines:
-        here, there = ctx.Pipe()
-        proc = ctx.Process(target=target, args=(e, there), daemon=True)
-        proc.start()
-        info = here.recv()
-        if "error" in info:
-            print(f"# {e}: {info['error']}; left out", file=sys.stderr)
-            continue
-        peers[e] = (proc, here)
-        initiators[e] = Initiator(e, src, info)
-    memcpy_dst = np.ones(LARGE, dtype=np.uint8)
-    small_src, small_dst = src[:SMALL].copy(), np.ones(SMALL, dtype=np.uint8)
-
-    def memcpy(small: bool) -> None:
-        if small:
-            np.copyto(small_dst, small_src)
-        else:
-            np.copyto(memcpy_dst, src)
-
     print(f"# {os.cpu_count()} cpus; 4 KiB: median of {SMALL_ITERS} synchronous writes; "
-          f"64 MiB: median of {LARGE_ITERS}; each round runs every engine in turn")
+          f"64 MiB: median of {LARGE_ITERS}; each round runs every engine in turn, each in "
+          f"fresh processes (writer and target)")
     for r in range(1, args.rounds + 1):
         row = {"round": r}
-        row["memcpy"] = measure(memcpy, SMALL_ITERS, LARGE_ITERS)
-        for e, ini in initiators.items():
-            row[e] = measure(ini.write, SMALL_ITERS, LARGE_ITERS)
+        for e in ["memcpy"] + engines:
+            here, there = ctx.Pipe()
+            proc = ctx.Process(target=run, args=(e, there))
+            proc.start()
+            out = here.recv()
+            proc.join(timeout=30)
+            if "error" in out:
+                print(f"# {e}: {out['error']}; left out", file=sys.stderr)
+                continue
+            if not out["checked"]:
+                print(f"# {e}: WRONG BYTES at the target in round {r}", file=sys.stderr)
+            row[e] = out["result"]
         if args.json:
             print(json.dumps(row))
             continue
         print(f"\nround {r}")
         print(f"  {'engine':<10} {'4 KiB p50 µs':>13} {'64 MiB GB/s':>12} {'× memcpy':>9} {'× nixl GB/s':>12} {'÷ nixl µs':>10}")
-        for name in ["memcpy"] + list(initiators):
+        for name in [k for k in row if k != "round"]:
             us, gbs = row[name]
             vs_mem = gbs / row["memcpy"][1]
             vs_nixl = f"{gbs / row['nixl'][1]:.2f}" if "nixl" in row else "-"
             lat_nixl = f"{us / row['nixl'][0]:.2f}" if "nixl" in row else "-"
             print(f"  {name:<10} {us:>13.2f} {gbs:>12.2f} {vs_mem:>9.2f} {vs_nixl:>12} {lat_nixl:>10}")
-    for e, (proc, conn) in peers.items():
-        conn.send("sha")
-        got = conn.recv()
-        status = "checked" if got == want else "WRONG BYTES"
-        print(f"# {e}: last 64 MiB write {status} at the target", file=sys.stderr)
-        conn.send("exit")
-        proc.join(timeout=10)
 
 
 if __name__ == "__main__":

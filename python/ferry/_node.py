@@ -93,16 +93,9 @@ def _views(native: Any, specs: Iterable[Tuple[str, Optional[int], str, Sequence[
     return out
 
 
-class Staging:
-    """A slot reserved for one request: fill ``tensors``, then ``commit``.
-
-    ``tensors`` maps each field to a writable numpy array over the slot (a
-    list of them for list-valued fields); ``torch()`` gives torch tensors
-    over the same bytes. Views must be gone (deleted) before ``commit``,
-    ``forward`` or ``abandon``, which otherwise raise ``BufferError``: the
-    slot is the sender's until then, and is written out after. Leaving a
-    ``with`` block without committing gives the slot back.
-    """
+class _Slot:
+    """What a staging and a delivery share: a request's slot and its
+    tensors' views."""
 
     def __init__(self, native: Any, specs: List[Tuple[str, Optional[int], str, List[int]]]) -> None:
         self._native = native
@@ -114,19 +107,34 @@ class Staging:
         return self._native.request_id
 
     @property
-    def data_size(self) -> int:
-        """Bytes the slot's data takes (512-byte alignment included)."""
-        return self._native.data_size
-
-    @property
     def tensors(self) -> Dict[str, Any]:
+        """Each field's numpy array over the slot (a list of them for a
+        list-valued field), zero-copy."""
         if self._tensors is None:
             self._tensors = _views(self._native, self._specs, torch=False)
         return self._tensors
 
     def torch(self) -> Dict[str, Any]:
-        """The tensors as torch tensors over the slot (zero-copy)."""
+        """The tensors as torch tensors over the slot (zero-copy, through
+        DLPack)."""
         return _views(self._native, self._specs, torch=True)
+
+
+class Staging(_Slot):
+    """A slot reserved for one request: fill ``tensors``, then ``commit``.
+
+    ``tensors`` maps each field to a writable numpy array over the slot (a
+    list of them for list-valued fields); ``torch()`` gives torch tensors
+    over the same bytes. Views must be gone (deleted) before ``commit``,
+    ``forward`` or ``abandon``, which otherwise raise ``BufferError``: the
+    slot is the sender's until then, and is written out after. Leaving a
+    ``with`` block without committing gives the slot back.
+    """
+
+    @property
+    def data_size(self) -> int:
+        """Bytes the slot's data takes (512-byte alignment included)."""
+        return self._native.data_size
 
     def commit(self, scalar_fields: Optional[dict] = None) -> None:
         """Announces the filled slot; ``scalar_fields`` (JSON-serialisable)
@@ -155,7 +163,7 @@ class Staging:
             self.abandon()
 
 
-class Delivery:
+class Delivery(_Slot):
     """A transfer received into this instance's pool.
 
     ``tensors`` maps each field to a read-only numpy array over the slot,
@@ -167,13 +175,7 @@ class Delivery:
     """
 
     def __init__(self, native: Any) -> None:
-        self._native = native
-        self._specs = native.specs()
-        self._tensors: Optional[Dict[str, Any]] = None
-
-    @property
-    def request_id(self) -> str:
-        return self._native.request_id
+        super().__init__(native, native.specs())
 
     @property
     def scalar_fields(self) -> dict:
@@ -190,12 +192,6 @@ class Delivery:
         """True if the coordinator gave up on the request since it arrived;
         release it all the same."""
         return self._native.is_aborted
-
-    @property
-    def tensors(self) -> Dict[str, Any]:
-        if self._tensors is None:
-            self._tensors = _views(self._native, self._specs, torch=False)
-        return self._tensors
 
     def torch(self) -> Dict[str, Any]:
         """The tensors as torch tensors over the slot (zero-copy, through

@@ -1,15 +1,12 @@
 """Fixtures: peer processes (tests/peer.py) on each backend, and the
 environment the libfabric providers need on one host."""
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+from procs import LineProcess
 
 # tcp;ofi_rxm on loopback needs its interface named.
 os.environ.setdefault("FI_TCP_IFACE", "lo")
@@ -22,54 +19,19 @@ BACKENDS = [
 ]
 
 
-class Peer:
-    """Another process with an engine of its own."""
+class Peer(LineProcess):
+    """Another process with an engine of its own (tests/peer.py)."""
 
     def __init__(self, backend: str, options: dict) -> None:
-        spec = json.dumps({"backend": backend, "options": options})
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "peer.py"), spec],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        hello = self._read()
-        assert hello.get("ready"), hello
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the peer process ended (exit status {self.proc.wait()})")
-        return json.loads(line)
-
-    def ask(self, **cmd) -> dict:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
+        super().__init__("peer.py", {"backend": backend, "options": options})
+        assert self.hello.get("ready"), self.hello
 
     def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
+        super().kill()
         # libfabric's shm provider names its objects <pid>:...; a killed
         # process cannot remove its own.
         for leftover in Path("/dev/shm").glob(f"{self.proc.pid}:*"):
             leftover.unlink(missing_ok=True)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.ask(op="exit")
-            except (RuntimeError, BrokenPipeError, ValueError):
-                pass
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                f.close()
-            except BrokenPipeError:
-                pass
 
 
 @pytest.fixture(params=BACKENDS, ids=[b[0] for b in BACKENDS])

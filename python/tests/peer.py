@@ -11,6 +11,7 @@ import sys
 import numpy as np
 
 import ferry
+from procs import reply
 
 
 def main() -> None:
@@ -18,10 +19,6 @@ def main() -> None:
     engine = ferry.TransferEngine(spec["backend"], **spec.get("options", {}))
     bufs = {}
     keep = {}
-
-    def reply(**fields):
-        sys.stdout.write(json.dumps(fields) + "\n")
-        sys.stdout.flush()
 
     reply(ready=True, backend=engine.backend)
     for line in sys.stdin:

@@ -19,6 +19,7 @@ import types
 import torch
 
 import ferry.sglang
+from procs import reply
 
 ROLE_POOL = 64 << 20
 
@@ -65,10 +66,6 @@ def tensors(seed: int) -> dict:
 def main() -> None:
     spec = json.loads(sys.argv[1])
     mgr = manager("encoder", spec["backend"], spec.get("options", {}))
-
-    def reply(**fields):
-        sys.stdout.write(json.dumps(fields) + "\n")
-        sys.stdout.flush()
 
     reply(ready=True, session=mgr.session_id)
     for line in sys.stdin:

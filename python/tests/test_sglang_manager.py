@@ -6,15 +6,11 @@ and the denoiser loads the tensors from the slot. They must arrive byte for
 byte. sglang's files are used unmodified (see sglang_role.py for the one
 change a CPU-only host forces)."""
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+from procs import LineProcess
 
 if os.environ.get("FERRY_REQUIRE_SGLANG") != "1":
     pytest.importorskip("sglang.multimodal_gen.runtime.disaggregation.transport.manager")
@@ -23,34 +19,13 @@ torch = pytest.importorskip("torch")
 import sglang_role  # noqa: E402
 
 
-class Encoder:
+class Encoder(LineProcess):
+    """sglang's encoder role in its own process (sglang_role.py)."""
+
     def __init__(self, backend: str, options: dict) -> None:
-        spec = json.dumps({"backend": backend, "options": options})
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "sglang_role.py"), spec],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        hello = self.ask()
-        assert hello["ready"]
-        self.session = hello["session"]
-
-    def ask(self, **cmd) -> dict:
-        if cmd:
-            self.proc.stdin.write(json.dumps(cmd) + "\n")
-            self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the encoder ended (exit status {self.proc.wait()})")
-        return json.loads(line)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.ask(op="exit")
-            self.proc.wait(timeout=30)
-        self.proc.stdin.close()
-        self.proc.stdout.close()
+        super().__init__("sglang_role.py", {"backend": backend, "options": options})
+        assert self.hello["ready"]
+        self.session = self.hello["session"]
 
 
 def same(a, b) -> bool:

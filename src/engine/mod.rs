@@ -23,6 +23,7 @@
 // signature can say.
 #![allow(unsafe_code)]
 
+#[cfg(any(feature = "fabric", feature = "verbs"))]
 mod posted;
 
 use std::time::Duration;
@@ -155,6 +156,7 @@ impl EngineError {
         }
     }
 
+    #[cfg(any(feature = "fabric", feature = "verbs"))]
     fn transport<E: Fault>(verb: &'static str, e: &E) -> Self {
         Self::Transport {
             verb,
@@ -166,6 +168,7 @@ impl EngineError {
 
 enum Inner {
     Local(ferry_local::LocalEngine),
+    #[cfg(any(feature = "fabric", feature = "verbs"))]
     Posted(Box<dyn posted::Posted>),
 }
 
@@ -223,6 +226,7 @@ impl TransferEngine {
     pub fn session_id(&self) -> String {
         match &self.inner {
             Inner::Local(l) => l.session_id().to_owned(),
+            #[cfg(any(feature = "fabric", feature = "verbs"))]
             Inner::Posted(p) => p.session_id(),
         }
     }
@@ -238,6 +242,7 @@ impl TransferEngine {
         match &self.inner {
             Inner::Local(l) => l.register(addr, len).map_err(EngineError::local),
             // SAFETY: the caller's contract, passed on.
+            #[cfg(any(feature = "fabric", feature = "verbs"))]
             Inner::Posted(p) => unsafe { p.register(addr, len) },
         }
     }
@@ -246,6 +251,7 @@ impl TransferEngine {
     pub fn deregister(&self, addr: u64) -> Result<(), EngineError> {
         match &self.inner {
             Inner::Local(l) => l.deregister(addr).map_err(EngineError::local),
+            #[cfg(any(feature = "fabric", feature = "verbs"))]
             Inner::Posted(p) => p.deregister(addr),
         }
     }
@@ -254,8 +260,12 @@ impl TransferEngine {
     /// is at the peer, or fails (waiting at most `timeout` where the data
     /// plane posts writes and waits for their completions).
     pub fn write(&self, session: &str, ops: &[Op], timeout: Duration) -> Result<(), EngineError> {
+        // The local engine's writes are synchronous system calls.
+        #[cfg(not(any(feature = "fabric", feature = "verbs")))]
+        let _ = timeout;
         match &self.inner {
             Inner::Local(l) => l.write(session, ops).map_err(EngineError::local),
+            #[cfg(any(feature = "fabric", feature = "verbs"))]
             Inner::Posted(p) => p.write(session, ops, timeout),
         }
     }

@@ -74,20 +74,16 @@ pub(crate) fn plan(ops: &[Op], piece: u64) -> Vec<Vec<Op>> {
 /// does not do for writes that fault, those stop short).
 pub(crate) fn write_group(pid: i32, group: &[Op]) -> Result<(), Short> {
     let total: u64 = group.iter().map(|o| o.len).sum();
-    let local: Vec<libc::iovec> = group
-        .iter()
-        .map(|o| libc::iovec {
-            iov_base: o.src as usize as *mut libc::c_void,
-            iov_len: o.len as usize,
-        })
-        .collect();
-    let remote: Vec<libc::iovec> = group
-        .iter()
-        .map(|o| libc::iovec {
-            iov_base: o.dst as usize as *mut libc::c_void,
-            iov_len: o.len as usize,
-        })
-        .collect();
+    let iovecs = |addr: fn(&Op) -> u64| -> Vec<libc::iovec> {
+        group
+            .iter()
+            .map(|o| libc::iovec {
+                iov_base: addr(o) as usize as *mut libc::c_void,
+                iov_len: o.len as usize,
+            })
+            .collect()
+    };
+    let (local, remote) = (iovecs(|o| o.src), iovecs(|o| o.dst));
     loop {
         // SAFETY: the local ranges lie in regions this engine registered
         // (checked by the caller), which the application keeps mapped

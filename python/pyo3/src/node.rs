@@ -13,7 +13,6 @@
 #![allow(unsafe_code)]
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use ferry::core::slots::{Dtype, TensorSpec};
 use ferry::runtime::{
@@ -50,9 +49,32 @@ fn addresses(allow_from: &[String]) -> PyResult<Vec<std::net::IpAddr>> {
         .collect()
 }
 
-fn seconds(what: &str, s: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(s)
-        .map_err(|_| PyValueError::new_err(format!("{what}: {s} is not a duration in seconds")))
+use crate::options::seconds;
+
+/// Takes a staging's or a delivery's handle out of `inner` to `verb` it,
+/// refusing while views of its slot are alive, and closes the slot to new
+/// views; `done` says why it is not there any more.
+fn take_slot<T>(
+    py: Python<'_>,
+    inner: &Mutex<Option<T>>,
+    exports: &Exports,
+    request_id: &str,
+    verb: &str,
+    done: &str,
+) -> PyResult<T> {
+    let live = exports.live();
+    if live > 0 {
+        return Err(PyBufferError::new_err(format!(
+            "cannot {verb} request {request_id}: {live} view(s) of its tensors are alive (delete them, or copy what you keep, first)"
+        )));
+    }
+    let taken = inner
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+        .ok_or_else(|| ferry_error(py, format!("request {request_id} was {done} already"), "io"))?;
+    exports.close();
+    Ok(taken)
 }
 
 /// A running instance (see `ferry.Instance`).
@@ -429,32 +451,15 @@ pub struct PyStaged {
 }
 
 impl PyStaged {
-    /// Takes the staging out, if no view of it is alive.
     fn take(&self, py: Python<'_>, verb: &str) -> PyResult<StagedInner> {
-        let live = self.exports.live();
-        if live > 0 {
-            return Err(PyBufferError::new_err(format!(
-                "cannot {verb} request {}: {live} view(s) of its tensors are alive (delete them first)",
-                self.request_id
-            )));
-        }
-        let inner = self
-            .inner
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-            .ok_or_else(|| {
-                ferry_error(
-                    py,
-                    format!(
-                        "request {} was committed or given back already",
-                        self.request_id
-                    ),
-                    "io",
-                )
-            })?;
-        self.exports.close();
-        Ok(inner)
+        take_slot(
+            py,
+            &self.inner,
+            &self.exports,
+            &self.request_id,
+            verb,
+            "committed or given back",
+        )
     }
 }
 
@@ -580,27 +585,14 @@ pub struct PyReceived {
 
 impl PyReceived {
     fn take(&self, py: Python<'_>, verb: &str) -> PyResult<ReceivedInner> {
-        let live = self.exports.live();
-        if live > 0 {
-            return Err(PyBufferError::new_err(format!(
-                "cannot {verb} request {}: {live} view(s) of its tensors are alive (delete them, or copy what you keep, first)",
-                self.request_id
-            )));
-        }
-        let inner = self
-            .inner
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-            .ok_or_else(|| {
-                ferry_error(
-                    py,
-                    format!("request {} was released already", self.request_id),
-                    "io",
-                )
-            })?;
-        self.exports.close();
-        Ok(inner)
+        take_slot(
+            py,
+            &self.inner,
+            &self.exports,
+            &self.request_id,
+            verb,
+            "released",
+        )
     }
 }
 

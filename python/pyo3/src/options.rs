@@ -30,10 +30,10 @@ fn take<'py, T: FromPyObjectOwned<'py>>(
     })
 }
 
-fn seconds(key: &str, v: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(v).map_err(|_| {
-        PyValueError::new_err(format!("option {key}: {v} is not a duration in seconds"))
-    })
+/// `v` seconds as a duration, or an error naming `what`.
+pub(crate) fn seconds(what: &str, v: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(v)
+        .map_err(|_| PyValueError::new_err(format!("{what}: {v} is not a duration in seconds")))
 }
 
 /// Reads `backend` and `options` into a backend configuration.
@@ -52,7 +52,7 @@ pub(crate) fn parse(
     // Only the verbs backend raises through the interpreter here.
     let _ = py;
     let timeout = match take::<f64>(&mut opts, "timeout")? {
-        Some(s) => seconds("timeout", s)?,
+        Some(s) => seconds("option timeout", s)?,
         None => Duration::from_secs(30),
     };
     let chosen = match backend {
@@ -137,7 +137,7 @@ fn configure(backend: Backend, opts: &mut Vec<(String, Bound<'_, PyAny>)>) -> Py
                 c.max_chunk = m;
             }
             if let Some(s) = take::<f64>(opts, "write_timeout")? {
-                c.write_timeout = seconds("write_timeout", s)?;
+                c.write_timeout = seconds("option write_timeout", s)?;
             }
             Backend::Fabric(c)
         }
@@ -153,7 +153,7 @@ fn configure(backend: Backend, opts: &mut Vec<(String, Bound<'_, PyAny>)>) -> Py
                 c.listen = Some(l);
             }
             if let Some(s) = take::<f64>(opts, "write_timeout")? {
-                c.write_timeout = seconds("write_timeout", s)?;
+                c.write_timeout = seconds("option write_timeout", s)?;
             }
             Backend::Verbs(c)
         }

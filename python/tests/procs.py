@@ -1,0 +1,60 @@
+"""The tests' helper processes: Python scripts that take commands as JSON
+lines on stdin and answer each with one JSON line on stdout."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def reply(**fields) -> None:
+    """Answers one command (in the helper process)."""
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+class LineProcess:
+    """A helper script started with a JSON spec, spoken to by JSON lines."""
+
+    def __init__(self, script: str, spec: dict) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / script), json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.hello = self.read()
+
+    def read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the helper process ended (exit status {self.proc.wait()})")
+        return json.loads(line)
+
+    def ask(self, **cmd) -> dict:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def close(self) -> None:
+        """Asks it to exit, and waits (killing it if it does not)."""
+        if self.proc.poll() is None:
+            try:
+                self.ask(op="exit")
+            except (RuntimeError, BrokenPipeError, ValueError):
+                pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except BrokenPipeError:
+                pass
