@@ -22,6 +22,8 @@ ERROR_CODES = {
 
 
 def _fabric_module() -> Any:
+    """The libfabric plugin's extension module, or a ``FerryError`` saying
+    how to install it."""
     try:
         import ferry_fabric._native as fabric
     except ImportError as e:

@@ -48,11 +48,14 @@ class Outcome(NamedTuple):
 
 
 def _dtype_name(x: Any) -> str:
+    """ferry's name of a numpy dtype, a torch dtype or a dtype name."""
     name = str(x)
     return name[len("torch."):] if name.startswith("torch.") else getattr(x, "name", name)
 
 
 def _spec_of(value: Any) -> Tuple[List[int], str]:
+    """``(shape, dtype name)`` of a ``(shape, dtype)`` pair, an array or a
+    tensor."""
     if isinstance(value, tuple) and len(value) == 2:
         shape, dtype = value
         return [int(d) for d in shape], _dtype_name(dtype)
@@ -104,6 +107,7 @@ class _Slot:
 
     @property
     def request_id(self) -> str:
+        """The request this slot holds."""
         return self._native.request_id
 
     @property
@@ -258,6 +262,7 @@ class Instance:
 
     @property
     def role(self) -> str:
+        """The role it registered as."""
         return self._node.role
 
     @property
@@ -272,6 +277,8 @@ class Instance:
 
     @property
     def is_registered(self) -> bool:
+        """True while the coordinator has it registered (under sglang's
+        head: once the registration was sent)."""
         return self._node.is_registered
 
     def wait_registered(self, timeout: float = 10.0) -> None:
@@ -344,6 +351,7 @@ _running: "weakref.WeakSet[Instance]" = weakref.WeakSet()
 
 @atexit.register
 def _close_all() -> None:
+    """Closes every instance still running at exit."""
     for inst in list(_running):
         inst.close()
 
@@ -400,6 +408,7 @@ class Coordinator:
         return self._node.snapshot()
 
     def close(self) -> None:
+        """Stops it."""
         self._node.close()
 
     def __enter__(self) -> "Coordinator":

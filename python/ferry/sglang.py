@@ -32,24 +32,31 @@ def engine_class() -> type:
         def __init__(self, engine: TransferEngine) -> None:
             self.ferry = engine
 
+        # Each member is ferry.TransferEngine's of the same name.
         @property
         def supports_gpu_direct(self) -> bool:
+            """False: host memory."""
             return self.ferry.supports_gpu_direct
 
         @property
         def session_id(self) -> str:
+            """What peers pass as ``dst_session_id``."""
             return self.ferry.session_id
 
         def register_buffer(self, ptr: int, length: int) -> None:
+            """Registers ``length`` bytes at ``ptr``."""
             self.ferry.register_buffer(ptr, length)
 
         def deregister_buffer(self, ptr: int) -> None:
+            """Ends the registration at ``ptr``."""
             self.ferry.deregister_buffer(ptr)
 
         def transfer_sync(self, dst_session_id: str, src_addr: int, dst_addr: int, length: int) -> int:
+            """0 once every byte is at the peer, negative on failure."""
             return self.ferry.transfer_sync(dst_session_id, src_addr, dst_addr, length)
 
         def batch_transfer_sync(self, dst_session_id: str, src_addrs: list, dst_addrs: list, lengths: list) -> int:
+            """``transfer_sync`` of the three lists at once."""
             return self.ferry.batch_transfer_sync(dst_session_id, src_addrs, dst_addrs, lengths)
 
     return FerryDiffusionEngine
@@ -71,6 +78,7 @@ def use(backend: str = "auto", **options: Any) -> None:
         gpu_id: int = 0,
         ib_device: Optional[str] = None,
     ) -> Any:
+        """sglang's factory, answered with a ferry engine."""
         opts = dict(options)
         if backend == "verbs" and ib_device and "device" not in opts:
             opts["device"] = ib_device

@@ -26,6 +26,7 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::buffer::{Exports, SlotBuffer, Span};
 use crate::ferry_error;
+use crate::options::seconds;
 
 type Node = InstanceNode<ZmqSender>;
 
@@ -48,8 +49,6 @@ fn addresses(allow_from: &[String]) -> PyResult<Vec<std::net::IpAddr>> {
         })
         .collect()
 }
-
-use crate::options::seconds;
 
 /// Takes a staging's or a delivery's handle out of `inner` to `verb` it,
 /// refusing while views of its slot are alive, and closes the slot to new
@@ -75,6 +74,13 @@ fn take_slot<T>(
         .ok_or_else(|| ferry_error(py, format!("request {request_id} was {done} already"), "io"))?;
     exports.close();
     Ok(taken)
+}
+
+/// Takes what `slot` holds and drops it with the GIL released: stopping a
+/// node joins its progress thread, which may wait on the network.
+fn close_slot<T: Send>(py: Python<'_>, slot: &Mutex<Option<T>>) {
+    let taken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+    py.detach(move || drop(taken));
 }
 
 /// A running instance (see `ferry.Instance`).
@@ -393,12 +399,7 @@ impl PyInstance {
     /// Stops the node (its registration, its pool) once no staging or
     /// delivery of it is alive.
     fn close(&self, py: Python<'_>) {
-        let node = self
-            .node
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        py.detach(move || drop(node));
+        close_slot(py, &self.node);
     }
 }
 
@@ -745,11 +746,6 @@ impl PyCoordinator {
 
     /// Stops it.
     fn close(&self, py: Python<'_>) {
-        let node = self
-            .node
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        py.detach(move || drop(node));
+        close_slot(py, &self.node);
     }
 }
