@@ -120,7 +120,8 @@ class _Slot:
 
     def torch(self) -> Dict[str, Any]:
         """The tensors as torch tensors over the slot (zero-copy, through
-        DLPack)."""
+        DLPack). A delivery's must not be written: torch has no read-only
+        tensors."""
         return _views(self._native, self._specs, torch=True)
 
 
@@ -196,11 +197,6 @@ class Delivery(_Slot):
         """True if the coordinator gave up on the request since it arrived;
         release it all the same."""
         return self._native.is_aborted
-
-    def torch(self) -> Dict[str, Any]:
-        """The tensors as torch tensors over the slot (zero-copy, through
-        DLPack; do not write them: torch has no read-only tensors)."""
-        return _views(self._native, self._specs, torch=True)
 
     def release(self) -> None:
         """Done with it: the slot is freed and the coordinator told."""

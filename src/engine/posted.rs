@@ -17,9 +17,12 @@ use ferry_core::transport::{Fault, FaultKind, Region, Transport, WriteOp, WriteT
 
 use super::{EngineError, Op};
 
-/// How long the driver sleeps when the transport gives no descriptor to
-/// wake it (it also bounds how late a timed-out write is noticed).
+/// Longest wait on the transport's wake descriptor between checks of the
+/// stop flag (it also bounds how late a timed-out write is noticed).
 const TICK: Duration = Duration::from_millis(5);
+
+/// How often a transport without a wake descriptor is polled.
+const POLL: Duration = Duration::from_millis(1);
 
 /// What the engine needs of a posting data plane.
 pub(crate) trait Posted: Send + Sync {
@@ -111,7 +114,7 @@ fn drive<T: Transport + Wake>(shared: &Shared<T>, wake: Option<std::os::fd::RawF
                 // as the transport, which outlives this thread.
                 unsafe { libc::poll(&mut p, 1, TICK.as_millis() as i32) };
             }
-            None => std::thread::sleep(TICK.min(Duration::from_millis(1))),
+            None => std::thread::sleep(POLL),
         }
         {
             let mut t = lock(&shared.transport);
