@@ -12,6 +12,7 @@ pub mod control;
 pub mod fabric;
 pub mod handoff;
 pub mod handshake;
+pub mod scale;
 pub mod slots;
 pub mod wire;
 

@@ -331,6 +331,23 @@ enum BenchCommand {
     /// instances in one process (every message encoded and decoded, no
     /// data moved).
     Handshake(BenchSlots),
+    /// Control-plane hand-offs per second as the deployment grows: from 1
+    /// encoder and 1 denoiser to 1,024 instances with 16,000 transfers live
+    /// at the coordinator (default limits; slow and fast path).
+    Scale(BenchScale),
+}
+
+#[derive(Args)]
+struct BenchScale {
+    /// Seconds to run each row and path.
+    #[arg(long, default_value_t = 1.0)]
+    seconds: f64,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Only the rows with at most this many instances.
+    #[arg(long)]
+    max_instances: Option<usize>,
 }
 
 #[derive(Args)]
@@ -419,6 +436,85 @@ fn bench_handshake(args: &BenchSlots) -> Result<(), String> {
         ("slow_path", ferry_bench::handshake::measure(d, false)),
     ];
     print_rates(args.format, &rates, "hand-offs", "ns/hand-off");
+    Ok(())
+}
+
+fn bench_scale(args: &BenchScale) -> Result<(), String> {
+    use ferry_bench::scale::{measure, ROWS};
+    let d = duration(args.seconds)?;
+    let rows = ROWS
+        .iter()
+        .filter(|r| args.max_instances.is_none_or(|m| r.instances() <= m));
+    let mut results = Vec::new();
+    for &row in rows {
+        let slow = measure(row, false, d)?;
+        let fast = measure(row, true, d)?;
+        results.push((slow, fast));
+    }
+    let Some(&(base_slow, base_fast)) = results.first() else {
+        return Err("no row has that few instances".into());
+    };
+    let ratio = |r: f64, base: f64| if base > 0.0 { r / base } else { 0.0 };
+    if args.json {
+        let rows: Vec<serde_json::Value> = results
+            .iter()
+            .map(|(s, f)| {
+                json!({
+                    "encoders": s.shape.encoders,
+                    "denoisers": s.shape.denoisers,
+                    "held_each": s.shape.held,
+                    "live": s.shape.live(),
+                    "slow_path_per_second": rounded(s.per_second, 0),
+                    "slow_path_vs_first_row": rounded(ratio(s.per_second, base_slow.per_second), 3),
+                    "slow_path_probes_per_handoff": rounded(s.probes_per_handoff, 1),
+                    "fast_path_per_second": rounded(f.per_second, 0),
+                    "fast_path_vs_first_row": rounded(ratio(f.per_second, base_fast.per_second), 3),
+                    "fast_path_probes_per_handoff": rounded(f.probes_per_handoff, 1),
+                })
+            })
+            .collect();
+        let limits = ferry_core::handshake::Limits::default();
+        let report = json!({
+            "limits": {
+                "requests": limits.requests,
+                "tombstones": limits.tombstones,
+                "members": limits.members,
+                "nested_per_request": limits.nested_per_request,
+            },
+            "rows": rows,
+        });
+        println!("{report}");
+        return Ok(());
+    }
+    println!(
+        "{:>8} {:>9} {:>6} {:>7} {:>11} {:>7} {:>7} {:>11} {:>7} {:>7}",
+        "encoders",
+        "denoisers",
+        "held",
+        "live",
+        "slow/s",
+        "ratio",
+        "probes",
+        "fast/s",
+        "ratio",
+        "probes"
+    );
+    for (s, f) in &results {
+        println!(
+            "{:>8} {:>9} {:>6} {:>7} {:>11.0} {:>7.2} {:>7.1} {:>11.0} {:>7.2} {:>7.1}",
+            s.shape.encoders,
+            s.shape.denoisers,
+            s.shape.held,
+            s.shape.live(),
+            s.per_second,
+            ratio(s.per_second, base_slow.per_second),
+            s.probes_per_handoff,
+            f.per_second,
+            ratio(f.per_second, base_fast.per_second),
+            f.probes_per_handoff,
+        );
+    }
+    println!("(hand-offs per second, each path's ratio to its first row, and hash-index places read per hand-off)");
     Ok(())
 }
 
@@ -527,6 +623,7 @@ fn main() -> ExitCode {
             Some(BenchCommand::Wire(args)) => bench_wire(&args),
             Some(BenchCommand::Slots(args)) => bench_slots(&args),
             Some(BenchCommand::Handshake(args)) => bench_handshake(&args),
+            Some(BenchCommand::Scale(args)) => bench_scale(&args),
         },
     };
     match result {

@@ -218,6 +218,16 @@ impl Landed {
         }
     }
 
+    /// The low 16 bits of the tag it names, if it carries that many: what
+    /// an instance indexes writes awaiting their arrival by.
+    pub(crate) const fn low16(self) -> Option<u64> {
+        if self.width >= 16 {
+            Some(self.bits & 0xffff)
+        } else {
+            None
+        }
+    }
+
     /// True if this names the write tagged `tag`.
     pub const fn matches(self, tag: WriteTag) -> bool {
         tag.0 & mask(self.width as u32) == self.bits

@@ -159,6 +159,7 @@ impl CoordinatorNode {
         let mut limits = settings.limits;
         // Room for the whole admission list.
         limits.members = limits.members.max(settings.admitted.len());
+        limits.check()?;
         let mut machine = Coordinator::new(config, CoordinatorStorage::owned(&limits))
             .map_err(NodeError::Coordinator)?;
         for (role, endpoint) in &settings.admitted {

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use ferry_core::handshake::coordinator::ConfigError;
 use ferry_core::handshake::instance::InstanceError;
+use ferry_core::handshake::LimitsError;
 use ferry_core::json::JsonError;
 use ferry_core::slots::{BuddyError, LayoutError};
 
@@ -20,6 +21,9 @@ pub enum NodeError {
     /// Coordinator settings it cannot take.
     #[error("coordinator settings: {0}")]
     Coordinator(ConfigError),
+    /// Table sizes out of range.
+    #[error("table sizes: {0}")]
+    Limits(#[from] LimitsError),
     /// An entry of the admission list it cannot take.
     #[error("admitting {endpoint} as {role}: {source}")]
     Admission {

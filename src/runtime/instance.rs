@@ -97,7 +97,7 @@ impl InstanceSettings {
             coordinator: coordinator.to_owned(),
             min_block: 1 << 20,
             prealloc: (0, 0),
-            limits: Limits::default(),
+            limits: Limits::INSTANCE,
             register_retry: Duration::from_millis(200),
             staged_timeout: Duration::from_secs(60),
             reserved_timeout: Duration::from_secs(20),
@@ -389,6 +389,7 @@ where
             min_block: settings.min_block,
             pool_id: 0,
         };
+        settings.limits.check()?;
         let storage = InstanceStorage::owned(&settings.limits, &pool, settings.prealloc.0)
             .map_err(NodeError::Pool)?;
         let clock = Clock::start();

@@ -5,6 +5,8 @@ use core::fmt;
 use core::ops::Add;
 use core::time::Duration;
 
+use super::tables::hash::HashKey;
+use super::tables::index::Index;
 use crate::json::{JsonStr, RawJson};
 use crate::managed::ManagedSlice;
 
@@ -178,6 +180,11 @@ impl<const N: usize> Text<N> {
         core::str::from_utf8(&self.buf[..self.len]).unwrap_or_default()
     }
 
+    /// The string's bytes.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+
     /// The string as a wire value.
     pub fn as_json(&self) -> JsonStr<'_> {
         JsonStr::plain(self.as_str())
@@ -237,6 +244,8 @@ pub struct Tombstone {
     /// Who ended it, for telling a duplicate (the same owner) from a reuse
     /// of the id (another): the coordinator's sender registration epoch.
     owner: u32,
+    /// The hash it is indexed under.
+    hash: u64,
 }
 
 impl Default for Tombstone {
@@ -251,39 +260,78 @@ impl Tombstone {
         id: RequestId::EMPTY,
         leg: Leg::FromRole(0),
         owner: 0,
+        hash: 0,
     };
-
-    pub(crate) fn new(id: RequestId, leg: Leg, owner: u32) -> Self {
-        Self { id, leg, owner }
-    }
 
     pub(crate) fn is(&self, id: JsonStr<'_>, leg: Leg) -> bool {
         !self.id.is_empty() && self.leg == leg && self.id.eq_json(id)
     }
 }
 
-/// A ring of tombstones over caller storage, newest overwriting oldest.
+/// The namespace a leg's tombstones are hashed in.
+fn leg_ns(leg: Leg) -> u64 {
+    match leg {
+        Leg::FromRole(r) => r as u64,
+        Leg::Side(Side::Send) => 1 << 32,
+        Leg::Side(Side::Recv) => 2 << 32,
+    }
+}
+
+/// A ring of tombstones over caller storage, newest overwriting oldest,
+/// indexed by the hash of id and leg.
 #[derive(Debug)]
 pub(crate) struct Graveyard<'s> {
     stones: ManagedSlice<'s, Tombstone>,
+    index: Index<'s>,
+    key: HashKey,
     next: usize,
 }
 
 impl<'s> Graveyard<'s> {
-    pub(crate) fn new(mut stones: ManagedSlice<'s, Tombstone>) -> Self {
+    pub(crate) fn new(
+        mut stones: ManagedSlice<'s, Tombstone>,
+        index: ManagedSlice<'s, u64>,
+        key: HashKey,
+    ) -> Self {
         stones.iter_mut().for_each(|t| *t = Tombstone::EMPTY);
-        Self { stones, next: 0 }
+        Self {
+            stones,
+            index: Index::new(index),
+            key,
+            next: 0,
+        }
+    }
+
+    /// Places the index read so far.
+    pub(crate) fn probes(&self) -> u64 {
+        self.index.probes()
+    }
+
+    /// Whether `id`'s `leg` has a tombstone, and whether one of them was
+    /// laid by `owner`: one walk of the index.
+    pub(crate) fn lookup(&self, id: JsonStr<'_>, leg: Leg, owner: u32) -> (bool, bool) {
+        let Some(hash) = self.key.json::<ID_LEN>(id, leg_ns(leg)) else {
+            return (false, false);
+        };
+        let mut any = false;
+        let by_owner = self
+            .index
+            .find(hash, |i| {
+                let found = self.stones.get(i).filter(|t| t.is(id, leg));
+                any |= found.is_some();
+                found.is_some_and(|t| t.owner == owner)
+            })
+            .is_some();
+        (any, by_owner)
     }
 
     pub(crate) fn contains(&self, id: JsonStr<'_>, leg: Leg) -> bool {
-        self.stones.iter().any(|t| t.is(id, leg))
-    }
-
-    /// True if a tombstone of `id`'s `leg` was laid by `owner`.
-    pub(crate) fn buried_by(&self, id: JsonStr<'_>, leg: Leg, owner: u32) -> bool {
-        self.stones
-            .iter()
-            .any(|t| t.is(id, leg) && t.owner == owner)
+        let Some(hash) = self.key.json::<ID_LEN>(id, leg_ns(leg)) else {
+            return false;
+        };
+        self.index
+            .find(hash, |i| self.stones.get(i).is_some_and(|t| t.is(id, leg)))
+            .is_some()
     }
 
     pub(crate) fn bury(&mut self, id: RequestId, leg: Leg) {
@@ -291,10 +339,23 @@ impl<'s> Graveyard<'s> {
     }
 
     pub(crate) fn bury_owned(&mut self, id: RequestId, leg: Leg, owner: u32) {
-        if let Some(t) = self.stones.get_mut(self.next) {
-            *t = Tombstone::new(id, leg, owner);
-            self.next = (self.next + 1) % self.stones.len();
-        }
+        let i = self.next;
+        let Some(old) = self.stones.get(i).copied() else {
+            return;
+        };
+        // (An empty ring place has no entry: the removal finds none.)
+        self.index.remove(old.hash, i);
+        let hash = self.key.bytes(id.as_bytes(), leg_ns(leg));
+        self.stones[i] = Tombstone {
+            id,
+            leg,
+            owner,
+            hash,
+        };
+        // A probe sequence crowded by ids someone chose to collide: this
+        // stone goes unfound, and a late duplicate of it is judged as new.
+        let _ = self.index.insert(hash, i);
+        self.next = (i + 1) % self.stones.len();
     }
 }
 

@@ -1,7 +1,29 @@
 //! The sizes of a state machine's tables, for the storage it owns
 //! (`InstanceStorage::owned`, `CoordinatorStorage::owned`).
 
+use core::fmt;
+
+use super::instance::MAX_REQUESTS;
+
 /// Table sizes of a state machine.
+///
+/// Every lookup costs the same whatever the sizes (the tables are hash
+/// indexed), so they are set by the memory a deployment can spend. What
+/// each costs, on a 64-bit target:
+///
+/// | limit | coordinator | instance |
+/// |---|---|---|
+/// | `requests` | about 1.2 KiB a transfer (its record, index, timer, queued messages and events, parked place), plus `nested_per_request` | about 2.9 KiB a request (likewise), plus `nested_per_request` |
+/// | `nested_per_request` | bytes per transfer (zeroed by the allocator: pages are touched as used) | bytes per request (likewise) |
+/// | `tombstones` | about 0.12 KiB each | about 0.12 KiB each |
+/// | `members` | about 1.9 KiB an instance (with 16 preallocated slots) | not used |
+///
+/// [`Limits::default`] is a coordinator's for a deployment of hundreds of
+/// instances: 16,384 transfers in flight, 1,024 instances, and 65,536
+/// ended legs remembered (about five minutes of ids at 200 hand-offs a
+/// second): about 22 MiB of tables and 8 MiB of tombstones, and 256 MiB of
+/// address space for nested JSON. [`Limits::INSTANCE`] is an instance's:
+/// about 3 MiB of tables, 8 MiB of tombstones, 16 MiB of address space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Requests (instance) or transfers (coordinator) in flight at once.
@@ -16,11 +38,123 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self {
-            requests: 128,
-            nested_per_request: 16 * 1024,
-            tombstones: 4096,
-            members: 64,
+        Self::COORDINATOR
+    }
+}
+
+/// A limit out of its range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitsError {
+    /// Which limit: `requests`, `nested_per_request`, `tombstones` or
+    /// `members`.
+    pub field: &'static str,
+    /// Its value.
+    pub value: usize,
+    /// The least it may be.
+    pub min: usize,
+    /// The most it may be.
+    pub max: usize,
+}
+
+impl fmt::Display for LimitsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let side = if self.value < self.min {
+            "too small"
+        } else {
+            "too large"
+        };
+        write!(
+            f,
+            "limit `{}` is {side}: {}, must be {} to {}",
+            self.field, self.value, self.min, self.max
+        )
+    }
+}
+
+impl core::error::Error for LimitsError {}
+
+impl Limits {
+    /// A coordinator's tables for a deployment (see the table above).
+    pub const COORDINATOR: Self = Self {
+        requests: 16 * 1024,
+        nested_per_request: 16 * 1024,
+        tombstones: 64 * 1024,
+        members: 1024,
+    };
+
+    /// An instance's tables: 1,024 requests in flight (more than its pool
+    /// has slots, in any deployment ferry knows), and as many tombstones as
+    /// a coordinator's.
+    pub const INSTANCE: Self = Self {
+        requests: 1024,
+        nested_per_request: 16 * 1024,
+        tombstones: 64 * 1024,
+        members: 1,
+    };
+
+    /// The least room for nested JSON a request needs (`{}` twice, and a
+    /// small manifest).
+    pub const MIN_NESTED: usize = 64;
+
+    /// Checks every limit against what the machines can index: requests
+    /// from 1 to 65,536 (an instance's tokens carry its table index in 16
+    /// bits), nested JSON from 64 bytes to 16 MiB, tombstones from 1 to
+    /// 2^24 and members from 1 to 2^24 (a receiver's rank carries its index
+    /// in 24 bits). The error names the first limit out of range.
+    pub fn check(&self) -> Result<(), LimitsError> {
+        let checks = [
+            ("requests", self.requests, 1, MAX_REQUESTS),
+            (
+                "nested_per_request",
+                self.nested_per_request,
+                Self::MIN_NESTED,
+                16 << 20,
+            ),
+            ("tombstones", self.tombstones, 1, 1 << 24),
+            ("members", self.members, 1, 1 << 24),
+        ];
+        for (field, value, min, max) in checks {
+            if !(min..=max).contains(&value) {
+                return Err(LimitsError {
+                    field,
+                    value,
+                    min,
+                    max,
+                });
+            }
         }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate alloc;
+    use super::*;
+    use alloc::string::ToString;
+
+    #[test]
+    fn the_defaults_pass_and_the_error_names_the_limit() {
+        assert_eq!(Limits::default().check(), Ok(()));
+        assert_eq!(Limits::INSTANCE.check(), Ok(()));
+        let tiny = Limits {
+            nested_per_request: 8,
+            ..Limits::default()
+        };
+        let e = tiny.check().unwrap_err();
+        assert_eq!(e.field, "nested_per_request");
+        assert!(e
+            .to_string()
+            .contains("`nested_per_request` is too small: 8"));
+        let none = Limits {
+            members: 0,
+            ..Limits::default()
+        };
+        assert_eq!(none.check().unwrap_err().field, "members");
+        let huge = Limits {
+            requests: MAX_REQUESTS + 1,
+            ..Limits::default()
+        };
+        assert!(huge.check().unwrap_err().to_string().contains("too large"));
     }
 }

@@ -16,10 +16,12 @@ pub mod coordinator;
 pub mod instance;
 mod limits;
 mod ring;
+pub mod tables;
 
 pub use common::{
     Ignored, Instant, Leg, Name, PeerId, Reason, RequestId, Side, Text, TextTooLong, Tombstone,
     ID_LEN, NAME_LEN, REASON_LEN,
 };
-pub use limits::Limits;
+pub use limits::{Limits, LimitsError};
 pub use ring::Ring;
+pub use tables::{HashKey, TableStorage};

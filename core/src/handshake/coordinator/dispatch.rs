@@ -1,5 +1,5 @@
-//! Staging and dispatch: a staged request, the choice of its receiver, the
-//! wait queue.
+//! Staging and dispatch: a staged request, the choice of its receiver, and
+//! the receivers' ranking.
 
 use super::*;
 
@@ -12,8 +12,9 @@ impl<'s, const P: usize> Coordinator<'s, P> {
     ) -> Result<(), Ignored> {
         let id = RequestId::from_json(m.request_id).map_err(|_| Ignored::TooLong("request_id"))?;
         let sender_index = self.member_of_peer(from).ok_or(Ignored::NotRegistered)?;
-        let sender = self.members[sender_index]
-            .as_ref()
+        let sender = self
+            .members
+            .get(sender_index)
             .ok_or(Ignored::NotRegistered)?;
         if !sender.session.eq_json(m.session_id) {
             return Err(Ignored::WrongPeer);
@@ -24,19 +25,25 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         };
         let sender_role = sender.role;
         let leg = Leg::FromRole(sender_role);
-        let live = self
-            .transfers
-            .iter()
-            .flatten()
-            .find(|t| t.id.eq_json(m.request_id) && t.sender_role == sender_role)
+        let hash = self.id_hash(m.request_id);
+        let live = hash
+            .and_then(|h| {
+                self.transfers.find(h, |t| {
+                    t.id.eq_json(m.request_id) && t.sender_role == sender_role
+                })
+            })
+            .and_then(|i| self.transfers.get(i))
             .map(|t| t.sender);
         // The same sender's staged again (a retry, a duplicate on the
         // network): ignored. Another sender's (an instance restarted under
         // the same name, two with the same ids): the id is taken, and the
         // sender is told so rather than left waiting.
-        let duplicate = live == Some(sender_ref)
-            || (live.is_none() && self.finished.buried_by(m.request_id, leg, sender_ref.epoch));
-        let reused = live.is_some() || self.finished.contains(m.request_id, leg);
+        let (buried, buried_by_sender) = match live {
+            Some(_) => (false, false),
+            None => self.finished.lookup(m.request_id, leg, sender_ref.epoch),
+        };
+        let duplicate = live == Some(sender_ref) || buried_by_sender;
+        let reused = live.is_some() || buried;
         if duplicate {
             return Err(Ignored::Duplicate);
         }
@@ -79,7 +86,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         if sender_role + 1 >= self.role_count {
             return abort(self, FailReason::NoNextRole);
         }
-        let Some(index) = self.transfers.iter().position(Option::is_none) else {
+        let Some(index) = self.transfers.next_free() else {
             return abort(self, FailReason::TableFull);
         };
         let manifest = match m.manifest {
@@ -100,7 +107,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         dst[..manifest.len()].copy_from_slice(manifest.as_bytes());
         dst[manifest.len()..].copy_from_slice(scalars.as_bytes());
         self.seq += 1;
-        self.transfers[index] = Some(Transfer {
+        let inserted = self.transfers.insert(Transfer {
             id,
             seq: self.seq,
             phase: Phase::Queued { retry_at: None },
@@ -116,48 +123,99 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             attempts: 0,
             manifest_len: manifest.len(),
             scalars_len: scalars.len(),
-            queue_ticket: 0,
+            queued: false,
+            prev: NONE,
+            next: NONE,
             staged_at: now,
             pushed_at: now,
             ready_at: now,
         });
+        let Ok(index) = inserted else {
+            return abort(self, FailReason::TableFull);
+        };
         self.enqueue(index);
-        self.dispatch(now, index);
+        self.dispatch_role(now, sender_role);
         Ok(())
     }
 
-    /// Picks a receiver of the next role with capacity, by policy.
+    /// Picks a receiver of role `role` with capacity, by policy: the top
+    /// of the role's ranking. Under [`Policy::MostFreeSlots`] the ranking
+    /// counts free preallocated slots whatever their size; when the top's
+    /// free slots do not all fit `data_size`, the role's ranked receivers
+    /// are compared by the slots that fit.
     pub(super) fn choose(&mut self, role: usize, data_size: u64) -> Option<usize> {
-        let n = self.members.len();
-        fn candidate<const P: usize>(m: &Option<Member<P>>, role: usize) -> Option<&Member<P>> {
-            m.as_ref()
-                .filter(|m| m.role == role && m.capacity.available() > 0)
-        }
+        let (_, top) = self.ranking.peek(role)?;
         match self.config.policy {
             Policy::RoundRobin => {
-                let start = self.cursor[role] % n.max(1);
-                let i = (0..n)
-                    .map(|k| (start + k) % n)
-                    .find(|&i| candidate(&self.members[i], role).is_some())?;
-                self.cursor[role] = i + 1;
-                Some(i)
+                self.picks += 1;
+                if let Some(mut m) = self.members.get_mut(top) {
+                    m.last_pick = self.picks;
+                }
+                Some(top)
             }
-            Policy::MostFreeSlots => (0..n)
-                .filter_map(|i| candidate(&self.members[i], role).map(|m| (i, m)))
-                .max_by_key(|(i, m)| {
-                    (
-                        m.prealloc.free_fitting(data_size),
-                        m.capacity.available(),
-                        usize::MAX - i,
-                    )
-                })
-                .map(|(i, _)| i),
+            Policy::MostFreeSlots => {
+                let m = self.members.get(top)?;
+                if m.prealloc.free_fitting(data_size) == m.prealloc.free() {
+                    return Some(top);
+                }
+                self.ranking
+                    .lane(role)
+                    .iter()
+                    .filter_map(|&(_, i)| {
+                        let m = self.members.get(i as usize)?;
+                        Some((
+                            (
+                                m.prealloc.free_fitting(data_size),
+                                m.capacity.available(),
+                                u32::MAX - i,
+                            ),
+                            i as usize,
+                        ))
+                    })
+                    .max()
+                    .map(|(_, i)| i)
+            }
         }
+    }
+
+    /// Ranks member `index` anew after its capacity or preallocated slots
+    /// changed (or it came): in its role's ranking while it has room, by
+    /// the policy's key; and its taken slots counted into the total.
+    pub(super) fn rank(&mut self, index: usize) {
+        let policy = self.config.policy;
+        let Some(mut m) = self.members.get_mut(index) else {
+            return;
+        };
+        let taken = m.prealloc.len() - m.prealloc.free();
+        let counted = core::mem::replace(&mut m.counted_taken, taken);
+        let (role, available, free, last_pick) = (
+            m.role,
+            m.capacity.available(),
+            m.prealloc.free(),
+            m.last_pick,
+        );
+        drop(m);
+        self.prealloc_taken = (self.prealloc_taken + taken).saturating_sub(counted);
+        if available == 0 {
+            self.ranking.remove(index);
+            return;
+        }
+        let key = match policy {
+            // Chosen longest ago first; never chosen, in table order.
+            Policy::RoundRobin => last_pick,
+            // Most free slots, then most room, then table order.
+            Policy::MostFreeSlots => {
+                let free = 0xffff - free.min(0xffff) as u64;
+                let room = 0xff_ffff - u64::from(available.min(0xff_ffff));
+                (free << 48) | (room << 24) | (index as u64).min(0xff_ffff)
+            }
+        };
+        self.ranking.set(role, index, key);
     }
 
     /// Tries to hand transfer `index` (queued) to a receiver.
     pub(super) fn dispatch(&mut self, now: Instant, index: usize) {
-        let Some(t) = self.transfers[index].as_ref() else {
+        let Some(t) = self.transfers.get(index) else {
             return;
         };
         let Phase::Queued { retry_at } = t.phase else {
@@ -171,14 +229,11 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             self.fail(now, index, FailReason::PeerGone);
             return;
         };
+        // No room anywhere: it stays queued for a capacity release.
         let Some(r) = self.choose(role, data_size) else {
-            // No room anywhere: wait for a capacity release.
-            if let Some(t) = self.transfers[index].as_mut() {
-                t.phase = Phase::Queued { retry_at: None };
-            }
             return;
         };
-        let Some(m) = self.members[r].as_mut() else {
+        let Some(mut m) = self.members.get_mut(r) else {
             return;
         };
         let Ok(ticket) = m.capacity.acquire() else {
@@ -190,7 +245,10 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         };
         let (peer, session) = (m.peer, m.session);
         let fast = m.prealloc.take(data_size);
-        let Some(t) = self.transfers[index].as_mut() else {
+        drop(m);
+        self.rank(r);
+        self.unqueue(index);
+        let Some(mut t) = self.transfers.get_mut(index) else {
             return;
         };
         t.receiver = Some(receiver);
@@ -203,6 +261,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                 t.phase = Phase::Pushing;
                 t.deadline = now + self.config.timeouts.push;
                 t.pushed_at = now;
+                drop(t);
                 self.stats.fast_path += 1;
                 if let Some(sender_peer) = self.member(sender).map(|s| s.peer) {
                     self.send(
@@ -219,6 +278,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             None => {
                 t.phase = Phase::Allocating;
                 t.deadline = now + self.config.timeouts.alloc;
+                drop(t);
                 let source_role = role - 1;
                 self.send(
                     peer,
@@ -229,79 +289,6 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                         session,
                     },
                 );
-            }
-        }
-    }
-
-    /// Dispatches queued transfers, oldest first, as far as capacity goes.
-    /// Puts transfer `index` at the back of the wait queue; any earlier
-    /// entry of it goes stale.
-    pub(super) fn enqueue(&mut self, index: usize) {
-        self.queue_tickets += 1;
-        let ticket = self.queue_tickets;
-        if let Some(t) = self.transfers[index].as_mut() {
-            t.queue_ticket = ticket;
-        }
-        let entry = Queued { index, ticket };
-        if self.queue.push(entry).is_err() {
-            // Full of stale entries (live ones are at most half): compact.
-            for _ in 0..self.queue.len() {
-                if let Some(e) = self.queue.pop() {
-                    if self.is_live(e) {
-                        let _ = self.queue.push(e);
-                    }
-                }
-            }
-            let _ = self.queue.push(entry);
-        }
-    }
-
-    pub(super) fn is_live(&self, e: Queued) -> bool {
-        self.transfers[e.index]
-            .as_ref()
-            .is_some_and(|t| t.queue_ticket == e.ticket && matches!(t.phase, Phase::Queued { .. }))
-    }
-
-    /// Dispatches queued transfers in queue order, as far as capacity
-    /// goes: one pass over the queue. Once a role has no receiver with room
-    /// its other requests are not tried; they wait for a capacity release.
-    pub(super) fn dispatch_queued(&mut self, now: Instant) {
-        let mut blocked = [false; 8];
-        for _ in 0..self.queue.len() {
-            let Some(e) = self.queue.pop() else { return };
-            if !self.is_live(e) {
-                continue;
-            }
-            let (retry_at, sender) = match self.transfers[e.index].as_ref() {
-                Some(Transfer {
-                    phase: Phase::Queued { retry_at },
-                    sender,
-                    ..
-                }) => (*retry_at, *sender),
-                _ => continue,
-            };
-            let role = self.member(sender).map_or(0, |m| m.role + 1);
-            let is_blocked = blocked.get(role).copied().unwrap_or(true);
-            if !is_blocked && retry_at.is_none_or(|at| at <= now) {
-                self.dispatch(now, e.index);
-            } else if is_blocked {
-                // Waits for a capacity release, like the one that failed.
-                if let Some(t) = self.transfers[e.index].as_mut() {
-                    t.phase = Phase::Queued {
-                        retry_at: retry_at.filter(|at| *at > now),
-                    };
-                }
-            }
-            if self.is_live(e) {
-                if matches!(
-                    self.transfers[e.index].as_ref().map(|t| t.phase),
-                    Some(Phase::Queued { retry_at: None })
-                ) {
-                    if let Some(b) = blocked.get_mut(role) {
-                        *b = true;
-                    }
-                }
-                let _ = self.queue.push(e);
             }
         }
     }

@@ -6,33 +6,39 @@ use super::*;
 impl<'s, const P: usize> Coordinator<'s, P> {
     /// Gives the receiver's capacity back (once: the ticket is taken).
     pub(super) fn release(&mut self, i: usize) {
-        let Some(t) = self.transfers[i].as_mut() else {
+        let Some(mut t) = self.transfers.get_mut(i) else {
             return;
         };
-        let (ticket, receiver) = (t.ticket.take(), t.receiver.take());
+        let (ticket, receiver) = (t.ticket.take(), t.receiver);
+        drop(t);
         if let (Some(ticket), Some(r)) = (ticket, receiver) {
-            if let Some(m) = self.member_mut(r) {
+            if let Some(mut m) = self.member_mut(r) {
                 let _ = m.capacity.release(ticket);
             }
+            self.rank(r.index);
         }
-        if let Some(t) = self.transfers[i].as_mut() {
-            t.receiver = receiver;
+    }
+
+    /// Gives preallocated slot `slot_id` back to member `r`.
+    pub(super) fn give_back(&mut self, r: MemberRef, slot_id: u64) {
+        if let Some(mut m) = self.member_mut(r) {
+            let _ = m.prealloc.give_back(slot_id);
         }
+        self.rank(r.index);
     }
 
     /// Ends transfer `i` after `transfer_done`: capacity and preallocated
     /// slot back, record gone.
     pub(super) fn end(&mut self, _now: Instant, i: usize) {
         self.release(i);
-        let Some(t) = self.transfers[i].take() else {
+        self.unqueue(i);
+        let Some(t) = self.transfers.remove(i) else {
             return;
         };
         self.finished
             .bury_owned(t.id, Leg::FromRole(t.sender_role), t.sender.epoch);
         if let (Some(slot_id), Some(r)) = (t.prealloc, t.receiver) {
-            if let Some(m) = self.member_mut(r) {
-                let _ = m.prealloc.give_back(slot_id);
-            }
+            self.give_back(r, slot_id);
         }
     }
 
@@ -40,7 +46,8 @@ impl<'s, const P: usize> Coordinator<'s, P> {
     /// preallocated slot parked, record gone.
     pub(super) fn fail(&mut self, now: Instant, i: usize, reason: FailReason) {
         self.release(i);
-        let Some(t) = self.transfers[i].take() else {
+        self.unqueue(i);
+        let Some(t) = self.transfers.remove(i) else {
             return;
         };
         self.finished
@@ -66,19 +73,16 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                 } else {
                     self.config.quarantine
                 };
-                let parked = Parked {
+                // No room to park: keep the slot taken rather than risk a
+                // write landing in a reused slot. It comes back when the
+                // instance registers again.
+                let _ = self.parked.insert(Parked {
                     member: r,
                     slot_id,
                     id: t.id,
                     until: now + wait,
                     held,
-                };
-                // No room to park: keep the slot taken rather than risk a
-                // write landing in a reused slot. It comes back when the
-                // instance registers again.
-                if let Some(p) = self.parked.iter_mut().find(|p| p.is_none()) {
-                    *p = Some(parked);
-                }
+                });
             }
         }
         self.stats.failed += 1;
@@ -89,12 +93,17 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         });
     }
 
-    /// Fails what has waited too long, retries what waited for backoff, and
-    /// returns parked slots whose quarantine is over.
+    /// Fails what has waited too long, queues again what waited out a
+    /// reject's backoff, and returns parked slots whose quarantine is over:
+    /// each in deadline order, taken from the heaps, so a call costs what
+    /// is due.
     pub fn handle_timeout(&mut self, now: Instant) {
-        for i in 0..self.transfers.len() {
-            let Some(t) = self.transfers[i].as_ref() else {
-                continue;
+        while let Some((at, i)) = self.transfers.next_due() {
+            if at > now {
+                break;
+            }
+            let Some(t) = self.transfers.get(i) else {
+                break;
             };
             if t.deadline <= now {
                 let reason = match t.phase {
@@ -104,16 +113,25 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                     Phase::Ready => FailReason::DoneTimeout,
                 };
                 self.fail(now, i, reason);
+                continue;
             }
+            // Not failed, yet due: a backoff ended.
+            let Phase::Queued { retry_at: Some(_) } = t.phase else {
+                break;
+            };
+            if let Some(mut t) = self.transfers.get_mut(i) {
+                t.phase = Phase::Queued { retry_at: None };
+            }
+            self.enqueue(i);
         }
-        for pi in 0..self.parked.len() {
-            let Some(p) = self.parked[pi] else { continue };
-            if p.until <= now {
-                self.parked[pi] = None;
-                if let Some(m) = self.member_mut(p.member) {
-                    let _ = m.prealloc.give_back(p.slot_id);
-                }
+        while let Some((at, p)) = self.parked.next_due() {
+            if at > now {
+                break;
             }
+            let Some(p) = self.parked.remove(p) else {
+                break;
+            };
+            self.give_back(p.member, p.slot_id);
         }
         self.dispatch_queued(now);
     }

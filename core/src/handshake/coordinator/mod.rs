@@ -13,6 +13,13 @@
 //! receiver may still be reading. They are parked, for `quarantine` if the
 //! write was not confirmed, or until the receiver's late `transfer_done`
 //! (at most `late_done_wait`) if it already held the data.
+//!
+//! Every per-message operation is O(1) expected (O(log n) where time or
+//! a receiver's rank moves): transfers, parked slots and members are found
+//! through keyed hash indexes, deadlines wait in a heap, queued transfers
+//! in a list per role, and receivers in a heap per role by rank. What
+//! scans a table happens once per member lost or replaced, not per
+//! message.
 
 use core::fmt;
 use core::time::Duration;
@@ -21,6 +28,10 @@ use super::common::{
     nested_json, Graveyard, Ignored, Instant, Leg, Name, PeerId, RequestId, Text, Tombstone,
 };
 use super::ring::Ring;
+use super::tables::heap::{HeapEntry, Heaps};
+use super::tables::index::Index;
+use super::tables::table::{Record, Table};
+use super::tables::{HashKey, TableStorage};
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
 use crate::managed::ManagedSlice;
 use crate::slots::{Capacity, CapacityTicket, PreallocTable};
@@ -32,8 +43,19 @@ use crate::wire::{
 mod dispatch;
 mod endings;
 mod output;
+mod queue;
 mod registry;
 mod replies;
+
+/// What the coordinator's indexes hash: a request id, a peer, a session,
+/// an endpoint.
+const NS_ID: u64 = 0;
+const NS_PEER: u64 = 1;
+const NS_SESSION: u64 = 2;
+const NS_ENDPOINT: u64 = 3;
+
+/// No transfer: the end of a role's queue.
+const NONE: u32 = u32::MAX;
 
 /// How long each wait may last before the request fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,6 +128,16 @@ pub struct Member<const P: usize> {
     prealloc: PreallocTable<P>,
     capacity: Capacity,
     epoch: u32,
+    /// When it was last chosen, for round robin (0: never).
+    last_pick: u64,
+    /// Its preallocated slots taken, as last counted into the total.
+    counted_taken: usize,
+}
+
+impl<const P: usize> Record for Member<P> {
+    fn key_hash(&self, key: &HashKey) -> u64 {
+        key.number(u64::from(self.peer.0), NS_PEER)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,8 +177,10 @@ pub struct Transfer {
     attempts: u32,
     manifest_len: usize,
     scalars_len: usize,
-    /// Which queue entry is this transfer's live one.
-    queue_ticket: u64,
+    /// In its role's queue, between these transfers.
+    queued: bool,
+    prev: u32,
+    next: u32,
     /// When its `transfer_staged` arrived.
     staged_at: Instant,
     /// When its (latest) `transfer_push` went out.
@@ -155,11 +189,17 @@ pub struct Transfer {
     ready_at: Instant,
 }
 
-/// A place in the coordinator's wait queue.
-#[derive(Clone, Copy, Debug)]
-pub struct Queued {
-    index: usize,
-    ticket: u64,
+impl Record for Transfer {
+    fn key_hash(&self, key: &HashKey) -> u64 {
+        key.bytes(self.id.as_bytes(), NS_ID)
+    }
+
+    fn due(&self) -> Option<Instant> {
+        Some(match self.phase {
+            Phase::Queued { retry_at: Some(at) } => self.deadline.min(at),
+            _ => self.deadline,
+        })
+    }
 }
 
 /// A preallocated slot out of use after its request failed.
@@ -171,6 +211,16 @@ pub struct Parked {
     until: Instant,
     /// The receiver held the data: a late `transfer_done` ends the wait.
     held: bool,
+}
+
+impl Record for Parked {
+    fn key_hash(&self, key: &HashKey) -> u64 {
+        key.bytes(self.id.as_bytes(), NS_ID)
+    }
+
+    fn due(&self) -> Option<Instant> {
+        Some(self.until)
+    }
 }
 
 /// Why a request failed.
@@ -414,13 +464,23 @@ pub struct CoordinatorStats {
     pub transmits_dropped: u64,
 }
 
-/// A coordinator's tables: the caller's (`(&mut table).into()` each), or
-/// its own ([`owned`](Self::owned), feature `alloc`).
+/// A coordinator's tables: the caller's (`(&mut table).into()` each, a
+/// [`TableStorage`] for each table), or its own ([`owned`](Self::owned),
+/// feature `alloc`).
 pub struct CoordinatorStorage<'s, const P: usize> {
     /// One per instance that may register.
-    pub members: ManagedSlice<'s, Option<Member<P>>>,
-    /// One per request in flight.
-    pub transfers: ManagedSlice<'s, Option<Transfer>>,
+    pub members: TableStorage<'s, Member<P>>,
+    /// The members' index by session: as many places as `members.index`.
+    pub sessions: ManagedSlice<'s, u64>,
+    /// The members' index by work endpoint: likewise.
+    pub endpoints: ManagedSlice<'s, u64>,
+    /// The receivers with room, ranked, per role: [`MAX_ROLES`] times as
+    /// many entries as members.
+    pub ranking: ManagedSlice<'s, HeapEntry>,
+    /// The ranking's places: one per member.
+    pub ranking_places: ManagedSlice<'s, u64>,
+    /// One per request in flight, with deadlines.
+    pub transfers: TableStorage<'s, Transfer>,
     /// Manifest and scalar-field bytes, split evenly among `transfers`.
     pub nested: ManagedSlice<'s, u8>,
     /// Messages not yet polled; at least two per transfer plus one per
@@ -428,17 +488,19 @@ pub struct CoordinatorStorage<'s, const P: usize> {
     pub transmits: ManagedSlice<'s, Option<Outgoing>>,
     /// Events not yet polled.
     pub events: ManagedSlice<'s, Option<CoordinatorEvent>>,
-    /// Preallocated slots out of use.
-    pub parked: ManagedSlice<'s, Option<Parked>>,
-    /// The order queued transfers wait in; at least twice `transfers`.
-    pub queue: ManagedSlice<'s, Option<Queued>>,
+    /// Preallocated slots out of use, with deadlines.
+    pub parked: TableStorage<'s, Parked>,
     /// Legs of requests that ended, newest overwriting oldest, so that a
     /// duplicated `transfer_staged` arriving late is not taken for a new
     /// request. Request ids must not be reused while they are here.
     pub finished: ManagedSlice<'s, Tombstone>,
+    /// Their index: [`TableStorage::index_places`] of `finished`.
+    pub finished_index: ManagedSlice<'s, u64>,
     /// Room for the admission list ([`Coordinator::admit`]); may be empty
     /// when no list is kept.
     pub admitted: ManagedSlice<'s, Option<Admitted>>,
+    /// The key of every index (see [`HashKey`]).
+    pub hash_key: HashKey,
 }
 
 #[cfg(feature = "alloc")]
@@ -446,22 +508,28 @@ impl<const P: usize> CoordinatorStorage<'static, P> {
     /// Tables of their own, sized by `limits`: `requests` transfers (and
     /// as many bytes of nested JSON each as `nested_per_request`),
     /// `members` instances, `tombstones` ended legs, and queues that are
-    /// never full.
+    /// never full; with the `std` feature, a random hash key.
     pub fn owned(limits: &super::Limits) -> Self {
         use crate::managed::{empty, filled};
         let n = limits.requests.max(1);
         let members = limits.members.max(1);
+        let tombstones = limits.tombstones.max(1);
         Self {
-            members: empty(members),
-            transfers: empty(n),
+            members: TableStorage::owned(members, false),
+            sessions: filled(Index::places_for(members), 0),
+            endpoints: filled(Index::places_for(members), 0),
+            ranking: filled(MAX_ROLES * members, (0, 0)),
+            ranking_places: filled(members, 0),
+            transfers: TableStorage::owned(n, true),
             nested: filled(n * limits.nested_per_request, 0),
             // Two per transfer plus one per member is never full.
             transmits: empty(2 * n + members + 8),
             events: empty(2 * n + members + 8),
-            parked: empty(n + members * P),
-            queue: empty(2 * n),
-            finished: filled(limits.tombstones.max(1), Tombstone::EMPTY),
-            admitted: empty(limits.members.max(1)),
+            parked: TableStorage::owned(n + members * P, true),
+            finished: filled(tombstones, Tombstone::EMPTY),
+            finished_index: filled(Index::places_for(tombstones), 0),
+            admitted: empty(members),
+            hash_key: super::tables::default_key(),
         }
     }
 }
@@ -478,21 +546,29 @@ pub struct Coordinator<'s, const P: usize> {
     config: CoordinatorConfig<'static>,
     roles: [Text<ROLE_LEN>; MAX_ROLES],
     role_count: usize,
-    members: ManagedSlice<'s, Option<Member<P>>>,
-    transfers: ManagedSlice<'s, Option<Transfer>>,
+    members: Table<'s, Member<P>>,
+    sessions: Index<'s>,
+    endpoints: Index<'s>,
+    /// Per role, the members with room, best first by the policy.
+    ranking: Heaps<'s>,
+    /// Round robin's clock: members chosen longest ago come first.
+    picks: u64,
+    /// Preallocated slots taken or parked, over all members.
+    prealloc_taken: usize,
+    transfers: Table<'s, Transfer>,
     nested: ManagedSlice<'s, u8>,
     chunk: usize,
     transmits: Ring<'s, Outgoing>,
     events: Ring<'s, CoordinatorEvent>,
-    parked: ManagedSlice<'s, Option<Parked>>,
-    queue: Ring<'s, Queued>,
-    queue_tickets: u64,
+    parked: Table<'s, Parked>,
+    /// Per sending role: the first and last transfer waiting for a
+    /// receiver, linked through the transfers.
+    queues: [(u32, u32); MAX_ROLES],
     epochs: u32,
     finished: Graveyard<'s>,
     admitted: ManagedSlice<'s, Option<Admitted>>,
     /// Registrations are refused unless the admission list names them.
     admission: bool,
-    cursor: [usize; 8],
     seq: u64,
     stats: CoordinatorStats,
 }
@@ -514,8 +590,10 @@ pub enum ConfigError {
     RoleTooLong,
     /// No transfer storage.
     NoTransfers,
-    /// The wait queue is shorter than twice the transfer table.
-    QueueTooShort,
+    /// The receivers' ranking has room for fewer roles than the pipeline
+    /// has, or for fewer members than the member table (it needs as many
+    /// entries per role as members, and a place per member).
+    RankingTooSmall,
     /// An admission names a role not in the pipeline.
     UnknownRole,
     /// An admitted endpoint is longer than an endpoint the coordinator
@@ -531,8 +609,8 @@ impl fmt::Display for ConfigError {
             Self::Pipeline => "the pipeline must have 1 to 8 roles",
             Self::RoleTooLong => "a pipeline role's name is longer than 64 bytes",
             Self::NoTransfers => "the transfer table is empty",
-            Self::QueueTooShort => {
-                "the wait queue must be at least twice as long as the transfer table"
+            Self::RankingTooSmall => {
+                "the receivers' ranking storage holds fewer roles than the pipeline has"
             }
             Self::UnknownRole => "an admitted endpoint names a role not in the pipeline",
             Self::EndpointTooLong => "an admitted endpoint is longer than 128 bytes",
@@ -556,16 +634,20 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         for (kept, role) in roles.iter_mut().zip(config.pipeline) {
             *kept = Text::new(role).map_err(|_| ConfigError::RoleTooLong)?;
         }
-        if storage.transfers.is_empty() {
+        let key = storage.hash_key;
+        let members_ranked = storage.ranking_places.len();
+        if members_ranked == 0 || storage.ranking.len() < members_ranked * config.pipeline.len() {
+            return Err(ConfigError::RankingTooSmall);
+        }
+        let members = Table::new(storage.members, key, false);
+        if members.capacity() > members_ranked {
+            return Err(ConfigError::RankingTooSmall);
+        }
+        let transfers = Table::new(storage.transfers, key, true);
+        if transfers.capacity() == 0 {
             return Err(ConfigError::NoTransfers);
         }
-        if storage.queue.len() < 2 * storage.transfers.len() {
-            return Err(ConfigError::QueueTooShort);
-        }
-        let chunk = storage.nested.len() / storage.transfers.len();
-        storage.members.iter_mut().for_each(|m| *m = None);
-        storage.transfers.iter_mut().for_each(|t| *t = None);
-        storage.parked.iter_mut().for_each(|p| *p = None);
+        let chunk = storage.nested.len() / transfers.capacity();
         storage.admitted.iter_mut().for_each(|a| *a = None);
         Ok(Self {
             config: CoordinatorConfig {
@@ -580,20 +662,23 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             },
             roles,
             role_count: config.pipeline.len(),
-            members: storage.members,
-            transfers: storage.transfers,
+            members,
+            sessions: Index::new(storage.sessions),
+            endpoints: Index::new(storage.endpoints),
+            ranking: Heaps::new(storage.ranking, storage.ranking_places),
+            picks: 0,
+            prealloc_taken: 0,
+            transfers,
             nested: storage.nested,
             chunk,
             transmits: Ring::new(storage.transmits),
             events: Ring::new(storage.events),
-            parked: storage.parked,
-            queue: Ring::new(storage.queue),
-            queue_tickets: 0,
+            parked: Table::new(storage.parked, key, true),
+            queues: [(NONE, NONE); MAX_ROLES],
             epochs: 0,
-            finished: Graveyard::new(storage.finished),
+            finished: Graveyard::new(storage.finished, storage.finished_index, key),
             admitted: storage.admitted,
             admission: false,
-            cursor: [0; 8],
             seq: 0,
             stats: CoordinatorStats::default(),
         })
@@ -641,12 +726,24 @@ impl<'s, const P: usize> Coordinator<'s, P> {
 
     /// Requests in flight.
     pub fn in_flight(&self) -> usize {
-        self.transfers.iter().flatten().count()
+        self.transfers.len()
     }
 
     /// Registered instances.
     pub fn members(&self) -> usize {
-        self.members.iter().flatten().count()
+        self.members.len()
+    }
+
+    /// Places the hash indexes read so far: the lookups' work, which no
+    /// choice of ids can drive past [`MAX_PROBE`](super::tables::MAX_PROBE)
+    /// places per lookup.
+    pub fn probes(&self) -> u64 {
+        self.members.probes()
+            + self.sessions.probes()
+            + self.endpoints.probes()
+            + self.transfers.probes()
+            + self.parked.probes()
+            + self.finished.probes()
     }
 
     /// Capacity units in use on each registered instance, with its peer.
@@ -659,11 +756,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
 
     /// Preallocated slots taken or parked, over all instances.
     pub fn prealloc_taken(&self) -> usize {
-        self.members
-            .iter()
-            .flatten()
-            .map(|m| m.prealloc.len() - m.prealloc.free())
-            .sum()
+        self.prealloc_taken
     }
 
     /// The preallocated slot of `receiver` assigned (or parked) for
@@ -676,18 +769,23 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             let (s, _) = m.prealloc.get(slot_id)?;
             Some((s.offset, s.size))
         };
+        let hash = self.transfers.key().bytes(id.as_bytes(), NS_ID);
         let live = self
             .transfers
-            .iter()
-            .flatten()
-            .filter(|t| t.id.as_str() == id)
-            .find_map(|t| slot(t.receiver?, t.prealloc?));
+            .find(hash, |t| {
+                t.id.as_str() == id
+                    && t.receiver
+                        .zip(t.prealloc)
+                        .and_then(|(r, s)| slot(r, s))
+                        .is_some()
+            })
+            .and_then(|i| self.transfers.get(i))
+            .and_then(|t| slot(t.receiver?, t.prealloc?));
         live.or_else(|| {
-            self.parked
-                .iter()
-                .flatten()
-                .filter(|p| p.id.as_str() == id)
-                .find_map(|p| slot(p.member, p.slot_id))
+            let p = self.parked.find(hash, |p| {
+                p.id.as_str() == id && slot(p.member, p.slot_id).is_some()
+            })?;
+            self.parked.get(p).and_then(|p| slot(p.member, p.slot_id))
         })
     }
 
@@ -712,23 +810,26 @@ impl<'s, const P: usize> Coordinator<'s, P> {
     // ---- lookups -----------------------------------------------------------
 
     fn member_of_peer(&self, peer: PeerId) -> Option<usize> {
-        self.members
-            .iter()
-            .position(|m| m.as_ref().is_some_and(|m| m.peer == peer))
+        let hash = self.members.key().number(u64::from(peer.0), NS_PEER);
+        self.members.find(hash, |m| m.peer == peer)
     }
 
     fn member(&self, r: MemberRef) -> Option<&Member<P>> {
-        self.members
-            .get(r.index)?
-            .as_ref()
-            .filter(|m| m.epoch == r.epoch)
+        self.members.get(r.index).filter(|m| m.epoch == r.epoch)
     }
 
-    fn member_mut(&mut self, r: MemberRef) -> Option<&mut Member<P>> {
-        self.members
-            .get_mut(r.index)?
-            .as_mut()
-            .filter(|m| m.epoch == r.epoch)
+    fn member_mut(
+        &mut self,
+        r: MemberRef,
+    ) -> Option<super::tables::table::RecordMut<'_, 's, Member<P>>> {
+        self.members.get_mut(r.index).filter(|m| m.epoch == r.epoch)
+    }
+
+    /// The hash a request id is indexed by, if it can be held at all.
+    fn id_hash(&self, id: JsonStr<'_>) -> Option<u64> {
+        self.transfers
+            .key()
+            .json::<{ crate::handshake::ID_LEN }>(id, NS_ID)
     }
 
     /// The transfer of request `id` whose sender or receiver (as
@@ -737,25 +838,19 @@ impl<'s, const P: usize> Coordinator<'s, P> {
     /// matches; failing that, any transfer of `id` (to say why it is not
     /// `from`'s).
     fn transfer_of(&self, id: JsonStr<'_>, from: PeerId, from_sender: bool) -> Option<usize> {
-        let mut any = None;
-        for (i, t) in self.transfers.iter().enumerate() {
-            let Some(t) = t.as_ref().filter(|t| t.id.eq_json(id)) else {
-                continue;
-            };
+        let hash = self.id_hash(id)?;
+        let from_peer = |t: &Transfer| {
             let who = if from_sender {
                 Some(t.sender)
             } else {
                 t.receiver
             };
-            if who
-                .and_then(|r| self.member(r))
+            who.and_then(|r| self.member(r))
                 .is_some_and(|m| m.peer == from)
-            {
-                return Some(i);
-            }
-            any.get_or_insert(i);
-        }
-        any
+        };
+        self.transfers
+            .find(hash, |t| t.id.eq_json(id) && from_peer(t))
+            .or_else(|| self.transfers.find(hash, |t| t.id.eq_json(id)))
     }
 
     /// The transfer `id` if it is in `phase` and `from` is its receiver (or
@@ -770,7 +865,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         let i = self
             .transfer_of(id, from, from_sender)
             .ok_or(Ignored::UnknownRequest)?;
-        let t = self.transfers[i].as_ref().ok_or(Ignored::UnknownRequest)?;
+        let t = self.transfers.get(i).ok_or(Ignored::UnknownRequest)?;
         let who = if from_sender {
             Some(t.sender)
         } else {

@@ -24,12 +24,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             let mut sink = Sink::new(buf);
             let encoded = match out.msg {
                 OutMsg::Ready { index, seq } => {
-                    let Some(t) = self
-                        .transfers
-                        .get(index)
-                        .and_then(Option::as_ref)
-                        .filter(|t| t.seq == seq)
-                    else {
+                    let Some(t) = self.transfers.get(index).filter(|t| t.seq == seq) else {
                         // The request ended before its READY went out.
                         self.transmits.pop();
                         continue;
@@ -140,13 +135,11 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         self.events.pop()
     }
 
-    /// When [`handle_timeout`](Self::handle_timeout) must be called next.
+    /// When [`handle_timeout`](Self::handle_timeout) must be called next:
+    /// the tops of the deadline heaps.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let transfers = self.transfers.iter().flatten().map(|t| match t.phase {
-            Phase::Queued { retry_at: Some(at) } => t.deadline.min(at),
-            _ => t.deadline,
-        });
-        let parked = self.parked.iter().flatten().map(|p| p.until);
-        transfers.chain(parked).min()
+        let transfers = self.transfers.next_due().map(|(at, _)| at);
+        let parked = self.parked.next_due().map(|(at, _)| at);
+        transfers.into_iter().chain(parked).min()
     }
 }

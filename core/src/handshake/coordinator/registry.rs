@@ -58,13 +58,18 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             Err(_) => return refuse(self, "bad preallocated_slots"),
         };
         // The same endpoint (or peer) registering again.
-        let existing = self.members.iter().position(|x| {
-            x.as_ref()
-                .is_some_and(|x| x.endpoint == endpoint || x.peer == from)
-        });
+        let endpoint_hash = self.members.key().bytes(endpoint.as_bytes(), NS_ENDPOINT);
+        let session_hash = self.members.key().bytes(session.as_bytes(), NS_SESSION);
+        let existing = self
+            .endpoints
+            .find(endpoint_hash, |i| {
+                self.members.get(i).is_some_and(|x| x.endpoint == endpoint)
+            })
+            .or_else(|| self.member_of_peer(from));
         if let Some(i) = existing {
-            let same = self.members[i]
-                .as_ref()
+            let same = self
+                .members
+                .get(i)
                 .is_some_and(|x| x.session == session && x.peer == from);
             if same {
                 // A retried registration: answer again, change nothing.
@@ -72,25 +77,25 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                 return Err(Ignored::Duplicate);
             }
         }
-        let index = match existing.or_else(|| self.members.iter().position(Option::is_none)) {
-            Some(i) => i,
-            None => return refuse(self, "coordinator instance table full"),
-        };
+        if existing.is_none() && self.members.is_full() {
+            return refuse(self, "coordinator instance table full");
+        }
         // Epochs are never reused, so no reference to an earlier member of
         // this table slot can match the new one.
         self.epochs = self.epochs.wrapping_add(1);
         let epoch = self.epochs;
-        let replaced = if let Some(old) = self.members[index].as_ref() {
-            let old_ref = MemberRef {
-                index,
-                epoch: old.epoch,
-            };
-            self.drop_member(now, old_ref);
-            true
-        } else {
-            false
+        let replaced = match existing.and_then(|i| Some((i, self.members.get(i)?.epoch))) {
+            Some((index, epoch)) => {
+                self.drop_member(now, MemberRef { index, epoch });
+                true
+            }
+            None => false,
         };
-        self.members[index] = Some(Member {
+        // The place the member takes: the one just freed, if it replaced.
+        let Some(index) = self.members.next_free() else {
+            return refuse(self, "coordinator instance table full");
+        };
+        let member = Member {
             peer: from,
             role,
             session,
@@ -100,7 +105,27 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             prealloc,
             capacity: Capacity::new(index as u32, self.config.capacity_per_instance),
             epoch,
-        });
+            last_pick: 0,
+            counted_taken: 0,
+        };
+        // Indexed three ways, or not at all.
+        let indexed = match self.members.insert(member) {
+            Ok(i) if self.sessions.insert(session_hash, i).is_err() => {
+                self.members.remove(i);
+                None
+            }
+            Ok(i) if self.endpoints.insert(endpoint_hash, i).is_err() => {
+                self.sessions.remove(session_hash, i);
+                self.members.remove(i);
+                None
+            }
+            Ok(i) => Some(i),
+            Err(_) => None,
+        };
+        let Some(index) = indexed else {
+            return refuse(self, "coordinator instance table full");
+        };
+        self.rank(index);
         self.accept(from, session, role);
         self.event(CoordinatorEvent::Registered {
             peer: from,
@@ -124,8 +149,14 @@ impl<'s, const P: usize> Coordinator<'s, P> {
 
     /// Fails every transfer involving `r`, forgets its parked slots, and
     /// removes it.
+    ///
+    /// The one operation that reads whole tables: it happens once per
+    /// member lost or replaced, not per message.
     pub(super) fn drop_member(&mut self, now: Instant, r: MemberRef) {
-        for i in 0..self.transfers.len() {
+        if self.member(r).is_none() {
+            return;
+        }
+        for i in 0..self.transfers.capacity() {
             let involved = self.transfers[i]
                 .as_ref()
                 .is_some_and(|t| t.sender == r || t.receiver == Some(r));
@@ -133,23 +164,26 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                 self.fail(now, i, FailReason::PeerGone);
             }
         }
-        for p in self.parked.iter_mut() {
-            if p.is_some_and(|p| p.member == r) {
-                *p = None;
+        for p in 0..self.parked.capacity() {
+            if self.parked[p].as_ref().is_some_and(|p| p.member == r) {
+                self.parked.remove(p);
             }
         }
-        if let Some(slot) = self.members.get_mut(r.index) {
-            *slot = None;
+        self.ranking.remove(r.index);
+        if let Some(m) = self.members.remove(r.index) {
+            self.prealloc_taken = self.prealloc_taken.saturating_sub(m.counted_taken);
+            let key = self.members.key();
+            let session = key.bytes(m.session.as_bytes(), NS_SESSION);
+            let endpoint = key.bytes(m.endpoint.as_bytes(), NS_ENDPOINT);
+            self.sessions.remove(session, r.index);
+            self.endpoints.remove(endpoint, r.index);
         }
     }
 
     /// The role (index into the pipeline) of registered peer `peer`.
     pub fn role_of(&self, peer: PeerId) -> Option<usize> {
-        self.members
-            .iter()
-            .flatten()
-            .find(|m| m.peer == peer)
-            .map(|m| m.role)
+        let i = self.member_of_peer(peer)?;
+        self.members.get(i).map(|m| m.role)
     }
 
     /// Who sent `msg`, judged by its content, for control channels that
@@ -165,14 +199,19 @@ impl<'s, const P: usize> Coordinator<'s, P> {
     /// `transfer_register` has no sender yet: `None`.
     pub fn sender_of(&self, msg: &Msg<'_>, role: Option<usize>) -> Option<PeerId> {
         let by_session = |session: JsonStr<'_>| {
-            self.members
-                .iter()
-                .flatten()
-                .find(|m| m.session.eq_json(session) && role.is_none_or(|r| r == m.role))
-                .map(|m| m.peer)
+            let hash = self
+                .members
+                .key()
+                .json::<{ crate::handshake::NAME_LEN }>(session, NS_SESSION)?;
+            let i = self.sessions.find(hash, |i| {
+                self.members
+                    .get(i)
+                    .is_some_and(|m| m.session.eq_json(session) && role.is_none_or(|r| r == m.role))
+            })?;
+            self.members.get(i).map(|m| m.peer)
         };
         let leg = |id: JsonStr<'_>, phase: Phase, receiver: bool| {
-            self.transfers.iter().flatten().find_map(|t| {
+            let who = |t: &Transfer| {
                 if !t.id.eq_json(id) || t.phase != phase {
                     return None;
                 }
@@ -185,7 +224,11 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                     return None;
                 }
                 self.member(who).map(|m| m.peer)
-            })
+            };
+            let i = self
+                .transfers
+                .find(self.id_hash(id)?, |t| who(t).is_some())?;
+            self.transfers.get(i).and_then(who)
         };
         match msg {
             Msg::Staged(m) => by_session(m.session_id),
@@ -193,11 +236,15 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             Msg::AllocReject(m) => by_session(m.session_id),
             Msg::Pushed(m) => leg(m.request_id, Phase::Pushing, false),
             Msg::Done(m) => leg(m.request_id, Phase::Ready, true).or_else(|| {
-                self.parked.iter().flatten().find_map(|p| {
+                let held_by = |p: &Parked| {
                     let m2 = self.member(p.member)?;
                     (p.held && p.id.eq_json(m.request_id) && role.is_none_or(|r| r == m2.role))
                         .then_some(m2.peer)
-                })
+                };
+                let p = self
+                    .parked
+                    .find(self.id_hash(m.request_id)?, |p| held_by(p).is_some())?;
+                self.parked.get(p).and_then(held_by)
             }),
             _ => None,
         }
@@ -207,7 +254,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
     /// and its transfers fail.
     pub fn peer_lost(&mut self, now: Instant, peer: PeerId) {
         if let Some(index) = self.member_of_peer(peer) {
-            if let Some(epoch) = self.members[index].as_ref().map(|m| m.epoch) {
+            if let Some(epoch) = self.members.get(index).map(|m| m.epoch) {
                 self.drop_member(now, MemberRef { index, epoch });
             }
         }

@@ -10,7 +10,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         m: &Allocated<'_>,
     ) -> Result<(), Ignored> {
         let i = self.expect(m.request_id, from, false, |p| *p == Phase::Allocating)?;
-        let t = self.transfers[i].as_ref().ok_or(Ignored::UnknownRequest)?;
+        let t = self.transfers.get(i).ok_or(Ignored::UnknownRequest)?;
         let (receiver, data_size, id, sender) = (t.receiver, t.data_size, t.id, t.sender);
         let r = receiver
             .and_then(|r| self.member(r))
@@ -32,7 +32,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             self.fail(now, i, FailReason::PeerGone);
             return Ok(());
         };
-        if let Some(t) = self.transfers[i].as_mut() {
+        if let Some(mut t) = self.transfers.get_mut(i) {
             t.slot_offset = m.slot_offset;
             t.phase = Phase::Pushing;
             t.deadline = now + self.config.timeouts.push;
@@ -57,20 +57,24 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         m: &AllocReject<'_>,
     ) -> Result<(), Ignored> {
         let i = self.expect(m.request_id, from, false, |p| *p == Phase::Allocating)?;
-        let attempts = self.transfers[i].as_ref().map_or(0, |t| t.attempts);
+        let attempts = self.transfers.get(i).map_or(0, |t| t.attempts);
         if !m.retryable || attempts >= self.config.max_attempts {
             self.fail(now, i, FailReason::Rejected);
             return Ok(());
         }
         self.release(i);
         let backoff = self.config.retry_backoff * attempts;
-        if let Some(t) = self.transfers[i].as_mut() {
+        if let Some(mut t) = self.transfers.get_mut(i) {
+            // Out of the queue until the backoff ends (its deadline heap
+            // entry brings it back).
             t.phase = Phase::Queued {
-                retry_at: Some(now + backoff),
+                retry_at: (!backoff.is_zero()).then(|| now + backoff),
             };
             t.deadline = t.queued_until.max(now + backoff);
         }
-        self.enqueue(i);
+        if backoff.is_zero() {
+            self.enqueue(i);
+        }
         self.dispatch_queued(now);
         Ok(())
     }
@@ -86,15 +90,15 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             self.fail(now, i, FailReason::WriteFailed);
             return Ok(());
         }
-        let Some(receiver) = self.transfers[i].as_ref().and_then(|t| t.receiver) else {
+        let Some(receiver) = self.transfers.get(i).and_then(|t| t.receiver) else {
             return Err(Ignored::WrongState);
         };
         let Some(peer) = self.member(receiver).map(|r| r.peer) else {
             self.fail(now, i, FailReason::PeerGone);
             return Ok(());
         };
-        let seq = match self.transfers[i].as_mut() {
-            Some(t) => {
+        let seq = match self.transfers.get_mut(i) {
+            Some(mut t) => {
                 t.phase = Phase::Ready;
                 t.deadline = now + self.config.timeouts.done;
                 t.ready_at = now;
@@ -117,7 +121,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             Err(Ignored::UnknownRequest) => return self.late_done(from, m.request_id),
             Err(e) => return Err(e),
         };
-        let Some(t) = self.transfers[i].as_ref() else {
+        let Some(t) = self.transfers.get(i) else {
             return Err(Ignored::UnknownRequest);
         };
         let (id, leg) = (t.id, t.sender_role);
@@ -156,24 +160,15 @@ impl<'s, const P: usize> Coordinator<'s, P> {
     /// A `transfer_done` for a request that already failed: the receiver
     /// has let go of its preallocated slot now.
     pub(super) fn late_done(&mut self, from: PeerId, id: JsonStr<'_>) -> Result<(), Ignored> {
-        let found = self.parked.iter().position(|p| {
-            p.is_some_and(|p| {
+        let found = self.id_hash(id).and_then(|hash| {
+            self.parked.find(hash, |p| {
                 p.held && p.id.eq_json(id) && self.member(p.member).is_some_and(|m| m.peer == from)
             })
         });
-        let Some(pi) = found else {
+        let Some(p) = found.and_then(|pi| self.parked.remove(pi)) else {
             return Err(Ignored::UnknownRequest);
         };
-        let Some(p) = self.parked[pi] else {
-            return Err(Ignored::UnknownRequest);
-        };
-        if self.member(p.member).map(|m| m.peer) != Some(from) {
-            return Err(Ignored::WrongPeer);
-        }
-        self.parked[pi] = None;
-        if let Some(m) = self.member_mut(p.member) {
-            let _ = m.prealloc.give_back(p.slot_id);
-        }
+        self.give_back(p.member, p.slot_id);
         Ok(())
     }
 }

@@ -27,31 +27,39 @@ impl<'s> Instance<'s> {
             // tombstone keeps a late `transfer_ready` out.
             return Ok(());
         };
-        let Some(r) = self.requests[index].as_mut() else {
+        let Some(r) = self.requests.get(index) else {
             return Ok(());
         };
         let token = Token { index, seq: r.seq };
-        match &mut r.kind {
+        match r.kind {
             Kind::Filling { .. } => {
                 // Not announced yet; the coordinator cannot mean it.
                 return Err(Ignored::WrongState);
             }
-            Kind::Writing { aborted, .. } => {
-                *aborted = true;
+            Kind::Writing { .. } => {
+                if let Some(mut r) = self.requests.get_mut(index) {
+                    if let Kind::Writing { aborted, .. } = &mut r.kind {
+                        *aborted = true;
+                    }
+                }
                 self.event(InstanceEvent::SendFailed {
                     id: rid,
                     reason: why,
                 });
             }
-            Kind::Delivered { aborted, .. } => {
-                *aborted = true;
+            Kind::Delivered { .. } => {
+                if let Some(mut r) = self.requests.get_mut(index) {
+                    if let Kind::Delivered { aborted, .. } = &mut r.kind {
+                        *aborted = true;
+                    }
+                }
                 self.event(InstanceEvent::Aborted(token));
             }
             Kind::Landing { .. } => {
                 // The bytes may still come: quarantine the slot, and say
                 // when it is free again (the coordinator waits for that
                 // before it reuses a preallocated slot).
-                if let Some(r) = self.requests[index].take() {
+                if let Some(r) = self.requests.remove(index) {
                     if let Kind::Landing { held, .. } = r.kind {
                         self.quarantine(
                             index,
@@ -66,13 +74,13 @@ impl<'s> Instance<'s> {
             Kind::Quarantined { .. } => {}
             Kind::AllocHeld { .. } => {
                 // Nothing reserved yet: the record goes.
-                self.requests[index] = None;
+                self.requests.remove(index);
             }
             Kind::Staged { .. } => {
                 if let Some(Request {
                     kind: Kind::Staged { slot, .. },
                     ..
-                }) = self.requests[index].take()
+                }) = self.requests.remove(index)
                 {
                     let _ = self.pool.free(slot);
                 }
@@ -83,7 +91,7 @@ impl<'s> Instance<'s> {
             }
             Kind::Reserved { .. } => {
                 // A write may still land here: quarantine the slot.
-                if let Some(r) = self.requests[index].take() {
+                if let Some(r) = self.requests.remove(index) {
                     if let Kind::Reserved { slot } = r.kind {
                         self.quarantine(
                             index,

@@ -25,11 +25,11 @@ impl<'s> Instance<'s> {
         manifest: &Manifest<'_>,
         scalar_fields: RawJson<'_>,
     ) -> Result<(), InstanceError> {
-        let rx_id = match self.request_mut(received).map(|r| (&r.kind, r.id)) {
+        let rx_id = match self.request(received).map(|r| (&r.kind, r.id)) {
             Some((Kind::Delivered { .. }, id)) => id,
             _ => return Err(InstanceError::StaleToken),
         };
-        match self.request_mut(staged) {
+        match self.request(staged) {
             Some(r) if matches!(r.kind, Kind::Filling { .. }) && r.id == rx_id => {}
             Some(r) if matches!(r.kind, Kind::Filling { .. }) => return Err(InstanceError::BadId),
             _ => return Err(InstanceError::StaleToken),
@@ -43,7 +43,7 @@ impl<'s> Instance<'s> {
             id,
             kind: Kind::Delivered { held, .. },
             ..
-        }) = self.requests[received.index].take()
+        }) = self.requests.remove(received.index)
         {
             self.free_held(held);
             if one_message {
@@ -63,11 +63,41 @@ impl<'s> Instance<'s> {
     pub(super) fn hold_alloc(&mut self, now: Instant, id: RequestId, data_size: u64) {
         let deadline = Some(now + self.config.alloc_hold);
         match self.insert(id, Kind::AllocHeld { data_size }, deadline) {
-            Ok(_) => self.stats.allocs_held += 1,
+            Ok(token) => {
+                self.stats.allocs_held += 1;
+                self.queue_held(token);
+            }
             Err(_) => {
                 self.stats.rejected += 1;
                 self.done(id, Some(Reason::truncated("instance request table full")));
             }
+        }
+    }
+
+    /// True if `token` names a held `transfer_alloc`: its size if so.
+    fn held_size(&self, token: Token) -> Option<u64> {
+        match self.request(token)?.kind {
+            Kind::AllocHeld { data_size } => Some(data_size),
+            _ => None,
+        }
+    }
+
+    /// Puts a held `transfer_alloc` at the back of the queue; a queue full
+    /// of entries whose requests moved on is compacted first (live ones
+    /// are at most half of it).
+    fn queue_held(&mut self, token: Token) {
+        if self.held.push(token).is_ok() {
+            return;
+        }
+        for _ in 0..self.held.len() {
+            if let Some(t) = self.held.pop() {
+                if self.held_size(t).is_some() {
+                    let _ = self.held.push(t);
+                }
+            }
+        }
+        if self.held.push(token).is_err() {
+            self.stats.dropped += 1;
         }
     }
 
@@ -84,36 +114,29 @@ impl<'s> Instance<'s> {
             // Only that head's ALLOCs are ever held.
             return;
         }
-        loop {
-            let oldest = self
-                .requests
-                .iter()
-                .enumerate()
-                .filter_map(|(i, r)| match r {
-                    Some(Request {
-                        kind: Kind::AllocHeld { data_size },
-                        seq,
-                        ..
-                    }) => Some((i, *seq, *data_size)),
-                    _ => None,
-                })
-                .min_by_key(|&(_, seq, _)| seq);
-            let Some((index, _, data_size)) = oldest else {
-                return;
+        while let Some(&token) = self.held.front() {
+            let Some(data_size) = self.held_size(token) else {
+                // Its request moved on (granted, aborted, timed out).
+                self.held.pop();
+                continue;
             };
             let Ok(slot) = self.pool.allocate(data_size) else {
                 return;
             };
-            let Some(r) = self.requests[index].take() else {
+            self.held.pop();
+            let Some(r) = self.requests.remove(token.index) else {
                 let _ = self.pool.free(slot);
                 return;
             };
             let (slot_offset, slot_size) = (slot.offset(), slot.size());
-            self.requests[index] = Some(Request {
-                kind: Kind::Reserved { slot },
-                deadline: Some(now + self.config.reserved_timeout),
-                ..r
-            });
+            self.requests.put(
+                token.index,
+                Request {
+                    kind: Kind::Reserved { slot },
+                    deadline: Some(now + self.config.reserved_timeout),
+                    ..r
+                },
+            );
             self.send(OutMsg::Allocated {
                 id: r.id,
                 slot_offset,

@@ -13,55 +13,61 @@ pub struct Arrival {
     until: Instant,
 }
 
-/// The arrivals no transfer claimed yet, in a table of fixed size.
+impl Record for Arrival {
+    fn key_hash(&self, key: &HashKey) -> u64 {
+        tag_hash(key, self.landed.low16())
+    }
+
+    fn due(&self) -> Option<Instant> {
+        Some(self.until)
+    }
+}
+
+/// The arrivals no transfer claimed yet, in a table of fixed size, found
+/// by their tag's low bits and forgotten soonest-due first.
 #[derive(Debug)]
 pub(super) struct Arrivals<'s> {
-    places: ManagedSlice<'s, Option<Arrival>>,
+    table: Table<'s, Arrival>,
 }
 
 impl<'s> Arrivals<'s> {
-    pub(super) fn new(mut places: ManagedSlice<'s, Option<Arrival>>) -> Self {
-        places.iter_mut().for_each(|a| *a = None);
-        Self { places }
+    pub(super) fn new(places: TableStorage<'s, Arrival>, key: HashKey) -> Self {
+        Self {
+            table: Table::new(places, key, true),
+        }
     }
 
-    /// Remembers `landed` until `until`: in a free (or forgotten) place,
-    /// else in the place of the one due to be forgotten soonest. False if
-    /// one had to make room so (its transfer, should its ready still come,
-    /// then fails as never landed).
+    /// Places the index read so far.
+    pub(super) fn probes(&self) -> u64 {
+        self.table.probes()
+    }
+
+    /// Remembers `landed` until `until`: in a free place, or in that of
+    /// the one due to be forgotten soonest. False if a remembered one had
+    /// to make room before its time (its transfer, should its ready still
+    /// come, then fails as never landed), or if there was no room at all.
     fn keep(&mut self, now: Instant, landed: Landed, until: Instant) -> bool {
-        let arrival = Some(Arrival { landed, until });
-        let free = self
-            .places
-            .iter()
-            .position(|a| a.is_none_or(|a| a.until <= now));
-        if let Some(i) = free {
-            self.places[i] = arrival;
-            return true;
+        let mut kept = true;
+        if self.table.is_full() {
+            if let Some((at, i)) = self.table.next_due() {
+                kept = at <= now;
+                self.table.remove(i);
+            }
         }
-        let soonest = self
-            .places
-            .iter()
-            .enumerate()
-            .filter_map(|(i, a)| a.map(|a| (a.until, i)))
-            .min();
-        if let Some((_, i)) = soonest {
-            self.places[i] = arrival;
-        }
-        false
+        self.table.insert(Arrival { landed, until }).is_ok() && kept
     }
 
     /// Takes the remembered arrival of the write tagged `tag`, if one is
     /// remembered and not yet forgotten.
     pub(super) fn take(&mut self, now: Instant, tag: WriteTag) -> bool {
+        let wide = tag_hash(self.table.key(), Landed::of(tag).low16());
+        let narrow = tag_hash(self.table.key(), None);
+        let names = |a: &Arrival| a.landed.matches(tag) && a.until > now;
         let found = self
-            .places
-            .iter()
-            .position(|a| a.is_some_and(|a| a.until > now && a.landed.matches(tag)));
-        if let Some(i) = found {
-            self.places[i] = None;
-        }
-        found.is_some()
+            .table
+            .find(wide, names)
+            .or_else(|| self.table.find(narrow, names));
+        found.and_then(|i| self.table.remove(i)).is_some()
     }
 }
 
@@ -77,31 +83,31 @@ impl<'s> Instance<'s> {
         let Some(limit) = self.config.landing else {
             return false;
         };
-        let waiting = self.requests.iter().position(
-            |r| matches!(r, Some(Request { kind: Kind::Landing { tag, .. }, .. }) if landed.matches(*tag)),
-        );
-        let Some(index) = waiting else {
+        let Some(index) = self.landing_of(landed) else {
             if !self.arrivals.keep(now, landed, now + limit) {
                 self.stats.arrivals_dropped += 1;
             }
             return false;
         };
-        let Some(r) = self.requests[index].take() else {
+        let Some(r) = self.requests.remove(index) else {
             return false;
         };
         let Kind::Landing { held, .. } = r.kind else {
-            self.requests[index] = Some(r);
+            self.requests.put(index, r);
             return false;
         };
         let token = Token { index, seq: r.seq };
-        self.requests[index] = Some(Request {
-            kind: Kind::Delivered {
-                held,
-                aborted: false,
+        self.requests.put(
+            index,
+            Request {
+                kind: Kind::Delivered {
+                    held,
+                    aborted: false,
+                },
+                deadline: None,
+                ..r
             },
-            deadline: None,
-            ..r
-        });
+        );
         self.stats.received += 1;
         self.event(InstanceEvent::Received(token));
         true
@@ -109,10 +115,6 @@ impl<'s> Instance<'s> {
 
     /// Transfers waiting for the data plane to report their write landed.
     pub fn awaiting_landing(&self) -> usize {
-        self.requests
-            .iter()
-            .flatten()
-            .filter(|r| matches!(r.kind, Kind::Landing { .. }))
-            .count()
+        self.requests.tally(CLASS_LANDING)
     }
 }

@@ -118,21 +118,16 @@ impl<'s> Instance<'s> {
             }
             Ok(())
         };
-        if self.requests.iter().all(Option::is_some) {
+        if self.requests.is_full() {
             return reject(self, true, "instance request table full");
         }
         // Allocations may take the table only up to the room the
         // preallocated slots need: a fast-path `transfer_ready` always
         // finds a place, however many ALLOCs (forged ones included) wait.
-        let by_alloc = self
-            .requests
-            .iter()
-            .flatten()
-            .filter(|r| matches!(r.kind, Kind::Reserved { .. } | Kind::AllocHeld { .. }))
-            .count();
+        let by_alloc = self.requests.tally(CLASS_BY_ALLOC);
         let alloc_room = self
             .requests
-            .len()
+            .capacity()
             .saturating_sub(self.prealloc.len())
             .max(1);
         if by_alloc >= alloc_room {
@@ -179,7 +174,7 @@ impl<'s> Instance<'s> {
         let index = self.find(id, Side::Send).ok_or(Ignored::UnknownRequest)?;
         let dest_session =
             Name::from_json(dest_session).map_err(|_| Ignored::TooLong("dest_session_id"))?;
-        let Some(r) = self.requests[index].take() else {
+        let Some(r) = self.requests.remove(index) else {
             return Err(Ignored::UnknownRequest);
         };
         let (slot, staged) = match r.kind {
@@ -194,7 +189,7 @@ impl<'s> Instance<'s> {
                     Kind::Staged { .. } => Ignored::BadField("transfer_size"),
                     _ => Ignored::WrongState,
                 };
-                self.requests[index] = Some(Request { kind, ..r });
+                self.requests.put(index, Request { kind, ..r });
                 return Err(why);
             }
         };
@@ -207,17 +202,20 @@ impl<'s> Instance<'s> {
             dest_addr,
             tag: WriteTag::of(r.id.as_str(), dest_addr),
         };
-        self.requests[index] = Some(Request {
-            kind: Kind::Writing {
-                slot,
-                len: transfer_size,
-                aborted: false,
-                staged,
-                posted: now,
+        self.requests.put(
+            index,
+            Request {
+                kind: Kind::Writing {
+                    slot,
+                    len: transfer_size,
+                    aborted: false,
+                    staged,
+                    posted: now,
+                },
+                deadline: None,
+                ..r
             },
-            deadline: None,
-            ..r
-        });
+        );
         if self.actions.push(write).is_err() {
             self.stats.dropped += 1;
         }
@@ -238,11 +236,8 @@ impl<'s> Instance<'s> {
         let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
         // Where the data is: a slot reserved for this request, or a free
         // preallocated slot (the coordinator's fast path).
-        let free_prealloc = self
-            .prealloc
-            .iter()
-            .position(|s| s.offset == slot_offset)
-            .filter(|&p| self.prealloc_use[p].is_free());
+        let at_prealloc = self.prealloc_at(slot_offset);
+        let free_prealloc = at_prealloc.filter(|&p| self.prealloc_use[p].is_free());
         let mut found = self.find(id, Side::Recv);
         if let (Some(i), Some(_)) = (found, free_prealloc) {
             // A slot reserved by a duplicated `transfer_alloc` that the
@@ -256,7 +251,7 @@ impl<'s> Instance<'s> {
                 if let Some(Request {
                     kind: Kind::Reserved { slot },
                     ..
-                }) = self.requests[i].take()
+                }) = self.requests.remove(i)
                 {
                     let _ = self.pool.free(slot);
                 }
@@ -274,25 +269,18 @@ impl<'s> Instance<'s> {
                 }
                 _ => return Err(Ignored::WrongState),
             },
-            None => {
-                let p = self.prealloc.iter().position(|s| s.offset == slot_offset);
-                match p {
-                    Some(p) if self.prealloc_use[p].is_free() => (None, self.prealloc[p].size),
-                    Some(_) => return Err(Ignored::WrongState),
-                    None => return Err(Ignored::UnknownRequest),
-                }
-            }
+            None => match at_prealloc {
+                Some(p) if self.prealloc_use[p].is_free() => (None, self.prealloc[p].size),
+                Some(_) => return Err(Ignored::WrongState),
+                None => return Err(Ignored::UnknownRequest),
+            },
         };
         let total = manifest_len(manifest) + scalars.as_str().len();
         let fits = check_manifest(manifest, slot_size).is_ok() && total <= self.chunk;
         let index = match index {
             Some(i) => i,
             None => {
-                let p = self
-                    .prealloc
-                    .iter()
-                    .position(|s| s.offset == slot_offset)
-                    .ok_or(Ignored::UnknownRequest)?;
+                let p = at_prealloc.ok_or(Ignored::UnknownRequest)?;
                 if !fits {
                     // Nothing to free: the slot is the coordinator's to give back.
                     self.refuse_prealloc(now, p, rid, "manifest does not fit the slot");
@@ -307,7 +295,7 @@ impl<'s> Instance<'s> {
                     None,
                 ) {
                     Ok(t) => {
-                        self.prealloc_use[p] = PreallocUse(Use::Request);
+                        self.set_use(p, PreallocUse(Use::Request));
                         t.index
                     }
                     Err(_) => {
@@ -317,7 +305,7 @@ impl<'s> Instance<'s> {
                 }
             }
         };
-        let Some(r) = self.requests[index].take() else {
+        let Some(r) = self.requests.remove(index) else {
             return Err(Ignored::UnknownRequest);
         };
         let held = match r.kind {
@@ -343,7 +331,7 @@ impl<'s> Instance<'s> {
             Kind::Reserved { slot } => Held::Pool(slot),
             Kind::Delivered { held, .. } => held,
             other => {
-                self.requests[index] = Some(Request { kind: other, ..r });
+                self.requests.put(index, Request { kind: other, ..r });
                 return Err(Ignored::WrongState);
             }
         };
@@ -366,18 +354,24 @@ impl<'s> Instance<'s> {
             ),
         };
         let landing = matches!(kind, Kind::Landing { .. });
-        self.requests[index] = Some(Request {
-            kind,
-            deadline,
-            ..r
-        });
+        if landing {
+            self.await_landing(index, tag);
+        }
+        self.requests.put(
+            index,
+            Request {
+                kind,
+                deadline,
+                ..r
+            },
+        );
         let base = index * self.chunk;
         let mut sink = Sink::new(&mut self.nested[base..base + self.chunk]);
         manifest.write_json(&mut sink, Default::default());
         let m_len = sink.len();
         write_scalars(&mut sink, scalars);
         let s_len = sink.len() - m_len;
-        if let Some(r) = self.requests[index].as_mut() {
+        if let Some(mut r) = self.requests.get_mut(index) {
             r.manifest_len = m_len;
             r.scalars_len = s_len;
         }
@@ -403,11 +397,14 @@ impl<'s> Instance<'s> {
         match self.config.landing {
             Some(limit) => {
                 self.tombstone(id, Side::Recv);
-                self.prealloc_use[p] = PreallocUse(Use::Refused {
-                    id,
-                    until: now + limit + self.config.quarantine,
-                    report: Some(why),
-                });
+                self.set_use(
+                    p,
+                    PreallocUse(Use::Refused {
+                        id,
+                        until: now + limit + self.config.quarantine,
+                        report: Some(why),
+                    }),
+                );
             }
             None => self.done(id, Some(Reason::truncated(why))),
         }

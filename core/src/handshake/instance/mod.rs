@@ -8,6 +8,11 @@
 //! went quiet. A slot that a write may still be landing in (reserved for a
 //! transfer that was then aborted) is quarantined before reuse. Aborted
 //! requests leave a tombstone so that late messages about them are ignored.
+//!
+//! Every per-message operation is O(1) expected (O(log n) where time
+//! moves): requests, tombstones, preallocated slots, writes awaiting their
+//! arrival and arrivals awaiting their ready are found through keyed hash
+//! indexes, deadlines wait in heaps, and held allocations in a queue.
 
 use core::fmt;
 use core::time::Duration;
@@ -16,8 +21,13 @@ use super::common::{
     nested_json, Graveyard, Ignored, Instant, Leg, Name, Reason, RequestId, Side, Text, Tombstone,
 };
 use super::ring::Ring;
+use super::tables::heap::{HeapEntry, Heaps};
+use super::tables::index::Index;
+use super::tables::table::{Record, Table};
+use super::tables::{HashKey, TableStorage};
 #[cfg(feature = "alloc")]
 use super::Limits;
+use super::ID_LEN;
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
 use crate::managed::ManagedSlice;
 use crate::slots::{check_manifest, Buddy, BuddyConfig, BuddyError, SlotHandle};
@@ -173,6 +183,47 @@ pub struct Request {
     deadline: Option<Instant>,
     manifest_len: usize,
     scalars_len: usize,
+}
+
+/// What the instance's indexes hash: a request id, a tag's low bits, a
+/// preallocated slot's offset.
+const NS_ID: u64 = 0;
+const NS_TAG: u64 = 1;
+const NS_NARROW: u64 = 2;
+const NS_OFFSET: u64 = 3;
+
+/// The classes requests are counted by.
+const CLASS_OTHER: usize = 0;
+/// A slot reserved, or a `transfer_alloc` held, for an allocation.
+const CLASS_BY_ALLOC: usize = 1;
+/// Waiting for its write to land.
+const CLASS_LANDING: usize = 2;
+
+impl Record for Request {
+    fn key_hash(&self, key: &HashKey) -> u64 {
+        key.bytes(self.id.as_bytes(), NS_ID)
+    }
+
+    fn due(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    fn class(&self) -> usize {
+        match self.kind {
+            Kind::Reserved { .. } | Kind::AllocHeld { .. } => CLASS_BY_ALLOC,
+            Kind::Landing { .. } => CLASS_LANDING,
+            _ => CLASS_OTHER,
+        }
+    }
+}
+
+/// The hash a write's tag is indexed by, from its low 16 bits (`None`:
+/// fewer are known); never 0.
+fn tag_hash(key: &HashKey, low16: Option<u64>) -> u64 {
+    match low16 {
+        Some(bits) => key.number(bits, NS_TAG) | 1,
+        None => key.number(0, NS_NARROW) | 1,
+    }
 }
 
 /// Names a request to the application; stale tokens are refused.
@@ -355,8 +406,8 @@ pub enum InstanceError {
     TooLarge,
     /// The pool is too small for the preallocated slots asked for.
     Prealloc(BuddyError),
-    /// `prealloc` or `prealloc_use` storage holds fewer than the slots
-    /// asked for.
+    /// `prealloc`, `prealloc_use` or `prealloc_timers` storage holds
+    /// fewer than the slots asked for.
     PreallocStorage {
         /// Slots asked for.
         needed: usize,
@@ -437,8 +488,8 @@ pub struct InstanceStorage<'s> {
     pub tree: ManagedSlice<'s, u8>,
     /// The pool allocator's generations.
     pub generations: ManagedSlice<'s, u32>,
-    /// One per request in flight.
-    pub requests: ManagedSlice<'s, Option<Request>>,
+    /// One per request in flight, with deadlines.
+    pub requests: TableStorage<'s, Request>,
     /// Manifest and scalar-field bytes, split evenly among `requests`.
     pub nested: ManagedSlice<'s, u8>,
     /// Preallocated receive slots (as many as `InstanceConfig::prealloc`).
@@ -455,9 +506,28 @@ pub struct InstanceStorage<'s> {
     /// that late and duplicated messages about them are ignored. It should
     /// hold the requests that end within the control plane's longest delay.
     pub tombstones: ManagedSlice<'s, Tombstone>,
+    /// Their index: [`TableStorage::index_places`] of `tombstones`.
+    pub tombstones_index: ManagedSlice<'s, u64>,
     /// Writes that landed before their `transfer_ready` (where
-    /// [`InstanceConfig::landing`] is set): one per request in flight.
-    pub arrivals: ManagedSlice<'s, Option<Arrival>>,
+    /// [`InstanceConfig::landing`] is set): one per request in flight,
+    /// with deadlines.
+    pub arrivals: TableStorage<'s, Arrival>,
+    /// The requests awaiting their write's arrival, by tag:
+    /// [`TableStorage::index_places`] of the requests.
+    pub landing_index: ManagedSlice<'s, u64>,
+    /// What each request place is indexed under there: one per request.
+    pub landing_hashes: ManagedSlice<'s, u64>,
+    /// The preallocated slots by offset: [`TableStorage::index_places`] of
+    /// `prealloc`.
+    pub prealloc_index: ManagedSlice<'s, u64>,
+    /// Deadlines of preallocated slots held for a refusal: one per slot.
+    pub prealloc_timers: ManagedSlice<'s, HeapEntry>,
+    /// Their places: one per slot.
+    pub prealloc_timer_places: ManagedSlice<'s, u64>,
+    /// `transfer_alloc`s held for room, oldest first: twice the requests.
+    pub held: ManagedSlice<'s, Option<Token>>,
+    /// The key of every index (see [`HashKey`]).
+    pub hash_key: HashKey,
 }
 
 #[cfg(feature = "alloc")]
@@ -476,10 +546,11 @@ impl InstanceStorage<'static> {
             addr: 0,
         };
         let n = limits.requests.max(1);
+        let tombstones = limits.tombstones.max(1);
         Ok(Self {
             tree: filled(nodes, 0),
             generations: filled(gens, 0),
-            requests: empty(n),
+            requests: TableStorage::owned(n, true),
             nested: filled(n * limits.nested_per_request, 0),
             prealloc: filled(prealloc, none),
             prealloc_use: filled(prealloc, PreallocUse::FREE),
@@ -488,8 +559,16 @@ impl InstanceStorage<'static> {
             transmits: empty(4 * n + 8),
             actions: empty(n),
             events: empty(4 * n + 8),
-            tombstones: filled(limits.tombstones.max(1), Tombstone::EMPTY),
-            arrivals: empty(n),
+            tombstones: filled(tombstones, Tombstone::EMPTY),
+            tombstones_index: filled(Index::places_for(tombstones), 0),
+            arrivals: TableStorage::owned(n, true),
+            landing_index: filled(Index::places_for(n), 0),
+            landing_hashes: filled(n, 0),
+            prealloc_index: filled(Index::places_for(prealloc), 0),
+            prealloc_timers: filled(prealloc, (0, 0)),
+            prealloc_timer_places: filled(prealloc, 0),
+            held: empty(2 * n),
+            hash_key: super::tables::default_key(),
         })
     }
 }
@@ -537,16 +616,34 @@ pub struct Instance<'s> {
     /// nothing but its tables.
     config: InstanceConfig<'static>,
     pool: Buddy<'s>,
-    requests: ManagedSlice<'s, Option<Request>>,
+    requests: Table<'s, Request>,
     nested: ManagedSlice<'s, u8>,
     chunk: usize,
     prealloc: ManagedSlice<'s, PreallocatedSlot>,
     prealloc_use: ManagedSlice<'s, PreallocUse>,
+    /// The preallocated slots by offset.
+    prealloc_index: Index<'s>,
+    /// When each slot held for a refusal is let go.
+    prealloc_timers: Heaps<'s>,
+    /// Preallocated slots not free.
+    prealloc_busy: usize,
     transmits: Ring<'s, Outgoing>,
     actions: Ring<'s, Write>,
     events: Ring<'s, InstanceEvent>,
     tombstones: Graveyard<'s>,
     arrivals: Arrivals<'s>,
+    /// Requests awaiting their write's arrival, by tag; `landing_hashes`
+    /// says what each place is indexed under (0: nothing).
+    landing_index: Index<'s>,
+    landing_hashes: ManagedSlice<'s, u64>,
+    /// A request could not be indexed there (more than the probe bound
+    /// await writes whose tags share their low 16 bits, which a sender
+    /// choosing ids could arrange): arrivals are looked for by reading the
+    /// table until no request awaits one.
+    landing_scan: bool,
+    /// `transfer_alloc`s held for room, oldest first (entries whose
+    /// request moved on are skipped).
+    held: Ring<'s, Token>,
     registered: bool,
     /// The last answer to the registration was a refusal.
     refused: bool,
@@ -581,7 +678,8 @@ impl<'s> Instance<'s> {
         let mut pool =
             Buddy::new(config.pool, s.tree, s.generations).map_err(InstanceError::Config)?;
         let (count, size) = config.prealloc;
-        if s.prealloc.len() < count || s.prealloc_use.len() < count {
+        let timers = s.prealloc_timers.len().min(s.prealloc_timer_places.len());
+        if s.prealloc.len() < count || s.prealloc_use.len() < count || timers < count {
             return Err(InstanceError::PreallocStorage { needed: count });
         }
         for (i, slot) in s.prealloc.iter_mut().take(count).enumerate() {
@@ -595,15 +693,27 @@ impl<'s> Instance<'s> {
             };
         }
         let name = |t: &str| Name::new(t).map_err(|_| InstanceError::NameTooLong);
-        if s.requests.len() > MAX_REQUESTS {
+        if s.requests.records.len() > MAX_REQUESTS {
             return Err(InstanceError::TooManyRequests { max: MAX_REQUESTS });
         }
-        let mut requests = s.requests;
-        requests.iter_mut().for_each(|r| *r = None);
+        let key = s.hash_key;
+        let requests = Table::new(s.requests, key, true);
         s.prealloc_use
             .iter_mut()
             .for_each(|u| *u = PreallocUse::FREE);
-        let chunk = s.nested.len() / requests.len().max(1);
+        let mut prealloc_index = Index::new(s.prealloc_index);
+        for (p, slot) in s.prealloc.iter().take(count).enumerate() {
+            // Offsets are distinct, and the key is the machine's own.
+            if prealloc_index
+                .insert(key.number(slot.offset, NS_OFFSET), p)
+                .is_err()
+            {
+                return Err(InstanceError::PreallocStorage { needed: count });
+            }
+        }
+        let mut landing_hashes = s.landing_hashes;
+        landing_hashes.iter_mut().for_each(|h| *h = 0);
+        let chunk = s.nested.len() / requests.capacity().max(1);
         let me = Self {
             role: Text::new(config.role).map_err(|_| InstanceError::NameTooLong)?,
             session: name(config.session_id)?,
@@ -630,11 +740,18 @@ impl<'s> Instance<'s> {
             chunk,
             prealloc: s.prealloc.truncated(count),
             prealloc_use: s.prealloc_use.truncated(count),
+            prealloc_index,
+            prealloc_timers: Heaps::new(s.prealloc_timers, s.prealloc_timer_places),
+            prealloc_busy: 0,
             transmits: Ring::new(s.transmits),
             actions: Ring::new(s.actions),
             events: Ring::new(s.events),
-            tombstones: Graveyard::new(s.tombstones),
-            arrivals: Arrivals::new(s.arrivals),
+            tombstones: Graveyard::new(s.tombstones, s.tombstones_index, key),
+            arrivals: Arrivals::new(s.arrivals, key),
+            landing_index: Index::new(s.landing_index),
+            landing_hashes,
+            landing_scan: false,
+            held: Ring::new(s.held),
             registered: false,
             refused: false,
             refusal: Reason::EMPTY,
@@ -678,8 +795,8 @@ impl<'s> Instance<'s> {
         self.register_due = true;
         self.register_at = now + self.config.register_retry;
         while self.transmits.pop().is_some() {}
-        for index in 0..self.requests.len() {
-            let Some(r) = self.requests[index].take() else {
+        for index in 0..self.requests.capacity() {
+            let Some(r) = self.requests.remove(index) else {
                 continue;
             };
             let token = Token { index, seq: r.seq };
@@ -757,7 +874,7 @@ impl<'s> Instance<'s> {
                 }
                 other => other,
             };
-            self.requests[index] = Some(Request { kind, ..r });
+            self.requests.put(index, Request { kind, ..r });
         }
     }
 
@@ -800,22 +917,33 @@ impl<'s> Instance<'s> {
 
     /// Requests held (in any state, quarantined slots included).
     pub fn requests_held(&self) -> usize {
-        self.requests.iter().flatten().count()
+        self.requests.len()
     }
 
     /// Preallocated slots in use.
     pub fn prealloc_in_use(&self) -> usize {
-        self.prealloc_use.iter().filter(|u| !u.is_free()).count()
+        self.prealloc_busy
+    }
+
+    /// Places the hash indexes read so far: the lookups' work, which no
+    /// choice of ids can drive past [`MAX_PROBE`](super::tables::MAX_PROBE)
+    /// places per lookup.
+    pub fn probes(&self) -> u64 {
+        self.requests.probes()
+            + self.tombstones.probes()
+            + self.arrivals.probes()
+            + self.landing_index.probes()
+            + self.prealloc_index.probes()
     }
 
     /// The pool range (offset, size) this instance holds for request `id`,
     /// if any: a reserved, received or quarantined slot.
     pub fn slot_for(&self, id: &str) -> Option<(u64, u64)> {
-        let r = self
+        let hash = self.requests.key().bytes(id.as_bytes(), NS_ID);
+        let i = self
             .requests
-            .iter()
-            .flatten()
-            .find(|r| r.id.as_str() == id && r.kind.side() == Side::Recv)?;
+            .find(hash, |r| r.id.as_str() == id && r.kind.side() == Side::Recv)?;
+        let r = self.requests.get(i)?;
         let held = match &r.kind {
             Kind::Reserved { slot } => return Some((slot.offset(), slot.size())),
             Kind::AllocHeld { .. } => return None,
@@ -848,10 +976,70 @@ impl<'s> Instance<'s> {
     }
 
     fn find(&self, id: JsonStr<'_>, side: Side) -> Option<usize> {
-        self.requests.iter().position(|r| {
-            r.as_ref()
-                .is_some_and(|r| r.kind.side() == side && r.id.eq_json(id))
+        let hash = self.requests.key().json::<ID_LEN>(id, NS_ID)?;
+        self.requests
+            .find(hash, |r| r.kind.side() == side && r.id.eq_json(id))
+    }
+
+    /// The preallocated slot at `offset`.
+    fn prealloc_at(&self, offset: u64) -> Option<usize> {
+        let hash = self.requests.key().number(offset, NS_OFFSET);
+        self.prealloc_index.find(hash, |p| {
+            self.prealloc.get(p).is_some_and(|s| s.offset == offset)
         })
+    }
+
+    /// Sets what holds preallocated slot `p`, keeping the count of slots
+    /// in use and the refusals' deadlines.
+    fn set_use(&mut self, p: usize, u: PreallocUse) {
+        let Some(slot) = self.prealloc_use.get_mut(p) else {
+            return;
+        };
+        let was_busy = !slot.is_free();
+        *slot = u;
+        self.prealloc_busy =
+            (self.prealloc_busy + usize::from(!u.is_free())).saturating_sub(usize::from(was_busy));
+        match u.0 {
+            Use::Refused { until, .. } => self.prealloc_timers.set(0, p, until.as_nanos()),
+            _ => self.prealloc_timers.remove(p),
+        }
+    }
+
+    /// Indexes request `index`, now awaiting the arrival of the write
+    /// tagged `tag`.
+    fn await_landing(&mut self, index: usize, tag: WriteTag) {
+        let hash = tag_hash(self.requests.key(), Landed::of(tag).low16());
+        if self.requests.tally(CLASS_LANDING) == 0 {
+            self.landing_scan = false;
+        }
+        if let Some(old) = self.landing_hashes.get(index).copied().filter(|&h| h != 0) {
+            self.landing_index.remove(old, index);
+        }
+        let indexed = self.landing_index.insert(hash, index).is_ok();
+        self.landing_scan |= !indexed;
+        if let Some(h) = self.landing_hashes.get_mut(index) {
+            *h = if indexed { hash } else { 0 };
+        }
+    }
+
+    /// The request awaiting the arrival `landed` names.
+    fn landing_of(&self, landed: Landed) -> Option<usize> {
+        let waits =
+            |r: &Request| matches!(r.kind, Kind::Landing { tag, .. } if landed.matches(tag));
+        if self.requests.tally(CLASS_LANDING) == 0 {
+            return None;
+        }
+        match landed.low16() {
+            Some(_) if !self.landing_scan => {
+                let hash = tag_hash(self.requests.key(), landed.low16());
+                self.landing_index
+                    .find(hash, |i| self.requests.get(i).is_some_and(waits))
+            }
+            _ => self
+                .requests
+                .iter()
+                .position(|r| r.as_ref().is_some_and(waits)),
+        }
     }
 
     fn tombstoned(&self, id: JsonStr<'_>, side: Side) -> bool {
@@ -872,14 +1060,17 @@ impl<'s> Instance<'s> {
         until: Instant,
         report: Option<&'static str>,
     ) {
-        self.requests[index] = Some(Request {
-            id,
-            seq,
-            kind: Kind::Quarantined { held, report },
-            deadline: Some(until),
-            manifest_len: 0,
-            scalars_len: 0,
-        });
+        self.requests.put(
+            index,
+            Request {
+                id,
+                seq,
+                kind: Kind::Quarantined { held, report },
+                deadline: Some(until),
+                manifest_len: 0,
+                scalars_len: 0,
+            },
+        );
     }
 
     fn insert(
@@ -888,30 +1079,25 @@ impl<'s> Instance<'s> {
         kind: Kind,
         deadline: Option<Instant>,
     ) -> Result<Token, Kind> {
-        let Some(index) = self.requests.iter().position(Option::is_none) else {
-            return Err(kind);
-        };
         // Within a token cookie's bits; 2^48 requests before a wrap.
-        self.seq = (self.seq + 1) & SEQ_MASK;
-        self.requests[index] = Some(Request {
-            id,
-            seq: self.seq,
-            kind,
-            deadline,
-            manifest_len: 0,
-            scalars_len: 0,
-        });
-        Ok(Token {
-            index,
-            seq: self.seq,
-        })
+        let seq = (self.seq + 1) & SEQ_MASK;
+        let index = self
+            .requests
+            .insert(Request {
+                id,
+                seq,
+                kind,
+                deadline,
+                manifest_len: 0,
+                scalars_len: 0,
+            })
+            .map_err(|r| r.kind)?;
+        self.seq = seq;
+        Ok(Token { index, seq })
     }
 
-    fn request_mut(&mut self, t: Token) -> Option<&mut Request> {
-        self.requests
-            .get_mut(t.index)?
-            .as_mut()
-            .filter(|r| r.seq == t.seq)
+    fn request(&self, t: Token) -> Option<&Request> {
+        self.requests.get(t.index).filter(|r| r.seq == t.seq)
     }
 
     /// Frees what a request held: pool slots to the allocator, preallocated
@@ -922,11 +1108,7 @@ impl<'s> Instance<'s> {
                 // The handle came from this pool and is freed once.
                 let _ = self.pool.free(h);
             }
-            Held::Prealloc(i) => {
-                if let Some(u) = self.prealloc_use.get_mut(i) {
-                    *u = PreallocUse::FREE;
-                }
-            }
+            Held::Prealloc(i) => self.set_use(i, PreallocUse::FREE),
         }
     }
 }

@@ -139,14 +139,12 @@ struct StagedView<'r> {
 impl<'s> Instance<'s> {
     /// The request at `index` (of sequence `seq`), if it is still staged.
     fn staged_view(&self, index: usize, seq: u64) -> Option<StagedView<'_>> {
-        let r = self
-            .requests
-            .get(index)
-            .and_then(Option::as_ref)
-            .filter(|r| r.seq == seq)?;
+        let r = self.requests.get(index).filter(|r| r.seq == seq)?;
         let Kind::Staged {
-            slot, data_size, ..
-        } = &r.kind
+            ref slot,
+            data_size,
+            ..
+        } = r.kind
         else {
             return None;
         };
@@ -159,7 +157,7 @@ impl<'s> Instance<'s> {
         Some(StagedView {
             r,
             slot_offset: slot.offset(),
-            data_size: *data_size,
+            data_size,
             manifest,
             scalar_fields,
         })

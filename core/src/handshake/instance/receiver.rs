@@ -8,8 +8,7 @@ impl<'s> Instance<'s> {
     pub fn received(&self, token: Token) -> Option<Received<'_>> {
         let r = self
             .requests
-            .get(token.index)?
-            .as_ref()
+            .get(token.index)
             .filter(|r| r.seq == token.seq)?;
         let Kind::Delivered { held, aborted } = &r.kind else {
             return None;
@@ -45,7 +44,7 @@ impl<'s> Instance<'s> {
     /// a preallocated slot once it has the output).
     pub fn release(&mut self, token: Token, error: Option<&str>) -> Result<(), InstanceError> {
         match self
-            .request_mut(token)
+            .request(token)
             .map(|r| matches!(r.kind, Kind::Delivered { .. }))
         {
             Some(true) => {}
@@ -55,7 +54,7 @@ impl<'s> Instance<'s> {
             id,
             kind: Kind::Delivered { held, .. },
             ..
-        }) = self.requests[token.index].take()
+        }) = self.requests.remove(token.index)
         else {
             return Err(InstanceError::StaleToken);
         };

@@ -55,8 +55,7 @@ impl<'s> Instance<'s> {
         let timeout = self.config.staged_timeout;
         let r = self
             .requests
-            .get_mut(token.index)
-            .and_then(Option::as_mut)
+            .get(token.index)
             .filter(|r| r.seq == token.seq);
         let Some(r) = r else {
             return Err(InstanceError::StaleToken);
@@ -81,24 +80,27 @@ impl<'s> Instance<'s> {
         if sink.finish().is_err() {
             return Err(InstanceError::TooLarge);
         }
-        let Some(r) = self.requests[token.index].take() else {
+        let Some(r) = self.requests.remove(token.index) else {
             return Err(InstanceError::StaleToken);
         };
         let Kind::Filling { slot } = r.kind else {
-            self.requests[token.index] = Some(r);
+            self.requests.put(token.index, r);
             return Err(InstanceError::StaleToken);
         };
-        self.requests[token.index] = Some(Request {
-            kind: Kind::Staged {
-                slot,
-                data_size,
-                since: now,
+        self.requests.put(
+            token.index,
+            Request {
+                kind: Kind::Staged {
+                    slot,
+                    data_size,
+                    since: now,
+                },
+                manifest_len,
+                scalars_len: total - manifest_len,
+                deadline: Some(now + timeout),
+                ..r
             },
-            manifest_len,
-            scalars_len: total - manifest_len,
-            deadline: Some(now + timeout),
-            ..r
-        });
+        );
         self.stats.staged += 1;
         let (index, seq) = (token.index, token.seq);
         self.send(if forward {
@@ -112,7 +114,7 @@ impl<'s> Instance<'s> {
     /// Gives up a slot from [`stage`](Self::stage) that was never committed.
     pub fn unstage(&mut self, token: Token) -> Result<(), InstanceError> {
         match self
-            .request_mut(token)
+            .request(token)
             .map(|r| matches!(r.kind, Kind::Filling { .. }))
         {
             Some(true) => {}
@@ -121,7 +123,7 @@ impl<'s> Instance<'s> {
         if let Some(Request {
             kind: Kind::Filling { slot },
             ..
-        }) = self.requests[token.index].take()
+        }) = self.requests.remove(token.index)
         {
             let _ = self.pool.free(slot);
         }
@@ -144,7 +146,7 @@ impl<'s> Instance<'s> {
         token: Token,
         result: Result<(), &str>,
     ) -> Result<u64, Ignored> {
-        let r = self.request_mut(token).ok_or(Ignored::UnknownRequest)?;
+        let r = self.request(token).ok_or(Ignored::UnknownRequest)?;
         if !matches!(r.kind, Kind::Writing { .. }) {
             return Err(Ignored::WrongState);
         }
@@ -159,7 +161,7 @@ impl<'s> Instance<'s> {
                     posted,
                 },
             ..
-        }) = self.requests[token.index].take()
+        }) = self.requests.remove(token.index)
         else {
             return Err(Ignored::WrongState);
         };

@@ -3,52 +3,47 @@
 use super::*;
 
 impl<'s> Instance<'s> {
-    /// When [`handle_timeout`](Self::handle_timeout) must be called next.
+    /// When [`handle_timeout`](Self::handle_timeout) must be called next:
+    /// the tops of the deadline heaps, or the registration's retry.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let register = (!self.registered).then_some(self.register_at);
-        let refused = self.prealloc_use.iter().filter_map(|u| match u.0 {
-            Use::Refused { until, .. } => Some(until),
-            _ => None,
-        });
-        self.requests
-            .iter()
-            .flatten()
-            .filter_map(|r| r.deadline)
-            .chain(register)
-            .chain(refused)
-            .min()
+        let refused = self.prealloc_timers.peek(0).map(|(at, _)| Instant(at));
+        let requests = self.requests.next_due().map(|(at, _)| at);
+        requests.into_iter().chain(register).chain(refused).min()
     }
 
     /// Retries registration, drops requests the coordinator went quiet
-    /// about, and ends quarantines.
+    /// about, and ends quarantines: each in deadline order, taken from the
+    /// heaps, so a call costs what is due.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.last_now = self.last_now.max(now);
         if !self.registered && self.register_at <= now {
             self.register_at = now + self.config.register_retry;
             self.register_due = true;
         }
-        for p in 0..self.prealloc_use.len() {
-            if let Use::Refused { id, until, report } = self.prealloc_use[p].0 {
-                if until <= now {
-                    self.prealloc_use[p] = PreallocUse::FREE;
-                    if let Some(why) = report {
-                        self.send(OutMsg::Done {
-                            id,
-                            error: Some(Reason::truncated(why)),
-                        });
-                    }
-                }
+        while let Some((at, p)) = self.prealloc_timers.peek(0) {
+            if at > now.as_nanos() {
+                break;
+            }
+            let Some(Use::Refused { id, report, .. }) = self.prealloc_use.get(p).map(|u| u.0)
+            else {
+                self.prealloc_timers.remove(p);
+                continue;
+            };
+            self.set_use(p, PreallocUse::FREE);
+            if let Some(why) = report {
+                self.send(OutMsg::Done {
+                    id,
+                    error: Some(Reason::truncated(why)),
+                });
             }
         }
-        for i in 0..self.requests.len() {
-            let due = self.requests[i]
-                .as_ref()
-                .is_some_and(|r| r.deadline.is_some_and(|d| d <= now));
-            if !due {
-                continue;
+        while let Some((at, i)) = self.requests.next_due() {
+            if at > now {
+                break;
             }
-            let Some(r) = self.requests[i].take() else {
-                continue;
+            let Some(r) = self.requests.remove(i) else {
+                break;
             };
             match r.kind {
                 Kind::AllocHeld { .. } => {
@@ -103,11 +98,14 @@ impl<'s> Instance<'s> {
                 }
                 other => {
                     // No deadline is set in other states; keep the record.
-                    self.requests[i] = Some(Request {
-                        kind: other,
-                        deadline: None,
-                        ..r
-                    });
+                    self.requests.put(
+                        i,
+                        Request {
+                            kind: other,
+                            deadline: None,
+                            ..r
+                        },
+                    );
                 }
             }
         }
