@@ -1635,3 +1635,67 @@ fn forged_allocs_cannot_take_the_room_of_the_preallocated_slots() {
     w.pump();
     assert_eq!(w.delivered(), 1);
 }
+
+/// Under `MostFreeSlots`, data that no preallocated slot of the role fits
+/// goes to the receiver with the most room, whatever free slots the others
+/// have; data that fits goes where the most free slots are.
+#[test]
+fn most_free_slots_ranks_by_room_when_no_slot_fits_and_by_slots_when_they_do() {
+    let config = CoordinatorConfig {
+        pipeline: &PIPELINE,
+        policy: Policy::MostFreeSlots,
+        capacity_per_instance: 4,
+        timeouts: TIMEOUTS,
+        retry_backoff: Duration::from_millis(1),
+        max_attempts: 3,
+        quarantine: Duration::from_millis(5),
+        late_done_wait: Duration::from_millis(50),
+    };
+    let coord = Coordinator::new(config, CoordinatorStorage::owned(&LIMITS)).unwrap();
+    // den-1 (and the encoder) offer no preallocated slot; den-0 two of
+    // 8 KiB.
+    let bare = |role, name, endpoint| {
+        let config = InstanceConfig {
+            role,
+            session_id: name,
+            work_endpoint: endpoint,
+            pool_ptr: POOL_PTR,
+            pool: POOL,
+            prealloc: (0, 0),
+            register_retry: Duration::from_millis(5),
+            staged_timeout: Duration::from_millis(100),
+            reserved_timeout: Duration::from_millis(100),
+            quarantine: Duration::from_millis(5),
+            landing: None,
+            head: Head::Ferry,
+            alloc_hold: Duration::from_millis(50),
+        };
+        let storage = InstanceStorage::owned(&LIMITS, &POOL, 0).unwrap();
+        Instance::new(Instant(0), config, storage).unwrap()
+    };
+    let insts = vec![
+        bare("encoder", "enc-0", "tcp://enc:1"),
+        instance("denoiser", "den-0", "tcp://den:1"),
+        bare("denoiser", "den-1", "tcp://den:2"),
+    ];
+    let mut w = World::new(coord, insts);
+    assert!(w.insts.iter().all(Instance::is_registered));
+    // Writes stay pending, so every transfer holds its receiver's room.
+    w.writes = None;
+    let in_use = |w: &World<'_>| {
+        let mut v: Vec<(u32, u32)> = w.coord.capacity_in_use().map(|(p, n)| (p.0, n)).collect();
+        v.sort_unstable();
+        v
+    };
+    // 16 KiB fits no slot: by room (a tie goes to the first registered).
+    w.stage(0, "big-a", 16 * KIB);
+    assert_eq!(in_use(&w), vec![(1, 0), (2, 1), (3, 0)]);
+    w.stage(0, "big-b", 16 * KIB);
+    assert_eq!(in_use(&w), vec![(1, 0), (2, 1), (3, 1)]);
+    w.stage(0, "big-c", 16 * KIB);
+    assert_eq!(in_use(&w), vec![(1, 0), (2, 2), (3, 1)]);
+    // 4 KiB fits den-0's free slots: there, though den-1 has more room.
+    w.stage(0, "small", 4 * KIB);
+    assert_eq!(in_use(&w), vec![(1, 0), (2, 3), (3, 1)]);
+    assert_eq!(w.coord.stats().fast_path, 1);
+}

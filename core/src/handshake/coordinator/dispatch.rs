@@ -140,9 +140,11 @@ impl<'s, const P: usize> Coordinator<'s, P> {
 
     /// Picks a receiver of role `role` with capacity, by policy: the top
     /// of the role's ranking. Under [`Policy::MostFreeSlots`] the ranking
-    /// counts free preallocated slots whatever their size; when the top's
-    /// free slots do not all fit `data_size`, the role's ranked receivers
-    /// are compared by the slots that fit.
+    /// counts free preallocated slots whatever their size, which is exact
+    /// when the top's free slots all fit `data_size`; when no slot of the
+    /// role fits it, the one with the most room is the answer; only where
+    /// the role's slots are of mixed sizes, some fitting, are its receivers
+    /// with room compared one by one.
     pub(super) fn choose(&mut self, role: usize, data_size: u64) -> Option<usize> {
         let (_, top) = self.ranking.peek(role)?;
         match self.config.policy {
@@ -157,6 +159,10 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                 let m = self.members.get(top)?;
                 if m.prealloc.free_fitting(data_size) == m.prealloc.free() {
                     return Some(top);
+                }
+                let (_, largest) = self.slot_bounds.get(role).copied()?;
+                if data_size > largest {
+                    return self.room_ranking.peek(role).map(|(_, i)| i);
                 }
                 self.ranking
                     .lane(role)
@@ -175,6 +181,23 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                     .max()
                     .map(|(_, i)| i)
             }
+        }
+    }
+
+    /// Takes the smallest and largest preallocated slot of `role`'s
+    /// members anew (once per member that comes or goes).
+    pub(super) fn bound_slots(&mut self, role: usize) {
+        let bounds = self
+            .members
+            .iter()
+            .flatten()
+            .filter(|m| m.role == role)
+            .flat_map(|m| m.prealloc.iter())
+            .fold((u64::MAX, 0), |(lo, hi), s| {
+                (lo.min(s.size), hi.max(s.size))
+            });
+        if let Some(b) = self.slot_bounds.get_mut(role) {
+            *b = bounds;
         }
     }
 
@@ -198,8 +221,13 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         self.prealloc_taken = (self.prealloc_taken + taken).saturating_sub(counted);
         if available == 0 {
             self.ranking.remove(index);
+            self.room_ranking.remove(index);
             return;
         }
+        // Most room, then table order.
+        let room = (0xff_ffff - u64::from(available.min(0xff_ffff))) << 24;
+        self.room_ranking
+            .set(role, index, room | (index as u64).min(0xff_ffff));
         let key = match policy {
             // Chosen longest ago first; never chosen, in table order.
             Policy::RoundRobin => last_pick,

@@ -479,6 +479,11 @@ pub struct CoordinatorStorage<'s, const P: usize> {
     pub ranking: ManagedSlice<'s, HeapEntry>,
     /// The ranking's places: one per member.
     pub ranking_places: ManagedSlice<'s, u64>,
+    /// The receivers with room, by room alone, per role (for data no
+    /// preallocated slot of the role fits): as large as `ranking`.
+    pub room_ranking: ManagedSlice<'s, HeapEntry>,
+    /// Its places: one per member.
+    pub room_ranking_places: ManagedSlice<'s, u64>,
     /// One per request in flight, with deadlines.
     pub transfers: TableStorage<'s, Transfer>,
     /// Manifest and scalar-field bytes, split evenly among `transfers`.
@@ -520,6 +525,8 @@ impl<const P: usize> CoordinatorStorage<'static, P> {
             endpoints: filled(Index::places_for(members), 0),
             ranking: filled(MAX_ROLES * members, (0, 0)),
             ranking_places: filled(members, 0),
+            room_ranking: filled(MAX_ROLES * members, (0, 0)),
+            room_ranking_places: filled(members, 0),
             transfers: TableStorage::owned(n, true),
             nested: filled(n * limits.nested_per_request, 0),
             // Two per transfer plus one per member is never full.
@@ -551,6 +558,11 @@ pub struct Coordinator<'s, const P: usize> {
     endpoints: Index<'s>,
     /// Per role, the members with room, best first by the policy.
     ranking: Heaps<'s>,
+    /// Per role, the members with room, most room first.
+    room_ranking: Heaps<'s>,
+    /// Per role, the smallest and largest preallocated slot its members
+    /// registered (`(u64::MAX, 0)`: none).
+    slot_bounds: [(u64, u64); MAX_ROLES],
     /// Round robin's clock: members chosen longest ago come first.
     picks: u64,
     /// Preallocated slots taken or parked, over all members.
@@ -635,8 +647,12 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             *kept = Text::new(role).map_err(|_| ConfigError::RoleTooLong)?;
         }
         let key = storage.hash_key;
-        let members_ranked = storage.ranking_places.len();
-        if members_ranked == 0 || storage.ranking.len() < members_ranked * config.pipeline.len() {
+        let members_ranked = storage
+            .ranking_places
+            .len()
+            .min(storage.room_ranking_places.len());
+        let lanes = storage.ranking.len().min(storage.room_ranking.len());
+        if members_ranked == 0 || lanes < members_ranked * config.pipeline.len() {
             return Err(ConfigError::RankingTooSmall);
         }
         let members = Table::new(storage.members, key, false);
@@ -666,6 +682,8 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             sessions: Index::new(storage.sessions),
             endpoints: Index::new(storage.endpoints),
             ranking: Heaps::new(storage.ranking, storage.ranking_places),
+            room_ranking: Heaps::new(storage.room_ranking, storage.room_ranking_places),
+            slot_bounds: [(u64::MAX, 0); MAX_ROLES],
             picks: 0,
             prealloc_taken: 0,
             transfers,

@@ -126,6 +126,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             return refuse(self, "coordinator instance table full");
         };
         self.rank(index);
+        self.bound_slots(role);
         self.accept(from, session, role);
         self.event(CoordinatorEvent::Registered {
             peer: from,
@@ -170,7 +171,9 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             }
         }
         self.ranking.remove(r.index);
+        self.room_ranking.remove(r.index);
         if let Some(m) = self.members.remove(r.index) {
+            self.bound_slots(m.role);
             self.prealloc_taken = self.prealloc_taken.saturating_sub(m.counted_taken);
             let key = self.members.key();
             let session = key.bytes(m.session.as_bytes(), NS_SESSION);
