@@ -432,8 +432,8 @@ fn bench_slots(args: &BenchSlots) -> Result<(), String> {
 fn bench_handshake(args: &BenchSlots) -> Result<(), String> {
     let d = duration(args.seconds)?;
     let rates = [
-        ("fast_path", ferry_bench::handshake::measure(d, true)),
-        ("slow_path", ferry_bench::handshake::measure(d, false)),
+        ("fast_path", ferry_bench::handshake::measure(d, true)?),
+        ("slow_path", ferry_bench::handshake::measure(d, false)?),
     ];
     print_rates(args.format, &rates, "hand-offs", "ns/hand-off");
     Ok(())
