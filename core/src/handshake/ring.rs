@@ -52,6 +52,12 @@ impl<'s, T> Ring<'s, T> {
         let item = self.slots[self.head].take();
         self.head = (self.head + 1) % self.slots.len();
         self.len -= 1;
+        if self.len == 0 {
+            // Empty again: start over at the front, so that a queue that is
+            // mostly empty (the usual case, however large its storage) keeps
+            // to a few cache lines instead of streaming through them all.
+            self.head = 0;
+        }
         item
     }
 
