@@ -58,6 +58,7 @@ EXTRA_TYPES = {
         ("reason", ""),
     ],
     "transfer_abort": [("request_id", ""), ("reason", "")],
+    "transfer_deregister": [("session_id", ""), ("draining", False), ("reason", "")],
 }
 # Extension fields of seed messages: written only when not the default.
 EXTENSIONS = {
@@ -256,6 +257,8 @@ def rmsg(rng, t):
         d = {"msg_type": t, "request_id": rstr(rng), "reason": rstr(rng)}
         d["source_role"] = rstr(rng) if rng.random() < 0.5 else ""
         return d
+    if t == "transfer_deregister":
+        return {"msg_type": t, "session_id": rstr(rng), "draining": rng.random() < 0.5, "reason": rstr(rng)}
     raise ValueError(t)
 
 

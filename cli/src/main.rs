@@ -26,11 +26,13 @@ enum Command {
     /// Run the pipeline example: a coordinator, an encoder, denoisers and a
     /// decoder as separate processes on the shared-memory loopback.
     Pipeline(ferry_cli::pipeline::PipelineArgs),
-    /// Run a coordinator as a standalone process (reports events as JSON
-    /// lines on stdout; stops when stdin closes).
+    /// Run a coordinator as a standalone process or service (reports
+    /// events as JSON lines on stdout; runs until SIGTERM or SIGINT, then
+    /// drains).
     Coordinator(ferry_cli::pipeline::CoordinatorArgs),
-    /// Run an instance as a standalone process, with the pipeline's
-    /// workload for its role (stops when stdin closes).
+    /// Run an instance as a standalone process or service, with the
+    /// pipeline's workload for its role (runs until SIGTERM or SIGINT,
+    /// then drains).
     Instance(ferry_cli::pipeline::InstanceCliArgs),
     /// The echo side of `ferry bench --control zmq`.
     #[command(hide = true)]

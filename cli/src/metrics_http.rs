@@ -1,13 +1,17 @@
 //! The metrics endpoint of a `ferry` process (`--metrics-listen`): its
 //! nodes' [`Telemetry`] encoded on each `GET /metrics`, in OpenMetrics
 //! text when the scraper asks for it (Prometheus does) and in Prometheus'
-//! text format 0.0.4 otherwise (curl, older scrapers).
+//! text format 0.0.4 otherwise (curl, older scrapers); and the probes a
+//! service manager asks: `GET /healthz` (200 while the process serves) and
+//! `GET /readyz` (200 while it takes work, 503 otherwise), as Kubernetes'
+//! HTTP probes read them.
 //!
 //! One thread answers requests one at a time: a scrape encodes a few
 //! kilobytes from atomics and short locks, so it never waits on a
 //! hand-off, and no hand-off waits on it.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -18,6 +22,29 @@ use ferry::runtime::telemetry::Telemetry;
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// `Content-Type` of Prometheus' text format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// What `/readyz` answers: whether the process takes work now (an instance
+/// registered with its coordinator and not draining; a coordinator bound
+/// and not draining). Clones share one flag.
+#[derive(Clone, Debug, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    /// Not ready yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Says whether the process takes work.
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::Release);
+    }
+
+    /// Whether it takes work.
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
 
 /// A running metrics endpoint; stops when dropped.
 pub struct MetricsServer {
@@ -36,8 +63,20 @@ impl std::fmt::Debug for MetricsServer {
 
 impl MetricsServer {
     /// Listens at `listen` (`host:port`; port 0 picks a free one) and
-    /// serves `telemetry`.
+    /// serves `telemetry`; `/readyz` always answers ready.
     pub fn start(listen: &str, telemetry: Telemetry) -> Result<Self, String> {
+        let ready = Readiness::new();
+        ready.set(true);
+        Self::with_readiness(listen, telemetry, ready)
+    }
+
+    /// Listens at `listen` and serves `telemetry`, with `/readyz` answering
+    /// as `ready` says.
+    pub fn with_readiness(
+        listen: &str,
+        telemetry: Telemetry,
+        ready: Readiness,
+    ) -> Result<Self, String> {
         let wanted: SocketAddr = listen.parse().map_err(|e| {
             format!("--metrics-listen {listen:?} is not an address:port (e.g. 127.0.0.1:9464): {e}")
         })?;
@@ -51,7 +90,7 @@ impl MetricsServer {
         let s = Arc::clone(&server);
         let thread = std::thread::Builder::new()
             .name("ferry-metrics".into())
-            .spawn(move || serve(&s, &telemetry))
+            .spawn(move || serve(&s, &telemetry, &ready))
             .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
         Ok(Self {
             server,
@@ -80,10 +119,10 @@ impl Drop for MetricsServer {
     }
 }
 
-fn serve(server: &tiny_http::Server, telemetry: &Telemetry) {
+fn serve(server: &tiny_http::Server, telemetry: &Telemetry, ready: &Readiness) {
     let registry = telemetry.registry();
     for request in server.incoming_requests() {
-        let response = answer(&request, &registry);
+        let response = answer(&request, &registry, ready);
         // A scraper that left before its answer needs nothing more.
         let _ = request.respond(response);
     }
@@ -92,6 +131,7 @@ fn serve(server: &tiny_http::Server, telemetry: &Telemetry) {
 fn answer(
     request: &tiny_http::Request,
     registry: &ferry::runtime::telemetry::prometheus_client::registry::Registry,
+    ready: &Readiness,
 ) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
     let plain = |code: u16, body: &str| {
         typed(
@@ -100,14 +140,23 @@ fn answer(
         )
     };
     let path = request.url().split('?').next().unwrap_or("");
-    if path != "/metrics" {
-        return plain(404, "ferry serves its metrics at /metrics\n");
+    if !matches!(path, "/metrics" | "/healthz" | "/readyz") {
+        return plain(
+            404,
+            "ferry serves /metrics, /healthz (the process serves) and /readyz (it takes work)\n",
+        );
     }
     if !matches!(
         request.method(),
         tiny_http::Method::Get | tiny_http::Method::Head
     ) {
-        return plain(405, "GET /metrics\n");
+        return plain(405, &format!("GET {path}\n"));
+    }
+    match path {
+        "/healthz" => return plain(200, "ok\n"),
+        "/readyz" if ready.is_ready() => return plain(200, "ready\n"),
+        "/readyz" => return plain(503, "not ready\n"),
+        _ => {}
     }
     let openmetrics = request.headers().iter().any(|h| {
         h.field.equiv("Accept") && h.value.as_str().contains("application/openmetrics-text")

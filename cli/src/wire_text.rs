@@ -182,6 +182,11 @@ pub fn pretty(payload: &[u8]) -> Result<String, DecodeError> {
             p.field("request_id", quoted(m.request_id));
             p.field("reason", quoted(m.reason));
         }
+        Msg::Deregister(m) => {
+            p.field("session_id", quoted(m.session_id));
+            p.field("draining", m.draining);
+            p.field("reason", quoted(m.reason));
+        }
     }
     Ok(p.out)
 }

@@ -648,7 +648,9 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                             (now - t0) / MS
                         );
                     }
-                    CoordinatorEvent::Registered { .. } | CoordinatorEvent::Refused { .. } => {}
+                    CoordinatorEvent::Registered { .. }
+                    | CoordinatorEvent::Refused { .. }
+                    | CoordinatorEvent::Deregistered { .. } => {}
                 }
             }
             if let Some(t) = coord.poll_timeout() {

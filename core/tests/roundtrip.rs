@@ -188,6 +188,11 @@ fn build<'a>(o: &'a Owned, entries: &'a [TensorEntry<'a>]) -> Msg<'a> {
             reason: s(3),
             source_role: s(1),
         }),
+        MsgType::Deregister => Msg::Deregister(Deregister {
+            session_id: s(1),
+            draining: o.flags[0],
+            reason: s(3),
+        }),
     }
 }
 

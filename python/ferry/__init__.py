@@ -1,7 +1,9 @@
 """ferry: tensor transfer for disaggregated diffusion serving.
 
 ``ferry.TransferEngine`` is a transfer engine with the names of sglang's
-``BaseTransferEngine``; ``ferry.sglang.use()`` makes sglang run on it.
+``BaseTransferEngine``; ``ferry.sglang.use()`` makes sglang run on it (or,
+in every process sglang spawns, ``FERRY_SGLANG=<backend>`` in the
+environment: see ``ferry.sglang``).
 ``ferry.Instance`` and ``ferry.Coordinator`` are ferry's nodes: stage
 tensors into slots of a pool and commit them, receive deliveries as
 zero-copy views and release them.

@@ -8,7 +8,7 @@
 //! for a timeout.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -115,7 +115,19 @@ pub struct CoordinatorSnapshot {
 struct Shared {
     stop: AtomicBool,
     probe: Arc<CoordinatorProbe>,
+    /// How far the application asked the coordinator to end: [`RUNNING`],
+    /// [`DRAIN`] or [`SHUTDOWN`] (the progress thread acts on it).
+    ending: AtomicU8,
+    /// The progress thread failed what was in flight and sent the aborts.
+    shut_down: AtomicBool,
 }
+
+/// The coordinator takes new work.
+const RUNNING: u8 = 0;
+/// It takes no new work ([`Coordinator::drain`]).
+const DRAIN: u8 = 1;
+/// It fails what is in flight ([`Coordinator::shutdown`]).
+const SHUTDOWN: u8 = 2;
 
 /// A running coordinator.
 pub struct CoordinatorNode {
@@ -176,6 +188,8 @@ impl CoordinatorNode {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             probe: Arc::new(CoordinatorProbe::new(&settings.pipeline)),
+            ending: AtomicU8::new(RUNNING),
+            shut_down: AtomicBool::new(false),
         });
         let mut progress = Progress {
             shared: Arc::clone(&shared),
@@ -220,6 +234,36 @@ impl CoordinatorNode {
     /// [`Telemetry`](super::telemetry::Telemetry).
     pub fn probe(&self) -> &Arc<CoordinatorProbe> {
         &self.shared.probe
+    }
+
+    /// Takes no new work from now on (a new transfer is aborted, a
+    /// registration refused, each with the reason "coordinator shutting
+    /// down"); what is in flight goes on. Watch
+    /// [`in_flight`](Self::in_flight) fall, then [`shutdown`](Self::shutdown).
+    pub fn drain(&self) {
+        self.shared.ending.fetch_max(DRAIN, Ordering::AcqRel);
+    }
+
+    /// Transfers in flight, as of the progress thread's last turn.
+    pub fn in_flight(&self) -> usize {
+        self.snapshot().in_flight
+    }
+
+    /// Fails every transfer still in flight, each instance involved told
+    /// (`transfer_abort`, "coordinator shutting down"), and waits up to
+    /// `timeout` for the aborts to be handed to the control channel; true
+    /// if they were. Drop the node afterwards: closing the channel waits
+    /// (ZeroMQ's linger) for them to go out.
+    pub fn shutdown(&self, timeout: Duration) -> bool {
+        self.shared.ending.store(SHUTDOWN, Ordering::Release);
+        let end = std::time::Instant::now() + timeout;
+        while !self.shared.shut_down.load(Ordering::Acquire) {
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        true
     }
 }
 
@@ -296,10 +340,34 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
     fn run(&mut self) {
         while !self.shared.stop.load(Ordering::Relaxed) {
             let now = self.clock.now();
+            self.follow_ending(now);
             self.drive(now);
+            if self.machine.is_draining() && self.shared.ending.load(Ordering::Acquire) == SHUTDOWN
+            {
+                // The aborts `shutdown` queued went out in that drive.
+                self.shared.shut_down.store(true, Ordering::Release);
+            }
             let next = self.machine.poll_timeout();
             let wait = self.clock.until(next, MAX_WAIT);
             self.receive(wait);
+        }
+    }
+
+    /// Does what the application asked of the coordinator's end.
+    fn follow_ending(&mut self, now: Instant) {
+        match self.shared.ending.load(Ordering::Acquire) {
+            DRAIN if !self.machine.is_draining() => {
+                info!("draining: no new transfer or registration is taken");
+                self.machine.drain();
+            }
+            SHUTDOWN if !self.shared.shut_down.load(Ordering::Acquire) => {
+                let left = self.machine.in_flight();
+                if left > 0 {
+                    info!(in_flight = left, "shutting down: failing what is in flight");
+                }
+                self.machine.shutdown(now);
+            }
+            _ => {}
         }
     }
 
@@ -468,6 +536,18 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
                 CoordinatorEvent::Failed { id, leg, reason } => {
                     shared.probe.failed(*leg, *reason);
                     info!(%id, leg, %reason, "transfer failed");
+                }
+                CoordinatorEvent::Deregistered {
+                    peer,
+                    role,
+                    draining,
+                } => {
+                    let endpoint = peers.get((peer.0 as usize).wrapping_sub(1));
+                    if *draining {
+                        info!(peer = ?endpoint, role, "instance draining");
+                    } else {
+                        info!(peer = ?endpoint, role, "instance left");
+                    }
                 }
             }
             on_event(&e);

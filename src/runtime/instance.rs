@@ -499,6 +499,42 @@ where
         self.shared.lock().machine.is_registered()
     }
 
+    /// Takes no new work from now on, while what is in flight goes on to
+    /// its end ([`Instance::drain`](ferry_core::handshake::instance::Instance::drain)):
+    /// [`stage`](Self::stage) is refused with
+    /// [`InstanceError::Draining`](ferry_core::handshake::instance::InstanceError::Draining),
+    /// new allocations are refused, and ferry's coordinator stops sending
+    /// work here. Keep receiving and releasing until
+    /// [`in_flight`](Self::in_flight) is zero (or a grace period ends),
+    /// then [`leave`](Self::leave).
+    pub fn drain(&self) {
+        let mut st = self.shared.lock();
+        let now = self.shared.clock.now();
+        st.machine.drain(now);
+        self.shared.drive(&mut st, now);
+    }
+
+    /// Requests still in progress here, on either side (slots sitting out
+    /// a quarantine not counted).
+    pub fn in_flight(&self) -> usize {
+        self.shared.lock().machine.in_flight()
+    }
+
+    /// Ends this instance's part in everything, for `reason`
+    /// ([`Instance::leave`](ferry_core::handshake::instance::Instance::leave)):
+    /// what is still held fails, and the coordinator and the peers are
+    /// told (the message is handed to the control channel before this
+    /// returns; dropping the node then closes the channel, which waits for
+    /// it to go out). Transfers the application still holds are marked
+    /// aborted; release them as usual. Writes still posted finish or fail
+    /// before the node's drop returns.
+    pub fn leave(&self, reason: &str) {
+        let mut st = self.shared.lock();
+        let now = self.shared.clock.now();
+        st.machine.leave(now, reason);
+        self.shared.drive(&mut st, now);
+    }
+
     /// Reserves a slot for request `id` laid out for `tensors` (each at a
     /// 512-byte boundary). Fill the tensors, then
     /// [`commit`](Staging::commit); dropping the staging gives the slot

@@ -155,6 +155,8 @@ impl Run {
             .args(&self.args.prefix)
             .args(role_args)
             .args(&metrics)
+            // Its children stop when it closes their stdin.
+            .arg("--exit-on-stdin-close")
             .env("FERRY_SHM_PREFIX", &self.prefix)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

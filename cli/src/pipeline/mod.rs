@@ -9,6 +9,7 @@ pub mod data;
 mod launcher;
 mod roles;
 pub mod sglang;
+mod stopping;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -18,7 +19,9 @@ use clap::Parser;
 use ferry::runtime::{Head, InstanceSettings, SGLANG_HEAD_TIMEOUT};
 
 pub use launcher::{json, launch, table, LaunchArgs, Summary};
-pub use roles::{Control, CoordinatorOptions, DataPlane, InstanceArgs, Workload, PIPELINE};
+pub use roles::{
+    Control, CoordinatorOptions, DataPlane, InstanceArgs, Workload, DRAIN_TIMEOUT, PIPELINE,
+};
 
 /// Runs the pipeline, or one of its processes.
 #[derive(Parser, Debug)]
@@ -58,6 +61,10 @@ pub struct PipelineArgs {
     /// (internal) The process's own endpoint.
     #[arg(long, hide = true, default_value = "")]
     pub endpoint: String,
+    /// (internal) The process stops when its stdin closes (the launcher
+    /// ends its children so).
+    #[arg(long, hide = true)]
+    pub exit_on_stdin_close: bool,
     /// The coordinator's timeout for a sender's write report.
     #[arg(long, default_value_t = 10_000)]
     pub push_timeout_ms: u64,
@@ -115,9 +122,20 @@ pub struct CoordinatorArgs {
     #[arg(long, env = "FERRY_ALLOW_FROM", value_delimiter = ',')]
     pub allow_from: Vec<std::net::IpAddr>,
     /// Serve Prometheus metrics over HTTP at this address:port (port 0
-    /// picks a free one; the process prints `{"event":"metrics","url":...}`).
+    /// picks a free one; the process prints `{"event":"metrics","url":...}`),
+    /// with the probes `/healthz` and `/readyz` beside them.
     #[arg(long, env = "FERRY_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
+    /// Stop when stdin closes, as well as on SIGTERM or SIGINT (for a
+    /// parent that ends its children by closing their stdin; a service
+    /// leaves this off, since service managers start daemons with stdin at
+    /// /dev/null).
+    #[arg(long, env = "FERRY_EXIT_ON_STDIN_CLOSE")]
+    pub exit_on_stdin_close: bool,
+    /// On SIGTERM or SIGINT, how long to let what is in flight finish
+    /// before failing it, seconds (a second signal cuts it short).
+    #[arg(long, env = "FERRY_DRAIN_TIMEOUT", default_value = "5", value_parser = crate::lifetime::parse_drain_timeout)]
+    pub drain_timeout: Duration,
 }
 
 /// The coordinator's timeouts with the push timeout set.
@@ -198,9 +216,20 @@ pub struct InstanceCliArgs {
     #[arg(long, env = "FERRY_ALLOW_FROM", value_delimiter = ',')]
     pub allow_from: Vec<std::net::IpAddr>,
     /// Serve Prometheus metrics over HTTP at this address:port (port 0
-    /// picks a free one; the process prints `{"event":"metrics","url":...}`).
+    /// picks a free one; the process prints `{"event":"metrics","url":...}`),
+    /// with the probes `/healthz` and `/readyz` beside them.
     #[arg(long, env = "FERRY_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
+    /// Stop when stdin closes, as well as on SIGTERM or SIGINT (for a
+    /// parent that ends its children by closing their stdin; a service
+    /// leaves this off, since service managers start daemons with stdin at
+    /// /dev/null).
+    #[arg(long, env = "FERRY_EXIT_ON_STDIN_CLOSE")]
+    pub exit_on_stdin_close: bool,
+    /// On SIGTERM or SIGINT, how long to let what is in flight finish
+    /// before failing it, seconds (a second signal cuts it short).
+    #[arg(long, env = "FERRY_DRAIN_TIMEOUT", default_value = "5", value_parser = crate::lifetime::parse_drain_timeout)]
+    pub drain_timeout: Duration,
 }
 
 /// A role as it goes on the wire: sglang's `RoleType.from_string` reads
@@ -433,6 +462,8 @@ pub fn coordinator_main(args: &CoordinatorArgs) -> ExitCode {
         args.control,
         t,
         &roles::CoordinatorOptions {
+            exit_on_stdin_close: args.exit_on_stdin_close,
+            drain_timeout: args.drain_timeout,
             metrics_listen: args.metrics_listen.clone(),
             admitted,
             allow_from: args.allow_from.clone(),
@@ -491,6 +522,8 @@ pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
         reserved_timeout: Duration::from_millis(args.reserved_timeout_ms),
         metrics_listen: args.metrics_listen.clone(),
         allow_from: args.allow_from.clone(),
+        exit_on_stdin_close: args.exit_on_stdin_close,
+        drain_timeout: args.drain_timeout,
     })
 }
 
@@ -517,6 +550,7 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
                 args.control,
                 timeouts(Duration::from_millis(args.push_timeout_ms)),
                 &roles::CoordinatorOptions {
+                    exit_on_stdin_close: args.exit_on_stdin_close,
                     metrics_listen: args.metrics_listen.clone(),
                     ..Default::default()
                 },
@@ -549,6 +583,8 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
                 head_timeout: SGLANG_HEAD_TIMEOUT,
                 metrics_listen: args.metrics_listen.clone(),
                 allow_from: Vec::new(),
+                exit_on_stdin_close: args.exit_on_stdin_close,
+                drain_timeout: DRAIN_TIMEOUT,
             });
         }
         None => {}

@@ -1,11 +1,10 @@
 //! The pipeline's processes: a coordinator, and instances of each role.
-//! Each reports on stdout, one JSON object per line, and runs until its
-//! stdin closes; then it prints its summary and exits.
+//! Each reports on stdout, one JSON object per line, and runs until SIGTERM
+//! or SIGINT (or, with `--exit-on-stdin-close`, until its stdin closes);
+//! then it drains (`stopping.rs`), prints its summary and exits.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ferry_core::handshake::coordinator::{CoordinatorEvent, Timeouts};
@@ -18,6 +17,8 @@ use ferry_zmq::{ZmqChannel, ZmqSettings};
 
 use super::data;
 use super::sglang::{self, SglangRole, SglangTally};
+use super::stopping::{await_registration, stop_coordinator, Ending};
+use crate::lifetime::Lifetime;
 use ferry::runtime::shm::{start_instance, start_instance_on, CopySettings};
 use ferry::runtime::telemetry::Telemetry;
 use ferry::runtime::Head;
@@ -28,7 +29,7 @@ use ferry::runtime::{
 use ferry_core::transport::ControlSendParts;
 use serde_json::json;
 
-use crate::metrics_http::MetricsServer;
+use crate::metrics_http::{MetricsServer, Readiness};
 
 /// The control plane the processes talk over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -102,17 +103,10 @@ fn wall_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// Set once stdin closes: the launcher's signal to finish.
-fn stdin_closed() -> Arc<AtomicBool> {
-    let flag = Arc::new(AtomicBool::new(false));
-    let f = Arc::clone(&flag);
-    std::thread::spawn(move || {
-        let mut sink = [0u8; 64];
-        let mut stdin = std::io::stdin();
-        while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
-        f.store(true, Ordering::Relaxed);
-    });
-    flag
+/// Takes over SIGTERM and SIGINT (and stdin's end, if asked), or says why
+/// it cannot.
+fn lifetime(exit_on_stdin_close: bool) -> Result<Lifetime, ExitCode> {
+    Lifetime::start(exit_on_stdin_close).map_err(|e| fail("signals", e))
 }
 
 fn fail(what: &str, e: impl std::fmt::Display) -> ExitCode {
@@ -121,8 +115,13 @@ fn fail(what: &str, e: impl std::fmt::Display) -> ExitCode {
 }
 
 /// What a coordinator process is told besides its endpoints.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct CoordinatorOptions {
+    /// Stop when stdin closes, as well as on SIGTERM or SIGINT.
+    pub exit_on_stdin_close: bool,
+    /// How long a stop waits for the transfers in flight to end before it
+    /// fails them.
+    pub drain_timeout: Duration,
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics_listen: Option<String>,
     /// (role, work endpoint) pairs that may register; empty: any.
@@ -131,23 +130,46 @@ pub struct CoordinatorOptions {
     pub allow_from: Vec<std::net::IpAddr>,
 }
 
-/// Runs the coordinator until stdin closes. With ZeroMQ it binds one
-/// result endpoint per role of the pipeline (in order); over Unix sockets,
-/// the first endpoint only.
+impl Default for CoordinatorOptions {
+    fn default() -> Self {
+        Self {
+            exit_on_stdin_close: false,
+            drain_timeout: DRAIN_TIMEOUT,
+            metrics_listen: None,
+            admitted: Vec::new(),
+            allow_from: Vec::new(),
+        }
+    }
+}
+
+/// The grace period of a stop, unless `--drain-timeout` says otherwise.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs the coordinator until it is stopped (SIGTERM, SIGINT, or stdin's
+/// end if asked). With ZeroMQ it binds one result endpoint per role of the
+/// pipeline (in order); over Unix sockets, the first endpoint only.
 pub fn coordinator(
     endpoints: &[String],
     control: Control,
     timeouts: Timeouts,
     options: &CoordinatorOptions,
 ) -> ExitCode {
+    let life = match lifetime(options.exit_on_stdin_close) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
     remove_stale_pools();
     let mut settings = CoordinatorSettings::new(&PIPELINE);
     settings.timeouts = timeouts;
     settings.admitted = options.admitted.clone();
-    let metrics = options.metrics_listen.as_deref();
+    let run = Run {
+        life: &life,
+        metrics: options.metrics_listen.as_deref(),
+        drain_timeout: options.drain_timeout,
+    };
     match control {
         Control::Uds => match UdsChannel::bind(&endpoints[0]) {
-            Ok(c) => run_coordinator(&settings, c, metrics),
+            Ok(c) => run_coordinator(&settings, c, &run),
             Err(e) => fail("bind", e),
         },
         Control::Zmq => {
@@ -157,7 +179,7 @@ pub fn coordinator(
             {
                 Ok(c) => {
                     settings.result_endpoints = c.endpoints();
-                    run_coordinator(&settings, c, metrics)
+                    run_coordinator(&settings, c, &run)
                 }
                 Err(e) => fail("bind", e),
             }
@@ -165,10 +187,20 @@ pub fn coordinator(
     }
 }
 
+/// How a process runs: its lifetime, where it serves metrics and probes,
+/// and how long a stop drains.
+struct Run<'l> {
+    life: &'l Lifetime,
+    metrics: Option<&'l str>,
+    drain_timeout: Duration,
+}
+
 /// Serves the nodes `add` puts in a [`Telemetry`] at `listen`, if given,
-/// and says where on stdout; the endpoint lives as long as the value.
+/// with `/readyz` answering as `ready` says, and says where on stdout; the
+/// endpoint lives as long as the value.
 fn serve_metrics(
     listen: Option<&str>,
+    ready: &Readiness,
     add: impl FnOnce(&Telemetry),
 ) -> Result<Option<MetricsServer>, ExitCode> {
     let Some(listen) = listen else {
@@ -176,7 +208,7 @@ fn serve_metrics(
     };
     let telemetry = Telemetry::new();
     add(&telemetry);
-    match MetricsServer::start(listen, telemetry) {
+    match MetricsServer::with_readiness(listen, telemetry, ready.clone()) {
         Ok(server) => {
             emit_json(&json!({"event": "metrics", "url": server.url()}));
             Ok(Some(server))
@@ -185,7 +217,7 @@ fn serve_metrics(
     }
 }
 
-fn run_coordinator<C>(settings: &CoordinatorSettings, channel: C, metrics: Option<&str>) -> ExitCode
+fn run_coordinator<C>(settings: &CoordinatorSettings, channel: C, run: &Run<'_>) -> ExitCode
 where
     C: ControlChannel,
     C::Sender: 'static,
@@ -207,20 +239,26 @@ where
             "leg": leg,
             "reason": reason.as_str(),
         })),
+        CoordinatorEvent::Deregistered { role, draining, .. } => emit_json(&json!({
+            "event": if *draining { "instance_draining" } else { "instance_left" },
+            "role": role,
+        })),
     });
     let node = match node {
         Ok(n) => n,
         Err(e) => return fail("start coordinator", e),
     };
-    let _metrics = match serve_metrics(metrics, |t| t.add_coordinator(node.probe())) {
+    let ready = Readiness::new();
+    let _metrics = match serve_metrics(run.metrics, &ready, |t| t.add_coordinator(node.probe())) {
         Ok(m) => m,
         Err(code) => return code,
     };
-    emit_json(&json!({"event": "ready"}));
-    let done = stdin_closed();
-    while !done.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(20));
+    ready.set(true);
+    emit_json(&json!({"event": "ready", "pid": std::process::id()}));
+    while run.life.running() {
+        run.life.sleep(Duration::from_millis(100));
     }
+    let stop = stop_coordinator(&node, run.life, run.drain_timeout, &ready);
     let s = node.snapshot();
     let probe = node.probe();
     // Per leg: deliveries and the hand-off latency as the metrics endpoint
@@ -252,6 +290,7 @@ where
         "prealloc_taken": s.prealloc_taken,
         "ignored": s.metrics.ignored,
         "legs": legs,
+        "stop": stop,
     }));
     ExitCode::SUCCESS
 }
@@ -297,6 +336,11 @@ pub struct InstanceArgs {
     pub metrics_listen: Option<String>,
     /// The addresses that may connect (ZeroMQ over tcp); empty: any.
     pub allow_from: Vec<std::net::IpAddr>,
+    /// Stop when stdin closes, as well as on SIGTERM or SIGINT.
+    pub exit_on_stdin_close: bool,
+    /// How long a stop waits for what is in flight to end before it fails
+    /// it.
+    pub drain_timeout: Duration,
 }
 
 /// Counts and latencies an instance reports.
@@ -307,6 +351,8 @@ struct Tally {
     mismatches: u64,
     forwarded: u64,
     forward_failed: u64,
+    /// Requests committed (announced to the coordinator).
+    staged: u64,
     sent: u64,
     send_failed: u64,
     /// Why requests were not sent, with how many each.
@@ -324,8 +370,13 @@ fn remove_stale_pools() {
     }
 }
 
-/// Runs an instance until stdin closes.
+/// Runs an instance until it is stopped (SIGTERM, SIGINT, or stdin's end
+/// if asked).
 pub fn instance(args: &InstanceArgs) -> ExitCode {
+    let life = match lifetime(args.exit_on_stdin_close) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
     remove_stale_pools();
     let mut settings = InstanceSettings::new(&args.role, &args.coordinator);
     settings.reserved_timeout = args.reserved_timeout;
@@ -362,7 +413,7 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
             Err(code) => return code,
         };
         return match ferry::runtime::fabric::start_instance(&settings, pool, config, channel) {
-            Ok(node) => run_instance(&node, args),
+            Ok(node) => run_instance(&node, args, &life),
             Err(e) => fail("start instance", e),
         };
     }
@@ -373,7 +424,7 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
             Err(code) => return code,
         };
         return match ferry::runtime::verbs::start_instance(&settings, pool, config, channel) {
-            Ok(node) => run_instance(&node, args),
+            Ok(node) => run_instance(&node, args, &life),
             Err(e) => fail("start instance", e),
         };
     }
@@ -390,13 +441,13 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
             Err(code) => return code,
         };
         return match start_instance_on(&settings, pool, copy, channel) {
-            Ok(node) => run_sglang(&node, args, role),
+            Ok(node) => run_sglang(&node, args, role, &life),
             Err(e) => fail("start instance", e),
         };
     }
     match args.control {
         Control::Uds => match start_instance(&settings, pool, copy, &args.endpoint) {
-            Ok(node) => run_instance(&node, args),
+            Ok(node) => run_instance(&node, args, &life),
             Err(e) => fail("start instance", e),
         },
         Control::Zmq => {
@@ -405,7 +456,7 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
                 Err(code) => return code,
             };
             match start_instance_on(&settings, pool, copy, channel) {
-                Ok(node) => run_instance(&node, args),
+                Ok(node) => run_instance(&node, args, &life),
                 Err(e) => fail("start instance", e),
             }
         }
@@ -470,30 +521,61 @@ fn bind_zmq(args: &InstanceArgs) -> Result<ZmqChannel, ExitCode> {
     .map_err(|e| fail("bind", e))
 }
 
-/// Runs an instance of the sglang workload until stdin closes.
-fn run_sglang<S>(node: &InstanceNode<S>, args: &InstanceArgs, role: SglangRole) -> ExitCode
-where
-    S: ControlSendParts + Send + 'static,
-    S::Error: Send + Sync + 'static,
-{
-    let _metrics = match serve_metrics(args.metrics_listen.as_deref(), |t| {
+/// Serves metrics and probes for an instance (if asked) and waits for its
+/// registration; `Err` holds the exit code when that failed or a stop came
+/// first.
+fn start_serving<S: ControlSend + Send + 'static>(
+    node: &InstanceNode<S>,
+    args: &InstanceArgs,
+    life: &Lifetime,
+    ready: &Readiness,
+) -> Result<Option<MetricsServer>, ExitCode> {
+    let metrics = serve_metrics(args.metrics_listen.as_deref(), ready, |t| {
         t.add_instance(node.probe(), &args.name);
-    }) {
-        Ok(m) => m,
-        Err(code) => return code,
-    };
-    if let Err(e) = node.wait_registered(Duration::from_secs(30)) {
-        return fail("register", e);
+    })?;
+    match await_registration(node, life, Duration::from_secs(30)) {
+        Ok(true) => {}
+        Ok(false) => {
+            emit_json(&json!({
+                "event": "stopped",
+                "name": args.name,
+                "cause": life.cause().map(crate::lifetime::Cause::name),
+                "registered": false,
+            }));
+            return Err(ExitCode::SUCCESS);
+        }
+        Err(e) => return Err(fail("register", e)),
     }
+    ready.set(true);
     emit_json(&json!({
         "event": "registered",
         "name": args.name,
         "pid": std::process::id(),
         "session_id": node.session_id(),
     }));
-    let done = stdin_closed();
+    Ok(metrics)
+}
+
+/// Runs an instance of the sglang workload until it is stopped.
+fn run_sglang<S>(
+    node: &InstanceNode<S>,
+    args: &InstanceArgs,
+    role: SglangRole,
+    life: &Lifetime,
+) -> ExitCode
+where
+    S: ControlSendParts + Send + 'static,
+    S::Error: Send + Sync + 'static,
+{
+    let ready = Readiness::new();
+    let _metrics = match start_serving(node, args, life, &ready) {
+        Ok(m) => m,
+        Err(code) => return code,
+    };
+    let mut ending = Ending::new(life, node, args.drain_timeout, ready);
     let mut tally = SglangTally::default();
-    sglang::run(node, role, &done, &mut tally);
+    sglang::run(node, role, &mut || ending.keep_going(), &mut tally);
+    let stop = ending.leave();
     let s = node.stats();
     emit_json(&json!({
         "event": "summary",
@@ -514,6 +596,7 @@ where
         "prealloc_slots": s.prealloc_slots,
         "allocs_held": s.instance.allocs_held,
         "forwarded": s.instance.forwarded,
+        "stop": stop,
     }));
     ExitCode::SUCCESS
 }
@@ -521,39 +604,44 @@ where
 fn run_instance<S: ControlSend + Send + 'static>(
     node: &InstanceNode<S>,
     args: &InstanceArgs,
+    life: &Lifetime,
 ) -> ExitCode {
-    let _metrics = match serve_metrics(args.metrics_listen.as_deref(), |t| {
-        t.add_instance(node.probe(), &args.name);
-    }) {
+    let ready = Readiness::new();
+    let _metrics = match start_serving(node, args, life, &ready) {
         Ok(m) => m,
         Err(code) => return code,
     };
-    if let Err(e) = node.wait_registered(Duration::from_secs(30)) {
-        return fail("register", e);
-    }
-    emit_json(&json!({
-        "event": "registered",
-        "name": args.name,
-        "pid": std::process::id(),
-        "session_id": node.session_id(),
-    }));
-    let done = stdin_closed();
+    let mut ending = Ending::new(life, node, args.drain_timeout, ready);
     let mut tally = Tally::default();
     let result = match (args.role.as_str(), args.workload) {
-        ("encoder", _) => encode(node, args, &done, &mut tally),
+        ("encoder", _) => encode(node, args, &mut ending, &mut tally),
         // The random workload ends at its first receiver.
-        ("denoiser", Workload::Pipeline) => {
-            serve(node, &done, &mut tally, true, args.hold, args.workload)
-        }
-        _ => serve(node, &done, &mut tally, false, args.hold, args.workload),
+        ("denoiser", Workload::Pipeline) => serve(
+            node,
+            &mut ending,
+            &mut tally,
+            true,
+            args.hold,
+            args.workload,
+        ),
+        _ => serve(
+            node,
+            &mut ending,
+            &mut tally,
+            false,
+            args.hold,
+            args.workload,
+        ),
     };
     if let Err(e) = result {
+        ending.leave();
         return fail(&args.role, e);
     }
-    while !done.load(Ordering::Relaxed) {
+    while ending.keep_going() {
         drain_outcomes(node, &mut tally, Duration::from_millis(20));
     }
-    drain_outcomes(node, &mut tally, Duration::ZERO);
+    let stop = ending.leave();
+    while drain_outcomes(node, &mut tally, Duration::ZERO) {}
     let s = node.stats();
     emit_json(&json!({
         "event": "summary",
@@ -564,6 +652,7 @@ fn run_instance<S: ControlSend + Send + 'static>(
         "mismatches": tally.mismatches,
         "forwarded": tally.forwarded,
         "forward_failed": tally.forward_failed,
+        "staged": tally.staged,
         "sent": tally.sent,
         "send_failed": tally.send_failed,
         "bytes_written": s.metrics.bytes_written,
@@ -572,6 +661,8 @@ fn run_instance<S: ControlSend + Send + 'static>(
         "prealloc_slots": s.prealloc_slots,
         "ignored": s.metrics.ignored,
         "bad_frames": s.metrics.bad_frames,
+        "failures": tally.failures,
+        "stop": stop,
         "latencies_us": tally.latencies_us,
     }));
     ExitCode::SUCCESS
@@ -613,22 +704,20 @@ fn scalars(n: u64) -> String {
 }
 
 /// Stages a request, retrying while the pool or the request table is full
-/// (the receivers drain it), for at most `patience`.
+/// (the receivers drain it), for at most `patience`; `while_waiting` runs
+/// between tries and says whether to go on trying.
 pub(crate) fn stage_with_patience<'n, 'a, S: ControlSend + Send + 'static>(
     node: &'n InstanceNode<S>,
     id: &str,
     specs: &[ferry_core::slots::TensorSpec<'a>],
     patience: Duration,
-    mut while_waiting: impl FnMut(),
+    mut while_waiting: impl FnMut() -> bool,
 ) -> Result<Staging<'n, 'a, S>, NodeError> {
     let start = Instant::now();
     loop {
         match node.stage(id, specs) {
             Err(NodeError::Instance(InstanceError::Pool(_) | InstanceError::TableFull))
-                if start.elapsed() < patience =>
-            {
-                while_waiting();
-            }
+                if start.elapsed() < patience && while_waiting() => {}
             other => return other,
         }
     }
@@ -648,6 +737,7 @@ pub(crate) fn forward_denoised<S: ControlSend + Send + 'static>(
     let specs = data::denoiser_tensors();
     let staged = stage_with_patience(node, &id, &specs, Duration::from_secs(30), || {
         std::thread::sleep(Duration::from_millis(1));
+        true
     });
     let mut staged = match staged {
         Ok(s) => s,
@@ -664,24 +754,28 @@ pub(crate) fn forward_denoised<S: ControlSend + Send + 'static>(
     staged.forward(d, scalar_fields)
 }
 
-/// The encoder: sends `requests` requests, at most `window` in flight.
+/// The encoder: sends `requests` requests, at most `window` in flight,
+/// until it is asked to stop.
 fn encode<S: ControlSend + Send + 'static>(
     node: &InstanceNode<S>,
     args: &InstanceArgs,
-    done: &AtomicBool,
+    ending: &mut Ending<'_, S>,
     tally: &mut Tally,
 ) -> Result<(), NodeError> {
     let pipeline_specs = data::encoder_tensors();
     let mut dims = [0u64; 1];
     for n in 0..args.requests {
         while (n - tally.sent - tally.send_failed) as usize >= args.window {
-            if done.load(Ordering::Relaxed) {
+            if !ending.taking_work() {
                 return Ok(());
             }
             drain_outcomes(node, tally, Duration::from_millis(50));
         }
         if !args.pace.is_zero() {
-            std::thread::sleep(args.pace);
+            ending.sleep(args.pace);
+        }
+        if !ending.taking_work() {
+            return Ok(());
         }
         let id = format!("{}-{n}", args.name);
         let random_spec;
@@ -694,18 +788,30 @@ fn encode<S: ControlSend + Send + 'static>(
                 &random_spec
             }
         };
-        let mut staging = stage_with_patience(node, &id, specs, Duration::from_secs(60), || {
+        let staging = stage_with_patience(node, &id, specs, Duration::from_secs(60), || {
             drain_outcomes(node, tally, Duration::from_millis(5));
-        })?;
+            ending.taking_work()
+        });
+        let mut staging = match staging {
+            Ok(s) => s,
+            // Asked to stop while it waited for room.
+            Err(NodeError::Instance(InstanceError::Pool(_) | InstanceError::TableFull))
+                if !ending.taking_work() =>
+            {
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
         for k in 0..specs.len() {
             if let Some(t) = staging.tensor_mut(k) {
                 data::fill(t, n, k as u64);
             }
         }
         staging.commit(&scalars(n))?;
+        tally.staged += 1;
     }
     // Every request ends, sent or failed.
-    while tally.sent + tally.send_failed < args.requests && !done.load(Ordering::Relaxed) {
+    while tally.sent + tally.send_failed < args.requests && ending.keep_going() {
         drain_outcomes(node, tally, Duration::from_millis(50));
     }
     emit_json(&json!({
@@ -771,13 +877,13 @@ fn verify<S: ControlSend + Send + 'static>(
 /// the latents under the same id.
 fn serve<S: ControlSend + Send + 'static>(
     node: &InstanceNode<S>,
-    done: &AtomicBool,
+    ending: &mut Ending<'_, S>,
     tally: &mut Tally,
     forward: bool,
     hold: Duration,
     workload: Workload,
 ) -> Result<(), NodeError> {
-    while !done.load(Ordering::Relaxed) {
+    while ending.keep_going() {
         drain_outcomes(node, tally, Duration::ZERO);
         let Some(d) = node.recv(Duration::from_millis(20)) else {
             continue;
@@ -807,7 +913,7 @@ fn serve<S: ControlSend + Send + 'static>(
         }
         tally.verified += 1;
         if !hold.is_zero() {
-            std::thread::sleep(hold);
+            ending.sleep(hold);
         }
         if !forward {
             d.release();

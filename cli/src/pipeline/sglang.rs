@@ -16,7 +16,6 @@
 //! [`OUTPUT_TENSOR`] of request [`request_number`]`(id)` (see `data.rs`), so
 //! a client can check it without ferry.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ferry::runtime::{Delivery, InstanceNode};
@@ -87,26 +86,30 @@ impl SglangRole {
     }
 }
 
-/// Runs `role` of the sglang workload until `done` is set.
-pub fn run<S>(node: &InstanceNode<S>, role: SglangRole, done: &AtomicBool, tally: &mut SglangTally)
-where
+/// Runs `role` of the sglang workload while `keep_going` says so.
+pub fn run<S>(
+    node: &InstanceNode<S>,
+    role: SglangRole,
+    keep_going: &mut dyn FnMut() -> bool,
+    tally: &mut SglangTally,
+) where
     S: ControlSendParts + Send + 'static,
     S::Error: Send + Sync + 'static,
 {
     match role {
-        SglangRole::Encoder => encode(node, done, tally),
-        SglangRole::Denoiser => receive(node, done, tally, forward),
-        SglangRole::Decoder => receive(node, done, tally, output),
+        SglangRole::Encoder => encode(node, keep_going, tally),
+        SglangRole::Denoiser => receive(node, keep_going, tally, forward),
+        SglangRole::Decoder => receive(node, keep_going, tally, output),
     }
 }
 
-fn encode<S>(node: &InstanceNode<S>, done: &AtomicBool, tally: &mut SglangTally)
+fn encode<S>(node: &InstanceNode<S>, keep_going: &mut dyn FnMut() -> bool, tally: &mut SglangTally)
 where
     S: ControlSendParts + Send + 'static,
     S::Error: Send + Sync + 'static,
 {
     let specs = data::encoder_tensors();
-    while !done.load(Ordering::Relaxed) {
+    while keep_going() {
         let Some(item) = node.next_frame(Duration::from_millis(20)) else {
             continue;
         };
@@ -121,6 +124,7 @@ where
         // the denoisers take what is staged.
         let staged = stage_with_patience(node, &id, &specs, Duration::from_secs(30), || {
             std::thread::sleep(Duration::from_millis(1));
+            true
         })
         .and_then(|mut s| {
             for k in 0..specs.len() {
@@ -145,14 +149,14 @@ where
 /// the request id, and hands good deliveries to `then`.
 fn receive<S>(
     node: &InstanceNode<S>,
-    done: &AtomicBool,
+    keep_going: &mut dyn FnMut() -> bool,
     tally: &mut SglangTally,
     then: impl Fn(&InstanceNode<S>, Delivery<'_, S>, u64, &mut SglangTally),
 ) where
     S: ControlSendParts + Send + 'static,
     S::Error: Send + Sync + 'static,
 {
-    while !done.load(Ordering::Relaxed) {
+    while keep_going() {
         let Some(d) = node.recv(Duration::from_millis(20)) else {
             continue;
         };

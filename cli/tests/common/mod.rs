@@ -57,6 +57,8 @@ impl Procs {
     pub fn spawn(&mut self, name: &'static str, cmd: &mut Command) -> usize {
         let mut child = cmd
             .env("FERRY_SHM_PREFIX", &self.shm_prefix)
+            // `finish` ends a process by closing its stdin.
+            .env("FERRY_EXIT_ON_STDIN_CLOSE", "true")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -83,6 +83,7 @@ class Instance:
             "--name", name, "--control", "zmq",
             "--coordinator", f"tcp://127.0.0.1:{head_port + offset}",
             "--endpoint", work, "--head-timeout", str(timeout),
+            "--exit-on-stdin-close",
         ]
         self.name = name
         self.proc = subprocess.Popen(
@@ -114,7 +115,8 @@ class Instance:
         raise RuntimeError(f"{self.name}: no {name} within {timeout}s: {self.lines}")
 
     def finish(self):
-        """Closes stdin (ferry's signal to stop) and returns the summary."""
+        """Closes stdin (a stop, with --exit-on-stdin-close) and returns the
+        summary."""
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(30)

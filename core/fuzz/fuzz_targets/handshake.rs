@@ -84,6 +84,10 @@ enum FMsg {
         session: u8,
         accepted: bool,
     },
+    Deregister {
+        session: u8,
+        draining: bool,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -113,6 +117,14 @@ enum Op {
     },
     /// An instance lost its coordinator.
     Reregister {
+        who: bool,
+    },
+    /// An instance drains (a stop asked for).
+    Drain {
+        who: bool,
+    },
+    /// An instance leaves.
+    Leave {
         who: bool,
     },
     /// The denoiser's data plane reports a write landed: one posted so far
@@ -260,6 +272,14 @@ fn encode(m: &FMsg, buf: &mut Vec<u8>) {
             role: "encoder".into(),
             accepted: *accepted,
             error: None,
+        }),
+        FMsg::Deregister {
+            session: s,
+            draining,
+        } => Msg::Deregister(Deregister {
+            session_id: session(s),
+            draining: *draining,
+            reason: "fuzz".into(),
         }),
     };
     buf.resize(msg.encoded_len(Default::default()), 0);
@@ -422,6 +442,8 @@ fuzz_target!(|ops: Vec<Op>| {
                 let _ = insts[i].handle_completion(now, t, if ok { Ok(()) } else { Err("failed") });
             }
             Op::Reregister { who } => insts[usize::from(who)].reregister(now),
+            Op::Drain { who } => insts[usize::from(who)].drain(now),
+            Op::Leave { who } => insts[usize::from(who)].leave(now, "fuzz"),
             Op::Land { nth, bits, bogus } => {
                 let tag = match bogus {
                     Some(t) => Some(t),

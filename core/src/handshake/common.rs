@@ -388,6 +388,8 @@ pub enum Ignored {
     TooLong(&'static str),
     /// A registration from an endpoint the admission list does not name.
     NotAdmitted,
+    /// The instance left (`Instance::leave`): nothing reaches it any more.
+    Left,
 }
 
 impl fmt::Display for Ignored {
@@ -404,6 +406,7 @@ impl fmt::Display for Ignored {
             Self::Duplicate => f.write_str("duplicate"),
             Self::BadField(name) => write!(f, "field `{name}` out of range"),
             Self::TooLong(name) => write!(f, "field `{name}` too long"),
+            Self::Left => f.write_str("the instance left"),
             Self::NotAdmitted => f.write_str("endpoint not admitted for its role"),
         }
     }

@@ -17,7 +17,7 @@ use super::value::{read_val, resolve_key, At};
 use crate::json::{JsonError, JsonErrorKind, JsonStr, Lexer, RawJson};
 
 /// Every top-level field name of every message type.
-const KEYS: [&str; 24] = [
+const KEYS: [&str; 25] = [
     "msg_type",
     "request_id",
     "data_size",
@@ -42,6 +42,7 @@ const KEYS: [&str; 24] = [
     "accepted",
     "receiver_session_id",
     "staged_for_decoder",
+    "draining",
 ];
 
 /// Index of each known key in [`KEYS`].
@@ -71,6 +72,7 @@ enum Key {
     Accepted,
     ReceiverSessionId,
     StagedForDecoder,
+    Draining,
 }
 
 impl Key {
@@ -110,6 +112,7 @@ fn key_index(key: JsonStr<'_>) -> Option<Key> {
         "accepted" => Key::Accepted,
         "receiver_session_id" => Key::ReceiverSessionId,
         "staged_for_decoder" => Key::StagedForDecoder,
+        "draining" => Key::Draining,
         _ => return None,
     })
 }
@@ -324,6 +327,11 @@ fn build<'a>(f: &Fields<'a>) -> Result<Msg<'a>, DecodeError> {
             request_id: f.str(Key::RequestId)?,
             reason: f.str(Key::Reason)?,
             source_role: f.str(Key::SourceRole)?,
+        }),
+        MsgType::Deregister => Msg::Deregister(Deregister {
+            session_id: f.str(Key::SessionId)?,
+            draining: f.bool(Key::Draining, false)?,
+            reason: f.str(Key::Reason)?,
         }),
     })
 }

@@ -355,6 +355,11 @@ impl Msg<'_> {
                     e.str(key!("source_role"), m.source_role);
                 }
             }
+            Msg::Deregister(m) => {
+                e.str(key!("session_id"), m.session_id);
+                e.bool(key!("draining"), m.draining);
+                e.str(key!("reason"), m.reason);
+            }
         }
         e.out.byte(b'}');
     }

@@ -112,6 +112,7 @@ fn empty(ty: MsgType) -> Msg<'static> {
         MsgType::Ready => Msg::Ready(Ready::default()),
         MsgType::Done => Msg::Done(Done::default()),
         MsgType::Abort => Msg::Abort(Abort::default()),
+        MsgType::Deregister => Msg::Deregister(Deregister::default()),
     }
 }
 
@@ -256,6 +257,12 @@ fn assign<'a>(msg: &mut Msg<'a>, key: &str, v: V<'a>) -> Option<()> {
             "request_id" => m.request_id = s(v)?,
             "reason" => m.reason = s(v)?,
             "source_role" => m.source_role = s(v)?,
+            _ => {}
+        },
+        Msg::Deregister(m) => match key {
+            "session_id" => m.session_id = s(v)?,
+            "draining" => m.draining = b(v)?,
+            "reason" => m.reason = s(v)?,
             _ => {}
         },
     }

@@ -51,8 +51,8 @@ pub use error::{DecodeError, DecodeErrorKind};
 pub use frame::{is_transfer_frame, transfer_payload, TRANSFER_MAGIC};
 pub use manifest::{Manifest, ManifestIter, Shape, ShapeIter, TensorEntry};
 pub use msg::{
-    Abort, Alloc, AllocReject, Allocated, Done, Msg, MsgType, Push, Pushed, Ready, Register,
-    RegisterAck, Staged,
+    Abort, Alloc, AllocReject, Allocated, Deregister, Done, Msg, MsgType, Push, Pushed, Ready,
+    Register, RegisterAck, Staged,
 };
 pub use result::result_as_done;
 pub use slots::{PreallocatedSlot, SlotList, SlotListIter};

@@ -36,11 +36,13 @@ pub enum MsgType {
     Done,
     /// `transfer_abort` (ferry extension): coordinator → instances.
     Abort,
+    /// `transfer_deregister` (ferry extension): instance → coordinator.
+    Deregister,
 }
 
 impl MsgType {
     /// Every message type, in protocol order.
-    pub const ALL: [MsgType; 11] = [
+    pub const ALL: [MsgType; 12] = [
         Self::Register,
         Self::RegisterAck,
         Self::Staged,
@@ -52,6 +54,7 @@ impl MsgType {
         Self::Ready,
         Self::Done,
         Self::Abort,
+        Self::Deregister,
     ];
 
     /// The wire name, e.g. `"transfer_staged"`.
@@ -68,6 +71,7 @@ impl MsgType {
             Self::Ready => "transfer_ready",
             Self::Done => "transfer_done",
             Self::Abort => "transfer_abort",
+            Self::Deregister => "transfer_deregister",
         }
     }
 
@@ -85,6 +89,7 @@ impl MsgType {
             "transfer_ready" => Self::Ready,
             "transfer_done" => Self::Done,
             "transfer_abort" => Self::Abort,
+            "transfer_deregister" => Self::Deregister,
             _ => return None,
         })
     }
@@ -348,6 +353,24 @@ pub struct Abort<'a> {
     pub source_role: JsonStr<'a>,
 }
 
+/// `transfer_deregister` (ferry extension): an instance leaves.
+///
+/// With `draining`, it takes no new work (the coordinator stops choosing
+/// it as a receiver and uses none of its preallocated slots) and finishes
+/// what it holds; without, it is gone, and every transfer it took part in
+/// fails, its peers told with `transfer_abort`. All fields are always
+/// written.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Deregister<'a> {
+    /// The leaving instance's session.
+    pub session_id: JsonStr<'a>,
+    /// True: it drains (finishes what it holds, takes nothing new); false:
+    /// it is gone.
+    pub draining: bool,
+    /// Why (relayed in the aborts of what it held).
+    pub reason: JsonStr<'a>,
+}
+
 /// A decoded (or to-be-encoded) transfer message.
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[allow(missing_docs)]
@@ -363,6 +386,7 @@ pub enum Msg<'a> {
     Ready(Ready<'a>),
     Done(Done<'a>),
     Abort(Abort<'a>),
+    Deregister(Deregister<'a>),
 }
 
 impl<'a> Msg<'a> {
@@ -380,13 +404,14 @@ impl<'a> Msg<'a> {
             Self::Ready(_) => MsgType::Ready,
             Self::Done(_) => MsgType::Done,
             Self::Abort(_) => MsgType::Abort,
+            Self::Deregister(_) => MsgType::Deregister,
         }
     }
 
     /// The request the message is about; `None` for registration messages.
     pub fn request_id(&self) -> Option<JsonStr<'a>> {
         match self {
-            Self::Register(_) | Self::RegisterAck(_) => None,
+            Self::Register(_) | Self::RegisterAck(_) | Self::Deregister(_) => None,
             Self::Staged(m) => Some(m.request_id),
             Self::Alloc(m) => Some(m.request_id),
             Self::Allocated(m) => Some(m.request_id),

@@ -47,12 +47,19 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         if duplicate {
             return Err(Ignored::Duplicate);
         }
-        if reused {
+        let refused = if reused {
+            Some(FailReason::IdReused)
+        } else if self.draining {
+            Some(FailReason::ShuttingDown)
+        } else {
+            None
+        };
+        if let Some(reason) = refused {
             self.send(
                 from,
                 OutMsg::Abort {
                     id,
-                    reason: FailReason::IdReused.as_str(),
+                    reason: reason.as_str(),
                     source_role: sender_role,
                 },
             );
@@ -60,7 +67,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             self.event(CoordinatorEvent::Failed {
                 id,
                 leg: sender_role,
-                reason: FailReason::IdReused,
+                reason,
             });
             return Ok(());
         }
@@ -211,15 +218,16 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         };
         let taken = m.prealloc.len() - m.prealloc.free();
         let counted = core::mem::replace(&mut m.counted_taken, taken);
-        let (role, available, free, last_pick) = (
+        let (role, available, free, last_pick, leaving) = (
             m.role,
             m.capacity.available(),
             m.prealloc.free(),
             m.last_pick,
+            m.leaving,
         );
         drop(m);
         self.prealloc_taken = (self.prealloc_taken + taken).saturating_sub(counted);
-        if available == 0 {
+        if available == 0 || leaving {
             self.ranking.remove(index);
             self.room_ranking.remove(index);
             return;

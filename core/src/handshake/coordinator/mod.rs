@@ -36,8 +36,8 @@ use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
 use crate::managed::ManagedSlice;
 use crate::slots::{Capacity, CapacityTicket, PreallocTable};
 use crate::wire::{
-    Abort, Alloc, AllocReject, Allocated, Done, Manifest, Msg, Push, Pushed, Ready, Register,
-    RegisterAck, Staged,
+    Abort, Alloc, AllocReject, Allocated, Deregister, Done, Manifest, Msg, Push, Pushed, Ready,
+    Register, RegisterAck, Staged,
 };
 
 mod dispatch;
@@ -132,6 +132,9 @@ pub struct Member<const P: usize> {
     last_pick: u64,
     /// Its preallocated slots taken, as last counted into the total.
     counted_taken: usize,
+    /// It drains (`transfer_deregister{draining}`): it is never chosen as
+    /// a receiver again, and finishes what it holds.
+    leaving: bool,
 }
 
 impl<const P: usize> Record for Member<P> {
@@ -255,6 +258,10 @@ pub enum FailReason {
     /// holds it, or ended under it lately (ids must be unique, across
     /// restarts too).
     IdReused,
+    /// An instance involved left (`transfer_deregister`), its drain over.
+    Left,
+    /// The coordinator shuts down, or drains and takes no new transfer.
+    ShuttingDown,
 }
 
 impl FailReason {
@@ -274,11 +281,13 @@ impl FailReason {
             Self::TooLarge => "manifest and scalar fields too large",
             Self::BadSlot => "receiver's slot cannot hold the data",
             Self::IdReused => "request id already used by another request of this leg",
+            Self::Left => "instance left",
+            Self::ShuttingDown => "coordinator shutting down",
         }
     }
 
     /// Every reason, for tables indexed by [`index`](Self::index).
-    pub const ALL: [FailReason; 13] = [
+    pub const ALL: [FailReason; 15] = [
         Self::QueueTimeout,
         Self::AllocTimeout,
         Self::PushTimeout,
@@ -292,6 +301,8 @@ impl FailReason {
         Self::TooLarge,
         Self::BadSlot,
         Self::IdReused,
+        Self::Left,
+        Self::ShuttingDown,
     ];
 
     /// Its position in [`ALL`](Self::ALL).
@@ -315,6 +326,8 @@ impl FailReason {
             Self::TooLarge => "too_large",
             Self::BadSlot => "bad_slot",
             Self::IdReused => "id_reused",
+            Self::Left => "left",
+            Self::ShuttingDown => "shutting_down",
         }
     }
 }
@@ -358,6 +371,17 @@ pub enum CoordinatorEvent {
         leg: usize,
         /// How long it spent in each phase.
         timing: LegTiming,
+    },
+    /// An instance said it leaves (`transfer_deregister`): with
+    /// `draining`, it gets no new work and finishes what it holds;
+    /// without, it is gone, and what it took part in failed.
+    Deregistered {
+        /// Its peer.
+        peer: PeerId,
+        /// Its role, as an index into the pipeline.
+        role: usize,
+        /// True: it drains; false: it is gone.
+        draining: bool,
     },
     /// A leg of a request failed; every instance involved was told.
     Failed {
@@ -581,6 +605,8 @@ pub struct Coordinator<'s, const P: usize> {
     admitted: ManagedSlice<'s, Option<Admitted>>,
     /// Registrations are refused unless the admission list names them.
     admission: bool,
+    /// No new registration or transfer is taken ([`Coordinator::drain`]).
+    draining: bool,
     seq: u64,
     stats: CoordinatorStats,
 }
@@ -697,6 +723,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             finished: Graveyard::new(storage.finished, storage.finished_index, key),
             admitted: storage.admitted,
             admission: false,
+            draining: false,
             seq: 0,
             stats: CoordinatorStats::default(),
         })
@@ -745,6 +772,35 @@ impl<'s, const P: usize> Coordinator<'s, P> {
     /// Requests in flight.
     pub fn in_flight(&self) -> usize {
         self.transfers.len()
+    }
+
+    /// Takes no new work from now on: a `transfer_staged` is answered with
+    /// `transfer_abort` ([`FailReason::ShuttingDown`]) and a registration
+    /// refused, while the transfers in flight go on to their end. What a
+    /// service does on SIGTERM before [`shutdown`](Self::shutdown), so that
+    /// a stop loses as little as it can.
+    pub fn drain(&mut self) {
+        self.draining = true;
+    }
+
+    /// True once [`drain`](Self::drain) or [`shutdown`](Self::shutdown)
+    /// was called.
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
+    /// Fails every transfer in flight ([`FailReason::ShuttingDown`]: each
+    /// instance involved is sent `transfer_abort`) and takes no new work:
+    /// the last call before the coordinator stops, so that no instance
+    /// waits for a coordinator that is gone. Reads the whole transfer
+    /// table, once.
+    pub fn shutdown(&mut self, now: Instant) {
+        self.draining = true;
+        for i in 0..self.transfers.capacity() {
+            if self.transfers.get(i).is_some() {
+                self.fail(now, i, FailReason::ShuttingDown);
+            }
+        }
     }
 
     /// Registered instances.
@@ -817,6 +873,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             Msg::AllocReject(m) => self.on_reject(now, from, m),
             Msg::Pushed(m) => self.on_pushed(now, from, m),
             Msg::Done(m) => self.on_done(now, from, m),
+            Msg::Deregister(m) => self.on_deregister(now, from, m),
             _ => Err(Ignored::UnexpectedType),
         };
         if r.is_err() {

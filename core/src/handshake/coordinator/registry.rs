@@ -46,6 +46,9 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         let Some(role) = role else {
             return refuse(self, "unknown role");
         };
+        if self.draining {
+            return refuse(self, "coordinator shutting down");
+        }
         if m.pool_ptr.checked_add(m.pool_size).is_none() {
             return refuse(self, "pool_ptr + pool_size overflows 64 bits");
         }
@@ -86,7 +89,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         let epoch = self.epochs;
         let replaced = match existing.and_then(|i| Some((i, self.members.get(i)?.epoch))) {
             Some((index, epoch)) => {
-                self.drop_member(now, MemberRef { index, epoch });
+                self.drop_member(now, MemberRef { index, epoch }, FailReason::PeerGone);
                 true
             }
             None => false,
@@ -107,6 +110,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             epoch,
             last_pick: 0,
             counted_taken: 0,
+            leaving: false,
         };
         // Indexed three ways, or not at all.
         let indexed = match self.members.insert(member) {
@@ -148,21 +152,68 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         self.send(to, ack);
     }
 
-    /// Fails every transfer involving `r`, forgets its parked slots, and
-    /// removes it.
+    /// `transfer_deregister`: the member drains (taken out of the
+    /// receivers' ranking, so it gets no ALLOC and no fast-path slot; what
+    /// it holds goes on), or is gone (dropped, what it took part in
+    /// failed with [`FailReason::Left`]).
+    pub(super) fn on_deregister(
+        &mut self,
+        now: Instant,
+        from: PeerId,
+        m: &Deregister<'_>,
+    ) -> Result<(), Ignored> {
+        let index = self.member_of_peer(from).ok_or(Ignored::NotRegistered)?;
+        let member = self.members.get(index).ok_or(Ignored::NotRegistered)?;
+        if !member.session.eq_json(m.session_id) {
+            return Err(Ignored::WrongPeer);
+        }
+        let (r, role, leaving) = (
+            MemberRef {
+                index,
+                epoch: member.epoch,
+            },
+            member.role,
+            member.leaving,
+        );
+        if m.draining {
+            if leaving {
+                return Err(Ignored::Duplicate);
+            }
+            if let Some(mut member) = self.members.get_mut(index) {
+                member.leaving = true;
+            }
+            // `rank` keeps a leaving member out of both heaps.
+            self.rank(index);
+        } else {
+            self.drop_member(now, r, FailReason::Left);
+        }
+        self.event(CoordinatorEvent::Deregistered {
+            peer: from,
+            role,
+            draining: m.draining,
+        });
+        Ok(())
+    }
+
+    /// Fails every transfer involving `r` (with `reason`), forgets its
+    /// parked slots, and removes it.
     ///
     /// The one operation that reads whole tables: it happens once per
-    /// member lost or replaced, not per message.
-    pub(super) fn drop_member(&mut self, now: Instant, r: MemberRef) {
+    /// member lost, replaced or gone, not per message.
+    pub(super) fn drop_member(&mut self, now: Instant, r: MemberRef, reason: FailReason) {
         if self.member(r).is_none() {
             return;
         }
+        // A member that left in good order is not needed by a transfer it
+        // only sent whose bytes are written (the receiver holds them): that
+        // one goes on. One lost may have left anything half done.
+        let graceful = reason == FailReason::Left;
         for i in 0..self.transfers.capacity() {
-            let involved = self.transfers[i]
-                .as_ref()
-                .is_some_and(|t| t.sender == r || t.receiver == Some(r));
+            let involved = self.transfers[i].as_ref().is_some_and(|t| {
+                t.receiver == Some(r) || (t.sender == r && !(graceful && t.phase == Phase::Ready))
+            });
             if involved {
-                self.fail(now, i, FailReason::PeerGone);
+                self.fail(now, i, reason);
             }
         }
         for p in 0..self.parked.capacity() {
@@ -237,6 +288,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             Msg::Staged(m) => by_session(m.session_id),
             Msg::Allocated(m) => by_session(m.session_id),
             Msg::AllocReject(m) => by_session(m.session_id),
+            Msg::Deregister(m) => by_session(m.session_id),
             Msg::Pushed(m) => leg(m.request_id, Phase::Pushing, false),
             Msg::Done(m) => leg(m.request_id, Phase::Ready, true).or_else(|| {
                 let held_by = |p: &Parked| {
@@ -258,7 +310,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
     pub fn peer_lost(&mut self, now: Instant, peer: PeerId) {
         if let Some(index) = self.member_of_peer(peer) {
             if let Some(epoch) = self.members.get(index).map(|m| m.epoch) {
-                self.drop_member(now, MemberRef { index, epoch });
+                self.drop_member(now, MemberRef { index, epoch }, FailReason::PeerGone);
             }
         }
     }

@@ -7,6 +7,10 @@ impl<'s> Instance<'s> {
     /// Handles a message from the coordinator. `Err` says why it was
     /// ignored; it changed nothing.
     pub fn handle(&mut self, now: Instant, msg: &Msg<'_>) -> Result<(), Ignored> {
+        if self.left {
+            self.stats.ignored += 1;
+            return Err(Ignored::Left);
+        }
         let r = match msg {
             Msg::RegisterAck(m) => {
                 // An ack that names no session (a seed-era coordinator's)
@@ -31,6 +35,14 @@ impl<'s> Instance<'s> {
                     } else {
                         InstanceEvent::Refused
                     });
+                    if m.accepted && self.draining {
+                        // A drain that began before the coordinator knew
+                        // us: it learns of it now.
+                        self.send(OutMsg::Deregister {
+                            draining: true,
+                            reason: Reason::truncated(leave::DRAINING),
+                        });
+                    }
                     Ok(())
                 }
             }
@@ -98,6 +110,21 @@ impl<'s> Instance<'s> {
             return Err(Ignored::Duplicate);
         }
         let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
+        if self.draining {
+            // Another receiver may take it: retryable at ferry's
+            // coordinator, failed at once at sglang's (holding it would only
+            // fail it later).
+            self.stats.rejected += 1;
+            match self.config.head {
+                Head::Ferry => self.send(OutMsg::Reject {
+                    id: rid,
+                    retryable: true,
+                    reason: leave::DRAINING,
+                }),
+                Head::Sglang => self.done(rid, Some(Reason::truncated(leave::DRAINING))),
+            }
+            return Ok(());
+        }
         let reject = |me: &mut Self, retryable: bool, reason: &'static str| {
             match me.config.head {
                 Head::Ferry => {

@@ -33,13 +33,14 @@ use crate::managed::ManagedSlice;
 use crate::slots::{check_manifest, Buddy, BuddyConfig, BuddyError, SlotHandle};
 use crate::transport::{Landed, WriteTag};
 use crate::wire::{
-    AllocReject, Allocated, Done, Manifest, Msg, PreallocatedSlot, Pushed, Register, SlotList,
-    Staged,
+    AllocReject, Allocated, Deregister, Done, Manifest, Msg, PreallocatedSlot, Pushed, Register,
+    SlotList, Staged,
 };
 
 mod aborts;
 mod forward;
 mod landing;
+mod leave;
 pub use landing::Arrival;
 use landing::Arrivals;
 mod messages;
@@ -198,6 +199,8 @@ const CLASS_OTHER: usize = 0;
 const CLASS_BY_ALLOC: usize = 1;
 /// Waiting for its write to land.
 const CLASS_LANDING: usize = 2;
+/// A slot sitting out a quarantine.
+const CLASS_QUARANTINED: usize = 3;
 
 impl Record for Request {
     fn key_hash(&self, key: &HashKey) -> u64 {
@@ -212,6 +215,7 @@ impl Record for Request {
         match self.kind {
             Kind::Reserved { .. } | Kind::AllocHeld { .. } => CLASS_BY_ALLOC,
             Kind::Landing { .. } => CLASS_LANDING,
+            Kind::Quarantined { .. } => CLASS_QUARANTINED,
             _ => CLASS_OTHER,
         }
     }
@@ -421,6 +425,9 @@ pub enum InstanceError {
         /// The most it may hold.
         max: usize,
     },
+    /// The instance drains or has left ([`Instance::drain`]): it takes no
+    /// new request.
+    Draining,
 }
 
 impl fmt::Display for InstanceError {
@@ -440,6 +447,7 @@ impl fmt::Display for InstanceError {
             Self::TooManyRequests { max } => {
                 write!(f, "a request table holds at most {max} requests")
             }
+            Self::Draining => f.write_str("the instance drains: it takes no new request"),
         }
     }
 }
@@ -475,6 +483,11 @@ enum OutMsg {
     Forward {
         index: usize,
         seq: u64,
+    },
+    /// `transfer_deregister`: draining, or gone.
+    Deregister {
+        draining: bool,
+        reason: Reason,
     },
 }
 
@@ -645,6 +658,10 @@ pub struct Instance<'s> {
     /// request moved on are skipped).
     held: Ring<'s, Token>,
     registered: bool,
+    /// It takes no new work ([`Instance::drain`]).
+    draining: bool,
+    /// It left ([`Instance::leave`]): terminal.
+    left: bool,
     /// The last answer to the registration was a refusal.
     refused: bool,
     /// Its reason, as the coordinator gave it (empty if it gave none).
@@ -753,6 +770,8 @@ impl<'s> Instance<'s> {
             landing_scan: false,
             held: Ring::new(s.held),
             registered: false,
+            draining: false,
+            left: false,
             refused: false,
             refusal: Reason::EMPTY,
             register_due: true,
@@ -785,6 +804,10 @@ impl<'s> Instance<'s> {
     /// dropped. Requests being filled are kept. The registration goes out
     /// once the application has released every preallocated slot it holds.
     pub fn reregister(&mut self, now: Instant) {
+        if self.left {
+            // Gone for good: nothing is announced again.
+            return;
+        }
         self.registered = false;
         self.refused = false;
         for u in self.prealloc_use.iter_mut() {

@@ -115,6 +115,12 @@ impl<'s> Instance<'s> {
                     ..Done::default()
                 })
                 .write_dialect(&mut sink, Style::Verbatim, dialect),
+                OutMsg::Deregister { draining, reason } => Msg::Deregister(Deregister {
+                    session_id: self.session.as_json(),
+                    draining,
+                    reason: JsonStr::plain(reason.as_str()),
+                })
+                .write_dialect(&mut sink, Style::Verbatim, dialect),
             }
             return Some(match sink.finish() {
                 Ok(n) => {

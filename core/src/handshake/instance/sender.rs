@@ -9,10 +9,15 @@ impl<'s> Instance<'s> {
     /// [`commit`](Self::commit).
     pub fn stage(&mut self, id: &str, data_size: u64) -> Result<(Token, u64), InstanceError> {
         let id = RequestId::new(id).map_err(|_| InstanceError::BadId)?;
+        // A drain finishes work in flight: the next leg of a request this
+        // instance holds as receiver (a forward) is still staged.
+        if self.draining && (self.left || self.find(id.as_json(), Side::Recv).is_none()) {
+            return Err(InstanceError::Draining);
+        }
         if self.find(id.as_json(), Side::Send).is_some() {
             return Err(InstanceError::BadId);
         }
-        if self.requests.iter().all(Option::is_some) {
+        if self.requests.is_full() {
             return Err(InstanceError::TableFull);
         }
         let slot = self.pool.allocate(data_size).map_err(InstanceError::Pool)?;

@@ -1,0 +1,194 @@
+//! Leaving: a drain (no new work, what is held goes on), then the end
+//! (what is still held fails, and the coordinator and the peers are told).
+//!
+//! A service stopped by SIGTERM drains first, so that a stop loses as
+//! little as it can, and leaves when the drain is over or its grace
+//! period ends; the decisions of both steps are here, where the path
+//! tests and the simulation see them, not in the runtime.
+
+use super::*;
+
+/// The reason an ALLOC that reaches a draining instance is refused with.
+pub(super) const DRAINING: &str = "instance draining";
+
+impl<'s> Instance<'s> {
+    /// Takes no new work from now on; what the instance holds goes on to
+    /// its end.
+    ///
+    /// [`stage`](Self::stage) is refused ([`InstanceError::Draining`])
+    /// but for the next leg of a request the instance holds as receiver, a
+    /// `transfer_alloc` is refused (`transfer_alloc_reject`, retryable, so
+    /// the coordinator asks another receiver; under [`Head::Sglang`],
+    /// which reads no reject, `transfer_done` with the error at once), and
+    /// ferry's coordinator is told (`transfer_deregister{draining}`), so it
+    /// stops choosing this instance as a receiver and using its
+    /// preallocated slots. A forward finishes work in flight, so it goes
+    /// on. Wait for
+    /// [`in_flight`](Self::in_flight) to reach zero, then
+    /// [`leave`](Self::leave).
+    pub fn drain(&mut self, now: Instant) {
+        self.last_now = now;
+        if self.draining {
+            return;
+        }
+        self.draining = true;
+        if self.config.head == Head::Ferry && self.registered {
+            self.send(OutMsg::Deregister {
+                draining: true,
+                reason: Reason::truncated(DRAINING),
+            });
+        }
+    }
+
+    /// True once [`drain`](Self::drain) or [`leave`](Self::leave) was
+    /// called.
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
+    /// True once [`leave`](Self::leave) was called.
+    pub fn has_left(&self) -> bool {
+        self.left
+    }
+
+    /// Requests still in progress: all those held but slots sitting out a
+    /// quarantine, which need no one's answer. A drain is over at zero.
+    pub fn in_flight(&self) -> usize {
+        self.requests.len() - self.requests.tally(CLASS_QUARANTINED)
+    }
+
+    /// Ends the instance's part in everything (the drain's end, or a stop
+    /// without one), for `reason`: every request still held fails.
+    ///
+    /// Under ferry's coordinator one message says it all
+    /// (`transfer_deregister`): the coordinator fails every transfer this
+    /// instance takes part in and sends its peers `transfer_abort`. Under
+    /// [`Head::Sglang`], which knows no deregistration, each receive the
+    /// head waits on is failed with `transfer_done{error}`; a request this
+    /// instance sends is failed at the head's timeout (that head has no
+    /// way to be told). Messages queued before are sent first.
+    ///
+    /// Locally, staged and reserved slots are freed, the application hears
+    /// [`InstanceEvent::SendFailed`] for each request it sent that had not
+    /// completed, and [`InstanceEvent::Aborted`] for each transfer it still
+    /// holds (release it as usual). A write still posted keeps its record
+    /// until its completion comes ([`handle_completion`]): the caller must
+    /// let the data plane finish or cancel it before the pool goes.
+    /// Nothing is registered again afterwards, and messages from the
+    /// coordinator are ignored.
+    ///
+    /// [`handle_completion`]: Self::handle_completion
+    pub fn leave(&mut self, now: Instant, reason: &str) {
+        self.last_now = now;
+        if self.left {
+            return;
+        }
+        let why = Reason::truncated(reason);
+        self.draining = true;
+        self.left = true;
+        self.register_due = false;
+        let sglang = self.config.head == Head::Sglang;
+        for index in 0..self.requests.capacity() {
+            let Some(r) = self.requests.remove(index) else {
+                continue;
+            };
+            let token = Token { index, seq: r.seq };
+            let kind = match r.kind {
+                Kind::Filling { slot } => {
+                    // The application's; `unstage` or `commit` of it will be
+                    // refused as stale.
+                    let _ = self.pool.free(slot);
+                    continue;
+                }
+                Kind::Staged { slot, .. } => {
+                    let _ = self.pool.free(slot);
+                    self.tombstone(r.id, Side::Send);
+                    self.event(InstanceEvent::SendFailed {
+                        id: r.id,
+                        reason: why,
+                    });
+                    continue;
+                }
+                Kind::Writing {
+                    slot,
+                    len,
+                    aborted,
+                    staged,
+                    posted,
+                } => {
+                    if !aborted {
+                        self.event(InstanceEvent::SendFailed {
+                            id: r.id,
+                            reason: why,
+                        });
+                    }
+                    Kind::Writing {
+                        slot,
+                        len,
+                        aborted: true,
+                        staged,
+                        posted,
+                    }
+                }
+                Kind::Reserved { slot } => {
+                    let _ = self.pool.free(slot);
+                    self.left_receive(r.id, sglang, why);
+                    continue;
+                }
+                Kind::AllocHeld { .. } => {
+                    self.left_receive(r.id, sglang, why);
+                    continue;
+                }
+                Kind::Landing { held, .. } => {
+                    self.free_held(held);
+                    self.left_receive(r.id, sglang, why);
+                    continue;
+                }
+                Kind::Quarantined { held, report } => {
+                    self.free_held(held);
+                    if sglang && report.is_some() {
+                        self.send(OutMsg::Done {
+                            id: r.id,
+                            error: Some(why),
+                        });
+                    }
+                    continue;
+                }
+                Kind::Delivered { held, aborted } => {
+                    if !aborted {
+                        self.event(InstanceEvent::Aborted(token));
+                        if sglang {
+                            self.send(OutMsg::Done {
+                                id: r.id,
+                                error: Some(why),
+                            });
+                        }
+                    }
+                    Kind::Delivered {
+                        held,
+                        aborted: true,
+                    }
+                }
+            };
+            self.requests.put(index, Request { kind, ..r });
+        }
+        if !sglang && self.registered {
+            self.send(OutMsg::Deregister {
+                draining: false,
+                reason: why,
+            });
+        }
+    }
+
+    /// A receive ended by [`leave`](Self::leave): tombstoned, and failed
+    /// at sglang's head (ferry's learns it from the deregistration).
+    fn left_receive(&mut self, id: RequestId, sglang: bool, why: Reason) {
+        self.tombstone(id, Side::Recv);
+        if sglang {
+            self.send(OutMsg::Done {
+                id,
+                error: Some(why),
+            });
+        }
+    }
+}
