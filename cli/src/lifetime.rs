@@ -103,10 +103,12 @@ impl Lifetime {
         })
     }
 
-    /// What the process is asked to do now.
+    /// What the process is asked to do now: the first stop (a signal, or
+    /// stdin's end if it counts) asks for a drain, the next one for the
+    /// end.
     pub fn stop(&self) -> Stop {
-        match self.signals.load(Ordering::Acquire) {
-            0 if self.stdin_closed.load(Ordering::Acquire) => Stop::Drain,
+        let stdin = usize::from(self.stdin_closed.load(Ordering::Acquire));
+        match self.signals.load(Ordering::Acquire) + stdin {
             0 => Stop::Run,
             1 => Stop::Drain,
             _ => Stop::Now,
@@ -151,7 +153,8 @@ impl Drop for Lifetime {
     }
 }
 
-/// Sets SIGTERM and SIGINT back to their default action.
+/// Sets SIGTERM and SIGINT back to their default action, once per
+/// process (a second [`Lifetime`] must not undo the first's handlers).
 ///
 /// libfabric as Debian builds it links libpsm_infinipath, whose load-time
 /// constructor installs handlers of its own for both (they exit(1) at
@@ -159,17 +162,28 @@ impl Drop for Lifetime {
 /// its own: left there, that handler would end the process before its
 /// drain. The process takes both signals over right after this.
 fn reset_stop_signals() -> std::io::Result<()> {
-    for sig in [SIGTERM, SIGINT] {
-        // SAFETY: installs the default action, no function of ours, so
-        // nothing runs in signal context that Rust's rules could forbid;
-        // no Rust code relies on the handler it replaces.
-        #[allow(unsafe_code)]
-        let previous = unsafe { libc::signal(sig, libc::SIG_DFL) };
-        if previous == libc::SIG_ERR {
-            return Err(std::io::Error::last_os_error());
+    static RESET: std::sync::OnceLock<Result<(), i32>> = std::sync::OnceLock::new();
+    let done = RESET.get_or_init(|| {
+        for sig in [SIGTERM, SIGINT] {
+            // SAFETY: `sigaction` with a zeroed `struct sigaction` whose
+            // handler is SIG_DFL installs the default action: no function
+            // of ours runs in signal context, and no Rust code relies on
+            // the handler it replaces. Both pointers are valid for the
+            // call (the old action is not asked for).
+            #[allow(unsafe_code)]
+            let rc = unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = libc::SIG_DFL;
+                libc::sigemptyset(&mut action.sa_mask);
+                libc::sigaction(sig, &action, std::ptr::null_mut())
+            };
+            if rc != 0 {
+                return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+            }
         }
-    }
-    Ok(())
+        Ok(())
+    });
+    done.map_err(std::io::Error::from_raw_os_error)
 }
 
 /// A drain's grace period from the command line, in seconds.

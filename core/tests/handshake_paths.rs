@@ -1221,7 +1221,7 @@ fn blob(dims: &[u64]) -> TensorEntry<'_> {
 }
 
 /// Every message `inst` has to send now, as text.
-fn drain(inst: &mut Instance<'_>) -> Vec<String> {
+fn outbox(inst: &mut Instance<'_>) -> Vec<String> {
     let mut buf = vec![0u8; 16 * 1024];
     let mut out = Vec::new();
     while let Some(n) = inst.poll_transmit(&mut buf) {
@@ -1336,7 +1336,7 @@ fn under_ferrys_coordinator_a_forward_is_staged_then_done_as_since_the_seed() {
 #[test]
 fn a_forward_needs_the_same_request_and_a_held_delivery() {
     let mut inst = sglang_instance("denoiser", "den-0");
-    drain(&mut inst);
+    outbox(&mut inst);
     let ready = r#"{"msg_type":"transfer_ready","request_id":"a","manifest":{},"slot_offset":0,"scalar_fields":{}}"#;
     feed(&mut inst, 0, ready).unwrap();
     let Some(InstanceEvent::Received(rx)) =
@@ -1356,14 +1356,14 @@ fn a_forward_needs_the_same_request_and_a_held_delivery() {
         Err(InstanceError::StaleToken)
     );
     assert!(inst.received(rx).is_some(), "nothing changed");
-    assert!(drain(&mut inst).is_empty());
+    assert!(outbox(&mut inst).is_empty());
 }
 
 #[test]
 fn under_sglangs_head_an_instance_registers_once_and_is_usable_when_it_is_sent() {
     let mut inst = sglang_instance("encoder", "enc-0");
     assert_eq!(inst.registration(), Registration::Pending);
-    let first = drain(&mut inst);
+    let first = outbox(&mut inst);
     assert_eq!(first.len(), 1);
     assert!(first[0].starts_with(r#"{"msg_type":"transfer_register""#));
     assert_eq!(inst.registration(), Registration::Sent);
@@ -1371,7 +1371,7 @@ fn under_sglangs_head_an_instance_registers_once_and_is_usable_when_it_is_sent()
     // No answer ever comes, and none is waited for: no resend.
     for t in 1..100 {
         inst.handle_timeout(Instant(t * 10 * MS));
-        assert!(drain(&mut inst).is_empty());
+        assert!(outbox(&mut inst).is_empty());
     }
     // Staged requests go out at once, with sglang 0.5.23's scalar_fields.
     let (token, _) = inst.stage("r1", KIB).unwrap();
@@ -1383,31 +1383,31 @@ fn under_sglangs_head_an_instance_registers_once_and_is_usable_when_it_is_sent()
         RawJson::EMPTY_OBJECT,
     )
     .unwrap();
-    let staged = drain(&mut inst);
+    let staged = outbox(&mut inst);
     assert!(
         staged[0].ends_with(r#""slot_offset":16384,"scalar_fields":{}}"#),
         "{staged:?}"
     );
     // A lost connection to the head: one registration again, not a flood.
     inst.handle_coordinator_lost(Instant(2 * MS));
-    let again = drain(&mut inst);
+    let again = outbox(&mut inst);
     assert_eq!(again.len(), 1, "{again:?}");
     assert!(again[0].starts_with(r#"{"msg_type":"transfer_register""#));
     inst.handle_timeout(Instant(900 * MS));
-    assert!(drain(&mut inst).is_empty());
+    assert!(outbox(&mut inst).is_empty());
 }
 
 #[test]
 fn under_sglangs_head_an_alloc_without_room_is_held_until_room_frees_or_the_hold_ends() {
     let mut inst = sglang_instance("denoiser", "den-0");
-    drain(&mut inst);
+    outbox(&mut inst);
     let alloc = |id: &str| {
         format!(
             r#"{{"msg_type":"transfer_alloc","request_id":"{id}","data_size":32768,"source_role":"encoder"}}"#
         )
     };
     feed(&mut inst, 0, &alloc("a")).unwrap();
-    let out = drain(&mut inst);
+    let out = outbox(&mut inst);
     assert!(out[0].starts_with(r#"{"msg_type":"transfer_allocated","request_id":"a""#));
     let Msg::Allocated(a) = decode(out[0].as_bytes()).unwrap() else {
         panic!()
@@ -1415,7 +1415,7 @@ fn under_sglangs_head_an_alloc_without_room_is_held_until_room_frees_or_the_hold
     // The pool (64 KiB, 16 KiB preallocated) has no room for a second
     // 32 KiB: no reject goes to a head that cannot read one.
     feed(&mut inst, 1, &alloc("b")).unwrap();
-    assert!(drain(&mut inst).is_empty());
+    assert!(outbox(&mut inst).is_empty());
     assert_eq!(inst.stats().allocs_held, 1);
     // `a` is delivered and released: sglang's head hears nothing of that
     // (the output or the forward tells it), and `b` gets the room.
@@ -1431,7 +1431,7 @@ fn under_sglangs_head_an_alloc_without_room_is_held_until_room_frees_or_the_hold
         })
         .unwrap();
     inst.release(rx, None).unwrap();
-    let out = drain(&mut inst);
+    let out = outbox(&mut inst);
     assert_eq!(out.len(), 1, "{out:?}");
     assert!(
         out[0].starts_with(r#"{"msg_type":"transfer_allocated","request_id":"b""#),
@@ -1440,11 +1440,11 @@ fn under_sglangs_head_an_alloc_without_room_is_held_until_room_frees_or_the_hold
     // `c` finds no room either, and none comes: at the hold's end the head
     // is told, in a message it reads, that the request failed.
     feed(&mut inst, 3, &alloc("c")).unwrap();
-    assert!(drain(&mut inst).is_empty());
+    assert!(outbox(&mut inst).is_empty());
     inst.handle_timeout(Instant(40 * MS));
-    assert!(drain(&mut inst).is_empty());
+    assert!(outbox(&mut inst).is_empty());
     inst.handle_timeout(Instant(60 * MS));
-    let out = drain(&mut inst);
+    let out = outbox(&mut inst);
     assert_eq!(
         out,
         vec![
@@ -1456,7 +1456,7 @@ fn under_sglangs_head_an_alloc_without_room_is_held_until_room_frees_or_the_hold
 #[test]
 fn under_sglangs_head_a_failed_write_is_not_announced_as_pushed() {
     let mut inst = sglang_instance("encoder", "enc-0");
-    drain(&mut inst);
+    outbox(&mut inst);
     let (token, _) = inst.stage("r1", KIB).unwrap();
     inst.commit(
         Instant(0),
@@ -1466,7 +1466,7 @@ fn under_sglangs_head_a_failed_write_is_not_announced_as_pushed() {
         RawJson::EMPTY_OBJECT,
     )
     .unwrap();
-    drain(&mut inst);
+    outbox(&mut inst);
     let push = r#"{"msg_type":"transfer_push","request_id":"r1","dest_session_id":"d","dest_addr":4096,"transfer_size":1024}"#;
     feed(&mut inst, 1, push).unwrap();
     let w = inst.poll_action().unwrap();
@@ -1474,7 +1474,7 @@ fn under_sglangs_head_a_failed_write_is_not_announced_as_pushed() {
         .unwrap();
     // That head would announce the unwritten slot ready; it fails the
     // request at its timeout instead.
-    assert!(drain(&mut inst).is_empty());
+    assert!(outbox(&mut inst).is_empty());
     assert!(std::iter::from_fn(|| inst.poll_event())
         .any(|e| matches!(e, InstanceEvent::SendFailed { id, .. } if id.as_str() == "r1")));
     assert_eq!(inst.requests_held(), 0);
@@ -1724,12 +1724,11 @@ fn a_draining_receiver_finishes_what_it_holds_and_gets_no_new_work() {
     };
     w.insts[1].drain(w.now);
     w.pump();
-    assert!(w.coord_events.contains(&CoordinatorEvent::Deregistered {
-        peer: PeerId(2),
-        role: 1,
-        draining: true
-    }));
+    assert!(w.coord_events.iter().any(|e| matches!(e,
+        CoordinatorEvent::Deregistered { peer: PeerId(2), role: 1, draining: true, reason }
+            if reason.as_str() == "instance draining")));
     assert_eq!(w.insts[1].in_flight(), 1);
+    assert!(!w.insts[1].is_drained());
     // New work, on the slow path and the fast path, goes to den-1 only.
     for (id, size) in [("b", 20 * KIB), ("c", 4 * KIB), ("d", 4 * KIB)] {
         w.stage(0, id, size);
@@ -1744,14 +1743,18 @@ fn a_draining_receiver_finishes_what_it_holds_and_gets_no_new_work() {
     w.insts[1].release(held, None).unwrap();
     w.pump();
     assert_eq!(w.insts[1].in_flight(), 0);
+    // The coordinator told it nothing more is addressed to it.
+    assert!(w.insts[1].is_drained());
+    assert!(w
+        .from_coordinator
+        .iter()
+        .any(|m| m.contains("transfer_deregister") && m.contains("den-0")));
     assert_eq!(w.delivered(), 4);
     w.insts[1].leave(w.now, "drained");
     w.pump();
-    assert!(w.coord_events.contains(&CoordinatorEvent::Deregistered {
-        peer: PeerId(2),
-        role: 1,
-        draining: false
-    }));
+    assert!(w.coord_events.iter().any(|e| matches!(e,
+        CoordinatorEvent::Deregistered { peer: PeerId(2), role: 1, draining: false, reason }
+            if reason.as_str() == "drained")));
     assert!(w.failed().is_empty(), "{:?}", w.failed());
     assert_eq!(w.coord.members(), 2);
     assert_eq!(w.coord.in_flight(), 0);
@@ -1809,7 +1812,7 @@ fn leaving_fails_what_is_held_and_every_peer_hears_it() {
     w.pump();
     // The coordinator failed both of den-0's transfers and told the
     // encoder of the one it still writes.
-    assert_eq!(w.failed(), vec![FailReason::Left, FailReason::Left]);
+    assert_eq!(w.failed(), vec![FailReason::PeerLeft, FailReason::PeerLeft]);
     assert!(w
         .inst_events
         .iter()
@@ -1875,7 +1878,7 @@ fn a_draining_coordinator_takes_no_new_transfer_and_its_shutdown_aborts_the_rest
 #[test]
 fn under_sglangs_head_leaving_fails_each_receive_the_head_waits_on() {
     let mut inst = sglang_instance("denoiser", "den-0");
-    drain(&mut inst);
+    outbox(&mut inst);
     let alloc = |id: &str, size: u64| {
         format!(
             r#"{{"msg_type":"transfer_alloc","request_id":"{id}","data_size":{size},"source_role":"encoder"}}"#
@@ -1884,11 +1887,11 @@ fn under_sglangs_head_leaving_fails_each_receive_the_head_waits_on() {
     // "a" has a reserved slot; a drain then fails a new ALLOC at once
     // (that head reads no reject, and holding it would only fail it later).
     feed(&mut inst, 0, &alloc("a", 20 * KIB)).unwrap();
-    assert_eq!(drain(&mut inst).len(), 1);
+    assert_eq!(outbox(&mut inst).len(), 1);
     inst.drain(Instant(MS));
-    assert!(drain(&mut inst).is_empty(), "nothing to tell that head");
+    assert!(outbox(&mut inst).is_empty(), "nothing to tell that head");
     feed(&mut inst, 2, &alloc("b", KIB)).unwrap();
-    let out = drain(&mut inst);
+    let out = outbox(&mut inst);
     assert_eq!(out.len(), 1);
     assert!(
         out[0].starts_with(
@@ -1899,7 +1902,7 @@ fn under_sglangs_head_leaving_fails_each_receive_the_head_waits_on() {
     assert_eq!(inst.in_flight(), 1);
     // Leaving fails "a" at the head, in a message it reads.
     inst.leave(Instant(3 * MS), "drain timed out");
-    let out = drain(&mut inst);
+    let out = outbox(&mut inst);
     assert_eq!(out.len(), 1, "{out:?}");
     assert!(
         out[0].starts_with(
@@ -1928,4 +1931,103 @@ fn a_sender_that_left_after_its_write_leaves_the_receiver_to_finish() {
     w.pump();
     assert_eq!(w.delivered(), 1);
     assert_eq!(w.coord.in_flight(), 0);
+}
+
+#[test]
+fn a_drain_waits_for_a_fast_path_transfer_it_did_not_know_of() {
+    let mut w = two_receivers();
+    // A fast-path transfer to den-0 is being written when den-0 drains:
+    // the coordinator took den-0's preallocated slot, and den-0 has no
+    // record of it yet.
+    w.writes = None;
+    w.stage(0, "a", 4 * KIB);
+    assert_eq!(w.sent(MsgType::Alloc), 0, "fast path");
+    w.insts[1].drain(w.now);
+    w.pump();
+    assert_eq!(w.insts[1].in_flight(), 0);
+    assert!(!w.insts[1].is_drained(), "a transfer to it is on its way");
+    for (i, wr) in std::mem::take(&mut w.pending) {
+        w.insts[i]
+            .handle_completion(w.now, wr.token, Ok(()))
+            .unwrap();
+    }
+    w.pump();
+    let [token] = w.received(1)[..] else {
+        panic!("{:?}", w.inst_events)
+    };
+    assert!(!w.insts[1].is_drained());
+    w.insts[1].release(token, None).unwrap();
+    w.pump();
+    assert!(w.insts[1].is_drained());
+    w.insts[1].leave(w.now, "drained");
+    w.pump();
+    assert_eq!(w.delivered(), 1);
+    assert!(w.failed().is_empty(), "{:?}", w.failed());
+}
+
+#[test]
+fn an_instance_that_leaves_unanswered_is_announced_and_registers_no_more() {
+    let insts = vec![instance("encoder", "enc-0", "tcp://enc:1")];
+    let mut w = World::new(coordinator(8), Vec::new());
+    // The coordinator accepts the registration, but its answer is lost.
+    w.drop = vec![MsgType::RegisterAck];
+    w.insts = insts;
+    w.pump();
+    assert_eq!(w.coord.members(), 1);
+    assert!(!w.insts[0].is_registered());
+    w.insts[0].leave(w.now, "stopped");
+    w.pump();
+    assert_eq!(w.coord.members(), 0, "the leaving reached the coordinator");
+    let registrations = w.sent(MsgType::Register);
+    w.advance(100);
+    assert_eq!(w.sent(MsgType::Register), registrations);
+    assert_eq!(w.insts[0].poll_timeout(), None);
+}
+
+#[test]
+fn a_draining_coordinator_still_carries_a_request_to_its_end() {
+    for head in [Head::Ferry, Head::Sglang] {
+        let denoiser = match head {
+            Head::Ferry => instance("denoiser", "den-0", "tcp://den:1"),
+            Head::Sglang => sglang_instance_at("denoiser", "den-0", "tcp://den:1"),
+        };
+        let insts = vec![
+            instance("encoder", "enc-0", "tcp://enc:1"),
+            denoiser,
+            instance("decoder", "dec-0", "tcp://dec:1"),
+        ];
+        let pipeline = ["encoder", "denoiser", "decoder"];
+        let mut w = World::new(coordinator_for(8, &pipeline), insts);
+        w.stage(0, "r1", 6 * KIB);
+        let [rx] = w.received(1)[..] else {
+            panic!("{:?}", w.inst_events)
+        };
+        w.coord.drain();
+        // A new request is refused...
+        w.stage(0, "r2", KIB);
+        assert_eq!(w.failed(), vec![FailReason::ShuttingDown]);
+        // ...but the next leg of one in flight is taken.
+        let (next, _) = w.insts[1].stage("r1", 4 * KIB).unwrap();
+        let dims = [4 * KIB];
+        let entries = [blob(&dims)];
+        w.insts[1]
+            .forward(
+                w.now,
+                rx,
+                next,
+                4 * KIB,
+                &Manifest::Entries(&entries),
+                RawJson::EMPTY_OBJECT,
+            )
+            .unwrap();
+        w.pump();
+        let [dec] = w.received(2)[..] else {
+            panic!("{head:?}: {:?}", w.inst_events)
+        };
+        w.insts[2].release(dec, None).unwrap();
+        w.pump();
+        assert_eq!(w.delivered(), 2, "{head:?}");
+        assert_eq!(w.failed(), vec![FailReason::ShuttingDown], "{head:?}");
+        assert_eq!(w.coord.in_flight(), 0);
+    }
 }

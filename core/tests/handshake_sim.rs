@@ -1,7 +1,8 @@
 //! A deterministic simulation of a coordinator and six instances
 //! (encoder → denoiser → decoder, two of each) on a virtual clock, with
 //! faults injected into the control plane (loss, duplication, delay and so
-//! reordering), failed writes, and instance crashes and restarts.
+//! reordering), failed writes, instance crashes and restarts, and instances
+//! stopped in good order (a drain, then `Instance::leave`, then a restart).
 //!
 //! A third of the seeds run on a data plane whose completions do not mean
 //! delivery (as libfabric's `tcp` provider): the sender's write completes
@@ -152,6 +153,15 @@ enum Ev {
     },
     Restart {
         i: usize,
+    },
+    /// A stop asked for: the instance drains.
+    Stop {
+        i: usize,
+    },
+    /// Its grace period is over: it leaves (a restart follows).
+    Leave {
+        i: usize,
+        inc: u32,
     },
 }
 
@@ -319,6 +329,11 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
             let i = rng.below(N as u64) as usize;
             push(&mut q, &mut evs, at, Ev::Crash { i });
         }
+        for _ in 0..2 {
+            let at = rng.below(1000 * MS);
+            let i = rng.below(N as u64) as usize;
+            push(&mut q, &mut evs, at, Ev::Stop { i });
+        }
     }
 
     let mut steps = 0u64;
@@ -369,6 +384,8 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                 ),
                 Ev::Crash { i } => println!("{:>9} crash inst{i}", now / 1000),
                 Ev::Restart { i } => println!("{:>9} restart inst{i}", now / 1000),
+                Ev::Stop { i } => println!("{:>9} stop inst{i}: drain", now / 1000),
+                Ev::Leave { i, inc } => println!("{:>9} inst{i}.{inc} leaves", now / 1000),
                 _ => {}
             }
         }
@@ -413,7 +430,8 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                 data,
                 tag,
             } => {
-                let live = nodes[to].inc == to_inc && nodes[to].inst.is_some();
+                let live = nodes[to].inc == to_inc
+                    && nodes[to].inst.as_ref().is_some_and(|x| !x.has_left());
                 let ok = if rng.chance(faults.write_fail) {
                     false
                 } else if faults.notify {
@@ -461,7 +479,10 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                 data,
                 tag,
             } => {
-                if nodes[to].inc == to_inc && nodes[to].inst.is_some() {
+                // An instance that left is as good as gone: its pool is
+                // about to be unmapped.
+                if nodes[to].inc == to_inc && nodes[to].inst.as_ref().is_some_and(|x| !x.has_left())
+                {
                     land(&mut nodes[to], &coord, seed, &id, to, offset, &data);
                     // Its data plane reports the arrival at once, whether
                     // or not the transfer_ready came yet, naming it as
@@ -575,7 +596,9 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                 }
             }
             Ev::Crash { i } => {
-                if crashes_left[i] > 0 && nodes[i].inst.is_some() {
+                // One that left is gone already (its restart is due).
+                let up = nodes[i].inst.as_ref().is_some_and(|x| !x.has_left());
+                if crashes_left[i] > 0 && up {
                     crashes_left[i] -= 1;
                     // What it had staged dies with it.
                     ended_at_sender.extend(nodes[i].staged.drain(..));
@@ -585,7 +608,34 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                     push(&mut q, &mut evs, back, Ev::Restart { i });
                 }
             }
+            Ev::Stop { i } => {
+                let inc = nodes[i].inc;
+                if let Some(inst) = nodes[i].inst.as_mut() {
+                    if !inst.is_draining() {
+                        inst.drain(Instant(now));
+                        touched.push(i);
+                        let grace = rng.below(60 * MS);
+                        push(&mut q, &mut evs, now + grace, Ev::Leave { i, inc });
+                    }
+                }
+            }
+            Ev::Leave { i, inc } => {
+                if nodes[i].inc == inc {
+                    if let Some(inst) = nodes[i].inst.as_mut() {
+                        inst.leave(Instant(now), "stopped");
+                        // Its messages go out; then the process ends, and
+                        // another starts on the endpoint.
+                        touched.push(i);
+                        let back = now + 5 * MS + rng.below(50 * MS);
+                        push(&mut q, &mut evs, back, Ev::Restart { i });
+                    }
+                }
+            }
             Ev::Restart { i } => {
+                if nodes[i].inst.as_ref().is_some_and(Instance::has_left) {
+                    // What is still addressed to the one that left is lost.
+                    nodes[i].inc += 1;
+                }
                 let inc = nodes[i].inc;
                 let (inst, session) =
                     start_instance(i, inc, now, roles[i], &endpoints[i], plane, head_of(i));

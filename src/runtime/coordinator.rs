@@ -340,10 +340,9 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
     fn run(&mut self) {
         while !self.shared.stop.load(Ordering::Relaxed) {
             let now = self.clock.now();
-            self.follow_ending(now);
+            let shut = self.follow_ending(now);
             self.drive(now);
-            if self.machine.is_draining() && self.shared.ending.load(Ordering::Acquire) == SHUTDOWN
-            {
+            if shut {
                 // The aborts `shutdown` queued went out in that drive.
                 self.shared.shut_down.store(true, Ordering::Release);
             }
@@ -353,12 +352,15 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
         }
     }
 
-    /// Does what the application asked of the coordinator's end.
-    fn follow_ending(&mut self, now: Instant) {
+    /// Does what the application asked of the coordinator's end; true if
+    /// it shut the machine down this turn (the value is read once, so the
+    /// turn that shuts down is the one that says so).
+    fn follow_ending(&mut self, now: Instant) -> bool {
         match self.shared.ending.load(Ordering::Acquire) {
             DRAIN if !self.machine.is_draining() => {
                 info!("draining: no new transfer or registration is taken");
                 self.machine.drain();
+                false
             }
             SHUTDOWN if !self.shared.shut_down.load(Ordering::Acquire) => {
                 let left = self.machine.in_flight();
@@ -366,8 +368,9 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
                     info!(in_flight = left, "shutting down: failing what is in flight");
                 }
                 self.machine.shutdown(now);
+                true
             }
-            _ => {}
+            _ => false,
         }
     }
 
@@ -541,12 +544,13 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
                     peer,
                     role,
                     draining,
+                    reason,
                 } => {
                     let endpoint = peers.get((peer.0 as usize).wrapping_sub(1));
                     if *draining {
-                        info!(peer = ?endpoint, role, "instance draining");
+                        info!(peer = ?endpoint, role, %reason, "instance draining");
                     } else {
-                        info!(peer = ?endpoint, role, "instance left");
+                        info!(peer = ?endpoint, role, %reason, "instance left");
                     }
                 }
             }

@@ -505,8 +505,8 @@ where
     /// [`InstanceError::Draining`](ferry_core::handshake::instance::InstanceError::Draining),
     /// new allocations are refused, and ferry's coordinator stops sending
     /// work here. Keep receiving and releasing until
-    /// [`in_flight`](Self::in_flight) is zero (or a grace period ends),
-    /// then [`leave`](Self::leave).
+    /// [`is_drained`](Self::is_drained) (or a grace period ends), then
+    /// [`leave`](Self::leave).
     pub fn drain(&self) {
         let mut st = self.shared.lock();
         let now = self.shared.clock.now();
@@ -518,6 +518,13 @@ where
     /// a quarantine not counted).
     pub fn in_flight(&self) -> usize {
         self.shared.lock().machine.in_flight()
+    }
+
+    /// True once a drain is over: nothing in progress here, and ferry's
+    /// coordinator said nothing more is addressed to this instance
+    /// ([`Instance::is_drained`](ferry_core::handshake::instance::Instance::is_drained)).
+    pub fn is_drained(&self) -> bool {
+        self.shared.lock().machine.is_drained()
     }
 
     /// Ends this instance's part in everything, for `reason`

@@ -510,11 +510,9 @@ impl ZmqReceiver {
     /// One pass over every socket without waiting, starting where the
     /// last one stopped.
     fn sweep(&mut self, buf: &mut [u8]) -> Result<Got, ZmqError> {
-        for k in 0..self.monitors.len() {
-            if let Got::Gone(i) = self.read_monitor(k) {
-                return Ok(Got::Gone(i));
-            }
-        }
+        // Messages first: what a peer sent before it closed (its last
+        // words, such as `transfer_deregister`) is read before the news
+        // that it is gone.
         let n = self.pulls.len();
         for k in 0..n {
             let i = (self.next + k) % n;
@@ -524,6 +522,11 @@ impl ZmqReceiver {
                     self.next = i + 1;
                     return Ok(got);
                 }
+            }
+        }
+        for k in 0..self.monitors.len() {
+            if let Got::Gone(i) = self.read_monitor(k) {
+                return Ok(Got::Gone(i));
             }
         }
         Ok(Got::Nothing)

@@ -239,9 +239,15 @@ where
             "leg": leg,
             "reason": reason.as_str(),
         })),
-        CoordinatorEvent::Deregistered { role, draining, .. } => emit_json(&json!({
+        CoordinatorEvent::Deregistered {
+            role,
+            draining,
+            reason,
+            ..
+        } => emit_json(&json!({
             "event": if *draining { "instance_draining" } else { "instance_left" },
             "role": role,
+            "reason": reason.as_str(),
         })),
     });
     let node = match node {
@@ -574,7 +580,7 @@ where
     };
     let mut ending = Ending::new(life, node, args.drain_timeout, ready);
     let mut tally = SglangTally::default();
-    sglang::run(node, role, &mut || ending.keep_going(), &mut tally);
+    sglang::run(node, role, &mut ending, &mut tally);
     let stop = ending.leave();
     let s = node.stats();
     emit_json(&json!({
@@ -724,20 +730,21 @@ pub(crate) fn stage_with_patience<'n, 'a, S: ControlSend + Send + 'static>(
 }
 
 /// A denoiser's hand-off: stages the denoised latents of request `n` under
-/// the delivery's id (waiting up to 30 s for room) and forwards them with
-/// `scalar_fields`, which lets go of the delivery. On an error the
-/// delivery is failed.
+/// the delivery's id (waiting up to 30 s for room, while `patient` says so)
+/// and forwards them with `scalar_fields`, which lets go of the delivery.
+/// On an error the delivery is failed.
 pub(crate) fn forward_denoised<S: ControlSend + Send + 'static>(
     node: &InstanceNode<S>,
     d: Delivery<'_, S>,
     n: u64,
     scalar_fields: &str,
+    patient: &dyn Fn() -> bool,
 ) -> Result<(), NodeError> {
     let id = d.id().to_owned();
     let specs = data::denoiser_tensors();
     let staged = stage_with_patience(node, &id, &specs, Duration::from_secs(30), || {
         std::thread::sleep(Duration::from_millis(1));
-        true
+        patient()
     });
     let mut staged = match staged {
         Ok(s) => s,
@@ -921,7 +928,7 @@ fn serve<S: ControlSend + Send + 'static>(
         }
         // Forward before letting go of the input, as a denoiser would.
         let id = d.id().to_owned();
-        match forward_denoised(node, d, n, &scalars(n)) {
+        match forward_denoised(node, d, n, &scalars(n), &|| ending.patient()) {
             Ok(()) => tally.forwarded += 1,
             Err(e) => {
                 tally.forward_failed += 1;

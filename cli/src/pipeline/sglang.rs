@@ -24,6 +24,7 @@ use serde_json::json;
 
 use super::data;
 use super::roles::{emit_json, forward_denoised, stage_with_patience};
+use super::stopping::Ending;
 
 /// The decoder's output: a 64×64 RGB image of `uint8`.
 pub const OUTPUT_SHAPE: [u64; 3] = [64, 64, 3];
@@ -86,30 +87,30 @@ impl SglangRole {
     }
 }
 
-/// Runs `role` of the sglang workload while `keep_going` says so.
-pub fn run<S>(
+/// Runs `role` of the sglang workload until `ending` says to stop.
+pub(crate) fn run<S>(
     node: &InstanceNode<S>,
     role: SglangRole,
-    keep_going: &mut dyn FnMut() -> bool,
+    ending: &mut Ending<'_, S>,
     tally: &mut SglangTally,
 ) where
     S: ControlSendParts + Send + 'static,
     S::Error: Send + Sync + 'static,
 {
     match role {
-        SglangRole::Encoder => encode(node, keep_going, tally),
-        SglangRole::Denoiser => receive(node, keep_going, tally, forward),
-        SglangRole::Decoder => receive(node, keep_going, tally, output),
+        SglangRole::Encoder => encode(node, ending, tally),
+        SglangRole::Denoiser => receive(node, ending, tally, forward),
+        SglangRole::Decoder => receive(node, ending, tally, output),
     }
 }
 
-fn encode<S>(node: &InstanceNode<S>, keep_going: &mut dyn FnMut() -> bool, tally: &mut SglangTally)
+fn encode<S>(node: &InstanceNode<S>, ending: &mut Ending<'_, S>, tally: &mut SglangTally)
 where
     S: ControlSendParts + Send + 'static,
     S::Error: Send + Sync + 'static,
 {
     let specs = data::encoder_tensors();
-    while keep_going() {
+    while ending.keep_going() {
         let Some(item) = node.next_frame(Duration::from_millis(20)) else {
             continue;
         };
@@ -124,7 +125,7 @@ where
         // the denoisers take what is staged.
         let staged = stage_with_patience(node, &id, &specs, Duration::from_secs(30), || {
             std::thread::sleep(Duration::from_millis(1));
-            true
+            ending.patient()
         })
         .and_then(|mut s| {
             for k in 0..specs.len() {
@@ -149,14 +150,14 @@ where
 /// the request id, and hands good deliveries to `then`.
 fn receive<S>(
     node: &InstanceNode<S>,
-    keep_going: &mut dyn FnMut() -> bool,
+    ending: &mut Ending<'_, S>,
     tally: &mut SglangTally,
-    then: impl Fn(&InstanceNode<S>, Delivery<'_, S>, u64, &mut SglangTally),
+    then: impl Fn(&InstanceNode<S>, Delivery<'_, S>, u64, &mut SglangTally, &dyn Fn() -> bool),
 ) where
     S: ControlSendParts + Send + 'static,
     S::Error: Send + Sync + 'static,
 {
-    while keep_going() {
+    while ending.keep_going() {
         let Some(d) = node.recv(Duration::from_millis(20)) else {
             continue;
         };
@@ -188,17 +189,22 @@ fn receive<S>(
             continue;
         }
         tally.verified += 1;
-        then(node, d, n, tally);
+        then(node, d, n, tally, &|| ending.patient());
     }
 }
 
-fn forward<S>(node: &InstanceNode<S>, d: Delivery<'_, S>, n: u64, tally: &mut SglangTally)
-where
+fn forward<S>(
+    node: &InstanceNode<S>,
+    d: Delivery<'_, S>,
+    n: u64,
+    tally: &mut SglangTally,
+    patient: &dyn Fn() -> bool,
+) where
     S: ControlSendParts + Send + 'static,
     S::Error: Send + Sync + 'static,
 {
     let id = d.id().to_owned();
-    match forward_denoised(node, d, n, &json!({"request_id": id}).to_string()) {
+    match forward_denoised(node, d, n, &json!({"request_id": id}).to_string(), patient) {
         Ok(()) => tally.staged += 1,
         Err(e) => {
             tally.errors += 1;
@@ -207,8 +213,13 @@ where
     }
 }
 
-fn output<S>(node: &InstanceNode<S>, d: Delivery<'_, S>, n: u64, tally: &mut SglangTally)
-where
+fn output<S>(
+    node: &InstanceNode<S>,
+    d: Delivery<'_, S>,
+    n: u64,
+    tally: &mut SglangTally,
+    _patient: &dyn Fn() -> bool,
+) where
     S: ControlSendParts + Send + 'static,
     S::Error: Send + Sync + 'static,
 {

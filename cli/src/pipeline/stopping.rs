@@ -85,9 +85,15 @@ impl<'n, S: ControlSend + Send + 'static> Ending<'n, S> {
                         d
                     }
                 };
-                self.node.in_flight() > 0 && now < deadline
+                !self.node.is_drained() && now < deadline
             }
         }
+    }
+
+    /// True unless waiting must end: a second signal came, or the drain's
+    /// grace period is over.
+    pub(crate) fn patient(&self) -> bool {
+        self.life.stop() != Stop::Now && self.deadline.is_none_or(|d| Instant::now() < d)
     }
 
     /// Sleeps up to `wait`, or until a stop is asked for.
@@ -101,8 +107,9 @@ impl<'n, S: ControlSend + Send + 'static> Ending<'n, S> {
     pub(crate) fn leave(&mut self) -> serde_json::Value {
         self.ready.set(false);
         let in_flight = self.node.in_flight();
+        let drained = self.node.is_drained();
         let cause = cause_name(self.life);
-        let reason = if in_flight == 0 {
+        let reason = if drained {
             format!("instance stopped ({cause})")
         } else if self.deadline.is_some_and(|d| Instant::now() >= d) {
             format!(
@@ -115,7 +122,7 @@ impl<'n, S: ControlSend + Send + 'static> Ending<'n, S> {
         self.node.leave(&reason);
         json!({
             "cause": cause,
-            "drained": in_flight == 0,
+            "drained": drained,
             "failed_at_stop": in_flight,
         })
     }

@@ -355,11 +355,13 @@ pub struct Abort<'a> {
 
 /// `transfer_deregister` (ferry extension): an instance leaves.
 ///
-/// With `draining`, it takes no new work (the coordinator stops choosing
-/// it as a receiver and uses none of its preallocated slots) and finishes
-/// what it holds; without, it is gone, and every transfer it took part in
-/// fails, its peers told with `transfer_abort`. All fields are always
-/// written.
+/// Instance → coordinator: with `draining`, it takes no new work (the
+/// coordinator stops choosing it as a receiver and uses none of its
+/// preallocated slots) and finishes what it holds; without, it is gone,
+/// and every transfer still needing it fails, its peers told with
+/// `transfer_abort`. Coordinator → a draining instance, `draining` false:
+/// nothing is addressed to it any more (its drain may end). All fields are
+/// always written.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Deregister<'a> {
     /// The leaving instance's session.
@@ -367,7 +369,8 @@ pub struct Deregister<'a> {
     /// True: it drains (finishes what it holds, takes nothing new); false:
     /// it is gone.
     pub draining: bool,
-    /// Why (relayed in the aborts of what it held).
+    /// Why, for people (the coordinator reports it with the event; the
+    /// aborts say "instance left").
     pub reason: JsonStr<'a>,
 }
 

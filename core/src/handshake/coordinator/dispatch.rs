@@ -49,7 +49,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         }
         let refused = if reused {
             Some(FailReason::IdReused)
-        } else if self.draining {
+        } else if self.draining && !self.carries(m.request_id, sender_role) {
             Some(FailReason::ShuttingDown)
         } else {
             None
@@ -218,16 +218,26 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         };
         let taken = m.prealloc.len() - m.prealloc.free();
         let counted = core::mem::replace(&mut m.counted_taken, taken);
-        let (role, available, free, last_pick, leaving) = (
+        let (role, available, free, last_pick, draining) = (
             m.role,
             m.capacity.available(),
             m.prealloc.free(),
             m.last_pick,
-            m.leaving,
+            m.draining,
         );
+        // A draining member with nothing addressed to it (no allocation,
+        // no preallocated slot taken or parked) is told its drain is over.
+        let drained = draining && !m.drain_told && m.capacity.in_use() == 0 && taken == 0;
+        if drained {
+            m.drain_told = true;
+        }
+        let (peer, session) = (m.peer, m.session);
         drop(m);
+        if drained {
+            self.send(peer, OutMsg::Drained { session });
+        }
         self.prealloc_taken = (self.prealloc_taken + taken).saturating_sub(counted);
-        if available == 0 || leaving {
+        if available == 0 || draining {
             self.ranking.remove(index);
             self.room_ranking.remove(index);
             return;

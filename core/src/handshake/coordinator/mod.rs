@@ -25,7 +25,7 @@ use core::fmt;
 use core::time::Duration;
 
 use super::common::{
-    nested_json, Graveyard, Ignored, Instant, Leg, Name, PeerId, RequestId, Text, Tombstone,
+    nested_json, Graveyard, Ignored, Instant, Leg, Name, PeerId, Reason, RequestId, Text, Tombstone,
 };
 use super::ring::Ring;
 use super::tables::heap::{HeapEntry, Heaps};
@@ -134,7 +134,9 @@ pub struct Member<const P: usize> {
     counted_taken: usize,
     /// It drains (`transfer_deregister{draining}`): it is never chosen as
     /// a receiver again, and finishes what it holds.
-    leaving: bool,
+    draining: bool,
+    /// It was told nothing is addressed to it any more (its drain's end).
+    drain_told: bool,
 }
 
 impl<const P: usize> Record for Member<P> {
@@ -259,7 +261,7 @@ pub enum FailReason {
     /// restarts too).
     IdReused,
     /// An instance involved left (`transfer_deregister`), its drain over.
-    Left,
+    PeerLeft,
     /// The coordinator shuts down, or drains and takes no new transfer.
     ShuttingDown,
 }
@@ -281,7 +283,7 @@ impl FailReason {
             Self::TooLarge => "manifest and scalar fields too large",
             Self::BadSlot => "receiver's slot cannot hold the data",
             Self::IdReused => "request id already used by another request of this leg",
-            Self::Left => "instance left",
+            Self::PeerLeft => "instance left",
             Self::ShuttingDown => "coordinator shutting down",
         }
     }
@@ -301,7 +303,7 @@ impl FailReason {
         Self::TooLarge,
         Self::BadSlot,
         Self::IdReused,
-        Self::Left,
+        Self::PeerLeft,
         Self::ShuttingDown,
     ];
 
@@ -326,7 +328,7 @@ impl FailReason {
             Self::TooLarge => "too_large",
             Self::BadSlot => "bad_slot",
             Self::IdReused => "id_reused",
-            Self::Left => "left",
+            Self::PeerLeft => "peer_left",
             Self::ShuttingDown => "shutting_down",
         }
     }
@@ -374,7 +376,8 @@ pub enum CoordinatorEvent {
     },
     /// An instance said it leaves (`transfer_deregister`): with
     /// `draining`, it gets no new work and finishes what it holds;
-    /// without, it is gone, and what it took part in failed.
+    /// without, it is gone, and the transfers it was still needed for
+    /// failed.
     Deregistered {
         /// Its peer.
         peer: PeerId,
@@ -382,6 +385,8 @@ pub enum CoordinatorEvent {
         role: usize,
         /// True: it drains; false: it is gone.
         draining: bool,
+        /// Why, as it said (cut to fit).
+        reason: Reason,
     },
     /// A leg of a request failed; every instance involved was told.
     Failed {
@@ -452,6 +457,9 @@ enum OutMsg {
         reason: &'static str,
         source_role: usize,
     },
+    /// `transfer_deregister` back to a draining member: nothing is
+    /// addressed to it any more.
+    Drained { session: Name },
 }
 
 /// A message for the caller to send: to whom, and its length in the buffer
@@ -926,6 +934,22 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         self.transfers
             .find(hash, |t| t.id.eq_json(id) && from_peer(t))
             .or_else(|| self.transfers.find(hash, |t| t.id.eq_json(id)))
+    }
+
+    /// True if request `id` is one the coordinator carries through the
+    /// pipeline: its leg before `role`'s is live or just ended, so a leg
+    /// staged by `role` is its next (a forward). A draining coordinator
+    /// still takes those, so that what is in flight reaches its end.
+    fn carries(&self, id: JsonStr<'_>, role: usize) -> bool {
+        let Some(prev) = role.checked_sub(1) else {
+            return false;
+        };
+        let live = self.id_hash(id).is_some_and(|h| {
+            self.transfers
+                .find(h, |t| t.id.eq_json(id) && t.sender_role == prev)
+                .is_some()
+        });
+        live || self.finished.contains(id, Leg::FromRole(prev))
     }
 
     /// The transfer `id` if it is in `phase` and `from` is its receiver (or

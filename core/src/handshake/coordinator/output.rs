@@ -106,6 +106,11 @@ impl<'s, const P: usize> Coordinator<'s, P> {
                 reason: JsonStr::plain(reason),
                 source_role: JsonStr::plain(self.role_name(*source_role)),
             }),
+            OutMsg::Drained { session } => Msg::Deregister(Deregister {
+                session_id: session.as_json(),
+                draining: false,
+                reason: JsonStr::plain("drained"),
+            }),
             OutMsg::Ready { .. } => return,
         };
         m.write(sink, Default::default());

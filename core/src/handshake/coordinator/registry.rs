@@ -110,7 +110,8 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             epoch,
             last_pick: 0,
             counted_taken: 0,
-            leaving: false,
+            draining: false,
+            drain_told: false,
         };
         // Indexed three ways, or not at all.
         let indexed = match self.members.insert(member) {
@@ -154,8 +155,9 @@ impl<'s, const P: usize> Coordinator<'s, P> {
 
     /// `transfer_deregister`: the member drains (taken out of the
     /// receivers' ranking, so it gets no ALLOC and no fast-path slot; what
-    /// it holds goes on), or is gone (dropped, what it took part in
-    /// failed with [`FailReason::Left`]).
+    /// it holds goes on, and once nothing is addressed to it, it is told
+    /// so), or is gone (dropped; what it was still needed for fails with
+    /// [`FailReason::PeerLeft`]).
     pub(super) fn on_deregister(
         &mut self,
         now: Instant,
@@ -167,36 +169,45 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         if !member.session.eq_json(m.session_id) {
             return Err(Ignored::WrongPeer);
         }
-        let (r, role, leaving) = (
+        let (r, role, draining) = (
             MemberRef {
                 index,
                 epoch: member.epoch,
             },
             member.role,
-            member.leaving,
+            member.draining,
         );
         if m.draining {
-            if leaving {
+            if draining {
                 return Err(Ignored::Duplicate);
             }
             if let Some(mut member) = self.members.get_mut(index) {
-                member.leaving = true;
+                member.draining = true;
             }
-            // `rank` keeps a leaving member out of both heaps.
+            // `rank` keeps a draining member out of both heaps, and tells
+            // it when nothing is addressed to it.
             self.rank(index);
         } else {
-            self.drop_member(now, r, FailReason::Left);
+            self.drop_member(now, r, FailReason::PeerLeft);
+        }
+        let mut reason = Reason::EMPTY;
+        let mut utf8 = [0u8; 4];
+        for c in m.reason.chars() {
+            reason.push_truncated(c.encode_utf8(&mut utf8));
         }
         self.event(CoordinatorEvent::Deregistered {
             peer: from,
             role,
             draining: m.draining,
+            reason,
         });
         Ok(())
     }
 
-    /// Fails every transfer involving `r` (with `reason`), forgets its
-    /// parked slots, and removes it.
+    /// Fails every transfer that still needs `r` (with `reason`), forgets
+    /// its parked slots, and removes it. A transfer `r` only sent, whose
+    /// bytes are written (phase Ready), does not need it: the receiver
+    /// holds them, and it goes on.
     ///
     /// The one operation that reads whole tables: it happens once per
     /// member lost, replaced or gone, not per message.
@@ -204,13 +215,9 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         if self.member(r).is_none() {
             return;
         }
-        // A member that left in good order is not needed by a transfer it
-        // only sent whose bytes are written (the receiver holds them): that
-        // one goes on. One lost may have left anything half done.
-        let graceful = reason == FailReason::Left;
         for i in 0..self.transfers.capacity() {
             let involved = self.transfers[i].as_ref().is_some_and(|t| {
-                t.receiver == Some(r) || (t.sender == r && !(graceful && t.phase == Phase::Ready))
+                t.receiver == Some(r) || (t.sender == r && t.phase != Phase::Ready)
             });
             if involved {
                 self.fail(now, i, reason);

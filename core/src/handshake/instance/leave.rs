@@ -23,8 +23,7 @@ impl<'s> Instance<'s> {
     /// ferry's coordinator is told (`transfer_deregister{draining}`), so it
     /// stops choosing this instance as a receiver and using its
     /// preallocated slots. A forward finishes work in flight, so it goes
-    /// on. Wait for
-    /// [`in_flight`](Self::in_flight) to reach zero, then
+    /// on. Wait for [`is_drained`](Self::is_drained), then
     /// [`leave`](Self::leave).
     pub fn drain(&mut self, now: Instant) {
         self.last_now = now;
@@ -51,10 +50,21 @@ impl<'s> Instance<'s> {
         self.left
     }
 
-    /// Requests still in progress: all those held but slots sitting out a
-    /// quarantine, which need no one's answer. A drain is over at zero.
+    /// Requests still in progress here: all those held but slots sitting
+    /// out a quarantine, which need no one's answer.
     pub fn in_flight(&self) -> usize {
         self.requests.len() - self.requests.tally(CLASS_QUARANTINED)
+    }
+
+    /// True once a drain is over: nothing is in progress here, and ferry's
+    /// coordinator said nothing more is addressed to this instance (it may
+    /// have sent a fast-path transfer this instance does not know of yet,
+    /// before it heard of the drain). Under [`Head::Sglang`], which says
+    /// no such thing, or with no coordinator that knows this instance, the
+    /// first alone.
+    pub fn is_drained(&self) -> bool {
+        let told = self.drain_acked || self.config.head == Head::Sglang || !self.registered;
+        self.draining && told && self.in_flight() == 0
     }
 
     /// Ends the instance's part in everything (the drain's end, or a stop
@@ -85,9 +95,21 @@ impl<'s> Instance<'s> {
         }
         let why = Reason::truncated(reason);
         self.draining = true;
-        self.left = true;
         self.register_due = false;
         let sglang = self.config.head == Head::Sglang;
+        // Preallocated slots held for a refusal: their report is due now
+        // (sglang's head reads it; ferry's learns all from the leaving).
+        for p in 0..self.prealloc_use.len() {
+            if let Some(Use::Refused { id, report, .. }) = self.prealloc_use.get(p).map(|u| u.0) {
+                self.set_use(p, PreallocUse::FREE);
+                if sglang && report.is_some() {
+                    self.send(OutMsg::Done {
+                        id,
+                        error: Some(why),
+                    });
+                }
+            }
+        }
         for index in 0..self.requests.capacity() {
             let Some(r) = self.requests.remove(index) else {
                 continue;
@@ -177,7 +199,11 @@ impl<'s> Instance<'s> {
                 draining: false,
                 reason: why,
             });
+        } else if !sglang && self.register_sent {
+            self.farewell = Some(why);
         }
+        // From here on nothing more is sent.
+        self.left = true;
     }
 
     /// A receive ended by [`leave`](Self::leave): tombstoned, and failed

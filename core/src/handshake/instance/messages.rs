@@ -12,6 +12,14 @@ impl<'s> Instance<'s> {
             return Err(Ignored::Left);
         }
         let r = match msg {
+            // ferry's coordinator: nothing is addressed to this draining
+            // instance any more.
+            Msg::Deregister(m) if !self.session.eq_json(m.session_id) => Err(Ignored::WrongPeer),
+            Msg::Deregister(_) if !self.draining => Err(Ignored::WrongState),
+            Msg::Deregister(_) => {
+                self.drain_acked = true;
+                Ok(())
+            }
             Msg::RegisterAck(m) => {
                 // An ack that names no session (a seed-era coordinator's)
                 // answers whoever it reached: this endpoint is ours.

@@ -660,8 +660,15 @@ pub struct Instance<'s> {
     registered: bool,
     /// It takes no new work ([`Instance::drain`]).
     draining: bool,
-    /// It left ([`Instance::leave`]): terminal.
+    /// ferry's coordinator said nothing is addressed to it any more.
+    drain_acked: bool,
+    /// It left ([`Instance::leave`]): terminal; nothing more is sent.
     left: bool,
+    /// A registration went out (answered or not).
+    register_sent: bool,
+    /// Left while a registration went out unanswered: the coordinator
+    /// may have taken it, so it hears of the leaving too.
+    farewell: Option<Reason>,
     /// The last answer to the registration was a refusal.
     refused: bool,
     /// Its reason, as the coordinator gave it (empty if it gave none).
@@ -771,7 +778,10 @@ impl<'s> Instance<'s> {
             held: Ring::new(s.held),
             registered: false,
             draining: false,
+            drain_acked: false,
             left: false,
+            register_sent: false,
+            farewell: None,
             refused: false,
             refusal: Reason::EMPTY,
             register_due: true,
@@ -987,6 +997,10 @@ impl<'s> Instance<'s> {
     }
 
     fn send(&mut self, m: OutMsg) {
+        if self.left {
+            // `leave` said all there is to say.
+            return;
+        }
         if self.transmits.push(Outgoing(m)).is_err() {
             self.stats.dropped += 1;
         }

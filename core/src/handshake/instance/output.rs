@@ -36,11 +36,28 @@ impl<'s> Instance<'s> {
             let r = sink.finish();
             if r.is_ok() {
                 self.register_due = false;
+                self.register_sent = true;
                 if self.config.head == Head::Sglang && !self.registered {
                     // That head never answers: sent is as far as it goes.
                     self.registered = true;
                     self.event(InstanceEvent::Registered);
                 }
+            }
+            return Some(r);
+        }
+        if let Some(reason) = self.farewell {
+            // The leaving of an instance whose registration was not
+            // answered: the coordinator may know it all the same.
+            let mut sink = Sink::new(buf);
+            Msg::Deregister(Deregister {
+                session_id: self.session.as_json(),
+                draining: false,
+                reason: JsonStr::plain(reason.as_str()),
+            })
+            .write_dialect(&mut sink, Style::Verbatim, dialect);
+            let r = sink.finish();
+            if r.is_ok() {
+                self.farewell = None;
             }
             return Some(r);
         }

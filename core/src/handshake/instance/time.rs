@@ -6,6 +6,10 @@ impl<'s> Instance<'s> {
     /// When [`handle_timeout`](Self::handle_timeout) must be called next:
     /// the tops of the deadline heaps, or the registration's retry.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.left {
+            // Nothing is due once it left: no registration, no report.
+            return None;
+        }
         let register = (!self.registered).then_some(self.register_at);
         let refused = self.prealloc_timers.peek(0).map(|(at, _)| Instant(at));
         let requests = self.requests.next_due().map(|(at, _)| at);
@@ -17,6 +21,9 @@ impl<'s> Instance<'s> {
     /// heaps, so a call costs what is due.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.last_now = self.last_now.max(now);
+        if self.left {
+            return;
+        }
         if !self.registered && self.register_at <= now {
             self.register_at = now + self.config.register_retry;
             self.register_due = true;
