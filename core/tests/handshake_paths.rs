@@ -1238,6 +1238,14 @@ fn feed(inst: &mut Instance<'_>, now_ms: u64, json: &str) -> Result<(), Ignored>
 /// around a ferry coordinator: `r1` is delivered to the denoiser, which
 /// forwards it. Returns the world and where the forward's messages start.
 fn forward_world(head: Head) -> (World<'static>, usize) {
+    forward_world_with(head, |_| {})
+}
+
+/// [`forward_world`], with `before_forward` run once `r1` is delivered.
+fn forward_world_with(
+    head: Head,
+    before_forward: impl FnOnce(&mut World<'static>),
+) -> (World<'static>, usize) {
     let denoiser = match head {
         Head::Ferry => instance("denoiser", "den-0", "tcp://den:1"),
         Head::Sglang => sglang_instance_at("denoiser", "den-0", "tcp://den:1"),
@@ -1253,6 +1261,7 @@ fn forward_world(head: Head) -> (World<'static>, usize) {
     let [rx] = w.received(1)[..] else {
         panic!("{:?}", w.inst_events)
     };
+    before_forward(&mut w);
     // The denoiser stages its output under the same id and forwards.
     let (next, _) = w.insts[1].stage("r1", 4 * KIB).unwrap();
     let dims = [4 * KIB];
@@ -1987,40 +1996,13 @@ fn an_instance_that_leaves_unanswered_is_announced_and_registers_no_more() {
 #[test]
 fn a_draining_coordinator_still_carries_a_request_to_its_end() {
     for head in [Head::Ferry, Head::Sglang] {
-        let denoiser = match head {
-            Head::Ferry => instance("denoiser", "den-0", "tcp://den:1"),
-            Head::Sglang => sglang_instance_at("denoiser", "den-0", "tcp://den:1"),
-        };
-        let insts = vec![
-            instance("encoder", "enc-0", "tcp://enc:1"),
-            denoiser,
-            instance("decoder", "dec-0", "tcp://dec:1"),
-        ];
-        let pipeline = ["encoder", "denoiser", "decoder"];
-        let mut w = World::new(coordinator_for(8, &pipeline), insts);
-        w.stage(0, "r1", 6 * KIB);
-        let [rx] = w.received(1)[..] else {
-            panic!("{:?}", w.inst_events)
-        };
-        w.coord.drain();
-        // A new request is refused...
-        w.stage(0, "r2", KIB);
-        assert_eq!(w.failed(), vec![FailReason::ShuttingDown]);
-        // ...but the next leg of one in flight is taken.
-        let (next, _) = w.insts[1].stage("r1", 4 * KIB).unwrap();
-        let dims = [4 * KIB];
-        let entries = [blob(&dims)];
-        w.insts[1]
-            .forward(
-                w.now,
-                rx,
-                next,
-                4 * KIB,
-                &Manifest::Entries(&entries),
-                RawJson::EMPTY_OBJECT,
-            )
-            .unwrap();
-        w.pump();
+        let (mut w, _) = forward_world_with(head, |w| {
+            w.coord.drain();
+            // A new request is refused; the next leg of one in flight
+            // (the denoiser's forward, which follows) is taken.
+            w.stage(0, "r2", KIB);
+            assert_eq!(w.failed(), vec![FailReason::ShuttingDown]);
+        });
         let [dec] = w.received(2)[..] else {
             panic!("{head:?}: {:?}", w.inst_events)
         };
@@ -2030,4 +2012,42 @@ fn a_draining_coordinator_still_carries_a_request_to_its_end() {
         assert_eq!(w.failed(), vec![FailReason::ShuttingDown], "{head:?}");
         assert_eq!(w.coord.in_flight(), 0);
     }
+}
+
+#[test]
+fn a_sender_leaving_with_a_write_out_reports_it_before_it_says_it_is_gone() {
+    let mut w = two_receivers();
+    w.writes = None;
+    w.stage(0, "a", 20 * KIB);
+    assert_eq!(w.pending.len(), 1, "the write is posted");
+    w.insts[0].leave(w.now, "stopped");
+    w.pump();
+    assert!(w.insts[0].is_leaving());
+    assert!(!w.insts[0].has_left(), "its write is still out");
+    assert_eq!(w.sent(MsgType::Deregister), 0);
+    for (i, wr) in std::mem::take(&mut w.pending) {
+        w.insts[i]
+            .handle_completion(w.now, wr.token, Ok(()))
+            .unwrap();
+    }
+    w.pump();
+    assert!(w.insts[0].has_left());
+    // The write's report went first, then the leaving: the transfer goes
+    // on without its sender.
+    let order: Vec<&str> = w
+        .from_instances
+        .iter()
+        .filter_map(|m| {
+            ["transfer_pushed", "transfer_deregister"]
+                .into_iter()
+                .find(|t| m.contains(t))
+        })
+        .collect();
+    assert_eq!(order, ["transfer_pushed", "transfer_deregister"]);
+    let token = *w.received(1).last().unwrap();
+    w.insts[1].release(token, None).unwrap();
+    w.pump();
+    assert_eq!(w.delivered(), 1);
+    assert!(w.failed().is_empty(), "{:?}", w.failed());
+    assert_eq!(w.insts[0].poll_timeout(), None);
 }

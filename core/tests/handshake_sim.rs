@@ -431,7 +431,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                 tag,
             } => {
                 let live = nodes[to].inc == to_inc
-                    && nodes[to].inst.as_ref().is_some_and(|x| !x.has_left());
+                    && nodes[to].inst.as_ref().is_some_and(|x| !x.is_leaving());
                 let ok = if rng.chance(faults.write_fail) {
                     false
                 } else if faults.notify {
@@ -481,7 +481,8 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
             } => {
                 // An instance that left is as good as gone: its pool is
                 // about to be unmapped.
-                if nodes[to].inc == to_inc && nodes[to].inst.as_ref().is_some_and(|x| !x.has_left())
+                if nodes[to].inc == to_inc
+                    && nodes[to].inst.as_ref().is_some_and(|x| !x.is_leaving())
                 {
                     land(&mut nodes[to], &coord, seed, &id, to, offset, &data);
                     // Its data plane reports the arrival at once, whether
@@ -597,7 +598,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
             }
             Ev::Crash { i } => {
                 // One that left is gone already (its restart is due).
-                let up = nodes[i].inst.as_ref().is_some_and(|x| !x.has_left());
+                let up = nodes[i].inst.as_ref().is_some_and(|x| !x.is_leaving());
                 if crashes_left[i] > 0 && up {
                     crashes_left[i] -= 1;
                     // What it had staged dies with it.
@@ -632,7 +633,14 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                 }
             }
             Ev::Restart { i } => {
-                if nodes[i].inst.as_ref().is_some_and(Instance::has_left) {
+                let leaving = nodes[i].inst.as_ref().map(Instance::has_left);
+                if leaving == Some(false) {
+                    // Its writes are not all in yet: the process waits for
+                    // them before it ends.
+                    push(&mut q, &mut evs, now + MS, Ev::Restart { i });
+                    continue;
+                }
+                if leaving == Some(true) {
                     // What is still addressed to the one that left is lost.
                     nodes[i].inc += 1;
                 }

@@ -529,17 +529,36 @@ where
 
     /// Ends this instance's part in everything, for `reason`
     /// ([`Instance::leave`](ferry_core::handshake::instance::Instance::leave)):
-    /// what is still held fails, and the coordinator and the peers are
-    /// told (the message is handed to the control channel before this
-    /// returns; dropping the node then closes the channel, which waits for
-    /// it to go out). Transfers the application still holds are marked
-    /// aborted; release them as usual. Writes still posted finish or fail
-    /// before the node's drop returns.
-    pub fn leave(&self, reason: &str) {
+    /// what is still held fails; writes still posted are let finish (each
+    /// reported as usual), and then the coordinator and the peers are told
+    /// the instance is gone. Waits up to `timeout` for that (the data
+    /// plane ends every write within its write timeout); true if it came.
+    /// The message is handed to the control channel before this returns,
+    /// and dropping the node closes the channel, which waits for it to go
+    /// out. Transfers the application still holds are marked aborted;
+    /// release them as usual.
+    pub fn leave(&self, reason: &str, timeout: Duration) -> bool {
         let mut st = self.shared.lock();
         let now = self.shared.clock.now();
         st.machine.leave(now, reason);
         self.shared.drive(&mut st, now);
+        let end = std::time::Instant::now() + timeout;
+        while !st.machine.has_left() {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            // Completions come on the progress thread, which drives (and
+            // so sends) under this lock; a completion of an aborted write
+            // wakes no one, hence the short waits.
+            st = self
+                .shared
+                .changed
+                .wait_timeout(st, left.min(Duration::from_millis(10)))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        true
     }
 
     /// Reserves a slot for request `id` laid out for `tensors` (each at a

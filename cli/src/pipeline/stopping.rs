@@ -17,6 +17,9 @@ use super::roles::emit_json;
 use crate::lifetime::{Cause, Lifetime, Stop};
 use crate::metrics_http::Readiness;
 
+/// How long leaving waits for the writes still posted to end.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The name of why the process stops, for reports.
 fn cause_name(life: &Lifetime) -> String {
     life.cause()
@@ -119,11 +122,14 @@ impl<'n, S: ControlSend + Send + 'static> Ending<'n, S> {
         } else {
             format!("instance stopped ({cause}) before its drain ended")
         };
-        self.node.leave(&reason);
+        // The data plane ends every write within its write timeout; past
+        // this the writes are abandoned to the node's drop.
+        let left = self.node.leave(&reason, LEAVE_TIMEOUT);
         json!({
             "cause": cause,
             "drained": drained,
             "failed_at_stop": in_flight,
+            "left": left,
         })
     }
 }

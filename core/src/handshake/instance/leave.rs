@@ -45,7 +45,15 @@ impl<'s> Instance<'s> {
         self.draining
     }
 
-    /// True once [`leave`](Self::leave) was called.
+    /// True once [`leave`](Self::leave) was called (it may still wait for
+    /// writes it posted: see [`has_left`](Self::has_left)).
+    pub fn is_leaving(&self) -> bool {
+        self.leaving.is_some()
+    }
+
+    /// True once the instance left: [`leave`](Self::leave) was called and
+    /// every write it had posted is in (each reported as usual), so it
+    /// said it is gone. Nothing is sent after that.
     pub fn has_left(&self) -> bool {
         self.left
     }
@@ -79,22 +87,28 @@ impl<'s> Instance<'s> {
     /// way to be told). Messages queued before are sent first.
     ///
     /// Locally, staged and reserved slots are freed, the application hears
-    /// [`InstanceEvent::SendFailed`] for each request it sent that had not
-    /// completed, and [`InstanceEvent::Aborted`] for each transfer it still
-    /// holds (release it as usual). A write still posted keeps its record
-    /// until its completion comes ([`handle_completion`]): the caller must
-    /// let the data plane finish or cancel it before the pool goes.
-    /// Nothing is registered again afterwards, and messages from the
-    /// coordinator are ignored.
+    /// [`InstanceEvent::SendFailed`] for each request it staged that was
+    /// not written, and [`InstanceEvent::Aborted`] for each transfer it
+    /// still holds (release it as usual).
+    ///
+    /// A write still posted is let finish: its bytes may be on their way,
+    /// so it is reported as usual when its completion comes
+    /// ([`handle_completion`]), and only then, once no write of this
+    /// instance is out, does it say it is gone ([`has_left`]). Wait for
+    /// that (the data plane completes or fails every write within its
+    /// write timeout) before the pool goes. Nothing is registered again,
+    /// and after that nothing is sent and messages are ignored.
     ///
     /// [`handle_completion`]: Self::handle_completion
+    /// [`has_left`]: Self::has_left
     pub fn leave(&mut self, now: Instant, reason: &str) {
         self.last_now = now;
-        if self.left {
+        if self.leaving.is_some() {
             return;
         }
         let why = Reason::truncated(reason);
         self.draining = true;
+        self.leaving = Some(why);
         self.register_due = false;
         let sglang = self.config.head == Head::Sglang;
         // Preallocated slots held for a refusal: their report is due now
@@ -122,36 +136,12 @@ impl<'s> Instance<'s> {
                     let _ = self.pool.free(slot);
                     continue;
                 }
-                Kind::Staged { slot, .. } => {
-                    let _ = self.pool.free(slot);
-                    self.tombstone(r.id, Side::Send);
-                    self.event(InstanceEvent::SendFailed {
-                        id: r.id,
-                        reason: why,
-                    });
-                    continue;
-                }
-                Kind::Writing {
-                    slot,
-                    len,
-                    aborted,
-                    staged,
-                    posted,
-                } => {
-                    if !aborted {
-                        self.event(InstanceEvent::SendFailed {
-                            id: r.id,
-                            reason: why,
-                        });
-                    }
-                    Kind::Writing {
-                        slot,
-                        len,
-                        aborted: true,
-                        staged,
-                        posted,
-                    }
-                }
+                k @ Kind::Staged { .. } => match self.abandon_send(r.id, k, why) {
+                    Some(k) => k,
+                    None => continue,
+                },
+                // Reported when its completion comes.
+                k @ Kind::Writing { .. } => k,
                 Kind::Reserved { slot } => {
                     let _ = self.pool.free(slot);
                     self.left_receive(r.id, sglang, why);
@@ -194,15 +184,29 @@ impl<'s> Instance<'s> {
             };
             self.requests.put(index, Request { kind, ..r });
         }
-        if !sglang && self.registered {
-            self.send(OutMsg::Deregister {
-                draining: false,
-                reason: why,
-            });
-        } else if !sglang && self.register_sent {
-            self.farewell = Some(why);
+        self.finish_leaving();
+    }
+
+    /// Once [`leave`](Self::leave) was called and no write is out: says
+    /// the instance is gone (to ferry's coordinator, which fails what
+    /// still needed it), and sends nothing more.
+    pub(super) fn finish_leaving(&mut self) {
+        let Some(why) = self.leaving else {
+            return;
+        };
+        if self.left || self.requests.tally(CLASS_WRITING) > 0 {
+            return;
         }
-        // From here on nothing more is sent.
+        if self.config.head == Head::Ferry {
+            if self.registered {
+                self.send(OutMsg::Deregister {
+                    draining: false,
+                    reason: why,
+                });
+            } else if self.register_sent {
+                self.farewell = Some(why);
+            }
+        }
         self.left = true;
     }
 

@@ -11,6 +11,12 @@ impl<'s> Instance<'s> {
             self.stats.ignored += 1;
             return Err(Ignored::Left);
         }
+        if self.leaving.is_some() && !matches!(msg, Msg::Abort(_)) {
+            // Leaving: only an abort of a write still out matters (its
+            // completion then reports nothing).
+            self.stats.ignored += 1;
+            return Err(Ignored::Left);
+        }
         let r = match msg {
             // ferry's coordinator: nothing is addressed to this draining
             // instance any more.

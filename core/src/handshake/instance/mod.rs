@@ -201,6 +201,8 @@ const CLASS_BY_ALLOC: usize = 1;
 const CLASS_LANDING: usize = 2;
 /// A slot sitting out a quarantine.
 const CLASS_QUARANTINED: usize = 3;
+/// A write posted, its completion not in yet.
+const CLASS_WRITING: usize = 4;
 
 impl Record for Request {
     fn key_hash(&self, key: &HashKey) -> u64 {
@@ -216,6 +218,7 @@ impl Record for Request {
             Kind::Reserved { .. } | Kind::AllocHeld { .. } => CLASS_BY_ALLOC,
             Kind::Landing { .. } => CLASS_LANDING,
             Kind::Quarantined { .. } => CLASS_QUARANTINED,
+            Kind::Writing { .. } => CLASS_WRITING,
             _ => CLASS_OTHER,
         }
     }
@@ -662,7 +665,10 @@ pub struct Instance<'s> {
     draining: bool,
     /// ferry's coordinator said nothing is addressed to it any more.
     drain_acked: bool,
-    /// It left ([`Instance::leave`]): terminal; nothing more is sent.
+    /// It leaves ([`Instance::leave`]), for this reason: it waits for the
+    /// completions of the writes it posted, then says it is gone.
+    leaving: Option<Reason>,
+    /// It left: terminal; nothing more is sent.
     left: bool,
     /// A registration went out (answered or not).
     register_sent: bool,
@@ -779,6 +785,7 @@ impl<'s> Instance<'s> {
             registered: false,
             draining: false,
             drain_acked: false,
+            leaving: None,
             left: false,
             register_sent: false,
             farewell: None,
@@ -814,7 +821,7 @@ impl<'s> Instance<'s> {
     /// dropped. Requests being filled are kept. The registration goes out
     /// once the application has released every preallocated slot it holds.
     pub fn reregister(&mut self, now: Instant) {
-        if self.left {
+        if self.leaving.is_some() {
             // Gone for good: nothing is announced again.
             return;
         }
@@ -834,34 +841,11 @@ impl<'s> Instance<'s> {
             };
             let token = Token { index, seq: r.seq };
             let kind = match r.kind {
-                Kind::Staged { slot, .. } => {
-                    let _ = self.pool.free(slot);
-                    self.tombstone(r.id, Side::Send);
-                    self.event(InstanceEvent::SendFailed {
-                        id: r.id,
-                        reason: Reason::truncated("the coordinator was lost"),
-                    });
-                    continue;
-                }
-                Kind::Writing {
-                    slot,
-                    len,
-                    aborted,
-                    staged,
-                    posted,
-                } => {
-                    if !aborted {
-                        self.event(InstanceEvent::SendFailed {
-                            id: r.id,
-                            reason: Reason::truncated("the coordinator was lost"),
-                        });
-                    }
-                    Kind::Writing {
-                        slot,
-                        len,
-                        aborted: true,
-                        staged,
-                        posted,
+                k @ (Kind::Staged { .. } | Kind::Writing { .. }) => {
+                    let lost = Reason::truncated("the coordinator was lost");
+                    match self.abandon_send(r.id, k, lost) {
+                        Some(k) => k,
+                        None => continue,
                     }
                 }
                 // A write may still land in these; the old coordinator
@@ -908,6 +892,42 @@ impl<'s> Instance<'s> {
                 other => other,
             };
             self.requests.put(index, Request { kind, ..r });
+        }
+    }
+
+    /// The send side of a request no coordinator will relay any more (it
+    /// was lost, or this instance leaves), for `why`: a staged slot is
+    /// freed and the request ends (`None`); a write still posted is marked
+    /// aborted and kept until its completion, which then frees the slot
+    /// and reports nothing. The application hears of the failure once.
+    /// Other kinds come back as they are.
+    fn abandon_send(&mut self, id: RequestId, kind: Kind, why: Reason) -> Option<Kind> {
+        match kind {
+            Kind::Staged { slot, .. } => {
+                let _ = self.pool.free(slot);
+                self.tombstone(id, Side::Send);
+                self.event(InstanceEvent::SendFailed { id, reason: why });
+                None
+            }
+            Kind::Writing {
+                slot,
+                len,
+                aborted,
+                staged,
+                posted,
+            } => {
+                if !aborted {
+                    self.event(InstanceEvent::SendFailed { id, reason: why });
+                }
+                Some(Kind::Writing {
+                    slot,
+                    len,
+                    aborted: true,
+                    staged,
+                    posted,
+                })
+            }
+            other => Some(other),
         }
     }
 

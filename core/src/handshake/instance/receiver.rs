@@ -77,7 +77,7 @@ impl<'s> Instance<'s> {
     /// (its preallocated slot may hold another request's data by then).
     pub(super) fn done(&mut self, id: RequestId, error: Option<Reason>) {
         self.tombstone(id, Side::Recv);
-        if self.left {
+        if self.leaving.is_some() {
             // `leave` told the coordinator of everything held.
             return;
         }

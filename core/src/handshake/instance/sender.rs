@@ -11,7 +11,9 @@ impl<'s> Instance<'s> {
         let id = RequestId::new(id).map_err(|_| InstanceError::BadId)?;
         // A drain finishes work in flight: the next leg of a request this
         // instance holds as receiver (a forward) is still staged.
-        if self.draining && (self.left || self.find(id.as_json(), Side::Recv).is_none()) {
+        if self.draining
+            && (self.leaving.is_some() || self.find(id.as_json(), Side::Recv).is_none())
+        {
             return Err(InstanceError::Draining);
         }
         if self.find(id.as_json(), Side::Send).is_some() {
@@ -174,6 +176,7 @@ impl<'s> Instance<'s> {
         self.retry_held(now);
         if aborted {
             // The coordinator gave up already; it wants no report.
+            self.finish_leaving();
             return Ok(len);
         }
         // sglang's head reads no failure in `transfer_pushed` (it would
@@ -198,6 +201,9 @@ impl<'s> Instance<'s> {
             let reason = Reason::truncated(result.err().unwrap_or("write failed"));
             self.event(InstanceEvent::SendFailed { id, reason });
         }
+        // A leaving instance says it is gone once its last write is in,
+        // after that write's report.
+        self.finish_leaving();
         Ok(len)
     }
 }

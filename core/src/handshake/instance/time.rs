@@ -24,7 +24,7 @@ impl<'s> Instance<'s> {
         if self.left {
             return;
         }
-        if !self.registered && self.register_at <= now {
+        if !self.registered && self.register_at <= now && self.leaving.is_none() {
             self.register_at = now + self.config.register_retry;
             self.register_due = true;
         }

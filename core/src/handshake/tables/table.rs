@@ -12,7 +12,7 @@ use crate::handshake::Instant;
 use crate::managed::ManagedSlice;
 
 /// Classes a table counts its records by.
-pub(crate) const CLASSES: usize = 4;
+pub(crate) const CLASSES: usize = 5;
 
 /// What a table needs to know of a record.
 pub(crate) trait Record {
