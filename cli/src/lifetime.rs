@@ -146,9 +146,7 @@ impl Lifetime {
 
 impl Drop for Lifetime {
     fn drop(&mut self) {
-        // Ends the signal thread's loop; the handlers stay installed (the
-        // process is ending), so a late signal still does not kill it
-        // halfway through its summary.
+        // Ends the signal thread's loop.
         self.handle.close();
     }
 }
@@ -206,5 +204,17 @@ mod tests {
         assert_eq!(parse_drain_timeout("0"), Ok(Duration::ZERO));
         assert!(parse_drain_timeout("-1").unwrap_err().contains("\"-1\""));
         assert!(parse_drain_timeout("soon").unwrap_err().contains("soon"));
+    }
+
+    #[test]
+    fn the_command_lines_default_drain_is_the_pipelines() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            lifetime: crate::pipeline::LifetimeArgs,
+        }
+        let cli = <Cli as clap::Parser>::parse_from(["ferry"]);
+        assert_eq!(cli.lifetime.drain_timeout, crate::pipeline::DRAIN_TIMEOUT);
+        assert!(!cli.lifetime.exit_on_stdin_close);
     }
 }

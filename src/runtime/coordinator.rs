@@ -236,9 +236,10 @@ impl CoordinatorNode {
         &self.shared.probe
     }
 
-    /// Takes no new work from now on (a new transfer is aborted, a
+    /// Takes no new work from now on (a new request is aborted, a
     /// registration refused, each with the reason "coordinator shutting
-    /// down"); what is in flight goes on. Watch
+    /// down"); the requests in flight go on, through their next legs too.
+    /// Watch
     /// [`in_flight`](Self::in_flight) fall, then [`shutdown`](Self::shutdown).
     pub fn drain(&self) {
         self.shared.ending.fetch_max(DRAIN, Ordering::AcqRel);

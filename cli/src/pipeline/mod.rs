@@ -126,6 +126,14 @@ pub struct CoordinatorArgs {
     /// with the probes `/healthz` and `/readyz` beside them.
     #[arg(long, env = "FERRY_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
+    /// How the process stops.
+    #[command(flatten)]
+    pub lifetime: LifetimeArgs,
+}
+
+/// How `ferry coordinator` and `ferry instance` stop.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LifetimeArgs {
     /// Stop when stdin closes, as well as on SIGTERM or SIGINT (for a
     /// parent that ends its children by closing their stdin; a service
     /// leaves this off, since service managers start daemons with stdin at
@@ -220,16 +228,9 @@ pub struct InstanceCliArgs {
     /// with the probes `/healthz` and `/readyz` beside them.
     #[arg(long, env = "FERRY_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
-    /// Stop when stdin closes, as well as on SIGTERM or SIGINT (for a
-    /// parent that ends its children by closing their stdin; a service
-    /// leaves this off, since service managers start daemons with stdin at
-    /// /dev/null).
-    #[arg(long, env = "FERRY_EXIT_ON_STDIN_CLOSE")]
-    pub exit_on_stdin_close: bool,
-    /// On SIGTERM or SIGINT, how long to let what is in flight finish
-    /// before failing it, seconds (a second signal cuts it short).
-    #[arg(long, env = "FERRY_DRAIN_TIMEOUT", default_value = "5", value_parser = crate::lifetime::parse_drain_timeout)]
-    pub drain_timeout: Duration,
+    /// How the process stops.
+    #[command(flatten)]
+    pub lifetime: LifetimeArgs,
 }
 
 /// A role as it goes on the wire: sglang's `RoleType.from_string` reads
@@ -462,8 +463,8 @@ pub fn coordinator_main(args: &CoordinatorArgs) -> ExitCode {
         args.control,
         t,
         &roles::CoordinatorOptions {
-            exit_on_stdin_close: args.exit_on_stdin_close,
-            drain_timeout: args.drain_timeout,
+            exit_on_stdin_close: args.lifetime.exit_on_stdin_close,
+            drain_timeout: args.lifetime.drain_timeout,
             metrics_listen: args.metrics_listen.clone(),
             admitted,
             allow_from: args.allow_from.clone(),
@@ -522,8 +523,8 @@ pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
         reserved_timeout: Duration::from_millis(args.reserved_timeout_ms),
         metrics_listen: args.metrics_listen.clone(),
         allow_from: args.allow_from.clone(),
-        exit_on_stdin_close: args.exit_on_stdin_close,
-        drain_timeout: args.drain_timeout,
+        exit_on_stdin_close: args.lifetime.exit_on_stdin_close,
+        drain_timeout: args.lifetime.drain_timeout,
     })
 }
 

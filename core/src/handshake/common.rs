@@ -149,6 +149,21 @@ impl<const N: usize> Text<N> {
         t
     }
 
+    /// The decoded value of `s`, as much of it as fits, cut at a character
+    /// boundary: a peer's words (a reason, an error), kept whatever their
+    /// length.
+    pub(crate) fn from_json_truncated(s: JsonStr<'_>) -> Self {
+        let mut t = Self::EMPTY;
+        let mut utf8 = [0u8; 4];
+        for c in s.chars() {
+            if t.len == N {
+                break;
+            }
+            t.push_truncated(c.encode_utf8(&mut utf8));
+        }
+        t
+    }
+
     /// Appends as much of `s` as fits, cut at a character boundary.
     pub(crate) fn push_truncated(&mut self, s: &str) {
         let room = N - self.len;

@@ -782,9 +782,10 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         self.transfers.len()
     }
 
-    /// Takes no new work from now on: a `transfer_staged` is answered with
-    /// `transfer_abort` ([`FailReason::ShuttingDown`]) and a registration
-    /// refused, while the transfers in flight go on to their end. What a
+    /// Takes no new work from now on: a `transfer_staged` of a new request
+    /// is answered with `transfer_abort` ([`FailReason::ShuttingDown`]) and
+    /// a registration refused, while the requests in flight go on to their
+    /// end, through their next legs too. What a
     /// service does on SIGTERM before [`shutdown`](Self::shutdown), so that
     /// a stop loses as little as it can.
     pub fn drain(&mut self) {

@@ -190,16 +190,11 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         } else {
             self.drop_member(now, r, FailReason::PeerLeft);
         }
-        let mut reason = Reason::EMPTY;
-        let mut utf8 = [0u8; 4];
-        for c in m.reason.chars() {
-            reason.push_truncated(c.encode_utf8(&mut utf8));
-        }
         self.event(CoordinatorEvent::Deregistered {
             peer: from,
             role,
             draining: m.draining,
-            reason,
+            reason: Reason::from_json_truncated(m.reason),
         });
         Ok(())
     }

@@ -12,11 +12,7 @@ impl<'s> Instance<'s> {
     ) -> Result<(), Ignored> {
         let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
         // The coordinator's words, cut to fit.
-        let mut why = Reason::EMPTY;
-        let mut utf8 = [0u8; 4];
-        for c in reason.chars() {
-            why.push_truncated(c.encode_utf8(&mut utf8));
-        }
+        let why = Reason::from_json_truncated(reason);
         if self.tombstoned(id, side) {
             return Err(Ignored::Duplicate);
         }

@@ -36,14 +36,10 @@ impl<'s> Instance<'s> {
                 } else {
                     self.registered = m.accepted;
                     self.refused = !m.accepted;
-                    self.refusal = Reason::EMPTY;
-                    if !m.accepted {
-                        let mut utf8 = [0u8; 4];
-                        let why = m.error.map(|e| e.chars());
-                        for c in why.into_iter().flatten() {
-                            self.refusal.push_truncated(c.encode_utf8(&mut utf8));
-                        }
-                    }
+                    self.refusal = match m.error {
+                        Some(why) if !m.accepted => Reason::from_json_truncated(why),
+                        _ => Reason::EMPTY,
+                    };
                     self.event(if m.accepted {
                         InstanceEvent::Registered
                     } else {
