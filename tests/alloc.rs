@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::endpoint;
 use ferry::runtime::shm::{start_instance, CopySettings};
+use ferry::runtime::Prealloc;
 use ferry::runtime::{CoordinatorNode, CoordinatorSettings, InstanceSettings};
 use ferry_core::slots::{Dtype, TensorSpec};
 use ferry_shm::UdsChannel;
@@ -61,7 +62,10 @@ fn a_hand_off_allocates_nothing_in_steady_state() {
     )
     .unwrap();
     let mut den_settings = InstanceSettings::new("denoiser", coord.endpoint());
-    den_settings.prealloc = (2, 8 << 20);
+    den_settings.config.prealloc = Prealloc {
+        count: 2,
+        size: 8 << 20,
+    };
     let den = start_instance(
         &den_settings,
         64 << 20,

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::endpoint;
 use ferry::runtime::shm::{start_instance, CopySettings, ShmInstance};
+use ferry::runtime::Prealloc;
 use ferry::runtime::{CoordinatorNode, CoordinatorSettings, InstanceNode, InstanceSettings};
 use ferry_core::slots::{Dtype, TensorSpec};
 use ferry_core::transport::ControlSend;
@@ -36,9 +37,9 @@ fn wait_delivered(coord: &CoordinatorNode, n: u64) {
     panic!("{:?}", coord.snapshot());
 }
 
-fn instance(role: &str, coord: &CoordinatorNode, prealloc: (usize, u64)) -> ShmInstance {
+fn instance(role: &str, coord: &CoordinatorNode, prealloc: Prealloc) -> ShmInstance {
     let mut s = InstanceSettings::new(role, coord.endpoint());
-    s.prealloc = prealloc;
+    s.config.prealloc = prealloc;
     let node = start_instance(&s, 64 << 20, CopySettings::default(), &endpoint(role)).unwrap();
     node.wait_registered(5 * SECOND).unwrap();
     node
@@ -117,9 +118,16 @@ fn assert_idle<S: ControlSend + Send + 'static>(node: &InstanceNode<S>) {
 #[test]
 fn hand_offs_over_both_paths_deliver_every_byte() {
     let coord = coordinator(&["encoder", "denoiser"]);
-    let enc = instance("encoder", &coord, (0, 0));
+    let enc = instance("encoder", &coord, Prealloc::NONE);
     // Two preallocated slots: the fast path; more requests take the slow one.
-    let den = instance("denoiser", &coord, (2, 1 << 20));
+    let den = instance(
+        "denoiser",
+        &coord,
+        Prealloc {
+            count: 2,
+            size: 1 << 20,
+        },
+    );
     for round in 0..20u8 {
         let ids: Vec<String> = (0..4).map(|i| format!("r{round}-{i}")).collect();
         for (i, id) in ids.iter().enumerate() {
@@ -159,9 +167,16 @@ fn hand_offs_over_both_paths_deliver_every_byte() {
 #[test]
 fn one_request_passes_through_three_roles_under_its_own_id() {
     let coord = coordinator(&["encoder", "denoiser", "decoder"]);
-    let enc = instance("encoder", &coord, (0, 0));
-    let den = instance("denoiser", &coord, (1, 1 << 20));
-    let dec = instance("decoder", &coord, (0, 0));
+    let enc = instance("encoder", &coord, Prealloc::NONE);
+    let den = instance(
+        "denoiser",
+        &coord,
+        Prealloc {
+            count: 1,
+            size: 1 << 20,
+        },
+    );
+    let dec = instance("decoder", &coord, Prealloc::NONE);
     send(&enc, "req-1", 3);
     let input = den.recv(5 * SECOND).expect("at the denoiser");
     // Forward before letting go of the input, as a denoiser would.
@@ -180,8 +195,8 @@ fn without_a_live_receiver_a_request_fails_and_a_new_receiver_takes_over() {
     let mut settings = CoordinatorSettings::new(&["encoder", "denoiser"]);
     settings.timeouts.queued = Duration::from_millis(300);
     let coord = coordinator_with(settings);
-    let enc = instance("encoder", &coord, (0, 0));
-    let den = instance("denoiser", &coord, (0, 0));
+    let enc = instance("encoder", &coord, Prealloc::NONE);
+    let den = instance("denoiser", &coord, Prealloc::NONE);
     send(&enc, "ok-1", 1);
     check(&den, "ok-1", 1);
     assert!(enc.next_outcome(5 * SECOND).unwrap().sent);
@@ -199,7 +214,7 @@ fn without_a_live_receiver_a_request_fails_and_a_new_receiver_takes_over() {
     let o = enc.next_outcome(10 * SECOND).expect("an outcome");
     assert_eq!((o.id.as_str(), o.sent), ("lost-1", false));
     // A new receiver takes over.
-    let den2 = instance("denoiser", &coord, (0, 0));
+    let den2 = instance("denoiser", &coord, Prealloc::NONE);
     send(&enc, "ok-2", 4);
     check(&den2, "ok-2", 4);
     assert_idle(&enc);
@@ -235,15 +250,15 @@ fn under_injected_faults_every_request_ends_and_no_slot_leaks() {
     let coord = CoordinatorNode::start(&cs, ch, |_| {}).unwrap();
     let settings = |role: &str, prealloc| {
         let mut s = InstanceSettings::new(role, coord.endpoint());
-        s.prealloc = prealloc;
-        s.register_retry = Duration::from_millis(50);
-        s.staged_timeout = Duration::from_secs(4);
-        s.reserved_timeout = Duration::from_secs(1);
-        s.quarantine = Duration::from_millis(200);
+        s.config.prealloc = prealloc;
+        s.config.register_retry = Duration::from_millis(50);
+        s.config.staged_timeout = Duration::from_secs(4);
+        s.config.reserved_timeout = Duration::from_secs(1);
+        s.config.quarantine = Duration::from_millis(200);
         s
     };
     let enc = start_instance_wrapped(
-        &settings("encoder", (0, 0)),
+        &settings("encoder", Prealloc::NONE),
         64 << 20,
         CopySettings::default(),
         &endpoint("encoder"),
@@ -252,7 +267,13 @@ fn under_injected_faults_every_request_ends_and_no_slot_leaks() {
     )
     .unwrap();
     let den = start_instance_wrapped(
-        &settings("denoiser", (2, 1 << 20)),
+        &settings(
+            "denoiser",
+            Prealloc {
+                count: 2,
+                size: 1 << 20,
+            },
+        ),
         64 << 20,
         CopySettings::default(),
         &endpoint("denoiser"),
@@ -360,8 +381,11 @@ fn a_transfer_whose_write_never_lands_is_refused_and_freed() {
     .unwrap();
     enc.wait_registered(5 * SECOND).unwrap();
     let mut s = InstanceSettings::new("denoiser", coord.endpoint());
-    s.prealloc = (2, 1 << 20);
-    s.landing_timeout = Duration::from_millis(300);
+    s.config.prealloc = Prealloc {
+        count: 2,
+        size: 1 << 20,
+    };
+    s.config.landing_timeout = Duration::from_millis(300);
     let den = start_instance_wrapped(
         &s,
         64 << 20,
@@ -462,7 +486,7 @@ fn the_runtime_hands_off_over_the_verbs_transport_on_a_stand_in_device() {
 
     let coord = coordinator(&["encoder", "denoiser"]);
     let mut pools = Vec::new();
-    let mut node = |role: &str, prealloc: (usize, u64)| {
+    let mut node = |role: &str, prealloc: Prealloc| {
         // Small messages and a small window, so writes are chunked and
         // the window fills.
         let mut config = VerbsConfig::new("sim");
@@ -476,14 +500,20 @@ fn the_runtime_hands_off_over_the_verbs_transport_on_a_stand_in_device() {
         let memory = unsafe { PoolMemory::new(pool.ptr(), pool.len()) };
         pools.push(pool);
         let mut s = InstanceSettings::new(role, coord.endpoint());
-        s.prealloc = prealloc;
+        s.config.prealloc = prealloc;
         let ch = UdsChannel::bind(&endpoint(role)).unwrap();
         let n = InstanceNode::start(&s, transport, memory, ch).unwrap();
         n.wait_registered(5 * SECOND).unwrap();
         n
     };
-    let enc = node("encoder", (0, 0));
-    let den = node("denoiser", (2, 1 << 20));
+    let enc = node("encoder", Prealloc::NONE);
+    let den = node(
+        "denoiser",
+        Prealloc {
+            count: 2,
+            size: 1 << 20,
+        },
+    );
     for round in 0..10u8 {
         for i in 0..4u8 {
             send(

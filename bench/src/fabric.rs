@@ -20,6 +20,7 @@ use ferry_shm::UdsSender;
 
 use crate::handoff::bind;
 use ferry::runtime::telemetry::Telemetry;
+use ferry::runtime::Prealloc;
 use ferry::runtime::{
     CoordinatorNode, CoordinatorSettings, InstanceNode, InstanceSettings, NodeError,
 };
@@ -92,7 +93,10 @@ fn rig(
     // A receive slot set aside for each transfer in flight (the fast
     // path), and as much room again for a slot the coordinator has not
     // yet seen released.
-    r.prealloc = (window, slot);
+    r.config.prealloc = Prealloc {
+        count: window,
+        size: slot,
+    };
     let receiver = ferry::runtime::fabric::start_instance(&r, 2 * pool, config, bind("receiver")?)?;
     sender.wait_registered(Duration::from_secs(10))?;
     receiver.wait_registered(Duration::from_secs(10))?;

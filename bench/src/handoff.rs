@@ -15,6 +15,7 @@ use ferry_shm::UdsChannel;
 
 use ferry::runtime::shm::{start_instance, CopySettings, ShmInstance};
 use ferry::runtime::telemetry::Telemetry;
+use ferry::runtime::Prealloc;
 use ferry::runtime::{CoordinatorNode, CoordinatorSettings, InstanceSettings, NodeError};
 
 /// Sizes measured by default: 4 KiB to 256 MiB.
@@ -96,7 +97,10 @@ fn rig(largest: u64, copy: CopySettings, telemetry: &Telemetry) -> Result<Rig, N
     let sender = start_instance(&s, pool, copy, &endpoint("sender"))?;
     let mut r = InstanceSettings::new("receiver", coordinator.endpoint());
     // Receive slots set aside: every hand-off takes the fast path.
-    r.prealloc = (2, slot);
+    r.config.prealloc = Prealloc {
+        count: 2,
+        size: slot,
+    };
     let receiver = start_instance(&r, pool, copy, &endpoint("receiver"))?;
     sender.wait_registered(Duration::from_secs(10))?;
     receiver.wait_registered(Duration::from_secs(10))?;

@@ -13,7 +13,8 @@ use ferry_core::handshake::coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorEvent, CoordinatorStorage, Policy, Timeouts,
 };
 use ferry_core::handshake::instance::{
-    Head, Instance, InstanceConfig, InstanceEvent, InstanceStorage, Token,
+    Head, Instance, InstanceConfig, InstanceEvent, InstanceIdentity, InstanceStorage, Prealloc,
+    Token,
 };
 use ferry_core::handshake::{Instant, Limits, PeerId};
 use ferry_core::json::RawJson;
@@ -134,24 +135,31 @@ fn instance(
     held: usize,
     prealloc: usize,
 ) -> Result<Instance<'static>, String> {
-    let config = InstanceConfig {
+    let who = InstanceIdentity {
         role,
         session_id: name,
         work_endpoint: name,
         pool_ptr: 0x7f00_0000_0000,
-        pool: POOL,
-        prealloc: (prealloc, 16 << 20),
+        pool_size: POOL.pool_size,
+        delivery_complete: true,
+    };
+    let config = InstanceConfig {
+        min_block: POOL.min_block,
+        prealloc: Prealloc {
+            count: prealloc,
+            size: 16 << 20,
+        },
         register_retry: TIMEOUT,
         staged_timeout: TIMEOUT,
         reserved_timeout: TIMEOUT,
         quarantine: TIMEOUT,
-        landing: None,
+        landing_timeout: TIMEOUT,
         head: Head::Ferry,
         alloc_hold: TIMEOUT,
     };
     let storage = InstanceStorage::owned(&instance_limits(held), &POOL, prealloc)
         .map_err(|e| format!("instance storage: {e}"))?;
-    Instance::new(Instant(0), config, storage).map_err(|e| format!("instance {name}: {e}"))
+    Instance::new(Instant(0), &who, &config, storage).map_err(|e| format!("instance {name}: {e}"))
 }
 
 /// The machines of one deployment and the messages between them.

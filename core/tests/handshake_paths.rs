@@ -91,23 +91,30 @@ fn instance_under(
     pool: BuddyConfig,
     landing: Option<Duration>,
 ) -> Instance<'static> {
-    let config = InstanceConfig {
+    let who = InstanceIdentity {
         role,
         session_id: session,
         work_endpoint: endpoint,
         pool_ptr: POOL_PTR,
-        pool,
-        prealloc: (2, 8 * KIB),
+        pool_size: pool.pool_size,
+        delivery_complete: landing.is_none(),
+    };
+    let config = InstanceConfig {
+        min_block: pool.min_block,
+        prealloc: Prealloc {
+            count: 2,
+            size: 8 * KIB,
+        },
         register_retry: Duration::from_millis(5),
         staged_timeout: Duration::from_millis(100),
         reserved_timeout: Duration::from_millis(100),
         quarantine: Duration::from_millis(5),
-        landing,
+        landing_timeout: landing.unwrap_or(Duration::from_millis(100)),
         head,
         alloc_hold: Duration::from_millis(50),
     };
     let storage = InstanceStorage::owned(&LIMITS, &pool, 2).unwrap();
-    Instance::new(Instant(0), config, storage).unwrap()
+    Instance::new(Instant(0), &who, &config, storage).unwrap()
 }
 
 /// A coordinator and instances (instance `i` is peer `i + 1`), joined by a
@@ -1664,23 +1671,27 @@ fn most_free_slots_ranks_by_room_when_no_slot_fits_and_by_slots_when_they_do() {
     // den-1 (and the encoder) offer no preallocated slot; den-0 two of
     // 8 KiB.
     let bare = |role, name, endpoint| {
-        let config = InstanceConfig {
+        let who = InstanceIdentity {
             role,
             session_id: name,
             work_endpoint: endpoint,
             pool_ptr: POOL_PTR,
-            pool: POOL,
-            prealloc: (0, 0),
+            pool_size: POOL.pool_size,
+            delivery_complete: true,
+        };
+        let config = InstanceConfig {
+            min_block: POOL.min_block,
+            prealloc: Prealloc::NONE,
             register_retry: Duration::from_millis(5),
             staged_timeout: Duration::from_millis(100),
             reserved_timeout: Duration::from_millis(100),
             quarantine: Duration::from_millis(5),
-            landing: None,
+            landing_timeout: Duration::from_millis(100),
             head: Head::Ferry,
             alloc_hold: Duration::from_millis(50),
         };
         let storage = InstanceStorage::owned(&LIMITS, &POOL, 0).unwrap();
-        Instance::new(Instant(0), config, storage).unwrap()
+        Instance::new(Instant(0), &who, &config, storage).unwrap()
     };
     let insts = vec![
         bare("encoder", "enc-0", "tcp://enc:1"),

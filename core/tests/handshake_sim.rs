@@ -36,7 +36,6 @@ use ferry_core::handshake::coordinator::*;
 use ferry_core::handshake::instance::*;
 use ferry_core::handshake::{Instant, Limits, PeerId};
 use ferry_core::json::RawJson;
-use ferry_core::slots::BuddyConfig;
 use ferry_core::transport::{Landed, WriteTag};
 use ferry_core::wire::{decode, Manifest, Msg, Shape, TensorEntry};
 
@@ -47,7 +46,16 @@ const MIN_BLOCK: u64 = 512;
 /// The largest pool; seeds under faults also run with an eighth of it,
 /// tight enough for allocations to be rejected.
 const POOL: u64 = 512 * MIN_BLOCK;
-const PREALLOC: (usize, u64) = (2, 8 * MIN_BLOCK);
+const PREALLOC: Prealloc = Prealloc {
+    count: 2,
+    size: 8 * MIN_BLOCK,
+};
+
+/// The one timeout of the sglang head the sglang-configured denoisers
+/// serve under (its `--disagg-timeout`), scaled to the simulation's
+/// clock: their timeouts follow from it by
+/// [`InstanceConfig::under_sglang`], as the runtime's do.
+const SGLANG_HEAD: Duration = Duration::from_millis(100);
 const MS: u64 = 1_000_000;
 
 #[derive(Clone, Copy, Debug)]
@@ -866,7 +874,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
         );
         assert_eq!(
             inst.pool().stats().live_slots,
-            PREALLOC.0 as u64,
+            PREALLOC.count as u64,
             "seed {seed}: instance {i} leaks pool slots"
         );
     }
@@ -893,26 +901,31 @@ fn start_instance(
 ) -> (Instance<'static>, String) {
     let Plane { pool, landing } = plane;
     let session = format!("sess-{i}-{inc}");
-    let config = InstanceConfig {
+    let who = InstanceIdentity {
         role,
         session_id: &session,
         work_endpoint: endpoint,
         pool_ptr: pool_ptr(i, inc),
-        pool: BuddyConfig {
-            pool_size: pool,
-            min_block: MIN_BLOCK,
-            pool_id: inc,
-        },
+        pool_size: pool,
+        delivery_complete: landing.is_none(),
+    };
+    let ferry = InstanceConfig {
+        min_block: MIN_BLOCK,
         prealloc: PREALLOC,
         register_retry: Duration::from_millis(20),
         staged_timeout: Duration::from_millis(1500),
         reserved_timeout: Duration::from_millis(1500),
         quarantine: Duration::from_nanos(QUARANTINE),
-        landing,
-        head,
-        // Within the coordinator's alloc timeout and more: a held ALLOC
-        // outlives the coordinator's patience under faults.
+        landing_timeout: landing.unwrap_or(Duration::from_millis(100)),
+        head: Head::Ferry,
         alloc_hold: Duration::from_millis(100),
+    };
+    // Under sglang's head, the policy the runtime uses, for a head whose
+    // one timeout is `SGLANG_HEAD`: a held ALLOC outlives the
+    // coordinator's alloc timeout and more (its patience under faults).
+    let config = match head {
+        Head::Ferry => ferry,
+        Head::Sglang => ferry.under_sglang(SGLANG_HEAD),
     };
     let limits = Limits {
         requests: 48,
@@ -920,9 +933,9 @@ fn start_instance(
         tombstones: 256,
         members: 0,
     };
-    let storage = InstanceStorage::owned(&limits, &config.pool, PREALLOC.0).unwrap();
+    let storage = InstanceStorage::owned(&limits, &config.pool(pool), PREALLOC.count).unwrap();
     (
-        Instance::new(Instant(now), config, storage).unwrap(),
+        Instance::new(Instant(now), &who, &config, storage).unwrap(),
         session,
     )
 }

@@ -18,12 +18,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use ferry_core::handshake::instance::{
-    Head, Instance, InstanceConfig, InstanceEvent, InstanceStats, InstanceStorage, Registration,
-    Token, Write,
+    Instance, InstanceConfig, InstanceEvent, InstanceIdentity, InstanceStats, InstanceStorage,
+    Registration, Token, Write,
 };
 use ferry_core::handshake::{Instant, Limits, Reason, RequestId};
 use ferry_core::json::{JsonStr, RawJson};
-use ferry_core::slots::{layout, BuddyConfig, Dtype, TensorSpec};
+use ferry_core::slots::{layout, Dtype, TensorSpec};
 use ferry_core::transport::wait::{WaitRecv, Wake};
 use ferry_core::transport::{
     ChannelEvent, ControlChannel, ControlRecv, ControlSend, ControlSendParts, Fault, Landed,
@@ -51,42 +51,21 @@ const POLL_WRITES: Duration = Duration::from_micros(100);
 /// Receive buffer for one control message.
 const RECV_BUF: usize = 1 << 20;
 
-/// An instance's settings.
+/// An instance node's configuration: the core's [`InstanceConfig`]
+/// (timeouts, preallocated slots, the head it serves under), extended by
+/// what a node needs besides: its role, its coordinator, its tables.
 #[derive(Clone, Debug)]
 pub struct InstanceSettings {
     /// The role it registers as (`encoder`, `denoiser`, ...).
     pub role: String,
     /// The coordinator's endpoint.
     pub coordinator: String,
-    /// The smallest slot of the pool allocator (a power of two).
-    pub min_block: u64,
-    /// Receive slots set aside at start: how many, of what size.
-    pub prealloc: (usize, u64),
     /// Table sizes.
     pub limits: Limits,
-    /// Resend `transfer_register` this often until acknowledged.
-    pub register_retry: Duration,
-    /// Staged, waiting for `transfer_push`, before the slot is freed; must
-    /// exceed the coordinator's queue plus alloc timeouts.
-    pub staged_timeout: Duration,
-    /// Slot reserved, waiting for `transfer_ready`; must exceed the
-    /// coordinator's push timeout.
-    pub reserved_timeout: Duration,
-    /// How long a slot a write may still be landing in stays out of use.
-    pub quarantine: Duration,
-    /// On data planes whose completions do not mean delivery: how long a
-    /// transfer announced ready may wait for its write's arrival notices
-    /// before it is refused (`transfer_done` with an error).
-    pub landing_timeout: Duration,
-    /// Which coordinator this instance serves under ([`Head`]).
-    pub head: Head,
-    /// Under [`Head::Sglang`]: how long a `transfer_alloc` without room is
-    /// held before the head is told it failed.
-    pub alloc_hold: Duration,
+    /// How the instance behaves ([`InstanceConfig::FERRY`] by default;
+    /// [`InstanceConfig::under_sglang`] under sglang's head).
+    pub config: InstanceConfig,
 }
-
-/// sglang's head's only timeout by default (`--disagg-timeout`).
-pub const SGLANG_HEAD_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl InstanceSettings {
     /// Settings with ferry's defaults for `role`, reporting to
@@ -95,31 +74,15 @@ impl InstanceSettings {
         Self {
             role: role.to_owned(),
             coordinator: coordinator.to_owned(),
-            min_block: 1 << 20,
-            prealloc: (0, 0),
             limits: Limits::INSTANCE,
-            register_retry: Duration::from_millis(200),
-            staged_timeout: Duration::from_secs(60),
-            reserved_timeout: Duration::from_secs(20),
-            quarantine: Duration::from_secs(1),
-            landing_timeout: Duration::from_secs(10),
-            head: Head::Ferry,
-            alloc_hold: Duration::from_secs(20),
+            config: InstanceConfig::FERRY,
         }
     }
 
     /// These settings for serving under sglang's head, whose only timeout
-    /// (`--disagg-timeout`) is `head_timeout` ([`SGLANG_HEAD_TIMEOUT`] by
-    /// default): that head tells no instance when it gives up, so nothing
-    /// here gives up first. A staged slot waits for its push, a reserved
-    /// one for its ready, and an ALLOC without room for room, as long as
-    /// the head may still use them, and a little longer.
+    /// is `head_timeout` ([`InstanceConfig::under_sglang`]).
     pub fn under_sglang(mut self, head_timeout: Duration) -> Self {
-        let beyond = head_timeout + head_timeout / 10 + Duration::from_secs(1);
-        self.head = Head::Sglang;
-        self.staged_timeout = beyond;
-        self.reserved_timeout = beyond;
-        self.alloc_hold = head_timeout;
+        self.config = self.config.under_sglang(head_timeout);
         self
     }
 }
@@ -379,36 +342,22 @@ where
             .map_err(transport_err("register"))?;
         let (tx, rx) = channel.split();
         let session = transport.session_id().to_owned();
-        // Where a completion does not mean delivery, the core holds each
-        // received transfer until the data plane says its bytes landed.
-        let landing =
-            (!transport.capabilities().delivery_complete).then_some(settings.landing_timeout);
         let endpoint = rx.local_endpoint().to_owned();
-        let pool = BuddyConfig {
-            pool_size: memory.len() as u64,
-            min_block: settings.min_block,
-            pool_id: 0,
-        };
+        let config = &settings.config;
         settings.limits.check()?;
-        let storage = InstanceStorage::owned(&settings.limits, &pool, settings.prealloc.0)
+        let pool = config.pool(memory.len() as u64);
+        let storage = InstanceStorage::owned(&settings.limits, &pool, config.prealloc.count)
             .map_err(NodeError::Pool)?;
         let clock = Clock::start();
-        let config = InstanceConfig {
+        let who = InstanceIdentity {
             role: &settings.role,
             session_id: &session,
             work_endpoint: &endpoint,
             pool_ptr: memory.base() as u64,
-            pool,
-            prealloc: settings.prealloc,
-            register_retry: settings.register_retry,
-            staged_timeout: settings.staged_timeout,
-            reserved_timeout: settings.reserved_timeout,
-            quarantine: settings.quarantine,
-            landing,
-            head: settings.head,
-            alloc_hold: settings.alloc_hold,
+            pool_size: pool.pool_size,
+            delivery_complete: transport.capabilities().delivery_complete,
         };
-        let machine = Instance::new(clock.now(), config, storage)?;
+        let machine = Instance::new(clock.now(), &who, config, storage)?;
         let n = settings.limits.requests.max(1);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {

@@ -35,12 +35,12 @@ pub use coordinator::{
     CoordinatorNode, CoordinatorSettings, CoordinatorSnapshot, PREALLOC_PER_INSTANCE,
 };
 pub use error::NodeError;
-pub use ferry_core::handshake::instance::Head;
+pub use ferry_core::handshake::instance::{Head, InstanceConfig, Prealloc, SGLANG_HEAD_TIMEOUT};
 /// The table sizes of a node's state machine.
 pub use ferry_core::handshake::Limits;
 pub use instance::{
     Delivery, Frame, InstanceNode, InstanceSettings, NodeStats, Outcome, Staging, TensorView,
-    MAX_TENSORS, SGLANG_HEAD_TIMEOUT,
+    MAX_TENSORS,
 };
 pub use memory::PoolMemory;
 pub use metrics::{Metrics, MetricsSnapshot};

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use ferry::runtime::{Head, InstanceSettings, SGLANG_HEAD_TIMEOUT};
+use ferry::runtime::{Head, InstanceConfig, SGLANG_HEAD_TIMEOUT};
 
 pub use launcher::{json, launch, table, LaunchArgs, Summary};
 pub use roles::{
@@ -579,7 +579,7 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
                 hold: Duration::ZERO,
                 data_plane,
                 workload: Workload::Pipeline,
-                reserved_timeout: InstanceSettings::new("", "").reserved_timeout,
+                reserved_timeout: InstanceConfig::FERRY.reserved_timeout,
                 head: HeadKind::Ferry.into(),
                 head_timeout: SGLANG_HEAD_TIMEOUT,
                 metrics_listen: args.metrics_listen.clone(),

@@ -22,6 +22,7 @@ use crate::lifetime::Lifetime;
 use ferry::runtime::shm::{start_instance, start_instance_on, CopySettings};
 use ferry::runtime::telemetry::Telemetry;
 use ferry::runtime::Head;
+use ferry::runtime::Prealloc;
 use ferry::runtime::{
     CoordinatorNode, CoordinatorSettings, Delivery, InstanceNode, InstanceSettings, NodeError,
     Staging,
@@ -385,7 +386,7 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
     };
     remove_stale_pools();
     let mut settings = InstanceSettings::new(&args.role, &args.coordinator);
-    settings.reserved_timeout = args.reserved_timeout;
+    settings.config.reserved_timeout = args.reserved_timeout;
     if args.head == Head::Sglang {
         settings = settings.under_sglang(args.head_timeout);
     }
@@ -393,16 +394,25 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
     let mut pool: usize = match args.role.as_str() {
         "encoder" => 256 << 20,
         "denoiser" => {
-            settings.prealloc = (4, slot);
+            settings.config.prealloc = Prealloc {
+                count: 4,
+                size: slot,
+            };
             512 << 20
         }
         _ => {
-            settings.prealloc = (4, slot);
+            settings.config.prealloc = Prealloc {
+                count: 4,
+                size: slot,
+            };
             256 << 20
         }
     };
     if let Some((n, mib)) = args.prealloc {
-        settings.prealloc = (n, mib << 20);
+        settings.config.prealloc = Prealloc {
+            count: n,
+            size: mib << 20,
+        };
     }
     if let Workload::Random { max_bytes, .. } = args.workload {
         match random_pool(&settings, max_bytes, args.pool_mib, pool) {
@@ -480,8 +490,11 @@ fn random_pool(
     pool_mib: usize,
     default: usize,
 ) -> Result<usize, String> {
-    let block = settings.min_block.max(1);
-    let (slots, slot) = settings.prealloc;
+    let block = settings.config.min_block.max(1);
+    let Prealloc {
+        count: slots,
+        size: slot,
+    } = settings.config.prealloc;
     let prealloc = (slots as u64).saturating_mul(slot);
     let largest = max_bytes.next_power_of_two().max(block);
     let need = prealloc

@@ -296,7 +296,7 @@ const LIMITS: Limits = Limits {
 };
 
 fn instance(role: &'static str, session: &'static str) -> Instance<'static> {
-    let config = InstanceConfig {
+    let who = InstanceIdentity {
         role,
         session_id: session,
         work_endpoint: if role == "denoiser" {
@@ -305,20 +305,27 @@ fn instance(role: &'static str, session: &'static str) -> Instance<'static> {
             "tcp://enc"
         },
         pool_ptr: 0x1000,
-        pool: POOL,
-        prealloc: (1, 8192),
+        pool_size: POOL.pool_size,
+        // The denoiser's data plane reports arrivals; the encoder's
+        // completions mean delivery.
+        delivery_complete: role != "denoiser",
+    };
+    let config = InstanceConfig {
+        min_block: POOL.min_block,
+        prealloc: Prealloc {
+            count: 1,
+            size: 8192,
+        },
         register_retry: Duration::from_millis(5),
         staged_timeout: Duration::from_millis(200),
         reserved_timeout: Duration::from_millis(200),
         quarantine: Duration::from_millis(5),
-        // The denoiser's data plane reports arrivals; the encoder's
-        // completions mean delivery.
-        landing: (role == "denoiser").then_some(Duration::from_millis(10)),
+        landing_timeout: Duration::from_millis(10),
         head: ferry_core::handshake::instance::Head::Ferry,
         alloc_hold: Duration::from_secs(20),
     };
     let st = InstanceStorage::owned(&LIMITS, &POOL, 1).expect("storage for the pool");
-    Instance::new(Instant(0), config, st).expect("valid instance")
+    Instance::new(Instant(0), &who, &config, st).expect("valid instance")
 }
 
 fuzz_target!(|ops: Vec<Op>| {

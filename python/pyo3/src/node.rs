@@ -15,6 +15,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ferry::core::slots::{Dtype, TensorSpec};
+use ferry::runtime::Prealloc;
 use ferry::runtime::{
     CoordinatorNode, CoordinatorSettings, Delivery, InstanceNode, InstanceSettings, NodeError,
     Staging,
@@ -122,8 +123,11 @@ impl PyInstance {
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let mut settings = InstanceSettings::new(role, coordinator);
-        settings.prealloc = prealloc;
-        settings.min_block = min_block;
+        settings.config.prealloc = Prealloc {
+            count: prealloc.0,
+            size: prealloc.1,
+        };
+        settings.config.min_block = min_block;
         match head {
             "ferry" => {}
             "sglang" => settings = settings.under_sglang(seconds("head_timeout", head_timeout)?),

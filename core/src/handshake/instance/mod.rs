@@ -30,7 +30,9 @@ use super::Limits;
 use super::ID_LEN;
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
 use crate::managed::ManagedSlice;
-use crate::slots::{check_manifest, Buddy, BuddyConfig, BuddyError, SlotHandle};
+#[cfg(feature = "alloc")]
+use crate::slots::BuddyConfig;
+use crate::slots::{check_manifest, Buddy, BuddyError, SlotHandle};
 use crate::transport::{Landed, WriteTag};
 use crate::wire::{
     AllocReject, Allocated, Deregister, Done, Manifest, Msg, PreallocatedSlot, Pushed, Register,
@@ -38,6 +40,8 @@ use crate::wire::{
 };
 
 mod aborts;
+mod config;
+pub use config::{Head, InstanceConfig, InstanceIdentity, Prealloc, SGLANG_HEAD_TIMEOUT};
 mod forward;
 mod landing;
 mod leave;
@@ -48,73 +52,6 @@ mod output;
 mod receiver;
 mod sender;
 mod time;
-
-/// An instance's settings.
-#[derive(Clone, Copy, Debug)]
-pub struct InstanceConfig<'a> {
-    /// The role it registers as.
-    pub role: &'a str,
-    /// Its data-plane session id (what peers address its pool by).
-    pub session_id: &'a str,
-    /// Its work endpoint.
-    pub work_endpoint: &'a str,
-    /// The pool's base address in this process.
-    pub pool_ptr: u64,
-    /// The pool's shape.
-    pub pool: BuddyConfig,
-    /// Receive slots set aside at start: how many, of what size.
-    pub prealloc: (usize, u64),
-    /// Resend `transfer_register` this often until acknowledged.
-    pub register_retry: Duration,
-    /// Staged, waiting for `transfer_push`, before the slot is freed.
-    pub staged_timeout: Duration,
-    /// Slot reserved, waiting for `transfer_ready`, before it is freed.
-    pub reserved_timeout: Duration,
-    /// How long a slot a write may still be landing in stays out of use.
-    pub quarantine: Duration,
-    /// `None` where a write's completion means its bytes arrived (the data
-    /// plane's `delivery_complete`). `Some(limit)` where it does not: a
-    /// transfer announced ready is handed to the application only once the
-    /// data plane reports its write landed ([`Instance::handle_landed`]),
-    /// and is refused after `limit` (its slot quarantined first, since the
-    /// bytes may still come).
-    pub landing: Option<Duration>,
-    /// What the coordinator is: its flow differs ([`Head`]).
-    pub head: Head,
-    /// Under [`Head::Sglang`]: how long a `transfer_alloc` that finds no
-    /// room is held (and retried whenever room frees) before
-    /// `transfer_done` with an error tells the head it failed. That head
-    /// reads no `transfer_alloc_reject`.
-    pub alloc_hold: Duration,
-}
-
-/// Which coordinator an instance serves under. ferry cannot tell from the
-/// messages alone before it needs to (a head that never answers a
-/// registration looks like a slow one), so it is a setting.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Head {
-    /// ferry's coordinator (or one that speaks ferry's additions): it
-    /// answers registrations (`transfer_register_ack`), reads
-    /// `transfer_alloc_reject`, and sends `transfer_abort`.
-    #[default]
-    Ferry,
-    /// sglang 0.5.23's `DiffusionServer`: it never answers a registration
-    /// (the instance is usable once it is sent, and sends it once per
-    /// connection), knows no reject or abort (an ALLOC without room is
-    /// held, then failed with `transfer_done`), and writes
-    /// `transfer_staged` in its release's dialect.
-    Sglang,
-}
-
-impl Head {
-    /// The dialect messages to this head are written in.
-    pub const fn dialect(self) -> crate::wire::Dialect {
-        match self {
-            Self::Ferry => crate::wire::Dialect::Seed,
-            Self::Sglang => crate::wire::Dialect::Sglang,
-        }
-    }
-}
 
 /// Where a received transfer's bytes are.
 #[derive(Debug)]
@@ -318,7 +255,7 @@ pub struct Write {
     /// Destination address in the receiver's address space.
     pub dest_addr: u64,
     /// The write's name for receivers whose data plane reports arrivals
-    /// ([`InstanceConfig::landing`]): sender and receiver both compute it
+    /// ([`InstanceIdentity::delivery_complete`] false): sender and receiver both compute it
     /// from the request id and the destination address.
     pub tag: WriteTag,
 }
@@ -525,7 +462,7 @@ pub struct InstanceStorage<'s> {
     /// Their index: [`TableStorage::index_places`] of `tombstones`.
     pub tombstones_index: ManagedSlice<'s, u64>,
     /// Writes that landed before their `transfer_ready` (where
-    /// [`InstanceConfig::landing`] is set): one per request in flight,
+    /// [`InstanceIdentity::delivery_complete`] is false): one per request in flight,
     /// with deadlines.
     pub arrivals: TableStorage<'s, Arrival>,
     /// The requests awaiting their write's arrival, by tag:
@@ -610,7 +547,7 @@ pub struct InstanceStats {
     /// `transfer_alloc`s held for lack of room (under [`Head::Sglang`]).
     pub allocs_held: u64,
     /// Transfers announced ready whose write was not seen to land in time
-    /// (see [`InstanceConfig::landing`]).
+    /// (see [`InstanceConfig::landing_timeout`]).
     pub never_landed: u64,
     /// Arrivals forgotten before their time to make room for newer ones
     /// (more writes landed ahead of their `transfer_ready` than requests
@@ -628,9 +565,11 @@ pub struct Instance<'s> {
     session: Name,
     endpoint: Name,
     pool_ptr: u64,
-    /// The settings; the names are kept above, so the machine borrows
-    /// nothing but its tables.
-    config: InstanceConfig<'static>,
+    pool_size: u64,
+    config: InstanceConfig,
+    /// How long a transfer announced ready waits for its write's arrival
+    /// (`None`: the data plane's completions mean delivery).
+    landing: Option<Duration>,
     pool: Buddy<'s>,
     requests: Table<'s, Request>,
     nested: ManagedSlice<'s, u8>,
@@ -702,12 +641,13 @@ impl<'s> Instance<'s> {
     /// its registration queued.
     pub fn new(
         now: Instant,
-        config: InstanceConfig<'_>,
+        who: &InstanceIdentity<'_>,
+        config: &InstanceConfig,
         mut s: InstanceStorage<'s>,
     ) -> Result<Self, InstanceError> {
-        let mut pool =
-            Buddy::new(config.pool, s.tree, s.generations).map_err(InstanceError::Config)?;
-        let (count, size) = config.prealloc;
+        let mut pool = Buddy::new(config.pool(who.pool_size), s.tree, s.generations)
+            .map_err(InstanceError::Config)?;
+        let Prealloc { count, size } = config.prealloc;
         let timers = s.prealloc_timers.len().min(s.prealloc_timer_places.len());
         if s.prealloc.len() < count || s.prealloc_use.len() < count || timers < count {
             return Err(InstanceError::PreallocStorage { needed: count });
@@ -719,7 +659,7 @@ impl<'s> Instance<'s> {
                 offset: h.offset(),
                 size: h.size(),
                 slot_id: i as u64,
-                addr: config.pool_ptr + h.offset(),
+                addr: who.pool_ptr + h.offset(),
             };
         }
         let name = |t: &str| Name::new(t).map_err(|_| InstanceError::NameTooLong);
@@ -745,25 +685,15 @@ impl<'s> Instance<'s> {
         landing_hashes.iter_mut().for_each(|h| *h = 0);
         let chunk = s.nested.len() / requests.capacity().max(1);
         let me = Self {
-            role: Text::new(config.role).map_err(|_| InstanceError::NameTooLong)?,
-            session: name(config.session_id)?,
-            endpoint: name(config.work_endpoint)?,
-            pool_ptr: config.pool_ptr,
-            config: InstanceConfig {
-                role: "",
-                session_id: "",
-                work_endpoint: "",
-                pool_ptr: config.pool_ptr,
-                pool: config.pool,
-                prealloc: config.prealloc,
-                register_retry: config.register_retry,
-                staged_timeout: config.staged_timeout,
-                reserved_timeout: config.reserved_timeout,
-                quarantine: config.quarantine,
-                landing: config.landing,
-                head: config.head,
-                alloc_hold: config.alloc_hold,
-            },
+            role: Text::new(who.role).map_err(|_| InstanceError::NameTooLong)?,
+            session: name(who.session_id)?,
+            endpoint: name(who.work_endpoint)?,
+            pool_ptr: who.pool_ptr,
+            pool_size: who.pool_size,
+            config: *config,
+            // Where a completion does not mean delivery, each received
+            // transfer is held until the data plane says its bytes landed.
+            landing: (!who.delivery_complete).then_some(config.landing_timeout),
             pool,
             requests,
             nested: s.nested,

@@ -20,7 +20,9 @@ use crate::handshake::coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorEvent, CoordinatorStorage, FailReason, Policy,
     Timeouts,
 };
-use crate::handshake::instance::{Head, Instance, InstanceConfig, InstanceEvent, InstanceStorage};
+use crate::handshake::instance::{
+    Head, Instance, InstanceConfig, InstanceEvent, InstanceIdentity, InstanceStorage, Prealloc,
+};
 use crate::handshake::{Instant, Limits, PeerId};
 use crate::json::RawJson;
 use crate::slots::BuddyConfig;
@@ -87,24 +89,28 @@ impl World {
         let coord = Coordinator::new(config, storage).unwrap();
         // The attacker is the encoder: its own tables are keyed apart.
         let instance = |role, name, key| {
-            let config = InstanceConfig {
+            let who = InstanceIdentity {
                 role,
                 session_id: name,
                 work_endpoint: name,
                 pool_ptr: 0x10_0000,
-                pool: POOL,
-                prealloc: (0, 0),
+                pool_size: POOL.pool_size,
+                delivery_complete: true,
+            };
+            let config = InstanceConfig {
+                min_block: POOL.min_block,
+                prealloc: Prealloc::NONE,
                 register_retry: timeout,
                 staged_timeout: timeout,
                 reserved_timeout: timeout,
                 quarantine: timeout,
-                landing: None,
+                landing_timeout: timeout,
                 head: Head::Ferry,
                 alloc_hold: timeout,
             };
             let mut storage = InstanceStorage::owned(&LIMITS, &POOL, 0).unwrap();
             storage.hash_key = key;
-            Instance::new(Instant(0), config, storage).unwrap()
+            Instance::new(Instant(0), &who, &config, storage).unwrap()
         };
         let mut w = Self {
             coord,
