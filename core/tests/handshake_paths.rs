@@ -8,8 +8,8 @@ use ferry_core::handshake::instance::*;
 use ferry_core::handshake::{Ignored, Instant, Limits, PeerId, REASON_LEN};
 use ferry_core::json::RawJson;
 use ferry_core::slots::BuddyConfig;
-use ferry_core::transport::{Landed, WriteTag};
-use ferry_core::wire::{decode, Manifest, Msg, MsgType, Shape, TensorEntry};
+use ferry_core::transport::{Incoming, Landed, WriteTag};
+use ferry_core::wire::{decode, Manifest, Msg, MsgType, Shape, TensorEntry, TRANSFER_MAGIC};
 
 const KIB: u64 = 1024;
 const MS: u64 = 1_000_000;
@@ -176,7 +176,13 @@ impl<'s> World<'s> {
                 if self.drop.contains(&msg.msg_type()) {
                     continue;
                 }
-                if let Some(inst) = self.insts.get_mut(t.to.0 as usize - 1) {
+                // Where the coordinator named the peer, by the endpoint it
+                // named it by; a peer a test named itself, by its number.
+                let to = match self.coord.endpoint_of(t.to) {
+                    Some(ep) => self.insts.iter().position(|i| i.work_endpoint() == ep),
+                    None => (t.to.0 as usize).checked_sub(1),
+                };
+                if let Some(inst) = to.and_then(|to| self.insts.get_mut(to)) {
                     if let Err(e) = inst.handle(self.now, &msg) {
                         self.ignored.push(e);
                     }
@@ -203,8 +209,21 @@ impl<'s> World<'s> {
                         assert_eq!(p, PeerId(i as u32 + 1), "{msg:?}");
                     }
                     self.judged += u64::from(judged.is_some());
-                    if let Err(e) = self.coord.handle(self.now, PeerId(i as u32 + 1), &msg) {
-                        self.ignored.push(e);
+                    // As a channel that names senders delivers it: the
+                    // coordinator names the peer by its endpoint.
+                    let incoming = Incoming {
+                        from: self.insts[i].work_endpoint(),
+                        via: "tcp://coordinator:1",
+                        magic: TRANSFER_MAGIC,
+                        payload: &buf[..n],
+                    };
+                    match self.coord.handle_incoming(self.now, &incoming) {
+                        Ok(p) => assert_eq!(p, PeerId(i as u32 + 1), "{msg:?}"),
+                        Err(Unhandled::Ignored { peer, why }) => {
+                            assert_eq!(peer, PeerId(i as u32 + 1), "{msg:?}");
+                            self.ignored.push(why);
+                        }
+                        Err(e) => panic!("{msg:?}: {e}"),
                     }
                 }
                 while let Some(w) = self.insts[i].poll_action() {
@@ -2061,4 +2080,283 @@ fn a_sender_leaving_with_a_write_out_reports_it_before_it_says_it_is_gone() {
     assert_eq!(w.delivered(), 1);
     assert!(w.failed().is_empty(), "{:?}", w.failed());
     assert_eq!(w.insts[0].poll_timeout(), None);
+}
+
+// ---- who sent it: the coordinator's peer table -----------------------------
+
+/// `msg` as a channel delivers it: from `from` (empty: a channel that
+/// cannot name senders), arrived at `via`.
+fn incoming<'a>(from: &'a str, via: &'a str, payload: &'a [u8]) -> Incoming<'a> {
+    Incoming {
+        from,
+        via,
+        magic: TRANSFER_MAGIC,
+        payload,
+    }
+}
+
+fn register_json(role: &str, ep: &str) -> String {
+    format!(
+        r#"{{"msg_type":"transfer_register","role":"{role}","session_id":"s-{ep}","pool_ptr":4096,"pool_size":65536,"work_endpoint":"{ep}"}}"#
+    )
+}
+
+/// Every message the coordinator has queued, with the endpoint it goes to.
+fn transmitted(c: &mut Coordinator<'static, 4>) -> Vec<(String, String)> {
+    let mut buf = vec![0u8; 4096];
+    let mut out = Vec::new();
+    while let Some(t) = c.poll_transmit(&mut buf) {
+        let t = t.unwrap();
+        let to = c.endpoint_of(t.to).unwrap_or("").to_owned();
+        out.push((to, String::from_utf8(buf[..t.len].to_vec()).unwrap()));
+    }
+    out
+}
+
+#[test]
+fn a_flood_of_strangers_takes_a_bounded_table_and_members_keep_their_places() {
+    let mut c = coordinator(8);
+    let now = Instant(0);
+    let den = c
+        .handle_incoming(
+            now,
+            &incoming(
+                "tcp://den:1",
+                "",
+                register_json("denoiser", "tcp://den:1").as_bytes(),
+            ),
+        )
+        .unwrap();
+    assert_eq!(transmitted(&mut c).len(), 1);
+    let places = peer_table_len(LIMITS.members);
+    for i in 0..10 * places {
+        let ep = format!("tcp://forger:{i}");
+        let reg = register_json("overlord", &ep);
+        let r = c.handle_incoming(now, &incoming(&ep, "", reg.as_bytes()));
+        let peer = r.unwrap();
+        // Every place the forgers get is a stranger's, within the table.
+        assert!(peer.0 as usize <= places, "{peer:?}");
+        assert_ne!(peer, den);
+        // The refusal goes to the forger that asked, and to no one else.
+        let sent = transmitted(&mut c);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].0, ep);
+        assert!(sent[0].1.contains("unknown role"), "{}", sent[0].1);
+    }
+    assert_eq!(c.members(), 1);
+    assert_eq!(c.peer_at("tcp://den:1"), Some(den));
+    assert_eq!(c.endpoint_of(den), Some("tcp://den:1"));
+    // The member is still answered at its endpoint.
+    let again = c
+        .handle_incoming(
+            now,
+            &incoming(
+                "tcp://den:1",
+                "",
+                register_json("denoiser", "tcp://den:1").as_bytes(),
+            ),
+        )
+        .map(|_| ());
+    assert!(
+        matches!(
+            again,
+            Err(Unhandled::Ignored {
+                why: Ignored::Duplicate,
+                ..
+            })
+        ),
+        "{again:?}"
+    );
+    assert_eq!(transmitted(&mut c)[0].0, "tcp://den:1");
+}
+
+#[test]
+fn an_answer_queued_for_a_place_that_changed_hands_is_not_sent_to_its_new_holder() {
+    let config = CoordinatorConfig {
+        pipeline: &PIPELINE,
+        policy: Policy::RoundRobin,
+        capacity_per_instance: 2,
+        timeouts: TIMEOUTS,
+        retry_backoff: Duration::from_millis(1),
+        max_attempts: 3,
+        quarantine: Duration::from_millis(5),
+        late_done_wait: Duration::from_millis(50),
+    };
+    let mut storage = CoordinatorStorage::owned(&LIMITS);
+    // Room for the members and one stranger more.
+    storage.peers = vec![PeerSlot::EMPTY; LIMITS.members + 1].into();
+    let mut c = Coordinator::new(config, storage).unwrap();
+    let now = Instant(0);
+    let mut first = None;
+    for i in 0..=LIMITS.members + 1 {
+        let ep = format!("tcp://x:{i}");
+        let p = c
+            .handle_incoming(
+                now,
+                &incoming(&ep, "", register_json("overlord", &ep).as_bytes()),
+            )
+            .unwrap();
+        first.get_or_insert(p);
+    }
+    // Every refusal was queued; the places of the first strangers went to
+    // the last ones before any was sent. Only the answers whose place is
+    // still their addressee's go out, each to its own asker.
+    let sent = transmitted(&mut c);
+    assert_eq!(sent.len(), LIMITS.members + 1);
+    for (to, msg) in &sent {
+        assert!(
+            msg.contains(&format!(r#""session_id":"s-{to}""#)),
+            "{to}: {msg}"
+        );
+    }
+    assert_eq!(c.stats().transmits_dropped, 1);
+    assert_eq!(
+        c.endpoint_of(first.unwrap()),
+        Some(&*format!("tcp://x:{}", LIMITS.members + 1))
+    );
+    // A table no larger than the member table is refused outright.
+    let mut storage = CoordinatorStorage::<4>::owned(&LIMITS);
+    storage.peers = vec![PeerSlot::EMPTY; LIMITS.members].into();
+    assert_eq!(
+        Coordinator::new(config, storage).err(),
+        Some(ConfigError::PeerTableTooSmall)
+    );
+}
+
+#[test]
+fn without_sender_names_a_registration_names_its_endpoint_and_a_result_counts_as_done() {
+    // A channel that cannot name senders (ZeroMQ's PULL): each role
+    // reports to an endpoint of its own, as under sglang's head.
+    let mut coord = coordinator(8);
+    coord
+        .set_role_endpoint("encoder", "tcp://coord:enc")
+        .unwrap();
+    coord
+        .set_role_endpoint("denoiser", "tcp://coord:den")
+        .unwrap();
+    assert_eq!(
+        coord.set_role_endpoint("painter", "tcp://coord:p"),
+        Err(ConfigError::UnknownRole)
+    );
+    let mut enc = instance("encoder", "enc-0", "tcp://enc:1");
+    let mut den = instance("denoiser", "den-0", "tcp://den:1");
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut now = Instant(0);
+    // Each side's messages, delivered without a sender's name.
+    let mut deliver = |coord: &mut Coordinator<'static, 4>,
+                       inst: &mut Instance<'static>,
+                       via: &str,
+                       now: Instant| {
+        let mut results = Vec::new();
+        while let Some(n) = inst.poll_transmit(&mut buf) {
+            let n = n.unwrap();
+            results.push(coord.handle_incoming(now, &incoming("", via, &buf[..n])));
+        }
+        results
+    };
+    let to_insts = |coord: &mut Coordinator<'static, 4>,
+                    enc: &mut Instance<'static>,
+                    den: &mut Instance<'static>,
+                    now: Instant| {
+        for (to, msg) in transmitted(coord) {
+            let msg = decode(msg.as_bytes()).unwrap();
+            let inst = if to == "tcp://enc:1" {
+                &mut *enc
+            } else {
+                &mut *den
+            };
+            let _ = inst.handle(now, &msg);
+        }
+    };
+    for r in deliver(&mut coord, &mut enc, "tcp://coord:enc", now) {
+        assert_eq!(coord.endpoint_of(r.unwrap()), Some("tcp://enc:1"));
+    }
+    for r in deliver(&mut coord, &mut den, "tcp://coord:den", now) {
+        assert_eq!(coord.endpoint_of(r.unwrap()), Some("tcp://den:1"));
+    }
+    to_insts(&mut coord, &mut enc, &mut den, now);
+    assert!(enc.is_registered() && den.is_registered());
+    // encoder → denoiser, every message judged by content and endpoint.
+    let (token, _) = enc.stage("r-1", 4 * KIB).unwrap();
+    let dims = [4 * KIB];
+    let entries = [blob(&dims)];
+    let scalars = RawJson::parse_object("{}").unwrap();
+    enc.commit(now, token, 4 * KIB, &Manifest::Entries(&entries), scalars)
+        .unwrap();
+    for _ in 0..4 {
+        now = Instant(now.0 + MS);
+        deliver(&mut coord, &mut enc, "tcp://coord:enc", now);
+        deliver(&mut coord, &mut den, "tcp://coord:den", now);
+        while let Some(w) = enc.poll_action() {
+            enc.handle_completion(now, w.token, Ok(())).unwrap();
+        }
+        to_insts(&mut coord, &mut enc, &mut den, now);
+    }
+    assert!(
+        std::iter::from_fn(|| den.poll_event()).any(|e| matches!(e, InstanceEvent::Received(_)))
+    );
+    assert_eq!(coord.in_flight(), 1);
+    // The denoiser's result (a tensor multipart whose first frame is its
+    // descriptor), not a `transfer_done`, ends the leg.
+    let result = br#"{"tensor_descriptors":[],"scalar_fields":{"request_id":"r-1"}}"#;
+    let done = Incoming {
+        from: "",
+        via: "tcp://coord:den",
+        magic: result,
+        payload: b"",
+    };
+    coord.handle_incoming(now, &done).unwrap();
+    assert_eq!(coord.in_flight(), 0);
+    assert!(std::iter::from_fn(|| coord.poll_event())
+        .any(|e| matches!(e, CoordinatorEvent::Delivered { leg: 0, .. })));
+    // Arriving at no role's endpoint, a message no content names is
+    // nobody's.
+    let pushed = br#"{"msg_type":"transfer_pushed","request_id":"r-9","success":true}"#;
+    assert_eq!(
+        coord.handle_incoming(now, &incoming("", "tcp://coord:other", pushed)),
+        Err(Unhandled::UnknownSender)
+    );
+}
+
+#[test]
+fn garbage_and_foreign_messages_are_told_apart_and_change_nothing() {
+    let mut c = coordinator(8);
+    let bad = c.handle_incoming(Instant(0), &incoming("tcp://x:1", "", b"{not json"));
+    assert!(matches!(bad, Err(Unhandled::Malformed(_))), "{bad:?}");
+    let foreign = Incoming {
+        from: "tcp://x:1",
+        via: "",
+        magic: b"req-1",
+        payload: b"\x80\x04pickled",
+    };
+    assert_eq!(
+        c.handle_incoming(Instant(0), &foreign),
+        Err(Unhandled::Foreign)
+    );
+    assert_eq!(c.members(), 0);
+    assert!(transmitted(&mut c).is_empty());
+    // An endpoint longer than the coordinator keeps is no one's.
+    let long = format!("tcp://{}:1", "h".repeat(200));
+    let reg = register_json("denoiser", "tcp://d:1");
+    assert!(matches!(
+        c.handle_incoming(Instant(0), &incoming(&long, "", reg.as_bytes())),
+        Err(Unhandled::Ignored {
+            why: Ignored::TooLong(_),
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_members_connection_closing_fails_its_transfers_at_once() {
+    world!(w, 4);
+    w.writes = None;
+    w.stage(0, "r-1", 4 * KIB);
+    assert_eq!(w.coord.in_flight(), 1);
+    assert!(!w.coord.handle_gone(w.now, "tcp://nobody:1"));
+    assert!(w.coord.handle_gone(w.now, "tcp://den:1"));
+    assert_eq!(w.coord.in_flight(), 0);
+    assert_eq!(w.coord.members(), 1);
+    w.pump();
+    assert_eq!(w.failed(), [FailReason::PeerGone]);
 }

@@ -34,10 +34,10 @@ use std::time::Duration;
 
 use ferry_core::handshake::coordinator::*;
 use ferry_core::handshake::instance::*;
-use ferry_core::handshake::{Instant, Limits, PeerId};
+use ferry_core::handshake::{Instant, Limits};
 use ferry_core::json::RawJson;
-use ferry_core::transport::{Landed, WriteTag};
-use ferry_core::wire::{decode, Manifest, Msg, Shape, TensorEntry};
+use ferry_core::transport::{Incoming, Landed, WriteTag};
+use ferry_core::wire::{decode, Manifest, Msg, Shape, TensorEntry, TRANSFER_MAGIC};
 
 const ROLES: [&str; 3] = ["encoder", "denoiser", "decoder"];
 const PER_ROLE: usize = 2;
@@ -414,7 +414,15 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                         .entry((id.to_string(), from / PER_ROLE))
                         .or_insert(now);
                 }
-                let _ = coord.handle(Instant(now), PeerId(from as u32 + 1), &msg);
+                // The coordinator names the sender by the endpoint the
+                // channel reports, as the runtime's does.
+                let incoming = Incoming {
+                    from: &endpoints[from],
+                    via: "tcp://coordinator:5555",
+                    magic: TRANSFER_MAGIC,
+                    payload: &bytes,
+                };
+                let _ = coord.handle_incoming(Instant(now), &incoming);
                 touched_coord = true;
             }
             Ev::ToInst { to, inc, bytes } => {
@@ -463,7 +471,15 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                     }
                     true
                 } else if live {
-                    land(&mut nodes[to], &coord, seed, &id, to, offset, &data);
+                    land(
+                        &mut nodes[to],
+                        &coord,
+                        seed,
+                        &id,
+                        &endpoints[to],
+                        offset,
+                        &data,
+                    );
                     true
                 } else {
                     false
@@ -492,7 +508,15 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
                 if nodes[to].inc == to_inc
                     && nodes[to].inst.as_ref().is_some_and(|x| !x.is_leaving())
                 {
-                    land(&mut nodes[to], &coord, seed, &id, to, offset, &data);
+                    land(
+                        &mut nodes[to],
+                        &coord,
+                        seed,
+                        &id,
+                        &endpoints[to],
+                        offset,
+                        &data,
+                    );
                     // Its data plane reports the arrival at once, whether
                     // or not the transfer_ready came yet, naming it as
                     // libfabric's wide notices do: by 40 bits of its tag.
@@ -667,7 +691,10 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
         if touched_coord {
             while let Some(r) = coord.poll_transmit(&mut buf) {
                 let t = r.expect("transmit buffer large enough");
-                let to = t.to.0 as usize - 1;
+                let to = coord
+                    .endpoint_of(t.to)
+                    .and_then(|ep| endpoints.iter().position(|e| e == ep))
+                    .expect("the coordinator answers only endpoints it was sent from");
                 let bytes = buf[..t.len].to_vec();
                 let inc = nodes[to].inc;
                 send(
@@ -949,14 +976,16 @@ fn land(
     coord: &Coordinator<'_, 4>,
     seed: u64,
     id: &str,
-    to: usize,
+    to: &str,
     offset: u64,
     data: &[u8],
 ) {
     let Some(inst) = node.inst.as_ref() else {
         return;
     };
-    let prealloc = coord.prealloc_for(id, PeerId(to as u32 + 1));
+    let prealloc = coord
+        .peer_at(to)
+        .and_then(|peer| coord.prealloc_for(id, peer));
     let inside = |(o, s): (u64, u64)| offset >= o && offset + data.len() as u64 <= o + s;
     assert!(
         inst.slot_for(id).is_some_and(inside) || prealloc.is_some_and(inside),

@@ -25,7 +25,8 @@ use core::fmt;
 use core::time::Duration;
 
 use super::common::{
-    nested_json, Graveyard, Ignored, Instant, Leg, Name, PeerId, Reason, RequestId, Text, Tombstone,
+    nested_json, Graveyard, Ignored, Instant, Leg, Name, PeerId, Reason, RequestId, Text,
+    Tombstone, NAME_LEN,
 };
 use super::ring::Ring;
 use super::tables::heap::{HeapEntry, Heaps};
@@ -39,10 +40,13 @@ use crate::wire::{
     Abort, Alloc, AllocReject, Allocated, Deregister, Done, Manifest, Msg, Push, Pushed, Ready,
     Register, RegisterAck, Staged,
 };
+use peers::Peers;
+pub use peers::{PeerSlot, Unhandled};
 
 mod dispatch;
 mod endings;
 mod output;
+mod peers;
 mod queue;
 mod registry;
 mod replies;
@@ -427,6 +431,8 @@ impl LegTiming {
 #[derive(Clone, Copy, Debug)]
 pub struct Outgoing {
     to: PeerId,
+    /// The generation of `to`'s place in the peer table when queued.
+    generation: u32,
     msg: OutMsg,
 }
 
@@ -536,6 +542,14 @@ pub struct CoordinatorStorage<'s, const P: usize> {
     /// Room for the admission list ([`Coordinator::admit`]); may be empty
     /// when no list is kept.
     pub admitted: ManagedSlice<'s, Option<Admitted>>,
+    /// The endpoints the coordinator names at once
+    /// ([`Coordinator::handle_incoming`]): members and strangers. Members
+    /// must take at most a quarter of it ([`peer_table_len`] places per
+    /// member table); may be empty for callers that name peers themselves
+    /// ([`Coordinator::handle`]).
+    pub peers: ManagedSlice<'s, PeerSlot>,
+    /// Their index: [`TableStorage::index_places`] of `peers`.
+    pub peer_index: ManagedSlice<'s, u64>,
     /// The key of every index (see [`HashKey`]).
     pub hash_key: HashKey,
 }
@@ -568,9 +582,18 @@ impl<const P: usize> CoordinatorStorage<'static, P> {
             finished: filled(tombstones, Tombstone::EMPTY),
             finished_index: filled(Index::places_for(tombstones), 0),
             admitted: empty(members),
+            peers: filled(peer_table_len(members), PeerSlot::EMPTY),
+            peer_index: filled(Index::places_for(peer_table_len(members)), 0),
             hash_key: super::tables::default_key(),
         }
     }
+}
+
+/// The places of a peer table for `members` members: four per member and
+/// 64 more, so that strangers (registrations refused, forgers) always find
+/// places to take over, and the members' places are never taken.
+pub const fn peer_table_len(members: usize) -> usize {
+    members.saturating_mul(4).saturating_add(64)
 }
 
 /// The longest pipeline role name a coordinator keeps.
@@ -611,6 +634,11 @@ pub struct Coordinator<'s, const P: usize> {
     epochs: u32,
     finished: Graveyard<'s>,
     admitted: ManagedSlice<'s, Option<Admitted>>,
+    /// The endpoints it names peers by.
+    peers: Peers<'s>,
+    /// Per role, the local endpoint its messages arrive at, on channels
+    /// that cannot name senders.
+    role_endpoints: [Option<Name>; MAX_ROLES],
     /// Registrations are refused unless the admission list names them.
     admission: bool,
     /// No new registration or transfer is taken ([`Coordinator::drain`]).
@@ -647,6 +675,9 @@ pub enum ConfigError {
     EndpointTooLong,
     /// The admission list is full.
     AdmissionFull,
+    /// The peer table has places, but not more than the member table: a
+    /// stranger could find none to take over.
+    PeerTableTooSmall,
 }
 
 impl fmt::Display for ConfigError {
@@ -661,6 +692,9 @@ impl fmt::Display for ConfigError {
             Self::UnknownRole => "an admitted endpoint names a role not in the pipeline",
             Self::EndpointTooLong => "an admitted endpoint is longer than 128 bytes",
             Self::AdmissionFull => "the admission list is full (more entries than members)",
+            Self::PeerTableTooSmall => {
+                "the peer table must have more places than the member table (or none)"
+            }
         })
     }
 }
@@ -692,6 +726,9 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         let members = Table::new(storage.members, key, false);
         if members.capacity() > members_ranked {
             return Err(ConfigError::RankingTooSmall);
+        }
+        if !storage.peers.is_empty() && storage.peers.len() <= members.capacity() {
+            return Err(ConfigError::PeerTableTooSmall);
         }
         let transfers = Table::new(storage.transfers, key, true);
         if transfers.capacity() == 0 {
@@ -730,6 +767,8 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             epochs: 0,
             finished: Graveyard::new(storage.finished, storage.finished_index, key),
             admitted: storage.admitted,
+            peers: Peers::new(storage.peers, storage.peer_index),
+            role_endpoints: [None; MAX_ROLES],
             admission: false,
             draining: false,
             seq: 0,
@@ -827,6 +866,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             + self.transfers.probes()
             + self.parked.probes()
             + self.finished.probes()
+            + self.peers.probes()
     }
 
     /// Capacity units in use on each registered instance, with its peer.

@@ -730,6 +730,16 @@ impl<'s> Instance<'s> {
         Ok(me)
     }
 
+    /// Its work endpoint, where the coordinator sends to it.
+    pub fn work_endpoint(&self) -> &str {
+        self.endpoint.as_str()
+    }
+
+    /// Its data-plane session id.
+    pub fn session_id(&self) -> &str {
+        self.session.as_str()
+    }
+
     /// Counters.
     pub fn stats(&self) -> &InstanceStats {
         &self.stats
