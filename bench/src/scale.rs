@@ -23,7 +23,8 @@ use ferry_core::wire::{decode, Manifest, Shape, TensorEntry};
 
 /// The runtime's coordinator keeps this many preallocated slots per
 /// instance; so does this one.
-const P: usize = ferry::runtime::PREALLOC_PER_INSTANCE;
+/// Preallocated slots the coordinator takes from each instance.
+const P: usize = Limits::COORDINATOR.prealloc_per_member;
 
 const POOL: BuddyConfig = BuddyConfig {
     pool_size: 1 << 30,
@@ -126,6 +127,7 @@ fn instance_limits(held: usize) -> Limits {
         nested_per_request: 1024,
         tombstones: 1024,
         members: 1,
+        prealloc_per_member: 0,
     }
 }
 
@@ -164,7 +166,7 @@ fn instance(
 
 /// The machines of one deployment and the messages between them.
 struct World {
-    coord: Coordinator<'static, P>,
+    coord: Coordinator<'static>,
     /// Encoders first, then denoisers; peer `i + 1` is `insts[i]`.
     insts: Vec<Instance<'static>>,
     /// Per denoiser, the deliveries it holds, oldest first.
@@ -197,7 +199,7 @@ impl World {
         };
         let limits = Limits::default();
         limits.check().map_err(|e| e.to_string())?;
-        let coord = Coordinator::<P>::new(config, CoordinatorStorage::owned(&limits))
+        let coord = Coordinator::new(config, CoordinatorStorage::owned(&limits))
             .map_err(|e| format!("coordinator: {e}"))?;
         let prealloc = if fast_path {
             (shape.held + 1).min(P)

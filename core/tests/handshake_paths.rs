@@ -30,6 +30,7 @@ const LIMITS: Limits = Limits {
     nested_per_request: 512,
     tombstones: 16,
     members: 4,
+    prealloc_per_member: 4,
 };
 
 const TIMEOUTS: Timeouts = Timeouts {
@@ -40,11 +41,11 @@ const TIMEOUTS: Timeouts = Timeouts {
 };
 
 /// A coordinator with room for `transfers` transfers.
-fn coordinator(transfers: usize) -> Coordinator<'static, 4> {
+fn coordinator(transfers: usize) -> Coordinator<'static> {
     coordinator_for(transfers, &PIPELINE)
 }
 
-fn coordinator_for(transfers: usize, pipeline: &[&str]) -> Coordinator<'static, 4> {
+fn coordinator_for(transfers: usize, pipeline: &[&str]) -> Coordinator<'static> {
     let config = CoordinatorConfig {
         pipeline,
         policy: Policy::RoundRobin,
@@ -121,7 +122,7 @@ fn instance_under(
 /// lossless in-order control plane that can be told to drop messages.
 struct World<'s> {
     now: Instant,
-    coord: Coordinator<'s, 4>,
+    coord: Coordinator<'s>,
     insts: Vec<Instance<'s>>,
     /// Drop messages of this type, either way.
     drop: Vec<MsgType>,
@@ -142,7 +143,7 @@ struct World<'s> {
 }
 
 impl<'s> World<'s> {
-    fn new(coord: Coordinator<'s, 4>, insts: Vec<Instance<'s>>) -> Self {
+    fn new(coord: Coordinator<'s>, insts: Vec<Instance<'s>>) -> Self {
         let mut w = World {
             now: Instant(0),
             coord,
@@ -1562,7 +1563,7 @@ fn an_encoder_restarted_under_its_old_ids_is_told_the_ids_are_taken() {
 
 /// The ack the coordinator sends to a registration, if any.
 fn answer_to(
-    c: &mut Coordinator<'static, 4>,
+    c: &mut Coordinator<'static>,
     peer: u32,
     reg: &[u8],
 ) -> (Result<(), Ignored>, Option<String>) {
@@ -1574,7 +1575,7 @@ fn answer_to(
     (r, ack)
 }
 
-fn refusals(c: &mut Coordinator<'static, 4>) -> Vec<(&'static str, bool)> {
+fn refusals(c: &mut Coordinator<'static>) -> Vec<(&'static str, bool)> {
     std::iter::from_fn(|| c.poll_event())
         .filter_map(|e| match e {
             CoordinatorEvent::Refused { reason, acked, .. } => Some((reason, acked)),
@@ -2102,7 +2103,7 @@ fn register_json(role: &str, ep: &str) -> String {
 }
 
 /// Every message the coordinator has queued, with the endpoint it goes to.
-fn transmitted(c: &mut Coordinator<'static, 4>) -> Vec<(String, String)> {
+fn transmitted(c: &mut Coordinator<'static>) -> Vec<(String, String)> {
     let mut buf = vec![0u8; 4096];
     let mut out = Vec::new();
     while let Some(t) = c.poll_transmit(&mut buf) {
@@ -2215,7 +2216,7 @@ fn an_answer_queued_for_a_place_that_changed_hands_is_not_sent_to_its_new_holder
         Some(&*format!("tcp://x:{}", LIMITS.members + 1))
     );
     // A table no larger than the member table is refused outright.
-    let mut storage = CoordinatorStorage::<4>::owned(&LIMITS);
+    let mut storage = CoordinatorStorage::owned(&LIMITS);
     storage.peers = vec![PeerSlot::EMPTY; LIMITS.members].into();
     assert_eq!(
         Coordinator::new(config, storage).err(),
@@ -2243,7 +2244,7 @@ fn without_sender_names_a_registration_names_its_endpoint_and_a_result_counts_as
     let mut buf = vec![0u8; 16 * 1024];
     let mut now = Instant(0);
     // Each side's messages, delivered without a sender's name.
-    let mut deliver = |coord: &mut Coordinator<'static, 4>,
+    let mut deliver = |coord: &mut Coordinator<'static>,
                        inst: &mut Instance<'static>,
                        via: &str,
                        now: Instant| {
@@ -2254,7 +2255,7 @@ fn without_sender_names_a_registration_names_its_endpoint_and_a_result_counts_as
         }
         results
     };
-    let to_insts = |coord: &mut Coordinator<'static, 4>,
+    let to_insts = |coord: &mut Coordinator<'static>,
                     enc: &mut Instance<'static>,
                     den: &mut Instance<'static>,
                     now: Instant| {
@@ -2359,4 +2360,35 @@ fn a_members_connection_closing_fails_its_transfers_at_once() {
     assert_eq!(w.coord.members(), 1);
     w.pump();
     assert_eq!(w.failed(), [FailReason::PeerGone]);
+}
+
+#[test]
+fn a_registration_with_more_preallocated_slots_than_the_limit_is_refused() {
+    let mut c = coordinator(8);
+    let slots = |n: u64| {
+        (0..n)
+            .map(|i| {
+                let off = i * 8192;
+                format!(r#"{{"offset":{off},"size":8192,"slot_id":{i},"addr":{}}}"#, 4096 + off)
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let reg = |ep: &str, n: u64| {
+        format!(
+            r#"{{"msg_type":"transfer_register","role":"denoiser","session_id":"s-{ep}","pool_ptr":4096,"pool_size":1048576,"work_endpoint":"{ep}","preallocated_slots":[{}]}}"#,
+            slots(n)
+        )
+    };
+    // As many as the limit: taken.
+    let n = LIMITS.prealloc_per_member as u64;
+    let (r, ack) = answer_to(&mut c, 1, reg("tcp://d:1", n).as_bytes());
+    assert_eq!(r, Ok(()));
+    assert!(ack.unwrap().contains(r#""accepted":true"#));
+    // One more: refused, and said why.
+    let (_, ack) = answer_to(&mut c, 2, reg("tcp://d:2", n + 1).as_bytes());
+    let ack = ack.unwrap();
+    assert!(ack.contains(r#""accepted":false"#), "{ack}");
+    assert!(ack.contains("more preallocated_slots than the coordinator takes"), "{ack}");
+    assert_eq!(c.members(), 1);
 }

@@ -270,8 +270,9 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
         nested_per_request: 512,
         tombstones: 1024,
         members: N + 2,
+        prealloc_per_member: 4,
     };
-    let mut coord = Coordinator::<4>::new(cconfig, CoordinatorStorage::owned(&limits)).unwrap();
+    let mut coord = Coordinator::new(cconfig, CoordinatorStorage::owned(&limits)).unwrap();
 
     let endpoints: Vec<String> = (0..N).map(|i| format!("tcp://10.0.0.{i}:5555")).collect();
     let roles: Vec<&'static str> = (0..N).map(|i| ROLES[i / PER_ROLE]).collect();
@@ -959,6 +960,7 @@ fn start_instance(
         nested_per_request: 512,
         tombstones: 256,
         members: 0,
+        prealloc_per_member: 0,
     };
     let storage = InstanceStorage::owned(&limits, &config.pool(pool), PREALLOC.count).unwrap();
     (
@@ -973,7 +975,7 @@ fn start_instance(
 /// preallocated and assigned to it by the coordinator.
 fn land(
     node: &mut Node,
-    coord: &Coordinator<'_, 4>,
+    coord: &Coordinator<'_>,
     seed: u64,
     id: &str,
     to: &str,

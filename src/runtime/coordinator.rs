@@ -29,9 +29,6 @@ use super::error::NodeError;
 use super::metrics::{Metrics, MetricsSnapshot};
 use super::telemetry::CoordinatorProbe;
 
-/// Preallocated slots a coordinator keeps per instance.
-pub const PREALLOC_PER_INSTANCE: usize = 16;
-
 const MAX_WAIT: Duration = Duration::from_millis(20);
 const RECV_BUF: usize = 1 << 20;
 
@@ -282,7 +279,7 @@ type OnEvent = Box<dyn FnMut(&CoordinatorEvent) + Send>;
 
 struct Progress<S, R> {
     shared: Arc<Shared>,
-    machine: Coordinator<'static, PREALLOC_PER_INSTANCE>,
+    machine: Coordinator<'static>,
     tx: S,
     rx: R,
     clock: Clock,

@@ -31,9 +31,7 @@ pub mod telemetry;
 pub mod verbs;
 
 pub use clock::Clock;
-pub use coordinator::{
-    CoordinatorNode, CoordinatorSettings, CoordinatorSnapshot, PREALLOC_PER_INSTANCE,
-};
+pub use coordinator::{CoordinatorNode, CoordinatorSettings, CoordinatorSnapshot};
 pub use error::NodeError;
 pub use ferry_core::handshake::instance::{Head, InstanceConfig, Prealloc, SGLANG_HEAD_TIMEOUT};
 /// The table sizes of a node's state machine.

@@ -293,6 +293,7 @@ const LIMITS: Limits = Limits {
     nested_per_request: 256,
     tombstones: 8,
     members: 0,
+    prealloc_per_member: 0,
 };
 
 fn instance(role: &'static str, session: &'static str) -> Instance<'static> {
@@ -347,9 +348,10 @@ fuzz_target!(|ops: Vec<Op>| {
     let limits = Limits {
         requests: 4,
         members: 4,
+        prealloc_per_member: 2,
         ..LIMITS
     };
-    let mut coord = Coordinator::<2>::new(config, CoordinatorStorage::owned(&limits))
+    let mut coord = Coordinator::new(config, CoordinatorStorage::owned(&limits))
     .expect("valid coordinator");
     let mut insts = [instance("encoder", "enc"), instance("denoiser", "den")];
     let mut now = Instant(0);
@@ -359,7 +361,7 @@ fuzz_target!(|ops: Vec<Op>| {
     // The tags of the writes posted, newest last.
     let mut posted: Vec<ferry_core::transport::WriteTag> = Vec::new();
 
-    let mut pump = |coord: &mut Coordinator<'_, 2>,
+    let mut pump = |coord: &mut Coordinator<'_>,
                     insts: &mut [Instance<'_>; 2],
                     now: Instant,
                     held: &mut Vec<(usize, Token)>,

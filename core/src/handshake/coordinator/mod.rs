@@ -122,14 +122,14 @@ pub struct Admitted {
 
 /// A registered instance.
 #[derive(Debug)]
-pub struct Member<const P: usize> {
+pub struct Member {
     peer: PeerId,
     role: usize,
     session: Name,
     endpoint: Name,
     pool_ptr: u64,
     pool_size: u64,
-    prealloc: PreallocTable<P>,
+    prealloc: PreallocTable<MAX_PREALLOC_PER_MEMBER>,
     capacity: Capacity,
     epoch: u32,
     /// When it was last chosen, for round robin (0: never).
@@ -143,7 +143,7 @@ pub struct Member<const P: usize> {
     drain_told: bool,
 }
 
-impl<const P: usize> Record for Member<P> {
+impl Record for Member {
     fn key_hash(&self, key: &HashKey) -> u64 {
         key.number(u64::from(self.peer.0), NS_PEER)
     }
@@ -505,9 +505,13 @@ pub struct CoordinatorStats {
 /// A coordinator's tables: the caller's (`(&mut table).into()` each, a
 /// [`TableStorage`] for each table), or its own ([`owned`](Self::owned),
 /// feature `alloc`).
-pub struct CoordinatorStorage<'s, const P: usize> {
+pub struct CoordinatorStorage<'s> {
+    /// Preallocated slots a member may register (at most
+    /// [`MAX_PREALLOC_PER_MEMBER`]): a registration with more is refused.
+    /// `parked` needs room for this many per member.
+    pub prealloc_per_member: usize,
     /// One per instance that may register.
-    pub members: TableStorage<'s, Member<P>>,
+    pub members: TableStorage<'s, Member>,
     /// The members' index by session: as many places as `members.index`.
     pub sessions: ManagedSlice<'s, u64>,
     /// The members' index by work endpoint: likewise.
@@ -555,7 +559,7 @@ pub struct CoordinatorStorage<'s, const P: usize> {
 }
 
 #[cfg(feature = "alloc")]
-impl<const P: usize> CoordinatorStorage<'static, P> {
+impl CoordinatorStorage<'static> {
     /// Tables of their own, sized by `limits`: `requests` transfers (and
     /// as many bytes of nested JSON each as `nested_per_request`),
     /// `members` instances, `tombstones` ended legs, and queues that are
@@ -565,7 +569,9 @@ impl<const P: usize> CoordinatorStorage<'static, P> {
         let n = limits.requests.max(1);
         let members = limits.members.max(1);
         let tombstones = limits.tombstones.max(1);
+        let per_member = limits.prealloc_per_member.min(MAX_PREALLOC_PER_MEMBER);
         Self {
+            prealloc_per_member: per_member,
             members: TableStorage::owned(members, false),
             sessions: filled(Index::places_for(members), 0),
             endpoints: filled(Index::places_for(members), 0),
@@ -578,7 +584,7 @@ impl<const P: usize> CoordinatorStorage<'static, P> {
             // Two per transfer plus one per member is never full.
             transmits: empty(2 * n + members + 8),
             events: empty(2 * n + members + 8),
-            parked: TableStorage::owned(n + members * P, true),
+            parked: TableStorage::owned(n + members * per_member, true),
             finished: filled(tombstones, Tombstone::EMPTY),
             finished_index: filled(Index::places_for(tombstones), 0),
             admitted: empty(members),
@@ -596,19 +602,24 @@ pub const fn peer_table_len(members: usize) -> usize {
     members.saturating_mul(4).saturating_add(64)
 }
 
+/// The most preallocated slots a coordinator takes from one instance
+/// ([`Limits::prealloc_per_member`](super::Limits::prealloc_per_member)
+/// chooses how many, up to this).
+pub const MAX_PREALLOC_PER_MEMBER: usize = 32;
+
 /// The longest pipeline role name a coordinator keeps.
 pub const ROLE_LEN: usize = 64;
 /// The most roles a pipeline may have.
 pub const MAX_ROLES: usize = 8;
 
 /// The coordinator's state machine.
-pub struct Coordinator<'s, const P: usize> {
+pub struct Coordinator<'s> {
     /// The settings; the pipeline is kept in `roles`, so the machine
     /// borrows nothing but its tables.
     config: CoordinatorConfig<'static>,
     roles: [Text<ROLE_LEN>; MAX_ROLES],
     role_count: usize,
-    members: Table<'s, Member<P>>,
+    members: Table<'s, Member>,
     sessions: Index<'s>,
     endpoints: Index<'s>,
     /// Per role, the members with room, best first by the policy.
@@ -639,6 +650,8 @@ pub struct Coordinator<'s, const P: usize> {
     /// Per role, the local endpoint its messages arrive at, on channels
     /// that cannot name senders.
     role_endpoints: [Option<Name>; MAX_ROLES],
+    /// Preallocated slots a member may register.
+    prealloc_per_member: usize,
     /// Registrations are refused unless the admission list names them.
     admission: bool,
     /// No new registration or transfer is taken ([`Coordinator::drain`]).
@@ -647,7 +660,7 @@ pub struct Coordinator<'s, const P: usize> {
     stats: CoordinatorStats,
 }
 
-impl<const P: usize> fmt::Debug for Coordinator<'_, P> {
+impl fmt::Debug for Coordinator<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Coordinator")
             .field("stats", &self.stats)
@@ -701,11 +714,11 @@ impl fmt::Display for ConfigError {
 
 impl core::error::Error for ConfigError {}
 
-impl<'s, const P: usize> Coordinator<'s, P> {
+impl<'s> Coordinator<'s> {
     /// A coordinator with no instance registered.
     pub fn new(
         config: CoordinatorConfig<'_>,
-        mut storage: CoordinatorStorage<'s, P>,
+        mut storage: CoordinatorStorage<'s>,
     ) -> Result<Self, ConfigError> {
         if config.pipeline.is_empty() || config.pipeline.len() > MAX_ROLES {
             return Err(ConfigError::Pipeline);
@@ -769,6 +782,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             admitted: storage.admitted,
             peers: Peers::new(storage.peers, storage.peer_index),
             role_endpoints: [None; MAX_ROLES],
+            prealloc_per_member: storage.prealloc_per_member.min(MAX_PREALLOC_PER_MEMBER),
             admission: false,
             draining: false,
             seq: 0,
@@ -938,14 +952,14 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         self.members.find(hash, |m| m.peer == peer)
     }
 
-    fn member(&self, r: MemberRef) -> Option<&Member<P>> {
+    fn member(&self, r: MemberRef) -> Option<&Member> {
         self.members.get(r.index).filter(|m| m.epoch == r.epoch)
     }
 
     fn member_mut(
         &mut self,
         r: MemberRef,
-    ) -> Option<super::tables::table::RecordMut<'_, 's, Member<P>>> {
+    ) -> Option<super::tables::table::RecordMut<'_, 's, Member>> {
         self.members.get_mut(r.index).filter(|m| m.epoch == r.epoch)
     }
 

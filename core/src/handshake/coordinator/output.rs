@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl<'s, const P: usize> Coordinator<'s, P> {
+impl<'s> Coordinator<'s> {
     pub(super) fn send(&mut self, to: PeerId, msg: OutMsg) {
         let generation = self.peers.generation(to);
         let out = Outgoing {

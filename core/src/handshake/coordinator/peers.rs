@@ -167,7 +167,7 @@ impl fmt::Display for Unhandled {
 
 impl core::error::Error for Unhandled {}
 
-impl<const P: usize> Coordinator<'_, P> {
+impl Coordinator<'_> {
     /// Says that messages arriving at the local `endpoint` come from
     /// instances of `role`: for channels that cannot name a message's
     /// sender (a ZeroMQ PULL socket cannot), where each role reports to an

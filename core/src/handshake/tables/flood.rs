@@ -38,6 +38,7 @@ const LIMITS: Limits = Limits {
     nested_per_request: 256,
     tombstones: 256,
     members: 4,
+    prealloc_per_member: 4,
 };
 const KEY: HashKey = HashKey::new(7, 11);
 
@@ -59,7 +60,7 @@ fn colliding_ids(n: usize) -> Vec<String> {
 }
 
 struct World {
-    coord: Coordinator<'static, 2>,
+    coord: Coordinator<'static>,
     insts: [Instance<'static>; 2],
     buf: Vec<u8>,
     failed: Vec<FailReason>,
