@@ -193,7 +193,7 @@ fn one_request_passes_through_three_roles_under_its_own_id() {
 #[test]
 fn without_a_live_receiver_a_request_fails_and_a_new_receiver_takes_over() {
     let mut settings = CoordinatorSettings::new(&["encoder", "denoiser"]);
-    settings.timeouts.queued = Duration::from_millis(300);
+    settings.config.timeouts.queued = Duration::from_millis(300);
     let coord = coordinator_with(settings);
     let enc = instance("encoder", &coord, Prealloc::NONE);
     let den = instance("denoiser", &coord, Prealloc::NONE);
@@ -238,14 +238,14 @@ fn under_injected_faults_every_request_ends_and_no_slot_leaks() {
         seed,
     };
     let mut cs = CoordinatorSettings::new(&["encoder", "denoiser"]);
-    cs.timeouts = Timeouts {
+    cs.config.timeouts = Timeouts {
         queued: Duration::from_secs(2),
         alloc: Duration::from_millis(300),
         push: Duration::from_millis(500),
         done: Duration::from_secs(1),
     };
-    cs.quarantine = Duration::from_millis(200);
-    cs.late_done_wait = Duration::from_millis(500);
+    cs.config.quarantine = Duration::from_millis(200);
+    cs.config.late_done_wait = Duration::from_millis(500);
     let ch = FaultyChannel::new(UdsChannel::bind(&endpoint("coord")).unwrap(), plan(1));
     let coord = CoordinatorNode::start(&cs, ch, |_| {}).unwrap();
     let settings = |role: &str, prealloc| {

@@ -182,7 +182,6 @@ struct World {
 impl World {
     fn new(shape: Deployment, fast_path: bool) -> Result<Self, String> {
         let config = CoordinatorConfig {
-            pipeline: &PIPELINE,
             policy: Policy::MostFreeSlots,
             // Room for what a denoiser holds, and a few more on the way.
             capacity_per_instance: shape.held as u32 + 4,
@@ -199,7 +198,7 @@ impl World {
         };
         let limits = Limits::default();
         limits.check().map_err(|e| e.to_string())?;
-        let coord = Coordinator::new(config, CoordinatorStorage::owned(&limits))
+        let coord = Coordinator::new(&PIPELINE, config, CoordinatorStorage::owned(&limits))
             .map_err(|e| format!("coordinator: {e}"))?;
         let prealloc = if fast_path {
             (shape.held + 1).min(P)

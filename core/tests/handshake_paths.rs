@@ -47,7 +47,6 @@ fn coordinator(transfers: usize) -> Coordinator<'static> {
 
 fn coordinator_for(transfers: usize, pipeline: &[&str]) -> Coordinator<'static> {
     let config = CoordinatorConfig {
-        pipeline,
         policy: Policy::RoundRobin,
         capacity_per_instance: 2,
         timeouts: TIMEOUTS,
@@ -61,7 +60,7 @@ fn coordinator_for(transfers: usize, pipeline: &[&str]) -> Coordinator<'static> 
         tombstones: 64,
         ..LIMITS
     };
-    Coordinator::new(config, CoordinatorStorage::owned(&limits)).unwrap()
+    Coordinator::new(pipeline, config, CoordinatorStorage::owned(&limits)).unwrap()
 }
 
 fn instance(
@@ -1678,7 +1677,6 @@ fn forged_allocs_cannot_take_the_room_of_the_preallocated_slots() {
 #[test]
 fn most_free_slots_ranks_by_room_when_no_slot_fits_and_by_slots_when_they_do() {
     let config = CoordinatorConfig {
-        pipeline: &PIPELINE,
         policy: Policy::MostFreeSlots,
         capacity_per_instance: 4,
         timeouts: TIMEOUTS,
@@ -1687,7 +1685,7 @@ fn most_free_slots_ranks_by_room_when_no_slot_fits_and_by_slots_when_they_do() {
         quarantine: Duration::from_millis(5),
         late_done_wait: Duration::from_millis(50),
     };
-    let coord = Coordinator::new(config, CoordinatorStorage::owned(&LIMITS)).unwrap();
+    let coord = Coordinator::new(&PIPELINE, config, CoordinatorStorage::owned(&LIMITS)).unwrap();
     // den-1 (and the encoder) offer no preallocated slot; den-0 two of
     // 8 KiB.
     let bare = |role, name, endpoint| {
@@ -2174,7 +2172,6 @@ fn a_flood_of_strangers_takes_a_bounded_table_and_members_keep_their_places() {
 #[test]
 fn an_answer_queued_for_a_place_that_changed_hands_is_not_sent_to_its_new_holder() {
     let config = CoordinatorConfig {
-        pipeline: &PIPELINE,
         policy: Policy::RoundRobin,
         capacity_per_instance: 2,
         timeouts: TIMEOUTS,
@@ -2186,7 +2183,7 @@ fn an_answer_queued_for_a_place_that_changed_hands_is_not_sent_to_its_new_holder
     let mut storage = CoordinatorStorage::owned(&LIMITS);
     // Room for the members and one stranger more.
     storage.peers = vec![PeerSlot::EMPTY; LIMITS.members + 1].into();
-    let mut c = Coordinator::new(config, storage).unwrap();
+    let mut c = Coordinator::new(&PIPELINE, config, storage).unwrap();
     let now = Instant(0);
     let mut first = None;
     for i in 0..=LIMITS.members + 1 {
@@ -2219,7 +2216,7 @@ fn an_answer_queued_for_a_place_that_changed_hands_is_not_sent_to_its_new_holder
     let mut storage = CoordinatorStorage::owned(&LIMITS);
     storage.peers = vec![PeerSlot::EMPTY; LIMITS.members].into();
     assert_eq!(
-        Coordinator::new(config, storage).err(),
+        Coordinator::new(&PIPELINE, config, storage).err(),
         Some(ConfigError::PeerTableTooSmall)
     );
 }
@@ -2369,7 +2366,10 @@ fn a_registration_with_more_preallocated_slots_than_the_limit_is_refused() {
         (0..n)
             .map(|i| {
                 let off = i * 8192;
-                format!(r#"{{"offset":{off},"size":8192,"slot_id":{i},"addr":{}}}"#, 4096 + off)
+                format!(
+                    r#"{{"offset":{off},"size":8192,"slot_id":{i},"addr":{}}}"#,
+                    4096 + off
+                )
             })
             .collect::<Vec<_>>()
             .join(",")
@@ -2389,6 +2389,9 @@ fn a_registration_with_more_preallocated_slots_than_the_limit_is_refused() {
     let (_, ack) = answer_to(&mut c, 2, reg("tcp://d:2", n + 1).as_bytes());
     let ack = ack.unwrap();
     assert!(ack.contains(r#""accepted":false"#), "{ack}");
-    assert!(ack.contains("more preallocated_slots than the coordinator takes"), "{ack}");
+    assert!(
+        ack.contains("more preallocated_slots than the coordinator takes"),
+        "{ack}"
+    );
     assert_eq!(c.members(), 1);
 }

@@ -245,7 +245,6 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
         done: Duration::from_millis(80),
     };
     let cconfig = CoordinatorConfig {
-        pipeline: &ROLES,
         policy: if seed % 2 == 0 {
             Policy::RoundRobin
         } else {
@@ -272,7 +271,7 @@ fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
         members: N + 2,
         prealloc_per_member: 4,
     };
-    let mut coord = Coordinator::new(cconfig, CoordinatorStorage::owned(&limits)).unwrap();
+    let mut coord = Coordinator::new(&ROLES, cconfig, CoordinatorStorage::owned(&limits)).unwrap();
 
     let endpoints: Vec<String> = (0..N).map(|i| format!("tcp://10.0.0.{i}:5555")).collect();
     let roles: Vec<&'static str> = (0..N).map(|i| ROLES[i / PER_ROLE]).collect();

@@ -14,8 +14,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ferry_core::handshake::coordinator::{
-    Coordinator, CoordinatorConfig, CoordinatorEvent, CoordinatorStats, CoordinatorStorage, Policy,
-    Timeouts, Unhandled,
+    Coordinator, CoordinatorConfig, CoordinatorEvent, CoordinatorStats, CoordinatorStorage,
+    Unhandled,
 };
 use ferry_core::handshake::{Instant, Limits, PeerId};
 use ferry_core::transport::{
@@ -32,40 +32,38 @@ use super::telemetry::CoordinatorProbe;
 const MAX_WAIT: Duration = Duration::from_millis(20);
 const RECV_BUF: usize = 1 << 20;
 
-/// A coordinator's settings.
+/// An endpoint that may register as a role (like an entry of sglang's
+/// `--encoder-urls`, `--denoiser-urls` or `--decoder-urls`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Admission {
+    /// The role it may register as.
+    pub role: String,
+    /// Its work endpoint, as its registration names it.
+    pub endpoint: String,
+}
+
+/// A coordinator node's configuration: the core's [`CoordinatorConfig`]
+/// (receiver choice, capacity, timeouts), extended by what a node needs
+/// besides: its pipeline, its tables, who may register, and how to tell
+/// senders apart on channels that cannot name them.
 #[derive(Clone, Debug)]
 pub struct CoordinatorSettings {
     /// Roles in hand-off order.
     pub pipeline: Vec<String>,
-    /// Receiver choice.
-    pub policy: Policy,
-    /// Transfers an instance may receive at once.
-    pub capacity_per_instance: u32,
-    /// Per-phase timeouts.
-    pub timeouts: Timeouts,
-    /// Wait before re-dispatching after a retryable reject (times the
-    /// attempt number).
-    pub retry_backoff: Duration,
-    /// Dispatch attempts before a request fails.
-    pub max_attempts: u32,
-    /// How long a preallocated slot of a request that failed mid-write
-    /// stays out of use.
-    pub quarantine: Duration,
-    /// How long a preallocated slot whose receiver held a failed request
-    /// waits for its late `transfer_done`.
-    pub late_done_wait: Duration,
     /// Table sizes.
     pub limits: Limits,
+    /// How the coordinator behaves ([`CoordinatorConfig::FERRY`] by
+    /// default).
+    pub config: CoordinatorConfig,
     /// The endpoint each role reports to, in pipeline order, for control
     /// channels that cannot name a message's sender (ZeroMQ): the endpoint
     /// a message arrives at tells its sender's role, and its content the
     /// sender. Empty when the channel names senders.
     pub result_endpoints: Vec<String>,
-    /// The endpoints that may register, as (role, work endpoint) pairs,
-    /// like sglang's `--encoder-urls`, `--denoiser-urls` and
-    /// `--decoder-urls`: with any, every other registration is dropped
-    /// (and logged); empty, any endpoint may register.
-    pub admitted: Vec<(String, String)>,
+    /// The endpoints that may register: with any, every other
+    /// registration is dropped (and logged); empty, any endpoint may
+    /// register.
+    pub admitted: Vec<Admission>,
 }
 
 impl CoordinatorSettings {
@@ -73,21 +71,8 @@ impl CoordinatorSettings {
     pub fn new(pipeline: &[&str]) -> Self {
         Self {
             pipeline: pipeline.iter().map(|s| (*s).to_owned()).collect(),
-            policy: Policy::MostFreeSlots,
-            capacity_per_instance: 16,
-            timeouts: Timeouts {
-                queued: Duration::from_secs(30),
-                alloc: Duration::from_secs(2),
-                push: Duration::from_secs(10),
-                done: Duration::from_secs(60),
-            },
-            // A full receiver is retried for about 25 s (20 ms × 1..50),
-            // within the queue timeout.
-            retry_backoff: Duration::from_millis(20),
-            max_attempts: 50,
-            quarantine: Duration::from_secs(1),
-            late_done_wait: Duration::from_secs(5),
             limits: Limits::default(),
+            config: CoordinatorConfig::FERRY,
             result_endpoints: Vec::new(),
             admitted: Vec::new(),
         }
@@ -155,23 +140,14 @@ impl CoordinatorNode {
         C::Receiver: 'static,
     {
         let pipeline: Vec<&str> = settings.pipeline.iter().map(String::as_str).collect();
-        let config = CoordinatorConfig {
-            pipeline: &pipeline,
-            policy: settings.policy,
-            capacity_per_instance: settings.capacity_per_instance,
-            timeouts: settings.timeouts,
-            retry_backoff: settings.retry_backoff,
-            max_attempts: settings.max_attempts,
-            quarantine: settings.quarantine,
-            late_done_wait: settings.late_done_wait,
-        };
+        let config = settings.config;
         let mut limits = settings.limits;
         // Room for the whole admission list.
         limits.members = limits.members.max(settings.admitted.len());
         limits.check()?;
-        let mut machine = Coordinator::new(config, CoordinatorStorage::owned(&limits))
+        let mut machine = Coordinator::new(&pipeline, config, CoordinatorStorage::owned(&limits))
             .map_err(NodeError::Coordinator)?;
-        for (role, endpoint) in &settings.admitted {
+        for Admission { role, endpoint } in &settings.admitted {
             machine
                 .admit(role, endpoint)
                 .map_err(|e| NodeError::Admission {

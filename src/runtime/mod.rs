@@ -31,8 +31,9 @@ pub mod telemetry;
 pub mod verbs;
 
 pub use clock::Clock;
-pub use coordinator::{CoordinatorNode, CoordinatorSettings, CoordinatorSnapshot};
+pub use coordinator::{Admission, CoordinatorNode, CoordinatorSettings, CoordinatorSnapshot};
 pub use error::NodeError;
+pub use ferry_core::handshake::coordinator::{CoordinatorConfig, Policy, Timeouts};
 pub use ferry_core::handshake::instance::{Head, InstanceConfig, Prealloc, SGLANG_HEAD_TIMEOUT};
 /// The table sizes of a node's state machine.
 pub use ferry_core::handshake::Limits;

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use ferry::runtime::{Head, InstanceConfig, SGLANG_HEAD_TIMEOUT};
+use ferry::runtime::{Admission, Head, InstanceConfig, SGLANG_HEAD_TIMEOUT};
 
 pub use launcher::{json, launch, table, LaunchArgs, Summary};
 pub use roles::{
@@ -148,7 +148,7 @@ pub struct LifetimeArgs {
 
 /// The coordinator's timeouts with the push timeout set.
 fn timeouts(push: Duration) -> ferry_core::handshake::coordinator::Timeouts {
-    let mut t = ferry::runtime::CoordinatorSettings::new(&PIPELINE).timeouts;
+    let mut t = ferry::runtime::CoordinatorConfig::FERRY.timeouts;
     t.push = push;
     t
 }
@@ -446,7 +446,7 @@ pub fn coordinator_main(args: &CoordinatorArgs) -> ExitCode {
     let mut t = timeouts(Duration::from_millis(args.push_timeout_ms));
     t.alloc = Duration::from_millis(args.alloc_timeout_ms);
     t.done = Duration::from_millis(args.done_timeout_ms);
-    let admitted: Vec<(String, String)> = [
+    let admitted: Vec<Admission> = [
         ("encoder", &args.encoder_urls),
         ("denoiser", &args.denoiser_urls),
         ("decoder", &args.decoder_urls),
@@ -455,7 +455,10 @@ pub fn coordinator_main(args: &CoordinatorArgs) -> ExitCode {
     .flat_map(|(role, urls)| {
         urls.iter()
             .filter(|u| !u.trim().is_empty())
-            .map(move |u| (role.to_owned(), u.trim().to_owned()))
+            .map(move |u| Admission {
+                role: role.to_owned(),
+                endpoint: u.trim().to_owned(),
+            })
     })
     .collect();
     roles::coordinator(

@@ -125,8 +125,8 @@ pub struct CoordinatorOptions {
     pub drain_timeout: Duration,
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics_listen: Option<String>,
-    /// (role, work endpoint) pairs that may register; empty: any.
-    pub admitted: Vec<(String, String)>,
+    /// The endpoints that may register, each as its role; empty: any.
+    pub admitted: Vec<ferry::runtime::Admission>,
     /// The addresses that may connect (ZeroMQ over tcp); empty: any.
     pub allow_from: Vec<std::net::IpAddr>,
 }
@@ -161,7 +161,7 @@ pub fn coordinator(
     };
     remove_stale_pools();
     let mut settings = CoordinatorSettings::new(&PIPELINE);
-    settings.timeouts = timeouts;
+    settings.config.timeouts = timeouts;
     settings.admitted = options.admitted.clone();
     let run = Run {
         life: &life,

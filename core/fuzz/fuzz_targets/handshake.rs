@@ -331,7 +331,6 @@ fn instance(role: &'static str, session: &'static str) -> Instance<'static> {
 
 fuzz_target!(|ops: Vec<Op>| {
     let config = CoordinatorConfig {
-        pipeline: &ROLES,
         policy: Policy::MostFreeSlots,
         capacity_per_instance: 2,
         timeouts: Timeouts {
@@ -351,7 +350,7 @@ fuzz_target!(|ops: Vec<Op>| {
         prealloc_per_member: 2,
         ..LIMITS
     };
-    let mut coord = Coordinator::new(config, CoordinatorStorage::owned(&limits))
+    let mut coord = Coordinator::new(&ROLES, config, CoordinatorStorage::owned(&limits))
     .expect("valid coordinator");
     let mut insts = [instance("encoder", "enc"), instance("denoiser", "den")];
     let mut now = Instant(0);

@@ -86,12 +86,12 @@ pub enum Policy {
     MostFreeSlots,
 }
 
-/// The coordinator's settings.
-#[derive(Clone, Copy, Debug)]
-pub struct CoordinatorConfig<'a> {
-    /// Roles in hand-off order, e.g. `["encoder", "denoiser", "decoder"]`:
-    /// a request staged by a role goes to the next one.
-    pub pipeline: &'a [&'a str],
+/// How a coordinator behaves: receiver choice, capacity, timeouts and
+/// retries. One value describes a coordinator for every layer: the
+/// runtime, the command line and Python extend it (with a pipeline,
+/// endpoints, table sizes), never copy it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoordinatorConfig {
     /// Receiver choice.
     pub policy: Policy,
     /// Transfers an instance may receive at once.
@@ -110,6 +110,32 @@ pub struct CoordinatorConfig<'a> {
     /// receiver held the data waits for the receiver's late
     /// `transfer_done` before it is reused anyway.
     pub late_done_wait: Duration,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        Self::FERRY
+    }
+}
+
+impl CoordinatorConfig {
+    /// ferry's defaults: the instance with the most free preallocated
+    /// slots first, 16 transfers at once per instance, and a full receiver
+    /// retried for about 25 s (20 ms × 1..50), within the queue timeout.
+    pub const FERRY: Self = Self {
+        policy: Policy::MostFreeSlots,
+        capacity_per_instance: 16,
+        timeouts: Timeouts {
+            queued: Duration::from_secs(30),
+            alloc: Duration::from_secs(2),
+            push: Duration::from_secs(10),
+            done: Duration::from_secs(60),
+        },
+        retry_backoff: Duration::from_millis(20),
+        max_attempts: 50,
+        quarantine: Duration::from_secs(1),
+        late_done_wait: Duration::from_secs(5),
+    };
 }
 
 /// An endpoint that may register as a role: an entry of the admission
@@ -614,9 +640,7 @@ pub const MAX_ROLES: usize = 8;
 
 /// The coordinator's state machine.
 pub struct Coordinator<'s> {
-    /// The settings; the pipeline is kept in `roles`, so the machine
-    /// borrows nothing but its tables.
-    config: CoordinatorConfig<'static>,
+    config: CoordinatorConfig,
     roles: [Text<ROLE_LEN>; MAX_ROLES],
     role_count: usize,
     members: Table<'s, Member>,
@@ -715,16 +739,19 @@ impl fmt::Display for ConfigError {
 impl core::error::Error for ConfigError {}
 
 impl<'s> Coordinator<'s> {
-    /// A coordinator with no instance registered.
+    /// A coordinator with no instance registered, relaying along
+    /// `pipeline` (roles in hand-off order, e.g. `["encoder", "denoiser",
+    /// "decoder"]`: a request staged by a role goes to the next one).
     pub fn new(
-        config: CoordinatorConfig<'_>,
+        pipeline: &[&str],
+        config: CoordinatorConfig,
         mut storage: CoordinatorStorage<'s>,
     ) -> Result<Self, ConfigError> {
-        if config.pipeline.is_empty() || config.pipeline.len() > MAX_ROLES {
+        if pipeline.is_empty() || pipeline.len() > MAX_ROLES {
             return Err(ConfigError::Pipeline);
         }
         let mut roles = [Text::EMPTY; MAX_ROLES];
-        for (kept, role) in roles.iter_mut().zip(config.pipeline) {
+        for (kept, role) in roles.iter_mut().zip(pipeline) {
             *kept = Text::new(role).map_err(|_| ConfigError::RoleTooLong)?;
         }
         let key = storage.hash_key;
@@ -733,7 +760,7 @@ impl<'s> Coordinator<'s> {
             .len()
             .min(storage.room_ranking_places.len());
         let lanes = storage.ranking.len().min(storage.room_ranking.len());
-        if members_ranked == 0 || lanes < members_ranked * config.pipeline.len() {
+        if members_ranked == 0 || lanes < members_ranked * pipeline.len() {
             return Err(ConfigError::RankingTooSmall);
         }
         let members = Table::new(storage.members, key, false);
@@ -750,18 +777,9 @@ impl<'s> Coordinator<'s> {
         let chunk = storage.nested.len() / transfers.capacity();
         storage.admitted.iter_mut().for_each(|a| *a = None);
         Ok(Self {
-            config: CoordinatorConfig {
-                pipeline: &[],
-                policy: config.policy,
-                capacity_per_instance: config.capacity_per_instance,
-                timeouts: config.timeouts,
-                retry_backoff: config.retry_backoff,
-                max_attempts: config.max_attempts,
-                quarantine: config.quarantine,
-                late_done_wait: config.late_done_wait,
-            },
+            config,
             roles,
-            role_count: config.pipeline.len(),
+            role_count: pipeline.len(),
             members,
             sessions: Index::new(storage.sessions),
             endpoints: Index::new(storage.endpoints),

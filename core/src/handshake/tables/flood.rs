@@ -71,7 +71,6 @@ impl World {
     fn new() -> Self {
         let timeout = Duration::from_secs(60);
         let config = CoordinatorConfig {
-            pipeline: &["encoder", "denoiser"],
             policy: Policy::MostFreeSlots,
             capacity_per_instance: 1,
             timeouts: Timeouts {
@@ -87,7 +86,7 @@ impl World {
         };
         let mut storage = CoordinatorStorage::owned(&LIMITS);
         storage.hash_key = KEY;
-        let coord = Coordinator::new(config, storage).unwrap();
+        let coord = Coordinator::new(&["encoder", "denoiser"], config, storage).unwrap();
         // The attacker is the encoder: its own tables are keyed apart.
         let instance = |role, name, key| {
             let who = InstanceIdentity {
