@@ -45,6 +45,8 @@ pub use peers::{PeerSlot, Unhandled};
 
 mod dispatch;
 mod endings;
+mod fail;
+pub use fail::FailReason;
 mod output;
 mod peers;
 mod queue;
@@ -255,118 +257,6 @@ impl Record for Parked {
 
     fn due(&self) -> Option<Instant> {
         Some(self.until)
-    }
-}
-
-/// Why a request failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FailReason {
-    /// No receiver had room within the queue timeout.
-    QueueTimeout,
-    /// The receiver did not answer `transfer_alloc` in time.
-    AllocTimeout,
-    /// The sender did not report its write in time.
-    PushTimeout,
-    /// The receiver did not report `transfer_done` in time.
-    DoneTimeout,
-    /// The receiver could not allocate, for good or too often.
-    Rejected,
-    /// The sender's write failed.
-    WriteFailed,
-    /// The receiver reported an error in `transfer_done`.
-    ReceiverError,
-    /// An instance involved went away or registered again.
-    PeerGone,
-    /// The sender's role is the last of the pipeline.
-    NoNextRole,
-    /// The coordinator's transfer table is full.
-    TableFull,
-    /// Manifest and scalar fields exceed the storage of one transfer.
-    TooLarge,
-    /// The receiver answered with a slot that cannot hold the data.
-    BadSlot,
-    /// The request id is taken: another sender's request of the same leg
-    /// holds it, or ended under it lately (ids must be unique, across
-    /// restarts too).
-    IdReused,
-    /// An instance involved left (`transfer_deregister`), its drain over.
-    PeerLeft,
-    /// The coordinator shuts down, or drains and takes no new transfer.
-    ShuttingDown,
-}
-
-impl FailReason {
-    /// The reason as sent in `transfer_abort`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::QueueTimeout => "timeout waiting for a receiver",
-            Self::AllocTimeout => "timeout waiting for transfer_allocated",
-            Self::PushTimeout => "timeout waiting for transfer_pushed",
-            Self::DoneTimeout => "timeout waiting for transfer_done",
-            Self::Rejected => "receiver rejected the allocation",
-            Self::WriteFailed => "write failed",
-            Self::ReceiverError => "receiver reported an error",
-            Self::PeerGone => "instance went away",
-            Self::NoNextRole => "no role after the sender's",
-            Self::TableFull => "coordinator transfer table full",
-            Self::TooLarge => "manifest and scalar fields too large",
-            Self::BadSlot => "receiver's slot cannot hold the data",
-            Self::IdReused => "request id already used by another request of this leg",
-            Self::PeerLeft => "instance left",
-            Self::ShuttingDown => "coordinator shutting down",
-        }
-    }
-
-    /// Every reason, for tables indexed by [`index`](Self::index).
-    pub const ALL: [FailReason; 15] = [
-        Self::QueueTimeout,
-        Self::AllocTimeout,
-        Self::PushTimeout,
-        Self::DoneTimeout,
-        Self::Rejected,
-        Self::WriteFailed,
-        Self::ReceiverError,
-        Self::PeerGone,
-        Self::NoNextRole,
-        Self::TableFull,
-        Self::TooLarge,
-        Self::BadSlot,
-        Self::IdReused,
-        Self::PeerLeft,
-        Self::ShuttingDown,
-    ];
-
-    /// Its position in [`ALL`](Self::ALL).
-    pub const fn index(self) -> usize {
-        self as usize
-    }
-
-    /// A short snake_case name, for metric labels and logs.
-    pub const fn code(self) -> &'static str {
-        match self {
-            Self::QueueTimeout => "queue_timeout",
-            Self::AllocTimeout => "alloc_timeout",
-            Self::PushTimeout => "push_timeout",
-            Self::DoneTimeout => "done_timeout",
-            Self::Rejected => "rejected",
-            Self::WriteFailed => "write_failed",
-            Self::ReceiverError => "receiver_error",
-            Self::PeerGone => "peer_gone",
-            Self::NoNextRole => "no_next_role",
-            Self::TableFull => "table_full",
-            Self::TooLarge => "too_large",
-            Self::BadSlot => "bad_slot",
-            Self::IdReused => "id_reused",
-            Self::PeerLeft => "peer_left",
-            Self::ShuttingDown => "shutting_down",
-        }
-    }
-}
-
-impl fmt::Display for FailReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
