@@ -43,7 +43,11 @@ use crate::wire::{
 use peers::Peers;
 pub use peers::{PeerSlot, Unhandled};
 
+mod api;
+mod config;
 mod dispatch;
+pub use api::{CoordinatorEvent, CoordinatorStats, LegTiming, Transmit};
+pub use config::{ConfigError, CoordinatorConfig, Policy, Timeouts};
 mod endings;
 mod fail;
 pub use fail::FailReason;
@@ -52,6 +56,8 @@ mod peers;
 mod queue;
 mod registry;
 mod replies;
+mod storage;
+pub use storage::{peer_table_len, CoordinatorStorage, MAX_PREALLOC_PER_MEMBER};
 
 /// What the coordinator's indexes hash: a request id, a peer, a session,
 /// an endpoint.
@@ -62,83 +68,6 @@ const NS_ENDPOINT: u64 = 3;
 
 /// No transfer: the end of a role's queue.
 const NONE: u32 = u32::MAX;
-
-/// How long each wait may last before the request fails.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Timeouts {
-    /// Staged, waiting for a receiver with room.
-    pub queued: Duration,
-    /// `transfer_alloc` sent, waiting for `transfer_allocated` or a reject.
-    pub alloc: Duration,
-    /// `transfer_push` sent, waiting for `transfer_pushed`. Must exceed the
-    /// data plane's own write timeout plus the control plane's delay, so
-    /// that no write lands after the request failed.
-    pub push: Duration,
-    /// `transfer_ready` sent, waiting for `transfer_done`.
-    pub done: Duration,
-}
-
-/// How a receiver is chosen among the instances of the next role.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Policy {
-    /// In turn, skipping instances without capacity.
-    RoundRobin,
-    /// The instance with the most free preallocated slots that fit, then
-    /// the most free capacity.
-    MostFreeSlots,
-}
-
-/// How a coordinator behaves: receiver choice, capacity, timeouts and
-/// retries. One value describes a coordinator for every layer: the
-/// runtime, the command line and Python extend it (with a pipeline,
-/// endpoints, table sizes), never copy it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CoordinatorConfig {
-    /// Receiver choice.
-    pub policy: Policy,
-    /// Transfers an instance may receive at once.
-    pub capacity_per_instance: u32,
-    /// Per-phase timeouts.
-    pub timeouts: Timeouts,
-    /// Wait before re-dispatching after a retryable reject (times the
-    /// attempt number).
-    pub retry_backoff: Duration,
-    /// Dispatch attempts before a request fails.
-    pub max_attempts: u32,
-    /// How long a preallocated slot of a request that failed mid-write
-    /// stays out of use.
-    pub quarantine: Duration,
-    /// How long a preallocated slot of a request that failed while its
-    /// receiver held the data waits for the receiver's late
-    /// `transfer_done` before it is reused anyway.
-    pub late_done_wait: Duration,
-}
-
-impl Default for CoordinatorConfig {
-    fn default() -> Self {
-        Self::FERRY
-    }
-}
-
-impl CoordinatorConfig {
-    /// ferry's defaults: the instance with the most free preallocated
-    /// slots first, 16 transfers at once per instance, and a full receiver
-    /// retried for about 25 s (20 ms × 1..50), within the queue timeout.
-    pub const FERRY: Self = Self {
-        policy: Policy::MostFreeSlots,
-        capacity_per_instance: 16,
-        timeouts: Timeouts {
-            queued: Duration::from_secs(30),
-            alloc: Duration::from_secs(2),
-            push: Duration::from_secs(10),
-            done: Duration::from_secs(60),
-        },
-        retry_backoff: Duration::from_millis(20),
-        max_attempts: 50,
-        quarantine: Duration::from_secs(1),
-        late_done_wait: Duration::from_secs(5),
-    };
-}
 
 /// An endpoint that may register as a role: an entry of the admission
 /// list ([`Coordinator::admit`]).
@@ -260,89 +189,6 @@ impl Record for Parked {
     }
 }
 
-/// What the coordinator tells its application.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CoordinatorEvent {
-    /// An instance registered (`replaced`: a previous session of the same
-    /// endpoint was dropped).
-    Registered {
-        /// Its peer.
-        peer: PeerId,
-        /// Its role, as an index into the pipeline.
-        role: usize,
-        /// True if it replaced an earlier session.
-        replaced: bool,
-    },
-    /// A registration was refused: answered with `reason` (`acked`), or
-    /// dropped unanswered (an endpoint the admission list does not name,
-    /// as sglang's head drops those outside its `--*-urls`).
-    Refused {
-        /// Who sent it (its work endpoint, on channels that cannot name
-        /// senders).
-        peer: PeerId,
-        /// Why.
-        reason: &'static str,
-        /// True if the refusal was sent to the registrant.
-        acked: bool,
-    },
-    /// A leg of a request was received and consumed.
-    Delivered {
-        /// The request.
-        id: RequestId,
-        /// The leg: its sender's role, as an index into the pipeline.
-        leg: usize,
-        /// How long it spent in each phase.
-        timing: LegTiming,
-    },
-    /// An instance said it leaves (`transfer_deregister`): with
-    /// `draining`, it gets no new work and finishes what it holds;
-    /// without, it is gone, and the transfers it was still needed for
-    /// failed.
-    Deregistered {
-        /// Its peer.
-        peer: PeerId,
-        /// Its role, as an index into the pipeline.
-        role: usize,
-        /// True: it drains; false: it is gone.
-        draining: bool,
-        /// Why, as it said (cut to fit).
-        reason: Reason,
-    },
-    /// A leg of a request failed; every instance involved was told.
-    Failed {
-        /// The request.
-        id: RequestId,
-        /// The leg: its sender's role, as an index into the pipeline.
-        leg: usize,
-        /// Why.
-        reason: FailReason,
-    },
-}
-
-/// How long a delivered leg spent in each phase of the handshake, on the
-/// coordinator's clock (which sees every phase of every leg, where each
-/// instance sees only its own side).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LegTiming {
-    /// `transfer_staged` received to `transfer_push` sent: waiting for a
-    /// receiver with room, its allocation round trip and any retries
-    /// included.
-    pub queued: Duration,
-    /// `transfer_push` sent to `transfer_pushed` received: the sender's
-    /// write, and the two messages around it.
-    pub written: Duration,
-    /// `transfer_ready` sent to `transfer_done` received: the receiving
-    /// application's hold of the slot.
-    pub consumed: Duration,
-}
-
-impl LegTiming {
-    /// Staged to ready: the hand-off as the receiver experiences it.
-    pub fn to_ready(&self) -> Duration {
-        self.queued + self.written
-    }
-}
-
 /// A message to send.
 #[derive(Clone, Copy, Debug)]
 pub struct Outgoing {
@@ -383,145 +229,6 @@ enum OutMsg {
     /// addressed to it any more.
     Drained { session: Name },
 }
-
-/// A message for the caller to send: to whom, and its length in the buffer
-/// given to [`Coordinator::poll_transmit`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Transmit {
-    /// The peer.
-    pub to: PeerId,
-    /// Payload bytes written (frame 1; frame 0 is `TRANSFER_MAGIC`).
-    pub len: usize,
-}
-
-/// Counters for operators.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CoordinatorStats {
-    /// Requests staged.
-    pub staged: u64,
-    /// Requests delivered.
-    pub delivered: u64,
-    /// Requests failed.
-    pub failed: u64,
-    /// Hand-offs that took the preallocated-slot fast path.
-    pub fast_path: u64,
-    /// Forwards received (`transfer_done{staged_for_decoder}`): a leg
-    /// delivered and the next staged in one message.
-    pub forwarded: u64,
-    /// Messages ignored.
-    pub ignored: u64,
-    /// Registrations refused (answered or dropped).
-    pub refused: u64,
-    /// Events dropped because the caller did not poll them.
-    pub events_dropped: u64,
-    /// Messages that could not be queued (transmit queue full).
-    pub transmits_dropped: u64,
-}
-
-/// A coordinator's tables: the caller's (`(&mut table).into()` each, a
-/// [`TableStorage`] for each table), or its own ([`owned`](Self::owned),
-/// feature `alloc`).
-pub struct CoordinatorStorage<'s> {
-    /// Preallocated slots a member may register (at most
-    /// [`MAX_PREALLOC_PER_MEMBER`]): a registration with more is refused.
-    /// `parked` needs room for this many per member.
-    pub prealloc_per_member: usize,
-    /// One per instance that may register.
-    pub members: TableStorage<'s, Member>,
-    /// The members' index by session: as many places as `members.index`.
-    pub sessions: ManagedSlice<'s, u64>,
-    /// The members' index by work endpoint: likewise.
-    pub endpoints: ManagedSlice<'s, u64>,
-    /// The receivers with room, ranked, per role: [`MAX_ROLES`] times as
-    /// many entries as members.
-    pub ranking: ManagedSlice<'s, HeapEntry>,
-    /// The ranking's places: one per member.
-    pub ranking_places: ManagedSlice<'s, u64>,
-    /// The receivers with room, by room alone, per role (for data no
-    /// preallocated slot of the role fits): as large as `ranking`.
-    pub room_ranking: ManagedSlice<'s, HeapEntry>,
-    /// Its places: one per member.
-    pub room_ranking_places: ManagedSlice<'s, u64>,
-    /// One per request in flight, with deadlines.
-    pub transfers: TableStorage<'s, Transfer>,
-    /// Manifest and scalar-field bytes, split evenly among `transfers`.
-    pub nested: ManagedSlice<'s, u8>,
-    /// Messages not yet polled; at least two per transfer plus one per
-    /// member is never full.
-    pub transmits: ManagedSlice<'s, Option<Outgoing>>,
-    /// Events not yet polled.
-    pub events: ManagedSlice<'s, Option<CoordinatorEvent>>,
-    /// Preallocated slots out of use, with deadlines.
-    pub parked: TableStorage<'s, Parked>,
-    /// Legs of requests that ended, newest overwriting oldest, so that a
-    /// duplicated `transfer_staged` arriving late is not taken for a new
-    /// request. Request ids must not be reused while they are here.
-    pub finished: ManagedSlice<'s, Tombstone>,
-    /// Their index: [`TableStorage::index_places`] of `finished`.
-    pub finished_index: ManagedSlice<'s, u64>,
-    /// Room for the admission list ([`Coordinator::admit`]); may be empty
-    /// when no list is kept.
-    pub admitted: ManagedSlice<'s, Option<Admitted>>,
-    /// The endpoints the coordinator names at once
-    /// ([`Coordinator::handle_incoming`]): members and strangers. Members
-    /// must take at most a quarter of it ([`peer_table_len`] places per
-    /// member table); may be empty for callers that name peers themselves
-    /// ([`Coordinator::handle`]).
-    pub peers: ManagedSlice<'s, PeerSlot>,
-    /// Their index: [`TableStorage::index_places`] of `peers`.
-    pub peer_index: ManagedSlice<'s, u64>,
-    /// The key of every index (see [`HashKey`]).
-    pub hash_key: HashKey,
-}
-
-#[cfg(feature = "alloc")]
-impl CoordinatorStorage<'static> {
-    /// Tables of their own, sized by `limits`: `requests` transfers (and
-    /// as many bytes of nested JSON each as `nested_per_request`),
-    /// `members` instances, `tombstones` ended legs, and queues that are
-    /// never full; with the `std` feature, a random hash key.
-    pub fn owned(limits: &super::Limits) -> Self {
-        use crate::managed::{empty, filled};
-        let n = limits.requests.max(1);
-        let members = limits.members.max(1);
-        let tombstones = limits.tombstones.max(1);
-        let per_member = limits.prealloc_per_member.min(MAX_PREALLOC_PER_MEMBER);
-        Self {
-            prealloc_per_member: per_member,
-            members: TableStorage::owned(members, false),
-            sessions: filled(Index::places_for(members), 0),
-            endpoints: filled(Index::places_for(members), 0),
-            ranking: filled(MAX_ROLES * members, (0, 0)),
-            ranking_places: filled(members, 0),
-            room_ranking: filled(MAX_ROLES * members, (0, 0)),
-            room_ranking_places: filled(members, 0),
-            transfers: TableStorage::owned(n, true),
-            nested: filled(n * limits.nested_per_request, 0),
-            // Two per transfer plus one per member is never full.
-            transmits: empty(2 * n + members + 8),
-            events: empty(2 * n + members + 8),
-            parked: TableStorage::owned(n + members * per_member, true),
-            finished: filled(tombstones, Tombstone::EMPTY),
-            finished_index: filled(Index::places_for(tombstones), 0),
-            admitted: empty(members),
-            peers: filled(peer_table_len(members), PeerSlot::EMPTY),
-            peer_index: filled(Index::places_for(peer_table_len(members)), 0),
-            hash_key: super::tables::default_key(),
-        }
-    }
-}
-
-/// The places of a peer table for `members` members: four per member and
-/// 64 more, so that strangers (registrations refused, forgers) always find
-/// places to take over, and the members' places are never taken.
-pub const fn peer_table_len(members: usize) -> usize {
-    members.saturating_mul(4).saturating_add(64)
-}
-
-/// The most preallocated slots a coordinator takes from one instance
-/// ([`Limits::prealloc_per_member`](super::Limits::prealloc_per_member)
-/// chooses how many, up to this).
-pub const MAX_PREALLOC_PER_MEMBER: usize = 32;
 
 /// The longest pipeline role name a coordinator keeps.
 pub const ROLE_LEN: usize = 64;
@@ -581,52 +288,6 @@ impl fmt::Debug for Coordinator<'_> {
             .finish_non_exhaustive()
     }
 }
-
-/// Bad coordinator settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConfigError {
-    /// The pipeline has no role, or more than 8.
-    Pipeline,
-    /// A pipeline role's name is longer than [`ROLE_LEN`] bytes.
-    RoleTooLong,
-    /// No transfer storage.
-    NoTransfers,
-    /// The receivers' ranking has room for fewer roles than the pipeline
-    /// has, or for fewer members than the member table (it needs as many
-    /// entries per role as members, and a place per member).
-    RankingTooSmall,
-    /// An admission names a role not in the pipeline.
-    UnknownRole,
-    /// An admitted endpoint is longer than an endpoint the coordinator
-    /// keeps.
-    EndpointTooLong,
-    /// The admission list is full.
-    AdmissionFull,
-    /// The peer table has places, but not more than the member table: a
-    /// stranger could find none to take over.
-    PeerTableTooSmall,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Pipeline => "the pipeline must have 1 to 8 roles",
-            Self::RoleTooLong => "a pipeline role's name is longer than 64 bytes",
-            Self::NoTransfers => "the transfer table is empty",
-            Self::RankingTooSmall => {
-                "the receivers' ranking storage holds fewer roles than the pipeline has"
-            }
-            Self::UnknownRole => "an admitted endpoint names a role not in the pipeline",
-            Self::EndpointTooLong => "an admitted endpoint is longer than 128 bytes",
-            Self::AdmissionFull => "the admission list is full (more entries than members)",
-            Self::PeerTableTooSmall => {
-                "the peer table must have more places than the member table (or none)"
-            }
-        })
-    }
-}
-
-impl core::error::Error for ConfigError {}
 
 impl<'s> Coordinator<'s> {
     /// A coordinator with no instance registered, relaying along
