@@ -96,6 +96,20 @@ enum Op {
         from: u8,
         msg: FMsg,
     },
+    /// A message as a channel delivers it, named by an endpoint (one of a
+    /// few, or none), arriving at a role's endpoint or another; `raw`:
+    /// the bytes as given, else a well-formed message.
+    Incoming {
+        from: u8,
+        via: u8,
+        msg: FMsg,
+        raw: Option<Vec<u8>>,
+        magic: bool,
+    },
+    /// A peer's connection closed.
+    Gone {
+        from: u8,
+    },
     ToInst {
         to: bool,
         msg: FMsg,
@@ -351,7 +365,15 @@ fuzz_target!(|ops: Vec<Op>| {
         ..LIMITS
     };
     let mut coord = Coordinator::new(&ROLES, config, CoordinatorStorage::owned(&limits))
-    .expect("valid coordinator");
+        .expect("valid coordinator");
+    // Messages on a channel that cannot name senders are judged by the
+    // endpoint they arrive at.
+    coord
+        .set_role_endpoint(ROLES[0], "tcp://c:enc")
+        .expect("a role of the pipeline");
+    coord
+        .set_role_endpoint(ROLES[1], "tcp://c:den")
+        .expect("a role of the pipeline");
     let mut insts = [instance("encoder", "enc"), instance("denoiser", "den")];
     let mut now = Instant(0);
     let mut buf = vec![0u8; 8192];
@@ -414,6 +436,48 @@ fuzz_target!(|ops: Vec<Op>| {
                 let _ = coord.sender_of(&m, None);
                 let _ = coord.handle(now, PeerId(u32::from(from % 4) + 1), &m);
             }
+            Op::Incoming {
+                from,
+                via,
+                msg,
+                raw,
+                magic,
+            } => {
+                const FROM: [&str; 5] = ["", "tcp://enc", "tcp://den", "tcp://x:1", "tcp://x:2"];
+                const VIA: [&str; 3] = ["tcp://c:enc", "tcp://c:den", "tcp://c:other"];
+                let payload = match raw {
+                    Some(r) => r,
+                    None => {
+                        encode(&msg, &mut bytes);
+                        bytes.clone()
+                    }
+                };
+                let (magic, payload): (&[u8], &[u8]) = if magic {
+                    (ferry_core::wire::TRANSFER_MAGIC, &payload)
+                } else {
+                    // A role's result, or any other message.
+                    (&payload, b"")
+                };
+                let m = ferry_core::transport::Incoming {
+                    from: FROM[usize::from(from) % FROM.len()],
+                    via: VIA[usize::from(via) % VIA.len()],
+                    magic,
+                    payload,
+                };
+                if let Ok(peer) = coord.handle_incoming(now, &m) {
+                    // A named peer is answered at its endpoint.
+                    assert_eq!(
+                        coord
+                            .peer_at(coord.endpoint_of(peer).unwrap_or(""))
+                            .is_some(),
+                        coord.endpoint_of(peer).is_some()
+                    );
+                }
+            }
+            Op::Gone { from } => {
+                const FROM: [&str; 4] = ["tcp://enc", "tcp://den", "tcp://x:1", ""];
+                let _ = coord.handle_gone(now, FROM[usize::from(from) % FROM.len()]);
+            }
             Op::ToInst { to, msg } => {
                 encode(&msg, &mut bytes);
                 let m = decode(&bytes).expect("own encoding decodes");
@@ -471,7 +535,14 @@ fuzz_target!(|ops: Vec<Op>| {
             }
             _ => {}
         }
-        pump(&mut coord, &mut insts, now, &mut held, &mut writes, &mut posted);
+        pump(
+            &mut coord,
+            &mut insts,
+            now,
+            &mut held,
+            &mut writes,
+            &mut posted,
+        );
     }
 
     // Let go of everything, then let time run out every wait.
@@ -487,7 +558,14 @@ fuzz_target!(|ops: Vec<Op>| {
         for inst in &mut insts {
             inst.handle_timeout(now);
         }
-        pump(&mut coord, &mut insts, now, &mut held, &mut writes, &mut posted);
+        pump(
+            &mut coord,
+            &mut insts,
+            now,
+            &mut held,
+            &mut writes,
+            &mut posted,
+        );
     }
     assert_eq!(coord.in_flight(), 0, "requests still in flight");
     assert_eq!(coord.prealloc_taken(), 0, "preallocated slots still taken");
