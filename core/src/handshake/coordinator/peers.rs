@@ -66,9 +66,11 @@ impl<'s> Peers<'s> {
         (p < self.used).then_some(p)
     }
 
-    /// The endpoint of `peer`.
+    /// The endpoint of `peer` (`None` for a place left unnamed).
     pub(super) fn endpoint(&self, peer: PeerId) -> Option<&str> {
-        self.place(peer).map(|p| self.slots[p].endpoint.as_str())
+        self.place(peer)
+            .map(|p| self.slots[p].endpoint.as_str())
+            .filter(|e| !e.is_empty())
     }
 
     /// The generation of `peer`'s place (0 for peers the table never
@@ -116,20 +118,22 @@ impl<'s> Peers<'s> {
                     break;
                 }
             }
-            let p = found.ok_or(Ignored::NotRegistered)?;
+            let p = found.ok_or(Ignored::PeerTableFull)?;
             let old = self.slots[p].endpoint;
             self.index
                 .remove(key.bytes(old.as_bytes(), NS_PEER_ENDPOINT), p);
             p
         };
+        // The place changes hands: what was queued for its holder is not
+        // sent to the next.
+        let slot = &mut self.slots[place];
+        slot.endpoint = Name::EMPTY;
+        slot.generation = slot.generation.wrapping_add(1);
         if self.index.insert(hash, place).is_err() {
             // Unreachable with a secret key; the place stays unnamed.
-            self.slots[place].endpoint = Name::EMPTY;
-            return Err(Ignored::TooLong("peer index"));
+            return Err(Ignored::PeerTableFull);
         }
-        let slot = &mut self.slots[place];
-        slot.endpoint = name;
-        slot.generation = slot.generation.wrapping_add(1);
+        self.slots[place].endpoint = name;
         Ok(PeerId(place as u32 + 1))
     }
 }
