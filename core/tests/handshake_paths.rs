@@ -1,6 +1,8 @@
 //! Each documented path of the handshake, walked step by step with a
 //! coordinator and real instances exchanging encoded messages.
 
+mod harness;
+
 use std::time::Duration;
 
 use ferry_core::handshake::coordinator::*;
@@ -9,7 +11,8 @@ use ferry_core::handshake::{Ignored, Instant, Limits, PeerId, REASON_LEN};
 use ferry_core::json::RawJson;
 use ferry_core::slots::BuddyConfig;
 use ferry_core::transport::{Incoming, Landed, WriteTag};
-use ferry_core::wire::{decode, Manifest, Msg, MsgType, Shape, TensorEntry, TRANSFER_MAGIC};
+use ferry_core::wire::{decode, Manifest, Msg, MsgType, TensorEntry};
+use harness::{blob, incoming};
 
 const KIB: u64 = 1024;
 const MS: u64 = 1_000_000;
@@ -60,7 +63,7 @@ fn coordinator_for(transfers: usize, pipeline: &[&str]) -> Coordinator<'static> 
         tombstones: 64,
         ..LIMITS
     };
-    Coordinator::new(pipeline, config, CoordinatorStorage::owned(&limits)).unwrap()
+    harness::coordinator(pipeline, config, &limits)
 }
 
 fn instance(
@@ -113,8 +116,7 @@ fn instance_under(
         head,
         alloc_hold: Duration::from_millis(50),
     };
-    let storage = InstanceStorage::owned(&LIMITS, &pool, 2).unwrap();
-    Instance::new(Instant(0), &who, &config, storage).unwrap()
+    harness::instance(Instant(0), &who, &config, &LIMITS)
 }
 
 /// A coordinator and instances (instance `i` is peer `i + 1`), joined by a
@@ -166,21 +168,24 @@ impl<'s> World<'s> {
         let mut buf = vec![0u8; 16 * 1024];
         loop {
             let mut moved = false;
-            while let Some(t) = self.coord.poll_transmit(&mut buf) {
-                let t = t.unwrap();
+            for (to, bytes) in harness::coordinator_outbox(&mut self.coord, &mut buf) {
                 moved = true;
-                let msg = decode(&buf[..t.len]).unwrap();
+                let msg = decode(&bytes).unwrap();
                 self.log.push((false, msg.msg_type()));
                 self.from_coordinator
-                    .push(String::from_utf8(buf[..t.len].to_vec()).unwrap());
+                    .push(String::from_utf8(bytes.clone()).unwrap());
                 if self.drop.contains(&msg.msg_type()) {
                     continue;
                 }
                 // Where the coordinator named the peer, by the endpoint it
                 // named it by; a peer a test named itself, by its number.
-                let to = match self.coord.endpoint_of(t.to) {
-                    Some(ep) => self.insts.iter().position(|i| i.work_endpoint() == ep),
-                    None => (t.to.0 as usize).checked_sub(1),
+                let to = match self.coord.endpoint_of(to) {
+                    Some(_) => harness::addressee(
+                        &self.coord,
+                        to,
+                        self.insts.iter().map(Instance::work_endpoint),
+                    ),
+                    None => (to.0 as usize).checked_sub(1),
                 };
                 if let Some(inst) = to.and_then(|to| self.insts.get_mut(to)) {
                     if let Err(e) = inst.handle(self.now, &msg) {
@@ -189,15 +194,14 @@ impl<'s> World<'s> {
                 }
             }
             self.coord_events
-                .extend(std::iter::from_fn(|| self.coord.poll_event()));
+                .extend(harness::coordinator_events(&mut self.coord));
             for i in 0..self.insts.len() {
-                while let Some(n) = self.insts[i].poll_transmit(&mut buf) {
-                    let n = n.unwrap();
+                for bytes in harness::instance_outbox(&mut self.insts[i], &mut buf) {
                     moved = true;
-                    let msg = decode(&buf[..n]).unwrap();
+                    let msg = decode(&bytes).unwrap();
                     self.log.push((true, msg.msg_type()));
                     self.from_instances
-                        .push(String::from_utf8(buf[..n].to_vec()).unwrap());
+                        .push(String::from_utf8(bytes.clone()).unwrap());
                     if self.drop.contains(&msg.msg_type()) {
                         continue;
                     }
@@ -211,13 +215,9 @@ impl<'s> World<'s> {
                     self.judged += u64::from(judged.is_some());
                     // As a channel that names senders delivers it: the
                     // coordinator names the peer by its endpoint.
-                    let incoming = Incoming {
-                        from: self.insts[i].work_endpoint(),
-                        via: "tcp://coordinator:1",
-                        magic: TRANSFER_MAGIC,
-                        payload: &buf[..n],
-                    };
-                    match self.coord.handle_incoming(self.now, &incoming) {
+                    let from = self.insts[i].work_endpoint();
+                    let via = "tcp://coordinator:1";
+                    match harness::deliver(&mut self.coord, self.now, from, via, &bytes) {
                         Ok(p) => assert_eq!(p, PeerId(i as u32 + 1), "{msg:?}"),
                         Err(Unhandled::Ignored { peer, why }) => {
                             assert_eq!(peer, PeerId(i as u32 + 1), "{msg:?}");
@@ -238,9 +238,8 @@ impl<'s> World<'s> {
                         None => self.pending.push((i, w)),
                     }
                 }
-                while let Some(e) = self.insts[i].poll_event() {
-                    self.inst_events.push((i, e));
-                }
+                let events = harness::instance_events(&mut self.insts[i]);
+                self.inst_events.extend(events.into_iter().map(|e| (i, e)));
             }
             if !moved {
                 return;
@@ -282,18 +281,8 @@ impl<'s> World<'s> {
 
     fn stage(&mut self, i: usize, id: &str, size: u64) -> Token {
         let (token, _) = self.insts[i].stage(id, size).unwrap();
-        let dims = [size];
-        let entries = [TensorEntry {
-            field: "x".into(),
-            list_index: None,
-            offset: 0,
-            shape: Shape::Dims(&dims),
-            dtype: "uint8".into(),
-        }];
         let scalars = RawJson::parse_object(r#"{"prompt":"a cat"}"#).unwrap();
-        self.insts[i]
-            .commit(self.now, token, size, &Manifest::Entries(&entries), scalars)
-            .unwrap();
+        harness::commit_blob(&mut self.insts[i], self.now, token, size, scalars, None).unwrap();
         self.pump();
         token
     }
@@ -331,13 +320,9 @@ impl<'s> World<'s> {
 
     /// Nothing held anywhere: only the preallocated slots are allocated.
     fn assert_clean(&self) {
-        assert_eq!(self.coord.in_flight(), 0);
-        assert_eq!(self.coord.prealloc_taken(), 0);
-        assert!(self.coord.capacity_in_use().all(|(_, n)| n == 0));
-        for inst in &self.insts {
-            assert_eq!(inst.requests_held(), 0, "{inst:?}");
-            assert_eq!(inst.prealloc_in_use(), 0);
-            assert_eq!(inst.pool().stats().live_slots, 2);
+        harness::assert_coordinator_drained(&self.coord, "coordinator");
+        for (i, inst) in self.insts.iter().enumerate() {
+            harness::assert_instance_drained(inst, 2, &format!("instance {i}"));
         }
     }
 }
@@ -1185,13 +1170,7 @@ fn a_gated_receiver_holds_a_slot_it_refuses_until_late_bytes_could_have_come() {
     // still be on their way into the preallocated slot.
     let (token, _) = w.insts[0].stage("big", 6 * KIB).unwrap();
     let dims = [64 * KIB];
-    let entries = [TensorEntry {
-        field: "x".into(),
-        list_index: None,
-        offset: 0,
-        shape: Shape::Dims(&dims),
-        dtype: "uint8".into(),
-    }];
+    let entries = [blob(&dims)];
     w.insts[0]
         .commit(
             w.now,
@@ -1235,25 +1214,13 @@ fn sglang_instance_at(
     instance_under(Head::Sglang, role, session, endpoint, POOL, None)
 }
 
-/// One `uint8` tensor of `dims` at the slot's start.
-fn blob(dims: &[u64]) -> TensorEntry<'_> {
-    TensorEntry {
-        field: "x".into(),
-        list_index: None,
-        offset: 0,
-        shape: Shape::Dims(dims),
-        dtype: "uint8".into(),
-    }
-}
-
 /// Every message `inst` has to send now, as text.
 fn outbox(inst: &mut Instance<'_>) -> Vec<String> {
     let mut buf = vec![0u8; 16 * 1024];
-    let mut out = Vec::new();
-    while let Some(n) = inst.poll_transmit(&mut buf) {
-        out.push(String::from_utf8(buf[..n.unwrap()].to_vec()).unwrap());
-    }
-    out
+    harness::instance_outbox(inst, &mut buf)
+        .into_iter()
+        .map(|m| String::from_utf8(m).unwrap())
+        .collect()
 }
 
 fn feed(inst: &mut Instance<'_>, now_ms: u64, json: &str) -> Result<(), Ignored> {
@@ -1685,7 +1652,7 @@ fn most_free_slots_ranks_by_room_when_no_slot_fits_and_by_slots_when_they_do() {
         quarantine: Duration::from_millis(5),
         late_done_wait: Duration::from_millis(50),
     };
-    let coord = Coordinator::new(&PIPELINE, config, CoordinatorStorage::owned(&LIMITS)).unwrap();
+    let coord = harness::coordinator(&PIPELINE, config, &LIMITS);
     // den-1 (and the encoder) offer no preallocated slot; den-0 two of
     // 8 KiB.
     let bare = |role, name, endpoint| {
@@ -1708,8 +1675,7 @@ fn most_free_slots_ranks_by_room_when_no_slot_fits_and_by_slots_when_they_do() {
             head: Head::Ferry,
             alloc_hold: Duration::from_millis(50),
         };
-        let storage = InstanceStorage::owned(&LIMITS, &POOL, 0).unwrap();
-        Instance::new(Instant(0), &who, &config, storage).unwrap()
+        harness::instance(Instant(0), &who, &config, &LIMITS)
     };
     let insts = vec![
         bare("encoder", "enc-0", "tcp://enc:1"),
@@ -2083,17 +2049,6 @@ fn a_sender_leaving_with_a_write_out_reports_it_before_it_says_it_is_gone() {
 
 // ---- who sent it: the coordinator's peer table -----------------------------
 
-/// `msg` as a channel delivers it: from `from` (empty: a channel that
-/// cannot name senders), arrived at `via`.
-fn incoming<'a>(from: &'a str, via: &'a str, payload: &'a [u8]) -> Incoming<'a> {
-    Incoming {
-        from,
-        via,
-        magic: TRANSFER_MAGIC,
-        payload,
-    }
-}
-
 fn register_json(role: &str, ep: &str) -> String {
     format!(
         r#"{{"msg_type":"transfer_register","role":"{role}","session_id":"s-{ep}","pool_ptr":4096,"pool_size":65536,"work_endpoint":"{ep}"}}"#
@@ -2103,13 +2058,13 @@ fn register_json(role: &str, ep: &str) -> String {
 /// Every message the coordinator has queued, with the endpoint it goes to.
 fn transmitted(c: &mut Coordinator<'static>) -> Vec<(String, String)> {
     let mut buf = vec![0u8; 4096];
-    let mut out = Vec::new();
-    while let Some(t) = c.poll_transmit(&mut buf) {
-        let t = t.unwrap();
-        let to = c.endpoint_of(t.to).unwrap_or("").to_owned();
-        out.push((to, String::from_utf8(buf[..t.len].to_vec()).unwrap()));
-    }
-    out
+    harness::coordinator_outbox(c, &mut buf)
+        .into_iter()
+        .map(|(to, m)| {
+            let to = c.endpoint_of(to).unwrap_or("").to_owned();
+            (to, String::from_utf8(m).unwrap())
+        })
+        .collect()
 }
 
 #[test]
