@@ -7,8 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::endpoint;
-use ferry::runtime::shm::{start_instance, CopySettings, ShmInstance};
-use ferry::runtime::InstanceSettings;
+use ferry::runtime::{DataPlane, InstanceNode, InstanceSettings};
 use ferry_core::slots::{Dtype, TensorSpec};
 use ferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
 use ferry_core::wire::{decode, Msg, Push, RegisterAck, TRANSFER_MAGIC};
@@ -38,15 +37,18 @@ fn send(tx: &mut UdsSender, to: &str, msg: &Msg<'_>) {
 }
 
 /// An encoder registered with this fake coordinator.
-fn registered_instance(tx: &mut UdsSender, rx: &mut UdsReceiver) -> (ShmInstance, String) {
+fn registered_instance(
+    tx: &mut UdsSender,
+    rx: &mut UdsReceiver,
+) -> (InstanceNode<UdsSender>, String) {
     let coord = rx.local_endpoint().to_owned();
-    let node = start_instance(
-        &InstanceSettings::new("encoder", &coord),
-        16 << 20,
-        CopySettings::default(),
-        &endpoint("enc"),
-    )
-    .unwrap();
+    let node = DataPlane::default()
+        .start_instance_at(
+            &InstanceSettings::new("encoder", &coord),
+            16 << 20,
+            &endpoint("enc"),
+        )
+        .unwrap();
     let (from, text) = next(rx);
     let Ok(Msg::Register(r)) = decode(text.as_bytes()) else {
         panic!("{text}")
@@ -214,7 +216,6 @@ fn garbage_from_a_peer_is_counted_and_dropped() {
 
 #[test]
 fn over_zeromq_bad_frames_are_counted_and_dropped() {
-    use ferry::runtime::shm::start_instance_on;
     use ferry_zmq::{ZmqChannel, ZmqSettings};
 
     let ctx = zmq::Context::new();
@@ -223,13 +224,13 @@ fn over_zeromq_bad_frames_are_counted_and_dropped() {
     let coord_ep = coord.get_last_endpoint().unwrap().unwrap();
     let channel = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*"], ZmqSettings::default()).unwrap();
     let work = channel.endpoints()[0].clone();
-    let node = start_instance_on(
-        &InstanceSettings::new("encoder", &coord_ep),
-        16 << 20,
-        CopySettings::default(),
-        channel,
-    )
-    .unwrap();
+    let node = DataPlane::default()
+        .start_instance(
+            &InstanceSettings::new("encoder", &coord_ep),
+            16 << 20,
+            channel,
+        )
+        .unwrap();
     coord.set_rcvtimeo(5000).unwrap();
     let frames = coord.recv_multipart(0).unwrap();
     let Ok(Msg::Register(r)) = decode(&frames[1]) else {

@@ -34,7 +34,7 @@ use tracing::{debug, debug_span, info, warn};
 
 use super::clock::Clock;
 use super::error::NodeError;
-use super::memory::PoolMemory;
+use super::memory::{PoolMemory, PoolOwner};
 use super::metrics::{Metrics, MetricsSnapshot};
 use super::telemetry::{InstanceGauges, InstanceProbe};
 
@@ -331,7 +331,9 @@ fn push_bounded(q: &mut VecDeque<Outcome>, o: Outcome) {
 /// A running instance.
 pub struct InstanceNode<S: ControlSend> {
     shared: Arc<Shared<S>>,
-    thread: Option<JoinHandle<()>>,
+    /// The progress thread; it hands back what it owned (the transport,
+    /// and so the pool) for the node's drop to release.
+    thread: Option<JoinHandle<Box<dyn Send>>>,
     session: String,
     endpoint: String,
 }
@@ -349,31 +351,42 @@ impl<S> InstanceNode<S>
 where
     S: ControlSend + Send + 'static,
 {
-    /// Starts an instance whose pool is `memory`, registered with
-    /// `transport`, talking over `channel`.
+    /// Starts an instance over `transport`, whose own pool the node
+    /// receives into and stages in, talking over `channel`. The node keeps
+    /// the transport (on its progress thread) until it is dropped, so the
+    /// pool outlives every view of it.
     pub fn start<T, C>(
         settings: &InstanceSettings,
-        mut transport: T,
-        memory: PoolMemory,
+        transport: T,
         channel: C,
     ) -> Result<Self, NodeError>
     where
-        T: Transport + Wake + Send + 'static,
+        T: Transport + PoolOwner + Wake + Send + 'static,
         T::Error: Send + Sync + 'static,
         C: ControlChannel<Sender = S>,
         C::Receiver: WaitRecv + 'static,
     {
-        // SAFETY-relevant contract (not unsafe here): `memory` is valid for
-        // as long as `transport` lives, which the progress thread owns
-        // until this node is dropped.
+        let mut transport = transport;
+        if transport.pool_len() == 0 || transport.pool_ptr().is_null() {
+            return Err(NodeError::NoPool);
+        }
+        // SAFETY: `PoolOwner`'s contract: the range stays mapped while
+        // `transport` lives, wherever it moves. It moves into the progress
+        // thread, which hands it back to `Drop for InstanceNode` (even when
+        // the loop panics), after every view of the pool, each borrowing
+        // the node, has ended.
+        #[allow(unsafe_code)]
+        let memory = unsafe { PoolMemory::new(transport.pool_ptr(), transport.pool_len()) };
         let transport_err = |verb| {
             move |e: T::Error| NodeError::Transport {
                 verb,
                 source: Box::new(e),
             }
         };
-        // SAFETY: PoolMemory's contract: the memory stays mapped while the
-        // node (and so the transport, owned by its thread) lives.
+        // SAFETY: the memory stays mapped while the transport lives (as
+        // above), and the transport is dropped with the registration; the
+        // node expects peers to write into its receive slots, and hands
+        // out views only of slots no peer writes (`PoolMemory`'s callers).
         #[allow(unsafe_code)]
         let region = unsafe { transport.register(memory.base(), memory.len()) }
             .map_err(transport_err("register"))?;
@@ -447,7 +460,20 @@ where
             .filter(|_| progress.rx.can_wake());
         let thread = std::thread::Builder::new()
             .name(format!("ferry-{}", settings.role))
-            .spawn(move || progress.run())
+            .spawn(move || {
+                let mut progress = progress;
+                // A panic must not drop the transport, and so unmap the
+                // pool, while the application may hold views of it: the
+                // loop's unwinding stops here and the transport goes back
+                // to the node's drop.
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| progress.run()));
+                if ran.is_err() {
+                    tracing::error!(
+                        "the progress thread panicked; this node makes no more progress"
+                    );
+                }
+                Box::new(progress) as Box<dyn Send>
+            })
             .map_err(NodeError::Thread)?;
         {
             let mut st = shared.lock();
@@ -730,7 +756,10 @@ impl<S: ControlSend> Drop for InstanceNode<S> {
         self.shared.stop.store(true, Ordering::Relaxed);
         self.shared.changed.notify_all();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // Dropped here, after every view of the pool (each borrows the
+            // node) has ended.
+            let kept = t.join();
+            drop(kept);
         }
     }
 }
@@ -1010,7 +1039,7 @@ where
     T: Transport + Wake,
     R: WaitRecv,
 {
-    fn run(mut self) {
+    fn run(&mut self) {
         let shared = Arc::clone(&self.shared);
         while !shared.stop.load(Ordering::Relaxed) {
             let wait = {

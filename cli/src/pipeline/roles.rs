@@ -19,7 +19,6 @@ use super::data;
 use super::sglang::{self, SglangRole, SglangTally};
 use super::stopping::{await_registration, stop_coordinator, Ending};
 use crate::lifetime::Lifetime;
-use ferry::runtime::shm::{start_instance, start_instance_on, CopySettings};
 use ferry::runtime::telemetry::Telemetry;
 use ferry::runtime::Head;
 use ferry::runtime::{
@@ -41,26 +40,8 @@ pub enum Control {
     Zmq,
 }
 
-/// The data plane an instance writes and receives over.
-#[derive(Clone, Debug, Default)]
-pub enum DataPlane {
-    /// Pools in POSIX shared memory (one host).
-    #[default]
-    Shm,
-    /// A libfabric provider.
-    #[cfg(feature = "fabric")]
-    Fabric(ferry_fabric::FabricConfig),
-    /// An RDMA device port (ibverbs).
-    #[cfg(feature = "verbs")]
-    Verbs(ferry_verbs::VerbsConfig),
-}
-
-impl DataPlane {
-    /// True for the data planes that pair with the ZeroMQ control plane.
-    fn needs_zmq(&self) -> bool {
-        !matches!(self, Self::Shm)
-    }
-}
+/// The data plane an instance writes and receives over: the library's.
+pub use ferry::runtime::DataPlane;
 
 /// What an instance sends and what it checks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -412,29 +393,7 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
     } else if args.pool_mib > 0 {
         pool = args.pool_mib << 20;
     }
-    #[cfg(feature = "fabric")]
-    if let DataPlane::Fabric(config) = &args.data_plane {
-        let channel = match bind_zmq(args) {
-            Ok(c) => c,
-            Err(code) => return code,
-        };
-        return match ferry::runtime::fabric::start_instance(&settings, pool, config, channel) {
-            Ok(node) => run_instance(&node, args, &life),
-            Err(e) => fail("start instance", e),
-        };
-    }
-    #[cfg(feature = "verbs")]
-    if let DataPlane::Verbs(config) = &args.data_plane {
-        let channel = match bind_zmq(args) {
-            Ok(c) => c,
-            Err(code) => return code,
-        };
-        return match ferry::runtime::verbs::start_instance(&settings, pool, config, channel) {
-            Ok(node) => run_instance(&node, args, &life),
-            Err(e) => fail("start instance", e),
-        };
-    }
-    let copy = CopySettings::default();
+    let plane = &args.data_plane;
     if args.workload == Workload::Sglang {
         // sglang's sockets are ZeroMQ's, and the decoder's output needs
         // a channel that carries any number of frames.
@@ -446,22 +405,24 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
             Ok(c) => c,
             Err(code) => return code,
         };
-        return match start_instance_on(&settings, pool, copy, channel) {
+        return match plane.start_instance(&settings, pool, channel) {
             Ok(node) => run_sglang(&node, args, role, &life),
             Err(e) => fail("start instance", e),
         };
     }
     match args.control {
-        Control::Uds => match start_instance(&settings, pool, copy, &args.endpoint) {
-            Ok(node) => run_instance(&node, args, &life),
-            Err(e) => fail("start instance", e),
-        },
-        Control::Zmq => {
+        Control::Uds if !plane.needs_zmq() => {
+            match plane.start_instance_at(&settings, pool, &args.endpoint) {
+                Ok(node) => run_instance(&node, args, &life),
+                Err(e) => fail("start instance", e),
+            }
+        }
+        _ => {
             let channel = match bind_zmq(args) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
-            match start_instance_on(&settings, pool, copy, channel) {
+            match plane.start_instance(&settings, pool, channel) {
                 Ok(node) => run_instance(&node, args, &life),
                 Err(e) => fail("start instance", e),
             }

@@ -150,7 +150,7 @@ impl PyInstance {
                     verb: "bind the work endpoint",
                     source: Box::new(e),
                 })?;
-                plane.start(&settings, pool, channel)
+                plane.start_instance(&settings, pool, channel)
             })
             .map_err(|e| node_error(py, &e))?;
         Ok(Self {
