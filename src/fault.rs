@@ -10,8 +10,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::wait::{WaitRecv, Wake};
-
 use crate::runtime::PoolOwner;
 use ferry_core::transport::{
     Capabilities, ChannelEvent, Completion, ControlChannel, ControlRecv, Fault, FaultKind,
@@ -231,6 +229,9 @@ where
         c
     }
 
+    // Delayed completions are released by the caller's polling, so the
+    // wrapped transport's descriptor is not offered (`wake_fd`'s default).
+
     fn poll_landed(&mut self) -> Option<Landed> {
         match &self.notices {
             Some(notices) => notices.take(self.inner.session_id()),
@@ -238,10 +239,6 @@ where
         }
     }
 }
-
-/// Delayed completions are released by the caller's polling, so the
-/// wrapped transport's descriptor is not offered.
-impl<T: Transport> Wake for FaultyTransport<T> {}
 
 // SAFETY: the wrapper owns the transport it forwards to (`inner`, never
 // moved out: `inner()` lends it shared only) and adds no way to unmap its
@@ -382,7 +379,3 @@ impl<R: ControlRecv> ControlRecv for FaultyReceiver<R> {
         }
     }
 }
-
-/// Held-back messages are released by the caller's polling: no waking on
-/// another descriptor.
-impl<R: ControlRecv> WaitRecv for FaultyReceiver<R> {}

@@ -33,14 +33,11 @@ fn next(rx: &mut UdsReceiver) -> (String, String) {
 fn send(tx: &mut UdsSender, to: &str, msg: &Msg<'_>) {
     let mut buf = vec![0u8; 4096];
     let n = msg.encode(&mut buf).unwrap();
-    tx.send(to, TRANSFER_MAGIC, &buf[..n]).unwrap();
+    tx.send(to, &[TRANSFER_MAGIC, &buf[..n]]).unwrap();
 }
 
 /// An encoder registered with this fake coordinator.
-fn registered_instance(
-    tx: &mut UdsSender,
-    rx: &mut UdsReceiver,
-) -> (InstanceNode<UdsSender>, String) {
+fn registered_instance(tx: &mut UdsSender, rx: &mut UdsReceiver) -> (InstanceNode, String) {
     let coord = rx.local_endpoint().to_owned();
     let node = DataPlane::default()
         .start_instance_at(
@@ -67,10 +64,7 @@ fn registered_instance(
     (node, from)
 }
 
-fn stage<S: ferry_core::transport::ControlSend + Send + 'static>(
-    node: &ferry::runtime::InstanceNode<S>,
-    id: &str,
-) {
+fn stage(node: &ferry::runtime::InstanceNode, id: &str) {
     let shape = [4096u64];
     let spec = [TensorSpec {
         field: "x",
@@ -181,18 +175,22 @@ fn a_push_the_data_plane_cannot_honour_fails_that_request_and_nothing_else() {
 fn garbage_from_a_peer_is_counted_and_dropped() {
     let (mut tx, mut rx) = UdsChannel::bind(&endpoint("coord")).unwrap().split();
     let (node, at) = registered_instance(&mut tx, &mut rx);
-    tx.send(&at, TRANSFER_MAGIC, b"{not json").unwrap();
+    tx.send(&at, &[TRANSFER_MAGIC, b"{not json"]).unwrap();
     tx.send(
         &at,
-        TRANSFER_MAGIC,
-        br#"{"msg_type":"transfer_push","dest_addr":-1}"#,
+        &[
+            TRANSFER_MAGIC,
+            br#"{"msg_type":"transfer_push","dest_addr":-1}"#,
+        ],
     )
     .unwrap();
-    tx.send(&at, b"work-item", b"\x00\x01 opaque").unwrap();
+    tx.send(&at, &[b"work-item", b"\x00\x01 opaque"]).unwrap();
     tx.send(
         &at,
-        TRANSFER_MAGIC,
-        br#"{"msg_type":"transfer_push","request_id":"nobody"}"#,
+        &[
+            TRANSFER_MAGIC,
+            br#"{"msg_type":"transfer_push","request_id":"nobody"}"#,
+        ],
     )
     .unwrap();
     for _ in 0..200 {

@@ -11,12 +11,8 @@ use common::endpoint;
 use ferry::runtime::{
     CoordinatorNode, CoordinatorSettings, DataPlane, InstanceNode, InstanceSettings,
 };
-use ferry_shm::UdsSender;
 
-/// An instance on shared memory with Unix sockets.
-type ShmInstance = InstanceNode<UdsSender>;
 use ferry_core::slots::{Dtype, TensorSpec};
-use ferry_core::transport::ControlSend;
 use ferry_shm::UdsChannel;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -41,7 +37,7 @@ fn wait_delivered(coord: &CoordinatorNode, n: u64) {
     panic!("{:?}", coord.snapshot());
 }
 
-fn instance(role: &str, coord: &CoordinatorNode, prealloc: (usize, u64)) -> ShmInstance {
+fn instance(role: &str, coord: &CoordinatorNode, prealloc: (usize, u64)) -> InstanceNode {
     let mut s = InstanceSettings::new(role, coord.endpoint());
     s.prealloc = prealloc;
     let node = DataPlane::default()
@@ -58,7 +54,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 }
 
 /// Stages one request with two tensors filled from `seed`.
-fn send<S: ControlSend + Send + 'static>(node: &InstanceNode<S>, id: &str, seed: u8) {
+fn send(node: &InstanceNode, id: &str, seed: u8) {
     let (a, b) = ([1u64, 77, 33], [5u64, 1000]);
     let specs = [
         TensorSpec {
@@ -88,7 +84,7 @@ fn send<S: ControlSend + Send + 'static>(node: &InstanceNode<S>, id: &str, seed:
 }
 
 /// Receives request `id` and checks every byte against `seed`.
-fn check<S: ControlSend + Send + 'static>(node: &InstanceNode<S>, id: &str, seed: u8) {
+fn check(node: &InstanceNode, id: &str, seed: u8) {
     let d = node.recv(5 * SECOND).expect("a delivery");
     assert_eq!(d.id(), id);
     assert_eq!(
@@ -110,7 +106,7 @@ fn check<S: ControlSend + Send + 'static>(node: &InstanceNode<S>, id: &str, seed
     d.release();
 }
 
-fn assert_idle<S: ControlSend + Send + 'static>(node: &InstanceNode<S>) {
+fn assert_idle(node: &InstanceNode) {
     for _ in 0..200 {
         let s = node.stats();
         if s.requests_held == 0 && s.live_slots == s.prealloc_slots as u64 {

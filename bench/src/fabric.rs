@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use ferry_fabric::baseline::RawPair;
 use ferry_fabric::FabricConfig;
-use ferry_shm::UdsSender;
 
 use crate::handoff::bind;
 use ferry::runtime::telemetry::Telemetry;
@@ -69,8 +68,8 @@ pub struct Report {
 /// Field order is drop order: the instances stop before their
 /// coordinator, which a healthy run's instances must not see go.
 struct Rig {
-    sender: InstanceNode<UdsSender>,
-    receiver: Arc<InstanceNode<UdsSender>>,
+    sender: InstanceNode,
+    receiver: Arc<InstanceNode>,
     _coordinator: CoordinatorNode,
 }
 

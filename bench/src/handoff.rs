@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use ferry_shm::{UdsChannel, UdsSender};
+use ferry_shm::UdsChannel;
 
 use ferry::runtime::telemetry::Telemetry;
 use ferry::runtime::{
@@ -73,8 +73,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Field order is drop order: the instances stop before their
 /// coordinator, which a healthy run's instances must not see go.
 struct Rig {
-    sender: InstanceNode<UdsSender>,
-    receiver: InstanceNode<UdsSender>,
+    sender: InstanceNode,
+    receiver: InstanceNode,
     _coordinator: CoordinatorNode,
 }
 

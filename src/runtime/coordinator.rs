@@ -487,7 +487,7 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
                 let Some(to) = peers.get((t.to.0 as usize).wrapping_sub(1)) else {
                     continue;
                 };
-                match tx.send(to, TRANSFER_MAGIC, &out[..t.len]) {
+                match tx.send(to, &[TRANSFER_MAGIC, &out[..t.len]]) {
                     Ok(()) => Metrics::add(&shared.probe.metrics.messages_out, 1),
                     Err(e) => {
                         Metrics::add(&shared.probe.metrics.send_errors, 1);

@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::wait::Wake as WakeFd;
 use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteOp};
 use ferry_hostmem::HostPool;
 
@@ -505,9 +504,7 @@ impl<D: Device> Transport for VerbsTransport<D> {
         }
         None
     }
-}
 
-impl<D: Device> WakeFd for VerbsTransport<D> {
     fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(self.events.fd())
     }

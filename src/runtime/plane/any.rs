@@ -5,7 +5,6 @@
 
 use std::os::fd::RawFd;
 
-use ferry_core::transport::wait::Wake;
 use ferry_core::transport::{
     Capabilities, Completion, Fault, FaultKind, Landed, Region, Transport, WriteOp,
 };
@@ -55,7 +54,7 @@ trait Erased: Send {
 
 impl<T> Erased for T
 where
-    T: Transport + Wake + PoolOwner + Send,
+    T: Transport + PoolOwner + Send,
     T::Error: Send + Sync + 'static,
 {
     fn session_id(&self) -> &str {
@@ -91,7 +90,7 @@ where
     }
 
     fn wake_fd(&self) -> Option<RawFd> {
-        Wake::wake_fd(self)
+        Transport::wake_fd(self)
     }
 
     fn pool_ptr(&self) -> *mut u8 {
@@ -119,7 +118,7 @@ impl AnyTransport {
     /// `transport`, behind this type.
     pub(super) fn new<T>(transport: T) -> Self
     where
-        T: Transport + Wake + PoolOwner + Send + 'static,
+        T: Transport + PoolOwner + Send + 'static,
         T::Error: Send + Sync + 'static,
     {
         Self(Box::new(transport))
@@ -157,9 +156,7 @@ impl Transport for AnyTransport {
     fn poll_landed(&mut self) -> Option<Landed> {
         self.0.poll_landed()
     }
-}
 
-impl Wake for AnyTransport {
     fn wake_fd(&self) -> Option<RawFd> {
         self.0.wake_fd()
     }

@@ -14,8 +14,7 @@ mod shm;
 #[cfg(feature = "verbs")]
 mod verbs;
 
-use ferry_core::transport::wait::{WaitRecv, Wake};
-use ferry_core::transport::{ControlChannel, Transport};
+use ferry_core::transport::{ControlChannel, ControlSend, Transport};
 use ferry_shm::UdsChannel;
 
 pub use any::{AnyTransport, AnyTransportError};
@@ -155,11 +154,12 @@ impl DataPlane {
         settings: &InstanceSettings,
         pool_len: usize,
         channel: C,
-    ) -> Result<InstanceNode<C::Sender>, NodeError>
+    ) -> Result<InstanceNode, NodeError>
     where
         C: ControlChannel,
         C::Sender: 'static,
-        C::Receiver: WaitRecv + 'static,
+        <C::Sender as ControlSend>::Error: Send + Sync + 'static,
+        C::Receiver: 'static,
     {
         // Each transport by its own type, so that the progress loop calls
         // it directly.
@@ -180,7 +180,7 @@ impl DataPlane {
         settings: &InstanceSettings,
         pool_len: usize,
         endpoint: &str,
-    ) -> Result<InstanceNode<ferry_shm::UdsSender>, NodeError> {
+    ) -> Result<InstanceNode, NodeError> {
         let channel = UdsChannel::bind(endpoint).map_err(|e| NodeError::Transport {
             verb: "bind control endpoint",
             source: Box::new(e),
@@ -198,12 +198,13 @@ impl DataPlane {
         pool_len: usize,
         channel: C,
         wrap: impl FnOnce(AnyTransport) -> W,
-    ) -> Result<InstanceNode<C::Sender>, NodeError>
+    ) -> Result<InstanceNode, NodeError>
     where
         C: ControlChannel,
         C::Sender: 'static,
-        C::Receiver: WaitRecv + 'static,
-        W: Transport + PoolOwner + Wake + Send + 'static,
+        <C::Sender as ControlSend>::Error: Send + Sync + 'static,
+        C::Receiver: 'static,
+        W: Transport + PoolOwner + Send + 'static,
         W::Error: Send + Sync + 'static,
     {
         InstanceNode::start(settings, wrap(self.open(pool_len)?), channel)
