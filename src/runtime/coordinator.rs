@@ -376,7 +376,7 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
                 let Some(to) = machine.endpoint_of(t.to) else {
                     continue;
                 };
-                match tx.send(to, TRANSFER_MAGIC, &out[..t.len]) {
+                match tx.send(to, &[TRANSFER_MAGIC, &out[..t.len]]) {
                     Ok(()) => Metrics::add(&shared.probe.metrics.messages_out, 1),
                     Err(e) => {
                         Metrics::add(&shared.probe.metrics.send_errors, 1);

@@ -24,17 +24,16 @@ use ferry_core::handshake::instance::{
 use ferry_core::handshake::{Instant, Limits, Reason, RequestId};
 use ferry_core::json::{JsonStr, RawJson};
 use ferry_core::slots::{layout, Dtype, TensorSpec};
-use ferry_core::transport::wait::{WaitRecv, Wake};
 use ferry_core::transport::{
-    ChannelEvent, ControlChannel, ControlRecv, ControlSend, ControlSendParts, Fault, Landed,
-    Region, Transport, WriteOp,
+    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, FaultKind, Landed, Region,
+    Transport, WriteOp,
 };
 use ferry_core::wire::{Manifest, Shape, ShapeIter, TensorEntry, TRANSFER_MAGIC};
 use tracing::{debug, debug_span, info, warn};
 
 use super::clock::Clock;
 use super::error::NodeError;
-use super::memory::PoolMemory;
+use super::memory::{PoolMemory, PoolOwner};
 use super::metrics::{Metrics, MetricsSnapshot};
 use super::telemetry::{InstanceGauges, InstanceProbe};
 
@@ -139,9 +138,35 @@ pub struct NodeStats {
     pub prealloc_slots: usize,
 }
 
-struct State<S> {
+/// The control channel's sending side, whatever its type, so that the
+/// node types name no channel. Sending allocates nothing; only a failure
+/// boxes its error.
+trait DynSend: Send {
+    fn send_parts(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), SendFailure>;
+}
+
+/// A failed send: its kind, and the channel's own error.
+struct SendFailure {
+    kind: FaultKind,
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl<S> DynSend for S
+where
+    S: ControlSend + Send,
+    S::Error: Send + Sync + 'static,
+{
+    fn send_parts(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), SendFailure> {
+        ControlSend::send(self, to, parts).map_err(|e| SendFailure {
+            kind: e.kind(),
+            source: Box::new(e),
+        })
+    }
+}
+
+struct State {
     machine: Instance<'static>,
-    tx: S,
+    tx: Box<dyn DynSend>,
     coordinator: String,
     /// Encoding buffer for outgoing messages.
     out: Vec<u8>,
@@ -154,8 +179,8 @@ struct State<S> {
     frames: VecDeque<Frame>,
 }
 
-struct Shared<S> {
-    state: Mutex<State<S>>,
+struct Shared {
+    state: Mutex<State>,
     changed: Condvar,
     stop: AtomicBool,
     probe: Arc<InstanceProbe>,
@@ -163,13 +188,13 @@ struct Shared<S> {
     memory: PoolMemory,
 }
 
-impl<S: ControlSend> Shared<S> {
-    fn lock(&self) -> MutexGuard<'_, State<S>> {
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Fires due timers, sends queued messages, and routes events.
-    fn drive(&self, st: &mut State<S>, now: Instant) {
+    fn drive(&self, st: &mut State, now: Instant) {
         let State {
             machine,
             tx,
@@ -191,12 +216,12 @@ impl<S: ControlSend> Shared<S> {
                     continue;
                 }
             };
-            match tx.send(coordinator, TRANSFER_MAGIC, &out[..n]) {
+            match tx.send_parts(coordinator, &[TRANSFER_MAGIC, &out[..n]]) {
                 Ok(()) => Metrics::add(&self.probe.metrics.messages_out, 1),
                 Err(e) => {
                     Metrics::add(&self.probe.metrics.send_errors, 1);
-                    warn!(coordinator = %coordinator, error = %e, "control send failed");
-                    lost |= e.kind() == ferry_core::transport::FaultKind::PeerGone;
+                    warn!(coordinator = %coordinator, error = %e.source, "control send failed");
+                    lost |= e.kind == FaultKind::PeerGone;
                 }
             }
         }
@@ -292,14 +317,16 @@ fn push_bounded(q: &mut VecDeque<Outcome>, o: Outcome) {
 }
 
 /// A running instance.
-pub struct InstanceNode<S: ControlSend> {
-    shared: Arc<Shared<S>>,
-    thread: Option<JoinHandle<()>>,
+pub struct InstanceNode {
+    shared: Arc<Shared>,
+    /// The progress thread; it hands back what it owned (the transport,
+    /// and so the pool) for the node's drop to release.
+    thread: Option<JoinHandle<Box<dyn Send>>>,
     session: String,
     endpoint: String,
 }
 
-impl<S: ControlSend> std::fmt::Debug for InstanceNode<S> {
+impl std::fmt::Debug for InstanceNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InstanceNode")
             .field("session", &self.session)
@@ -308,35 +335,45 @@ impl<S: ControlSend> std::fmt::Debug for InstanceNode<S> {
     }
 }
 
-impl<S> InstanceNode<S>
-where
-    S: ControlSend + Send + 'static,
-{
-    /// Starts an instance whose pool is `memory`, registered with
-    /// `transport`, talking over `channel`.
+impl InstanceNode {
+    /// Starts an instance over `transport`, whose own pool the node
+    /// receives into and stages in, talking over `channel`. The node keeps
+    /// the transport (on its progress thread) until it is dropped, so the
+    /// pool outlives every view of it.
     pub fn start<T, C>(
         settings: &InstanceSettings,
-        mut transport: T,
-        memory: PoolMemory,
+        transport: T,
         channel: C,
     ) -> Result<Self, NodeError>
     where
-        T: Transport + Wake + Send + 'static,
+        T: Transport + PoolOwner + Send + 'static,
         T::Error: Send + Sync + 'static,
-        C: ControlChannel<Sender = S>,
-        C::Receiver: WaitRecv + 'static,
+        C: ControlChannel,
+        C::Sender: 'static,
+        <C::Sender as ControlSend>::Error: Send + Sync + 'static,
+        C::Receiver: 'static,
     {
-        // SAFETY-relevant contract (not unsafe here): `memory` is valid for
-        // as long as `transport` lives, which the progress thread owns
-        // until this node is dropped.
+        let mut transport = transport;
+        if transport.pool_len() == 0 || transport.pool_ptr().is_null() {
+            return Err(NodeError::NoPool);
+        }
+        // SAFETY: `PoolOwner`'s contract: the range stays mapped while
+        // `transport` lives, wherever it moves. It moves into the progress
+        // thread, which hands it back to `Drop for InstanceNode` (even when
+        // the loop panics), after every view of the pool, each borrowing
+        // the node, has ended.
+        #[allow(unsafe_code)]
+        let memory = unsafe { PoolMemory::new(transport.pool_ptr(), transport.pool_len()) };
         let transport_err = |verb| {
             move |e: T::Error| NodeError::Transport {
                 verb,
                 source: Box::new(e),
             }
         };
-        // SAFETY: PoolMemory's contract: the memory stays mapped while the
-        // node (and so the transport, owned by its thread) lives.
+        // SAFETY: the memory stays mapped while the transport lives (as
+        // above), and the transport is dropped with the registration; the
+        // node expects peers to write into its receive slots, and hands
+        // out views only of slots no peer writes (`PoolMemory`'s callers).
         #[allow(unsafe_code)]
         let region = unsafe { transport.register(memory.base(), memory.len()) }
             .map_err(transport_err("register"))?;
@@ -362,7 +399,7 @@ where
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 machine,
-                tx,
+                tx: Box::new(tx),
                 coordinator: settings.coordinator.clone(),
                 out: vec![0; 64 * 1024],
                 received: VecDeque::with_capacity(n),
@@ -396,7 +433,20 @@ where
             .filter(|_| progress.rx.can_wake());
         let thread = std::thread::Builder::new()
             .name(format!("ferry-{}", settings.role))
-            .spawn(move || progress.run())
+            .spawn(move || {
+                let mut progress = progress;
+                // A panic must not drop the transport, and so unmap the
+                // pool, while the application may hold views of it: the
+                // loop's unwinding stops here and the transport goes back
+                // to the node's drop.
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| progress.run()));
+                if ran.is_err() {
+                    tracing::error!(
+                        "the progress thread panicked; this node makes no more progress"
+                    );
+                }
+                Box::new(progress) as Box<dyn Send>
+            })
             .map_err(NodeError::Thread)?;
         {
             let mut st = shared.lock();
@@ -518,7 +568,7 @@ where
         &self,
         id: &str,
         tensors: &[TensorSpec<'a>],
-    ) -> Result<Staging<'_, 'a, S>, NodeError> {
+    ) -> Result<Staging<'_, 'a>, NodeError> {
         if tensors.len() > MAX_TENSORS {
             return Err(NodeError::TooManyTensors {
                 count: tensors.len(),
@@ -542,7 +592,7 @@ where
     }
 
     /// The next transfer received, waiting at most `timeout`.
-    pub fn recv(&self, timeout: Duration) -> Option<Delivery<'_, S>> {
+    pub fn recv(&self, timeout: Duration) -> Option<Delivery<'_>> {
         let mut st = self.shared.lock();
         loop {
             let (guard, _) = self
@@ -644,11 +694,7 @@ where
     }
 }
 
-impl<S> InstanceNode<S>
-where
-    S: ControlSendParts + Send + 'static,
-    S::Error: Send + Sync + 'static,
-{
+impl InstanceNode {
     /// Sends the application's own message, `frames` as one multipart, to
     /// the coordinator on the protocol's socket: sglang's decoder returns
     /// its output to the head this way (a JSON descriptor frame, then the
@@ -667,19 +713,22 @@ where
                 Metrics::add(&self.shared.probe.metrics.send_errors, 1);
                 Err(NodeError::Send {
                     to: coordinator.clone(),
-                    source: Box::new(e),
+                    source: e.source,
                 })
             }
         }
     }
 }
 
-impl<S: ControlSend> Drop for InstanceNode<S> {
+impl Drop for InstanceNode {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
         self.shared.changed.notify_all();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // Dropped here, after every view of the pool (each borrows the
+            // node) has ended.
+            let kept = t.join();
+            drop(kept);
         }
     }
 }
@@ -693,8 +742,8 @@ const EMPTY_ENTRY: TensorEntry<'static> = TensorEntry {
 };
 
 /// A request being staged: its slot, to fill before committing.
-pub struct Staging<'n, 'a, S: ControlSend + Send + 'static> {
-    node: &'n InstanceNode<S>,
+pub struct Staging<'n, 'a> {
+    node: &'n InstanceNode,
     token: Option<Token>,
     offset: u64,
     data_size: u64,
@@ -702,7 +751,7 @@ pub struct Staging<'n, 'a, S: ControlSend + Send + 'static> {
     count: usize,
 }
 
-impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
+impl Staging<'_, '_> {
     /// Bytes the slot's data takes (alignment padding included).
     pub fn data_size(&self) -> u64 {
         self.data_size
@@ -738,7 +787,7 @@ impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
     }
 }
 
-impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
+impl Staging<'_, '_> {
     /// Announces the filled slot as the next leg of `delivery` (the same
     /// request, received by this node) and releases the delivery, at once:
     /// under sglang's head in its one message,
@@ -748,11 +797,7 @@ impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
     ///
     /// On an error the delivery is failed with its text (its slot freed,
     /// the coordinator told) and the staged slot given back.
-    pub fn forward(
-        mut self,
-        delivery: Delivery<'_, S>,
-        scalar_fields: &str,
-    ) -> Result<(), NodeError> {
+    pub fn forward(mut self, delivery: Delivery<'_>, scalar_fields: &str) -> Result<(), NodeError> {
         let mut delivery = delivery;
         let result = self.forward_inner(&mut delivery, scalar_fields);
         if let Err(e) = &result {
@@ -763,7 +808,7 @@ impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
 
     fn forward_inner(
         &mut self,
-        delivery: &mut Delivery<'_, S>,
+        delivery: &mut Delivery<'_>,
         scalar_fields: &str,
     ) -> Result<(), NodeError> {
         if !std::ptr::eq(self.node, delivery.node) {
@@ -793,7 +838,7 @@ impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
     }
 }
 
-impl<S: ControlSend + Send + 'static> Drop for Staging<'_, '_, S> {
+impl Drop for Staging<'_, '_> {
     fn drop(&mut self) {
         if let Some(token) = self.token.take() {
             let _ = self.node.shared.lock().machine.unstage(token);
@@ -826,8 +871,8 @@ impl TensorView<'_> {
 /// A received transfer the application holds; its slot is freed (and
 /// `transfer_done` sent) on [`release`](Self::release), [`fail`](Self::fail)
 /// or drop.
-pub struct Delivery<'n, S: ControlSend + Send + 'static> {
-    node: &'n InstanceNode<S>,
+pub struct Delivery<'n> {
+    node: &'n InstanceNode,
     token: Option<Token>,
     arrived: Arrival,
     meta: Vec<u8>,
@@ -837,7 +882,7 @@ pub struct Delivery<'n, S: ControlSend + Send + 'static> {
     slot_size: u64,
 }
 
-impl<S: ControlSend + Send + 'static> Delivery<'_, S> {
+impl Delivery<'_> {
     fn text(&self, start: usize, len: usize) -> &str {
         // Copied from validated JSON text and an id held as a str.
         std::str::from_utf8(&self.meta[start..start + len]).unwrap_or("")
@@ -929,15 +974,15 @@ impl<S: ControlSend + Send + 'static> Delivery<'_, S> {
     }
 }
 
-impl<S: ControlSend + Send + 'static> Drop for Delivery<'_, S> {
+impl Drop for Delivery<'_> {
     fn drop(&mut self) {
         self.finish(None);
     }
 }
 
 /// The progress thread's own state.
-struct Progress<S, T: Transport, R> {
-    shared: Arc<Shared<S>>,
+struct Progress<T: Transport, R> {
+    shared: Arc<Shared>,
     transport: T,
     region: Region,
     rx: R,
@@ -953,13 +998,12 @@ struct Progress<S, T: Transport, R> {
     wake: Option<i32>,
 }
 
-impl<S, T, R> Progress<S, T, R>
+impl<T, R> Progress<T, R>
 where
-    S: ControlSend,
-    T: Transport + Wake,
-    R: WaitRecv,
+    T: Transport,
+    R: ControlRecv,
 {
-    fn run(mut self) {
+    fn run(&mut self) {
         let shared = Arc::clone(&self.shared);
         while !shared.stop.load(Ordering::Relaxed) {
             let wait = {

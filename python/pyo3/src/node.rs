@@ -20,7 +20,7 @@ use ferry::runtime::{
     CoordinatorNode, CoordinatorSettings, Delivery, InstanceNode, InstanceSettings, NodeError,
     Staging,
 };
-use ferry_zmq::{ZmqChannel, ZmqSender, ZmqSettings};
+use ferry_zmq::{ZmqChannel, ZmqSettings};
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -29,7 +29,7 @@ use crate::buffer::{Exports, SlotBuffer, Span};
 use crate::ferry_error;
 use crate::options::seconds;
 
-type Node = InstanceNode<ZmqSender>;
+type Node = InstanceNode;
 
 fn node_error(py: Python<'_>, e: &NodeError) -> PyErr {
     let kind = match e {
@@ -154,7 +154,7 @@ impl PyInstance {
                     verb: "bind the work endpoint",
                     source: Box::new(e),
                 })?;
-                plane.start(&settings, pool, channel)
+                plane.start_instance(&settings, pool, channel)
             })
             .map_err(|e| node_error(py, &e))?;
         Ok(Self {
@@ -409,7 +409,7 @@ impl PyInstance {
 
 struct StagedInner {
     // Dropped first: it borrows the fields after it.
-    staging: Staging<'static, 'static, ZmqSender>,
+    staging: Staging<'static, 'static>,
     _names: Box<[String]>,
     _shapes: Box<[Box<[u64]>]>,
     _node: Arc<Node>,
@@ -561,7 +561,7 @@ struct TensorInfo {
 
 struct ReceivedInner {
     // Dropped first: it borrows the node.
-    delivery: Delivery<'static, ZmqSender>,
+    delivery: Delivery<'static>,
     _node: Arc<Node>,
 }
 
