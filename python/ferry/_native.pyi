@@ -3,7 +3,17 @@
 from types import TracebackType
 from typing import Any, Dict, List, Optional, Tuple, Type
 
+from ferry._stats import CoordinatorStats, InstanceStats
+
 __version__: str
+
+#: Each fault kind's name and the code ``transfer_sync`` returns for it
+#: (the core's table, ``FaultKind::code``).
+FAULT_CODES: Dict[str, int]
+
+#: Every kind an error may have (``FerryError.kind``): the fault kinds,
+#: then the kinds only a node raises.
+ERROR_KINDS: Tuple[str, ...]
 
 def backends() -> List[str]:
     """The backends this module can open."""
@@ -42,7 +52,7 @@ class SlotBuffer:
     def __len__(self) -> int: ...
     def __buffer__(self, flags: int) -> memoryview: ...
 
-class Staged:
+class Staging:
     """A reserved slot (``ferry.Staging`` wraps it)."""
 
     @property
@@ -53,10 +63,10 @@ class Staged:
     def open(self) -> bool: ...
     def buffer(self, i: int) -> SlotBuffer: ...
     def commit(self, scalar_fields: str) -> None: ...
-    def forward(self, delivery: "Received", scalar_fields: str) -> None: ...
+    def forward(self, delivery: "Delivery", scalar_fields: str) -> None: ...
     def abandon(self) -> None: ...
 
-class Received:
+class Delivery:
     """A delivery (``ferry.Delivery`` wraps it)."""
 
     @property
@@ -78,10 +88,11 @@ class InstanceNode:
 
     def __init__(
         self,
+        *,
         role: str,
         coordinator: str,
         endpoint: str,
-        backend: str = "shm",
+        backend: str = "local",
         pool_bytes: int = ...,
         prealloc: Tuple[int, int] = (0, 0),
         min_block: int = ...,
@@ -99,12 +110,12 @@ class InstanceNode:
     @property
     def is_registered(self) -> bool: ...
     def wait_registered(self, timeout: float) -> None: ...
-    def stage(self, request_id: str, specs: List[Tuple[str, Optional[int], List[int], str]]) -> Staged: ...
-    def recv(self, timeout: float) -> Optional[Received]: ...
+    def stage(self, request_id: str, specs: List[Tuple[str, Optional[int], List[int], str]]) -> Staging: ...
+    def recv(self, timeout: float) -> Optional[Delivery]: ...
     def next_outcome(self, timeout: float) -> Optional[Tuple[str, bool, str]]: ...
     def next_frame(self, timeout: float) -> Optional[Tuple[bytes, bytes]]: ...
     def send_frames(self, frames: List[bytes]) -> None: ...
-    def stats(self) -> Dict[str, int]: ...
+    def stats(self) -> InstanceStats: ...
     def close(self) -> None: ...
 
 class CoordinatorNode:
@@ -112,12 +123,13 @@ class CoordinatorNode:
 
     def __init__(
         self,
-        pipeline: List[str],
+        *,
         endpoints: List[str],
+        pipeline: List[str],
         admitted: List[Tuple[str, str]] = ...,
         allow_from: List[str] = ...,
     ) -> None: ...
     @property
     def endpoints(self) -> List[str]: ...
-    def snapshot(self) -> Dict[str, int]: ...
+    def stats(self) -> CoordinatorStats: ...
     def close(self) -> None: ...

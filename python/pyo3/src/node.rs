@@ -25,18 +25,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::buffer::{Exports, SlotBuffer, Span};
-use crate::ferry_error;
+use crate::errors::{node_error, raise, Kind};
 use crate::options::seconds;
 
 type Node = InstanceNode<ZmqSender>;
-
-fn node_error(py: Python<'_>, e: &NodeError) -> PyErr {
-    let kind = match e {
-        NodeError::Refused { .. } | NodeError::NotRegistered(_) => "unknown_peer",
-        _ => "io",
-    };
-    ferry_error(py, e.to_string(), kind)
-}
 
 /// `allow_from`'s addresses, parsed.
 fn addresses(allow_from: &[String]) -> PyResult<Vec<std::net::IpAddr>> {
@@ -71,7 +63,13 @@ fn take_slot<T>(
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .take()
-        .ok_or_else(|| ferry_error(py, format!("request {request_id} was {done} already"), "io"))?;
+        .ok_or_else(|| {
+            raise(
+                py,
+                format!("request {request_id} was {done} already"),
+                Kind::Closed,
+            )
+        })?;
     exports.close();
     Ok(taken)
 }
@@ -96,14 +94,14 @@ impl PyInstance {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
-            .ok_or_else(|| ferry_error(py, "the instance is closed".into(), "io"))
+            .ok_or_else(|| raise(py, "the instance is closed".into(), Kind::Closed))
     }
 }
 
 #[pymethods]
 impl PyInstance {
     #[new]
-    #[pyo3(signature = (role, coordinator, endpoint, backend = "shm", pool_bytes = 256 << 20,
+    #[pyo3(signature = (*, role, coordinator, endpoint, backend = "local", pool_bytes = 256 << 20,
         prealloc = (0, 0), min_block = 1 << 20, head = "ferry", head_timeout = 600.0,
         allow_from = Vec::new(), **options))]
     #[allow(clippy::too_many_arguments)]
@@ -198,7 +196,7 @@ impl PyInstance {
         py: Python<'_>,
         request_id: &str,
         specs: Vec<(String, Option<u64>, Vec<u64>, String)>,
-    ) -> PyResult<Py<PyStaged>> {
+    ) -> PyResult<Py<PyStaging>> {
         let node = self.node(py)?;
         let mut names = Vec::with_capacity(specs.len());
         let mut shapes = Vec::with_capacity(specs.len());
@@ -221,7 +219,7 @@ impl PyInstance {
         let names = names.into_boxed_slice();
         let shapes = shapes.into_boxed_slice();
         // SAFETY: the references point into `node` (behind its Arc) and into
-        // the boxed names and shapes, all moved into the `StagedInner`
+        // the boxed names and shapes, all moved into the `StagingInner`
         // below, which drops the staging first and never changes them.
         let node_ref: &'static Node = unsafe { &*Arc::as_ptr(&node) };
         let specs: Vec<TensorSpec<'static>> = names
@@ -258,8 +256,8 @@ impl PyInstance {
         let data_size = staging.data_size();
         Py::new(
             py,
-            PyStaged {
-                inner: Mutex::new(Some(StagedInner {
+            PyStaging {
+                inner: Mutex::new(Some(StagingInner {
                     staging,
                     _names: names,
                     _shapes: shapes,
@@ -275,11 +273,11 @@ impl PyInstance {
 
     /// The next delivery, waiting at most `timeout` seconds; `None` if none
     /// came.
-    fn recv(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<Py<PyReceived>>> {
+    fn recv(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<Py<PyDelivery>>> {
         let node = self.node(py)?;
         let t = seconds("timeout", timeout)?;
         // SAFETY: the delivery borrows the node behind `node`'s Arc, which
-        // `ReceivedInner` keeps alive after the delivery (dropped first).
+        // `DeliveryInner` keeps alive after the delivery (dropped first).
         let node_ref: &'static Node = unsafe { &*Arc::as_ptr(&node) };
         let Some(delivery) = py.detach(|| node_ref.recv(t)) else {
             return Ok(None);
@@ -311,8 +309,8 @@ impl PyInstance {
         };
         Ok(Some(Py::new(
             py,
-            PyReceived {
-                inner: Mutex::new(Some(ReceivedInner {
+            PyDelivery {
+                inner: Mutex::new(Some(DeliveryInner {
                     delivery,
                     _node: node,
                 })),
@@ -365,7 +363,7 @@ impl PyInstance {
             .map_err(|e| node_error(py, &e))
     }
 
-    /// The node's counters and gauges.
+    /// The node's counters and gauges (see `ferry.InstanceStats`).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.node(py)?.stats();
         let d = PyDict::new(py);
@@ -403,7 +401,7 @@ impl PyInstance {
     }
 }
 
-struct StagedInner {
+struct StagingInner {
     // Dropped first: it borrows the fields after it.
     staging: Staging<'static, 'static, ZmqSender>,
     _names: Box<[String]>,
@@ -415,7 +413,7 @@ struct StagedInner {
 // that the owners the handle borrows are dropped after the call, at the
 // end of the method (a `let S { handle, .. } = temporary` would drop them
 // at the end of that statement, before the handle is used).
-impl StagedInner {
+impl StagingInner {
     fn commit(self, scalar_fields: &str) -> Result<(), NodeError> {
         let Self {
             staging,
@@ -426,14 +424,14 @@ impl StagedInner {
         staging.commit(scalar_fields)
     }
 
-    fn forward(self, received: ReceivedInner, scalar_fields: &str) -> Result<(), NodeError> {
+    fn forward(self, received: DeliveryInner, scalar_fields: &str) -> Result<(), NodeError> {
         let Self {
             staging,
             _names,
             _shapes,
             _node,
         } = self;
-        let ReceivedInner {
+        let DeliveryInner {
             delivery,
             _node: _received_node,
         } = received;
@@ -442,17 +440,17 @@ impl StagedInner {
 }
 
 /// A slot reserved for a request, to fill and commit (see `ferry.Staging`).
-#[pyclass(name = "Staged", module = "ferry._native", frozen)]
-pub struct PyStaged {
-    inner: Mutex<Option<StagedInner>>,
+#[pyclass(name = "Staging", module = "ferry._native", frozen)]
+pub struct PyStaging {
+    inner: Mutex<Option<StagingInner>>,
     spans: Vec<Span>,
     exports: Arc<Exports>,
     request_id: String,
     data_size: u64,
 }
 
-impl PyStaged {
-    fn take(&self, py: Python<'_>, verb: &str) -> PyResult<StagedInner> {
+impl PyStaging {
+    fn take(&self, py: Python<'_>, verb: &str) -> PyResult<StagingInner> {
         take_slot(
             py,
             &self.inner,
@@ -465,7 +463,7 @@ impl PyStaged {
 }
 
 #[pymethods]
-impl PyStaged {
+impl PyStaging {
     /// The request id.
     #[getter]
     fn request_id(&self) -> &str {
@@ -502,7 +500,7 @@ impl PyStaged {
 
     /// Announces the filled slot as the next leg of `delivery` and releases
     /// the delivery (a denoiser's forward).
-    fn forward(&self, py: Python<'_>, delivery: &PyReceived, scalar_fields: &str) -> PyResult<()> {
+    fn forward(&self, py: Python<'_>, delivery: &PyDelivery, scalar_fields: &str) -> PyResult<()> {
         // Both must be free of views before either is taken, so that a
         // refusal leaves both as they were.
         for (live, id) in [
@@ -516,13 +514,13 @@ impl PyStaged {
             }
         }
         if !self.open() {
-            return Err(ferry_error(
+            return Err(raise(
                 py,
                 format!(
                     "request {} was committed or given back already",
                     self.request_id
                 ),
-                "io",
+                Kind::Closed,
             ));
         }
         let received = delivery.take(py, "forward")?;
@@ -555,15 +553,15 @@ struct TensorInfo {
     span: Span,
 }
 
-struct ReceivedInner {
+struct DeliveryInner {
     // Dropped first: it borrows the node.
     delivery: Delivery<'static, ZmqSender>,
     _node: Arc<Node>,
 }
 
-impl ReceivedInner {
+impl DeliveryInner {
     /// Releases the delivery, or fails it with `error` (see the note on
-    /// `StagedInner`).
+    /// `StagingInner`).
     fn finish(self, error: Option<&str>) {
         let Self { delivery, _node } = self;
         match error {
@@ -574,9 +572,9 @@ impl ReceivedInner {
 }
 
 /// A received transfer (see `ferry.Delivery`).
-#[pyclass(name = "Received", module = "ferry._native", frozen)]
-pub struct PyReceived {
-    inner: Mutex<Option<ReceivedInner>>,
+#[pyclass(name = "Delivery", module = "ferry._native", frozen)]
+pub struct PyDelivery {
+    inner: Mutex<Option<DeliveryInner>>,
     tensors: Vec<TensorInfo>,
     exports: Arc<Exports>,
     request_id: String,
@@ -584,8 +582,8 @@ pub struct PyReceived {
     manifest: String,
 }
 
-impl PyReceived {
-    fn take(&self, py: Python<'_>, verb: &str) -> PyResult<ReceivedInner> {
+impl PyDelivery {
+    fn take(&self, py: Python<'_>, verb: &str) -> PyResult<DeliveryInner> {
         take_slot(
             py,
             &self.inner,
@@ -598,7 +596,7 @@ impl PyReceived {
 }
 
 #[pymethods]
-impl PyReceived {
+impl PyDelivery {
     /// The request id.
     #[getter]
     fn request_id(&self) -> &str {
@@ -680,11 +678,11 @@ pub struct PyCoordinator {
 #[pymethods]
 impl PyCoordinator {
     #[new]
-    #[pyo3(signature = (pipeline, endpoints, admitted = Vec::new(), allow_from = Vec::new()))]
+    #[pyo3(signature = (*, endpoints, pipeline, admitted = Vec::new(), allow_from = Vec::new()))]
     fn new(
         py: Python<'_>,
-        pipeline: Vec<String>,
         endpoints: Vec<String>,
+        pipeline: Vec<String>,
         admitted: Vec<(String, String)>,
         allow_from: Vec<String>,
     ) -> PyResult<Self> {
@@ -726,12 +724,12 @@ impl PyCoordinator {
         self.endpoints.clone()
     }
 
-    /// Its figures now.
-    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    /// Its figures now (see `ferry.CoordinatorStats`).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let guard = self.node.lock().unwrap_or_else(PoisonError::into_inner);
         let node = guard
             .as_ref()
-            .ok_or_else(|| ferry_error(py, "the coordinator is closed".into(), "io"))?;
+            .ok_or_else(|| raise(py, "the coordinator is closed".into(), Kind::Closed))?;
         let s = node.snapshot();
         let d = PyDict::new(py);
         d.set_item("members", s.members)?;
