@@ -318,7 +318,9 @@ class Instance:
     def stage(self, request_id: str, tensors: TensorsArg) -> Staging:
         """Reserves a slot for ``request_id`` laid out for ``tensors``:
         field → ``(shape, dtype)``, or an array or tensor (whose bytes are
-        copied in), or a list of those for a list-valued field."""
+        copied in), or a list of those for a list-valued field. Raises
+        ``NoRoomError`` when the pool has no room now, ``DrainingError``
+        once the instance drains."""
         specs: List[Tuple[str, Optional[int], List[int], str]] = []
         sources: List[Any] = []
         for field, value in tensors.items():
