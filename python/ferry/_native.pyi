@@ -1,7 +1,7 @@
 """ferry's extension module (Rust). Use it through ``ferry``."""
 
 from types import TracebackType
-from typing import Any, Dict, List, Optional, Tuple, Type
+from typing import Any, Dict, List, Optional, Tuple, Type, final
 
 from ferry._stats import CoordinatorStats, InstanceStats
 
@@ -18,10 +18,11 @@ ERROR_KINDS: Tuple[str, ...]
 def backends() -> List[str]:
     """The backends this module can open."""
 
+@final
 class TransferEngine:
     """The native engine behind ``ferry.TransferEngine`` (same members)."""
 
-    def __init__(self, backend: str = "auto", **options: Any) -> None: ...
+    def __new__(cls, backend: str = "auto", **options: Any) -> "TransferEngine": ...
     @property
     def session_id(self) -> str: ...
     @property
@@ -45,6 +46,7 @@ class TransferEngine:
         tb: Optional[TracebackType],
     ) -> bool: ...
 
+@final
 class SlotBuffer:
     """A tensor's bytes in a pool slot, by the buffer protocol (zero-copy).
     Exporting raises once the slot was released."""
@@ -52,6 +54,7 @@ class SlotBuffer:
     def __len__(self) -> int: ...
     def __buffer__(self, flags: int) -> memoryview: ...
 
+@final
 class Staging:
     """A reserved slot (``ferry.Staging`` wraps it)."""
 
@@ -66,6 +69,7 @@ class Staging:
     def forward(self, delivery: "Delivery", scalar_fields: str) -> None: ...
     def abandon(self) -> None: ...
 
+@final
 class Delivery:
     """A delivery (``ferry.Delivery`` wraps it)."""
 
@@ -83,24 +87,25 @@ class Delivery:
     def buffer(self, i: int) -> SlotBuffer: ...
     def release(self, error: Optional[str] = None) -> None: ...
 
+@final
 class InstanceNode:
     """An instance (``ferry.Instance`` wraps it)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         role: str,
         coordinator: str,
         endpoint: str,
         backend: str = "local",
         pool_bytes: int = ...,
-        prealloc: Tuple[int, int] = (0, 0),
+        prealloc: Tuple[int, int] = ...,
         min_block: int = ...,
         head: str = "ferry",
         head_timeout: float = 600.0,
         allow_from: List[str] = ...,
         **options: Any,
-    ) -> None: ...
+    ) -> "InstanceNode": ...
     @property
     def role(self) -> str: ...
     @property
@@ -118,17 +123,18 @@ class InstanceNode:
     def stats(self) -> InstanceStats: ...
     def close(self) -> None: ...
 
+@final
 class CoordinatorNode:
     """A coordinator (``ferry.Coordinator`` wraps it)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         endpoints: List[str],
         pipeline: List[str],
         admitted: List[Tuple[str, str]] = ...,
         allow_from: List[str] = ...,
-    ) -> None: ...
+    ) -> "CoordinatorNode": ...
     @property
     def endpoints(self) -> List[str]: ...
     def stats(self) -> CoordinatorStats: ...

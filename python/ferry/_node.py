@@ -43,10 +43,10 @@ Spec = Tuple[Sequence[int], str]
 
 class Prealloc(NamedTuple):
     """Receive slots an instance sets aside for the fast path:
-    ``count`` slots of ``slot_bytes`` each (``Instance(prealloc=...)``
-    takes this or a ``(count, slot_bytes)`` pair)."""
+    ``slots`` slots of ``slot_bytes`` each (``Instance(prealloc=...)``
+    takes this or a ``(slots, slot_bytes)`` pair)."""
 
-    count: int
+    slots: int
     slot_bytes: int
 
 
@@ -89,7 +89,7 @@ def _views(native: Any, specs: Iterable[Tuple[str, Optional[int], str, Sequence[
         import torch as _torch
     out: Dict[str, Any] = {}
     for i, (field, index, dtype, shape) in enumerate(specs):
-        view = np.frombuffer(native.buffer(i), dtype=NUMPY_DTYPES[dtype]).reshape(list(shape))
+        view: Any = np.frombuffer(native.buffer(i), dtype=NUMPY_DTYPES[dtype]).reshape(list(shape))
         if torch:
             view = _torch.from_dlpack(view)
             wanted = getattr(_torch, dtype)
@@ -245,7 +245,7 @@ class Instance:
     is taken too), ``"fabric"`` (the ``ferry-fabric`` plugin;
     ``provider=``...) or ``"verbs"`` (``device=``...); ``TransferEngine``
     uses the same names. ``prealloc``: receive slots set aside for the fast
-    path (a ``Prealloc`` or a ``(count, slot_bytes)`` pair).
+    path (a ``Prealloc`` or a ``(slots, slot_bytes)`` pair).
     ``head="sglang"`` registers with sglang's head, which may take up to
     ``head_timeout`` seconds to answer a request; ``allow_from``: the IP
     addresses that may connect over tcp (any, when empty).
@@ -272,14 +272,14 @@ class Instance:
         **options: Any,
     ) -> None:
         module = _fabric_module() if backend == "fabric" else _native
-        count, slot_bytes = prealloc
+        slots, slot_bytes = prealloc
         self._node = module.InstanceNode(
             role=role,
             coordinator=coordinator,
             endpoint=endpoint,
             backend=backend,
             pool_bytes=pool_bytes,
-            prealloc=(count, slot_bytes),
+            prealloc=(slots, slot_bytes),
             min_block=min_block,
             head=head,
             head_timeout=head_timeout,
