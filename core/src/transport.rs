@@ -129,6 +129,56 @@ impl fmt::Display for FaultKind {
     }
 }
 
+/// The one table of fault kinds: their names (as telemetry labels them and
+/// Python's `FerryError.kind` carries them) and their codes (as sglang's
+/// `transfer_sync` returns them). Every other layer reads them from here.
+impl FaultKind {
+    /// Every kind, by code from -2 down, and `Io` (-1, the catch-all)
+    /// last.
+    pub const ALL: [FaultKind; 7] = [
+        Self::UnknownPeer,
+        Self::OutOfBounds,
+        Self::PeerGone,
+        Self::Timeout,
+        Self::TooLarge,
+        Self::Registration,
+        Self::Io,
+    ];
+
+    /// Its name in snake case (`peer_gone`, `timeout`, ...): a metric's
+    /// label value, Python's `FerryError.kind`.
+    pub const fn as_name(self) -> &'static str {
+        match self {
+            Self::PeerGone => "peer_gone",
+            Self::UnknownPeer => "unknown_peer",
+            Self::OutOfBounds => "out_of_bounds",
+            Self::TooLarge => "too_large",
+            Self::Timeout => "timeout",
+            Self::Registration => "registration",
+            Self::Io => "io",
+        }
+    }
+
+    /// What a failed transfer of this kind returns through sglang's
+    /// engine contract (`transfer_sync`): always negative, 0 being success.
+    pub const fn code(self) -> i32 {
+        match self {
+            Self::Io => -1,
+            Self::UnknownPeer => -2,
+            Self::OutOfBounds => -3,
+            Self::PeerGone => -4,
+            Self::Timeout => -5,
+            Self::TooLarge => -6,
+            Self::Registration => -7,
+        }
+    }
+
+    /// The kind named `name` ([`FaultKind::as_name`]), if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_name() == name)
+    }
+}
+
 /// An error a backend returns: displayable, and of a known kind.
 pub trait Fault: core::error::Error {
     /// What kind of failure this is.

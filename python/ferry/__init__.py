@@ -7,12 +7,32 @@ environment: see ``ferry.sglang``).
 ``ferry.Instance`` and ``ferry.Coordinator`` are ferry's nodes: stage
 tensors into slots of a pool and commit them, receive deliveries as
 zero-copy views and release them.
+
+Both name their data planes alike: ``"local"`` (this host), ``"fabric"``
+(libfabric, with the ``ferry-fabric`` plugin) and ``"verbs"`` (an RDMA NIC).
+Every error is a ``ferry.FerryError``, of a subclass by kind (``.kind``):
+``PeerGoneError``, ``FerryTimeoutError`` (also a ``TimeoutError``),
+``RefusedError``... (see ``ferry._errors``).
 """
 
-from ferry._errors import FerryError
+from ferry._errors import (
+    ClosedError,
+    DrainingError,
+    FerryError,
+    FerryIOError,
+    FerryTimeoutError,
+    NoRoomError,
+    OutOfBoundsError,
+    PeerGoneError,
+    RefusedError,
+    RegistrationError,
+    TooLargeError,
+    UnknownPeerError,
+)
 from ferry._engine import ERROR_CODES, TransferEngine
 from ferry._native import __version__
-from ferry._node import Coordinator, Delivery, Instance, Outcome, Staging
+from ferry._node import Coordinator, Delivery, Instance, Outcome, Prealloc, Staging
+from ferry._stats import CoordinatorStats, InstanceStats
 
 
 def backends() -> list:
@@ -30,14 +50,28 @@ def backends() -> list:
 
 
 __all__ = [
+    "ClosedError",
     "Coordinator",
+    "CoordinatorStats",
     "Delivery",
+    "DrainingError",
     "ERROR_CODES",
     "FerryError",
+    "FerryIOError",
+    "FerryTimeoutError",
     "Instance",
+    "InstanceStats",
+    "NoRoomError",
     "Outcome",
+    "OutOfBoundsError",
+    "PeerGoneError",
+    "Prealloc",
+    "RefusedError",
+    "RegistrationError",
     "Staging",
+    "TooLargeError",
     "TransferEngine",
+    "UnknownPeerError",
     "backends",
     "__version__",
 ]

@@ -3,35 +3,27 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, List, Optional, Type
+from typing import Any, Dict, List, Optional, Type
 
 from ferry import _native
-from ferry._errors import FerryError
+from ferry._errors import FerryIOError
 
 #: What ``transfer_sync`` and ``batch_transfer_sync`` return, by failure
-#: kind (``FerryError.kind``'s names). 0 is success.
-ERROR_CODES = {
-    "io": -1,
-    "unknown_peer": -2,
-    "out_of_bounds": -3,
-    "peer_gone": -4,
-    "timeout": -5,
-    "too_large": -6,
-    "registration": -7,
-}
+#: kind (``FerryError.kind``'s names); 0 is success. The core's table
+#: (``FaultKind::code``), as the extension module exports it.
+ERROR_CODES: Dict[str, int] = dict(_native.FAULT_CODES)
 
 
 def _fabric_module() -> Any:
-    """The libfabric plugin's extension module, or a ``FerryError`` saying
-    how to install it."""
+    """The libfabric plugin's extension module, or a ``FerryIOError``
+    saying how to install it."""
     try:
         import ferry_fabric._native as fabric
     except ImportError as e:
-        raise FerryError(
+        raise FerryIOError(
             "the fabric backend is ferry's libfabric plugin, which cannot be "
             f"imported here ({e}); install it with `pip install ./python/fabric` "
-            "from ferry's repository (it needs libfabric 1.17 or later)",
-            "io",
+            "from ferry's repository (it needs libfabric 1.17 or later)"
         ) from e
     return fabric
 
@@ -40,7 +32,8 @@ class TransferEngine:
     """A transfer engine, with the names of sglang's ``BaseTransferEngine``.
 
     ``backend``: ``"local"`` (processes on this host, any memory they
-    registered, by cross-memory attach), ``"fabric"`` (ferry's libfabric data
+    registered, by cross-memory attach; the same-host plane, which
+    ``ferry.Instance`` names ``"local"`` too), ``"fabric"`` (ferry's libfabric data
     plane; needs the ``ferry-fabric`` plugin), ``"verbs"`` (an RDMA NIC), or
     ``"auto"`` (verbs when the host has an RDMA device, else local).
 
@@ -51,6 +44,8 @@ class TransferEngine:
     ``write_timeout``. An option the backend does not take raises
     ``TypeError``.
 
+    Errors are ``ferry.FerryError`` subclasses by kind (a closed engine's
+    calls raise ``ClosedError``); the transfers return codes instead.
     Every method may be called from many threads at once; transfers release
     the GIL while they run. A process that only receives makes no calls.
     """
@@ -84,7 +79,8 @@ class TransferEngine:
         """Registers ``length`` bytes at address ``ptr`` (a numpy array's
         ``ctypes.data``, a tensor's ``data_ptr()``): peers may write into
         them and this engine may write from them, until deregistered. Keep
-        the memory alive meanwhile. Raises ``FerryError``."""
+        the memory alive meanwhile. Raises ``RegistrationError`` (or
+        another ``FerryError``)."""
         self._engine.register_buffer(ptr, length)
 
     def deregister_buffer(self, ptr: int) -> None:

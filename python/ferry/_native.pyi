@@ -1,17 +1,28 @@
 """ferry's extension module (Rust). Use it through ``ferry``."""
 
 from types import TracebackType
-from typing import Any, Dict, List, Optional, Tuple, Type
+from typing import Any, Dict, List, Optional, Tuple, Type, final
+
+from ferry._stats import CoordinatorStats, InstanceStats
 
 __version__: str
+
+#: Each fault kind's name and the code ``transfer_sync`` returns for it
+#: (the core's table, ``FaultKind::code``).
+FAULT_CODES: Dict[str, int]
+
+#: Every kind an error may have (``FerryError.kind``): the fault kinds,
+#: then the kinds only a node raises.
+ERROR_KINDS: Tuple[str, ...]
 
 def backends() -> List[str]:
     """The backends this module can open."""
 
+@final
 class TransferEngine:
     """The native engine behind ``ferry.TransferEngine`` (same members)."""
 
-    def __init__(self, backend: str = "auto", **options: Any) -> None: ...
+    def __new__(cls, backend: str = "auto", **options: Any) -> "TransferEngine": ...
     @property
     def session_id(self) -> str: ...
     @property
@@ -35,6 +46,7 @@ class TransferEngine:
         tb: Optional[TracebackType],
     ) -> bool: ...
 
+@final
 class SlotBuffer:
     """A tensor's bytes in a pool slot, by the buffer protocol (zero-copy).
     Exporting raises once the slot was released."""
@@ -42,7 +54,8 @@ class SlotBuffer:
     def __len__(self) -> int: ...
     def __buffer__(self, flags: int) -> memoryview: ...
 
-class Staged:
+@final
+class Staging:
     """A reserved slot (``ferry.Staging`` wraps it)."""
 
     @property
@@ -53,10 +66,11 @@ class Staged:
     def open(self) -> bool: ...
     def buffer(self, i: int) -> SlotBuffer: ...
     def commit(self, scalar_fields: str) -> None: ...
-    def forward(self, delivery: "Received", scalar_fields: str) -> None: ...
+    def forward(self, delivery: "Delivery", scalar_fields: str) -> None: ...
     def abandon(self) -> None: ...
 
-class Received:
+@final
+class Delivery:
     """A delivery (``ferry.Delivery`` wraps it)."""
 
     @property
@@ -73,23 +87,25 @@ class Received:
     def buffer(self, i: int) -> SlotBuffer: ...
     def release(self, error: Optional[str] = None) -> None: ...
 
+@final
 class InstanceNode:
     """An instance (``ferry.Instance`` wraps it)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
+        *,
         role: str,
         coordinator: str,
         endpoint: str,
-        backend: str = "shm",
+        backend: str = "local",
         pool_bytes: int = ...,
-        prealloc: Tuple[int, int] = (0, 0),
+        prealloc: Tuple[int, int] = ...,
         min_block: int = ...,
         head: str = "ferry",
         head_timeout: float = 600.0,
         allow_from: List[str] = ...,
         **options: Any,
-    ) -> None: ...
+    ) -> "InstanceNode": ...
     @property
     def role(self) -> str: ...
     @property
@@ -99,25 +115,27 @@ class InstanceNode:
     @property
     def is_registered(self) -> bool: ...
     def wait_registered(self, timeout: float) -> None: ...
-    def stage(self, request_id: str, specs: List[Tuple[str, Optional[int], List[int], str]]) -> Staged: ...
-    def recv(self, timeout: float) -> Optional[Received]: ...
+    def stage(self, request_id: str, specs: List[Tuple[str, Optional[int], List[int], str]]) -> Staging: ...
+    def recv(self, timeout: float) -> Optional[Delivery]: ...
     def next_outcome(self, timeout: float) -> Optional[Tuple[str, bool, str]]: ...
     def next_frame(self, timeout: float) -> Optional[Tuple[bytes, bytes]]: ...
     def send_frames(self, frames: List[bytes]) -> None: ...
-    def stats(self) -> Dict[str, int]: ...
+    def stats(self) -> InstanceStats: ...
     def close(self) -> None: ...
 
+@final
 class CoordinatorNode:
     """A coordinator (``ferry.Coordinator`` wraps it)."""
 
-    def __init__(
-        self,
-        pipeline: List[str],
+    def __new__(
+        cls,
+        *,
         endpoints: List[str],
+        pipeline: List[str],
         admitted: List[Tuple[str, str]] = ...,
         allow_from: List[str] = ...,
-    ) -> None: ...
+    ) -> "CoordinatorNode": ...
     @property
     def endpoints(self) -> List[str]: ...
-    def snapshot(self) -> Dict[str, int]: ...
+    def stats(self) -> CoordinatorStats: ...
     def close(self) -> None: ...

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import atexit
 import json
+import warnings
 import weakref
 from types import TracebackType
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Type, Union
 
 from ferry import _native
 from ferry._engine import _fabric_module
+from ferry._stats import CoordinatorStats, InstanceStats
 
 #: numpy's dtype for each of ferry's (sglang's) dtype names; those numpy
 #: lacks are viewed as unsigned integers of their size (use ``.torch()``
@@ -37,6 +39,15 @@ NUMPY_DTYPES = {
 }
 
 Spec = Tuple[Sequence[int], str]
+
+
+class Prealloc(NamedTuple):
+    """Receive slots an instance sets aside for the fast path:
+    ``slots`` slots of ``slot_bytes`` each (``Instance(prealloc=...)``
+    takes this or a ``(slots, slot_bytes)`` pair)."""
+
+    slots: int
+    slot_bytes: int
 
 
 class Outcome(NamedTuple):
@@ -78,7 +89,7 @@ def _views(native: Any, specs: Iterable[Tuple[str, Optional[int], str, Sequence[
         import torch as _torch
     out: Dict[str, Any] = {}
     for i, (field, index, dtype, shape) in enumerate(specs):
-        view = np.frombuffer(native.buffer(i), dtype=NUMPY_DTYPES[dtype]).reshape(list(shape))
+        view: Any = np.frombuffer(native.buffer(i), dtype=NUMPY_DTYPES[dtype]).reshape(list(shape))
         if torch:
             view = _torch.from_dlpack(view)
             wanted = getattr(_torch, dtype)
@@ -227,22 +238,33 @@ class Instance:
     """A ferry instance: a role's node with a pool, registered with a
     coordinator (ferry's, or sglang's head with ``head="sglang"``).
 
-    ``endpoint`` is the ZeroMQ endpoint this instance binds for the
-    coordinator's messages, ``coordinator`` the one it registers at.
-    ``backend``: ``"shm"`` (the shared-memory loopback), ``"fabric"`` (the
-    ``ferry-fabric`` plugin; ``provider=``...) or ``"verbs"`` (``device=``...).
-    ``prealloc=(count, bytes)``: receive slots set aside for the fast path.
+    Every argument but ``role`` is a keyword. ``coordinator`` is the
+    ZeroMQ endpoint it registers at, ``endpoint`` the one it binds for the
+    coordinator's messages. ``backend``: ``"local"`` (processes on this
+    host, through pools in shared memory; ``"shm"``, the CLI's name for it,
+    is taken too), ``"fabric"`` (the ``ferry-fabric`` plugin;
+    ``provider=``...) or ``"verbs"`` (``device=``...); ``TransferEngine``
+    uses the same names. ``prealloc``: receive slots set aside for the fast
+    path (a ``Prealloc`` or a ``(slots, slot_bytes)`` pair).
+    ``head="sglang"`` registers with sglang's head, which may take up to
+    ``head_timeout`` seconds to answer a request; ``allow_from``: the IP
+    addresses that may connect over tcp (any, when empty).
+
+    Errors are ``ferry.FerryError`` subclasses: ``RefusedError`` when the
+    coordinator refuses the registration, ``FerryTimeoutError`` (a
+    ``TimeoutError``) when it does not answer, ``NoRoomError`` when the pool
+    has no room for a staging, ``ClosedError`` after ``close()``.
     """
 
     def __init__(
         self,
         role: str,
+        *,
         coordinator: str,
         endpoint: str,
-        *,
-        backend: str = "shm",
+        backend: str = "local",
         pool_bytes: int = 256 << 20,
-        prealloc: Tuple[int, int] = (0, 0),
+        prealloc: Tuple[int, int] = Prealloc(0, 0),
         min_block: int = 1 << 20,
         head: str = "ferry",
         head_timeout: float = 600.0,
@@ -250,9 +272,19 @@ class Instance:
         **options: Any,
     ) -> None:
         module = _fabric_module() if backend == "fabric" else _native
+        slots, slot_bytes = prealloc
         self._node = module.InstanceNode(
-            role, coordinator, endpoint, backend, pool_bytes, tuple(prealloc), min_block,
-            head, head_timeout, list(allow_from), **options,
+            role=role,
+            coordinator=coordinator,
+            endpoint=endpoint,
+            backend=backend,
+            pool_bytes=pool_bytes,
+            prealloc=(slots, slot_bytes),
+            min_block=min_block,
+            head=head,
+            head_timeout=head_timeout,
+            allow_from=list(allow_from),
+            **options,
         )
         _running.add(self)
 
@@ -279,13 +311,16 @@ class Instance:
 
     def wait_registered(self, timeout: float = 10.0) -> None:
         """Waits until the coordinator accepted the registration; raises
-        ``FerryError`` if it refused (with its reason) or did not answer."""
+        ``RefusedError`` if it refused (with its reason), ``FerryTimeoutError``
+        (a ``TimeoutError``) if it did not answer in ``timeout`` seconds."""
         self._node.wait_registered(timeout)
 
     def stage(self, request_id: str, tensors: TensorsArg) -> Staging:
         """Reserves a slot for ``request_id`` laid out for ``tensors``:
         field → ``(shape, dtype)``, or an array or tensor (whose bytes are
-        copied in), or a list of those for a list-valued field."""
+        copied in), or a list of those for a list-valued field. Raises
+        ``NoRoomError`` when the pool has no room now, ``DrainingError``
+        once the instance drains."""
         specs: List[Tuple[str, Optional[int], List[int], str]] = []
         sources: List[Any] = []
         for field, value in tensors.items():
@@ -325,8 +360,8 @@ class Instance:
         (sglang's decoder returns its output this way)."""
         self._node.send_frames([bytes(f) for f in frames])
 
-    def stats(self) -> dict:
-        """Counters and gauges."""
+    def stats(self) -> InstanceStats:
+        """Its counters and gauges (see ``InstanceStats``)."""
         return self._node.stats()
 
     def close(self) -> None:
@@ -368,24 +403,31 @@ def _copy_into(view: Any, src: Any) -> None:
 
 class Coordinator:
     """ferry's coordinator: relays the hand-offs between the instances of
-    ``pipeline``'s roles, over ZeroMQ. It binds one endpoint per role, in
-    pipeline order (as sglang's head does: a PULL socket cannot name a
-    message's sender, so the endpoint a message arrives at tells its
-    role); each instance gives its role's endpoint as its
-    ``coordinator``. ``admitted``: ``(role, work endpoint)`` pairs allowed
-    to register (any, when empty); ``allow_from``: the IP addresses that
-    may connect over tcp (any, when empty)."""
+    ``pipeline``'s roles, over ZeroMQ. Every argument is a keyword.
+
+    It binds ``endpoints``, one per role, in pipeline order (as sglang's
+    head does: a PULL socket cannot name a message's sender, so the
+    endpoint a message arrives at tells its role); each instance gives its
+    role's endpoint as its ``coordinator``. ``admitted``: ``(role, work
+    endpoint)`` pairs allowed to register (any, when empty);
+    ``allow_from``: the IP addresses that may connect over tcp (any, when
+    empty)."""
 
     def __init__(
         self,
+        *,
         endpoints: Sequence[str],
         pipeline: Sequence[str] = ("encoder", "denoiser", "decoder"),
-        *,
         admitted: Sequence[Tuple[str, str]] = (),
         allow_from: Sequence[str] = (),
     ) -> None:
         self._pipeline = list(pipeline)
-        self._node = _native.CoordinatorNode(self._pipeline, list(endpoints), list(admitted), list(allow_from))
+        self._node = _native.CoordinatorNode(
+            endpoints=list(endpoints),
+            pipeline=self._pipeline,
+            admitted=[(role, endpoint) for role, endpoint in admitted],
+            allow_from=list(allow_from),
+        )
 
     @property
     def endpoints(self) -> List[str]:
@@ -399,9 +441,14 @@ class Coordinator:
         except ValueError:
             raise ValueError(f"role {role!r} is not in the pipeline {self._pipeline}") from None
 
-    def snapshot(self) -> dict:
-        """Its figures now."""
-        return self._node.snapshot()
+    def stats(self) -> CoordinatorStats:
+        """Its figures now (see ``CoordinatorStats``)."""
+        return self._node.stats()
+
+    def snapshot(self) -> CoordinatorStats:
+        """Deprecated: ``stats()`` (the name ``Instance`` uses)."""
+        warnings.warn("Coordinator.snapshot() is deprecated: use stats()", DeprecationWarning, stacklevel=2)
+        return self.stats()
 
     def close(self) -> None:
         """Stops it."""

@@ -31,7 +31,11 @@ def tensors(i: int) -> dict:
 def main() -> None:
     spec = json.loads(sys.argv[1])
     inst = ferry.Instance(
-        "encoder", spec["coordinator"], spec["endpoint"], backend=spec["backend"], **spec.get("options", {})
+        "encoder",
+        coordinator=spec["coordinator"],
+        endpoint=spec["endpoint"],
+        backend=spec["backend"],
+        **spec.get("options", {}),
     )
     inst.wait_registered(10)
     sent, reasons = 0, []

@@ -179,11 +179,12 @@ def test_a_closed_engine_refuses_everything():
         eng.register_buffer(a.ctypes.data, a.nbytes)
         with pytest.raises(ferry.FerryError, match="overlaps") as e:
             eng.register_buffer(a.ctypes.data + 8, 8)
-        assert e.value.kind == "registration"
+        assert e.value.kind == "registration" and isinstance(e.value, ferry.RegistrationError)
         with pytest.raises(ferry.FerryError, match="no registered region starts there"):
             eng.deregister_buffer(a.ctypes.data + 1)
-    with pytest.raises(ferry.FerryError, match="closed"):
+    with pytest.raises(ferry.FerryError, match="closed") as e:
         eng.register_buffer(a.ctypes.data, a.nbytes)
+    assert isinstance(e.value, ferry.ClosedError) and e.value.kind == "closed"
     assert eng.transfer_sync("x", a.ctypes.data, 0, 1) < 0
     assert "closed" in eng.last_error
 

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 import node_peer  # noqa: E402
 
 NODE_BACKENDS = [
-    ("shm", "shm", {}),
+    ("local", "local", {}),
     ("fabric-tcp", "fabric", {"provider": "tcp;ofi_rxm"}),
 ]
 
@@ -36,7 +36,7 @@ def ipc():
 
 @pytest.fixture
 def coordinator(ipc):
-    co = ferry.Coordinator([ipc("co-encoder"), ipc("co-denoiser"), ipc("co-decoder")])
+    co = ferry.Coordinator(endpoints=[ipc("co-encoder"), ipc("co-denoiser"), ipc("co-decoder")])
     yield co
     co.close()
 
@@ -53,8 +53,8 @@ def same(got, want) -> bool:
 def test_an_encoder_process_hands_requests_to_this_denoiser(backend, coordinator, ipc):
     _, name, options = backend
     count = 12
-    den = ferry.Instance("denoiser", coordinator.endpoint_of("denoiser"), ipc("den"), backend=name,
-                         prealloc=(2, 1 << 20), **options)
+    den = ferry.Instance("denoiser", coordinator=coordinator.endpoint_of("denoiser"), endpoint=ipc("den"), backend=name,
+                         prealloc=ferry.Prealloc(2, 1 << 20), **options)
     den.wait_registered(10)
     spec = {"coordinator": coordinator.endpoint_of("encoder"), "endpoint": ipc("enc"), "backend": name,
             "options": options, "count": count}
@@ -88,14 +88,14 @@ def test_an_encoder_process_hands_requests_to_this_denoiser(backend, coordinator
     stats = den.stats()
     assert stats["received"] == count and stats["released"] == count
     assert stats["requests_held"] == 0
-    snap = coordinator.snapshot()
+    snap = coordinator.stats()
     assert snap["delivered"] == count and snap["failed"] == 0
     den.close()
 
 
 def pair(coordinator, ipc, **den_options):
-    enc = ferry.Instance("encoder", coordinator.endpoint_of("encoder"), ipc("enc"))
-    den = ferry.Instance("denoiser", coordinator.endpoint_of("denoiser"), ipc("den"), **den_options)
+    enc = ferry.Instance("encoder", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("enc"))
+    den = ferry.Instance("denoiser", coordinator=coordinator.endpoint_of("denoiser"), endpoint=ipc("den"), **den_options)
     enc.wait_registered(10)
     den.wait_registered(10)
     return enc, den
@@ -165,7 +165,7 @@ def test_with_blocks_release_fail_and_give_back(coordinator, ipc):
     assert den.stats()["released"] == 2 and den.stats()["requests_held"] == 0
     # The coordinator hears of both endings a moment later.
     for _ in range(50):
-        snap = coordinator.snapshot()
+        snap = coordinator.stats()
         if snap["delivered"] + snap["failed"] == 2:
             break
         time.sleep(0.1)
@@ -175,22 +175,31 @@ def test_with_blocks_release_fail_and_give_back(coordinator, ipc):
 
 
 def test_refusals_and_bad_arguments_are_named(coordinator, ipc):
-    odd = ferry.Instance("overlord", coordinator.endpoint_of("encoder"), ipc("odd"))
-    with pytest.raises(ferry.FerryError, match="unknown role"):
+    odd = ferry.Instance("overlord", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("odd"))
+    with pytest.raises(ferry.FerryError, match="unknown role") as refused:
         odd.wait_registered(10)
+    assert isinstance(refused.value, ferry.RefusedError) and refused.value.kind == "refused"
     odd.close()
     with pytest.raises(ValueError, match="one endpoint per role"):
-        ferry.Coordinator([ipc("only")])
-    enc = ferry.Instance("encoder", coordinator.endpoint_of("encoder"), ipc("enc"))
+        ferry.Coordinator(endpoints=[ipc("only")])
+    enc = ferry.Instance("encoder", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("enc"))
     with pytest.raises(ValueError, match="unknown dtype"):
         enc.stage("r", {"x": ((4,), "float128")})
-    with pytest.raises(TypeError, match="takes no option \"provider\""):
-        ferry.Instance("encoder", coordinator.endpoint_of("encoder"), ipc("enc2"), provider="tcp")
-    with pytest.raises(ValueError, match="node backend \"local\""):
-        ferry.Instance("encoder", coordinator.endpoint_of("encoder"), ipc("enc3"), backend="local")
+    for name in ("local", "shm"):
+        with pytest.raises(TypeError, match='takes no option "provider"'):
+            ferry.Instance("encoder", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("enc2"),
+                           backend=name, provider="tcp")
+    # One vocabulary: "local" is the same-host plane of the engine and of a
+    # node (a node's is pools in shared memory, which it also calls "shm").
+    with pytest.raises(ValueError, match=r'node backend "carrier-pigeon".*local \(or shm\)'):
+        ferry.Instance("encoder", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("enc3"),
+                       backend="carrier-pigeon")
+    with pytest.raises(ValueError, match='backend "shm".*same-host plane is "local"'):
+        ferry.TransferEngine("shm")
     enc.close()
-    with pytest.raises(ferry.FerryError, match="closed"):
+    with pytest.raises(ferry.FerryError, match="closed") as closed:
         enc.stats()
+    assert isinstance(closed.value, ferry.ClosedError) and closed.value.kind == "closed"
 
 
 def test_work_items_and_frames_pass_through(ipc):
@@ -199,7 +208,7 @@ def test_work_items_and_frames_pass_through(ipc):
     head = ctx.socket(zmq.PULL)
     head_ep = ipc("head")
     head.bind(head_ep)
-    inst = ferry.Instance("decoder", head_ep, ipc("dec"), head="sglang")
+    inst = ferry.Instance("decoder", coordinator=head_ep, endpoint=ipc("dec"), head="sglang")
     # sglang's head never acknowledges: the registration counts once sent.
     inst.wait_registered(10)
     frames = head.recv_multipart()
@@ -219,7 +228,7 @@ def test_work_items_and_frames_pass_through(ipc):
 
 def test_a_denoiser_forwards_to_the_decoder(coordinator, ipc):
     enc, den = pair(coordinator, ipc)
-    dec = ferry.Instance("decoder", coordinator.endpoint_of("decoder"), ipc("dec"))
+    dec = ferry.Instance("decoder", coordinator=coordinator.endpoint_of("decoder"), endpoint=ipc("dec"))
     dec.wait_registered(10)
     with enc.stage("r", {"latents": np.arange(64, dtype=np.float32)}) as st:
         st.commit({"step": 0})

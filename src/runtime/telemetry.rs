@@ -98,24 +98,14 @@ impl Latency {
     }
 }
 
-/// The data-plane failure kinds ferry counts writes by, with their
-/// label values.
-const FAULTS: [(FaultKind, &str); 7] = [
-    (FaultKind::PeerGone, "peer_gone"),
-    (FaultKind::UnknownPeer, "unknown_peer"),
-    (FaultKind::OutOfBounds, "out_of_bounds"),
-    (FaultKind::TooLarge, "too_large"),
-    (FaultKind::Timeout, "timeout"),
-    (FaultKind::Registration, "registration"),
-    (FaultKind::Io, "io"),
-];
-
+/// Where `kind` counts among the write failures: its place in the core's
+/// table of kinds ([`FaultKind::ALL`], whose names label the counter).
 fn fault_index(kind: FaultKind) -> usize {
-    FAULTS
+    FaultKind::ALL
         .iter()
-        .position(|(k, _)| *k == kind)
-        // A kind added to the core after this table counts as i/o.
-        .unwrap_or(FAULTS.len() - 1)
+        .position(|k| *k == kind)
+        // The table is the core's and complete; were it not, i/o (last).
+        .unwrap_or(FaultKind::ALL.len() - 1)
 }
 
 /// The gauges of an instance, copied in on each turn of its state machine.
@@ -144,7 +134,7 @@ pub struct InstanceProbe {
     pub write: Latency,
     /// A delivery's arrival to its release by the application.
     pub hold: Latency,
-    write_faults: [AtomicU64; FAULTS.len()],
+    write_faults: [AtomicU64; FaultKind::ALL.len()],
     state: Mutex<(InstanceGauges, InstanceStats)>,
 }
 
@@ -546,8 +536,8 @@ fn encode_instances(
         MetricType::Counter,
     )?;
     for r in &rows {
-        for (kind, label) in FAULTS {
-            let labels = (r.labels, [("kind", label)]);
+        for kind in FaultKind::ALL {
+            let labels = (r.labels, [("kind", kind.as_name())]);
             counter(m.encode_family(&labels)?, r.probe.write_failures(kind))?;
         }
     }

@@ -2,11 +2,13 @@
 built with the libfabric data plane. Use it through ``ferry``."""
 
 from ferry._native import (
+    ERROR_KINDS as ERROR_KINDS,
+    FAULT_CODES as FAULT_CODES,
     CoordinatorNode as CoordinatorNode,
+    Delivery as Delivery,
     InstanceNode as InstanceNode,
-    Received as Received,
     SlotBuffer as SlotBuffer,
-    Staged as Staged,
+    Staging as Staging,
     TransferEngine as TransferEngine,
     __version__ as __version__,
     backends as backends,

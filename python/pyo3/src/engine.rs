@@ -7,40 +7,20 @@ use std::thread::ThreadId;
 use std::time::Duration;
 
 use ferry::engine::{EngineError, TransferEngine};
-use ferry_core::transport::FaultKind;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::{ferry_error, options};
+use crate::errors::{self, Kind};
+use crate::options;
 
-/// What a failed transfer returns, by kind (always negative).
-fn code(kind: FaultKind) -> i32 {
-    match kind {
-        FaultKind::UnknownPeer => -2,
-        FaultKind::OutOfBounds => -3,
-        FaultKind::PeerGone => -4,
-        FaultKind::Timeout => -5,
-        FaultKind::TooLarge => -6,
-        FaultKind::Registration => -7,
-        _ => -1,
-    }
-}
-
-/// The name `FerryError.kind` carries.
-fn kind_name(kind: FaultKind) -> &'static str {
-    match kind {
-        FaultKind::PeerGone => "peer_gone",
-        FaultKind::UnknownPeer => "unknown_peer",
-        FaultKind::OutOfBounds => "out_of_bounds",
-        FaultKind::TooLarge => "too_large",
-        FaultKind::Timeout => "timeout",
-        FaultKind::Registration => "registration",
-        _ => "io",
-    }
-}
-
+/// The Python exception for an engine's error (a closed engine's is
+/// `closed`, every other's its fault kind).
 fn raise(py: Python<'_>, e: &EngineError) -> PyErr {
-    ferry_error(py, e.to_string(), kind_name(e.kind()))
+    let kind = match e {
+        EngineError::Closed => Kind::Closed,
+        e => Kind::Fault(e.kind()),
+    };
+    errors::raise(py, e.to_string(), kind)
 }
 
 /// A transfer engine: register memory, write into peers' registered
@@ -73,7 +53,7 @@ impl Engine {
                 0
             }
             Err(e) => {
-                let c = code(e.kind());
+                let c = e.kind().code();
                 last.insert(me, e.to_string());
                 c
             }

@@ -6,6 +6,7 @@
 
 mod buffer;
 mod engine;
+mod errors;
 mod node;
 mod options;
 
@@ -18,27 +19,14 @@ pub fn add_to(m: &Bound<'_, PyModule>) -> PyResult<()> {
     log_to_stderr();
     m.add_class::<Engine>()?;
     m.add_class::<node::PyInstance>()?;
-    m.add_class::<node::PyStaged>()?;
-    m.add_class::<node::PyReceived>()?;
+    m.add_class::<node::PyStaging>()?;
+    m.add_class::<node::PyDelivery>()?;
     m.add_class::<node::PyCoordinator>()?;
     m.add_class::<buffer::SlotBuffer>()?;
     m.add_function(wrap_pyfunction!(engine::backends, m)?)?;
+    errors::add_tables(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
-}
-
-/// The Python exception for a ferry error: `ferry.FerryError(message,
-/// kind)`, defined in Python (`ferry/_errors.py`) so that both extension
-/// modules raise the same class.
-pub(crate) fn ferry_error(py: Python<'_>, message: String, kind: &str) -> PyErr {
-    match py
-        .import("ferry._errors")
-        .and_then(|m| m.getattr("FerryError"))
-        .and_then(|cls| cls.call1((message.clone(), kind.to_owned())))
-    {
-        Ok(err) => PyErr::from_value(err),
-        Err(_) => pyo3::exceptions::PyRuntimeError::new_err(message),
-    }
 }
 
 /// With `FERRY_LOG` set (`info`, `ferry=debug`, ...), the runtime's logs go

@@ -71,15 +71,21 @@ pub(crate) fn parse(
         "verbs" => {
             let device = match take::<String>(&mut opts, "device")? {
                 Some(d) => d,
-                None => first_device().map_err(|why| crate::ferry_error(py, why, "io"))?,
+                None => first_device()
+                    .map_err(|why| crate::errors::raise(py, why, crate::errors::Kind::IO))?,
             };
             Backend::Verbs(ferry_verbs::VerbsConfig::new(device))
         }
         other => {
+            let hint = if other == "shm" {
+                "; the engine's same-host plane is \"local\" (\"shm\" is a node's other name for its own)"
+            } else {
+                ""
+            };
             return Err(PyValueError::new_err(format!(
-                "backend {other:?} is not in this module (it has: {})",
+                "backend {other:?} is not in this module (it has: {}){hint}",
                 names().join(", ")
-            )))
+            )));
         }
     };
     let chosen = configure(chosen, &mut opts)?;
@@ -163,9 +169,10 @@ fn configure(backend: Backend, opts: &mut Vec<(String, Bound<'_, PyAny>)>) -> Py
     })
 }
 
-/// Reads a node's `backend` and its options (`ferry.Instance(backend=...,
-/// **options)`) into the library's data plane: every option goes to
-/// [`DataPlane::parse`] as text, which names the one it cannot take.
+/// Reads a node's `backend` (`local`, also `shm`; `fabric`; `verbs`) and
+/// its options (`ferry.Instance(backend=..., **options)`) into the
+/// library's data plane: every option goes to [`DataPlane::parse`] as
+/// text, which names the one it cannot take.
 pub(crate) fn data_plane(
     py: Python<'_>,
     backend: &str,
@@ -190,13 +197,26 @@ pub(crate) fn data_plane(
     // Python's verbs node takes the host's first device when none is named.
     #[cfg(feature = "verbs")]
     if backend == "verbs" && !given.iter().any(|(k, _)| k == "device") {
-        let device = first_device().map_err(|why| crate::ferry_error(py, why, "io"))?;
+        let device = first_device()
+            .map_err(|why| crate::errors::raise(py, why, crate::errors::Kind::IO))?;
         given.push(("device".to_owned(), device));
     }
     let _ = py;
-    DataPlane::parse(backend, given).map_err(|e| match e {
+    // "local" names the same-host plane in a node as in the engine; a
+    // node's is pools in shared memory, which the library and the command
+    // line call "shm", so a node takes that name too.
+    let plane = if backend == "local" { "shm" } else { backend };
+    DataPlane::parse(plane, given).map_err(|e| match e {
         PlaneError::UnknownOption { .. } => PyTypeError::new_err(e.to_string()),
-        PlaneError::Unknown { .. } | PlaneError::NotBuilt { .. } => {
+        PlaneError::Unknown { .. } => {
+            let others = DataPlane::names().iter().filter(|n| **n != "shm");
+            let names: Vec<&str> = ["local (or shm)"].into_iter().chain(others.copied()).collect();
+            PyValueError::new_err(format!(
+                "node backend {backend:?} is not in this module (it has: {})",
+                names.join(", ")
+            ))
+        }
+        PlaneError::NotBuilt { .. } => {
             PyValueError::new_err(format!("node backend {backend:?}: {e}"))
         }
         _ => PyValueError::new_err(e.to_string()),

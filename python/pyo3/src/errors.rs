@@ -1,0 +1,111 @@
+//! ferry's Python exceptions: every error a call raises is a subclass of
+//! `ferry.FerryError` chosen by its kind (`ferry/_errors.py` defines the
+//! classes, so that both extension modules raise the same ones).
+//!
+//! The kinds are the core's fault kinds ([`FaultKind::ALL`], with their
+//! names and the codes sglang's `transfer_sync` returns), followed by the
+//! kinds only a node raises ([`NODE_KINDS`]). The module exports both
+//! tables (`FAULT_CODES`, `ERROR_KINDS`); the Python package builds its
+//! codes from them and its tests check its classes against them.
+
+use ferry::runtime::NodeError;
+use ferry_core::handshake::instance::InstanceError;
+use ferry_core::slots::BuddyError;
+use ferry_core::transport::FaultKind;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+/// What kind of failure a Python exception reports (`FerryError.kind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A data plane's kind of failure (the core's table).
+    Fault(FaultKind),
+    /// The coordinator refused the instance's registration.
+    Refused,
+    /// The instance drains or has left: it takes no new request.
+    Draining,
+    /// The engine, node, staging or delivery is closed or used up.
+    Closed,
+    /// The pool or the request table has no room now (try again later).
+    NoRoom,
+}
+
+/// The kinds only a node raises, after the core's fault kinds.
+pub(crate) const NODE_KINDS: [Kind; 4] =
+    [Kind::Refused, Kind::Draining, Kind::Closed, Kind::NoRoom];
+
+impl Kind {
+    /// An i/o error (the core's catch-all).
+    pub(crate) const IO: Kind = Kind::Fault(FaultKind::Io);
+
+    /// Its name, as `FerryError.kind` carries it.
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            Kind::Fault(k) => k.as_name(),
+            Kind::Refused => "refused",
+            Kind::Draining => "draining",
+            Kind::Closed => "closed",
+            Kind::NoRoom => "no_room",
+        }
+    }
+
+    /// The kind of a node's error.
+    pub(crate) fn of_node(e: &NodeError) -> Kind {
+        match e {
+            NodeError::Refused { .. } => Kind::Refused,
+            NodeError::NotRegistered(_) | NodeError::Timeout { .. } => {
+                Kind::Fault(FaultKind::Timeout)
+            }
+            NodeError::Instance(i) => match i {
+                InstanceError::Draining => Kind::Draining,
+                InstanceError::TableFull | InstanceError::Pool(BuddyError::OutOfSpace { .. }) => {
+                    Kind::NoRoom
+                }
+                InstanceError::TooLarge | InstanceError::Pool(BuddyError::TooLarge { .. }) => {
+                    Kind::Fault(FaultKind::TooLarge)
+                }
+                _ => Kind::IO,
+            },
+            _ => Kind::IO,
+        }
+    }
+}
+
+/// The Python exception for a ferry error: the `ferry.FerryError`
+/// subclass of `kind`, made by `ferry._errors.error_for(message, kind)`.
+/// Should the Python package be unimportable, a `RuntimeError`.
+pub(crate) fn raise(py: Python<'_>, message: String, kind: Kind) -> PyErr {
+    match py
+        .import("ferry._errors")
+        .and_then(|m| m.getattr("error_for"))
+        .and_then(|f| f.call1((message.clone(), kind.name())))
+    {
+        Ok(err) => PyErr::from_value(err),
+        Err(_) => pyo3::exceptions::PyRuntimeError::new_err(message),
+    }
+}
+
+/// The Python exception for a node's error.
+pub(crate) fn node_error(py: Python<'_>, e: &NodeError) -> PyErr {
+    raise(py, e.to_string(), Kind::of_node(e))
+}
+
+/// Adds the tables to the module: `FAULT_CODES` (each fault kind's name
+/// and code, a dict in the core's order) and `ERROR_KINDS` (every kind's
+/// name, fault kinds first, a tuple).
+pub(crate) fn add_tables(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    let codes = PyDict::new(py);
+    for k in FaultKind::ALL {
+        codes.set_item(k.as_name(), k.code())?;
+    }
+    m.add("FAULT_CODES", codes)?;
+    let names = FaultKind::ALL
+        .into_iter()
+        .map(Kind::Fault)
+        .chain(NODE_KINDS)
+        .map(Kind::name)
+        .collect::<Vec<_>>();
+    m.add("ERROR_KINDS", PyTuple::new(py, names)?)?;
+    Ok(())
+}

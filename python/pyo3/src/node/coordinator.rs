@@ -1,0 +1,95 @@
+//! `CoordinatorNode`: a running coordinator (see `ferry.Coordinator`).
+
+use std::sync::{Mutex, PoisonError};
+
+use ferry::runtime::{CoordinatorNode, CoordinatorSettings, NodeError};
+use ferry_zmq::{ZmqChannel, ZmqSettings};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::{addresses, close_slot};
+use crate::errors::{node_error, raise, Kind};
+
+/// A running coordinator (see `ferry.Coordinator`).
+#[pyclass(name = "CoordinatorNode", module = "ferry._native", frozen)]
+pub struct PyCoordinator {
+    node: Mutex<Option<CoordinatorNode>>,
+    endpoints: Vec<String>,
+}
+
+#[pymethods]
+impl PyCoordinator {
+    #[new]
+    #[pyo3(signature = (*, endpoints, pipeline, admitted = Vec::new(), allow_from = Vec::new()))]
+    fn new(
+        py: Python<'_>,
+        endpoints: Vec<String>,
+        pipeline: Vec<String>,
+        admitted: Vec<(String, String)>,
+        allow_from: Vec<String>,
+    ) -> PyResult<Self> {
+        if endpoints.len() != pipeline.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} endpoint(s) for a pipeline of {} roles: over ZeroMQ the coordinator binds one endpoint per role, in pipeline order (a PULL socket cannot name a message's sender, so the endpoint it arrives at tells its role)",
+                endpoints.len(),
+                pipeline.len()
+            )));
+        }
+        let roles: Vec<&str> = pipeline.iter().map(String::as_str).collect();
+        let mut settings = CoordinatorSettings::new(&roles);
+        settings.admitted = admitted
+            .into_iter()
+            .map(|(role, endpoint)| ferry::runtime::Admission { role, endpoint })
+            .collect();
+        let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+        let allow_from = addresses(&allow_from)?;
+        let (node, bound) = py
+            .detach(|| {
+                let ctx = zmq::Context::new();
+                let channel =
+                    ZmqChannel::bind_allowing(&ctx, &eps, ZmqSettings::default(), &allow_from)
+                        .map_err(|e| NodeError::Transport {
+                            verb: "bind the coordinator's endpoints",
+                            source: Box::new(e),
+                        })?;
+                let bound = channel.endpoints();
+                settings.result_endpoints = bound.clone();
+                CoordinatorNode::start(&settings, channel, |_| {}).map(|n| (n, bound))
+            })
+            .map_err(|e| node_error(py, &e))?;
+        Ok(Self {
+            node: Mutex::new(Some(node)),
+            endpoints: bound,
+        })
+    }
+
+    /// The endpoints it listens at (the first is where instances register).
+    #[getter]
+    fn endpoints(&self) -> Vec<String> {
+        self.endpoints.clone()
+    }
+
+    /// Its figures now (see `ferry.CoordinatorStats`).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let guard = self.node.lock().unwrap_or_else(PoisonError::into_inner);
+        let node = guard
+            .as_ref()
+            .ok_or_else(|| raise(py, "the coordinator is closed".into(), Kind::Closed))?;
+        let s = node.snapshot();
+        let d = PyDict::new(py);
+        d.set_item("members", s.members)?;
+        d.set_item("in_flight", s.in_flight)?;
+        d.set_item("prealloc_taken", s.prealloc_taken)?;
+        d.set_item("delivered", s.stats.delivered)?;
+        d.set_item("failed", s.stats.failed)?;
+        d.set_item("fast_path", s.stats.fast_path)?;
+        d.set_item("ignored", s.metrics.ignored)?;
+        Ok(d)
+    }
+
+    /// Stops it.
+    fn close(&self, py: Python<'_>) {
+        close_slot(py, &self.node);
+    }
+}

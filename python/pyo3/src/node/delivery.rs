@@ -1,0 +1,134 @@
+//! `Delivery`: a transfer received into an instance's pool (see
+//! `ferry.Delivery`).
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ferry::runtime::Delivery;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use super::{take_slot, Node};
+use crate::buffer::{Exports, SlotBuffer, Span};
+
+pub(super) struct TensorInfo {
+    pub(super) field: String,
+    pub(super) list_index: Option<u64>,
+    pub(super) dtype: &'static str,
+    pub(super) shape: Vec<u64>,
+    pub(super) span: Span,
+}
+
+pub(super) struct DeliveryInner {
+    // Dropped first: it borrows the node.
+    pub(super) delivery: Delivery<'static>,
+    pub(super) _node: Arc<Node>,
+}
+
+impl DeliveryInner {
+    /// Releases the delivery, or fails it with `error` (see the note on
+    /// `StagingInner`).
+    fn finish(self, error: Option<&str>) {
+        let Self { delivery, _node } = self;
+        match error {
+            Some(reason) => delivery.fail(reason),
+            None => delivery.release(),
+        }
+    }
+}
+
+/// A received transfer (see `ferry.Delivery`).
+#[pyclass(name = "Delivery", module = "ferry._native", frozen)]
+pub struct PyDelivery {
+    pub(super) inner: Mutex<Option<DeliveryInner>>,
+    pub(super) tensors: Vec<TensorInfo>,
+    pub(super) exports: Arc<Exports>,
+    pub(super) request_id: String,
+    pub(super) scalar_fields: String,
+    pub(super) manifest: String,
+}
+
+impl PyDelivery {
+    pub(super) fn take(&self, py: Python<'_>, verb: &str) -> PyResult<DeliveryInner> {
+        take_slot(
+            py,
+            &self.inner,
+            &self.exports,
+            &self.request_id,
+            verb,
+            "released",
+        )
+    }
+}
+
+#[pymethods]
+impl PyDelivery {
+    /// The request id.
+    #[getter]
+    fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// The sender's scalar fields (JSON object text).
+    #[getter]
+    fn scalar_fields(&self) -> &str {
+        &self.scalar_fields
+    }
+
+    /// The manifest as received (JSON object text).
+    #[getter]
+    fn manifest(&self) -> &str {
+        &self.manifest
+    }
+
+    /// The tensors: `(field, list_index, dtype, shape)` each, in manifest
+    /// order.
+    fn specs(&self) -> Vec<(String, Option<u64>, &'static str, Vec<u64>)> {
+        self.tensors
+            .iter()
+            .map(|t| (t.field.clone(), t.list_index, t.dtype, t.shape.clone()))
+            .collect()
+    }
+
+    /// The read-only bytes of tensor `i`.
+    fn buffer(slf: &Bound<'_, Self>, i: usize) -> PyResult<SlotBuffer> {
+        let me = slf.get();
+        let t = me
+            .tensors
+            .get(i)
+            .ok_or_else(|| PyValueError::new_err(format!("no tensor {i}")))?;
+        Ok(SlotBuffer::new(
+            t.span,
+            true,
+            Arc::clone(&me.exports),
+            slf.clone().into_any().unbind(),
+        ))
+    }
+
+    /// True if the coordinator aborted the request since it arrived.
+    #[getter]
+    fn is_aborted(&self) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|i| i.delivery.is_aborted())
+    }
+
+    /// Frees the slot and tells the coordinator (`error`: it could not be
+    /// used, and why).
+    #[pyo3(signature = (error = None))]
+    fn release(&self, py: Python<'_>, error: Option<&str>) -> PyResult<()> {
+        let inner = self.take(py, "release")?;
+        py.detach(|| inner.finish(error));
+        Ok(())
+    }
+
+    /// True until released.
+    #[getter]
+    fn held(&self) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+}

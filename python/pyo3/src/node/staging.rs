@@ -1,0 +1,157 @@
+//! `Staging`: a slot reserved for a request, to fill and commit (see
+//! `ferry.Staging`).
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ferry::runtime::{NodeError, Staging};
+use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::prelude::*;
+
+use super::delivery::{DeliveryInner, PyDelivery};
+use super::{take_slot, Node};
+use crate::buffer::{Exports, SlotBuffer, Span};
+use crate::errors::{node_error, raise, Kind};
+
+pub(super) struct StagingInner {
+    // Dropped first: it borrows the fields after it.
+    pub(super) staging: Staging<'static, 'static>,
+    pub(super) _names: Box<[String]>,
+    pub(super) _shapes: Box<[Box<[u64]>]>,
+    pub(super) _node: Arc<Node>,
+}
+
+// The handles are consumed by methods that bind every field by name, so
+// that the owners the handle borrows are dropped after the call, at the
+// end of the method (a `let S { handle, .. } = temporary` would drop them
+// at the end of that statement, before the handle is used).
+impl StagingInner {
+    fn commit(self, scalar_fields: &str) -> Result<(), NodeError> {
+        let Self {
+            staging,
+            _names,
+            _shapes,
+            _node,
+        } = self;
+        staging.commit(scalar_fields)
+    }
+
+    fn forward(self, received: DeliveryInner, scalar_fields: &str) -> Result<(), NodeError> {
+        let Self {
+            staging,
+            _names,
+            _shapes,
+            _node,
+        } = self;
+        let DeliveryInner {
+            delivery,
+            _node: _received_node,
+        } = received;
+        staging.forward(delivery, scalar_fields)
+    }
+}
+
+/// A slot reserved for a request, to fill and commit (see `ferry.Staging`).
+#[pyclass(name = "Staging", module = "ferry._native", frozen)]
+pub struct PyStaging {
+    pub(super) inner: Mutex<Option<StagingInner>>,
+    pub(super) spans: Vec<Span>,
+    pub(super) exports: Arc<Exports>,
+    pub(super) request_id: String,
+    pub(super) data_size: u64,
+}
+
+impl PyStaging {
+    fn take(&self, py: Python<'_>, verb: &str) -> PyResult<StagingInner> {
+        take_slot(
+            py,
+            &self.inner,
+            &self.exports,
+            &self.request_id,
+            verb,
+            "committed or given back",
+        )
+    }
+}
+
+#[pymethods]
+impl PyStaging {
+    /// The request id.
+    #[getter]
+    fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// Bytes the slot's data takes.
+    #[getter]
+    fn data_size(&self) -> u64 {
+        self.data_size
+    }
+
+    /// The writable bytes of tensor `i`.
+    fn buffer(slf: &Bound<'_, Self>, i: usize) -> PyResult<SlotBuffer> {
+        let me = slf.get();
+        let span = *me
+            .spans
+            .get(i)
+            .ok_or_else(|| PyValueError::new_err(format!("no tensor {i}")))?;
+        Ok(SlotBuffer::new(
+            span,
+            false,
+            Arc::clone(&me.exports),
+            slf.clone().into_any().unbind(),
+        ))
+    }
+
+    /// Announces the filled slot, with `scalar_fields` (JSON object text).
+    fn commit(&self, py: Python<'_>, scalar_fields: &str) -> PyResult<()> {
+        let inner = self.take(py, "commit")?;
+        py.detach(|| inner.commit(scalar_fields))
+            .map_err(|e| node_error(py, &e))
+    }
+
+    /// Announces the filled slot as the next leg of `delivery` and releases
+    /// the delivery (a denoiser's forward).
+    fn forward(&self, py: Python<'_>, delivery: &PyDelivery, scalar_fields: &str) -> PyResult<()> {
+        // Both must be free of views before either is taken, so that a
+        // refusal leaves both as they were.
+        for (live, id) in [
+            (self.exports.live(), &self.request_id),
+            (delivery.exports.live(), &delivery.request_id),
+        ] {
+            if live > 0 {
+                return Err(PyBufferError::new_err(format!(
+                    "cannot forward request {id}: {live} view(s) of its tensors are alive (delete them first)"
+                )));
+            }
+        }
+        if !self.open() {
+            return Err(raise(
+                py,
+                format!(
+                    "request {} was committed or given back already",
+                    self.request_id
+                ),
+                Kind::Closed,
+            ));
+        }
+        let received = delivery.take(py, "forward")?;
+        let inner = self.take(py, "forward")?;
+        py.detach(|| inner.forward(received, scalar_fields))
+            .map_err(|e| node_error(py, &e))
+    }
+
+    /// Gives the slot back without sending.
+    fn abandon(&self, py: Python<'_>) -> PyResult<()> {
+        drop(self.take(py, "give back")?);
+        Ok(())
+    }
+
+    /// True until committed, forwarded or given back.
+    #[getter]
+    fn open(&self) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+}
