@@ -5,6 +5,11 @@
 //! far enough, nothing is left in flight, held, parked or leaked.
 #![no_main]
 
+// The machines are built, and their output drained, as the path tests and
+// the simulation do.
+#[path = "../../tests/harness/mod.rs"]
+mod harness;
+
 use std::time::Duration;
 
 use arbitrary::Arbitrary;
@@ -162,13 +167,7 @@ fn encode(m: &FMsg, buf: &mut Vec<u8>) {
         addr: 0x1000,
     }];
     let dims = [4096u64];
-    let small = [TensorEntry {
-        field: "x".into(),
-        list_index: None,
-        offset: 0,
-        shape: Shape::Dims(&dims),
-        dtype: "uint8".into(),
-    }];
+    let small = [harness::blob(&dims)];
     let big_dims = [1u64 << 40];
     let big = [TensorEntry {
         shape: Shape::Dims(&big_dims),
@@ -296,9 +295,7 @@ fn encode(m: &FMsg, buf: &mut Vec<u8>) {
             reason: "fuzz".into(),
         }),
     };
-    buf.resize(msg.encoded_len(Default::default()), 0);
-    let n = msg.encode(buf).expect("sized");
-    buf.truncate(n);
+    harness::encode_into(&msg, buf);
 }
 
 /// The instances' table sizes.
@@ -339,8 +336,7 @@ fn instance(role: &'static str, session: &'static str) -> Instance<'static> {
         head: ferry_core::handshake::instance::Head::Ferry,
         alloc_hold: Duration::from_secs(20),
     };
-    let st = InstanceStorage::owned(&LIMITS, &POOL, 1).expect("storage for the pool");
-    Instance::new(Instant(0), &who, &config, st).expect("valid instance")
+    harness::instance(Instant(0), &who, &config, &LIMITS)
 }
 
 fuzz_target!(|ops: Vec<Op>| {
@@ -364,8 +360,7 @@ fuzz_target!(|ops: Vec<Op>| {
         prealloc_per_member: 2,
         ..LIMITS
     };
-    let mut coord = Coordinator::new(&ROLES, config, CoordinatorStorage::owned(&limits))
-        .expect("valid coordinator");
+    let mut coord = harness::coordinator(&ROLES, config, &limits);
     // Messages on a channel that cannot name senders are judged by the
     // endpoint they arrive at.
     coord
@@ -390,31 +385,31 @@ fuzz_target!(|ops: Vec<Op>| {
                     posted: &mut Vec<ferry_core::transport::WriteTag>| {
         for _ in 0..64 {
             let mut moved = false;
-            while let Some(t) = coord.poll_transmit(&mut buf) {
-                let t = t.expect("buffer large enough");
+            // Peers are named by number here (instance `i` is peer `i +
+            // 1`), as `Op::ToCoord` names them.
+            for (to, bytes) in harness::coordinator_outbox(coord, &mut buf) {
                 moved = true;
-                let msg = decode(&buf[..t.len]).expect("coordinator output decodes");
-                if let Some(inst) = insts.get_mut((t.to.0 as usize).wrapping_sub(1)) {
+                let msg = decode(&bytes).expect("coordinator output decodes");
+                if let Some(inst) = insts.get_mut((to.0 as usize).wrapping_sub(1)) {
                     let _ = inst.handle(now, &msg);
                 }
             }
-            while coord.poll_event().is_some() {}
+            harness::coordinator_events(coord);
             for (i, inst) in insts.iter_mut().enumerate() {
-                while let Some(n) = inst.poll_transmit(&mut buf) {
-                    let n = n.expect("buffer large enough");
+                for bytes in harness::instance_outbox(inst, &mut buf) {
                     moved = true;
-                    let msg = decode(&buf[..n]).expect("instance output decodes");
+                    let msg = decode(&bytes).expect("instance output decodes");
                     let _ = coord.sender_of(&msg, coord.role_of(PeerId(i as u32 + 1)));
                     let _ = coord.handle(now, PeerId(i as u32 + 1), &msg);
                 }
-                while let Some(w) = inst.poll_action() {
+                for w in harness::writes(inst) {
                     writes.push((i, w.token));
                     if posted.len() == 64 {
                         posted.remove(0);
                     }
                     posted.push(w.tag);
                 }
-                while let Some(e) = inst.poll_event() {
+                for e in harness::instance_events(inst) {
                     if let InstanceEvent::Received(t) = e {
                         held.push((i, t));
                     }
@@ -488,21 +483,9 @@ fuzz_target!(|ops: Vec<Op>| {
                 if let Ok((token, _)) =
                     insts[i].stage(IDS[usize::from(id) % IDS.len()], u64::from(size) + 1)
                 {
-                    let dims = [u64::from(size) + 1];
-                    let e = [TensorEntry {
-                        field: "x".into(),
-                        list_index: None,
-                        offset: 0,
-                        shape: Shape::Dims(&dims),
-                        dtype: "uint8".into(),
-                    }];
-                    let _ = insts[i].commit(
-                        now,
-                        token,
-                        u64::from(size) + 1,
-                        &Manifest::Entries(&e),
-                        RawJson::EMPTY_OBJECT,
-                    );
+                    let len = u64::from(size) + 1;
+                    let scalars = RawJson::EMPTY_OBJECT;
+                    let _ = harness::commit_blob(&mut insts[i], now, token, len, scalars, None);
                 }
             }
             Op::Release { nth, error } if !held.is_empty() => {
@@ -567,15 +550,8 @@ fuzz_target!(|ops: Vec<Op>| {
             &mut posted,
         );
     }
-    assert_eq!(coord.in_flight(), 0, "requests still in flight");
-    assert_eq!(coord.prealloc_taken(), 0, "preallocated slots still taken");
-    assert!(
-        coord.capacity_in_use().all(|(_, n)| n == 0),
-        "capacity not released"
-    );
-    for inst in &insts {
-        assert_eq!(inst.requests_held(), 0, "{inst:?} holds requests");
-        assert_eq!(inst.prealloc_in_use(), 0);
-        assert_eq!(inst.pool().stats().live_slots, 1, "{inst:?} leaks");
+    harness::assert_coordinator_drained(&coord, "coordinator");
+    for (i, inst) in insts.iter().enumerate() {
+        harness::assert_instance_drained(inst, 1, &format!("instance {i}"));
     }
 });
