@@ -271,7 +271,10 @@ mod tests {
         let e = DataPlane::parse("shm", [("threads", "many")]).unwrap_err();
         assert!(e.to_string().contains("option threads: \"many\""), "{e}");
         let plane = DataPlane::parse("shm", [("threads", "3"), ("split_at", "65536")]).unwrap();
-        let DataPlane::Shm(copy) = plane else {
+        // Irrefutable in a build with no other data plane.
+        #[allow(irrefutable_let_patterns)]
+        let DataPlane::Shm(copy) = plane
+        else {
             panic!("not shm: {plane:?}");
         };
         assert_eq!((copy.threads, copy.split_at), (3, 65536));

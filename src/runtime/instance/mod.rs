@@ -1,0 +1,533 @@
+//! An instance node: ferry-core's `Instance` driven over a control channel
+//! and a data plane, with the API a serving runtime calls.
+//!
+//! One progress thread receives control messages, hands them to the state
+//! machine and posts the writes it asks for (outside the lock, so that a
+//! large copy does not stall the application). Application threads stage,
+//! commit, receive and release through the same state machine under a
+//! mutex, and send what that produces at once: a commit goes out on the
+//! caller's thread without waiting for the progress thread.
+//!
+//! In steady state nothing here allocates: buffers, queues and the
+//! per-delivery metadata buffers are made at start and reused.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime};
+
+use ferry_core::handshake::instance::{
+    Instance, InstanceConfig, InstanceEvent, InstanceIdentity, InstanceStats, InstanceStorage,
+    Registration, Token, Write,
+};
+use ferry_core::handshake::{Instant, Limits, Reason, RequestId};
+use ferry_core::json::{JsonStr, RawJson};
+use ferry_core::slots::{layout, Dtype, TensorSpec};
+use ferry_core::transport::{
+    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, FaultKind, Landed, Region,
+    Transport, WriteOp,
+};
+use ferry_core::wire::{Manifest, Shape, ShapeIter, TensorEntry, TRANSFER_MAGIC};
+use tracing::{debug, debug_span, info, warn};
+
+use super::clock::Clock;
+use super::error::NodeError;
+use super::memory::{PoolMemory, PoolOwner};
+use super::metrics::{Metrics, MetricsSnapshot};
+use super::telemetry::{InstanceGauges, InstanceProbe};
+
+mod delivery;
+mod progress;
+mod settings;
+mod shared;
+mod staging;
+
+pub use delivery::{Delivery, TensorView};
+use progress::Progress;
+pub use settings::InstanceSettings;
+use shared::{Arrival, Shared, State};
+pub use staging::Staging;
+use staging::EMPTY_ENTRY;
+
+/// Most tensors one request carries.
+pub const MAX_TENSORS: usize = 32;
+
+/// Longest wait of the progress thread between checks of its stop flag.
+const MAX_WAIT: Duration = Duration::from_millis(20);
+
+/// How often pending writes are polled for when the transport offers no
+/// wake descriptor.
+const POLL_WRITES: Duration = Duration::from_micros(100);
+
+/// Receive buffer for one control message.
+const RECV_BUF: usize = 1 << 20;
+
+/// What became of a request this instance staged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// The request.
+    pub id: RequestId,
+    /// True if its bytes reached the receiver.
+    pub sent: bool,
+    /// Why it did not (the coordinator's abort reason, the write's error,
+    /// a local timeout); empty when sent.
+    pub reason: Reason,
+}
+
+/// A message on the control channel that is not a transfer message (sglang
+/// sends work items on the same sockets), as it arrived.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// Frame 0.
+    pub magic: Vec<u8>,
+    /// Frame 1.
+    pub payload: Vec<u8>,
+}
+
+impl Frame {
+    /// Frame 0 as text: the request id, in a work item sglang's head
+    /// dispatches to an encoder (`[request_id, pickled Req list]`).
+    pub fn request_id(&self) -> Option<&str> {
+        std::str::from_utf8(&self.magic)
+            .ok()
+            .filter(|id| !id.is_empty())
+    }
+}
+
+/// Frames kept for the application before the oldest are dropped.
+const FRAMES: usize = 1024;
+
+/// A node's figures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeStats {
+    /// The runtime's counters.
+    pub metrics: MetricsSnapshot,
+    /// The state machine's counters.
+    pub instance: InstanceStats,
+    /// Requests held (any state, quarantined slots included).
+    pub requests_held: usize,
+    /// Preallocated slots in use.
+    pub prealloc_in_use: usize,
+    /// Pool slots allocated (preallocated slots included).
+    pub live_slots: u64,
+    /// Preallocated receive slots.
+    pub prealloc_slots: usize,
+}
+
+/// A running instance.
+pub struct InstanceNode {
+    shared: Arc<Shared>,
+    /// The progress thread; it hands back what it owned (the transport,
+    /// and so the pool) for the node's drop to release.
+    thread: Option<JoinHandle<Box<dyn Send>>>,
+    session: String,
+    endpoint: String,
+}
+
+impl std::fmt::Debug for InstanceNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InstanceNode")
+            .field("session", &self.session)
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl InstanceNode {
+    /// Starts an instance over `transport`, whose own pool the node
+    /// receives into and stages in, talking over `channel`. The node keeps
+    /// the transport (on its progress thread) until it is dropped, so the
+    /// pool outlives every view of it.
+    pub fn start<T, C>(
+        settings: &InstanceSettings,
+        transport: T,
+        channel: C,
+    ) -> Result<Self, NodeError>
+    where
+        T: Transport + PoolOwner + Send + 'static,
+        T::Error: Send + Sync + 'static,
+        C: ControlChannel,
+        C::Sender: 'static,
+        <C::Sender as ControlSend>::Error: Send + Sync + 'static,
+        C::Receiver: 'static,
+    {
+        let mut transport = transport;
+        if transport.pool_len() == 0 || transport.pool_ptr().is_null() {
+            return Err(NodeError::NoPool);
+        }
+        // SAFETY: `PoolOwner`'s contract: the range stays mapped while
+        // `transport` lives, wherever it moves. It moves into the progress
+        // thread, which hands it back to `Drop for InstanceNode` (even when
+        // the loop panics), after every view of the pool, each borrowing
+        // the node, has ended.
+        #[allow(unsafe_code)]
+        let memory = unsafe { PoolMemory::new(transport.pool_ptr(), transport.pool_len()) };
+        let transport_err = |verb| {
+            move |e: T::Error| NodeError::Transport {
+                verb,
+                source: Box::new(e),
+            }
+        };
+        // SAFETY: the memory stays mapped while the transport lives (as
+        // above), and the transport is dropped with the registration; the
+        // node expects peers to write into its receive slots, and hands
+        // out views only of slots no peer writes (`PoolMemory`'s callers).
+        #[allow(unsafe_code)]
+        let region = unsafe { transport.register(memory.base(), memory.len()) }
+            .map_err(transport_err("register"))?;
+        let (tx, rx) = channel.split();
+        let session = transport.session_id().to_owned();
+        let endpoint = rx.local_endpoint().to_owned();
+        let config = &settings.config;
+        settings.limits.check()?;
+        let pool = config.pool(memory.len() as u64);
+        let storage = InstanceStorage::owned(&settings.limits, &pool, config.prealloc.count)
+            .map_err(NodeError::Pool)?;
+        let clock = Clock::start();
+        let who = InstanceIdentity {
+            role: &settings.role,
+            session_id: &session,
+            work_endpoint: &endpoint,
+            pool_ptr: memory.base() as u64,
+            pool_size: pool.pool_size,
+            delivery_complete: transport.capabilities().delivery_complete,
+        };
+        let machine = Instance::new(clock.now(), &who, config, storage)?;
+        let n = settings.limits.requests.max(1);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                machine,
+                tx: Box::new(tx),
+                coordinator: settings.coordinator.clone(),
+                out: vec![0; 64 * 1024],
+                received: VecDeque::with_capacity(n),
+                outcomes: VecDeque::with_capacity(4 * n),
+                meta_free: (0..n)
+                    .map(|_| Vec::with_capacity(settings.limits.nested_per_request))
+                    .collect(),
+                frames: VecDeque::new(),
+            }),
+            changed: Condvar::new(),
+            stop: AtomicBool::new(false),
+            probe: Arc::new(InstanceProbe::new(&settings.role)),
+            clock,
+            memory,
+        });
+        let mut progress = Progress {
+            shared: Arc::clone(&shared),
+            transport,
+            region,
+            rx,
+            buf: vec![0; RECV_BUF],
+            writes: Vec::with_capacity(n),
+            in_flight: 0,
+            done: Vec::with_capacity(n),
+            arrived: Vec::with_capacity(n),
+            wake: None,
+        };
+        progress.wake = progress
+            .transport
+            .wake_fd()
+            .filter(|_| progress.rx.can_wake());
+        let thread = std::thread::Builder::new()
+            .name(format!("ferry-{}", settings.role))
+            .spawn(move || {
+                let mut progress = progress;
+                // A panic must not drop the transport, and so unmap the
+                // pool, while the application may hold views of it: the
+                // loop's unwinding stops here and the transport goes back
+                // to the node's drop.
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| progress.run()));
+                if ran.is_err() {
+                    tracing::error!(
+                        "the progress thread panicked; this node makes no more progress"
+                    );
+                }
+                Box::new(progress) as Box<dyn Send>
+            })
+            .map_err(NodeError::Thread)?;
+        {
+            let mut st = shared.lock();
+            shared.drive(&mut st, shared.clock.now());
+        }
+        Ok(Self {
+            shared,
+            thread: Some(thread),
+            session,
+            endpoint,
+        })
+    }
+
+    /// The data-plane session id peers write to.
+    pub fn session_id(&self) -> &str {
+        &self.session
+    }
+
+    /// The control endpoint the coordinator sends to.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Waits until the coordinator acknowledged the registration (under
+    /// sglang's head, which never does: until it is sent).
+    pub fn wait_registered(&self, timeout: Duration) -> Result<(), NodeError> {
+        let st = self.shared.lock();
+        let (st, _) = self
+            .shared
+            .changed
+            .wait_timeout_while(st, timeout, |s| {
+                s.machine.registration() == Registration::Pending
+            })
+            .unwrap_or_else(PoisonError::into_inner);
+        match st.machine.registration() {
+            Registration::Accepted | Registration::Sent => Ok(()),
+            Registration::Refused => Err(NodeError::Refused {
+                reason: match st.machine.refusal() {
+                    "" => "no reason given".to_owned(),
+                    why => why.to_owned(),
+                },
+            }),
+            Registration::Pending => Err(NodeError::NotRegistered(timeout)),
+        }
+    }
+
+    /// True while the coordinator has acknowledged this instance.
+    pub fn is_registered(&self) -> bool {
+        self.shared.lock().machine.is_registered()
+    }
+
+    /// Takes no new work from now on, while what is in flight goes on to
+    /// its end ([`Instance::drain`](ferry_core::handshake::instance::Instance::drain)):
+    /// [`stage`](Self::stage) is refused with
+    /// [`InstanceError::Draining`](ferry_core::handshake::instance::InstanceError::Draining),
+    /// new allocations are refused, and ferry's coordinator stops sending
+    /// work here. Keep receiving and releasing until
+    /// [`is_drained`](Self::is_drained) (or a grace period ends), then
+    /// [`leave`](Self::leave).
+    pub fn drain(&self) {
+        let mut st = self.shared.lock();
+        let now = self.shared.clock.now();
+        st.machine.drain(now);
+        self.shared.drive(&mut st, now);
+    }
+
+    /// Requests still in progress here, on either side (slots sitting out
+    /// a quarantine not counted).
+    pub fn in_flight(&self) -> usize {
+        self.shared.lock().machine.in_flight()
+    }
+
+    /// True once a drain is over: nothing in progress here, and ferry's
+    /// coordinator said nothing more is addressed to this instance
+    /// ([`Instance::is_drained`](ferry_core::handshake::instance::Instance::is_drained)).
+    pub fn is_drained(&self) -> bool {
+        self.shared.lock().machine.is_drained()
+    }
+
+    /// Ends this instance's part in everything, for `reason`
+    /// ([`Instance::leave`](ferry_core::handshake::instance::Instance::leave)):
+    /// what is still held fails; writes still posted are let finish (each
+    /// reported as usual), and then the coordinator and the peers are told
+    /// the instance is gone. Waits up to `timeout` for that (the data
+    /// plane ends every write within its write timeout); true if it came.
+    /// The message is handed to the control channel before this returns,
+    /// and dropping the node closes the channel, which waits for it to go
+    /// out. Transfers the application still holds are marked aborted;
+    /// release them as usual.
+    pub fn leave(&self, reason: &str, timeout: Duration) -> bool {
+        let mut st = self.shared.lock();
+        let now = self.shared.clock.now();
+        st.machine.leave(now, reason);
+        self.shared.drive(&mut st, now);
+        let end = std::time::Instant::now() + timeout;
+        while !st.machine.has_left() {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            // Completions come on the progress thread, which drives (and
+            // so sends) under this lock; a completion of an aborted write
+            // wakes no one, hence the short waits.
+            st = self
+                .shared
+                .changed
+                .wait_timeout(st, left.min(Duration::from_millis(10)))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        true
+    }
+
+    /// Reserves a slot for request `id` laid out for `tensors` (each at a
+    /// 512-byte boundary). Fill the tensors, then
+    /// [`commit`](Staging::commit); dropping the staging gives the slot
+    /// back.
+    pub fn stage<'a>(
+        &self,
+        id: &str,
+        tensors: &[TensorSpec<'a>],
+    ) -> Result<Staging<'_, 'a>, NodeError> {
+        if tensors.len() > MAX_TENSORS {
+            return Err(NodeError::TooManyTensors {
+                count: tensors.len(),
+                max: MAX_TENSORS,
+            });
+        }
+        let mut entries = [EMPTY_ENTRY; MAX_TENSORS];
+        let l = layout(tensors, &mut entries).map_err(NodeError::Layout)?;
+        let (token, offset) = {
+            let mut st = self.shared.lock();
+            st.machine.stage(id, l.data_size)?
+        };
+        Ok(Staging {
+            node: self,
+            token: Some(token),
+            offset,
+            data_size: l.data_size,
+            entries,
+            count: l.tensors,
+        })
+    }
+
+    /// The next transfer received, waiting at most `timeout`.
+    pub fn recv(&self, timeout: Duration) -> Option<Delivery<'_>> {
+        let mut st = self.shared.lock();
+        loop {
+            let (guard, _) = self
+                .shared
+                .changed
+                .wait_timeout_while(st, timeout, |s| {
+                    s.received.is_empty() && !self.shared.stop.load(Ordering::Relaxed)
+                })
+                .unwrap_or_else(PoisonError::into_inner);
+            st = guard;
+            let (token, arrived) = st.received.pop_front()?;
+            let mut meta = st.meta_free.pop().unwrap_or_default();
+            meta.clear();
+            let view = st.machine.received(token).map(|rx| {
+                meta.extend_from_slice(rx.id.as_bytes());
+                let id_len = rx.id.len();
+                let manifest = match rx.manifest {
+                    Manifest::Raw(raw) => raw.as_str(),
+                    Manifest::Entries(_) => "{}",
+                };
+                meta.extend_from_slice(manifest.as_bytes());
+                meta.extend_from_slice(rx.scalar_fields.as_str().as_bytes());
+                (id_len, manifest.len(), rx.slot_offset, rx.slot_size)
+            });
+            match view {
+                Some((id_len, manifest_len, slot_offset, slot_size)) => {
+                    return Some(Delivery {
+                        node: self,
+                        token: Some(token),
+                        arrived,
+                        meta,
+                        id_len,
+                        manifest_len,
+                        slot_offset,
+                        slot_size,
+                    });
+                }
+                None => st.meta_free.push(meta),
+            }
+        }
+    }
+
+    /// The next outcome of a request this instance staged, waiting at most
+    /// `timeout`.
+    pub fn next_outcome(&self, timeout: Duration) -> Option<Outcome> {
+        let st = self.shared.lock();
+        let (mut st, _) = self
+            .shared
+            .changed
+            .wait_timeout_while(st, timeout, |s| s.outcomes.is_empty())
+            .unwrap_or_else(PoisonError::into_inner);
+        st.outcomes.pop_front()
+    }
+
+    /// The next message that was not a transfer message (a work item of
+    /// the application), waiting at most `timeout`. The newest 1,024 are
+    /// kept.
+    pub fn next_frame(&self, timeout: Duration) -> Option<Frame> {
+        let st = self.shared.lock();
+        let (mut st, _) = self
+            .shared
+            .changed
+            .wait_timeout_while(st, timeout, |s| s.frames.is_empty())
+            .unwrap_or_else(PoisonError::into_inner);
+        st.frames.pop_front()
+    }
+
+    /// What this node measures (counters, gauges, latencies), readable
+    /// from any thread while it runs and served to Prometheus by adding it
+    /// to a [`Telemetry`](super::telemetry::Telemetry).
+    pub fn probe(&self) -> &Arc<InstanceProbe> {
+        &self.shared.probe
+    }
+
+    /// Figures now.
+    pub fn stats(&self) -> NodeStats {
+        let st = self.shared.lock();
+        let m = &st.machine;
+        NodeStats {
+            metrics: self.shared.probe.metrics.snapshot(),
+            instance: *m.stats(),
+            requests_held: m.requests_held(),
+            prealloc_in_use: m.prealloc_in_use(),
+            live_slots: m.pool().stats().live_slots,
+            prealloc_slots: m.prealloc_slots().len(),
+        }
+    }
+
+    fn release(&self, token: Token, error: Option<&str>, meta: Vec<u8>, arrived: Arrival) {
+        let mut st = self.shared.lock();
+        st.meta_free.push(meta);
+        if let Err(e) = st.machine.release(token, error) {
+            debug!(error = %e, "release of a transfer no longer held");
+            return;
+        }
+        self.shared.probe.hold.observe(arrived.at.elapsed());
+        Metrics::add(&self.shared.probe.metrics.released, 1);
+        self.shared.drive(&mut st, self.shared.clock.now());
+    }
+}
+
+impl InstanceNode {
+    /// Sends the application's own message, `frames` as one multipart, to
+    /// the coordinator on the protocol's socket: sglang's decoder returns
+    /// its output to the head this way (a JSON descriptor frame, then the
+    /// tensors' bytes).
+    pub fn send_frames(&self, frames: &[&[u8]]) -> Result<(), NodeError> {
+        let mut st = self.shared.lock();
+        let State {
+            tx, coordinator, ..
+        } = &mut *st;
+        match tx.send_parts(coordinator, frames) {
+            Ok(()) => {
+                Metrics::add(&self.shared.probe.metrics.messages_out, 1);
+                Ok(())
+            }
+            Err(e) => {
+                Metrics::add(&self.shared.probe.metrics.send_errors, 1);
+                Err(NodeError::Send {
+                    to: coordinator.clone(),
+                    source: e.source,
+                })
+            }
+        }
+    }
+}
+
+impl Drop for InstanceNode {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.changed.notify_all();
+        if let Some(t) = self.thread.take() {
+            // Dropped here, after every view of the pool (each borrows the
+            // node) has ended.
+            let kept = t.join();
+            drop(kept);
+        }
+    }
+}
