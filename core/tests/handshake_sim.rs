@@ -27,6 +27,12 @@
 //! as staged.
 //!
 //! `FERRY_SIM_SEEDS` and `FERRY_SIM_REQUESTS` scale the run.
+//! `FERRY_SIM_ONLY=<seed>` runs one seed, `FERRY_SIM_TRACE=<seed>` prints
+//! its events.
+//!
+//! The world, its events and the checks are in `sim/` (a `Sim` with one
+//! method per job), over the harness the path tests and the fuzz target
+//! share (`harness/`).
 
 mod harness;
 mod sim;
