@@ -70,8 +70,7 @@ pub(crate) fn parse(
         "verbs" => {
             let device = match take::<String>(&mut opts, "device")? {
                 Some(d) => d,
-                None => first_device()
-                    .map_err(|why| crate::errors::raise(py, why, crate::errors::Kind::IO))?,
+                None => first_device().map_err(|why| crate::ferry_error(py, why, "io"))?,
             };
             Backend::Verbs(ferry_verbs::VerbsConfig::new(device))
         }
@@ -168,8 +167,7 @@ fn configure(backend: Backend, opts: &mut Vec<(String, Bound<'_, PyAny>)>) -> Py
     })
 }
 
-/// The data plane of a node (`ferry.Instance(backend=...)`): `local`
-/// (also `shm`), `fabric` or `verbs`.
+/// The data plane of a node (`ferry.Instance(backend=...)`).
 pub(crate) enum Plane {
     /// ferry's shared-memory loopback (pools in POSIX shared memory).
     Shm,
@@ -194,13 +192,8 @@ pub(crate) fn data_plane(
         ));
     }
     match backend {
-        // "local" is the same-host plane's name in the engine and in a
-        // node; a node's is pools in shared memory, which the CLI calls
-        // "shm", so a node takes that name too.
-        "local" | "shm" if given == 0 => Ok(Plane::Shm),
-        "local" | "shm" => Err(PyTypeError::new_err(format!(
-            "the {backend} backend takes no options"
-        ))),
+        "shm" if given == 0 => Ok(Plane::Shm),
+        "shm" => Err(PyTypeError::new_err("the shm backend takes no options")),
         #[cfg(feature = "fabric")]
         "fabric" => match parse(py, backend, options)?.0 {
             Backend::Fabric(c) => Ok(Plane::Fabric(c)),
@@ -213,7 +206,7 @@ pub(crate) fn data_plane(
         },
         other => {
             let _ = py;
-            let mut names = vec!["local (or shm)"];
+            let mut names = vec!["shm"];
             if cfg!(feature = "fabric") {
                 names.push("fabric");
             }
