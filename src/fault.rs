@@ -10,7 +10,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::wait::{WaitRecv, Wake};
+use crate::runtime::PoolOwner;
 use ferry_core::transport::{
     Capabilities, ChannelEvent, Completion, ControlChannel, ControlRecv, Fault, FaultKind,
     Incoming, Landed, Region, Transport, WriteOp, WriteTag,
@@ -229,6 +229,9 @@ where
         c
     }
 
+    // Delayed completions are released by the caller's polling, so the
+    // wrapped transport's descriptor is not offered (`wake_fd`'s default).
+
     fn poll_landed(&mut self) -> Option<Landed> {
         match &self.notices {
             Some(notices) => notices.take(self.inner.session_id()),
@@ -237,9 +240,19 @@ where
     }
 }
 
-/// Delayed completions are released by the caller's polling, so the
-/// wrapped transport's descriptor is not offered.
-impl<T: Transport> Wake for FaultyTransport<T> {}
+// SAFETY: the wrapper owns the transport it forwards to (`inner`, never
+// moved out: `inner()` lends it shared only) and adds no way to unmap its
+// pool, so `T`'s promise holds for as long as the wrapper lives.
+#[allow(unsafe_code)]
+unsafe impl<T: Transport + PoolOwner> PoolOwner for FaultyTransport<T> {
+    fn pool_ptr(&self) -> *mut u8 {
+        self.inner.pool_ptr()
+    }
+
+    fn pool_len(&self) -> usize {
+        self.inner.pool_len()
+    }
+}
 
 /// A control channel whose received messages are dropped, duplicated or
 /// delayed on schedule.
@@ -366,7 +379,3 @@ impl<R: ControlRecv> ControlRecv for FaultyReceiver<R> {
         }
     }
 }
-
-/// Held-back messages are released by the caller's polling: no waking on
-/// another descriptor.
-impl<R: ControlRecv> WaitRecv for FaultyReceiver<R> {}

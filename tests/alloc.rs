@@ -11,8 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::endpoint;
-use ferry::runtime::shm::{start_instance, CopySettings};
-use ferry::runtime::{CoordinatorNode, CoordinatorSettings, InstanceSettings};
+use ferry::runtime::{CoordinatorNode, CoordinatorSettings, DataPlane, InstanceSettings, Prealloc};
 use ferry_core::slots::{Dtype, TensorSpec};
 use ferry_shm::UdsChannel;
 
@@ -53,22 +52,21 @@ fn a_hand_off_allocates_nothing_in_steady_state() {
         |_| {},
     )
     .unwrap();
-    let enc = start_instance(
-        &InstanceSettings::new("encoder", coord.endpoint()),
-        64 << 20,
-        CopySettings::default(),
-        &endpoint("enc"),
-    )
-    .unwrap();
+    let enc = DataPlane::default()
+        .start_instance_at(
+            &InstanceSettings::new("encoder", coord.endpoint()),
+            64 << 20,
+            &endpoint("enc"),
+        )
+        .unwrap();
     let mut den_settings = InstanceSettings::new("denoiser", coord.endpoint());
-    den_settings.prealloc = (2, 8 << 20);
-    let den = start_instance(
-        &den_settings,
-        64 << 20,
-        CopySettings::default(),
-        &endpoint("den"),
-    )
-    .unwrap();
+    den_settings.config.prealloc = Prealloc {
+        count: 2,
+        size: 8 << 20,
+    };
+    let den = DataPlane::default()
+        .start_instance_at(&den_settings, 64 << 20, &endpoint("den"))
+        .unwrap();
     enc.wait_registered(second).unwrap();
     den.wait_registered(second).unwrap();
 

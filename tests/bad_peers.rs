@@ -7,8 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::endpoint;
-use ferry::runtime::shm::{start_instance, CopySettings, ShmInstance};
-use ferry::runtime::InstanceSettings;
+use ferry::runtime::{DataPlane, InstanceNode, InstanceSettings};
 use ferry_core::slots::{Dtype, TensorSpec};
 use ferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
 use ferry_core::wire::{decode, Msg, Push, RegisterAck, TRANSFER_MAGIC};
@@ -34,19 +33,19 @@ fn next(rx: &mut UdsReceiver) -> (String, String) {
 fn send(tx: &mut UdsSender, to: &str, msg: &Msg<'_>) {
     let mut buf = vec![0u8; 4096];
     let n = msg.encode(&mut buf).unwrap();
-    tx.send(to, TRANSFER_MAGIC, &buf[..n]).unwrap();
+    tx.send(to, &[TRANSFER_MAGIC, &buf[..n]]).unwrap();
 }
 
 /// An encoder registered with this fake coordinator.
-fn registered_instance(tx: &mut UdsSender, rx: &mut UdsReceiver) -> (ShmInstance, String) {
+fn registered_instance(tx: &mut UdsSender, rx: &mut UdsReceiver) -> (InstanceNode, String) {
     let coord = rx.local_endpoint().to_owned();
-    let node = start_instance(
-        &InstanceSettings::new("encoder", &coord),
-        16 << 20,
-        CopySettings::default(),
-        &endpoint("enc"),
-    )
-    .unwrap();
+    let node = DataPlane::default()
+        .start_instance_at(
+            &InstanceSettings::new("encoder", &coord),
+            16 << 20,
+            &endpoint("enc"),
+        )
+        .unwrap();
     let (from, text) = next(rx);
     let Ok(Msg::Register(r)) = decode(text.as_bytes()) else {
         panic!("{text}")
@@ -65,10 +64,7 @@ fn registered_instance(tx: &mut UdsSender, rx: &mut UdsReceiver) -> (ShmInstance
     (node, from)
 }
 
-fn stage<S: ferry_core::transport::ControlSend + Send + 'static>(
-    node: &ferry::runtime::InstanceNode<S>,
-    id: &str,
-) {
+fn stage(node: &ferry::runtime::InstanceNode, id: &str) {
     let shape = [4096u64];
     let spec = [TensorSpec {
         field: "x",
@@ -179,18 +175,22 @@ fn a_push_the_data_plane_cannot_honour_fails_that_request_and_nothing_else() {
 fn garbage_from_a_peer_is_counted_and_dropped() {
     let (mut tx, mut rx) = UdsChannel::bind(&endpoint("coord")).unwrap().split();
     let (node, at) = registered_instance(&mut tx, &mut rx);
-    tx.send(&at, TRANSFER_MAGIC, b"{not json").unwrap();
+    tx.send(&at, &[TRANSFER_MAGIC, b"{not json"]).unwrap();
     tx.send(
         &at,
-        TRANSFER_MAGIC,
-        br#"{"msg_type":"transfer_push","dest_addr":-1}"#,
+        &[
+            TRANSFER_MAGIC,
+            br#"{"msg_type":"transfer_push","dest_addr":-1}"#,
+        ],
     )
     .unwrap();
-    tx.send(&at, b"work-item", b"\x00\x01 opaque").unwrap();
+    tx.send(&at, &[b"work-item", b"\x00\x01 opaque"]).unwrap();
     tx.send(
         &at,
-        TRANSFER_MAGIC,
-        br#"{"msg_type":"transfer_push","request_id":"nobody"}"#,
+        &[
+            TRANSFER_MAGIC,
+            br#"{"msg_type":"transfer_push","request_id":"nobody"}"#,
+        ],
     )
     .unwrap();
     for _ in 0..200 {
@@ -214,7 +214,6 @@ fn garbage_from_a_peer_is_counted_and_dropped() {
 
 #[test]
 fn over_zeromq_bad_frames_are_counted_and_dropped() {
-    use ferry::runtime::shm::start_instance_on;
     use ferry_zmq::{ZmqChannel, ZmqSettings};
 
     let ctx = zmq::Context::new();
@@ -223,13 +222,13 @@ fn over_zeromq_bad_frames_are_counted_and_dropped() {
     let coord_ep = coord.get_last_endpoint().unwrap().unwrap();
     let channel = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*"], ZmqSettings::default()).unwrap();
     let work = channel.endpoints()[0].clone();
-    let node = start_instance_on(
-        &InstanceSettings::new("encoder", &coord_ep),
-        16 << 20,
-        CopySettings::default(),
-        channel,
-    )
-    .unwrap();
+    let node = DataPlane::default()
+        .start_instance(
+            &InstanceSettings::new("encoder", &coord_ep),
+            16 << 20,
+            channel,
+        )
+        .unwrap();
     coord.set_rcvtimeo(5000).unwrap();
     let frames = coord.recv_multipart(0).unwrap();
     let Ok(Msg::Register(r)) = decode(&frames[1]) else {

@@ -8,10 +8,11 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::endpoint;
-use ferry::runtime::shm::{start_instance, CopySettings, ShmInstance};
-use ferry::runtime::{CoordinatorNode, CoordinatorSettings, InstanceNode, InstanceSettings};
+use ferry::runtime::{
+    CoordinatorNode, CoordinatorSettings, DataPlane, InstanceNode, InstanceSettings, Prealloc,
+};
+
 use ferry_core::slots::{Dtype, TensorSpec};
-use ferry_core::transport::ControlSend;
 use ferry_shm::UdsChannel;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -36,10 +37,12 @@ fn wait_delivered(coord: &CoordinatorNode, n: u64) {
     panic!("{:?}", coord.snapshot());
 }
 
-fn instance(role: &str, coord: &CoordinatorNode, prealloc: (usize, u64)) -> ShmInstance {
+fn instance(role: &str, coord: &CoordinatorNode, prealloc: Prealloc) -> InstanceNode {
     let mut s = InstanceSettings::new(role, coord.endpoint());
-    s.prealloc = prealloc;
-    let node = start_instance(&s, 64 << 20, CopySettings::default(), &endpoint(role)).unwrap();
+    s.config.prealloc = prealloc;
+    let node = DataPlane::default()
+        .start_instance_at(&s, 64 << 20, &endpoint(role))
+        .unwrap();
     node.wait_registered(5 * SECOND).unwrap();
     node
 }
@@ -51,7 +54,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 }
 
 /// Stages one request with two tensors filled from `seed`.
-fn send<S: ControlSend + Send + 'static>(node: &InstanceNode<S>, id: &str, seed: u8) {
+fn send(node: &InstanceNode, id: &str, seed: u8) {
     let (a, b) = ([1u64, 77, 33], [5u64, 1000]);
     let specs = [
         TensorSpec {
@@ -81,7 +84,7 @@ fn send<S: ControlSend + Send + 'static>(node: &InstanceNode<S>, id: &str, seed:
 }
 
 /// Receives request `id` and checks every byte against `seed`.
-fn check<S: ControlSend + Send + 'static>(node: &InstanceNode<S>, id: &str, seed: u8) {
+fn check(node: &InstanceNode, id: &str, seed: u8) {
     let d = node.recv(5 * SECOND).expect("a delivery");
     assert_eq!(d.id(), id);
     assert_eq!(
@@ -103,7 +106,7 @@ fn check<S: ControlSend + Send + 'static>(node: &InstanceNode<S>, id: &str, seed
     d.release();
 }
 
-fn assert_idle<S: ControlSend + Send + 'static>(node: &InstanceNode<S>) {
+fn assert_idle(node: &InstanceNode) {
     for _ in 0..200 {
         let s = node.stats();
         if s.requests_held == 0 && s.live_slots == s.prealloc_slots as u64 {
@@ -117,9 +120,16 @@ fn assert_idle<S: ControlSend + Send + 'static>(node: &InstanceNode<S>) {
 #[test]
 fn hand_offs_over_both_paths_deliver_every_byte() {
     let coord = coordinator(&["encoder", "denoiser"]);
-    let enc = instance("encoder", &coord, (0, 0));
+    let enc = instance("encoder", &coord, Prealloc::NONE);
     // Two preallocated slots: the fast path; more requests take the slow one.
-    let den = instance("denoiser", &coord, (2, 1 << 20));
+    let den = instance(
+        "denoiser",
+        &coord,
+        Prealloc {
+            count: 2,
+            size: 1 << 20,
+        },
+    );
     for round in 0..20u8 {
         let ids: Vec<String> = (0..4).map(|i| format!("r{round}-{i}")).collect();
         for (i, id) in ids.iter().enumerate() {
@@ -159,9 +169,16 @@ fn hand_offs_over_both_paths_deliver_every_byte() {
 #[test]
 fn one_request_passes_through_three_roles_under_its_own_id() {
     let coord = coordinator(&["encoder", "denoiser", "decoder"]);
-    let enc = instance("encoder", &coord, (0, 0));
-    let den = instance("denoiser", &coord, (1, 1 << 20));
-    let dec = instance("decoder", &coord, (0, 0));
+    let enc = instance("encoder", &coord, Prealloc::NONE);
+    let den = instance(
+        "denoiser",
+        &coord,
+        Prealloc {
+            count: 1,
+            size: 1 << 20,
+        },
+    );
+    let dec = instance("decoder", &coord, Prealloc::NONE);
     send(&enc, "req-1", 3);
     let input = den.recv(5 * SECOND).expect("at the denoiser");
     // Forward before letting go of the input, as a denoiser would.
@@ -178,10 +195,10 @@ fn one_request_passes_through_three_roles_under_its_own_id() {
 #[test]
 fn without_a_live_receiver_a_request_fails_and_a_new_receiver_takes_over() {
     let mut settings = CoordinatorSettings::new(&["encoder", "denoiser"]);
-    settings.timeouts.queued = Duration::from_millis(300);
+    settings.config.timeouts.queued = Duration::from_millis(300);
     let coord = coordinator_with(settings);
-    let enc = instance("encoder", &coord, (0, 0));
-    let den = instance("denoiser", &coord, (0, 0));
+    let enc = instance("encoder", &coord, Prealloc::NONE);
+    let den = instance("denoiser", &coord, Prealloc::NONE);
     send(&enc, "ok-1", 1);
     check(&den, "ok-1", 1);
     assert!(enc.next_outcome(5 * SECOND).unwrap().sent);
@@ -199,7 +216,7 @@ fn without_a_live_receiver_a_request_fails_and_a_new_receiver_takes_over() {
     let o = enc.next_outcome(10 * SECOND).expect("an outcome");
     assert_eq!((o.id.as_str(), o.sent), ("lost-1", false));
     // A new receiver takes over.
-    let den2 = instance("denoiser", &coord, (0, 0));
+    let den2 = instance("denoiser", &coord, Prealloc::NONE);
     send(&enc, "ok-2", 4);
     check(&den2, "ok-2", 4);
     assert_idle(&enc);
@@ -209,7 +226,6 @@ fn without_a_live_receiver_a_request_fails_and_a_new_receiver_takes_over() {
 #[test]
 fn under_injected_faults_every_request_ends_and_no_slot_leaks() {
     use ferry::fault::{FaultPlan, FaultyChannel, FaultyTransport};
-    use ferry::runtime::shm::start_instance_wrapped;
     use ferry_core::handshake::coordinator::Timeouts;
 
     let plan = |seed| FaultPlan {
@@ -223,43 +239,47 @@ fn under_injected_faults_every_request_ends_and_no_slot_leaks() {
         seed,
     };
     let mut cs = CoordinatorSettings::new(&["encoder", "denoiser"]);
-    cs.timeouts = Timeouts {
+    cs.config.timeouts = Timeouts {
         queued: Duration::from_secs(2),
         alloc: Duration::from_millis(300),
         push: Duration::from_millis(500),
         done: Duration::from_secs(1),
     };
-    cs.quarantine = Duration::from_millis(200);
-    cs.late_done_wait = Duration::from_millis(500);
+    cs.config.quarantine = Duration::from_millis(200);
+    cs.config.late_done_wait = Duration::from_millis(500);
     let ch = FaultyChannel::new(UdsChannel::bind(&endpoint("coord")).unwrap(), plan(1));
     let coord = CoordinatorNode::start(&cs, ch, |_| {}).unwrap();
     let settings = |role: &str, prealloc| {
         let mut s = InstanceSettings::new(role, coord.endpoint());
-        s.prealloc = prealloc;
-        s.register_retry = Duration::from_millis(50);
-        s.staged_timeout = Duration::from_secs(4);
-        s.reserved_timeout = Duration::from_secs(1);
-        s.quarantine = Duration::from_millis(200);
+        s.config.prealloc = prealloc;
+        s.config.register_retry = Duration::from_millis(50);
+        s.config.staged_timeout = Duration::from_secs(4);
+        s.config.reserved_timeout = Duration::from_secs(1);
+        s.config.quarantine = Duration::from_millis(200);
         s
     };
-    let enc = start_instance_wrapped(
-        &settings("encoder", (0, 0)),
-        64 << 20,
-        CopySettings::default(),
-        &endpoint("encoder"),
-        |t| FaultyTransport::new(t, plan(2)),
-        |c| FaultyChannel::new(c, plan(3)),
-    )
-    .unwrap();
-    let den = start_instance_wrapped(
-        &settings("denoiser", (2, 1 << 20)),
-        64 << 20,
-        CopySettings::default(),
-        &endpoint("denoiser"),
-        |t| t,
-        |c| FaultyChannel::new(c, plan(4)),
-    )
-    .unwrap();
+    let uds = |role| UdsChannel::bind(&endpoint(role)).unwrap();
+    let enc = DataPlane::default()
+        .start_instance_with(
+            &settings("encoder", Prealloc::NONE),
+            64 << 20,
+            FaultyChannel::new(uds("encoder"), plan(3)),
+            |t| FaultyTransport::new(t, plan(2)),
+        )
+        .unwrap();
+    let den = DataPlane::default()
+        .start_instance(
+            &settings(
+                "denoiser",
+                Prealloc {
+                    count: 2,
+                    size: 1 << 20,
+                },
+            ),
+            64 << 20,
+            FaultyChannel::new(uds("denoiser"), plan(4)),
+        )
+        .unwrap();
     enc.wait_registered(5 * SECOND).unwrap();
     den.wait_registered(5 * SECOND).unwrap();
 
@@ -335,42 +355,42 @@ fn under_injected_faults_every_request_ends_and_no_slot_leaks() {
 #[test]
 fn a_transfer_whose_write_never_lands_is_refused_and_freed() {
     use ferry::fault::{FaultPlan, FaultyTransport, Notices};
-    use ferry::runtime::shm::start_instance_wrapped;
 
     let coord = coordinator(&["encoder", "denoiser"]);
     // The encoder's transport posts a notice for each write that
     // completed, and loses half of them; the denoiser's reports them.
     let notices = Notices::default();
     let sender_notices = notices.clone();
-    let enc = start_instance_wrapped(
-        &InstanceSettings::new("encoder", coord.endpoint()),
-        64 << 20,
-        CopySettings::default(),
-        &endpoint("encoder"),
-        |t| {
-            let plan = FaultPlan {
-                lose_notice: 0.5,
-                seed: 9,
-                ..FaultPlan::default()
-            };
-            FaultyTransport::with_notices(t, plan, sender_notices)
-        },
-        |c| c,
-    )
-    .unwrap();
+    let enc = DataPlane::default()
+        .start_instance_with(
+            &InstanceSettings::new("encoder", coord.endpoint()),
+            64 << 20,
+            UdsChannel::bind(&endpoint("encoder")).unwrap(),
+            |t| {
+                let plan = FaultPlan {
+                    lose_notice: 0.5,
+                    seed: 9,
+                    ..FaultPlan::default()
+                };
+                FaultyTransport::with_notices(t, plan, sender_notices)
+            },
+        )
+        .unwrap();
     enc.wait_registered(5 * SECOND).unwrap();
     let mut s = InstanceSettings::new("denoiser", coord.endpoint());
-    s.prealloc = (2, 1 << 20);
-    s.landing_timeout = Duration::from_millis(300);
-    let den = start_instance_wrapped(
-        &s,
-        64 << 20,
-        CopySettings::default(),
-        &endpoint("denoiser"),
-        |t| FaultyTransport::with_notices(t, FaultPlan::default(), notices),
-        |c| c,
-    )
-    .unwrap();
+    s.config.prealloc = Prealloc {
+        count: 2,
+        size: 1 << 20,
+    };
+    s.config.landing_timeout = Duration::from_millis(300);
+    let den = DataPlane::default()
+        .start_instance_with(
+            &s,
+            64 << 20,
+            UdsChannel::bind(&endpoint("denoiser")).unwrap(),
+            |t| FaultyTransport::with_notices(t, FaultPlan::default(), notices),
+        )
+        .unwrap();
     den.wait_registered(5 * SECOND).unwrap();
     let n = 24u32;
     let (mut delivered, mut refused) = (0, 0);
@@ -416,7 +436,6 @@ fn a_transfer_whose_write_never_lands_is_refused_and_freed() {
 
 #[test]
 fn the_in_process_channel_carries_a_hand_off() {
-    use ferry::runtime::shm::start_instance_wrapped;
     use ferry_shm::{MemChannel, MemHub};
 
     let hub = MemHub::new();
@@ -429,15 +448,13 @@ fn the_in_process_channel_carries_a_hand_off() {
     let node = |role: &str| {
         let h = hub.clone();
         let name = format!("mem-{role}");
-        start_instance_wrapped(
-            &InstanceSettings::new(role, "coordinator"),
-            16 << 20,
-            CopySettings::default(),
-            &endpoint(role),
-            |t| t,
-            move |_uds| MemChannel::bind(&h, &name).unwrap(),
-        )
-        .unwrap()
+        DataPlane::default()
+            .start_instance(
+                &InstanceSettings::new(role, "coordinator"),
+                16 << 20,
+                MemChannel::bind(&h, &name).unwrap(),
+            )
+            .unwrap()
     };
     let (enc, den) = (node("encoder"), node("denoiser"));
     enc.wait_registered(5 * SECOND).unwrap();
@@ -455,35 +472,32 @@ fn the_in_process_channel_carries_a_hand_off() {
 #[cfg(feature = "verbs-sim")]
 #[test]
 fn the_runtime_hands_off_over_the_verbs_transport_on_a_stand_in_device() {
-    use ferry::runtime::PoolMemory;
-    use ferry_hostmem::HostPool;
     use ferry_verbs::sim::SimDevice;
     use ferry_verbs::{VerbsConfig, VerbsTransport};
 
     let coord = coordinator(&["encoder", "denoiser"]);
-    let mut pools = Vec::new();
-    let mut node = |role: &str, prealloc: (usize, u64)| {
+    let node = |role: &str, prealloc: Prealloc| {
         // Small messages and a small window, so writes are chunked and
         // the window fills.
         let mut config = VerbsConfig::new("sim");
         config.send_depth = 8;
         let device = SimDevice::new([127, 0, 0, 1], 4096);
-        let transport = VerbsTransport::with_device(device, &config).unwrap();
-        let pool = HostPool::new(16 << 20).unwrap();
-        // SAFETY: the pool outlives the node (the test drops the nodes
-        // before `pools`).
-        #[allow(unsafe_code)]
-        let memory = unsafe { PoolMemory::new(pool.ptr(), pool.len()) };
-        pools.push(pool);
+        let transport = VerbsTransport::with_device_and_pool(device, &config, 16 << 20).unwrap();
         let mut s = InstanceSettings::new(role, coord.endpoint());
-        s.prealloc = prealloc;
+        s.config.prealloc = prealloc;
         let ch = UdsChannel::bind(&endpoint(role)).unwrap();
-        let n = InstanceNode::start(&s, transport, memory, ch).unwrap();
+        let n = InstanceNode::start(&s, transport, ch).unwrap();
         n.wait_registered(5 * SECOND).unwrap();
         n
     };
-    let enc = node("encoder", (0, 0));
-    let den = node("denoiser", (2, 1 << 20));
+    let enc = node("encoder", Prealloc::NONE);
+    let den = node(
+        "denoiser",
+        Prealloc {
+            count: 2,
+            size: 1 << 20,
+        },
+    );
     for round in 0..10u8 {
         for i in 0..4u8 {
             send(

@@ -83,7 +83,7 @@ pub fn echo(listen: &str, reply_to: &str) -> Result<(), ZmqError> {
             error: None,
         });
         if let Ok(n) = reply.encode(&mut out) {
-            tx.send(reply_to, TRANSFER_MAGIC, &out[..n])?;
+            tx.send(reply_to, &[TRANSFER_MAGIC, &out[..n]])?;
         }
     }
 }
@@ -165,7 +165,7 @@ fn measure_one(
     let mut buf = vec![0u8; 64 * 1024];
     let mut send = |tx: &mut ferry_zmq::ZmqSender, id: &str| -> Result<(), String> {
         let n = push(id).encode(&mut out).map_err(|e| e.to_string())?;
-        tx.send(&theirs, TRANSFER_MAGIC, &out[..n])
+        tx.send(&theirs, &[TRANSFER_MAGIC, &out[..n]])
             .map_err(|e| e.to_string())
     };
     // Until the echo process is up, round trips go unanswered.
@@ -223,7 +223,7 @@ fn measure_one(
     let mut sent = 0u64;
     while t0.elapsed() < per_phase {
         for _ in 0..1000 {
-            match tx.send(&theirs, TRANSFER_MAGIC, &one_way) {
+            match tx.send(&theirs, &[TRANSFER_MAGIC, &one_way]) {
                 Ok(()) => sent += 1,
                 // A full queue: the receiver sets the pace.
                 Err(ZmqError::Timeout { .. }) => {}

@@ -16,12 +16,12 @@ use std::time::{Duration, Instant};
 
 use ferry_fabric::baseline::RawPair;
 use ferry_fabric::FabricConfig;
-use ferry_shm::UdsSender;
 
 use crate::handoff::bind;
 use ferry::runtime::telemetry::Telemetry;
+use ferry::runtime::Prealloc;
 use ferry::runtime::{
-    CoordinatorNode, CoordinatorSettings, InstanceNode, InstanceSettings, NodeError,
+    CoordinatorNode, CoordinatorSettings, DataPlane, InstanceNode, InstanceSettings, NodeError,
 };
 
 /// Sizes measured by default.
@@ -69,8 +69,8 @@ pub struct Report {
 /// Field order is drop order: the instances stop before their
 /// coordinator, which a healthy run's instances must not see go.
 struct Rig {
-    sender: InstanceNode<UdsSender>,
-    receiver: Arc<InstanceNode<UdsSender>>,
+    sender: InstanceNode,
+    receiver: Arc<InstanceNode>,
     _coordinator: CoordinatorNode,
 }
 
@@ -87,13 +87,17 @@ fn rig(
     )?;
     let pool = usize::try_from(slot * window as u64).unwrap_or(usize::MAX);
     let s = InstanceSettings::new("sender", coordinator.endpoint());
-    let sender = ferry::runtime::fabric::start_instance(&s, pool, config, bind("sender")?)?;
+    let plane = DataPlane::Fabric(config.clone());
+    let sender = plane.start_instance(&s, pool, bind("sender")?)?;
     let mut r = InstanceSettings::new("receiver", coordinator.endpoint());
     // A receive slot set aside for each transfer in flight (the fast
     // path), and as much room again for a slot the coordinator has not
     // yet seen released.
-    r.prealloc = (window, slot);
-    let receiver = ferry::runtime::fabric::start_instance(&r, 2 * pool, config, bind("receiver")?)?;
+    r.config.prealloc = Prealloc {
+        count: window,
+        size: slot,
+    };
+    let receiver = plane.start_instance(&r, 2 * pool, bind("receiver")?)?;
     sender.wait_registered(Duration::from_secs(10))?;
     receiver.wait_registered(Duration::from_secs(10))?;
     telemetry.add_coordinator(coordinator.probe());

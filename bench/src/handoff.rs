@@ -13,9 +13,11 @@ use std::time::{Duration, Instant};
 
 use ferry_shm::UdsChannel;
 
-use ferry::runtime::shm::{start_instance, CopySettings, ShmInstance};
 use ferry::runtime::telemetry::Telemetry;
-use ferry::runtime::{CoordinatorNode, CoordinatorSettings, InstanceSettings, NodeError};
+use ferry::runtime::{
+    CoordinatorNode, CoordinatorSettings, CopySettings, DataPlane, InstanceNode, InstanceSettings,
+    NodeError, Prealloc,
+};
 
 /// Sizes measured by default: 4 KiB to 256 MiB.
 pub const SIZES: [u64; 7] = [
@@ -71,8 +73,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Field order is drop order: the instances stop before their
 /// coordinator, which a healthy run's instances must not see go.
 struct Rig {
-    sender: ShmInstance,
-    receiver: ShmInstance,
+    sender: InstanceNode,
+    receiver: InstanceNode,
     _coordinator: CoordinatorNode,
 }
 
@@ -93,11 +95,15 @@ fn rig(largest: u64, copy: CopySettings, telemetry: &Telemetry) -> Result<Rig, N
     let slot = largest.next_power_of_two().max(1 << 20);
     let pool = usize::try_from(2 * slot).unwrap_or(usize::MAX);
     let s = InstanceSettings::new("sender", coordinator.endpoint());
-    let sender = start_instance(&s, pool, copy, &endpoint("sender"))?;
+    let plane = DataPlane::Shm(copy);
+    let sender = plane.start_instance_at(&s, pool, &endpoint("sender"))?;
     let mut r = InstanceSettings::new("receiver", coordinator.endpoint());
     // Receive slots set aside: every hand-off takes the fast path.
-    r.prealloc = (2, slot);
-    let receiver = start_instance(&r, pool, copy, &endpoint("receiver"))?;
+    r.config.prealloc = Prealloc {
+        count: 2,
+        size: slot,
+    };
+    let receiver = plane.start_instance_at(&r, pool, &endpoint("receiver"))?;
     sender.wait_registered(Duration::from_secs(10))?;
     receiver.wait_registered(Duration::from_secs(10))?;
     telemetry.add_coordinator(coordinator.probe());

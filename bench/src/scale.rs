@@ -13,7 +13,8 @@ use ferry_core::handshake::coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorEvent, CoordinatorStorage, Policy, Timeouts,
 };
 use ferry_core::handshake::instance::{
-    Head, Instance, InstanceConfig, InstanceEvent, InstanceStorage, Token,
+    Head, Instance, InstanceConfig, InstanceEvent, InstanceIdentity, InstanceStorage, Prealloc,
+    Token,
 };
 use ferry_core::handshake::{Instant, Limits, PeerId};
 use ferry_core::json::RawJson;
@@ -22,7 +23,8 @@ use ferry_core::wire::{decode, Manifest, Shape, TensorEntry};
 
 /// The runtime's coordinator keeps this many preallocated slots per
 /// instance; so does this one.
-const P: usize = ferry::runtime::PREALLOC_PER_INSTANCE;
+/// Preallocated slots the coordinator takes from each instance.
+const P: usize = Limits::COORDINATOR.prealloc_per_member;
 
 const POOL: BuddyConfig = BuddyConfig {
     pool_size: 1 << 30,
@@ -125,6 +127,7 @@ fn instance_limits(held: usize) -> Limits {
         nested_per_request: 1024,
         tombstones: 1024,
         members: 1,
+        prealloc_per_member: 0,
     }
 }
 
@@ -134,29 +137,36 @@ fn instance(
     held: usize,
     prealloc: usize,
 ) -> Result<Instance<'static>, String> {
-    let config = InstanceConfig {
+    let who = InstanceIdentity {
         role,
         session_id: name,
         work_endpoint: name,
         pool_ptr: 0x7f00_0000_0000,
-        pool: POOL,
-        prealloc: (prealloc, 16 << 20),
+        pool_size: POOL.pool_size,
+        delivery_complete: true,
+    };
+    let config = InstanceConfig {
+        min_block: POOL.min_block,
+        prealloc: Prealloc {
+            count: prealloc,
+            size: 16 << 20,
+        },
         register_retry: TIMEOUT,
         staged_timeout: TIMEOUT,
         reserved_timeout: TIMEOUT,
         quarantine: TIMEOUT,
-        landing: None,
+        landing_timeout: TIMEOUT,
         head: Head::Ferry,
         alloc_hold: TIMEOUT,
     };
     let storage = InstanceStorage::owned(&instance_limits(held), &POOL, prealloc)
         .map_err(|e| format!("instance storage: {e}"))?;
-    Instance::new(Instant(0), config, storage).map_err(|e| format!("instance {name}: {e}"))
+    Instance::new(Instant(0), &who, &config, storage).map_err(|e| format!("instance {name}: {e}"))
 }
 
 /// The machines of one deployment and the messages between them.
 struct World {
-    coord: Coordinator<'static, P>,
+    coord: Coordinator<'static>,
     /// Encoders first, then denoisers; peer `i + 1` is `insts[i]`.
     insts: Vec<Instance<'static>>,
     /// Per denoiser, the deliveries it holds, oldest first.
@@ -172,7 +182,6 @@ struct World {
 impl World {
     fn new(shape: Deployment, fast_path: bool) -> Result<Self, String> {
         let config = CoordinatorConfig {
-            pipeline: &PIPELINE,
             policy: Policy::MostFreeSlots,
             // Room for what a denoiser holds, and a few more on the way.
             capacity_per_instance: shape.held as u32 + 4,
@@ -189,7 +198,7 @@ impl World {
         };
         let limits = Limits::default();
         limits.check().map_err(|e| e.to_string())?;
-        let coord = Coordinator::<P>::new(config, CoordinatorStorage::owned(&limits))
+        let coord = Coordinator::new(&PIPELINE, config, CoordinatorStorage::owned(&limits))
             .map_err(|e| format!("coordinator: {e}"))?;
         let prealloc = if fast_path {
             (shape.held + 1).min(P)

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use ferry::runtime::DataPlane;
 use ferry_bench::wire::{self as wire_bench, Rate};
 use ferry_cli::metrics_http::MetricsServer;
 use ferry_cli::wire_text::{canon_line, pretty};
@@ -177,7 +178,7 @@ fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
     } else {
         args.sizes.clone()
     };
-    let mut copy = ferry::runtime::shm::CopySettings::default();
+    let mut copy = ferry::runtime::CopySettings::default();
     if let Some(t) = args.copy_threads {
         copy.threads = t.max(1);
     }
@@ -235,16 +236,8 @@ fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
     Ok(())
 }
 
-#[cfg(not(feature = "fabric"))]
-fn bench_fabric(args: &BenchHandoff) -> Result<(), String> {
-    args.data_plane.data_plane().map(|_| ())
-}
-
 #[cfg(feature = "fabric")]
-fn bench_fabric(args: &BenchHandoff) -> Result<(), String> {
-    let ferry_cli::pipeline::DataPlane::Fabric(config) = args.data_plane.data_plane()? else {
-        return Err("not a libfabric data plane".into());
-    };
+fn bench_fabric(args: &BenchHandoff, config: &ferry_fabric::FabricConfig) -> Result<(), String> {
     let sizes = if args.sizes.is_empty() {
         ferry_bench::fabric::SIZES.to_vec()
     } else {
@@ -253,7 +246,7 @@ fn bench_fabric(args: &BenchHandoff) -> Result<(), String> {
     let tty = io::stderr().is_terminal();
     let (telemetry, _metrics) = bench_metrics(args)?;
     let report = ferry_bench::fabric::measure(
-        &config,
+        config,
         &sizes,
         args.window,
         duration(args.seconds)?,
@@ -612,16 +605,22 @@ fn main() -> ExitCode {
         .map_err(|e| format!("stdin/stdout: {e}")),
         Command::Bench(b) => match b.which {
             None if b.handoff.control.is_some() => bench_control(&b.handoff),
-            None if b.handoff.data_plane.backend == ferry_cli::pipeline::Backend::Fabric => {
-                bench_fabric(&b.handoff)
-            }
-            None if b.handoff.data_plane.backend == ferry_cli::pipeline::Backend::Verbs => Err(
-                "ferry bench does not measure the verbs data plane yet (no NIC to calibrate it on); \
-                 time `ferry pipeline --control zmq --backend verbs --device <dev>` instead, and \
-                 `cargo bench -p ferry-verbs --features sim --bench bookkeeping` for its CPU cost"
-                    .into(),
-            ),
-            None => bench_handoff(&b.handoff),
+            None => match b.handoff.data_plane.data_plane() {
+                Err(e) => Err(e),
+                Ok(DataPlane::Shm(_)) => bench_handoff(&b.handoff),
+                #[cfg(feature = "fabric")]
+                Ok(DataPlane::Fabric(config)) => bench_fabric(&b.handoff, &config),
+                Ok(other) if other.name() == "verbs" => Err(
+                    "ferry bench does not measure the verbs data plane yet (no NIC to calibrate it on); \
+                     time `ferry pipeline --control zmq --backend verbs --device <dev>` instead, and \
+                     `cargo bench -p ferry-verbs --features sim --bench bookkeeping` for its CPU cost"
+                        .into(),
+                ),
+                Ok(other) => Err(format!(
+                    "ferry bench does not measure the {} data plane",
+                    other.name()
+                )),
+            },
             Some(BenchCommand::Wire(args)) => bench_wire(&args),
             Some(BenchCommand::Slots(args)) => bench_slots(&args),
             Some(BenchCommand::Handshake(args)) => bench_handshake(&args),

@@ -4,9 +4,9 @@
 //! names (a RoCE or InfiniBand NIC, or Soft-RoCE `rxe0`), every byte
 //! checked by the receivers.
 //!
-//! Without a device (or without the `verbs` feature) each of these tests
-//! prints SKIPPED and the reason, such as the ENOSYS a kernel without RDMA
-//! support returns; `FERRY_REQUIRE_VERBS=1` turns a skip into a failure.
+//! They need a device and the `verbs` feature, so they are ignored unless
+//! asked for (`-- --ignored`), and then fail without either, saying why
+//! (such as the ENOSYS a kernel without RDMA support returns).
 //! The connection logic itself is tested without a device in
 //! `backends/verbs` against a software stand-in.
 
@@ -14,37 +14,31 @@ mod common;
 
 use common::scenarios;
 
-fn device() -> Option<String> {
+fn device() -> String {
     #[cfg(feature = "verbs")]
-    return ferry_verbs::test_device_or_skip();
+    return ferry_verbs::require_test_device();
     #[cfg(not(feature = "verbs"))]
-    {
-        let why = "this ferry was built without the `verbs` feature";
-        assert!(
-            std::env::var("FERRY_REQUIRE_VERBS").as_deref() != Ok("1"),
-            "FERRY_REQUIRE_VERBS=1 but the verbs tests cannot run: {why}"
-        );
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
-        None
-    }
+    panic!("the verbs device tests cannot run: this ferry was built without the `verbs` feature");
 }
 
 #[test]
+#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p ferry-cli --test verbs -- --ignored"]
 fn verbs_hands_off_random_sizes_byte_exact() {
-    let Some(dev) = device() else { return };
+    let dev = device();
     scenarios::hand_off("verbs", &["--backend", "verbs", "--device", &dev], 1000, 2);
 }
 
 #[test]
+#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p ferry-cli --test verbs -- --ignored"]
 fn verbs_receiver_killed_mid_run_fails_only_its_requests() {
-    let Some(dev) = device() else { return };
+    let dev = device();
     scenarios::kill_a_receiver("verbs-kill", &["--backend", "verbs", "--device", &dev]);
 }
 
 #[test]
+#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p ferry-cli --test verbs -- --ignored"]
 fn the_pipeline_runs_over_verbs_and_survives_a_killed_denoiser() {
-    let Some(dev) = device() else { return };
+    let dev = device();
     let plane = ["--backend", "verbs", "--device", &dev];
     scenarios::pipeline_delivers(&plane);
     scenarios::pipeline_survives_a_killed_denoiser(&plane);

@@ -13,7 +13,7 @@
 //!   layout and manifest checks, preallocated receive slots, capacity;
 //! * [`handshake`]: the coordinator's and the instances' state machines;
 //! * [`transport`]: the seams to the outside: the data plane's `Transport`
-//!   and the `ControlChannel`;
+//!   and the control channel's `ControlSend` and `ControlRecv`;
 //! * [`managed`]: the tables the machines keep, borrowed from the caller
 //!   or, with the `alloc` feature, owned (`InstanceStorage::owned`,
 //!   `CoordinatorStorage::owned`, sized by `handshake::Limits`).

@@ -1,8 +1,12 @@
 //! The two seams between the state machines and the outside world: the data
 //! plane ([`Transport`]: register memory, post one-sided writes, poll their
-//! completions) and the control channel ([`ControlChannel`]: send and
-//! receive the protocol's two-frame messages). They are separate so that any
-//! control plane pairs with any data plane.
+//! completions) and the control channel ([`ControlSend`] and
+//! [`ControlRecv`]: send and receive the protocol's two-frame messages).
+//! They are separate so that any control plane pairs with any data plane.
+//! These three traits, and [`Fault`] for their errors, are all an embedder
+//! implements; how a caller waits on them (file descriptors) is a set of
+//! default methods that exist only with the `std` feature, so that the
+//! no_std core holds no blocking contract.
 //!
 //! Both contracts are allocation-free: writes are named by a caller cookie,
 //! messages are received into a caller buffer, and errors are typed values
@@ -363,6 +367,17 @@ pub trait Transport {
     fn poll_landed(&mut self) -> Option<Landed> {
         None
     }
+
+    /// A descriptor that is readable while
+    /// [`poll_completion`](Self::poll_completion) or
+    /// [`poll_landed`](Self::poll_landed) may have news, for a data plane
+    /// that learns of completions on a thread of its own. It is cleared
+    /// when `poll_completion` finds nothing; call `poll_landed` after that.
+    /// `None` (the default): the caller polls.
+    #[cfg(feature = "std")]
+    fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// A received control message.
@@ -397,17 +412,14 @@ pub trait ControlSend {
     /// Its errors.
     type Error: Fault;
 
-    /// Sends `[magic, payload]` to the endpoint `to`.
-    fn send(&mut self, to: &str, magic: &[u8], payload: &[u8]) -> Result<(), Self::Error>;
-}
-
-/// A control channel's sending side that also carries messages of any
-/// number of frames: an application's own messages on the protocol's
-/// sockets (sglang's decoder returns its output to the head as a tensor
-/// multipart: a JSON descriptor frame, then one frame per tensor).
-pub trait ControlSendParts: ControlSend {
-    /// Sends `parts` as one message to `to`: all of them, or none.
-    fn send_parts(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), Self::Error>;
+    /// Sends `parts` as one message to the endpoint `to`: all of them, or
+    /// none. The protocol's messages are two frames,
+    /// `send(to, &[magic, payload])`; an application's own messages on the
+    /// protocol's sockets may have any number (sglang's decoder returns its
+    /// output to the head as a JSON descriptor frame, then one frame per
+    /// tensor). A channel whose wire carries only two frames refuses other
+    /// counts with an error.
+    fn send(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), Self::Error>;
 }
 
 /// The receiving side of a control channel.
@@ -426,11 +438,37 @@ pub trait ControlRecv {
         buf: &'b mut [u8],
         wait: Duration,
     ) -> Result<Option<ChannelEvent<'b>>, Self::Error>;
+
+    /// True if [`recv_or_wake`](Self::recv_or_wake) wakes on its
+    /// descriptor (the default: it does not).
+    #[cfg(feature = "std")]
+    fn can_wake(&self) -> bool {
+        false
+    }
+
+    /// Like [`recv`](Self::recv), and also returns `Ok(None)` as soon as
+    /// `wake` (a data plane's [`Transport::wake_fd`]) is readable, so that
+    /// one thread waits on both. Channels whose
+    /// [`can_wake`](Self::can_wake) is false wait as `recv` does (the
+    /// default), and their callers must bound `wait`.
+    #[cfg(feature = "std")]
+    fn recv_or_wake<'b>(
+        &'b mut self,
+        buf: &'b mut [u8],
+        wait: Duration,
+        wake: std::os::fd::RawFd,
+    ) -> Result<Option<ChannelEvent<'b>>, Self::Error> {
+        let _ = wake;
+        self.recv(buf, wait)
+    }
 }
 
-/// A control channel: the protocol's two-frame messages to and from
-/// endpoints. It splits into a sending and a receiving side, so that a
-/// runtime can block in `recv` on one thread while others send.
+/// A control channel as one value that splits into its sending and
+/// receiving side, so that a runtime can block in `recv` on one thread
+/// while others send. Any pair `(sender, receiver)` is one already: an
+/// embedder implements [`ControlSend`] and [`ControlRecv`] and passes the
+/// pair; a backend whose sides are made together (a bound socket) may
+/// implement this for the convenience of its callers.
 pub trait ControlChannel {
     /// The sending side.
     type Sender: ControlSend + Send;
@@ -441,50 +479,11 @@ pub trait ControlChannel {
     fn split(self) -> (Self::Sender, Self::Receiver);
 }
 
-/// Waiting, on the std side: the descriptors by which a data plane that
-/// learns of completions on a thread of its own, and a control channel,
-/// wake the one thread that drives both. The core never blocks, so its
-/// no_std contract has nothing to say about how its caller sleeps.
-#[cfg(feature = "std")]
-pub mod wait {
-    use core::time::Duration;
-    use std::os::fd::RawFd;
+impl<S: ControlSend + Send, R: ControlRecv + Send> ControlChannel for (S, R) {
+    type Sender = S;
+    type Receiver = R;
 
-    use super::{ChannelEvent, ControlRecv};
-
-    /// A data plane that can wake a waiting caller.
-    pub trait Wake {
-        /// A descriptor that is readable while the transport's
-        /// `poll_completion` or `poll_landed` may have news. It is cleared
-        /// when `poll_completion` finds nothing; call `poll_landed` after
-        /// that.
-        /// `None` (the default): the caller polls.
-        fn wake_fd(&self) -> Option<RawFd> {
-            None
-        }
-    }
-
-    /// A control channel's receiving side that can also wake on another
-    /// descriptor, so that one thread waits on both.
-    pub trait WaitRecv: ControlRecv {
-        /// True if [`recv_or_wake`](Self::recv_or_wake) wakes on its
-        /// descriptor (the default: it does not).
-        fn can_wake(&self) -> bool {
-            false
-        }
-
-        /// Like [`ControlRecv::recv`], and also returns `Ok(None)` as soon
-        /// as `wake` (a data plane's [`Wake::wake_fd`]) is readable.
-        /// Channels whose [`can_wake`](Self::can_wake) is false wait as
-        /// `recv` does, and their callers must bound `wait`.
-        fn recv_or_wake<'b>(
-            &'b mut self,
-            buf: &'b mut [u8],
-            wait: Duration,
-            wake: RawFd,
-        ) -> Result<Option<ChannelEvent<'b>>, Self::Error> {
-            let _ = wake;
-            self.recv(buf, wait)
-        }
+    fn split(self) -> (S, R) {
+        self
     }
 }

@@ -1,331 +1,24 @@
 //! Each documented path of the handshake, walked step by step with a
-//! coordinator and real instances exchanging encoded messages.
+//! coordinator and real instances exchanging encoded messages. The world
+//! they walk in (the machines, and the synchronous pump between them) is in
+//! `paths/`, built over the harness the simulation and the fuzz target
+//! share (`harness/`).
+
+mod harness;
+#[macro_use]
+mod paths;
 
 use std::time::Duration;
 
 use ferry_core::handshake::coordinator::*;
 use ferry_core::handshake::instance::*;
-use ferry_core::handshake::{Ignored, Instant, Limits, PeerId, REASON_LEN};
+use ferry_core::handshake::{Ignored, Instant, PeerId, REASON_LEN};
 use ferry_core::json::RawJson;
 use ferry_core::slots::BuddyConfig;
-use ferry_core::transport::{Landed, WriteTag};
-use ferry_core::wire::{decode, Manifest, Msg, MsgType, Shape, TensorEntry};
-
-const KIB: u64 = 1024;
-const MS: u64 = 1_000_000;
-const PIPELINE: [&str; 2] = ["encoder", "denoiser"];
-
-/// Where the instances' pools are, in their own address space.
-const POOL_PTR: u64 = 0x7f00_0000_0000;
-
-const POOL: BuddyConfig = BuddyConfig {
-    pool_size: 64 * KIB,
-    min_block: 4 * KIB,
-    pool_id: 0,
-};
-
-/// The instances' table sizes (their queues are sized from them).
-const LIMITS: Limits = Limits {
-    requests: 8,
-    nested_per_request: 512,
-    tombstones: 16,
-    members: 4,
-};
-
-const TIMEOUTS: Timeouts = Timeouts {
-    queued: Duration::from_millis(100),
-    alloc: Duration::from_millis(10),
-    push: Duration::from_millis(10),
-    done: Duration::from_millis(10),
-};
-
-/// A coordinator with room for `transfers` transfers.
-fn coordinator(transfers: usize) -> Coordinator<'static, 4> {
-    coordinator_for(transfers, &PIPELINE)
-}
-
-fn coordinator_for(transfers: usize, pipeline: &[&str]) -> Coordinator<'static, 4> {
-    let config = CoordinatorConfig {
-        pipeline,
-        policy: Policy::RoundRobin,
-        capacity_per_instance: 2,
-        timeouts: TIMEOUTS,
-        retry_backoff: Duration::from_millis(1),
-        max_attempts: 3,
-        quarantine: Duration::from_millis(5),
-        late_done_wait: Duration::from_millis(50),
-    };
-    let limits = Limits {
-        requests: transfers,
-        tombstones: 64,
-        ..LIMITS
-    };
-    Coordinator::new(config, CoordinatorStorage::owned(&limits)).unwrap()
-}
-
-fn instance(
-    role: &'static str,
-    session: &'static str,
-    endpoint: &'static str,
-) -> Instance<'static> {
-    instance_with(role, session, endpoint, POOL, None)
-}
-
-fn instance_with(
-    role: &'static str,
-    session: &'static str,
-    endpoint: &'static str,
-    pool: BuddyConfig,
-    landing: Option<Duration>,
-) -> Instance<'static> {
-    instance_under(Head::Ferry, role, session, endpoint, pool, landing)
-}
-
-/// An instance serving under `head` (an ALLOC without room is held 50 ms
-/// under sglang's).
-fn instance_under(
-    head: Head,
-    role: &'static str,
-    session: &'static str,
-    endpoint: &'static str,
-    pool: BuddyConfig,
-    landing: Option<Duration>,
-) -> Instance<'static> {
-    let config = InstanceConfig {
-        role,
-        session_id: session,
-        work_endpoint: endpoint,
-        pool_ptr: POOL_PTR,
-        pool,
-        prealloc: (2, 8 * KIB),
-        register_retry: Duration::from_millis(5),
-        staged_timeout: Duration::from_millis(100),
-        reserved_timeout: Duration::from_millis(100),
-        quarantine: Duration::from_millis(5),
-        landing,
-        head,
-        alloc_hold: Duration::from_millis(50),
-    };
-    let storage = InstanceStorage::owned(&LIMITS, &pool, 2).unwrap();
-    Instance::new(Instant(0), config, storage).unwrap()
-}
-
-/// A coordinator and instances (instance `i` is peer `i + 1`), joined by a
-/// lossless in-order control plane that can be told to drop messages.
-struct World<'s> {
-    now: Instant,
-    coord: Coordinator<'s, 4>,
-    insts: Vec<Instance<'s>>,
-    /// Drop messages of this type, either way.
-    drop: Vec<MsgType>,
-    /// Complete writes at once (with this result), or leave them pending.
-    writes: Option<Result<(), &'static str>>,
-    pending: Vec<(usize, Write)>,
-    /// Every message that went over the wire: (to coordinator?, type).
-    log: Vec<(bool, MsgType)>,
-    /// The text of every message the instances sent.
-    from_instances: Vec<String>,
-    /// The text of every message the coordinator sent.
-    from_coordinator: Vec<String>,
-    coord_events: Vec<CoordinatorEvent>,
-    inst_events: Vec<(usize, InstanceEvent)>,
-    ignored: Vec<Ignored>,
-    /// Messages to the coordinator whose sender its content named.
-    judged: u64,
-}
-
-impl<'s> World<'s> {
-    fn new(coord: Coordinator<'s, 4>, insts: Vec<Instance<'s>>) -> Self {
-        let mut w = World {
-            now: Instant(0),
-            coord,
-            insts,
-            drop: Vec::new(),
-            writes: Some(Ok(())),
-            pending: Vec::new(),
-            log: Vec::new(),
-            from_instances: Vec::new(),
-            from_coordinator: Vec::new(),
-            coord_events: Vec::new(),
-            inst_events: Vec::new(),
-            ignored: Vec::new(),
-            judged: 0,
-        };
-        w.pump();
-        w
-    }
-
-    fn pump(&mut self) {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            let mut moved = false;
-            while let Some(t) = self.coord.poll_transmit(&mut buf) {
-                let t = t.unwrap();
-                moved = true;
-                let msg = decode(&buf[..t.len]).unwrap();
-                self.log.push((false, msg.msg_type()));
-                self.from_coordinator
-                    .push(String::from_utf8(buf[..t.len].to_vec()).unwrap());
-                if self.drop.contains(&msg.msg_type()) {
-                    continue;
-                }
-                if let Some(inst) = self.insts.get_mut(t.to.0 as usize - 1) {
-                    if let Err(e) = inst.handle(self.now, &msg) {
-                        self.ignored.push(e);
-                    }
-                }
-            }
-            self.coord_events
-                .extend(std::iter::from_fn(|| self.coord.poll_event()));
-            for i in 0..self.insts.len() {
-                while let Some(n) = self.insts[i].poll_transmit(&mut buf) {
-                    let n = n.unwrap();
-                    moved = true;
-                    let msg = decode(&buf[..n]).unwrap();
-                    self.log.push((true, msg.msg_type()));
-                    self.from_instances
-                        .push(String::from_utf8(buf[..n].to_vec()).unwrap());
-                    if self.drop.contains(&msg.msg_type()) {
-                        continue;
-                    }
-                    // Judged by content alone, the sender is the one that
-                    // sent it (or unknown): what a ZeroMQ coordinator relies on.
-                    let role = self.coord.role_of(PeerId(i as u32 + 1));
-                    let judged = self.coord.sender_of(&msg, role);
-                    if let Some(p) = judged {
-                        assert_eq!(p, PeerId(i as u32 + 1), "{msg:?}");
-                    }
-                    self.judged += u64::from(judged.is_some());
-                    if let Err(e) = self.coord.handle(self.now, PeerId(i as u32 + 1), &msg) {
-                        self.ignored.push(e);
-                    }
-                }
-                while let Some(w) = self.insts[i].poll_action() {
-                    moved = true;
-                    match self.writes {
-                        Some(r) => {
-                            let len = self.insts[i]
-                                .handle_completion(self.now, w.token, r)
-                                .unwrap();
-                            assert_eq!(len, w.len);
-                        }
-                        None => self.pending.push((i, w)),
-                    }
-                }
-                while let Some(e) = self.insts[i].poll_event() {
-                    self.inst_events.push((i, e));
-                }
-            }
-            if !moved {
-                return;
-            }
-        }
-    }
-
-    /// Moves the clock to `t` ms, firing every timer on the way.
-    fn advance(&mut self, ms: u64) {
-        let end = Instant(self.now.0 + ms * MS);
-        for _ in 0..100_000 {
-            let next = self
-                .insts
-                .iter()
-                .filter_map(Instance::poll_timeout)
-                .chain(self.coord.poll_timeout())
-                .filter(|t| *t <= end)
-                .min();
-            let Some(t) = next else {
-                self.now = end;
-                return;
-            };
-            self.now = t.max(self.now);
-            self.coord.handle_timeout(self.now);
-            for inst in &mut self.insts {
-                inst.handle_timeout(self.now);
-            }
-            self.pump();
-        }
-        panic!(
-            "timers do not settle: coordinator {:?}, instances {:?}",
-            self.coord.poll_timeout(),
-            self.insts
-                .iter()
-                .map(Instance::poll_timeout)
-                .collect::<Vec<_>>()
-        );
-    }
-
-    fn stage(&mut self, i: usize, id: &str, size: u64) -> Token {
-        let (token, _) = self.insts[i].stage(id, size).unwrap();
-        let dims = [size];
-        let entries = [TensorEntry {
-            field: "x".into(),
-            list_index: None,
-            offset: 0,
-            shape: Shape::Dims(&dims),
-            dtype: "uint8".into(),
-        }];
-        let scalars = RawJson::parse_object(r#"{"prompt":"a cat"}"#).unwrap();
-        self.insts[i]
-            .commit(self.now, token, size, &Manifest::Entries(&entries), scalars)
-            .unwrap();
-        self.pump();
-        token
-    }
-
-    fn sent(&self, ty: MsgType) -> usize {
-        self.log.iter().filter(|(_, t)| *t == ty).count()
-    }
-
-    fn received(&self, i: usize) -> Vec<Token> {
-        self.inst_events
-            .iter()
-            .filter_map(|(j, e)| match e {
-                InstanceEvent::Received(t) if *j == i => Some(*t),
-                _ => None,
-            })
-            .collect()
-    }
-
-    fn failed(&self) -> Vec<FailReason> {
-        self.coord_events
-            .iter()
-            .filter_map(|e| match e {
-                CoordinatorEvent::Failed { reason, .. } => Some(*reason),
-                _ => None,
-            })
-            .collect()
-    }
-
-    fn delivered(&self) -> usize {
-        self.coord_events
-            .iter()
-            .filter(|e| matches!(e, CoordinatorEvent::Delivered { .. }))
-            .count()
-    }
-
-    /// Nothing held anywhere: only the preallocated slots are allocated.
-    fn assert_clean(&self) {
-        assert_eq!(self.coord.in_flight(), 0);
-        assert_eq!(self.coord.prealloc_taken(), 0);
-        assert!(self.coord.capacity_in_use().all(|(_, n)| n == 0));
-        for inst in &self.insts {
-            assert_eq!(inst.requests_held(), 0, "{inst:?}");
-            assert_eq!(inst.prealloc_in_use(), 0);
-            assert_eq!(inst.pool().stats().live_slots, 2);
-        }
-    }
-}
-
-macro_rules! world {
-    ($w:ident, $transfers:expr) => {
-        let insts = vec![
-            instance("encoder", "enc-0", "tcp://enc:1"),
-            instance("denoiser", "den-0", "tcp://den:1"),
-        ];
-        let mut $w = World::new(coordinator($transfers), insts);
-        assert!($w.insts.iter().all(Instance::is_registered));
-    };
-}
+use ferry_core::transport::{Incoming, Landed, WriteTag};
+use ferry_core::wire::{decode, Manifest, Msg, MsgType, TensorEntry};
+use harness::{blob, incoming};
+use paths::*;
 
 #[test]
 fn fast_path_uses_a_preallocated_slot() {
@@ -1159,13 +852,7 @@ fn a_gated_receiver_holds_a_slot_it_refuses_until_late_bytes_could_have_come() {
     // still be on their way into the preallocated slot.
     let (token, _) = w.insts[0].stage("big", 6 * KIB).unwrap();
     let dims = [64 * KIB];
-    let entries = [TensorEntry {
-        field: "x".into(),
-        list_index: None,
-        offset: 0,
-        shape: Shape::Dims(&dims),
-        dtype: "uint8".into(),
-    }];
+    let entries = [blob(&dims)];
     w.insts[0]
         .commit(
             w.now,
@@ -1209,25 +896,13 @@ fn sglang_instance_at(
     instance_under(Head::Sglang, role, session, endpoint, POOL, None)
 }
 
-/// One `uint8` tensor of `dims` at the slot's start.
-fn blob(dims: &[u64]) -> TensorEntry<'_> {
-    TensorEntry {
-        field: "x".into(),
-        list_index: None,
-        offset: 0,
-        shape: Shape::Dims(dims),
-        dtype: "uint8".into(),
-    }
-}
-
 /// Every message `inst` has to send now, as text.
 fn outbox(inst: &mut Instance<'_>) -> Vec<String> {
     let mut buf = vec![0u8; 16 * 1024];
-    let mut out = Vec::new();
-    while let Some(n) = inst.poll_transmit(&mut buf) {
-        out.push(String::from_utf8(buf[..n.unwrap()].to_vec()).unwrap());
-    }
-    out
+    harness::instance_outbox(inst, &mut buf)
+        .into_iter()
+        .map(|m| String::from_utf8(m).unwrap())
+        .collect()
 }
 
 fn feed(inst: &mut Instance<'_>, now_ms: u64, json: &str) -> Result<(), Ignored> {
@@ -1536,7 +1211,7 @@ fn an_encoder_restarted_under_its_old_ids_is_told_the_ids_are_taken() {
 
 /// The ack the coordinator sends to a registration, if any.
 fn answer_to(
-    c: &mut Coordinator<'static, 4>,
+    c: &mut Coordinator<'static>,
     peer: u32,
     reg: &[u8],
 ) -> (Result<(), Ignored>, Option<String>) {
@@ -1548,7 +1223,7 @@ fn answer_to(
     (r, ack)
 }
 
-fn refusals(c: &mut Coordinator<'static, 4>) -> Vec<(&'static str, bool)> {
+fn refusals(c: &mut Coordinator<'static>) -> Vec<(&'static str, bool)> {
     std::iter::from_fn(|| c.poll_event())
         .filter_map(|e| match e {
             CoordinatorEvent::Refused { reason, acked, .. } => Some((reason, acked)),
@@ -1651,7 +1326,6 @@ fn forged_allocs_cannot_take_the_room_of_the_preallocated_slots() {
 #[test]
 fn most_free_slots_ranks_by_room_when_no_slot_fits_and_by_slots_when_they_do() {
     let config = CoordinatorConfig {
-        pipeline: &PIPELINE,
         policy: Policy::MostFreeSlots,
         capacity_per_instance: 4,
         timeouts: TIMEOUTS,
@@ -1660,27 +1334,30 @@ fn most_free_slots_ranks_by_room_when_no_slot_fits_and_by_slots_when_they_do() {
         quarantine: Duration::from_millis(5),
         late_done_wait: Duration::from_millis(50),
     };
-    let coord = Coordinator::new(config, CoordinatorStorage::owned(&LIMITS)).unwrap();
+    let coord = harness::coordinator(&PIPELINE, config, &LIMITS);
     // den-1 (and the encoder) offer no preallocated slot; den-0 two of
     // 8 KiB.
     let bare = |role, name, endpoint| {
-        let config = InstanceConfig {
+        let who = InstanceIdentity {
             role,
             session_id: name,
             work_endpoint: endpoint,
             pool_ptr: POOL_PTR,
-            pool: POOL,
-            prealloc: (0, 0),
+            pool_size: POOL.pool_size,
+            delivery_complete: true,
+        };
+        let config = InstanceConfig {
+            min_block: POOL.min_block,
+            prealloc: Prealloc::NONE,
             register_retry: Duration::from_millis(5),
             staged_timeout: Duration::from_millis(100),
             reserved_timeout: Duration::from_millis(100),
             quarantine: Duration::from_millis(5),
-            landing: None,
+            landing_timeout: Duration::from_millis(100),
             head: Head::Ferry,
             alloc_hold: Duration::from_millis(50),
         };
-        let storage = InstanceStorage::owned(&LIMITS, &POOL, 0).unwrap();
-        Instance::new(Instant(0), config, storage).unwrap()
+        harness::instance(Instant(0), &who, &config, &LIMITS)
     };
     let insts = vec![
         bare("encoder", "enc-0", "tcp://enc:1"),
@@ -2050,4 +1727,308 @@ fn a_sender_leaving_with_a_write_out_reports_it_before_it_says_it_is_gone() {
     assert_eq!(w.delivered(), 1);
     assert!(w.failed().is_empty(), "{:?}", w.failed());
     assert_eq!(w.insts[0].poll_timeout(), None);
+}
+
+// ---- who sent it: the coordinator's peer table -----------------------------
+
+fn register_json(role: &str, ep: &str) -> String {
+    format!(
+        r#"{{"msg_type":"transfer_register","role":"{role}","session_id":"s-{ep}","pool_ptr":4096,"pool_size":65536,"work_endpoint":"{ep}"}}"#
+    )
+}
+
+/// Every message the coordinator has queued, with the endpoint it goes to.
+fn transmitted(c: &mut Coordinator<'static>) -> Vec<(String, String)> {
+    let mut buf = vec![0u8; 4096];
+    harness::coordinator_outbox(c, &mut buf)
+        .into_iter()
+        .map(|(to, m)| {
+            let to = c.endpoint_of(to).unwrap_or("").to_owned();
+            (to, String::from_utf8(m).unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn a_flood_of_strangers_takes_a_bounded_table_and_members_keep_their_places() {
+    let mut c = coordinator(8);
+    let now = Instant(0);
+    let den = c
+        .handle_incoming(
+            now,
+            &incoming(
+                "tcp://den:1",
+                "",
+                register_json("denoiser", "tcp://den:1").as_bytes(),
+            ),
+        )
+        .unwrap();
+    assert_eq!(transmitted(&mut c).len(), 1);
+    let places = peer_table_len(LIMITS.members);
+    for i in 0..10 * places {
+        let ep = format!("tcp://forger:{i}");
+        let reg = register_json("overlord", &ep);
+        let r = c.handle_incoming(now, &incoming(&ep, "", reg.as_bytes()));
+        let peer = r.unwrap();
+        // Every place the forgers get is a stranger's, within the table.
+        assert!(peer.0 as usize <= places, "{peer:?}");
+        assert_ne!(peer, den);
+        // The refusal goes to the forger that asked, and to no one else.
+        let sent = transmitted(&mut c);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].0, ep);
+        assert!(sent[0].1.contains("unknown role"), "{}", sent[0].1);
+    }
+    assert_eq!(c.members(), 1);
+    assert_eq!(c.peer_at("tcp://den:1"), Some(den));
+    assert_eq!(c.endpoint_of(den), Some("tcp://den:1"));
+    // The member is still answered at its endpoint.
+    let again = c
+        .handle_incoming(
+            now,
+            &incoming(
+                "tcp://den:1",
+                "",
+                register_json("denoiser", "tcp://den:1").as_bytes(),
+            ),
+        )
+        .map(|_| ());
+    assert!(
+        matches!(
+            again,
+            Err(Unhandled::Ignored {
+                why: Ignored::Duplicate,
+                ..
+            })
+        ),
+        "{again:?}"
+    );
+    assert_eq!(transmitted(&mut c)[0].0, "tcp://den:1");
+}
+
+#[test]
+fn an_answer_queued_for_a_place_that_changed_hands_is_not_sent_to_its_new_holder() {
+    let config = CoordinatorConfig {
+        policy: Policy::RoundRobin,
+        capacity_per_instance: 2,
+        timeouts: TIMEOUTS,
+        retry_backoff: Duration::from_millis(1),
+        max_attempts: 3,
+        quarantine: Duration::from_millis(5),
+        late_done_wait: Duration::from_millis(50),
+    };
+    let mut storage = CoordinatorStorage::owned(&LIMITS);
+    // Room for the members and one stranger more.
+    storage.peers = vec![PeerSlot::EMPTY; LIMITS.members + 1].into();
+    let mut c = Coordinator::new(&PIPELINE, config, storage).unwrap();
+    let now = Instant(0);
+    let mut first = None;
+    for i in 0..=LIMITS.members + 1 {
+        let ep = format!("tcp://x:{i}");
+        let p = c
+            .handle_incoming(
+                now,
+                &incoming(&ep, "", register_json("overlord", &ep).as_bytes()),
+            )
+            .unwrap();
+        first.get_or_insert(p);
+    }
+    // Every refusal was queued; the places of the first strangers went to
+    // the last ones before any was sent. Only the answers whose place is
+    // still their addressee's go out, each to its own asker.
+    let sent = transmitted(&mut c);
+    assert_eq!(sent.len(), LIMITS.members + 1);
+    for (to, msg) in &sent {
+        assert!(
+            msg.contains(&format!(r#""session_id":"s-{to}""#)),
+            "{to}: {msg}"
+        );
+    }
+    assert_eq!(c.stats().transmits_dropped, 1);
+    assert_eq!(
+        c.endpoint_of(first.unwrap()),
+        Some(&*format!("tcp://x:{}", LIMITS.members + 1))
+    );
+    // A table no larger than the member table is refused outright.
+    let mut storage = CoordinatorStorage::owned(&LIMITS);
+    storage.peers = vec![PeerSlot::EMPTY; LIMITS.members].into();
+    assert_eq!(
+        Coordinator::new(&PIPELINE, config, storage).err(),
+        Some(ConfigError::PeerTableTooSmall)
+    );
+}
+
+#[test]
+fn without_sender_names_a_registration_names_its_endpoint_and_a_result_counts_as_done() {
+    // A channel that cannot name senders (ZeroMQ's PULL): each role
+    // reports to an endpoint of its own, as under sglang's head.
+    let mut coord = coordinator(8);
+    coord
+        .set_role_endpoint("encoder", "tcp://coord:enc")
+        .unwrap();
+    coord
+        .set_role_endpoint("denoiser", "tcp://coord:den")
+        .unwrap();
+    assert_eq!(
+        coord.set_role_endpoint("painter", "tcp://coord:p"),
+        Err(ConfigError::UnknownRole)
+    );
+    let mut enc = instance("encoder", "enc-0", "tcp://enc:1");
+    let mut den = instance("denoiser", "den-0", "tcp://den:1");
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut now = Instant(0);
+    // Each side's messages, delivered without a sender's name.
+    let mut deliver = |coord: &mut Coordinator<'static>,
+                       inst: &mut Instance<'static>,
+                       via: &str,
+                       now: Instant| {
+        let mut results = Vec::new();
+        while let Some(n) = inst.poll_transmit(&mut buf) {
+            let n = n.unwrap();
+            results.push(coord.handle_incoming(now, &incoming("", via, &buf[..n])));
+        }
+        results
+    };
+    let to_insts = |coord: &mut Coordinator<'static>,
+                    enc: &mut Instance<'static>,
+                    den: &mut Instance<'static>,
+                    now: Instant| {
+        for (to, msg) in transmitted(coord) {
+            let msg = decode(msg.as_bytes()).unwrap();
+            let inst = if to == "tcp://enc:1" {
+                &mut *enc
+            } else {
+                &mut *den
+            };
+            let _ = inst.handle(now, &msg);
+        }
+    };
+    for r in deliver(&mut coord, &mut enc, "tcp://coord:enc", now) {
+        assert_eq!(coord.endpoint_of(r.unwrap()), Some("tcp://enc:1"));
+    }
+    for r in deliver(&mut coord, &mut den, "tcp://coord:den", now) {
+        assert_eq!(coord.endpoint_of(r.unwrap()), Some("tcp://den:1"));
+    }
+    to_insts(&mut coord, &mut enc, &mut den, now);
+    assert!(enc.is_registered() && den.is_registered());
+    // encoder → denoiser, every message judged by content and endpoint.
+    let (token, _) = enc.stage("r-1", 4 * KIB).unwrap();
+    let dims = [4 * KIB];
+    let entries = [blob(&dims)];
+    let scalars = RawJson::parse_object("{}").unwrap();
+    enc.commit(now, token, 4 * KIB, &Manifest::Entries(&entries), scalars)
+        .unwrap();
+    for _ in 0..4 {
+        now = Instant(now.0 + MS);
+        deliver(&mut coord, &mut enc, "tcp://coord:enc", now);
+        deliver(&mut coord, &mut den, "tcp://coord:den", now);
+        while let Some(w) = enc.poll_action() {
+            enc.handle_completion(now, w.token, Ok(())).unwrap();
+        }
+        to_insts(&mut coord, &mut enc, &mut den, now);
+    }
+    assert!(
+        std::iter::from_fn(|| den.poll_event()).any(|e| matches!(e, InstanceEvent::Received(_)))
+    );
+    assert_eq!(coord.in_flight(), 1);
+    // The denoiser's result (a tensor multipart whose first frame is its
+    // descriptor), not a `transfer_done`, ends the leg.
+    let result = br#"{"tensor_descriptors":[],"scalar_fields":{"request_id":"r-1"}}"#;
+    let done = Incoming {
+        from: "",
+        via: "tcp://coord:den",
+        magic: result,
+        payload: b"",
+    };
+    coord.handle_incoming(now, &done).unwrap();
+    assert_eq!(coord.in_flight(), 0);
+    assert!(std::iter::from_fn(|| coord.poll_event())
+        .any(|e| matches!(e, CoordinatorEvent::Delivered { leg: 0, .. })));
+    // Arriving at no role's endpoint, a message no content names is
+    // nobody's.
+    let pushed = br#"{"msg_type":"transfer_pushed","request_id":"r-9","success":true}"#;
+    assert_eq!(
+        coord.handle_incoming(now, &incoming("", "tcp://coord:other", pushed)),
+        Err(Unhandled::UnknownSender)
+    );
+}
+
+#[test]
+fn garbage_and_foreign_messages_are_told_apart_and_change_nothing() {
+    let mut c = coordinator(8);
+    let bad = c.handle_incoming(Instant(0), &incoming("tcp://x:1", "", b"{not json"));
+    assert!(matches!(bad, Err(Unhandled::Malformed(_))), "{bad:?}");
+    let foreign = Incoming {
+        from: "tcp://x:1",
+        via: "",
+        magic: b"req-1",
+        payload: b"\x80\x04pickled",
+    };
+    assert_eq!(
+        c.handle_incoming(Instant(0), &foreign),
+        Err(Unhandled::Foreign)
+    );
+    assert_eq!(c.members(), 0);
+    assert!(transmitted(&mut c).is_empty());
+    // An endpoint longer than the coordinator keeps is no one's.
+    let long = format!("tcp://{}:1", "h".repeat(200));
+    let reg = register_json("denoiser", "tcp://d:1");
+    assert!(matches!(
+        c.handle_incoming(Instant(0), &incoming(&long, "", reg.as_bytes())),
+        Err(Unhandled::Ignored {
+            why: Ignored::TooLong(_),
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_members_connection_closing_fails_its_transfers_at_once() {
+    world!(w, 4);
+    w.writes = None;
+    w.stage(0, "r-1", 4 * KIB);
+    assert_eq!(w.coord.in_flight(), 1);
+    assert!(!w.coord.handle_gone(w.now, "tcp://nobody:1"));
+    assert!(w.coord.handle_gone(w.now, "tcp://den:1"));
+    assert_eq!(w.coord.in_flight(), 0);
+    assert_eq!(w.coord.members(), 1);
+    w.pump();
+    assert_eq!(w.failed(), [FailReason::PeerGone]);
+}
+
+#[test]
+fn a_registration_with_more_preallocated_slots_than_the_limit_is_refused() {
+    let mut c = coordinator(8);
+    let slots = |n: u64| {
+        (0..n)
+            .map(|i| {
+                let off = i * 8192;
+                format!(
+                    r#"{{"offset":{off},"size":8192,"slot_id":{i},"addr":{}}}"#,
+                    4096 + off
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let reg = |ep: &str, n: u64| {
+        format!(
+            r#"{{"msg_type":"transfer_register","role":"denoiser","session_id":"s-{ep}","pool_ptr":4096,"pool_size":1048576,"work_endpoint":"{ep}","preallocated_slots":[{}]}}"#,
+            slots(n)
+        )
+    };
+    // As many as the limit: taken.
+    let n = LIMITS.prealloc_per_member as u64;
+    let (r, ack) = answer_to(&mut c, 1, reg("tcp://d:1", n).as_bytes());
+    assert_eq!(r, Ok(()));
+    assert!(ack.unwrap().contains(r#""accepted":true"#));
+    // One more: refused, and said why.
+    let (_, ack) = answer_to(&mut c, 2, reg("tcp://d:2", n + 1).as_bytes());
+    let ack = ack.unwrap();
+    assert!(ack.contains(r#""accepted":false"#), "{ack}");
+    assert!(
+        ack.contains("more preallocated_slots than the coordinator takes"),
+        "{ack}"
+    );
+    assert_eq!(c.members(), 1);
 }

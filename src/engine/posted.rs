@@ -12,7 +12,6 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::wait::Wake;
 use ferry_core::transport::{Fault, FaultKind, Region, Transport, WriteOp, WriteTag};
 
 use super::{EngineError, Op};
@@ -58,12 +57,12 @@ fn lock<X>(m: &Mutex<X>) -> MutexGuard<'_, X> {
 }
 
 /// A posting transport and the thread that drives it.
-pub(crate) struct Driven<T: Transport + Wake + Send + 'static> {
+pub(crate) struct Driven<T: Transport + Send + 'static> {
     shared: Arc<Shared<T>>,
     driver: Option<JoinHandle<()>>,
 }
 
-impl<T: Transport + Wake + Send + 'static> Driven<T> {
+impl<T: Transport + Send + 'static> Driven<T> {
     /// Starts the driver over `transport`.
     pub(crate) fn start(transport: T) -> Result<Self, EngineError> {
         let wake = transport.wake_fd();
@@ -91,7 +90,7 @@ impl<T: Transport + Wake + Send + 'static> Driven<T> {
     }
 }
 
-impl<T: Transport + Wake + Send + 'static> Drop for Driven<T> {
+impl<T: Transport + Send + 'static> Drop for Driven<T> {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         if let Some(d) = self.driver.take() {
@@ -100,7 +99,7 @@ impl<T: Transport + Wake + Send + 'static> Drop for Driven<T> {
     }
 }
 
-fn drive<T: Transport + Wake>(shared: &Shared<T>, wake: Option<std::os::fd::RawFd>) {
+fn drive<T: Transport>(shared: &Shared<T>, wake: Option<std::os::fd::RawFd>) {
     let mut got = Vec::new();
     while !shared.stop.load(Ordering::Acquire) {
         match wake {
@@ -137,7 +136,7 @@ fn drive<T: Transport + Wake>(shared: &Shared<T>, wake: Option<std::os::fd::RawF
     }
 }
 
-impl<T: Transport + Wake + Send + 'static> Posted for Driven<T> {
+impl<T: Transport + Send + 'static> Posted for Driven<T> {
     fn session_id(&self) -> String {
         lock(&self.shared.transport).session_id().to_owned()
     }

@@ -14,14 +14,14 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ferry_core::handshake::coordinator::{
-    Coordinator, CoordinatorConfig, CoordinatorEvent, CoordinatorStats, CoordinatorStorage, Policy,
-    Timeouts,
+    Coordinator, CoordinatorConfig, CoordinatorEvent, CoordinatorStats, CoordinatorStorage,
+    Unhandled,
 };
 use ferry_core::handshake::{Instant, Limits, PeerId};
 use ferry_core::transport::{
     ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, FaultKind,
 };
-use ferry_core::wire::{Msg, TRANSFER_MAGIC};
+use ferry_core::wire::TRANSFER_MAGIC;
 use tracing::{debug, info, warn};
 
 use super::clock::Clock;
@@ -29,46 +29,41 @@ use super::error::NodeError;
 use super::metrics::{Metrics, MetricsSnapshot};
 use super::telemetry::CoordinatorProbe;
 
-/// Preallocated slots a coordinator keeps per instance.
-pub const PREALLOC_PER_INSTANCE: usize = 16;
-
 const MAX_WAIT: Duration = Duration::from_millis(20);
 const RECV_BUF: usize = 1 << 20;
 
-/// A coordinator's settings.
+/// An endpoint that may register as a role (like an entry of sglang's
+/// `--encoder-urls`, `--denoiser-urls` or `--decoder-urls`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Admission {
+    /// The role it may register as.
+    pub role: String,
+    /// Its work endpoint, as its registration names it.
+    pub endpoint: String,
+}
+
+/// A coordinator node's configuration: the core's [`CoordinatorConfig`]
+/// (receiver choice, capacity, timeouts), extended by what a node needs
+/// besides: its pipeline, its tables, who may register, and how to tell
+/// senders apart on channels that cannot name them.
 #[derive(Clone, Debug)]
 pub struct CoordinatorSettings {
     /// Roles in hand-off order.
     pub pipeline: Vec<String>,
-    /// Receiver choice.
-    pub policy: Policy,
-    /// Transfers an instance may receive at once.
-    pub capacity_per_instance: u32,
-    /// Per-phase timeouts.
-    pub timeouts: Timeouts,
-    /// Wait before re-dispatching after a retryable reject (times the
-    /// attempt number).
-    pub retry_backoff: Duration,
-    /// Dispatch attempts before a request fails.
-    pub max_attempts: u32,
-    /// How long a preallocated slot of a request that failed mid-write
-    /// stays out of use.
-    pub quarantine: Duration,
-    /// How long a preallocated slot whose receiver held a failed request
-    /// waits for its late `transfer_done`.
-    pub late_done_wait: Duration,
     /// Table sizes.
     pub limits: Limits,
+    /// How the coordinator behaves ([`CoordinatorConfig::FERRY`] by
+    /// default).
+    pub config: CoordinatorConfig,
     /// The endpoint each role reports to, in pipeline order, for control
     /// channels that cannot name a message's sender (ZeroMQ): the endpoint
     /// a message arrives at tells its sender's role, and its content the
     /// sender. Empty when the channel names senders.
     pub result_endpoints: Vec<String>,
-    /// The endpoints that may register, as (role, work endpoint) pairs,
-    /// like sglang's `--encoder-urls`, `--denoiser-urls` and
-    /// `--decoder-urls`: with any, every other registration is dropped
-    /// (and logged); empty, any endpoint may register.
-    pub admitted: Vec<(String, String)>,
+    /// The endpoints that may register: with any, every other
+    /// registration is dropped (and logged); empty, any endpoint may
+    /// register.
+    pub admitted: Vec<Admission>,
 }
 
 impl CoordinatorSettings {
@@ -76,21 +71,8 @@ impl CoordinatorSettings {
     pub fn new(pipeline: &[&str]) -> Self {
         Self {
             pipeline: pipeline.iter().map(|s| (*s).to_owned()).collect(),
-            policy: Policy::MostFreeSlots,
-            capacity_per_instance: 16,
-            timeouts: Timeouts {
-                queued: Duration::from_secs(30),
-                alloc: Duration::from_secs(2),
-                push: Duration::from_secs(10),
-                done: Duration::from_secs(60),
-            },
-            // A full receiver is retried for about 25 s (20 ms × 1..50),
-            // within the queue timeout.
-            retry_backoff: Duration::from_millis(20),
-            max_attempts: 50,
-            quarantine: Duration::from_secs(1),
-            late_done_wait: Duration::from_secs(5),
             limits: Limits::default(),
+            config: CoordinatorConfig::FERRY,
             result_endpoints: Vec::new(),
             admitted: Vec::new(),
         }
@@ -158,23 +140,14 @@ impl CoordinatorNode {
         C::Receiver: 'static,
     {
         let pipeline: Vec<&str> = settings.pipeline.iter().map(String::as_str).collect();
-        let config = CoordinatorConfig {
-            pipeline: &pipeline,
-            policy: settings.policy,
-            capacity_per_instance: settings.capacity_per_instance,
-            timeouts: settings.timeouts,
-            retry_backoff: settings.retry_backoff,
-            max_attempts: settings.max_attempts,
-            quarantine: settings.quarantine,
-            late_done_wait: settings.late_done_wait,
-        };
+        let config = settings.config;
         let mut limits = settings.limits;
         // Room for the whole admission list.
         limits.members = limits.members.max(settings.admitted.len());
         limits.check()?;
-        let mut machine = Coordinator::new(config, CoordinatorStorage::owned(&limits))
+        let mut machine = Coordinator::new(&pipeline, config, CoordinatorStorage::owned(&limits))
             .map_err(NodeError::Coordinator)?;
-        for (role, endpoint) in &settings.admitted {
+        for Admission { role, endpoint } in &settings.admitted {
             machine
                 .admit(role, endpoint)
                 .map_err(|e| NodeError::Admission {
@@ -182,6 +155,11 @@ impl CoordinatorNode {
                     endpoint: endpoint.clone(),
                     source: e,
                 })?;
+        }
+        for (role, endpoint) in settings.pipeline.iter().zip(&settings.result_endpoints) {
+            machine
+                .set_role_endpoint(role, endpoint)
+                .map_err(NodeError::Coordinator)?;
         }
         let (tx, rx) = channel.split();
         let endpoint = rx.local_endpoint().to_owned();
@@ -197,14 +175,10 @@ impl CoordinatorNode {
             tx,
             rx,
             clock: Clock::start(),
-            peers: Vec::new(),
-            ids: HashMap::new(),
             buf: vec![0; RECV_BUF],
             out: vec![0; 64 * 1024],
             lost: Vec::new(),
             on_event: Box::new(on_event),
-            result_endpoints: settings.result_endpoints.clone(),
-            peer_cap: peer_table_len(&limits),
             refusals: HashMap::new(),
         };
         let thread = std::thread::Builder::new()
@@ -279,59 +253,16 @@ impl Drop for CoordinatorNode {
 
 type OnEvent = Box<dyn FnMut(&CoordinatorEvent) + Send>;
 
-/// The endpoints a coordinator names at once: members, and strangers
-/// whose messages it answered or refused. Past this, a stranger's id is
-/// reused, so that a flood of registrations under made-up endpoints costs
-/// a bounded table.
-fn peer_table_len(limits: &Limits) -> usize {
-    4 * limits.members + 64
-}
-
-/// The peer id of `endpoint`, made on first sight; when the table is full,
-/// the id of a peer that is not a member is given to it.
-fn intern(
-    peers: &mut Vec<String>,
-    ids: &mut HashMap<String, PeerId>,
-    cap: usize,
-    is_member: impl Fn(PeerId) -> bool,
-    endpoint: &str,
-) -> PeerId {
-    if let Some(&p) = ids.get(endpoint) {
-        return p;
-    }
-    if peers.len() >= cap {
-        let stranger = (1..=peers.len() as u32)
-            .map(PeerId)
-            .find(|&p| !is_member(p));
-        if let Some(p) = stranger {
-            let old = std::mem::replace(&mut peers[p.0 as usize - 1], endpoint.to_owned());
-            ids.remove(&old);
-            ids.insert(endpoint.to_owned(), p);
-            return p;
-        }
-    }
-    peers.push(endpoint.to_owned());
-    let p = PeerId(peers.len() as u32);
-    ids.insert(endpoint.to_owned(), p);
-    p
-}
-
 struct Progress<S, R> {
     shared: Arc<Shared>,
-    machine: Coordinator<'static, PREALLOC_PER_INSTANCE>,
+    machine: Coordinator<'static>,
     tx: S,
     rx: R,
     clock: Clock,
-    /// Endpoint of peer `n` at `n - 1`.
-    peers: Vec<String>,
-    ids: HashMap<String, PeerId>,
     buf: Vec<u8>,
     out: Vec<u8>,
     lost: Vec<PeerId>,
     on_event: OnEvent,
-    result_endpoints: Vec<String>,
-    /// Most peers named at once ([`peer_table_len`]).
-    peer_cap: usize,
     /// Refused registrations per peer, for logging the first and then
     /// every 100th.
     refusals: HashMap<PeerId, u64>,
@@ -381,22 +312,16 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             machine,
             rx,
             clock,
-            peers,
-            ids,
             buf,
-            result_endpoints,
-            peer_cap,
             ..
         } = self;
         let m = &shared.probe.metrics;
         let msg = match rx.recv(buf, wait) {
             Ok(Some(ChannelEvent::Message(msg))) => msg,
             Ok(Some(ChannelEvent::Gone { from })) => {
-                if let Some(&peer) = ids.get(from) {
-                    info!(peer = %from, "instance gone; failing its transfers");
+                if machine.handle_gone(clock.now(), from) {
+                    info!(peer = %from, "instance gone; its transfers failed");
                     Metrics::add(&m.peers_lost, 1);
-                    let now = clock.now();
-                    machine.peer_lost(now, peer);
                 }
                 return;
             }
@@ -407,56 +332,21 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
                 return;
             }
         };
-        let decoded = if msg.magic == TRANSFER_MAGIC {
-            match m.decode_transfer(msg.from, msg.via, msg.payload) {
-                Some(d) => d,
-                None => return,
-            }
+        if msg.magic == TRANSFER_MAGIC {
+            Metrics::add(&m.messages_in, 1);
         } else {
             Metrics::add(&m.non_transfer, 1);
-            // sglang's decoder ends a request with its output (a tensor
-            // multipart), not with `transfer_done`: it counts as one.
-            match ferry_core::wire::result_as_done(msg.magic) {
-                Some(done) => Msg::Done(done),
-                None => {
-                    debug!(via = %msg.via, "a message that is neither a transfer message nor a result");
-                    return;
-                }
+        }
+        match machine.handle_incoming(clock.now(), &msg) {
+            Ok(_) => {}
+            Err(Unhandled::Malformed(e)) => m.malformed(msg.from, msg.via, &e),
+            Err(Unhandled::Foreign) => {
+                debug!(via = %msg.via, "a message that is neither a transfer message nor a result");
             }
-        };
-        let mut name = [0u8; 256];
-        let peer = match (&decoded, msg.from.is_empty()) {
-            (_, false) => intern(
-                peers,
-                ids,
-                *peer_cap,
-                |p| machine.role_of(p).is_some(),
-                msg.from,
-            ),
-            // A channel that cannot name senders: registration names the
-            // endpoint to answer at, and the rest is judged by content and
-            // the endpoint it arrived at.
-            (Msg::Register(r), true) => match r.work_endpoint.unescape_into(&mut name) {
-                Ok(e) => intern(peers, ids, *peer_cap, |p| machine.role_of(p).is_some(), e),
-                Err(_) => return,
-            },
-            (_, true) => {
-                let role = result_endpoints.iter().position(|e| e == msg.via);
-                let Some(peer) = machine.sender_of(&decoded, role) else {
-                    Metrics::add(&m.ignored, 1);
-                    debug!(via = %msg.via, msg = ?decoded.msg_type(), "message from no known sender");
-                    return;
-                };
-                peer
+            Err(why @ (Unhandled::UnknownSender | Unhandled::Ignored { .. })) => {
+                Metrics::add(&m.ignored, 1);
+                debug!(from = %msg.from, via = %msg.via, %why, "message ignored");
             }
-        };
-        let key = peers
-            .get((peer.0 as usize).wrapping_sub(1))
-            .map_or("", String::as_str);
-        let now = clock.now();
-        if let Err(why) = machine.handle(now, peer, &decoded) {
-            Metrics::add(&m.ignored, 1);
-            debug!(peer = %key, msg = ?decoded.msg_type(), ?why, "message ignored");
         }
     }
 
@@ -464,7 +354,6 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
         let Self {
             machine,
             tx,
-            peers,
             out,
             lost,
             shared,
@@ -484,10 +373,10 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
                         continue;
                     }
                 };
-                let Some(to) = peers.get((t.to.0 as usize).wrapping_sub(1)) else {
+                let Some(to) = machine.endpoint_of(t.to) else {
                     continue;
                 };
-                match tx.send(to, TRANSFER_MAGIC, &out[..t.len]) {
+                match tx.send(to, &[TRANSFER_MAGIC, &out[..t.len]]) {
                     Ok(()) => Metrics::add(&shared.probe.metrics.messages_out, 1),
                     Err(e) => {
                         Metrics::add(&shared.probe.metrics.send_errors, 1);
@@ -511,21 +400,21 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
         while let Some(e) = machine.poll_event() {
             match &e {
                 CoordinatorEvent::Registered { peer, role, .. } => {
-                    info!(peer = ?peers.get((peer.0 as usize).wrapping_sub(1)), role, "instance registered");
+                    info!(peer = ?machine.endpoint_of(*peer), role, "instance registered");
                 }
                 CoordinatorEvent::Refused {
                     peer,
                     reason,
                     acked,
                 } => {
-                    let endpoint = peers.get((peer.0 as usize).wrapping_sub(1));
+                    let endpoint = machine.endpoint_of(*peer);
                     // Said once per endpoint and then every 100th time: a
                     // refused instance retries, and a forger can repeat.
                     let n = refusals.entry(*peer).or_insert(0);
                     *n += 1;
                     if *n == 1 || *n % 100 == 0 {
                         warn!(
-                            endpoint = endpoint.map_or("", String::as_str),
+                            endpoint = endpoint.unwrap_or(""),
                             reason,
                             answered = acked,
                             times = *n,
@@ -547,7 +436,7 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
                     draining,
                     reason,
                 } => {
-                    let endpoint = peers.get((peer.0 as usize).wrapping_sub(1));
+                    let endpoint = machine.endpoint_of(*peer);
                     if *draining {
                         info!(peer = ?endpoint, role, %reason, "instance draining");
                     } else {

@@ -42,6 +42,10 @@ pub enum NodeError {
         /// The backend's error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The data plane holds no pool to receive into (a transport opened
+    /// without one).
+    #[error("the data plane has no pool of its own")]
+    NoPool,
     /// The tensors cannot be laid out in a slot.
     #[error("tensor layout: {0}")]
     Layout(LayoutError),

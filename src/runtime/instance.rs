@@ -18,23 +18,22 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use ferry_core::handshake::instance::{
-    Head, Instance, InstanceConfig, InstanceEvent, InstanceStats, InstanceStorage, Registration,
-    Token, Write,
+    Instance, InstanceConfig, InstanceEvent, InstanceIdentity, InstanceStats, InstanceStorage,
+    Registration, Token, Write,
 };
 use ferry_core::handshake::{Instant, Limits, Reason, RequestId};
 use ferry_core::json::{JsonStr, RawJson};
-use ferry_core::slots::{layout, BuddyConfig, Dtype, TensorSpec};
-use ferry_core::transport::wait::{WaitRecv, Wake};
+use ferry_core::slots::{layout, Dtype, TensorSpec};
 use ferry_core::transport::{
-    ChannelEvent, ControlChannel, ControlRecv, ControlSend, ControlSendParts, Fault, Landed,
-    Region, Transport, WriteOp,
+    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, FaultKind, Landed, Region,
+    Transport, WriteOp,
 };
 use ferry_core::wire::{Manifest, Shape, ShapeIter, TensorEntry, TRANSFER_MAGIC};
 use tracing::{debug, debug_span, info, warn};
 
 use super::clock::Clock;
 use super::error::NodeError;
-use super::memory::PoolMemory;
+use super::memory::{PoolMemory, PoolOwner};
 use super::metrics::{Metrics, MetricsSnapshot};
 use super::telemetry::{InstanceGauges, InstanceProbe};
 
@@ -51,42 +50,21 @@ const POLL_WRITES: Duration = Duration::from_micros(100);
 /// Receive buffer for one control message.
 const RECV_BUF: usize = 1 << 20;
 
-/// An instance's settings.
+/// An instance node's configuration: the core's [`InstanceConfig`]
+/// (timeouts, preallocated slots, the head it serves under), extended by
+/// what a node needs besides: its role, its coordinator, its tables.
 #[derive(Clone, Debug)]
 pub struct InstanceSettings {
     /// The role it registers as (`encoder`, `denoiser`, ...).
     pub role: String,
     /// The coordinator's endpoint.
     pub coordinator: String,
-    /// The smallest slot of the pool allocator (a power of two).
-    pub min_block: u64,
-    /// Receive slots set aside at start: how many, of what size.
-    pub prealloc: (usize, u64),
     /// Table sizes.
     pub limits: Limits,
-    /// Resend `transfer_register` this often until acknowledged.
-    pub register_retry: Duration,
-    /// Staged, waiting for `transfer_push`, before the slot is freed; must
-    /// exceed the coordinator's queue plus alloc timeouts.
-    pub staged_timeout: Duration,
-    /// Slot reserved, waiting for `transfer_ready`; must exceed the
-    /// coordinator's push timeout.
-    pub reserved_timeout: Duration,
-    /// How long a slot a write may still be landing in stays out of use.
-    pub quarantine: Duration,
-    /// On data planes whose completions do not mean delivery: how long a
-    /// transfer announced ready may wait for its write's arrival notices
-    /// before it is refused (`transfer_done` with an error).
-    pub landing_timeout: Duration,
-    /// Which coordinator this instance serves under ([`Head`]).
-    pub head: Head,
-    /// Under [`Head::Sglang`]: how long a `transfer_alloc` without room is
-    /// held before the head is told it failed.
-    pub alloc_hold: Duration,
+    /// How the instance behaves ([`InstanceConfig::FERRY`] by default;
+    /// [`InstanceConfig::under_sglang`] under sglang's head).
+    pub config: InstanceConfig,
 }
-
-/// sglang's head's only timeout by default (`--disagg-timeout`).
-pub const SGLANG_HEAD_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl InstanceSettings {
     /// Settings with ferry's defaults for `role`, reporting to
@@ -95,31 +73,15 @@ impl InstanceSettings {
         Self {
             role: role.to_owned(),
             coordinator: coordinator.to_owned(),
-            min_block: 1 << 20,
-            prealloc: (0, 0),
             limits: Limits::INSTANCE,
-            register_retry: Duration::from_millis(200),
-            staged_timeout: Duration::from_secs(60),
-            reserved_timeout: Duration::from_secs(20),
-            quarantine: Duration::from_secs(1),
-            landing_timeout: Duration::from_secs(10),
-            head: Head::Ferry,
-            alloc_hold: Duration::from_secs(20),
+            config: InstanceConfig::FERRY,
         }
     }
 
     /// These settings for serving under sglang's head, whose only timeout
-    /// (`--disagg-timeout`) is `head_timeout` ([`SGLANG_HEAD_TIMEOUT`] by
-    /// default): that head tells no instance when it gives up, so nothing
-    /// here gives up first. A staged slot waits for its push, a reserved
-    /// one for its ready, and an ALLOC without room for room, as long as
-    /// the head may still use them, and a little longer.
+    /// is `head_timeout` ([`InstanceConfig::under_sglang`]).
     pub fn under_sglang(mut self, head_timeout: Duration) -> Self {
-        let beyond = head_timeout + head_timeout / 10 + Duration::from_secs(1);
-        self.head = Head::Sglang;
-        self.staged_timeout = beyond;
-        self.reserved_timeout = beyond;
-        self.alloc_hold = head_timeout;
+        self.config = self.config.under_sglang(head_timeout);
         self
     }
 }
@@ -176,9 +138,35 @@ pub struct NodeStats {
     pub prealloc_slots: usize,
 }
 
-struct State<S> {
+/// The control channel's sending side, whatever its type, so that the
+/// node types name no channel. Sending allocates nothing; only a failure
+/// boxes its error.
+trait DynSend: Send {
+    fn send_parts(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), SendFailure>;
+}
+
+/// A failed send: its kind, and the channel's own error.
+struct SendFailure {
+    kind: FaultKind,
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl<S> DynSend for S
+where
+    S: ControlSend + Send,
+    S::Error: Send + Sync + 'static,
+{
+    fn send_parts(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), SendFailure> {
+        ControlSend::send(self, to, parts).map_err(|e| SendFailure {
+            kind: e.kind(),
+            source: Box::new(e),
+        })
+    }
+}
+
+struct State {
     machine: Instance<'static>,
-    tx: S,
+    tx: Box<dyn DynSend>,
     coordinator: String,
     /// Encoding buffer for outgoing messages.
     out: Vec<u8>,
@@ -191,8 +179,8 @@ struct State<S> {
     frames: VecDeque<Frame>,
 }
 
-struct Shared<S> {
-    state: Mutex<State<S>>,
+struct Shared {
+    state: Mutex<State>,
     changed: Condvar,
     stop: AtomicBool,
     probe: Arc<InstanceProbe>,
@@ -200,13 +188,13 @@ struct Shared<S> {
     memory: PoolMemory,
 }
 
-impl<S: ControlSend> Shared<S> {
-    fn lock(&self) -> MutexGuard<'_, State<S>> {
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Fires due timers, sends queued messages, and routes events.
-    fn drive(&self, st: &mut State<S>, now: Instant) {
+    fn drive(&self, st: &mut State, now: Instant) {
         let State {
             machine,
             tx,
@@ -228,12 +216,12 @@ impl<S: ControlSend> Shared<S> {
                     continue;
                 }
             };
-            match tx.send(coordinator, TRANSFER_MAGIC, &out[..n]) {
+            match tx.send_parts(coordinator, &[TRANSFER_MAGIC, &out[..n]]) {
                 Ok(()) => Metrics::add(&self.probe.metrics.messages_out, 1),
                 Err(e) => {
                     Metrics::add(&self.probe.metrics.send_errors, 1);
-                    warn!(coordinator = %coordinator, error = %e, "control send failed");
-                    lost |= e.kind() == ferry_core::transport::FaultKind::PeerGone;
+                    warn!(coordinator = %coordinator, error = %e.source, "control send failed");
+                    lost |= e.kind == FaultKind::PeerGone;
                 }
             }
         }
@@ -329,14 +317,16 @@ fn push_bounded(q: &mut VecDeque<Outcome>, o: Outcome) {
 }
 
 /// A running instance.
-pub struct InstanceNode<S: ControlSend> {
-    shared: Arc<Shared<S>>,
-    thread: Option<JoinHandle<()>>,
+pub struct InstanceNode {
+    shared: Arc<Shared>,
+    /// The progress thread; it hands back what it owned (the transport,
+    /// and so the pool) for the node's drop to release.
+    thread: Option<JoinHandle<Box<dyn Send>>>,
     session: String,
     endpoint: String,
 }
 
-impl<S: ControlSend> std::fmt::Debug for InstanceNode<S> {
+impl std::fmt::Debug for InstanceNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InstanceNode")
             .field("session", &self.session)
@@ -345,75 +335,71 @@ impl<S: ControlSend> std::fmt::Debug for InstanceNode<S> {
     }
 }
 
-impl<S> InstanceNode<S>
-where
-    S: ControlSend + Send + 'static,
-{
-    /// Starts an instance whose pool is `memory`, registered with
-    /// `transport`, talking over `channel`.
+impl InstanceNode {
+    /// Starts an instance over `transport`, whose own pool the node
+    /// receives into and stages in, talking over `channel`. The node keeps
+    /// the transport (on its progress thread) until it is dropped, so the
+    /// pool outlives every view of it.
     pub fn start<T, C>(
         settings: &InstanceSettings,
-        mut transport: T,
-        memory: PoolMemory,
+        transport: T,
         channel: C,
     ) -> Result<Self, NodeError>
     where
-        T: Transport + Wake + Send + 'static,
+        T: Transport + PoolOwner + Send + 'static,
         T::Error: Send + Sync + 'static,
-        C: ControlChannel<Sender = S>,
-        C::Receiver: WaitRecv + 'static,
+        C: ControlChannel,
+        C::Sender: 'static,
+        <C::Sender as ControlSend>::Error: Send + Sync + 'static,
+        C::Receiver: 'static,
     {
-        // SAFETY-relevant contract (not unsafe here): `memory` is valid for
-        // as long as `transport` lives, which the progress thread owns
-        // until this node is dropped.
+        let mut transport = transport;
+        if transport.pool_len() == 0 || transport.pool_ptr().is_null() {
+            return Err(NodeError::NoPool);
+        }
+        // SAFETY: `PoolOwner`'s contract: the range stays mapped while
+        // `transport` lives, wherever it moves. It moves into the progress
+        // thread, which hands it back to `Drop for InstanceNode` (even when
+        // the loop panics), after every view of the pool, each borrowing
+        // the node, has ended.
+        #[allow(unsafe_code)]
+        let memory = unsafe { PoolMemory::new(transport.pool_ptr(), transport.pool_len()) };
         let transport_err = |verb| {
             move |e: T::Error| NodeError::Transport {
                 verb,
                 source: Box::new(e),
             }
         };
-        // SAFETY: PoolMemory's contract: the memory stays mapped while the
-        // node (and so the transport, owned by its thread) lives.
+        // SAFETY: the memory stays mapped while the transport lives (as
+        // above), and the transport is dropped with the registration; the
+        // node expects peers to write into its receive slots, and hands
+        // out views only of slots no peer writes (`PoolMemory`'s callers).
         #[allow(unsafe_code)]
         let region = unsafe { transport.register(memory.base(), memory.len()) }
             .map_err(transport_err("register"))?;
         let (tx, rx) = channel.split();
         let session = transport.session_id().to_owned();
-        // Where a completion does not mean delivery, the core holds each
-        // received transfer until the data plane says its bytes landed.
-        let landing =
-            (!transport.capabilities().delivery_complete).then_some(settings.landing_timeout);
         let endpoint = rx.local_endpoint().to_owned();
-        let pool = BuddyConfig {
-            pool_size: memory.len() as u64,
-            min_block: settings.min_block,
-            pool_id: 0,
-        };
+        let config = &settings.config;
         settings.limits.check()?;
-        let storage = InstanceStorage::owned(&settings.limits, &pool, settings.prealloc.0)
+        let pool = config.pool(memory.len() as u64);
+        let storage = InstanceStorage::owned(&settings.limits, &pool, config.prealloc.count)
             .map_err(NodeError::Pool)?;
         let clock = Clock::start();
-        let config = InstanceConfig {
+        let who = InstanceIdentity {
             role: &settings.role,
             session_id: &session,
             work_endpoint: &endpoint,
             pool_ptr: memory.base() as u64,
-            pool,
-            prealloc: settings.prealloc,
-            register_retry: settings.register_retry,
-            staged_timeout: settings.staged_timeout,
-            reserved_timeout: settings.reserved_timeout,
-            quarantine: settings.quarantine,
-            landing,
-            head: settings.head,
-            alloc_hold: settings.alloc_hold,
+            pool_size: pool.pool_size,
+            delivery_complete: transport.capabilities().delivery_complete,
         };
-        let machine = Instance::new(clock.now(), config, storage)?;
+        let machine = Instance::new(clock.now(), &who, config, storage)?;
         let n = settings.limits.requests.max(1);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 machine,
-                tx,
+                tx: Box::new(tx),
                 coordinator: settings.coordinator.clone(),
                 out: vec![0; 64 * 1024],
                 received: VecDeque::with_capacity(n),
@@ -447,7 +433,20 @@ where
             .filter(|_| progress.rx.can_wake());
         let thread = std::thread::Builder::new()
             .name(format!("ferry-{}", settings.role))
-            .spawn(move || progress.run())
+            .spawn(move || {
+                let mut progress = progress;
+                // A panic must not drop the transport, and so unmap the
+                // pool, while the application may hold views of it: the
+                // loop's unwinding stops here and the transport goes back
+                // to the node's drop.
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| progress.run()));
+                if ran.is_err() {
+                    tracing::error!(
+                        "the progress thread panicked; this node makes no more progress"
+                    );
+                }
+                Box::new(progress) as Box<dyn Send>
+            })
             .map_err(NodeError::Thread)?;
         {
             let mut st = shared.lock();
@@ -569,7 +568,7 @@ where
         &self,
         id: &str,
         tensors: &[TensorSpec<'a>],
-    ) -> Result<Staging<'_, 'a, S>, NodeError> {
+    ) -> Result<Staging<'_, 'a>, NodeError> {
         if tensors.len() > MAX_TENSORS {
             return Err(NodeError::TooManyTensors {
                 count: tensors.len(),
@@ -593,7 +592,7 @@ where
     }
 
     /// The next transfer received, waiting at most `timeout`.
-    pub fn recv(&self, timeout: Duration) -> Option<Delivery<'_, S>> {
+    pub fn recv(&self, timeout: Duration) -> Option<Delivery<'_>> {
         let mut st = self.shared.lock();
         loop {
             let (guard, _) = self
@@ -695,11 +694,7 @@ where
     }
 }
 
-impl<S> InstanceNode<S>
-where
-    S: ControlSendParts + Send + 'static,
-    S::Error: Send + Sync + 'static,
-{
+impl InstanceNode {
     /// Sends the application's own message, `frames` as one multipart, to
     /// the coordinator on the protocol's socket: sglang's decoder returns
     /// its output to the head this way (a JSON descriptor frame, then the
@@ -718,19 +713,22 @@ where
                 Metrics::add(&self.shared.probe.metrics.send_errors, 1);
                 Err(NodeError::Send {
                     to: coordinator.clone(),
-                    source: Box::new(e),
+                    source: e.source,
                 })
             }
         }
     }
 }
 
-impl<S: ControlSend> Drop for InstanceNode<S> {
+impl Drop for InstanceNode {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
         self.shared.changed.notify_all();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // Dropped here, after every view of the pool (each borrows the
+            // node) has ended.
+            let kept = t.join();
+            drop(kept);
         }
     }
 }
@@ -744,8 +742,8 @@ const EMPTY_ENTRY: TensorEntry<'static> = TensorEntry {
 };
 
 /// A request being staged: its slot, to fill before committing.
-pub struct Staging<'n, 'a, S: ControlSend + Send + 'static> {
-    node: &'n InstanceNode<S>,
+pub struct Staging<'n, 'a> {
+    node: &'n InstanceNode,
     token: Option<Token>,
     offset: u64,
     data_size: u64,
@@ -753,7 +751,7 @@ pub struct Staging<'n, 'a, S: ControlSend + Send + 'static> {
     count: usize,
 }
 
-impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
+impl Staging<'_, '_> {
     /// Bytes the slot's data takes (alignment padding included).
     pub fn data_size(&self) -> u64 {
         self.data_size
@@ -789,7 +787,7 @@ impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
     }
 }
 
-impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
+impl Staging<'_, '_> {
     /// Announces the filled slot as the next leg of `delivery` (the same
     /// request, received by this node) and releases the delivery, at once:
     /// under sglang's head in its one message,
@@ -799,11 +797,7 @@ impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
     ///
     /// On an error the delivery is failed with its text (its slot freed,
     /// the coordinator told) and the staged slot given back.
-    pub fn forward(
-        mut self,
-        delivery: Delivery<'_, S>,
-        scalar_fields: &str,
-    ) -> Result<(), NodeError> {
+    pub fn forward(mut self, delivery: Delivery<'_>, scalar_fields: &str) -> Result<(), NodeError> {
         let mut delivery = delivery;
         let result = self.forward_inner(&mut delivery, scalar_fields);
         if let Err(e) = &result {
@@ -814,7 +808,7 @@ impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
 
     fn forward_inner(
         &mut self,
-        delivery: &mut Delivery<'_, S>,
+        delivery: &mut Delivery<'_>,
         scalar_fields: &str,
     ) -> Result<(), NodeError> {
         if !std::ptr::eq(self.node, delivery.node) {
@@ -844,7 +838,7 @@ impl<S: ControlSend + Send + 'static> Staging<'_, '_, S> {
     }
 }
 
-impl<S: ControlSend + Send + 'static> Drop for Staging<'_, '_, S> {
+impl Drop for Staging<'_, '_> {
     fn drop(&mut self) {
         if let Some(token) = self.token.take() {
             let _ = self.node.shared.lock().machine.unstage(token);
@@ -877,8 +871,8 @@ impl TensorView<'_> {
 /// A received transfer the application holds; its slot is freed (and
 /// `transfer_done` sent) on [`release`](Self::release), [`fail`](Self::fail)
 /// or drop.
-pub struct Delivery<'n, S: ControlSend + Send + 'static> {
-    node: &'n InstanceNode<S>,
+pub struct Delivery<'n> {
+    node: &'n InstanceNode,
     token: Option<Token>,
     arrived: Arrival,
     meta: Vec<u8>,
@@ -888,7 +882,7 @@ pub struct Delivery<'n, S: ControlSend + Send + 'static> {
     slot_size: u64,
 }
 
-impl<S: ControlSend + Send + 'static> Delivery<'_, S> {
+impl Delivery<'_> {
     fn text(&self, start: usize, len: usize) -> &str {
         // Copied from validated JSON text and an id held as a str.
         std::str::from_utf8(&self.meta[start..start + len]).unwrap_or("")
@@ -980,15 +974,15 @@ impl<S: ControlSend + Send + 'static> Delivery<'_, S> {
     }
 }
 
-impl<S: ControlSend + Send + 'static> Drop for Delivery<'_, S> {
+impl Drop for Delivery<'_> {
     fn drop(&mut self) {
         self.finish(None);
     }
 }
 
 /// The progress thread's own state.
-struct Progress<S, T: Transport, R> {
-    shared: Arc<Shared<S>>,
+struct Progress<T: Transport, R> {
+    shared: Arc<Shared>,
     transport: T,
     region: Region,
     rx: R,
@@ -1004,13 +998,12 @@ struct Progress<S, T: Transport, R> {
     wake: Option<i32>,
 }
 
-impl<S, T, R> Progress<S, T, R>
+impl<T, R> Progress<T, R>
 where
-    S: ControlSend,
-    T: Transport + Wake,
-    R: WaitRecv,
+    T: Transport,
+    R: ControlRecv,
 {
-    fn run(mut self) {
+    fn run(&mut self) {
         let shared = Arc::clone(&self.shared);
         while !shared.stop.load(Ordering::Relaxed) {
             let wait = {

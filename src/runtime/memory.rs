@@ -1,10 +1,29 @@
 //! The one seam where the runtime touches registered pool memory: views of
-//! slots as byte slices.
+//! slots as byte slices, over a pool whose owner the node keeps.
 #![allow(unsafe_code)]
+
+/// A data plane that owns the memory of its pool: a node takes its view of
+/// the pool from the transport it keeps, so that the memory lives exactly
+/// as long as the node does.
+///
+/// # Safety
+/// Implementors promise that `pool_ptr()..pool_ptr() + pool_len()` is
+/// mapped, readable and writable, and the same range at every call, for as
+/// long as the value lives, whatever of its methods (its `Transport`
+/// methods included) are called and wherever it is moved: the mapping is
+/// owned by the value and released only when it is dropped. A wrapper that
+/// owns the transport it forwards to may promise what that transport
+/// promised.
+pub unsafe trait PoolOwner {
+    /// The pool's first byte.
+    fn pool_ptr(&self) -> *mut u8;
+    /// Its length in bytes.
+    fn pool_len(&self) -> usize;
+}
 
 /// A registered pool as this process maps it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PoolMemory {
+pub(crate) struct PoolMemory {
     base: usize,
     len: usize,
 }
@@ -15,7 +34,7 @@ impl PoolMemory {
     /// # Safety
     /// `base..base + len` must stay mapped, readable and writable for as
     /// long as this value or any slice made from it is used.
-    pub unsafe fn new(base: *mut u8, len: usize) -> Self {
+    pub(crate) unsafe fn new(base: *mut u8, len: usize) -> Self {
         Self {
             base: base as usize,
             len,
@@ -23,18 +42,13 @@ impl PoolMemory {
     }
 
     /// The pool's first byte.
-    pub fn base(&self) -> *mut u8 {
+    pub(crate) fn base(&self) -> *mut u8 {
         self.base as *mut u8
     }
 
     /// The pool's length.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    /// Never true for a registered pool.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     fn range(&self, offset: u64, len: u64) -> Option<(usize, usize)> {

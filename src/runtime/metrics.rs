@@ -78,19 +78,24 @@ impl Metrics {
         match ferry_core::wire::decode(payload) {
             Ok(m) => Some(m),
             Err(e) => {
-                let n = self.bad_frames.fetch_add(1, Ordering::Relaxed);
-                // The first ten, then one in a thousand: a peer that sends
-                // garbage costs a counter, not the log.
-                if n < 10 || n % 1000 == 0 {
-                    let from = if from.is_empty() {
-                        "(not named by the channel)"
-                    } else {
-                        from
-                    };
-                    tracing::warn!(from, via, error = %e, bad_frames = n + 1, "undecodable transfer message dropped");
-                }
+                self.malformed(from, via, &e);
                 None
             }
+        }
+    }
+
+    /// Counts (and logs, sparingly) a transfer message that did not decode.
+    pub(crate) fn malformed(&self, from: &str, via: &str, e: &ferry_core::wire::DecodeError) {
+        let n = self.bad_frames.fetch_add(1, Ordering::Relaxed);
+        // The first ten, then one in a thousand: a peer that sends
+        // garbage costs a counter, not the log.
+        if n < 10 || n % 1000 == 0 {
+            let from = if from.is_empty() {
+                "(not named by the channel)"
+            } else {
+                from
+            };
+            tracing::warn!(from, via, error = %e, bad_frames = n + 1, "undecodable transfer message dropped");
         }
     }
 

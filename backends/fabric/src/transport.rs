@@ -23,7 +23,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::wait::Wake;
 use ferry_core::transport::{Capabilities, Completion, Landed, Region, Transport, WriteOp};
 use ferry_fabric_sys as sys;
 use tracing::{debug, warn};
@@ -1061,9 +1060,7 @@ impl Transport for FabricTransport {
         }
         self.shared.lock().notices.pop_landed()
     }
-}
 
-impl Wake for FabricTransport {
     fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(self.shared.wake.fd())
     }

@@ -171,12 +171,21 @@ pub enum UdsError {
         /// What is wrong with it.
         why: &'static str,
     },
+    /// A message of other than two frames, which this channel's wire does
+    /// not carry (nothing sent).
+    #[error("a message to {to} of {count} frames; this channel carries two")]
+    Frames {
+        /// The destination.
+        to: String,
+        /// The frames given.
+        count: usize,
+    },
 }
 
 impl Fault for UdsError {
     fn kind(&self) -> FaultKind {
         match self {
-            Self::Sys { .. } | Self::Malformed { .. } => FaultKind::Io,
+            Self::Sys { .. } | Self::Malformed { .. } | Self::Frames { .. } => FaultKind::Io,
             Self::PeerGone { .. } => FaultKind::PeerGone,
             Self::Timeout { .. } => FaultKind::Timeout,
             Self::BadEndpoint { .. } => FaultKind::UnknownPeer,
@@ -211,6 +220,15 @@ pub enum MemError {
         /// The endpoint.
         endpoint: String,
     },
+    /// A message of other than two frames, which this channel's wire does
+    /// not carry (nothing sent).
+    #[error("a message to {to} of {count} frames; this channel carries two")]
+    Frames {
+        /// The destination.
+        to: String,
+        /// The frames given.
+        count: usize,
+    },
 }
 
 impl Fault for MemError {
@@ -218,7 +236,7 @@ impl Fault for MemError {
         match self {
             Self::PeerGone { .. } => FaultKind::PeerGone,
             Self::TooLarge { .. } => FaultKind::TooLarge,
-            Self::InUse { .. } => FaultKind::Io,
+            Self::InUse { .. } | Self::Frames { .. } => FaultKind::Io,
         }
     }
 }

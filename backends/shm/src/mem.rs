@@ -5,7 +5,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::wait::WaitRecv;
 use ferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend, Incoming};
 
 use crate::error::MemError;
@@ -86,7 +85,13 @@ pub struct MemSender {
 impl ControlSend for MemSender {
     type Error = MemError;
 
-    fn send(&mut self, to: &str, magic: &[u8], payload: &[u8]) -> Result<(), MemError> {
+    fn send(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), MemError> {
+        let &[magic, payload] = parts else {
+            return Err(MemError::Frames {
+                to: to.to_owned(),
+                count: parts.len(),
+            });
+        };
         let mut queues = self.hub.lock();
         let q = queues.get_mut(to).ok_or_else(|| MemError::PeerGone {
             endpoint: to.to_owned(),
@@ -158,9 +163,6 @@ impl ControlRecv for MemReceiver {
         })))
     }
 }
-
-/// An in-process channel wakes on nothing but its own messages.
-impl WaitRecv for MemReceiver {}
 
 impl Drop for MemReceiver {
     fn drop(&mut self) {

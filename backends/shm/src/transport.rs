@@ -3,7 +3,6 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use ferry_core::transport::wait::Wake;
 use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteOp};
 
 use crate::copy::Copier;
@@ -283,10 +282,10 @@ impl Transport for ShmTransport {
     fn poll_completion(&mut self) -> Option<Completion<ShmError>> {
         self.done.pop_front()
     }
-}
 
-/// Writes complete on the caller's thread: nothing to wake it for.
-impl Wake for ShmTransport {}
+    // Writes complete on the caller's thread: nothing to wake it for
+    // (`wake_fd`'s default).
+}
 
 #[cfg(test)]
 mod tests {

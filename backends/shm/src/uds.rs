@@ -17,7 +17,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::wait::WaitRecv;
 use ferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend, Incoming};
 
 use crate::error::UdsError;
@@ -295,7 +294,13 @@ impl UdsSender {
 impl ControlSend for UdsSender {
     type Error = UdsError;
 
-    fn send(&mut self, to: &str, magic: &[u8], payload: &[u8]) -> Result<(), UdsError> {
+    fn send(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), UdsError> {
+        let &[magic, payload] = parts else {
+            return Err(UdsError::Frames {
+                to: to.to_owned(),
+                count: parts.len(),
+            });
+        };
         let timeout = self.timeout;
         let cached = self.conns.contains_key(to);
         let r = send_packet(self.connection(to)?, to, timeout, MESSAGE, magic, payload);
@@ -462,9 +467,7 @@ impl ControlRecv for UdsReceiver {
     ) -> Result<Option<ChannelEvent<'b>>, UdsError> {
         self.receive(buf, wait, None)
     }
-}
 
-impl WaitRecv for UdsReceiver {
     fn can_wake(&self) -> bool {
         true
     }
@@ -606,8 +609,8 @@ mod tests {
         let (ea, eb) = (endpoint("a"), endpoint("b"));
         let (mut a_tx, a_rx) = UdsChannel::bind(&ea).unwrap().split();
         let (_b_tx, mut b_rx) = UdsChannel::bind(&eb).unwrap().split();
-        a_tx.send(&eb, b"__transfer__", b"{\"x\":1}").unwrap();
-        a_tx.send(&eb, b"", b"second").unwrap();
+        a_tx.send(&eb, &[b"__transfer__", b"{\"x\":1}"]).unwrap();
+        a_tx.send(&eb, &[b"", b"second"]).unwrap();
         assert_eq!(
             recv_message(&mut b_rx),
             (ea.clone(), b"__transfer__".to_vec(), b"{\"x\":1}".to_vec())
@@ -627,11 +630,11 @@ mod tests {
     fn a_dead_endpoint_is_peer_gone_and_oversize_is_dropped() {
         let (ea, eb) = (endpoint("c"), endpoint("d"));
         let (mut a_tx, _a_rx) = UdsChannel::bind(&ea).unwrap().split();
-        let e = a_tx.send(&endpoint("nobody"), b"", b"x");
+        let e = a_tx.send(&endpoint("nobody"), &[b"", b"x"]);
         assert!(matches!(e, Err(UdsError::PeerGone { .. })), "{e:?}");
         let (_b_tx, mut b_rx) = UdsChannel::bind(&eb).unwrap().split();
-        a_tx.send(&eb, b"", &[7u8; 1000]).unwrap();
-        a_tx.send(&eb, b"", b"ok").unwrap();
+        a_tx.send(&eb, &[b"", &[7u8; 1000]]).unwrap();
+        a_tx.send(&eb, &[b"", b"ok"]).unwrap();
         let mut small = vec![0u8; 100];
         let mut saw_too_large = false;
         for _ in 0..10 {
@@ -679,7 +682,7 @@ mod tests {
             .unwrap()
             .is_none());
         assert!(t.elapsed() < Duration::from_secs(5), "woken, not timed out");
-        a_tx.send(&eb, b"m", b"p").unwrap();
+        a_tx.send(&eb, &[b"m", b"p"]).unwrap();
         let mut got = None;
         for _ in 0..100 {
             if let Some(ChannelEvent::Message(m)) = b_rx

@@ -105,29 +105,11 @@ pub fn test_device() -> Result<String, String> {
     ))
 }
 
-/// For test harnesses: the device to test on, or `None` after printing
-/// `SKIPPED: <why>` straight to stderr (past the test harness's capture,
-/// so that the skip shows in a plain `cargo test`). With
-/// `FERRY_REQUIRE_VERBS=1` a missing device panics instead: a run that must
-/// test verbs cannot pass by skipping.
-pub fn test_device_or_skip() -> Option<String> {
-    match test_device() {
-        Ok(d) => Some(d),
-        Err(why) => {
-            skip(&why);
-            None
-        }
-    }
-}
-
-/// Reports a skipped verbs test (see [`test_device_or_skip`]).
-pub fn skip(why: &str) {
-    assert!(
-        std::env::var("FERRY_REQUIRE_VERBS").as_deref() != Ok("1"),
-        "FERRY_REQUIRE_VERBS=1 but the verbs tests cannot run: {why}"
-    );
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
+/// For tests that need a device (`#[ignore]`d, run with `--ignored`):
+/// the device to test on. Without one it panics with the reason, so that
+/// a run that asked for the device tests cannot pass without them.
+pub fn require_test_device() -> String {
+    test_device().unwrap_or_else(|why| panic!("the verbs device tests cannot run: {why}"))
 }
 
 /// Why listing the devices failed: the verb, its errno, and what that

@@ -48,7 +48,7 @@ pub use conn::ConnState;
 pub use device::{Device, Verb};
 pub use error::VerbsError;
 pub use gid::GidChoice;
-pub use ibv::{device_names, skip, test_device, test_device_or_skip, IbvDevice, TEST_DEVICE_VAR};
+pub use ibv::{device_names, require_test_device, test_device, IbvDevice, TEST_DEVICE_VAR};
 pub use session::Session;
 pub use status::WcStatus;
 pub use transport::{VerbsConfig, VerbsTransport};

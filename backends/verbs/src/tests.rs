@@ -6,7 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::wait::Wake as _;
 use ferry_core::transport::{Completion, Fault, FaultKind, Region, Transport, WriteOp, WriteTag};
 use ferry_hostmem::HostPool;
 

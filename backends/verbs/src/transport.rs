@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::wait::Wake as WakeFd;
 use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteOp};
 use ferry_hostmem::HostPool;
 
@@ -151,6 +150,23 @@ impl VerbsTransport<IbvDevice> {
 }
 
 impl<D: Device> VerbsTransport<D> {
+    /// A transport over an opened device with a pool of `len` bytes of its
+    /// own, as [`with_pool`](VerbsTransport::with_pool) opens one over a
+    /// real device (a test stand-in's runtime tests take this).
+    pub fn with_device_and_pool(
+        device: D,
+        config: &VerbsConfig,
+        len: usize,
+    ) -> Result<Self, VerbsError> {
+        let pool = HostPool::new(len).map_err(|source| VerbsError::Os {
+            what: "map pool",
+            source,
+        })?;
+        let mut t = Self::with_device(device, config)?;
+        t.pool = Some(pool);
+        Ok(t)
+    }
+
     /// A transport over an opened device (a real one, or a test stand-in).
     pub fn with_device(device: D, config: &VerbsConfig) -> Result<Self, VerbsError> {
         let port = device.port().clone();
@@ -488,9 +504,7 @@ impl<D: Device> Transport for VerbsTransport<D> {
         }
         None
     }
-}
 
-impl<D: Device> WakeFd for VerbsTransport<D> {
     fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(self.events.fd())
     }

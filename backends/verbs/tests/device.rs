@@ -1,16 +1,16 @@
 //! The transport on a real RDMA device: two transports on the device named
 //! by `FERRY_VERBS_DEVICE` connect through the NIC (RC loopback), write
 //! random sizes that are checked byte by byte, and see a peer that goes
-//! away fail its writes. Without a device each test says SKIPPED and why
-//! (`FERRY_REQUIRE_VERBS=1` turns that into a failure).
+//! away fail its writes. They need a device, so they are ignored unless
+//! asked for (`-- --ignored`), and then fail, saying why, without one.
 
 use std::time::{Duration, Instant};
 
 use ferry_core::transport::{Completion, Fault, FaultKind, Region, Transport, WriteOp, WriteTag};
 use ferry_verbs::{VerbsConfig, VerbsError, VerbsTransport};
 
-fn device() -> Option<String> {
-    ferry_verbs::test_device_or_skip()
+fn device() -> String {
+    ferry_verbs::require_test_device()
 }
 
 struct Node {
@@ -53,8 +53,9 @@ fn wait(t: &mut VerbsTransport, n: usize) -> Vec<Completion<VerbsError>> {
 }
 
 #[test]
+#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p ferry-verbs --test device -- --ignored"]
 fn random_writes_through_the_nic_arrive_byte_exact() {
-    let Some(dev) = device() else { return };
+    let dev = device();
     let mut a = open(&dev);
     let b = open(&dev);
     let len = a.t.pool_len();
@@ -114,8 +115,9 @@ fn random_writes_through_the_nic_arrive_byte_exact() {
 }
 
 #[test]
+#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p ferry-verbs --test device -- --ignored"]
 fn a_peer_that_goes_away_fails_its_writes_in_time() {
-    let Some(dev) = device() else { return };
+    let dev = device();
     let mut a = open(&dev);
     let b = open(&dev);
     let (peer, addr) = (b.t.session_id().to_owned(), b.region.addr);

@@ -27,10 +27,8 @@ use std::time::{Duration, Instant};
 
 use std::os::fd::RawFd;
 
-use ferry_core::transport::wait::WaitRecv;
 use ferry_core::transport::{
-    ChannelEvent, ControlChannel, ControlRecv, ControlSend, ControlSendParts, Fault, FaultKind,
-    Incoming,
+    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, FaultKind, Incoming,
 };
 
 /// A ZeroMQ control-channel error.
@@ -310,12 +308,21 @@ impl ZmqSender {
 impl ControlSend for ZmqSender {
     type Error = ZmqError;
 
-    fn send(&mut self, to: &str, magic: &[u8], payload: &[u8]) -> Result<(), ZmqError> {
+    fn send(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), ZmqError> {
         let full = send_error(to, self.settings.send_timeout);
         let s = self.push(to)?;
-        // A multipart message is queued whole or not at all.
-        s.send(magic, zmq::SNDMORE).map_err(&full)?;
-        s.send(payload, 0).map_err(&full)
+        let Some((last, rest)) = parts.split_last() else {
+            return Err(ZmqError::Malformed {
+                via: to.to_owned(),
+                why: "a message of no frames",
+            });
+        };
+        // ZeroMQ queues a multipart message whole or not at all: once the
+        // first frame is taken, the rest are.
+        for p in rest {
+            s.send(*p, zmq::SNDMORE).map_err(&full)?;
+        }
+        s.send(*last, 0).map_err(&full)
     }
 }
 
@@ -332,25 +339,6 @@ fn send_error(to: &str, timeout: Duration) -> impl Fn(zmq::Error) -> ZmqError + 
             endpoint: to.to_owned(),
             source: e,
         },
-    }
-}
-
-impl ControlSendParts for ZmqSender {
-    fn send_parts(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), ZmqError> {
-        let full = send_error(to, self.settings.send_timeout);
-        let s = self.push(to)?;
-        let Some((last, rest)) = parts.split_last() else {
-            return Err(ZmqError::Malformed {
-                via: to.to_owned(),
-                why: "a message of no frames",
-            });
-        };
-        // ZeroMQ queues a multipart message whole or not at all: once the
-        // first frame is taken, the rest are.
-        for p in rest {
-            s.send(*p, zmq::SNDMORE).map_err(&full)?;
-        }
-        s.send(*last, 0).map_err(&full)
     }
 }
 
@@ -547,9 +535,7 @@ impl ControlRecv for ZmqReceiver {
     ) -> Result<Option<ChannelEvent<'b>>, ZmqError> {
         self.receive(buf, wait, None)
     }
-}
 
-impl WaitRecv for ZmqReceiver {
     fn can_wake(&self) -> bool {
         true
     }
@@ -666,9 +652,10 @@ mod tests {
         let from_listed = format!("tcp://127.0.0.2:0;{}", ep.trim_start_matches("tcp://"));
         let mut buf = vec![0u8; 256];
         for _ in 0..5 {
-            tx.send(&ep, b"__transfer__", b"forged").unwrap();
+            tx.send(&ep, &[b"__transfer__", b"forged"]).unwrap();
         }
-        tx.send(&from_listed, b"__transfer__", b"listed").unwrap();
+        tx.send(&from_listed, &[b"__transfer__", b"listed"])
+            .unwrap();
         let (_, _, payload) = next(&mut rx, &mut buf);
         assert_eq!(payload, b"listed");
         // Nothing else comes: the refused connection's messages never do.
@@ -681,7 +668,7 @@ mod tests {
         }
         // A peer nobody serves is reported gone once its first connection
         // fails (a registration naming a ghost endpoint).
-        tx.send("tcp://127.0.0.1:1", b"__transfer__", b"to nobody")
+        tx.send("tcp://127.0.0.1:1", &[b"__transfer__", b"to nobody"])
             .unwrap();
         let end = Instant::now() + Duration::from_secs(10);
         loop {
@@ -735,12 +722,12 @@ mod tests {
         let eps = b.endpoints();
         let (_b_tx, mut b_rx) = b.split();
         let mut buf = vec![0u8; 1024];
-        a.send(&eps[0], b"__transfer__", b"{}").unwrap();
+        a.send(&eps[0], &[b"__transfer__", b"{}"]).unwrap();
         assert_eq!(
             next(&mut b_rx, &mut buf),
             (eps[0].clone(), b"__transfer__".to_vec(), b"{}".to_vec())
         );
-        a.send(&eps[1], b"work", b"item").unwrap();
+        a.send(&eps[1], &[b"work", b"item"]).unwrap();
         assert_eq!(
             next(&mut b_rx, &mut buf),
             (eps[1].clone(), b"work".to_vec(), b"item".to_vec())
@@ -806,7 +793,7 @@ mod tests {
         let ep = b.endpoints()[0].clone();
         let (b_tx, mut b_rx) = b.split();
         let mut buf = vec![0u8; 1024];
-        a.send(&ep, b"__transfer__", b"{}").unwrap();
+        a.send(&ep, &[b"__transfer__", b"{}"]).unwrap();
         next(&mut b_rx, &mut buf);
         drop((b_tx, b_rx));
         let mut gone = None;

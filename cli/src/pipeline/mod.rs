@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use ferry::runtime::{Head, InstanceSettings, SGLANG_HEAD_TIMEOUT};
+use ferry::runtime::{Admission, Head, InstanceConfig, SGLANG_HEAD_TIMEOUT};
 
 pub use launcher::{json, launch, table, LaunchArgs, Summary};
 pub use roles::{
@@ -148,7 +148,7 @@ pub struct LifetimeArgs {
 
 /// The coordinator's timeouts with the push timeout set.
 fn timeouts(push: Duration) -> ferry_core::handshake::coordinator::Timeouts {
-    let mut t = ferry::runtime::CoordinatorSettings::new(&PIPELINE).timeouts;
+    let mut t = ferry::runtime::CoordinatorConfig::FERRY.timeouts;
     t.push = push;
     t
 }
@@ -261,42 +261,15 @@ impl From<HeadKind> for Head {
     }
 }
 
-/// A data plane by name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Backend {
-    /// Pools in POSIX shared memory, for processes on one host.
-    Shm,
-    /// libfabric (EFA, verbs, tcp, shm providers); needs the `fabric`
-    /// feature.
-    Fabric,
-    /// ibverbs RC queue pairs on an InfiniBand or RoCE NIC; needs the
-    /// `verbs` feature.
-    Verbs,
-}
-
-impl Backend {
-    /// The name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Shm => "shm",
-            Self::Fabric => "fabric",
-            Self::Verbs => "verbs",
-        }
-    }
-
-    /// True for the data planes that reach across hosts and so pair with
-    /// the ZeroMQ control plane.
-    pub fn needs_zmq(self) -> bool {
-        matches!(self, Self::Fabric | Self::Verbs)
-    }
-}
-
 /// The data-plane options shared by `ferry instance` and `ferry bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DataPlaneArgs {
-    /// The data plane.
-    #[arg(long, value_enum, env = "FERRY_BACKEND", default_value_t = Backend::Shm)]
-    pub backend: Backend,
+    /// The data plane: `shm` (pools in POSIX shared memory, one host),
+    /// `fabric` (libfabric: EFA, verbs, tcp, shm providers; needs the
+    /// `fabric` feature) or `verbs` (ibverbs RC queue pairs on an
+    /// InfiniBand or RoCE NIC; needs the `verbs` feature).
+    #[arg(long, env = "FERRY_BACKEND", default_value = "shm")]
+    pub backend: String,
     /// The libfabric provider: `auto` (efa, verbs;ofi_rxm, tcp;ofi_rxm,
     /// the first present), or a name such as `tcp;ofi_rxm` or `shm`.
     #[arg(long, env = "FERRY_PROVIDER", default_value = "auto")]
@@ -339,7 +312,7 @@ impl DataPlaneArgs {
     pub fn to_args(&self) -> Vec<String> {
         let mut a = vec![
             "--backend".to_owned(),
-            self.backend.name().to_owned(),
+            self.backend.clone(),
             "--provider".to_owned(),
             self.provider.clone(),
             "--delivery".to_owned(),
@@ -365,46 +338,33 @@ impl DataPlaneArgs {
         a
     }
 
-    /// The data plane these options name.
+    /// The data plane these options name: each flag goes to
+    /// [`DataPlane::parse`] as the option of that name, if the chosen data
+    /// plane takes it (the flags of the others are left out).
     pub fn data_plane(&self) -> Result<DataPlane, String> {
-        match self.backend {
-            Backend::Shm => Ok(DataPlane::Shm),
-            #[cfg(feature = "fabric")]
-            Backend::Fabric => {
-                let mut c = ferry_fabric::FabricConfig::new(self.provider.parse()?);
-                c.delivery = self.delivery.parse()?;
-                c.source.clone_from(&self.fabric_source);
-                c.max_chunk = self.max_chunk_kib << 10;
-                c.write_timeout = Duration::from_millis(self.write_timeout_ms);
-                Ok(DataPlane::Fabric(c))
+        let mut given: Vec<(&str, String)> = vec![
+            ("provider", self.provider.clone()),
+            ("delivery", self.delivery.clone()),
+            ("max_chunk", (self.max_chunk_kib << 10).to_string()),
+            ("write_timeout", format!("{}ms", self.write_timeout_ms)),
+            ("port", self.ib_port.to_string()),
+        ];
+        let optional = [
+            ("source", self.fabric_source.clone()),
+            ("device", self.device.clone()),
+            ("gid_index", self.gid_index.map(|i| i.to_string())),
+            ("listen", self.verbs_listen.clone()),
+        ];
+        given.extend(optional.into_iter().filter_map(|(k, v)| Some((k, v?))));
+        let takes = DataPlane::options_of(&self.backend).unwrap_or(&[]);
+        given.retain(|(k, _)| takes.contains(k));
+        DataPlane::parse(&self.backend, given).map_err(|e| match e {
+            ferry::runtime::PlaneError::Missing { key: "device", .. } => {
+                "the verbs data plane needs an RDMA device: --device <name> (see `ibv_devices`)"
+                    .to_owned()
             }
-            #[cfg(not(feature = "fabric"))]
-            Backend::Fabric => Err(
-                "this ferry was built without the libfabric data plane; rebuild with `--features fabric`"
-                    .into(),
-            ),
-            #[cfg(feature = "verbs")]
-            Backend::Verbs => {
-                let device = self.device.clone().ok_or(
-                    "the verbs data plane needs an RDMA device: --device <name> (see `ibv_devices`)",
-                )?;
-                let mut c = ferry_verbs::VerbsConfig::new(device);
-                c.port = self.ib_port;
-                c.gid = self
-                    .gid_index
-                    .map_or(ferry_verbs::GidChoice::Auto, ferry_verbs::GidChoice::Index);
-                c.listen.clone_from(&self.verbs_listen);
-                c.max_chunk = (self.max_chunk_kib > 0)
-                    .then(|| u32::try_from(self.max_chunk_kib.saturating_mul(1024)).unwrap_or(u32::MAX));
-                c.write_timeout = Duration::from_millis(self.write_timeout_ms);
-                Ok(DataPlane::Verbs(c))
-            }
-            #[cfg(not(feature = "verbs"))]
-            Backend::Verbs => Err(
-                "this ferry was built without the ibverbs data plane; rebuild with `--features verbs`"
-                    .into(),
-            ),
-        }
+            e => e.to_string(),
+        })
     }
 }
 
@@ -446,7 +406,7 @@ pub fn coordinator_main(args: &CoordinatorArgs) -> ExitCode {
     let mut t = timeouts(Duration::from_millis(args.push_timeout_ms));
     t.alloc = Duration::from_millis(args.alloc_timeout_ms);
     t.done = Duration::from_millis(args.done_timeout_ms);
-    let admitted: Vec<(String, String)> = [
+    let admitted: Vec<Admission> = [
         ("encoder", &args.encoder_urls),
         ("denoiser", &args.denoiser_urls),
         ("decoder", &args.decoder_urls),
@@ -455,7 +415,10 @@ pub fn coordinator_main(args: &CoordinatorArgs) -> ExitCode {
     .flat_map(|(role, urls)| {
         urls.iter()
             .filter(|u| !u.trim().is_empty())
-            .map(move |u| (role.to_owned(), u.trim().to_owned()))
+            .map(move |u| Admission {
+                role: role.to_owned(),
+                endpoint: u.trim().to_owned(),
+            })
     })
     .collect();
     roles::coordinator(
@@ -579,7 +542,7 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
                 hold: Duration::ZERO,
                 data_plane,
                 workload: Workload::Pipeline,
-                reserved_timeout: InstanceSettings::new("", "").reserved_timeout,
+                reserved_timeout: InstanceConfig::FERRY.reserved_timeout,
                 head: HeadKind::Ferry.into(),
                 head_timeout: SGLANG_HEAD_TIMEOUT,
                 metrics_listen: args.metrics_listen.clone(),
@@ -590,16 +553,19 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
         }
         None => {}
     }
-    if args.data_plane.backend.needs_zmq() && args.control != Control::Zmq {
-        eprintln!(
-            "pipeline: the {} data plane pairs with the ZeroMQ control plane (--control zmq)",
-            args.data_plane.backend.name()
-        );
-        return ExitCode::from(2);
-    }
-    if let Err(e) = args.data_plane.data_plane() {
-        eprintln!("pipeline: {e}");
-        return ExitCode::from(2);
+    match args.data_plane.data_plane() {
+        Err(e) => {
+            eprintln!("pipeline: {e}");
+            return ExitCode::from(2);
+        }
+        Ok(plane) if plane.needs_zmq() && args.control != Control::Zmq => {
+            eprintln!(
+                "pipeline: the {} data plane pairs with the ZeroMQ control plane (--control zmq)",
+                plane.name()
+            );
+            return ExitCode::from(2);
+        }
+        Ok(_) => {}
     }
     if let Some(Err(e)) = args
         .metrics_listen

@@ -10,8 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ferry_core::handshake::coordinator::{CoordinatorEvent, Timeouts};
 use ferry_core::handshake::instance::InstanceError;
 use ferry_core::json::RawJson;
-use ferry_core::transport::wait::WaitRecv;
-use ferry_core::transport::{ControlChannel, ControlSend};
+use ferry_core::transport::ControlChannel;
 use ferry_shm::UdsChannel;
 use ferry_zmq::{ZmqChannel, ZmqSettings};
 
@@ -19,14 +18,13 @@ use super::data;
 use super::sglang::{self, SglangRole, SglangTally};
 use super::stopping::{await_registration, stop_coordinator, Ending};
 use crate::lifetime::Lifetime;
-use ferry::runtime::shm::{start_instance, start_instance_on, CopySettings};
 use ferry::runtime::telemetry::Telemetry;
 use ferry::runtime::Head;
+use ferry::runtime::Prealloc;
 use ferry::runtime::{
     CoordinatorNode, CoordinatorSettings, Delivery, InstanceNode, InstanceSettings, NodeError,
     Staging,
 };
-use ferry_core::transport::ControlSendParts;
 use serde_json::json;
 
 use crate::metrics_http::{MetricsServer, Readiness};
@@ -41,26 +39,8 @@ pub enum Control {
     Zmq,
 }
 
-/// The data plane an instance writes and receives over.
-#[derive(Clone, Debug, Default)]
-pub enum DataPlane {
-    /// Pools in POSIX shared memory (one host).
-    #[default]
-    Shm,
-    /// A libfabric provider.
-    #[cfg(feature = "fabric")]
-    Fabric(ferry_fabric::FabricConfig),
-    /// An RDMA device port (ibverbs).
-    #[cfg(feature = "verbs")]
-    Verbs(ferry_verbs::VerbsConfig),
-}
-
-impl DataPlane {
-    /// True for the data planes that pair with the ZeroMQ control plane.
-    fn needs_zmq(&self) -> bool {
-        !matches!(self, Self::Shm)
-    }
-}
+/// The data plane an instance writes and receives over: the library's.
+pub use ferry::runtime::DataPlane;
 
 /// What an instance sends and what it checks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -124,8 +104,8 @@ pub struct CoordinatorOptions {
     pub drain_timeout: Duration,
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics_listen: Option<String>,
-    /// (role, work endpoint) pairs that may register; empty: any.
-    pub admitted: Vec<(String, String)>,
+    /// The endpoints that may register, each as its role; empty: any.
+    pub admitted: Vec<ferry::runtime::Admission>,
     /// The addresses that may connect (ZeroMQ over tcp); empty: any.
     pub allow_from: Vec<std::net::IpAddr>,
 }
@@ -160,7 +140,7 @@ pub fn coordinator(
     };
     remove_stale_pools();
     let mut settings = CoordinatorSettings::new(&PIPELINE);
-    settings.timeouts = timeouts;
+    settings.config.timeouts = timeouts;
     settings.admitted = options.admitted.clone();
     let run = Run {
         life: &life,
@@ -221,7 +201,7 @@ fn run_coordinator<C>(settings: &CoordinatorSettings, channel: C, run: &Run<'_>)
 where
     C: ControlChannel,
     C::Sender: 'static,
-    C::Receiver: WaitRecv + 'static,
+    C::Receiver: 'static,
 {
     let node = CoordinatorNode::start(settings, channel, |e| match e {
         CoordinatorEvent::Registered { role, .. } => {
@@ -385,7 +365,7 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
     };
     remove_stale_pools();
     let mut settings = InstanceSettings::new(&args.role, &args.coordinator);
-    settings.reserved_timeout = args.reserved_timeout;
+    settings.config.reserved_timeout = args.reserved_timeout;
     if args.head == Head::Sglang {
         settings = settings.under_sglang(args.head_timeout);
     }
@@ -393,16 +373,25 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
     let mut pool: usize = match args.role.as_str() {
         "encoder" => 256 << 20,
         "denoiser" => {
-            settings.prealloc = (4, slot);
+            settings.config.prealloc = Prealloc {
+                count: 4,
+                size: slot,
+            };
             512 << 20
         }
         _ => {
-            settings.prealloc = (4, slot);
+            settings.config.prealloc = Prealloc {
+                count: 4,
+                size: slot,
+            };
             256 << 20
         }
     };
     if let Some((n, mib)) = args.prealloc {
-        settings.prealloc = (n, mib << 20);
+        settings.config.prealloc = Prealloc {
+            count: n,
+            size: mib << 20,
+        };
     }
     if let Workload::Random { max_bytes, .. } = args.workload {
         match random_pool(&settings, max_bytes, args.pool_mib, pool) {
@@ -412,29 +401,7 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
     } else if args.pool_mib > 0 {
         pool = args.pool_mib << 20;
     }
-    #[cfg(feature = "fabric")]
-    if let DataPlane::Fabric(config) = &args.data_plane {
-        let channel = match bind_zmq(args) {
-            Ok(c) => c,
-            Err(code) => return code,
-        };
-        return match ferry::runtime::fabric::start_instance(&settings, pool, config, channel) {
-            Ok(node) => run_instance(&node, args, &life),
-            Err(e) => fail("start instance", e),
-        };
-    }
-    #[cfg(feature = "verbs")]
-    if let DataPlane::Verbs(config) = &args.data_plane {
-        let channel = match bind_zmq(args) {
-            Ok(c) => c,
-            Err(code) => return code,
-        };
-        return match ferry::runtime::verbs::start_instance(&settings, pool, config, channel) {
-            Ok(node) => run_instance(&node, args, &life),
-            Err(e) => fail("start instance", e),
-        };
-    }
-    let copy = CopySettings::default();
+    let plane = &args.data_plane;
     if args.workload == Workload::Sglang {
         // sglang's sockets are ZeroMQ's, and the decoder's output needs
         // a channel that carries any number of frames.
@@ -446,22 +413,24 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
             Ok(c) => c,
             Err(code) => return code,
         };
-        return match start_instance_on(&settings, pool, copy, channel) {
+        return match plane.start_instance(&settings, pool, channel) {
             Ok(node) => run_sglang(&node, args, role, &life),
             Err(e) => fail("start instance", e),
         };
     }
     match args.control {
-        Control::Uds => match start_instance(&settings, pool, copy, &args.endpoint) {
-            Ok(node) => run_instance(&node, args, &life),
-            Err(e) => fail("start instance", e),
-        },
-        Control::Zmq => {
+        Control::Uds if !plane.needs_zmq() => {
+            match plane.start_instance_at(&settings, pool, &args.endpoint) {
+                Ok(node) => run_instance(&node, args, &life),
+                Err(e) => fail("start instance", e),
+            }
+        }
+        _ => {
             let channel = match bind_zmq(args) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
-            match start_instance_on(&settings, pool, copy, channel) {
+            match plane.start_instance(&settings, pool, channel) {
                 Ok(node) => run_instance(&node, args, &life),
                 Err(e) => fail("start instance", e),
             }
@@ -480,8 +449,11 @@ fn random_pool(
     pool_mib: usize,
     default: usize,
 ) -> Result<usize, String> {
-    let block = settings.min_block.max(1);
-    let (slots, slot) = settings.prealloc;
+    let block = settings.config.min_block.max(1);
+    let Prealloc {
+        count: slots,
+        size: slot,
+    } = settings.config.prealloc;
     let prealloc = (slots as u64).saturating_mul(slot);
     let largest = max_bytes.next_power_of_two().max(block);
     let need = prealloc
@@ -530,8 +502,8 @@ fn bind_zmq(args: &InstanceArgs) -> Result<ZmqChannel, ExitCode> {
 /// Serves metrics and probes for an instance (if asked) and waits for its
 /// registration; `Err` holds the exit code when that failed or a stop came
 /// first.
-fn start_serving<S: ControlSend + Send + 'static>(
-    node: &InstanceNode<S>,
+fn start_serving(
+    node: &InstanceNode,
     args: &InstanceArgs,
     life: &Lifetime,
     ready: &Readiness,
@@ -563,16 +535,12 @@ fn start_serving<S: ControlSend + Send + 'static>(
 }
 
 /// Runs an instance of the sglang workload until it is stopped.
-fn run_sglang<S>(
-    node: &InstanceNode<S>,
+fn run_sglang(
+    node: &InstanceNode,
     args: &InstanceArgs,
     role: SglangRole,
     life: &Lifetime,
-) -> ExitCode
-where
-    S: ControlSendParts + Send + 'static,
-    S::Error: Send + Sync + 'static,
-{
+) -> ExitCode {
     let ready = Readiness::new();
     let _metrics = match start_serving(node, args, life, &ready) {
         Ok(m) => m,
@@ -607,11 +575,7 @@ where
     ExitCode::SUCCESS
 }
 
-fn run_instance<S: ControlSend + Send + 'static>(
-    node: &InstanceNode<S>,
-    args: &InstanceArgs,
-    life: &Lifetime,
-) -> ExitCode {
+fn run_instance(node: &InstanceNode, args: &InstanceArgs, life: &Lifetime) -> ExitCode {
     let ready = Readiness::new();
     let _metrics = match start_serving(node, args, life, &ready) {
         Ok(m) => m,
@@ -674,11 +638,7 @@ fn run_instance<S: ControlSend + Send + 'static>(
     ExitCode::SUCCESS
 }
 
-fn drain_outcomes<S: ControlSend + Send + 'static>(
-    node: &InstanceNode<S>,
-    tally: &mut Tally,
-    wait: Duration,
-) -> bool {
+fn drain_outcomes(node: &InstanceNode, tally: &mut Tally, wait: Duration) -> bool {
     match node.next_outcome(wait) {
         Some(o) if o.sent => tally.sent += 1,
         Some(o) => {
@@ -712,13 +672,13 @@ fn scalars(n: u64) -> String {
 /// Stages a request, retrying while the pool or the request table is full
 /// (the receivers drain it), for at most `patience`; `while_waiting` runs
 /// between tries and says whether to go on trying.
-pub(crate) fn stage_with_patience<'n, 'a, S: ControlSend + Send + 'static>(
-    node: &'n InstanceNode<S>,
+pub(crate) fn stage_with_patience<'n, 'a>(
+    node: &'n InstanceNode,
     id: &str,
     specs: &[ferry_core::slots::TensorSpec<'a>],
     patience: Duration,
     mut while_waiting: impl FnMut() -> bool,
-) -> Result<Staging<'n, 'a, S>, NodeError> {
+) -> Result<Staging<'n, 'a>, NodeError> {
     let start = Instant::now();
     loop {
         match node.stage(id, specs) {
@@ -733,9 +693,9 @@ pub(crate) fn stage_with_patience<'n, 'a, S: ControlSend + Send + 'static>(
 /// the delivery's id (waiting up to 30 s for room, while `patient` says so)
 /// and forwards them with `scalar_fields`, which lets go of the delivery.
 /// On an error the delivery is failed.
-pub(crate) fn forward_denoised<S: ControlSend + Send + 'static>(
-    node: &InstanceNode<S>,
-    d: Delivery<'_, S>,
+pub(crate) fn forward_denoised(
+    node: &InstanceNode,
+    d: Delivery<'_>,
     n: u64,
     scalar_fields: &str,
     patient: &dyn Fn() -> bool,
@@ -763,10 +723,10 @@ pub(crate) fn forward_denoised<S: ControlSend + Send + 'static>(
 
 /// The encoder: sends `requests` requests, at most `window` in flight,
 /// until it is asked to stop.
-fn encode<S: ControlSend + Send + 'static>(
-    node: &InstanceNode<S>,
+fn encode(
+    node: &InstanceNode,
     args: &InstanceArgs,
-    ending: &mut Ending<'_, S>,
+    ending: &mut Ending<'_>,
     tally: &mut Tally,
 ) -> Result<(), NodeError> {
     let pipeline_specs = data::encoder_tensors();
@@ -841,12 +801,7 @@ fn scalar_u64(scalars: &str, key: &str) -> Option<u64> {
 
 /// Checks a delivery of request `n` against what its sender made: the
 /// field and first byte that differ, if any.
-fn verify<S: ControlSend + Send + 'static>(
-    d: &Delivery<'_, S>,
-    n: u64,
-    workload: Workload,
-    forward: bool,
-) -> Option<(String, usize)> {
+fn verify(d: &Delivery<'_>, n: u64, workload: Workload, forward: bool) -> Option<(String, usize)> {
     let mut bad = None;
     let mut seen = 0;
     for v in d.tensors() {
@@ -882,9 +837,9 @@ fn verify<S: ControlSend + Send + 'static>(
 /// Denoisers and the decoder: receive, check every byte, record the hand-off
 /// latency; with the pipeline's workload, denoisers transform and forward
 /// the latents under the same id.
-fn serve<S: ControlSend + Send + 'static>(
-    node: &InstanceNode<S>,
-    ending: &mut Ending<'_, S>,
+fn serve(
+    node: &InstanceNode,
+    ending: &mut Ending<'_>,
     tally: &mut Tally,
     forward: bool,
     hold: Duration,

@@ -19,7 +19,6 @@
 use std::time::Duration;
 
 use ferry::runtime::{Delivery, InstanceNode};
-use ferry_core::transport::ControlSendParts;
 use serde_json::json;
 
 use super::data;
@@ -88,15 +87,12 @@ impl SglangRole {
 }
 
 /// Runs `role` of the sglang workload until `ending` says to stop.
-pub(crate) fn run<S>(
-    node: &InstanceNode<S>,
+pub(crate) fn run(
+    node: &InstanceNode,
     role: SglangRole,
-    ending: &mut Ending<'_, S>,
+    ending: &mut Ending<'_>,
     tally: &mut SglangTally,
-) where
-    S: ControlSendParts + Send + 'static,
-    S::Error: Send + Sync + 'static,
-{
+) {
     match role {
         SglangRole::Encoder => encode(node, ending, tally),
         SglangRole::Denoiser => receive(node, ending, tally, forward),
@@ -104,11 +100,7 @@ pub(crate) fn run<S>(
     }
 }
 
-fn encode<S>(node: &InstanceNode<S>, ending: &mut Ending<'_, S>, tally: &mut SglangTally)
-where
-    S: ControlSendParts + Send + 'static,
-    S::Error: Send + Sync + 'static,
-{
+fn encode(node: &InstanceNode, ending: &mut Ending<'_>, tally: &mut SglangTally) {
     let specs = data::encoder_tensors();
     while ending.keep_going() {
         let Some(item) = node.next_frame(Duration::from_millis(20)) else {
@@ -148,15 +140,12 @@ where
 
 /// Receives, checks every byte against what the previous role made from
 /// the request id, and hands good deliveries to `then`.
-fn receive<S>(
-    node: &InstanceNode<S>,
-    ending: &mut Ending<'_, S>,
+fn receive(
+    node: &InstanceNode,
+    ending: &mut Ending<'_>,
     tally: &mut SglangTally,
-    then: impl Fn(&InstanceNode<S>, Delivery<'_, S>, u64, &mut SglangTally, &dyn Fn() -> bool),
-) where
-    S: ControlSendParts + Send + 'static,
-    S::Error: Send + Sync + 'static,
-{
+    then: impl Fn(&InstanceNode, Delivery<'_>, u64, &mut SglangTally, &dyn Fn() -> bool),
+) {
     while ending.keep_going() {
         let Some(d) = node.recv(Duration::from_millis(20)) else {
             continue;
@@ -193,16 +182,13 @@ fn receive<S>(
     }
 }
 
-fn forward<S>(
-    node: &InstanceNode<S>,
-    d: Delivery<'_, S>,
+fn forward(
+    node: &InstanceNode,
+    d: Delivery<'_>,
     n: u64,
     tally: &mut SglangTally,
     patient: &dyn Fn() -> bool,
-) where
-    S: ControlSendParts + Send + 'static,
-    S::Error: Send + Sync + 'static,
-{
+) {
     let id = d.id().to_owned();
     match forward_denoised(node, d, n, &json!({"request_id": id}).to_string(), patient) {
         Ok(()) => tally.staged += 1,
@@ -213,16 +199,13 @@ fn forward<S>(
     }
 }
 
-fn output<S>(
-    node: &InstanceNode<S>,
-    d: Delivery<'_, S>,
+fn output(
+    node: &InstanceNode,
+    d: Delivery<'_>,
     n: u64,
     tally: &mut SglangTally,
     _patient: &dyn Fn() -> bool,
-) where
-    S: ControlSendParts + Send + 'static,
-    S::Error: Send + Sync + 'static,
-{
+) {
     let id = d.id().to_owned();
     // Let go of the slot before the head hears of the output: it reuses a
     // preallocated slot as soon as it has it.

@@ -10,7 +10,6 @@
 use std::time::{Duration, Instant};
 
 use ferry::runtime::{CoordinatorNode, InstanceNode};
-use ferry_core::transport::ControlSend;
 use serde_json::json;
 
 use super::roles::emit_json;
@@ -29,21 +28,21 @@ fn cause_name(life: &Lifetime) -> String {
 /// An instance's way out, driven from its role's loop: call
 /// [`keep_going`](Self::keep_going) each turn, and [`leave`](Self::leave)
 /// once it says no.
-pub(crate) struct Ending<'n, S: ControlSend + Send + 'static> {
+pub(crate) struct Ending<'n> {
     life: &'n Lifetime,
-    node: &'n InstanceNode<S>,
+    node: &'n InstanceNode,
     grace: Duration,
     ready: Readiness,
     /// When the drain's grace period ends (`None`: no drain began).
     deadline: Option<Instant>,
 }
 
-impl<'n, S: ControlSend + Send + 'static> Ending<'n, S> {
+impl<'n> Ending<'n> {
     /// The ending of `node`, with `grace` to drain in; `ready` is what
     /// `/readyz` answers.
     pub(crate) fn new(
         life: &'n Lifetime,
-        node: &'n InstanceNode<S>,
+        node: &'n InstanceNode,
         grace: Duration,
         ready: Readiness,
     ) -> Self {
@@ -137,8 +136,8 @@ impl<'n, S: ControlSend + Send + 'static> Ending<'n, S> {
 /// Waits for the coordinator to answer the registration (up to
 /// `patience`), a stop cutting the wait short: `Ok(true)` registered,
 /// `Ok(false)` stopped first.
-pub(crate) fn await_registration<S: ControlSend + Send + 'static>(
-    node: &InstanceNode<S>,
+pub(crate) fn await_registration(
+    node: &InstanceNode,
     life: &Lifetime,
     patience: Duration,
 ) -> Result<bool, ferry::runtime::NodeError> {

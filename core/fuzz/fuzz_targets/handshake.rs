@@ -5,6 +5,11 @@
 //! far enough, nothing is left in flight, held, parked or leaked.
 #![no_main]
 
+// The machines are built, and their output drained, as the path tests and
+// the simulation do.
+#[path = "../../tests/harness/mod.rs"]
+mod harness;
+
 use std::time::Duration;
 
 use arbitrary::Arbitrary;
@@ -96,6 +101,20 @@ enum Op {
         from: u8,
         msg: FMsg,
     },
+    /// A message as a channel delivers it, named by an endpoint (one of a
+    /// few, or none), arriving at a role's endpoint or another; `raw`:
+    /// the bytes as given, else a well-formed message.
+    Incoming {
+        from: u8,
+        via: u8,
+        msg: FMsg,
+        raw: Option<Vec<u8>>,
+        magic: bool,
+    },
+    /// A peer's connection closed.
+    Gone {
+        from: u8,
+    },
     ToInst {
         to: bool,
         msg: FMsg,
@@ -148,13 +167,7 @@ fn encode(m: &FMsg, buf: &mut Vec<u8>) {
         addr: 0x1000,
     }];
     let dims = [4096u64];
-    let small = [TensorEntry {
-        field: "x".into(),
-        list_index: None,
-        offset: 0,
-        shape: Shape::Dims(&dims),
-        dtype: "uint8".into(),
-    }];
+    let small = [harness::blob(&dims)];
     let big_dims = [1u64 << 40];
     let big = [TensorEntry {
         shape: Shape::Dims(&big_dims),
@@ -282,9 +295,7 @@ fn encode(m: &FMsg, buf: &mut Vec<u8>) {
             reason: "fuzz".into(),
         }),
     };
-    buf.resize(msg.encoded_len(Default::default()), 0);
-    let n = msg.encode(buf).expect("sized");
-    buf.truncate(n);
+    harness::encode_into(&msg, buf);
 }
 
 /// The instances' table sizes.
@@ -293,10 +304,11 @@ const LIMITS: Limits = Limits {
     nested_per_request: 256,
     tombstones: 8,
     members: 0,
+    prealloc_per_member: 0,
 };
 
 fn instance(role: &'static str, session: &'static str) -> Instance<'static> {
-    let config = InstanceConfig {
+    let who = InstanceIdentity {
         role,
         session_id: session,
         work_endpoint: if role == "denoiser" {
@@ -305,25 +317,30 @@ fn instance(role: &'static str, session: &'static str) -> Instance<'static> {
             "tcp://enc"
         },
         pool_ptr: 0x1000,
-        pool: POOL,
-        prealloc: (1, 8192),
+        pool_size: POOL.pool_size,
+        // The denoiser's data plane reports arrivals; the encoder's
+        // completions mean delivery.
+        delivery_complete: role != "denoiser",
+    };
+    let config = InstanceConfig {
+        min_block: POOL.min_block,
+        prealloc: Prealloc {
+            count: 1,
+            size: 8192,
+        },
         register_retry: Duration::from_millis(5),
         staged_timeout: Duration::from_millis(200),
         reserved_timeout: Duration::from_millis(200),
         quarantine: Duration::from_millis(5),
-        // The denoiser's data plane reports arrivals; the encoder's
-        // completions mean delivery.
-        landing: (role == "denoiser").then_some(Duration::from_millis(10)),
+        landing_timeout: Duration::from_millis(10),
         head: ferry_core::handshake::instance::Head::Ferry,
         alloc_hold: Duration::from_secs(20),
     };
-    let st = InstanceStorage::owned(&LIMITS, &POOL, 1).expect("storage for the pool");
-    Instance::new(Instant(0), config, st).expect("valid instance")
+    harness::instance(Instant(0), &who, &config, &LIMITS)
 }
 
 fuzz_target!(|ops: Vec<Op>| {
     let config = CoordinatorConfig {
-        pipeline: &ROLES,
         policy: Policy::MostFreeSlots,
         capacity_per_instance: 2,
         timeouts: Timeouts {
@@ -340,10 +357,18 @@ fuzz_target!(|ops: Vec<Op>| {
     let limits = Limits {
         requests: 4,
         members: 4,
+        prealloc_per_member: 2,
         ..LIMITS
     };
-    let mut coord = Coordinator::<2>::new(config, CoordinatorStorage::owned(&limits))
-    .expect("valid coordinator");
+    let mut coord = harness::coordinator(&ROLES, config, &limits);
+    // Messages on a channel that cannot name senders are judged by the
+    // endpoint they arrive at.
+    coord
+        .set_role_endpoint(ROLES[0], "tcp://c:enc")
+        .expect("a role of the pipeline");
+    coord
+        .set_role_endpoint(ROLES[1], "tcp://c:den")
+        .expect("a role of the pipeline");
     let mut insts = [instance("encoder", "enc"), instance("denoiser", "den")];
     let mut now = Instant(0);
     let mut buf = vec![0u8; 8192];
@@ -352,7 +377,7 @@ fuzz_target!(|ops: Vec<Op>| {
     // The tags of the writes posted, newest last.
     let mut posted: Vec<ferry_core::transport::WriteTag> = Vec::new();
 
-    let mut pump = |coord: &mut Coordinator<'_, 2>,
+    let mut pump = |coord: &mut Coordinator<'_>,
                     insts: &mut [Instance<'_>; 2],
                     now: Instant,
                     held: &mut Vec<(usize, Token)>,
@@ -360,31 +385,31 @@ fuzz_target!(|ops: Vec<Op>| {
                     posted: &mut Vec<ferry_core::transport::WriteTag>| {
         for _ in 0..64 {
             let mut moved = false;
-            while let Some(t) = coord.poll_transmit(&mut buf) {
-                let t = t.expect("buffer large enough");
+            // Peers are named by number here (instance `i` is peer `i +
+            // 1`), as `Op::ToCoord` names them.
+            for (to, bytes) in harness::coordinator_outbox(coord, &mut buf) {
                 moved = true;
-                let msg = decode(&buf[..t.len]).expect("coordinator output decodes");
-                if let Some(inst) = insts.get_mut((t.to.0 as usize).wrapping_sub(1)) {
+                let msg = decode(&bytes).expect("coordinator output decodes");
+                if let Some(inst) = insts.get_mut((to.0 as usize).wrapping_sub(1)) {
                     let _ = inst.handle(now, &msg);
                 }
             }
-            while coord.poll_event().is_some() {}
+            harness::coordinator_events(coord);
             for (i, inst) in insts.iter_mut().enumerate() {
-                while let Some(n) = inst.poll_transmit(&mut buf) {
-                    let n = n.expect("buffer large enough");
+                for bytes in harness::instance_outbox(inst, &mut buf) {
                     moved = true;
-                    let msg = decode(&buf[..n]).expect("instance output decodes");
+                    let msg = decode(&bytes).expect("instance output decodes");
                     let _ = coord.sender_of(&msg, coord.role_of(PeerId(i as u32 + 1)));
                     let _ = coord.handle(now, PeerId(i as u32 + 1), &msg);
                 }
-                while let Some(w) = inst.poll_action() {
+                for w in harness::writes(inst) {
                     writes.push((i, w.token));
                     if posted.len() == 64 {
                         posted.remove(0);
                     }
                     posted.push(w.tag);
                 }
-                while let Some(e) = inst.poll_event() {
+                for e in harness::instance_events(inst) {
                     if let InstanceEvent::Received(t) = e {
                         held.push((i, t));
                     }
@@ -406,6 +431,48 @@ fuzz_target!(|ops: Vec<Op>| {
                 let _ = coord.sender_of(&m, None);
                 let _ = coord.handle(now, PeerId(u32::from(from % 4) + 1), &m);
             }
+            Op::Incoming {
+                from,
+                via,
+                msg,
+                raw,
+                magic,
+            } => {
+                const FROM: [&str; 5] = ["", "tcp://enc", "tcp://den", "tcp://x:1", "tcp://x:2"];
+                const VIA: [&str; 3] = ["tcp://c:enc", "tcp://c:den", "tcp://c:other"];
+                let payload = match raw {
+                    Some(r) => r,
+                    None => {
+                        encode(&msg, &mut bytes);
+                        bytes.clone()
+                    }
+                };
+                let (magic, payload): (&[u8], &[u8]) = if magic {
+                    (ferry_core::wire::TRANSFER_MAGIC, &payload)
+                } else {
+                    // A role's result, or any other message.
+                    (&payload, b"")
+                };
+                let m = ferry_core::transport::Incoming {
+                    from: FROM[usize::from(from) % FROM.len()],
+                    via: VIA[usize::from(via) % VIA.len()],
+                    magic,
+                    payload,
+                };
+                if let Ok(peer) = coord.handle_incoming(now, &m) {
+                    // A named peer is answered at its endpoint.
+                    assert_eq!(
+                        coord
+                            .peer_at(coord.endpoint_of(peer).unwrap_or(""))
+                            .is_some(),
+                        coord.endpoint_of(peer).is_some()
+                    );
+                }
+            }
+            Op::Gone { from } => {
+                const FROM: [&str; 4] = ["tcp://enc", "tcp://den", "tcp://x:1", ""];
+                let _ = coord.handle_gone(now, FROM[usize::from(from) % FROM.len()]);
+            }
             Op::ToInst { to, msg } => {
                 encode(&msg, &mut bytes);
                 let m = decode(&bytes).expect("own encoding decodes");
@@ -416,21 +483,9 @@ fuzz_target!(|ops: Vec<Op>| {
                 if let Ok((token, _)) =
                     insts[i].stage(IDS[usize::from(id) % IDS.len()], u64::from(size) + 1)
                 {
-                    let dims = [u64::from(size) + 1];
-                    let e = [TensorEntry {
-                        field: "x".into(),
-                        list_index: None,
-                        offset: 0,
-                        shape: Shape::Dims(&dims),
-                        dtype: "uint8".into(),
-                    }];
-                    let _ = insts[i].commit(
-                        now,
-                        token,
-                        u64::from(size) + 1,
-                        &Manifest::Entries(&e),
-                        RawJson::EMPTY_OBJECT,
-                    );
+                    let len = u64::from(size) + 1;
+                    let scalars = RawJson::EMPTY_OBJECT;
+                    let _ = harness::commit_blob(&mut insts[i], now, token, len, scalars, None);
                 }
             }
             Op::Release { nth, error } if !held.is_empty() => {
@@ -463,7 +518,14 @@ fuzz_target!(|ops: Vec<Op>| {
             }
             _ => {}
         }
-        pump(&mut coord, &mut insts, now, &mut held, &mut writes, &mut posted);
+        pump(
+            &mut coord,
+            &mut insts,
+            now,
+            &mut held,
+            &mut writes,
+            &mut posted,
+        );
     }
 
     // Let go of everything, then let time run out every wait.
@@ -479,17 +541,17 @@ fuzz_target!(|ops: Vec<Op>| {
         for inst in &mut insts {
             inst.handle_timeout(now);
         }
-        pump(&mut coord, &mut insts, now, &mut held, &mut writes, &mut posted);
+        pump(
+            &mut coord,
+            &mut insts,
+            now,
+            &mut held,
+            &mut writes,
+            &mut posted,
+        );
     }
-    assert_eq!(coord.in_flight(), 0, "requests still in flight");
-    assert_eq!(coord.prealloc_taken(), 0, "preallocated slots still taken");
-    assert!(
-        coord.capacity_in_use().all(|(_, n)| n == 0),
-        "capacity not released"
-    );
-    for inst in &insts {
-        assert_eq!(inst.requests_held(), 0, "{inst:?} holds requests");
-        assert_eq!(inst.prealloc_in_use(), 0);
-        assert_eq!(inst.pool().stats().live_slots, 1, "{inst:?} leaks");
+    harness::assert_coordinator_drained(&coord, "coordinator");
+    for (i, inst) in insts.iter().enumerate() {
+        harness::assert_instance_drained(inst, 1, &format!("instance {i}"));
     }
 });

@@ -405,6 +405,10 @@ pub enum Ignored {
     NotAdmitted,
     /// The instance left (`Instance::leave`): nothing reaches it any more.
     Left,
+    /// The coordinator's peer table has no place for a new endpoint (it
+    /// has none at all, or, against a secret hash key, none its index can
+    /// reach).
+    PeerTableFull,
 }
 
 impl fmt::Display for Ignored {
@@ -423,6 +427,7 @@ impl fmt::Display for Ignored {
             Self::TooLong(name) => write!(f, "field `{name}` too long"),
             Self::Left => f.write_str("the instance left"),
             Self::NotAdmitted => f.write_str("endpoint not admitted for its role"),
+            Self::PeerTableFull => f.write_str("no place in the peer table"),
         }
     }
 }

@@ -16,7 +16,8 @@ use super::instance::MAX_REQUESTS;
 /// | `requests` | about 1.2 KiB a transfer (its record, index, timer, queued messages and events, parked place), plus `nested_per_request` | about 2.9 KiB a request (likewise), plus `nested_per_request` |
 /// | `nested_per_request` | bytes per transfer (zeroed by the allocator: pages are touched as used) | bytes per request (likewise) |
 /// | `tombstones` | about 0.12 KiB each | about 0.12 KiB each |
-/// | `members` | about 1.9 KiB an instance (with 16 preallocated slots) | not used |
+/// | `members` | about 2.6 KiB an instance (room for 32 preallocated slots included) | not used |
+/// | `prealloc_per_member` | a parked-slot record (about 0.1 KiB) per member for each | not used |
 ///
 /// [`Limits::default`] is a coordinator's for a deployment of hundreds of
 /// instances: 16,384 transfers in flight, 1,024 instances, and 65,536
@@ -34,6 +35,10 @@ pub struct Limits {
     pub tombstones: usize,
     /// Instances a coordinator may have registered at once.
     pub members: usize,
+    /// Preallocated slots a coordinator takes from each instance (the
+    /// fast path's receive slots; a registration with more is refused), at
+    /// most [`MAX_PREALLOC_PER_MEMBER`](super::coordinator::MAX_PREALLOC_PER_MEMBER).
+    pub prealloc_per_member: usize,
 }
 
 impl Default for Limits {
@@ -45,8 +50,8 @@ impl Default for Limits {
 /// A limit out of its range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LimitsError {
-    /// Which limit: `requests`, `nested_per_request`, `tombstones` or
-    /// `members`.
+    /// Which limit: `requests`, `nested_per_request`, `tombstones`,
+    /// `members` or `prealloc_per_member`.
     pub field: &'static str,
     /// Its value.
     pub value: usize,
@@ -80,6 +85,7 @@ impl Limits {
         nested_per_request: 16 * 1024,
         tombstones: 64 * 1024,
         members: 1024,
+        prealloc_per_member: 16,
     };
 
     /// An instance's tables: 1,024 requests in flight (more than its pool
@@ -90,6 +96,7 @@ impl Limits {
         nested_per_request: 16 * 1024,
         tombstones: 64 * 1024,
         members: 1,
+        prealloc_per_member: 16,
     };
 
     /// The least room for nested JSON a request needs (`{}` twice, and a
@@ -112,6 +119,12 @@ impl Limits {
             ),
             ("tombstones", self.tombstones, 1, 1 << 24),
             ("members", self.members, 1, 1 << 24),
+            (
+                "prealloc_per_member",
+                self.prealloc_per_member,
+                0,
+                super::coordinator::MAX_PREALLOC_PER_MEMBER,
+            ),
         ];
         for (field, value, min, max) in checks {
             if !(min..=max).contains(&value) {
@@ -156,5 +169,10 @@ mod tests {
             ..Limits::default()
         };
         assert!(huge.check().unwrap_err().to_string().contains("too large"));
+        let slots = Limits {
+            prealloc_per_member: super::super::coordinator::MAX_PREALLOC_PER_MEMBER + 1,
+            ..Limits::default()
+        };
+        assert_eq!(slots.check().unwrap_err().field, "prealloc_per_member");
     }
 }

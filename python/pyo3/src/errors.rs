@@ -77,15 +77,10 @@ impl Kind {
 /// subclass of `kind`, made by `ferry._errors.error_for(message, kind)`.
 /// Should the Python package be unimportable, a `RuntimeError`.
 pub(crate) fn raise(py: Python<'_>, message: String, kind: Kind) -> PyErr {
-    raise_named(py, message, kind.name())
-}
-
-/// [`raise`] by the kind's name.
-pub(crate) fn raise_named(py: Python<'_>, message: String, kind: &str) -> PyErr {
     match py
         .import("ferry._errors")
         .and_then(|m| m.getattr("error_for"))
-        .and_then(|f| f.call1((message.clone(), kind)))
+        .and_then(|f| f.call1((message.clone(), kind.name())))
     {
         Ok(err) => PyErr::from_value(err),
         Err(_) => pyo3::exceptions::PyRuntimeError::new_err(message),

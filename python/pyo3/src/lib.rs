@@ -29,14 +29,6 @@ pub fn add_to(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// The Python exception for a ferry error of the kind named `kind`
-/// (`"io"`, `"timeout"`, ...: `ferry._native.ERROR_KINDS`), the
-/// `ferry.FerryError` subclass of that kind (see [`errors`]).
-#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
-pub(crate) fn ferry_error(py: Python<'_>, message: String, kind: &str) -> PyErr {
-    errors::raise_named(py, message, kind)
-}
-
 /// With `FERRY_LOG` set (`info`, `ferry=debug`, ...), the runtime's logs go
 /// to stderr; without it, nowhere. The first module imported installs it.
 fn log_to_stderr() {

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use ferry::engine::{Backend, LocalConfig};
+use ferry::runtime::{DataPlane, PlaneError};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -70,7 +71,8 @@ pub(crate) fn parse(
         "verbs" => {
             let device = match take::<String>(&mut opts, "device")? {
                 Some(d) => d,
-                None => first_device().map_err(|why| crate::ferry_error(py, why, "io"))?,
+                None => first_device()
+                    .map_err(|why| crate::errors::raise(py, why, crate::errors::Kind::IO))?,
             };
             Backend::Verbs(ferry_verbs::VerbsConfig::new(device))
         }
@@ -167,79 +169,56 @@ fn configure(backend: Backend, opts: &mut Vec<(String, Bound<'_, PyAny>)>) -> Py
     })
 }
 
-/// The data plane of a node (`ferry.Instance(backend=...)`).
-pub(crate) enum Plane {
-    /// ferry's shared-memory loopback (pools in POSIX shared memory).
-    Shm,
-    /// ferry's libfabric data plane.
-    #[cfg(feature = "fabric")]
-    Fabric(ferry_fabric::FabricConfig),
-    /// ferry's ibverbs data plane.
-    #[cfg(feature = "verbs")]
-    Verbs(ferry_verbs::VerbsConfig),
-}
-
-/// Reads a node's `backend` and its options.
+/// Reads a node's `backend` (`local`, also `shm`; `fabric`; `verbs`) and
+/// its options (`ferry.Instance(backend=..., **options)`) into the
+/// library's data plane: every option goes to [`DataPlane::parse`] as
+/// text, which names the one it cannot take.
 pub(crate) fn data_plane(
     py: Python<'_>,
     backend: &str,
     options: Option<&Bound<'_, PyDict>>,
-) -> PyResult<Plane> {
-    let given = options.map_or(0, |d| d.len());
-    if options.is_some_and(|d| d.contains("timeout").unwrap_or(false)) {
-        return Err(PyTypeError::new_err(
-            "option \"timeout\" is the transfer engine's; a node's timeouts are its settings",
-        ));
+) -> PyResult<DataPlane> {
+    let mut given: Vec<(String, String)> = Vec::new();
+    if let Some(d) = options {
+        for (k, v) in d.iter() {
+            let key = k.extract::<String>()?;
+            if key == "timeout" {
+                return Err(PyTypeError::new_err(
+                    "option \"timeout\" is the transfer engine's; a node's timeouts are its settings",
+                ));
+            }
+            let value = match v.extract::<String>() {
+                Ok(text) => text,
+                Err(_) => v.str()?.to_string(),
+            };
+            given.push((key, value));
+        }
     }
-    match backend {
-        "shm" if given == 0 => Ok(Plane::Shm),
-        "shm" => Err(PyTypeError::new_err("the shm backend takes no options")),
-        #[cfg(feature = "fabric")]
-        "fabric" => match parse(py, backend, options)?.0 {
-            Backend::Fabric(c) => Ok(Plane::Fabric(c)),
-            _ => Err(PyValueError::new_err("not a fabric backend")),
-        },
-        #[cfg(feature = "verbs")]
-        "verbs" => match parse(py, backend, options)?.0 {
-            Backend::Verbs(c) => Ok(Plane::Verbs(c)),
-            _ => Err(PyValueError::new_err("not a verbs backend")),
-        },
-        other => {
-            let _ = py;
-            let mut names = vec!["shm"];
-            if cfg!(feature = "fabric") {
-                names.push("fabric");
-            }
-            if cfg!(feature = "verbs") {
-                names.push("verbs");
-            }
-            Err(PyValueError::new_err(format!(
-                "node backend {other:?} is not in this module (it has: {})",
+    // Python's verbs node takes the host's first device when none is named.
+    #[cfg(feature = "verbs")]
+    if backend == "verbs" && !given.iter().any(|(k, _)| k == "device") {
+        let device = first_device()
+            .map_err(|why| crate::errors::raise(py, why, crate::errors::Kind::IO))?;
+        given.push(("device".to_owned(), device));
+    }
+    let _ = py;
+    // "local" names the same-host plane in a node as in the engine; a
+    // node's is pools in shared memory, which the library and the command
+    // line call "shm", so a node takes that name too.
+    let plane = if backend == "local" { "shm" } else { backend };
+    DataPlane::parse(plane, given).map_err(|e| match e {
+        PlaneError::UnknownOption { .. } => PyTypeError::new_err(e.to_string()),
+        PlaneError::Unknown { .. } => {
+            let others = DataPlane::names().iter().filter(|n| **n != "shm");
+            let names: Vec<&str> = ["local (or shm)"].into_iter().chain(others.copied()).collect();
+            PyValueError::new_err(format!(
+                "node backend {backend:?} is not in this module (it has: {})",
                 names.join(", ")
-            )))
+            ))
         }
-    }
-}
-
-impl Plane {
-    /// Starts an instance on this data plane over `channel`.
-    pub(crate) fn start(
-        self,
-        settings: &ferry::runtime::InstanceSettings,
-        pool: usize,
-        channel: ferry_zmq::ZmqChannel,
-    ) -> Result<ferry::runtime::InstanceNode<ferry_zmq::ZmqSender>, ferry::runtime::NodeError> {
-        match self {
-            Plane::Shm => ferry::runtime::shm::start_instance_on(
-                settings,
-                pool,
-                ferry::runtime::shm::CopySettings::default(),
-                channel,
-            ),
-            #[cfg(feature = "fabric")]
-            Plane::Fabric(c) => ferry::runtime::fabric::start_instance(settings, pool, &c, channel),
-            #[cfg(feature = "verbs")]
-            Plane::Verbs(c) => ferry::runtime::verbs::start_instance(settings, pool, &c, channel),
+        PlaneError::NotBuilt { .. } => {
+            PyValueError::new_err(format!("node backend {backend:?}: {e}"))
         }
-    }
+        _ => PyValueError::new_err(e.to_string()),
+    })
 }

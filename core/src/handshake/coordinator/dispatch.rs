@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl<'s, const P: usize> Coordinator<'s, P> {
+impl<'s> Coordinator<'s> {
     pub(super) fn on_staged(
         &mut self,
         now: Instant,

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl<'s, const P: usize> Coordinator<'s, P> {
+impl<'s> Coordinator<'s> {
     /// Gives the receiver's capacity back (once: the ticket is taken).
     pub(super) fn release(&mut self, i: usize) {
         let Some(mut t) = self.transfers.get_mut(i) else {

@@ -25,7 +25,8 @@ use core::fmt;
 use core::time::Duration;
 
 use super::common::{
-    nested_json, Graveyard, Ignored, Instant, Leg, Name, PeerId, Reason, RequestId, Text, Tombstone,
+    nested_json, Graveyard, Ignored, Instant, Leg, Name, PeerId, Reason, RequestId, Text,
+    Tombstone, NAME_LEN,
 };
 use super::ring::Ring;
 use super::tables::heap::{HeapEntry, Heaps};
@@ -39,13 +40,24 @@ use crate::wire::{
     Abort, Alloc, AllocReject, Allocated, Deregister, Done, Manifest, Msg, Push, Pushed, Ready,
     Register, RegisterAck, Staged,
 };
+use peers::Peers;
+pub use peers::{PeerSlot, Unhandled};
 
+mod api;
+mod config;
 mod dispatch;
+pub use api::{CoordinatorEvent, CoordinatorStats, LegTiming, Transmit};
+pub use config::{ConfigError, CoordinatorConfig, Policy, Timeouts};
 mod endings;
+mod fail;
+pub use fail::FailReason;
 mod output;
+mod peers;
 mod queue;
 mod registry;
 mod replies;
+mod storage;
+pub use storage::{peer_table_len, CoordinatorStorage, MAX_PREALLOC_PER_MEMBER};
 
 /// What the coordinator's indexes hash: a request id, a peer, a session,
 /// an endpoint.
@@ -57,57 +69,6 @@ const NS_ENDPOINT: u64 = 3;
 /// No transfer: the end of a role's queue.
 const NONE: u32 = u32::MAX;
 
-/// How long each wait may last before the request fails.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Timeouts {
-    /// Staged, waiting for a receiver with room.
-    pub queued: Duration,
-    /// `transfer_alloc` sent, waiting for `transfer_allocated` or a reject.
-    pub alloc: Duration,
-    /// `transfer_push` sent, waiting for `transfer_pushed`. Must exceed the
-    /// data plane's own write timeout plus the control plane's delay, so
-    /// that no write lands after the request failed.
-    pub push: Duration,
-    /// `transfer_ready` sent, waiting for `transfer_done`.
-    pub done: Duration,
-}
-
-/// How a receiver is chosen among the instances of the next role.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Policy {
-    /// In turn, skipping instances without capacity.
-    RoundRobin,
-    /// The instance with the most free preallocated slots that fit, then
-    /// the most free capacity.
-    MostFreeSlots,
-}
-
-/// The coordinator's settings.
-#[derive(Clone, Copy, Debug)]
-pub struct CoordinatorConfig<'a> {
-    /// Roles in hand-off order, e.g. `["encoder", "denoiser", "decoder"]`:
-    /// a request staged by a role goes to the next one.
-    pub pipeline: &'a [&'a str],
-    /// Receiver choice.
-    pub policy: Policy,
-    /// Transfers an instance may receive at once.
-    pub capacity_per_instance: u32,
-    /// Per-phase timeouts.
-    pub timeouts: Timeouts,
-    /// Wait before re-dispatching after a retryable reject (times the
-    /// attempt number).
-    pub retry_backoff: Duration,
-    /// Dispatch attempts before a request fails.
-    pub max_attempts: u32,
-    /// How long a preallocated slot of a request that failed mid-write
-    /// stays out of use.
-    pub quarantine: Duration,
-    /// How long a preallocated slot of a request that failed while its
-    /// receiver held the data waits for the receiver's late
-    /// `transfer_done` before it is reused anyway.
-    pub late_done_wait: Duration,
-}
-
 /// An endpoint that may register as a role: an entry of the admission
 /// list ([`Coordinator::admit`]).
 #[derive(Clone, Copy, Debug)]
@@ -118,14 +79,14 @@ pub struct Admitted {
 
 /// A registered instance.
 #[derive(Debug)]
-pub struct Member<const P: usize> {
+pub struct Member {
     peer: PeerId,
     role: usize,
     session: Name,
     endpoint: Name,
     pool_ptr: u64,
     pool_size: u64,
-    prealloc: PreallocTable<P>,
+    prealloc: PreallocTable<MAX_PREALLOC_PER_MEMBER>,
     capacity: Capacity,
     epoch: u32,
     /// When it was last chosen, for round robin (0: never).
@@ -139,7 +100,7 @@ pub struct Member<const P: usize> {
     drain_told: bool,
 }
 
-impl<const P: usize> Record for Member<P> {
+impl Record for Member {
     fn key_hash(&self, key: &HashKey) -> u64 {
         key.number(u64::from(self.peer.0), NS_PEER)
     }
@@ -228,205 +189,12 @@ impl Record for Parked {
     }
 }
 
-/// Why a request failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FailReason {
-    /// No receiver had room within the queue timeout.
-    QueueTimeout,
-    /// The receiver did not answer `transfer_alloc` in time.
-    AllocTimeout,
-    /// The sender did not report its write in time.
-    PushTimeout,
-    /// The receiver did not report `transfer_done` in time.
-    DoneTimeout,
-    /// The receiver could not allocate, for good or too often.
-    Rejected,
-    /// The sender's write failed.
-    WriteFailed,
-    /// The receiver reported an error in `transfer_done`.
-    ReceiverError,
-    /// An instance involved went away or registered again.
-    PeerGone,
-    /// The sender's role is the last of the pipeline.
-    NoNextRole,
-    /// The coordinator's transfer table is full.
-    TableFull,
-    /// Manifest and scalar fields exceed the storage of one transfer.
-    TooLarge,
-    /// The receiver answered with a slot that cannot hold the data.
-    BadSlot,
-    /// The request id is taken: another sender's request of the same leg
-    /// holds it, or ended under it lately (ids must be unique, across
-    /// restarts too).
-    IdReused,
-    /// An instance involved left (`transfer_deregister`), its drain over.
-    PeerLeft,
-    /// The coordinator shuts down, or drains and takes no new transfer.
-    ShuttingDown,
-}
-
-impl FailReason {
-    /// The reason as sent in `transfer_abort`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::QueueTimeout => "timeout waiting for a receiver",
-            Self::AllocTimeout => "timeout waiting for transfer_allocated",
-            Self::PushTimeout => "timeout waiting for transfer_pushed",
-            Self::DoneTimeout => "timeout waiting for transfer_done",
-            Self::Rejected => "receiver rejected the allocation",
-            Self::WriteFailed => "write failed",
-            Self::ReceiverError => "receiver reported an error",
-            Self::PeerGone => "instance went away",
-            Self::NoNextRole => "no role after the sender's",
-            Self::TableFull => "coordinator transfer table full",
-            Self::TooLarge => "manifest and scalar fields too large",
-            Self::BadSlot => "receiver's slot cannot hold the data",
-            Self::IdReused => "request id already used by another request of this leg",
-            Self::PeerLeft => "instance left",
-            Self::ShuttingDown => "coordinator shutting down",
-        }
-    }
-
-    /// Every reason, for tables indexed by [`index`](Self::index).
-    pub const ALL: [FailReason; 15] = [
-        Self::QueueTimeout,
-        Self::AllocTimeout,
-        Self::PushTimeout,
-        Self::DoneTimeout,
-        Self::Rejected,
-        Self::WriteFailed,
-        Self::ReceiverError,
-        Self::PeerGone,
-        Self::NoNextRole,
-        Self::TableFull,
-        Self::TooLarge,
-        Self::BadSlot,
-        Self::IdReused,
-        Self::PeerLeft,
-        Self::ShuttingDown,
-    ];
-
-    /// Its position in [`ALL`](Self::ALL).
-    pub const fn index(self) -> usize {
-        self as usize
-    }
-
-    /// A short snake_case name, for metric labels and logs.
-    pub const fn code(self) -> &'static str {
-        match self {
-            Self::QueueTimeout => "queue_timeout",
-            Self::AllocTimeout => "alloc_timeout",
-            Self::PushTimeout => "push_timeout",
-            Self::DoneTimeout => "done_timeout",
-            Self::Rejected => "rejected",
-            Self::WriteFailed => "write_failed",
-            Self::ReceiverError => "receiver_error",
-            Self::PeerGone => "peer_gone",
-            Self::NoNextRole => "no_next_role",
-            Self::TableFull => "table_full",
-            Self::TooLarge => "too_large",
-            Self::BadSlot => "bad_slot",
-            Self::IdReused => "id_reused",
-            Self::PeerLeft => "peer_left",
-            Self::ShuttingDown => "shutting_down",
-        }
-    }
-}
-
-impl fmt::Display for FailReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What the coordinator tells its application.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CoordinatorEvent {
-    /// An instance registered (`replaced`: a previous session of the same
-    /// endpoint was dropped).
-    Registered {
-        /// Its peer.
-        peer: PeerId,
-        /// Its role, as an index into the pipeline.
-        role: usize,
-        /// True if it replaced an earlier session.
-        replaced: bool,
-    },
-    /// A registration was refused: answered with `reason` (`acked`), or
-    /// dropped unanswered (an endpoint the admission list does not name,
-    /// as sglang's head drops those outside its `--*-urls`).
-    Refused {
-        /// Who sent it (its work endpoint, on channels that cannot name
-        /// senders).
-        peer: PeerId,
-        /// Why.
-        reason: &'static str,
-        /// True if the refusal was sent to the registrant.
-        acked: bool,
-    },
-    /// A leg of a request was received and consumed.
-    Delivered {
-        /// The request.
-        id: RequestId,
-        /// The leg: its sender's role, as an index into the pipeline.
-        leg: usize,
-        /// How long it spent in each phase.
-        timing: LegTiming,
-    },
-    /// An instance said it leaves (`transfer_deregister`): with
-    /// `draining`, it gets no new work and finishes what it holds;
-    /// without, it is gone, and the transfers it was still needed for
-    /// failed.
-    Deregistered {
-        /// Its peer.
-        peer: PeerId,
-        /// Its role, as an index into the pipeline.
-        role: usize,
-        /// True: it drains; false: it is gone.
-        draining: bool,
-        /// Why, as it said (cut to fit).
-        reason: Reason,
-    },
-    /// A leg of a request failed; every instance involved was told.
-    Failed {
-        /// The request.
-        id: RequestId,
-        /// The leg: its sender's role, as an index into the pipeline.
-        leg: usize,
-        /// Why.
-        reason: FailReason,
-    },
-}
-
-/// How long a delivered leg spent in each phase of the handshake, on the
-/// coordinator's clock (which sees every phase of every leg, where each
-/// instance sees only its own side).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LegTiming {
-    /// `transfer_staged` received to `transfer_push` sent: waiting for a
-    /// receiver with room, its allocation round trip and any retries
-    /// included.
-    pub queued: Duration,
-    /// `transfer_push` sent to `transfer_pushed` received: the sender's
-    /// write, and the two messages around it.
-    pub written: Duration,
-    /// `transfer_ready` sent to `transfer_done` received: the receiving
-    /// application's hold of the slot.
-    pub consumed: Duration,
-}
-
-impl LegTiming {
-    /// Staged to ready: the hand-off as the receiver experiences it.
-    pub fn to_ready(&self) -> Duration {
-        self.queued + self.written
-    }
-}
-
 /// A message to send.
 #[derive(Clone, Copy, Debug)]
 pub struct Outgoing {
     to: PeerId,
+    /// The generation of `to`'s place in the peer table when queued.
+    generation: u32,
     msg: OutMsg,
 }
 
@@ -462,130 +230,17 @@ enum OutMsg {
     Drained { session: Name },
 }
 
-/// A message for the caller to send: to whom, and its length in the buffer
-/// given to [`Coordinator::poll_transmit`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Transmit {
-    /// The peer.
-    pub to: PeerId,
-    /// Payload bytes written (frame 1; frame 0 is `TRANSFER_MAGIC`).
-    pub len: usize,
-}
-
-/// Counters for operators.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CoordinatorStats {
-    /// Requests staged.
-    pub staged: u64,
-    /// Requests delivered.
-    pub delivered: u64,
-    /// Requests failed.
-    pub failed: u64,
-    /// Hand-offs that took the preallocated-slot fast path.
-    pub fast_path: u64,
-    /// Forwards received (`transfer_done{staged_for_decoder}`): a leg
-    /// delivered and the next staged in one message.
-    pub forwarded: u64,
-    /// Messages ignored.
-    pub ignored: u64,
-    /// Registrations refused (answered or dropped).
-    pub refused: u64,
-    /// Events dropped because the caller did not poll them.
-    pub events_dropped: u64,
-    /// Messages that could not be queued (transmit queue full).
-    pub transmits_dropped: u64,
-}
-
-/// A coordinator's tables: the caller's (`(&mut table).into()` each, a
-/// [`TableStorage`] for each table), or its own ([`owned`](Self::owned),
-/// feature `alloc`).
-pub struct CoordinatorStorage<'s, const P: usize> {
-    /// One per instance that may register.
-    pub members: TableStorage<'s, Member<P>>,
-    /// The members' index by session: as many places as `members.index`.
-    pub sessions: ManagedSlice<'s, u64>,
-    /// The members' index by work endpoint: likewise.
-    pub endpoints: ManagedSlice<'s, u64>,
-    /// The receivers with room, ranked, per role: [`MAX_ROLES`] times as
-    /// many entries as members.
-    pub ranking: ManagedSlice<'s, HeapEntry>,
-    /// The ranking's places: one per member.
-    pub ranking_places: ManagedSlice<'s, u64>,
-    /// The receivers with room, by room alone, per role (for data no
-    /// preallocated slot of the role fits): as large as `ranking`.
-    pub room_ranking: ManagedSlice<'s, HeapEntry>,
-    /// Its places: one per member.
-    pub room_ranking_places: ManagedSlice<'s, u64>,
-    /// One per request in flight, with deadlines.
-    pub transfers: TableStorage<'s, Transfer>,
-    /// Manifest and scalar-field bytes, split evenly among `transfers`.
-    pub nested: ManagedSlice<'s, u8>,
-    /// Messages not yet polled; at least two per transfer plus one per
-    /// member is never full.
-    pub transmits: ManagedSlice<'s, Option<Outgoing>>,
-    /// Events not yet polled.
-    pub events: ManagedSlice<'s, Option<CoordinatorEvent>>,
-    /// Preallocated slots out of use, with deadlines.
-    pub parked: TableStorage<'s, Parked>,
-    /// Legs of requests that ended, newest overwriting oldest, so that a
-    /// duplicated `transfer_staged` arriving late is not taken for a new
-    /// request. Request ids must not be reused while they are here.
-    pub finished: ManagedSlice<'s, Tombstone>,
-    /// Their index: [`TableStorage::index_places`] of `finished`.
-    pub finished_index: ManagedSlice<'s, u64>,
-    /// Room for the admission list ([`Coordinator::admit`]); may be empty
-    /// when no list is kept.
-    pub admitted: ManagedSlice<'s, Option<Admitted>>,
-    /// The key of every index (see [`HashKey`]).
-    pub hash_key: HashKey,
-}
-
-#[cfg(feature = "alloc")]
-impl<const P: usize> CoordinatorStorage<'static, P> {
-    /// Tables of their own, sized by `limits`: `requests` transfers (and
-    /// as many bytes of nested JSON each as `nested_per_request`),
-    /// `members` instances, `tombstones` ended legs, and queues that are
-    /// never full; with the `std` feature, a random hash key.
-    pub fn owned(limits: &super::Limits) -> Self {
-        use crate::managed::{empty, filled};
-        let n = limits.requests.max(1);
-        let members = limits.members.max(1);
-        let tombstones = limits.tombstones.max(1);
-        Self {
-            members: TableStorage::owned(members, false),
-            sessions: filled(Index::places_for(members), 0),
-            endpoints: filled(Index::places_for(members), 0),
-            ranking: filled(MAX_ROLES * members, (0, 0)),
-            ranking_places: filled(members, 0),
-            room_ranking: filled(MAX_ROLES * members, (0, 0)),
-            room_ranking_places: filled(members, 0),
-            transfers: TableStorage::owned(n, true),
-            nested: filled(n * limits.nested_per_request, 0),
-            // Two per transfer plus one per member is never full.
-            transmits: empty(2 * n + members + 8),
-            events: empty(2 * n + members + 8),
-            parked: TableStorage::owned(n + members * P, true),
-            finished: filled(tombstones, Tombstone::EMPTY),
-            finished_index: filled(Index::places_for(tombstones), 0),
-            admitted: empty(members),
-            hash_key: super::tables::default_key(),
-        }
-    }
-}
-
 /// The longest pipeline role name a coordinator keeps.
 pub const ROLE_LEN: usize = 64;
 /// The most roles a pipeline may have.
 pub const MAX_ROLES: usize = 8;
 
 /// The coordinator's state machine.
-pub struct Coordinator<'s, const P: usize> {
-    /// The settings; the pipeline is kept in `roles`, so the machine
-    /// borrows nothing but its tables.
-    config: CoordinatorConfig<'static>,
+pub struct Coordinator<'s> {
+    config: CoordinatorConfig,
     roles: [Text<ROLE_LEN>; MAX_ROLES],
     role_count: usize,
-    members: Table<'s, Member<P>>,
+    members: Table<'s, Member>,
     sessions: Index<'s>,
     endpoints: Index<'s>,
     /// Per role, the members with room, best first by the policy.
@@ -611,6 +266,13 @@ pub struct Coordinator<'s, const P: usize> {
     epochs: u32,
     finished: Graveyard<'s>,
     admitted: ManagedSlice<'s, Option<Admitted>>,
+    /// The endpoints it names peers by.
+    peers: Peers<'s>,
+    /// Per role, the local endpoint its messages arrive at, on channels
+    /// that cannot name senders.
+    role_endpoints: [Option<Name>; MAX_ROLES],
+    /// Preallocated slots a member may register.
+    prealloc_per_member: usize,
     /// Registrations are refused unless the admission list names them.
     admission: bool,
     /// No new registration or transfer is taken ([`Coordinator::drain`]).
@@ -619,7 +281,7 @@ pub struct Coordinator<'s, const P: usize> {
     stats: CoordinatorStats,
 }
 
-impl<const P: usize> fmt::Debug for Coordinator<'_, P> {
+impl fmt::Debug for Coordinator<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Coordinator")
             .field("stats", &self.stats)
@@ -627,57 +289,20 @@ impl<const P: usize> fmt::Debug for Coordinator<'_, P> {
     }
 }
 
-/// Bad coordinator settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConfigError {
-    /// The pipeline has no role, or more than 8.
-    Pipeline,
-    /// A pipeline role's name is longer than [`ROLE_LEN`] bytes.
-    RoleTooLong,
-    /// No transfer storage.
-    NoTransfers,
-    /// The receivers' ranking has room for fewer roles than the pipeline
-    /// has, or for fewer members than the member table (it needs as many
-    /// entries per role as members, and a place per member).
-    RankingTooSmall,
-    /// An admission names a role not in the pipeline.
-    UnknownRole,
-    /// An admitted endpoint is longer than an endpoint the coordinator
-    /// keeps.
-    EndpointTooLong,
-    /// The admission list is full.
-    AdmissionFull,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Pipeline => "the pipeline must have 1 to 8 roles",
-            Self::RoleTooLong => "a pipeline role's name is longer than 64 bytes",
-            Self::NoTransfers => "the transfer table is empty",
-            Self::RankingTooSmall => {
-                "the receivers' ranking storage holds fewer roles than the pipeline has"
-            }
-            Self::UnknownRole => "an admitted endpoint names a role not in the pipeline",
-            Self::EndpointTooLong => "an admitted endpoint is longer than 128 bytes",
-            Self::AdmissionFull => "the admission list is full (more entries than members)",
-        })
-    }
-}
-
-impl core::error::Error for ConfigError {}
-
-impl<'s, const P: usize> Coordinator<'s, P> {
-    /// A coordinator with no instance registered.
+impl<'s> Coordinator<'s> {
+    /// A coordinator with no instance registered, relaying along
+    /// `pipeline` (roles in hand-off order, e.g. `["encoder", "denoiser",
+    /// "decoder"]`: a request staged by a role goes to the next one).
     pub fn new(
-        config: CoordinatorConfig<'_>,
-        mut storage: CoordinatorStorage<'s, P>,
+        pipeline: &[&str],
+        config: CoordinatorConfig,
+        mut storage: CoordinatorStorage<'s>,
     ) -> Result<Self, ConfigError> {
-        if config.pipeline.is_empty() || config.pipeline.len() > MAX_ROLES {
+        if pipeline.is_empty() || pipeline.len() > MAX_ROLES {
             return Err(ConfigError::Pipeline);
         }
         let mut roles = [Text::EMPTY; MAX_ROLES];
-        for (kept, role) in roles.iter_mut().zip(config.pipeline) {
+        for (kept, role) in roles.iter_mut().zip(pipeline) {
             *kept = Text::new(role).map_err(|_| ConfigError::RoleTooLong)?;
         }
         let key = storage.hash_key;
@@ -686,12 +311,15 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             .len()
             .min(storage.room_ranking_places.len());
         let lanes = storage.ranking.len().min(storage.room_ranking.len());
-        if members_ranked == 0 || lanes < members_ranked * config.pipeline.len() {
+        if members_ranked == 0 || lanes < members_ranked * pipeline.len() {
             return Err(ConfigError::RankingTooSmall);
         }
         let members = Table::new(storage.members, key, false);
         if members.capacity() > members_ranked {
             return Err(ConfigError::RankingTooSmall);
+        }
+        if !storage.peers.is_empty() && storage.peers.len() <= members.capacity() {
+            return Err(ConfigError::PeerTableTooSmall);
         }
         let transfers = Table::new(storage.transfers, key, true);
         if transfers.capacity() == 0 {
@@ -700,18 +328,9 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         let chunk = storage.nested.len() / transfers.capacity();
         storage.admitted.iter_mut().for_each(|a| *a = None);
         Ok(Self {
-            config: CoordinatorConfig {
-                pipeline: &[],
-                policy: config.policy,
-                capacity_per_instance: config.capacity_per_instance,
-                timeouts: config.timeouts,
-                retry_backoff: config.retry_backoff,
-                max_attempts: config.max_attempts,
-                quarantine: config.quarantine,
-                late_done_wait: config.late_done_wait,
-            },
+            config,
             roles,
-            role_count: config.pipeline.len(),
+            role_count: pipeline.len(),
             members,
             sessions: Index::new(storage.sessions),
             endpoints: Index::new(storage.endpoints),
@@ -730,6 +349,9 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             epochs: 0,
             finished: Graveyard::new(storage.finished, storage.finished_index, key),
             admitted: storage.admitted,
+            peers: Peers::new(storage.peers, storage.peer_index),
+            role_endpoints: [None; MAX_ROLES],
+            prealloc_per_member: storage.prealloc_per_member.min(MAX_PREALLOC_PER_MEMBER),
             admission: false,
             draining: false,
             seq: 0,
@@ -827,6 +449,7 @@ impl<'s, const P: usize> Coordinator<'s, P> {
             + self.transfers.probes()
             + self.parked.probes()
             + self.finished.probes()
+            + self.peers.probes()
     }
 
     /// Capacity units in use on each registered instance, with its peer.
@@ -898,14 +521,14 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         self.members.find(hash, |m| m.peer == peer)
     }
 
-    fn member(&self, r: MemberRef) -> Option<&Member<P>> {
+    fn member(&self, r: MemberRef) -> Option<&Member> {
         self.members.get(r.index).filter(|m| m.epoch == r.epoch)
     }
 
     fn member_mut(
         &mut self,
         r: MemberRef,
-    ) -> Option<super::tables::table::RecordMut<'_, 's, Member<P>>> {
+    ) -> Option<super::tables::table::RecordMut<'_, 's, Member>> {
         self.members.get_mut(r.index).filter(|m| m.epoch == r.epoch)
     }
 

@@ -3,9 +3,15 @@
 
 use super::*;
 
-impl<'s, const P: usize> Coordinator<'s, P> {
+impl<'s> Coordinator<'s> {
     pub(super) fn send(&mut self, to: PeerId, msg: OutMsg) {
-        if self.transmits.push(Outgoing { to, msg }).is_err() {
+        let generation = self.peers.generation(to);
+        let out = Outgoing {
+            to,
+            generation,
+            msg,
+        };
+        if self.transmits.push(out).is_err() {
             self.stats.transmits_dropped += 1;
         }
     }
@@ -21,6 +27,12 @@ impl<'s, const P: usize> Coordinator<'s, P> {
     pub fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<Result<Transmit, BufferTooSmall>> {
         loop {
             let out = *self.transmits.front()?;
+            if out.generation != self.peers.generation(out.to) {
+                // Its endpoint's place went to another peer since.
+                self.transmits.pop();
+                self.stats.transmits_dropped += 1;
+                continue;
+            }
             let mut sink = Sink::new(buf);
             let encoded = match out.msg {
                 OutMsg::Ready { index, seq } => {

@@ -5,7 +5,7 @@
 
 use super::*;
 
-impl<'s, const P: usize> Coordinator<'s, P> {
+impl<'s> Coordinator<'s> {
     /// Puts transfer `i` at the back of its role's queue (if it is not in
     /// it already).
     pub(super) fn enqueue(&mut self, i: usize) {

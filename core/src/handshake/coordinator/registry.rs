@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl<'s, const P: usize> Coordinator<'s, P> {
+impl<'s> Coordinator<'s> {
     pub(super) fn on_register(
         &mut self,
         now: Instant,
@@ -52,12 +52,13 @@ impl<'s, const P: usize> Coordinator<'s, P> {
         if m.pool_ptr.checked_add(m.pool_size).is_none() {
             return refuse(self, "pool_ptr + pool_size overflows 64 bits");
         }
-        let prealloc = match PreallocTable::<P>::from_registration(
+        let prealloc = match PreallocTable::<MAX_PREALLOC_PER_MEMBER>::from_registration(
             &m.preallocated_slots,
             m.pool_ptr,
             m.pool_size,
         ) {
-            Ok(t) => t,
+            Ok(t) if t.len() <= self.prealloc_per_member => t,
+            Ok(_) => return refuse(self, "more preallocated_slots than the coordinator takes"),
             Err(_) => return refuse(self, "bad preallocated_slots"),
         };
         // The same endpoint (or peer) registering again.

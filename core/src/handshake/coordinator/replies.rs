@@ -2,7 +2,7 @@
 
 use super::*;
 
-impl<'s, const P: usize> Coordinator<'s, P> {
+impl<'s> Coordinator<'s> {
     pub(super) fn on_allocated(
         &mut self,
         now: Instant,

@@ -78,9 +78,9 @@ impl<'s> Instance<'s> {
     /// ([`InstanceEvent::Received`]), and true returned. A write whose
     /// `transfer_ready` has not come yet is remembered for it (for the
     /// landing limit), and false returned. Only where
-    /// [`InstanceConfig::landing`] is set; elsewhere reports are ignored.
+    /// [`InstanceIdentity::delivery_complete`] is false; elsewhere reports are ignored.
     pub fn handle_landed(&mut self, now: Instant, landed: Landed) -> bool {
-        let Some(limit) = self.config.landing else {
+        let Some(limit) = self.landing else {
             return false;
         };
         let Some(index) = self.landing_of(landed) else {

@@ -348,7 +348,7 @@ impl<'s> Instance<'s> {
         let held = match r.kind {
             Kind::Reserved { slot } if !fits => {
                 const WHY: &str = "manifest does not fit the slot";
-                match self.config.landing {
+                match self.landing {
                     // The write may still be landing: the slot sits out the
                     // time it may take, then the refusal goes out.
                     Some(limit) => {
@@ -377,7 +377,7 @@ impl<'s> Instance<'s> {
         // say the bytes arrived before the application may read them (it
         // may have said so already).
         let tag = WriteTag::of(r.id.as_str(), self.pool_ptr + slot_offset);
-        let gate = self.config.landing;
+        let gate = self.landing;
         let (kind, deadline) = match gate {
             Some(limit) if !self.arrivals.take(now, tag) => {
                 (Kind::Landing { held, tag }, Some(now + limit))
@@ -431,7 +431,7 @@ impl<'s> Instance<'s> {
         id: RequestId,
         why: &'static str,
     ) {
-        match self.config.landing {
+        match self.landing {
             Some(limit) => {
                 self.tombstone(id, Side::Recv);
                 self.set_use(

@@ -30,7 +30,9 @@ use super::Limits;
 use super::ID_LEN;
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
 use crate::managed::ManagedSlice;
-use crate::slots::{check_manifest, Buddy, BuddyConfig, BuddyError, SlotHandle};
+#[cfg(feature = "alloc")]
+use crate::slots::BuddyConfig;
+use crate::slots::{check_manifest, Buddy, BuddyError, SlotHandle};
 use crate::transport::{Landed, WriteTag};
 use crate::wire::{
     AllocReject, Allocated, Deregister, Done, Manifest, Msg, PreallocatedSlot, Pushed, Register,
@@ -38,6 +40,12 @@ use crate::wire::{
 };
 
 mod aborts;
+mod api;
+pub use api::{
+    InstanceError, InstanceEvent, InstanceStats, Received, Registration, SendTiming, Write,
+};
+mod config;
+pub use config::{Head, InstanceConfig, InstanceIdentity, Prealloc, SGLANG_HEAD_TIMEOUT};
 mod forward;
 mod landing;
 mod leave;
@@ -46,75 +54,12 @@ use landing::Arrivals;
 mod messages;
 mod output;
 mod receiver;
+mod records;
+mod registration;
 mod sender;
+mod storage;
+pub use storage::InstanceStorage;
 mod time;
-
-/// An instance's settings.
-#[derive(Clone, Copy, Debug)]
-pub struct InstanceConfig<'a> {
-    /// The role it registers as.
-    pub role: &'a str,
-    /// Its data-plane session id (what peers address its pool by).
-    pub session_id: &'a str,
-    /// Its work endpoint.
-    pub work_endpoint: &'a str,
-    /// The pool's base address in this process.
-    pub pool_ptr: u64,
-    /// The pool's shape.
-    pub pool: BuddyConfig,
-    /// Receive slots set aside at start: how many, of what size.
-    pub prealloc: (usize, u64),
-    /// Resend `transfer_register` this often until acknowledged.
-    pub register_retry: Duration,
-    /// Staged, waiting for `transfer_push`, before the slot is freed.
-    pub staged_timeout: Duration,
-    /// Slot reserved, waiting for `transfer_ready`, before it is freed.
-    pub reserved_timeout: Duration,
-    /// How long a slot a write may still be landing in stays out of use.
-    pub quarantine: Duration,
-    /// `None` where a write's completion means its bytes arrived (the data
-    /// plane's `delivery_complete`). `Some(limit)` where it does not: a
-    /// transfer announced ready is handed to the application only once the
-    /// data plane reports its write landed ([`Instance::handle_landed`]),
-    /// and is refused after `limit` (its slot quarantined first, since the
-    /// bytes may still come).
-    pub landing: Option<Duration>,
-    /// What the coordinator is: its flow differs ([`Head`]).
-    pub head: Head,
-    /// Under [`Head::Sglang`]: how long a `transfer_alloc` that finds no
-    /// room is held (and retried whenever room frees) before
-    /// `transfer_done` with an error tells the head it failed. That head
-    /// reads no `transfer_alloc_reject`.
-    pub alloc_hold: Duration,
-}
-
-/// Which coordinator an instance serves under. ferry cannot tell from the
-/// messages alone before it needs to (a head that never answers a
-/// registration looks like a slow one), so it is a setting.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Head {
-    /// ferry's coordinator (or one that speaks ferry's additions): it
-    /// answers registrations (`transfer_register_ack`), reads
-    /// `transfer_alloc_reject`, and sends `transfer_abort`.
-    #[default]
-    Ferry,
-    /// sglang 0.5.23's `DiffusionServer`: it never answers a registration
-    /// (the instance is usable once it is sent, and sends it once per
-    /// connection), knows no reject or abort (an ALLOC without room is
-    /// held, then failed with `transfer_done`), and writes
-    /// `transfer_staged` in its release's dialect.
-    Sglang,
-}
-
-impl Head {
-    /// The dialect messages to this head are written in.
-    pub const fn dialect(self) -> crate::wire::Dialect {
-        match self {
-            Self::Ferry => crate::wire::Dialect::Seed,
-            Self::Sglang => crate::wire::Dialect::Sglang,
-        }
-    }
-}
 
 /// Where a received transfer's bytes are.
 #[derive(Debug)]
@@ -302,161 +247,6 @@ impl Token {
     }
 }
 
-/// A write for the caller's data plane to post.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Write {
-    /// Pass back to [`Instance::handle_completion`].
-    pub token: Token,
-    /// The request.
-    pub id: RequestId,
-    /// Offset of the bytes in this instance's pool.
-    pub local_offset: u64,
-    /// Bytes to write.
-    pub len: u64,
-    /// The receiver's data-plane session.
-    pub dest_session: Name,
-    /// Destination address in the receiver's address space.
-    pub dest_addr: u64,
-    /// The write's name for receivers whose data plane reports arrivals
-    /// ([`InstanceConfig::landing`]): sender and receiver both compute it
-    /// from the request id and the destination address.
-    pub tag: WriteTag,
-}
-
-/// Where the instance stands with its coordinator.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Registration {
-    /// Registering (at start, or again after losing the coordinator):
-    /// nothing else is sent until it is acknowledged.
-    Pending,
-    /// The coordinator accepted it.
-    Accepted,
-    /// The coordinator refused it (an unknown role, say).
-    Refused,
-    /// Sent to a coordinator that does not answer registrations
-    /// ([`Head::Sglang`]): the instance is usable.
-    Sent,
-}
-
-/// How long a sent request waited and how long its write took, on the
-/// instance's clock.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SendTiming {
-    /// Committed (`transfer_staged` queued) to `transfer_push` received:
-    /// the wait for the coordinator to find a receiver with room.
-    pub queued: Duration,
-    /// `transfer_push` received to the write's completion: the write.
-    pub written: Duration,
-}
-
-/// What the application should know.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InstanceEvent {
-    /// The coordinator accepted the registration.
-    Registered,
-    /// The coordinator refused the registration.
-    Refused,
-    /// A transfer arrived: read it with [`Instance::received`], then
-    /// [`Instance::release`] it.
-    Received(Token),
-    /// A request this instance staged was written to its receiver.
-    Sent {
-        /// The request.
-        id: RequestId,
-        /// How long it waited, and how long its write took.
-        timing: SendTiming,
-    },
-    /// A request this instance staged will not be delivered.
-    SendFailed {
-        /// The request.
-        id: RequestId,
-        /// Why: the coordinator's abort reason, the write's error, or the
-        /// local cause (a timeout, the coordinator lost).
-        reason: Reason,
-    },
-    /// A transfer the application holds was aborted by the coordinator;
-    /// release it when done reading (its slot is freed then).
-    Aborted(Token),
-}
-
-/// A received transfer, as the application reads it.
-#[derive(Clone, Copy, Debug)]
-pub struct Received<'a> {
-    /// The request.
-    pub id: &'a str,
-    /// Where the slot starts in the pool.
-    pub slot_offset: u64,
-    /// The slot's size (every tensor of the manifest lies inside it).
-    pub slot_size: u64,
-    /// Where each tensor lies in the slot (checked against its size).
-    pub manifest: Manifest<'a>,
-    /// Scalar fields relayed from the sender.
-    pub scalar_fields: RawJson<'a>,
-    /// The coordinator aborted the request since it was delivered: nobody
-    /// waits for its result (releasing it still frees the slot).
-    pub aborted: bool,
-}
-
-/// Why the application's call was refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum InstanceError {
-    /// The pool has no room (or the size is zero or too large).
-    Pool(BuddyError),
-    /// The request table is full.
-    TableFull,
-    /// The request id is in use, or longer than [`RequestId`] holds.
-    BadId,
-    /// The token names no request in the state the call needs.
-    StaleToken,
-    /// Manifest and scalar fields exceed the storage of one request.
-    TooLarge,
-    /// The pool is too small for the preallocated slots asked for.
-    Prealloc(BuddyError),
-    /// `prealloc`, `prealloc_use` or `prealloc_timers` storage holds
-    /// fewer than the slots asked for.
-    PreallocStorage {
-        /// Slots asked for.
-        needed: usize,
-    },
-    /// Settings the pool cannot take.
-    Config(BuddyError),
-    /// A name in the settings is too long.
-    NameTooLong,
-    /// The request table is larger than a token can index.
-    TooManyRequests {
-        /// The most it may hold.
-        max: usize,
-    },
-    /// The instance drains or has left ([`Instance::drain`]): it takes no
-    /// new request.
-    Draining,
-}
-
-impl fmt::Display for InstanceError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Pool(e) => write!(f, "pool: {e}"),
-            Self::TableFull => f.write_str("request table full"),
-            Self::BadId => f.write_str("request id in use or too long"),
-            Self::StaleToken => f.write_str("no such request in that state"),
-            Self::TooLarge => f.write_str("manifest and scalar fields too large"),
-            Self::Prealloc(e) => write!(f, "preallocated slots: {e}"),
-            Self::PreallocStorage { needed } => {
-                write!(f, "storage for {needed} preallocated slots needed")
-            }
-            Self::Config(e) => write!(f, "pool settings: {e}"),
-            Self::NameTooLong => f.write_str("a name in the settings is too long"),
-            Self::TooManyRequests { max } => {
-                write!(f, "a request table holds at most {max} requests")
-            }
-            Self::Draining => f.write_str("the instance drains: it takes no new request"),
-        }
-    }
-}
-
-impl core::error::Error for InstanceError {}
-
 #[derive(Clone, Copy, Debug)]
 enum OutMsg {
     Staged {
@@ -498,139 +288,17 @@ enum OutMsg {
 #[derive(Clone, Copy, Debug)]
 pub struct Outgoing(OutMsg);
 
-/// Caller-owned storage of an instance.
-pub struct InstanceStorage<'s> {
-    /// The pool allocator's tree (see [`Buddy::storage_needed`]).
-    pub tree: ManagedSlice<'s, u8>,
-    /// The pool allocator's generations.
-    pub generations: ManagedSlice<'s, u32>,
-    /// One per request in flight, with deadlines.
-    pub requests: TableStorage<'s, Request>,
-    /// Manifest and scalar-field bytes, split evenly among `requests`.
-    pub nested: ManagedSlice<'s, u8>,
-    /// Preallocated receive slots (as many as `InstanceConfig::prealloc`).
-    pub prealloc: ManagedSlice<'s, PreallocatedSlot>,
-    /// Who uses each preallocated slot.
-    pub prealloc_use: ManagedSlice<'s, PreallocUse>,
-    /// Messages not yet polled.
-    pub transmits: ManagedSlice<'s, Option<Outgoing>>,
-    /// Writes not yet polled.
-    pub actions: ManagedSlice<'s, Option<Write>>,
-    /// Events not yet polled.
-    pub events: ManagedSlice<'s, Option<InstanceEvent>>,
-    /// Requests aborted or received here, newest overwriting oldest, so
-    /// that late and duplicated messages about them are ignored. It should
-    /// hold the requests that end within the control plane's longest delay.
-    pub tombstones: ManagedSlice<'s, Tombstone>,
-    /// Their index: [`TableStorage::index_places`] of `tombstones`.
-    pub tombstones_index: ManagedSlice<'s, u64>,
-    /// Writes that landed before their `transfer_ready` (where
-    /// [`InstanceConfig::landing`] is set): one per request in flight,
-    /// with deadlines.
-    pub arrivals: TableStorage<'s, Arrival>,
-    /// The requests awaiting their write's arrival, by tag:
-    /// [`TableStorage::index_places`] of the requests.
-    pub landing_index: ManagedSlice<'s, u64>,
-    /// What each request place is indexed under there: one per request.
-    pub landing_hashes: ManagedSlice<'s, u64>,
-    /// The preallocated slots by offset: [`TableStorage::index_places`] of
-    /// `prealloc`.
-    pub prealloc_index: ManagedSlice<'s, u64>,
-    /// Deadlines of preallocated slots held for a refusal: one per slot.
-    pub prealloc_timers: ManagedSlice<'s, HeapEntry>,
-    /// Their places: one per slot.
-    pub prealloc_timer_places: ManagedSlice<'s, u64>,
-    /// `transfer_alloc`s held for room, oldest first: twice the requests.
-    pub held: ManagedSlice<'s, Option<Token>>,
-    /// The key of every index (see [`HashKey`]).
-    pub hash_key: HashKey,
-}
-
-#[cfg(feature = "alloc")]
-impl InstanceStorage<'static> {
-    /// Tables of their own, sized by `limits` (`requests` in flight, each
-    /// with `nested_per_request` bytes of nested JSON, `tombstones` ended
-    /// requests), for a pool of `pool` with `prealloc` preallocated slots,
-    /// and queues that are never full.
-    pub fn owned(limits: &Limits, pool: &BuddyConfig, prealloc: usize) -> Result<Self, BuddyError> {
-        use crate::managed::{empty, filled};
-        let (nodes, gens) = Buddy::storage_needed(pool)?;
-        let none = PreallocatedSlot {
-            offset: 0,
-            size: 0,
-            slot_id: 0,
-            addr: 0,
-        };
-        let n = limits.requests.max(1);
-        let tombstones = limits.tombstones.max(1);
-        Ok(Self {
-            tree: filled(nodes, 0),
-            generations: filled(gens, 0),
-            requests: TableStorage::owned(n, true),
-            nested: filled(n * limits.nested_per_request, 0),
-            prealloc: filled(prealloc, none),
-            prealloc_use: filled(prealloc, PreallocUse::FREE),
-            // Per request at most a few messages and events are queued at
-            // once (staged, allocated or reject, pushed, done).
-            transmits: empty(4 * n + 8),
-            actions: empty(n),
-            events: empty(4 * n + 8),
-            tombstones: filled(tombstones, Tombstone::EMPTY),
-            tombstones_index: filled(Index::places_for(tombstones), 0),
-            arrivals: TableStorage::owned(n, true),
-            landing_index: filled(Index::places_for(n), 0),
-            landing_hashes: filled(n, 0),
-            prealloc_index: filled(Index::places_for(prealloc), 0),
-            prealloc_timers: filled(prealloc, (0, 0)),
-            prealloc_timer_places: filled(prealloc, 0),
-            held: empty(2 * n),
-            hash_key: super::tables::default_key(),
-        })
-    }
-}
-
-/// Counters for operators.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct InstanceStats {
-    /// Requests staged.
-    pub staged: u64,
-    /// Requests written to their receiver.
-    pub sent: u64,
-    /// Transfers received and handed to the application.
-    pub received: u64,
-    /// Allocations rejected.
-    pub rejected: u64,
-    /// Requests aborted by the coordinator.
-    pub aborted: u64,
-    /// Requests dropped by a local timeout.
-    pub timed_out: u64,
-    /// Requests forwarded (received, then staged for the next leg in one
-    /// message).
-    pub forwarded: u64,
-    /// `transfer_alloc`s held for lack of room (under [`Head::Sglang`]).
-    pub allocs_held: u64,
-    /// Transfers announced ready whose write was not seen to land in time
-    /// (see [`InstanceConfig::landing`]).
-    pub never_landed: u64,
-    /// Arrivals forgotten before their time to make room for newer ones
-    /// (more writes landed ahead of their `transfer_ready` than requests
-    /// fit in the table).
-    pub arrivals_dropped: u64,
-    /// Messages ignored.
-    pub ignored: u64,
-    /// Messages, actions or events that found their queue full.
-    pub dropped: u64,
-}
-
 /// The instance's state machine.
 pub struct Instance<'s> {
     role: Text<64>,
     session: Name,
     endpoint: Name,
     pool_ptr: u64,
-    /// The settings; the names are kept above, so the machine borrows
-    /// nothing but its tables.
-    config: InstanceConfig<'static>,
+    pool_size: u64,
+    config: InstanceConfig,
+    /// How long a transfer announced ready waits for its write's arrival
+    /// (`None`: the data plane's completions mean delivery).
+    landing: Option<Duration>,
     pool: Buddy<'s>,
     requests: Table<'s, Request>,
     nested: ManagedSlice<'s, u8>,
@@ -702,12 +370,13 @@ impl<'s> Instance<'s> {
     /// its registration queued.
     pub fn new(
         now: Instant,
-        config: InstanceConfig<'_>,
+        who: &InstanceIdentity<'_>,
+        config: &InstanceConfig,
         mut s: InstanceStorage<'s>,
     ) -> Result<Self, InstanceError> {
-        let mut pool =
-            Buddy::new(config.pool, s.tree, s.generations).map_err(InstanceError::Config)?;
-        let (count, size) = config.prealloc;
+        let mut pool = Buddy::new(config.pool(who.pool_size), s.tree, s.generations)
+            .map_err(InstanceError::Config)?;
+        let Prealloc { count, size } = config.prealloc;
         let timers = s.prealloc_timers.len().min(s.prealloc_timer_places.len());
         if s.prealloc.len() < count || s.prealloc_use.len() < count || timers < count {
             return Err(InstanceError::PreallocStorage { needed: count });
@@ -719,7 +388,7 @@ impl<'s> Instance<'s> {
                 offset: h.offset(),
                 size: h.size(),
                 slot_id: i as u64,
-                addr: config.pool_ptr + h.offset(),
+                addr: who.pool_ptr + h.offset(),
             };
         }
         let name = |t: &str| Name::new(t).map_err(|_| InstanceError::NameTooLong);
@@ -745,25 +414,15 @@ impl<'s> Instance<'s> {
         landing_hashes.iter_mut().for_each(|h| *h = 0);
         let chunk = s.nested.len() / requests.capacity().max(1);
         let me = Self {
-            role: Text::new(config.role).map_err(|_| InstanceError::NameTooLong)?,
-            session: name(config.session_id)?,
-            endpoint: name(config.work_endpoint)?,
-            pool_ptr: config.pool_ptr,
-            config: InstanceConfig {
-                role: "",
-                session_id: "",
-                work_endpoint: "",
-                pool_ptr: config.pool_ptr,
-                pool: config.pool,
-                prealloc: config.prealloc,
-                register_retry: config.register_retry,
-                staged_timeout: config.staged_timeout,
-                reserved_timeout: config.reserved_timeout,
-                quarantine: config.quarantine,
-                landing: config.landing,
-                head: config.head,
-                alloc_hold: config.alloc_hold,
-            },
+            role: Text::new(who.role).map_err(|_| InstanceError::NameTooLong)?,
+            session: name(who.session_id)?,
+            endpoint: name(who.work_endpoint)?,
+            pool_ptr: who.pool_ptr,
+            pool_size: who.pool_size,
+            config: *config,
+            // Where a completion does not mean delivery, each received
+            // transfer is held until the data plane says its bytes landed.
+            landing: (!who.delivery_complete).then_some(config.landing_timeout),
             pool,
             requests,
             nested: s.nested,
@@ -800,6 +459,16 @@ impl<'s> Instance<'s> {
         Ok(me)
     }
 
+    /// Its work endpoint, where the coordinator sends to it.
+    pub fn work_endpoint(&self) -> &str {
+        self.endpoint.as_str()
+    }
+
+    /// Its data-plane session id.
+    pub fn session_id(&self) -> &str {
+        self.session.as_str()
+    }
+
     /// Counters.
     pub fn stats(&self) -> &InstanceStats {
         &self.stats
@@ -808,164 +477,6 @@ impl<'s> Instance<'s> {
     /// The pool allocator (for its figures).
     pub fn pool(&self) -> &Buddy<'s> {
         &self.pool
-    }
-
-    /// Registers again (the coordinator restarted, or the control channel
-    /// reconnected): nothing else is sent until it is acknowledged.
-    ///
-    /// What the lost coordinator was relaying ends here: a new one knows
-    /// nothing of it. Staged requests fail (their slots are freed), writes
-    /// in progress will not be reported, reserved slots are quarantined (a
-    /// write may still land), transfers the application holds are marked
-    /// aborted, and messages still queued for the old coordinator are
-    /// dropped. Requests being filled are kept. The registration goes out
-    /// once the application has released every preallocated slot it holds.
-    pub fn reregister(&mut self, now: Instant) {
-        if self.leaving.is_some() {
-            // Gone for good: nothing is announced again.
-            return;
-        }
-        self.registered = false;
-        self.refused = false;
-        for u in self.prealloc_use.iter_mut() {
-            if let Use::Refused { report, .. } = &mut u.0 {
-                *report = None;
-            }
-        }
-        self.register_due = true;
-        self.register_at = now + self.config.register_retry;
-        while self.transmits.pop().is_some() {}
-        for index in 0..self.requests.capacity() {
-            let Some(r) = self.requests.remove(index) else {
-                continue;
-            };
-            let token = Token { index, seq: r.seq };
-            let kind = match r.kind {
-                k @ (Kind::Staged { .. } | Kind::Writing { .. }) => {
-                    let lost = Reason::truncated("the coordinator was lost");
-                    match self.abandon_send(r.id, k, lost) {
-                        Some(k) => k,
-                        None => continue,
-                    }
-                }
-                // A write may still land in these; the old coordinator
-                // wants no report.
-                Kind::Reserved { slot } => {
-                    self.tombstone(r.id, Side::Recv);
-                    self.quarantine(
-                        index,
-                        (r.id, r.seq),
-                        Held::Pool(slot),
-                        now + self.config.quarantine,
-                        None,
-                    );
-                    continue;
-                }
-                Kind::Landing { held, .. } => {
-                    self.tombstone(r.id, Side::Recv);
-                    self.quarantine(
-                        index,
-                        (r.id, r.seq),
-                        held,
-                        now + self.config.quarantine,
-                        None,
-                    );
-                    continue;
-                }
-                // Nothing was reserved; the old coordinator's request ends.
-                Kind::AllocHeld { .. } => {
-                    self.tombstone(r.id, Side::Recv);
-                    continue;
-                }
-                // A new coordinator wants no report of what the old one
-                // relayed.
-                Kind::Quarantined { held, .. } => Kind::Quarantined { held, report: None },
-                Kind::Delivered { held, aborted } => {
-                    if !aborted {
-                        self.event(InstanceEvent::Aborted(token));
-                    }
-                    Kind::Delivered {
-                        held,
-                        aborted: true,
-                    }
-                }
-                other => other,
-            };
-            self.requests.put(index, Request { kind, ..r });
-        }
-    }
-
-    /// The send side of a request no coordinator will relay any more (it
-    /// was lost, or this instance leaves), for `why`: a staged slot is
-    /// freed and the request ends (`None`); a write still posted is marked
-    /// aborted and kept until its completion, which then frees the slot
-    /// and reports nothing. The application hears of the failure once.
-    /// Other kinds come back as they are.
-    fn abandon_send(&mut self, id: RequestId, kind: Kind, why: Reason) -> Option<Kind> {
-        match kind {
-            Kind::Staged { slot, .. } => {
-                let _ = self.pool.free(slot);
-                self.tombstone(id, Side::Send);
-                self.event(InstanceEvent::SendFailed { id, reason: why });
-                None
-            }
-            Kind::Writing {
-                slot,
-                len,
-                aborted,
-                staged,
-                posted,
-            } => {
-                if !aborted {
-                    self.event(InstanceEvent::SendFailed { id, reason: why });
-                }
-                Some(Kind::Writing {
-                    slot,
-                    len,
-                    aborted: true,
-                    staged,
-                    posted,
-                })
-            }
-            other => Some(other),
-        }
-    }
-
-    /// True once the coordinator acknowledged the registration.
-    pub fn is_registered(&self) -> bool {
-        self.registered
-    }
-
-    /// Why the coordinator refused the registration, as it said (empty if
-    /// it said nothing, or did not refuse).
-    pub fn refusal(&self) -> &str {
-        self.refusal.as_str()
-    }
-
-    /// Where the registration stands.
-    pub fn registration(&self) -> Registration {
-        if self.registered && self.config.head == Head::Sglang {
-            Registration::Sent
-        } else if self.registered {
-            Registration::Accepted
-        } else if self.refused {
-            Registration::Refused
-        } else {
-            Registration::Pending
-        }
-    }
-
-    /// The control channel says the coordinator is gone (its connection
-    /// closed, or a send to it found no peer). An instance whose
-    /// registration was answered registers anew ([`reregister`]); one
-    /// still registering goes on as it was, since the lost coordinator
-    /// knew nothing of it.
-    ///
-    /// [`reregister`]: Self::reregister
-    pub fn handle_coordinator_lost(&mut self, now: Instant) {
-        if self.registered || self.refused {
-            self.reregister(now);
-        }
     }
 
     /// Requests held (in any state, quarantined slots included).
@@ -1014,159 +525,6 @@ impl<'s> Instance<'s> {
     /// The preallocated slots, as registered.
     pub fn prealloc_slots(&self) -> &[PreallocatedSlot] {
         &self.prealloc
-    }
-
-    fn send(&mut self, m: OutMsg) {
-        if self.left {
-            // `leave` said all there is to say.
-            return;
-        }
-        if self.transmits.push(Outgoing(m)).is_err() {
-            self.stats.dropped += 1;
-        }
-    }
-
-    fn event(&mut self, e: InstanceEvent) {
-        if self.events.push(e).is_err() {
-            self.stats.dropped += 1;
-        }
-    }
-
-    fn find(&self, id: JsonStr<'_>, side: Side) -> Option<usize> {
-        let hash = self.requests.key().json::<ID_LEN>(id, NS_ID)?;
-        self.requests
-            .find(hash, |r| r.kind.side() == side && r.id.eq_json(id))
-    }
-
-    /// The preallocated slot at `offset`.
-    fn prealloc_at(&self, offset: u64) -> Option<usize> {
-        let hash = self.requests.key().number(offset, NS_OFFSET);
-        self.prealloc_index.find(hash, |p| {
-            self.prealloc.get(p).is_some_and(|s| s.offset == offset)
-        })
-    }
-
-    /// Sets what holds preallocated slot `p`, keeping the count of slots
-    /// in use and the refusals' deadlines.
-    fn set_use(&mut self, p: usize, u: PreallocUse) {
-        let Some(slot) = self.prealloc_use.get_mut(p) else {
-            return;
-        };
-        let was_busy = !slot.is_free();
-        *slot = u;
-        self.prealloc_busy =
-            (self.prealloc_busy + usize::from(!u.is_free())).saturating_sub(usize::from(was_busy));
-        match u.0 {
-            Use::Refused { until, .. } => self.prealloc_timers.set(0, p, until.as_nanos()),
-            _ => self.prealloc_timers.remove(p),
-        }
-    }
-
-    /// Indexes request `index`, now awaiting the arrival of the write
-    /// tagged `tag`.
-    fn await_landing(&mut self, index: usize, tag: WriteTag) {
-        let hash = tag_hash(self.requests.key(), Landed::of(tag).low16());
-        if self.requests.tally(CLASS_LANDING) == 0 {
-            self.landing_scan = false;
-        }
-        if let Some(old) = self.landing_hashes.get(index).copied().filter(|&h| h != 0) {
-            self.landing_index.remove(old, index);
-        }
-        let indexed = self.landing_index.insert(hash, index).is_ok();
-        self.landing_scan |= !indexed;
-        if let Some(h) = self.landing_hashes.get_mut(index) {
-            *h = if indexed { hash } else { 0 };
-        }
-    }
-
-    /// The request awaiting the arrival `landed` names.
-    fn landing_of(&self, landed: Landed) -> Option<usize> {
-        let waits =
-            |r: &Request| matches!(r.kind, Kind::Landing { tag, .. } if landed.matches(tag));
-        if self.requests.tally(CLASS_LANDING) == 0 {
-            return None;
-        }
-        match landed.low16() {
-            Some(_) if !self.landing_scan => {
-                let hash = tag_hash(self.requests.key(), landed.low16());
-                self.landing_index
-                    .find(hash, |i| self.requests.get(i).is_some_and(waits))
-            }
-            _ => self
-                .requests
-                .iter()
-                .position(|r| r.as_ref().is_some_and(waits)),
-        }
-    }
-
-    fn tombstoned(&self, id: JsonStr<'_>, side: Side) -> bool {
-        self.tombstones.contains(id, Leg::Side(side))
-    }
-
-    fn tombstone(&mut self, id: RequestId, side: Side) {
-        self.tombstones.bury(id, Leg::Side(side));
-    }
-
-    /// Puts request `id` (its token's `seq`) at `index` in quarantine
-    /// over `held`.
-    fn quarantine(
-        &mut self,
-        index: usize,
-        (id, seq): (RequestId, u64),
-        held: Held,
-        until: Instant,
-        report: Option<&'static str>,
-    ) {
-        self.requests.put(
-            index,
-            Request {
-                id,
-                seq,
-                kind: Kind::Quarantined { held, report },
-                deadline: Some(until),
-                manifest_len: 0,
-                scalars_len: 0,
-            },
-        );
-    }
-
-    fn insert(
-        &mut self,
-        id: RequestId,
-        kind: Kind,
-        deadline: Option<Instant>,
-    ) -> Result<Token, Kind> {
-        // Within a token cookie's bits; 2^48 requests before a wrap.
-        let seq = (self.seq + 1) & SEQ_MASK;
-        let index = self
-            .requests
-            .insert(Request {
-                id,
-                seq,
-                kind,
-                deadline,
-                manifest_len: 0,
-                scalars_len: 0,
-            })
-            .map_err(|r| r.kind)?;
-        self.seq = seq;
-        Ok(Token { index, seq })
-    }
-
-    fn request(&self, t: Token) -> Option<&Request> {
-        self.requests.get(t.index).filter(|r| r.seq == t.seq)
-    }
-
-    /// Frees what a request held: pool slots to the allocator, preallocated
-    /// slots back to the table.
-    fn free_held(&mut self, held: Held) {
-        match held {
-            Held::Pool(h) => {
-                // The handle came from this pool and is freed once.
-                let _ = self.pool.free(h);
-            }
-            Held::Prealloc(i) => self.set_use(i, PreallocUse::FREE),
-        }
     }
 }
 

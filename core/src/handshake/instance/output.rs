@@ -28,7 +28,7 @@ impl<'s> Instance<'s> {
                 role: self.role.as_json(),
                 session_id: self.session.as_json(),
                 pool_ptr: self.pool_ptr,
-                pool_size: self.config.pool.pool_size,
+                pool_size: self.pool_size,
                 work_endpoint: self.endpoint.as_json(),
                 preallocated_slots: SlotList::Slots(&self.prealloc),
             })

@@ -20,7 +20,9 @@ use crate::handshake::coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorEvent, CoordinatorStorage, FailReason, Policy,
     Timeouts,
 };
-use crate::handshake::instance::{Head, Instance, InstanceConfig, InstanceEvent, InstanceStorage};
+use crate::handshake::instance::{
+    Head, Instance, InstanceConfig, InstanceEvent, InstanceIdentity, InstanceStorage, Prealloc,
+};
 use crate::handshake::{Instant, Limits, PeerId};
 use crate::json::RawJson;
 use crate::slots::BuddyConfig;
@@ -36,6 +38,7 @@ const LIMITS: Limits = Limits {
     nested_per_request: 256,
     tombstones: 256,
     members: 4,
+    prealloc_per_member: 4,
 };
 const KEY: HashKey = HashKey::new(7, 11);
 
@@ -57,7 +60,7 @@ fn colliding_ids(n: usize) -> Vec<String> {
 }
 
 struct World {
-    coord: Coordinator<'static, 2>,
+    coord: Coordinator<'static>,
     insts: [Instance<'static>; 2],
     buf: Vec<u8>,
     failed: Vec<FailReason>,
@@ -68,7 +71,6 @@ impl World {
     fn new() -> Self {
         let timeout = Duration::from_secs(60);
         let config = CoordinatorConfig {
-            pipeline: &["encoder", "denoiser"],
             policy: Policy::MostFreeSlots,
             capacity_per_instance: 1,
             timeouts: Timeouts {
@@ -84,27 +86,31 @@ impl World {
         };
         let mut storage = CoordinatorStorage::owned(&LIMITS);
         storage.hash_key = KEY;
-        let coord = Coordinator::new(config, storage).unwrap();
+        let coord = Coordinator::new(&["encoder", "denoiser"], config, storage).unwrap();
         // The attacker is the encoder: its own tables are keyed apart.
         let instance = |role, name, key| {
-            let config = InstanceConfig {
+            let who = InstanceIdentity {
                 role,
                 session_id: name,
                 work_endpoint: name,
                 pool_ptr: 0x10_0000,
-                pool: POOL,
-                prealloc: (0, 0),
+                pool_size: POOL.pool_size,
+                delivery_complete: true,
+            };
+            let config = InstanceConfig {
+                min_block: POOL.min_block,
+                prealloc: Prealloc::NONE,
                 register_retry: timeout,
                 staged_timeout: timeout,
                 reserved_timeout: timeout,
                 quarantine: timeout,
-                landing: None,
+                landing_timeout: timeout,
                 head: Head::Ferry,
                 alloc_hold: timeout,
             };
             let mut storage = InstanceStorage::owned(&LIMITS, &POOL, 0).unwrap();
             storage.hash_key = key;
-            Instance::new(Instant(0), config, storage).unwrap()
+            Instance::new(Instant(0), &who, &config, storage).unwrap()
         };
         let mut w = Self {
             coord,

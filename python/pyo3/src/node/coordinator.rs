@@ -38,7 +38,10 @@ impl PyCoordinator {
         }
         let roles: Vec<&str> = pipeline.iter().map(String::as_str).collect();
         let mut settings = CoordinatorSettings::new(&roles);
-        settings.admitted = admitted;
+        settings.admitted = admitted
+            .into_iter()
+            .map(|(role, endpoint)| ferry::runtime::Admission { role, endpoint })
+            .collect();
         let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
         let allow_from = addresses(&allow_from)?;
         let (node, bound) = py

@@ -4,7 +4,6 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ferry::runtime::Delivery;
-use ferry_zmq::ZmqSender;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -21,7 +20,7 @@ pub(super) struct TensorInfo {
 
 pub(super) struct DeliveryInner {
     // Dropped first: it borrows the node.
-    pub(super) delivery: Delivery<'static, ZmqSender>,
+    pub(super) delivery: Delivery<'static>,
     pub(super) _node: Arc<Node>,
 }
 

@@ -18,31 +18,6 @@ use crate::buffer::{Exports, Span};
 use crate::errors::{node_error, raise, Kind};
 use crate::options::seconds;
 
-/// The runtime's name of the data plane a node calls `backend`, or an
-/// error listing the names this module takes. `local` is the same-host
-/// plane, as for the engine; a node's is pools in shared memory, which the
-/// runtime and the CLI call `shm`, and which a node takes too.
-fn node_plane(backend: &str) -> PyResult<&str> {
-    match backend {
-        "local" | "shm" => Ok("shm"),
-        "fabric" if cfg!(feature = "fabric") => Ok(backend),
-        "verbs" if cfg!(feature = "verbs") => Ok(backend),
-        other => {
-            let mut names = vec!["local (or shm)"];
-            if cfg!(feature = "fabric") {
-                names.push("fabric");
-            }
-            if cfg!(feature = "verbs") {
-                names.push("verbs");
-            }
-            Err(PyValueError::new_err(format!(
-                "node backend {other:?} is not in this module (it has: {})",
-                names.join(", ")
-            )))
-        }
-    }
-}
-
 /// A running instance (see `ferry.Instance`).
 #[pyclass(name = "InstanceNode", module = "ferry._native", frozen)]
 pub struct PyInstance {
@@ -82,8 +57,11 @@ impl PyInstance {
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let mut settings = InstanceSettings::new(role, coordinator);
-        settings.prealloc = prealloc;
-        settings.min_block = min_block;
+        settings.config.prealloc = ferry::runtime::Prealloc {
+            count: prealloc.0,
+            size: prealloc.1,
+        };
+        settings.config.min_block = min_block;
         match head {
             "ferry" => {}
             "sglang" => settings = settings.under_sglang(seconds("head_timeout", head_timeout)?),
@@ -95,7 +73,7 @@ impl PyInstance {
         }
         let pool = usize::try_from(pool_bytes)
             .map_err(|_| PyValueError::new_err("pool_bytes does not fit this machine"))?;
-        let plane = crate::options::data_plane(py, node_plane(backend)?, options)?;
+        let plane = crate::options::data_plane(py, backend, options)?;
         let allow_from = addresses(&allow_from)?;
         let node = py
             .detach(|| {
@@ -110,7 +88,7 @@ impl PyInstance {
                     verb: "bind the work endpoint",
                     source: Box::new(e),
                 })?;
-                plane.start(&settings, pool, channel)
+                plane.start_instance(&settings, pool, channel)
             })
             .map_err(|e| node_error(py, &e))?;
         Ok(Self {

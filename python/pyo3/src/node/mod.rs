@@ -23,7 +23,6 @@ mod staging;
 use std::sync::{Mutex, PoisonError};
 
 use ferry::runtime::InstanceNode;
-use ferry_zmq::ZmqSender;
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
 
@@ -35,7 +34,7 @@ pub use delivery::PyDelivery;
 pub use instance::PyInstance;
 pub use staging::PyStaging;
 
-type Node = InstanceNode<ZmqSender>;
+type Node = InstanceNode;
 
 /// `allow_from`'s addresses, parsed.
 pub(super) fn addresses(allow_from: &[String]) -> PyResult<Vec<std::net::IpAddr>> {

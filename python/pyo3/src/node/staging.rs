@@ -4,7 +4,6 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ferry::runtime::{NodeError, Staging};
-use ferry_zmq::ZmqSender;
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
 
@@ -15,7 +14,7 @@ use crate::errors::{node_error, raise, Kind};
 
 pub(super) struct StagingInner {
     // Dropped first: it borrows the fields after it.
-    pub(super) staging: Staging<'static, 'static, ZmqSender>,
+    pub(super) staging: Staging<'static, 'static>,
     pub(super) _names: Box<[String]>,
     pub(super) _shapes: Box<[Box<[u64]>]>,
     pub(super) _node: Arc<Node>,

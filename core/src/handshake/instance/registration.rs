@@ -1,0 +1,164 @@
+//! Where the instance stands with its coordinator: registering again,
+//! losing the coordinator, and what the application asks of it.
+
+use super::*;
+
+impl Instance<'_> {
+    /// Registers again (the coordinator restarted, or the control channel
+    /// reconnected): nothing else is sent until it is acknowledged.
+    ///
+    /// What the lost coordinator was relaying ends here: a new one knows
+    /// nothing of it. Staged requests fail (their slots are freed), writes
+    /// in progress will not be reported, reserved slots are quarantined (a
+    /// write may still land), transfers the application holds are marked
+    /// aborted, and messages still queued for the old coordinator are
+    /// dropped. Requests being filled are kept. The registration goes out
+    /// once the application has released every preallocated slot it holds.
+    pub fn reregister(&mut self, now: Instant) {
+        if self.leaving.is_some() {
+            // Gone for good: nothing is announced again.
+            return;
+        }
+        self.registered = false;
+        self.refused = false;
+        for u in self.prealloc_use.iter_mut() {
+            if let Use::Refused { report, .. } = &mut u.0 {
+                *report = None;
+            }
+        }
+        self.register_due = true;
+        self.register_at = now + self.config.register_retry;
+        while self.transmits.pop().is_some() {}
+        for index in 0..self.requests.capacity() {
+            let Some(r) = self.requests.remove(index) else {
+                continue;
+            };
+            let token = Token { index, seq: r.seq };
+            let kind = match r.kind {
+                k @ (Kind::Staged { .. } | Kind::Writing { .. }) => {
+                    let lost = Reason::truncated("the coordinator was lost");
+                    match self.abandon_send(r.id, k, lost) {
+                        Some(k) => k,
+                        None => continue,
+                    }
+                }
+                // A write may still land in these; the old coordinator
+                // wants no report.
+                Kind::Reserved { slot } => {
+                    self.tombstone(r.id, Side::Recv);
+                    self.quarantine(
+                        index,
+                        (r.id, r.seq),
+                        Held::Pool(slot),
+                        now + self.config.quarantine,
+                        None,
+                    );
+                    continue;
+                }
+                Kind::Landing { held, .. } => {
+                    self.tombstone(r.id, Side::Recv);
+                    self.quarantine(
+                        index,
+                        (r.id, r.seq),
+                        held,
+                        now + self.config.quarantine,
+                        None,
+                    );
+                    continue;
+                }
+                // Nothing was reserved; the old coordinator's request ends.
+                Kind::AllocHeld { .. } => {
+                    self.tombstone(r.id, Side::Recv);
+                    continue;
+                }
+                // A new coordinator wants no report of what the old one
+                // relayed.
+                Kind::Quarantined { held, .. } => Kind::Quarantined { held, report: None },
+                Kind::Delivered { held, aborted } => {
+                    if !aborted {
+                        self.event(InstanceEvent::Aborted(token));
+                    }
+                    Kind::Delivered {
+                        held,
+                        aborted: true,
+                    }
+                }
+                other => other,
+            };
+            self.requests.put(index, Request { kind, ..r });
+        }
+    }
+
+    /// The send side of a request no coordinator will relay any more (it
+    /// was lost, or this instance leaves), for `why`: a staged slot is
+    /// freed and the request ends (`None`); a write still posted is marked
+    /// aborted and kept until its completion, which then frees the slot
+    /// and reports nothing. The application hears of the failure once.
+    /// Other kinds come back as they are.
+    pub(super) fn abandon_send(&mut self, id: RequestId, kind: Kind, why: Reason) -> Option<Kind> {
+        match kind {
+            Kind::Staged { slot, .. } => {
+                let _ = self.pool.free(slot);
+                self.tombstone(id, Side::Send);
+                self.event(InstanceEvent::SendFailed { id, reason: why });
+                None
+            }
+            Kind::Writing {
+                slot,
+                len,
+                aborted,
+                staged,
+                posted,
+            } => {
+                if !aborted {
+                    self.event(InstanceEvent::SendFailed { id, reason: why });
+                }
+                Some(Kind::Writing {
+                    slot,
+                    len,
+                    aborted: true,
+                    staged,
+                    posted,
+                })
+            }
+            other => Some(other),
+        }
+    }
+
+    /// True once the coordinator acknowledged the registration.
+    pub fn is_registered(&self) -> bool {
+        self.registered
+    }
+
+    /// Why the coordinator refused the registration, as it said (empty if
+    /// it said nothing, or did not refuse).
+    pub fn refusal(&self) -> &str {
+        self.refusal.as_str()
+    }
+
+    /// Where the registration stands.
+    pub fn registration(&self) -> Registration {
+        if self.registered && self.config.head == Head::Sglang {
+            Registration::Sent
+        } else if self.registered {
+            Registration::Accepted
+        } else if self.refused {
+            Registration::Refused
+        } else {
+            Registration::Pending
+        }
+    }
+
+    /// The control channel says the coordinator is gone (its connection
+    /// closed, or a send to it found no peer). An instance whose
+    /// registration was answered registers anew ([`reregister`]); one
+    /// still registering goes on as it was, since the lost coordinator
+    /// knew nothing of it.
+    ///
+    /// [`reregister`]: Self::reregister
+    pub fn handle_coordinator_lost(&mut self, now: Instant) {
+        if self.registered || self.refused {
+            self.reregister(now);
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! The instance's configuration: ferry's defaults and the policy for
+//! serving under sglang's head, which the runtime and the simulation both
+//! take from here.
+
+use std::time::Duration;
+
+use ferry_core::handshake::instance::{Head, InstanceConfig, Prealloc, SGLANG_HEAD_TIMEOUT};
+
+#[test]
+fn under_sglang_outlasts_the_heads_one_timeout_and_changes_nothing_else() {
+    let base = InstanceConfig {
+        prealloc: Prealloc {
+            count: 4,
+            size: 16 << 20,
+        },
+        ..InstanceConfig::FERRY
+    };
+    let t = SGLANG_HEAD_TIMEOUT;
+    let sg = base.under_sglang(t);
+    assert_eq!(sg.head, Head::Sglang);
+    // A staged or reserved slot is kept as long as the head may still use
+    // it, plus a tenth and a second for the messages' delay.
+    let beyond = Duration::from_secs(600 + 60 + 1);
+    assert_eq!(sg.staged_timeout, beyond);
+    assert_eq!(sg.reserved_timeout, beyond);
+    // An ALLOC without room is held as long as the head waits for it.
+    assert_eq!(sg.alloc_hold, t);
+    // The rest is the caller's.
+    let rest = InstanceConfig {
+        head: base.head,
+        staged_timeout: base.staged_timeout,
+        reserved_timeout: base.reserved_timeout,
+        alloc_hold: base.alloc_hold,
+        ..sg
+    };
+    assert_eq!(rest, base);
+}
+
+#[test]
+fn under_sglang_saturates_instead_of_overflowing() {
+    let sg = InstanceConfig::FERRY.under_sglang(Duration::MAX);
+    assert_eq!(sg.staged_timeout, Duration::MAX);
+    assert_eq!(sg.alloc_hold, Duration::MAX);
+}
+
+#[test]
+fn ferrys_defaults_serve_ferrys_coordinator() {
+    let c = InstanceConfig::default();
+    assert_eq!(c, InstanceConfig::FERRY);
+    assert_eq!(c.head, Head::Ferry);
+    assert_eq!(c.prealloc, Prealloc::NONE);
+    // A staged slot outwaits the coordinator's queue and alloc timeouts
+    // (30 s and 2 s by default).
+    assert!(c.staged_timeout > Duration::from_secs(32));
+    assert_eq!(c.pool(1 << 30).min_block, c.min_block);
+}

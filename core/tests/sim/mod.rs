@@ -1,0 +1,461 @@
+//! The simulated world of `handshake_sim.rs`: what a seed sets up (the
+//! faults, the data plane, how denoisers pass requests on), the [`Sim`]
+//! that runs it, and the checks once it has drained. The event kinds are
+//! handled in [`events`], the machines' output is drained onto the faulty
+//! wire in [`output`].
+
+mod events;
+mod output;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use ferry_core::handshake::coordinator::*;
+use ferry_core::handshake::instance::*;
+use ferry_core::handshake::{Instant, Limits};
+
+use crate::harness;
+use events::{Ev, Queue};
+
+pub const ROLES: [&str; 3] = ["encoder", "denoiser", "decoder"];
+pub const PER_ROLE: usize = 2;
+pub const N: usize = ROLES.len() * PER_ROLE;
+pub const MIN_BLOCK: u64 = 512;
+/// The largest pool; seeds under faults also run with an eighth of it,
+/// tight enough for allocations to be rejected.
+pub const POOL: u64 = 512 * MIN_BLOCK;
+const PREALLOC: Prealloc = Prealloc {
+    count: 2,
+    size: 8 * MIN_BLOCK,
+};
+
+/// The one timeout of the sglang head the sglang-configured denoisers
+/// serve under (its `--disagg-timeout`), scaled to the simulation's
+/// clock: their timeouts follow from it by
+/// [`InstanceConfig::under_sglang`], as the runtime's do.
+const SGLANG_HEAD: Duration = Duration::from_millis(100);
+pub const MS: u64 = 1_000_000;
+
+/// How long a receiver on a notifying data plane waits for a write to land
+/// after `transfer_ready`, and how long its slots sit out a quarantine.
+const LANDING: u64 = 30 * MS;
+const QUARANTINE: u64 = 40 * MS;
+
+/// Where the instances send the coordinator their messages.
+const COORDINATOR: &str = "tcp://coordinator:5555";
+
+#[derive(Clone, Copy, Debug)]
+pub struct Faults {
+    pub loss: f64,
+    pub dup: f64,
+    pub max_delay: u64,
+    pub write_fail: f64,
+    pub crash: f64,
+    /// The data plane reports arrivals (completions do not mean delivery).
+    pub notify: bool,
+    /// There: the chance that a write's bytes arrive late, up to the
+    /// receiver's landing limit plus most of its quarantine.
+    pub late_land: f64,
+    /// There: the chance that they never arrive.
+    pub lost_land: f64,
+}
+
+impl Faults {
+    pub const NONE: Faults = Faults {
+        loss: 0.0,
+        dup: 0.0,
+        max_delay: 2 * MS,
+        write_fail: 0.0,
+        crash: 0.0,
+        notify: false,
+        late_land: 0.0,
+        lost_land: 0.0,
+    };
+}
+
+pub struct Rng(pub u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p && p > 0.0
+    }
+}
+
+/// What one seed produced.
+#[derive(Default, Debug)]
+pub struct Outcome {
+    pub reasons: HashMap<String, usize>,
+    pub staged: usize,
+    pub delivered: usize,
+    pub failed: usize,
+    pub verified: usize,
+    /// Transfers refused because their write was not seen to land in time.
+    pub never_landed: u64,
+}
+
+/// One leg of a request: its id and the role index of the leg's sender
+/// (a forward keeps the id, so the id alone does not name the leg).
+type Leg = (String, usize);
+
+/// How the seed's denoisers pass a request on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Forwarding {
+    /// Release, then stage under a new id (`{id}/d`).
+    NewId,
+    /// `Instance::forward` under the same id, serving ferry's coordinator
+    /// (`transfer_staged` then `transfer_done`).
+    Forward,
+    /// `Instance::forward` under the same id from denoisers configured for
+    /// sglang's head: the one message, `transfer_done{staged_for_decoder}`,
+    /// one registration, ALLOCs without room held, releases unreported.
+    SglangDenoisers,
+}
+
+/// What an instance's pool and data plane are like.
+#[derive(Clone, Copy)]
+struct Plane {
+    /// The pool's size.
+    pool: u64,
+    /// The instance's landing limit, where the data plane reports arrivals.
+    landing: Option<Duration>,
+}
+
+/// One instance's place: its current incarnation (none while it is down)
+/// and what the simulation keeps of it.
+struct Node {
+    inst: Option<Instance<'static>>,
+    inc: u32,
+    pool: Vec<u8>,
+    session: String,
+    timer: Option<u64>,
+    /// The legs this incarnation staged.
+    staged: Vec<Leg>,
+    /// Its role's index in the pipeline.
+    role: usize,
+}
+
+/// What the simulation knows of every leg: what was staged, when it was
+/// first seen and where it ended; and the outcome so far.
+#[derive(Default)]
+struct Ledger {
+    out: Outcome,
+    first_seen: HashMap<Leg, u64>,
+    expected: HashMap<Leg, Vec<u8>>,
+    /// Legs that ended at their sender: never seen by the coordinator
+    /// (staged timeout), or their sender crashed.
+    ended_at_sender: HashSet<Leg>,
+    ended_at_coord: HashSet<Leg>,
+    staged_at: HashMap<Leg, u64>,
+    staged_count: usize,
+}
+
+/// A coordinator and `N` instances on a virtual clock, with the seed's
+/// faults between them.
+struct Sim {
+    seed: u64,
+    rng: Rng,
+    trace: bool,
+    faults: Faults,
+    forwarding: Forwarding,
+    plane: Plane,
+    /// A request may live at most this long at the coordinator.
+    bound: u64,
+    /// And at its sender.
+    sender_bound: u64,
+    coord: Coordinator<'static>,
+    coord_timer: Option<u64>,
+    endpoints: Vec<String>,
+    roles: Vec<&'static str>,
+    nodes: Vec<Node>,
+    crashes_left: [u32; N],
+    queue: Queue,
+    ledger: Ledger,
+    buf: Vec<u8>,
+    /// The virtual clock: when the event being handled happens.
+    now: u64,
+    /// What the event being handled touched: the coordinator, instances.
+    touched_coord: bool,
+    touched: Vec<usize>,
+}
+
+/// Runs one seed: `requests` requests staged by the encoders, under
+/// `faults`, with pools of `pool` bytes.
+pub fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
+    let mut sim = Sim::new(seed, faults, pool);
+    sim.schedule(requests);
+    sim.run();
+    sim.finish()
+}
+
+fn pattern(id: &str, i: usize) -> u8 {
+    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    (h >> (i % 8 * 8)) as u8 ^ (i as u8)
+}
+
+fn ns(d: Duration) -> u64 {
+    d.as_nanos() as u64
+}
+
+impl Sim {
+    /// The seed's world: its coordinator and instances, none of them
+    /// started talking yet.
+    fn new(seed: u64, faults: Faults, pool: u64) -> Sim {
+        let rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let trace = std::env::var("FERRY_SIM_TRACE").is_ok_and(|v| v == seed.to_string());
+        let forwarding = match seed % 3 {
+            0 => Forwarding::NewId,
+            1 => Forwarding::Forward,
+            _ => Forwarding::SglangDenoisers,
+        };
+        let timeouts = Timeouts {
+            queued: Duration::from_millis(400),
+            alloc: Duration::from_millis(50),
+            push: Duration::from_millis(60),
+            done: Duration::from_millis(80),
+        };
+        let cconfig = CoordinatorConfig {
+            policy: if seed % 2 == 0 {
+                Policy::RoundRobin
+            } else {
+                Policy::MostFreeSlots
+            },
+            capacity_per_instance: 4,
+            timeouts,
+            retry_backoff: Duration::from_millis(5),
+            max_attempts: 4,
+            quarantine: Duration::from_nanos(QUARANTINE),
+            late_done_wait: Duration::from_millis(200),
+        };
+        let bound = ns(timeouts.queued)
+            + 4 * (ns(timeouts.alloc) + 4 * 5 * MS)
+            + ns(timeouts.push)
+            + ns(timeouts.done)
+            + 10 * MS;
+        let limits = Limits {
+            requests: 256,
+            nested_per_request: 512,
+            tombstones: 1024,
+            members: N + 2,
+            prealloc_per_member: 4,
+        };
+        let coord = harness::coordinator(&ROLES, cconfig, &limits);
+
+        let endpoints: Vec<String> = (0..N).map(|i| format!("tcp://10.0.0.{i}:5555")).collect();
+        let roles: Vec<&'static str> = (0..N).map(|i| ROLES[i / PER_ROLE]).collect();
+        let plane = Plane {
+            pool,
+            landing: faults.notify.then_some(Duration::from_nanos(LANDING)),
+        };
+        let mut sim = Sim {
+            seed,
+            rng,
+            trace,
+            faults,
+            forwarding,
+            plane,
+            bound,
+            sender_bound: bound.max(1500 * MS) + 10 * MS,
+            coord,
+            coord_timer: None,
+            endpoints,
+            roles,
+            nodes: Vec::new(),
+            crashes_left: [3u32; N],
+            queue: Queue::default(),
+            ledger: Ledger::default(),
+            buf: vec![0u8; 64 * 1024],
+            now: 0,
+            touched_coord: false,
+            touched: Vec::new(),
+        };
+        for i in 0..N {
+            let (inst, session) = sim.start_instance(i, 0);
+            sim.nodes.push(Node {
+                inst: Some(inst),
+                inc: 0,
+                pool: vec![0; POOL as usize],
+                session,
+                timer: None,
+                staged: Vec::new(),
+                role: i / PER_ROLE,
+            });
+        }
+        sim
+    }
+
+    /// What the seed asks for up front: registrations, `requests` staged
+    /// at random times, and (under faults) crashes and stops.
+    fn schedule(&mut self, requests: usize) {
+        // Each instance starts by sending its registration.
+        for i in 0..N {
+            self.queue.push(0, Ev::InstTimer { i, inc: 0 });
+        }
+        // Encoders stage requests at random times over the first second or so.
+        for _ in 0..requests {
+            // Spread over a second (longer for long runs): queues form, drain.
+            let at = self.rng.below(MS * 1000u64.max(requests as u64 / 2));
+            let i = self.rng.below(PER_ROLE as u64) as usize;
+            self.queue.push(at, Ev::Stage { i });
+        }
+        if self.faults.crash > 0.0 {
+            for _ in 0..3 {
+                let at = self.rng.below(1000 * MS);
+                let i = self.rng.below(N as u64) as usize;
+                self.queue.push(at, Ev::Crash { i });
+            }
+            for _ in 0..2 {
+                let at = self.rng.below(1000 * MS);
+                let i = self.rng.below(N as u64) as usize;
+                self.queue.push(at, Ev::Stop { i });
+            }
+        }
+    }
+
+    /// Handles every event until none is left: each, then the output of
+    /// the machines it touched.
+    fn run(&mut self) {
+        let mut steps = 0u64;
+        while let Some((at, ev)) = self.queue.pop() {
+            steps += 1;
+            assert!(
+                steps < 50_000_000,
+                "seed {}: simulation does not settle",
+                self.seed
+            );
+            self.now = at;
+            let Some(ev) = ev else { continue };
+            if self.trace {
+                events::trace(self.now, &ev);
+            }
+            self.touched_coord = false;
+            self.touched.clear();
+            self.handle(ev);
+            if self.touched_coord {
+                self.drain_coordinator();
+            }
+            self.drain_instances();
+        }
+    }
+
+    /// Instance `i`'s incarnation `inc`, started now with the seed's data
+    /// plane, serving under the head the seed gives its role; and its
+    /// data-plane session.
+    fn start_instance(&self, i: usize, inc: u32) -> (Instance<'static>, String) {
+        let Plane { pool, landing } = self.plane;
+        let session = format!("sess-{i}-{inc}");
+        let who = InstanceIdentity {
+            role: self.roles[i],
+            session_id: &session,
+            work_endpoint: &self.endpoints[i],
+            pool_ptr: pool_ptr(i, inc),
+            pool_size: pool,
+            delivery_complete: landing.is_none(),
+        };
+        let ferry = InstanceConfig {
+            min_block: MIN_BLOCK,
+            prealloc: PREALLOC,
+            register_retry: Duration::from_millis(20),
+            staged_timeout: Duration::from_millis(1500),
+            reserved_timeout: Duration::from_millis(1500),
+            quarantine: Duration::from_nanos(QUARANTINE),
+            landing_timeout: landing.unwrap_or(Duration::from_millis(100)),
+            head: Head::Ferry,
+            alloc_hold: Duration::from_millis(100),
+        };
+        // Under sglang's head, the policy the runtime uses, for a head whose
+        // one timeout is `SGLANG_HEAD`: a held ALLOC outlives the
+        // coordinator's alloc timeout and more (its patience under faults).
+        let config = match self.head_of(i) {
+            Head::Ferry => ferry,
+            Head::Sglang => ferry.under_sglang(SGLANG_HEAD),
+        };
+        let limits = Limits {
+            requests: 48,
+            nested_per_request: 512,
+            tombstones: 256,
+            members: 0,
+            prealloc_per_member: 0,
+        };
+        let inst = harness::instance(Instant(self.now), &who, &config, &limits);
+        (inst, session)
+    }
+
+    /// The head instance `i` serves under.
+    fn head_of(&self, i: usize) -> Head {
+        match self.forwarding {
+            Forwarding::SglangDenoisers if i / PER_ROLE == 1 => Head::Sglang,
+            _ => Head::Ferry,
+        }
+    }
+
+    /// The end of the run: every request ended (at the coordinator, once,
+    /// or at its sender), nothing in flight, nothing leaked, capacity all
+    /// back.
+    fn finish(self) -> Outcome {
+        let Sim {
+            seed,
+            trace,
+            forwarding,
+            coord,
+            nodes,
+            ledger,
+            ..
+        } = self;
+        let Ledger {
+            mut out,
+            expected,
+            ended_at_sender,
+            ended_at_coord,
+            staged_count,
+            ..
+        } = ledger;
+        out.staged = staged_count;
+
+        if trace {
+            for (id, leg) in expected.keys().filter(|k| !ended_at_coord.contains(*k)) {
+                println!("not ended at the coordinator: {id} (leg {leg})");
+            }
+        }
+        // Every request ended: at the coordinator (once), or at its sender.
+        assert_eq!(coord.stats().events_dropped, 0);
+        // Owned tables are sized never to fill: nothing the coordinator
+        // meant to send was dropped.
+        assert_eq!(coord.stats().transmits_dropped, 0);
+        for key @ (id, leg) in expected.keys() {
+            assert!(
+                ended_at_coord.contains(key) || ended_at_sender.contains(key),
+                "seed {seed}: request {id} (leg {leg}) never ended ({forwarding:?})"
+            );
+        }
+        // Drained: nothing in flight, nothing leaked, capacity all back.
+        harness::assert_coordinator_drained(&coord, &format!("seed {seed}"));
+        for (i, n) in nodes.iter().enumerate() {
+            let Some(inst) = n.inst.as_ref() else {
+                continue;
+            };
+            out.never_landed += inst.stats().never_landed;
+            harness::assert_instance_drained(
+                inst,
+                PREALLOC.count as u64,
+                &format!("seed {seed}: instance {i}"),
+            );
+        }
+        out
+    }
+}
+
+fn pool_ptr(i: usize, inc: u32) -> u64 {
+    0x10_0000_0000 * (i as u64 + 1) + u64::from(inc) * 0x1_0000_0000
+}

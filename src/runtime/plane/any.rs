@@ -1,0 +1,176 @@
+//! Any data plane's transport behind one type, for callers that wrap the
+//! transport a [`DataPlane`](super::DataPlane) opens without naming it
+//! (the fault injector of the tests).
+#![allow(unsafe_code)]
+
+use std::os::fd::RawFd;
+
+use ferry_core::transport::{
+    Capabilities, Completion, Fault, FaultKind, Landed, Region, Transport, WriteOp,
+};
+
+use crate::runtime::memory::PoolOwner;
+
+/// A failure of the transport inside an [`AnyTransport`]: its kind, and
+/// the transport's own error.
+#[derive(Debug, thiserror::Error)]
+#[error("{source}")]
+pub struct AnyTransportError {
+    kind: FaultKind,
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl AnyTransportError {
+    fn new<E: Fault + Send + Sync + 'static>(e: E) -> Self {
+        Self {
+            kind: e.kind(),
+            source: Box::new(e),
+        }
+    }
+}
+
+impl Fault for AnyTransportError {
+    fn kind(&self) -> FaultKind {
+        self.kind
+    }
+}
+
+/// The transport's side of [`AnyTransport`], object-safe: errors boxed
+/// (only failures allocate).
+trait Erased: Send {
+    fn session_id(&self) -> &str;
+    fn capabilities(&self) -> Capabilities;
+    /// # Safety
+    /// As [`Transport::register`].
+    unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, AnyTransportError>;
+    fn deregister(&mut self, region: Region) -> Result<(), AnyTransportError>;
+    fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), AnyTransportError>;
+    fn poll_completion(&mut self) -> Option<Completion<AnyTransportError>>;
+    fn poll_landed(&mut self) -> Option<Landed>;
+    fn wake_fd(&self) -> Option<RawFd>;
+    fn pool_ptr(&self) -> *mut u8;
+    fn pool_len(&self) -> usize;
+}
+
+impl<T> Erased for T
+where
+    T: Transport + PoolOwner + Send,
+    T::Error: Send + Sync + 'static,
+{
+    fn session_id(&self) -> &str {
+        Transport::session_id(self)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Transport::capabilities(self)
+    }
+
+    unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, AnyTransportError> {
+        // SAFETY: the caller's contract, passed on unchanged.
+        unsafe { Transport::register(self, addr, len) }.map_err(AnyTransportError::new)
+    }
+
+    fn deregister(&mut self, region: Region) -> Result<(), AnyTransportError> {
+        Transport::deregister(self, region).map_err(AnyTransportError::new)
+    }
+
+    fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), AnyTransportError> {
+        Transport::post_write(self, write).map_err(AnyTransportError::new)
+    }
+
+    fn poll_completion(&mut self) -> Option<Completion<AnyTransportError>> {
+        Transport::poll_completion(self).map(|c| Completion {
+            cookie: c.cookie,
+            result: c.result.map_err(AnyTransportError::new),
+        })
+    }
+
+    fn poll_landed(&mut self) -> Option<Landed> {
+        Transport::poll_landed(self)
+    }
+
+    fn wake_fd(&self) -> Option<RawFd> {
+        Transport::wake_fd(self)
+    }
+
+    fn pool_ptr(&self) -> *mut u8 {
+        PoolOwner::pool_ptr(self)
+    }
+
+    fn pool_len(&self) -> usize {
+        PoolOwner::pool_len(self)
+    }
+}
+
+/// The transport of any data plane, with its pool
+/// ([`DataPlane::open`](super::DataPlane::open)).
+pub struct AnyTransport(Box<dyn Erased>);
+
+impl std::fmt::Debug for AnyTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AnyTransport")
+            .field("session_id", &self.0.session_id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AnyTransport {
+    /// `transport`, behind this type.
+    pub(super) fn new<T>(transport: T) -> Self
+    where
+        T: Transport + PoolOwner + Send + 'static,
+        T::Error: Send + Sync + 'static,
+    {
+        Self(Box::new(transport))
+    }
+}
+
+impl Transport for AnyTransport {
+    type Error = AnyTransportError;
+
+    fn session_id(&self) -> &str {
+        self.0.session_id()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+
+    unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, Self::Error> {
+        // SAFETY: the caller's contract, passed on unchanged.
+        unsafe { self.0.register(addr, len) }
+    }
+
+    fn deregister(&mut self, region: Region) -> Result<(), Self::Error> {
+        self.0.deregister(region)
+    }
+
+    fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), Self::Error> {
+        self.0.post_write(write)
+    }
+
+    fn poll_completion(&mut self) -> Option<Completion<Self::Error>> {
+        self.0.poll_completion()
+    }
+
+    fn poll_landed(&mut self) -> Option<Landed> {
+        self.0.poll_landed()
+    }
+
+    fn wake_fd(&self) -> Option<RawFd> {
+        self.0.wake_fd()
+    }
+}
+
+// SAFETY: `new` takes only a `PoolOwner`, whose promise the box keeps: the
+// transport is owned by this value for its life, moved with it by pointer
+// (the heap allocation does not move), and dropped with it.
+unsafe impl PoolOwner for AnyTransport {
+    fn pool_ptr(&self) -> *mut u8 {
+        self.0.pool_ptr()
+    }
+
+    fn pool_len(&self) -> usize {
+        self.0.pool_len()
+    }
+}

@@ -1,0 +1,73 @@
+//! The libfabric data plane ([`ferry_fabric::FabricTransport`]): a pool in
+//! anonymous host memory, registered with the provider, written into by
+//! peers with RMA writes (EFA, verbs, tcp, shm providers).
+
+use ferry_fabric::{Delivery, FabricConfig, FabricTransport, Provider};
+
+use super::options::{Options, PlaneError};
+use crate::runtime::error::NodeError;
+use crate::runtime::memory::PoolOwner;
+
+/// Its name.
+pub(super) const NAME: &str = "fabric";
+
+/// The options it takes.
+pub(super) const OPTIONS: &[&str] = &[
+    "provider",
+    "delivery",
+    "source",
+    "max_chunk",
+    "write_timeout",
+];
+
+/// Reads `provider` (`auto` or a libfabric name), `delivery` (`auto`,
+/// `delivery-complete`, `remote-cq-data`), `source` (an address of this
+/// host), `max_chunk` (bytes; 0: the provider's largest message) and
+/// `write_timeout`.
+pub(super) fn parse(mut o: Options) -> Result<FabricConfig, PlaneError> {
+    let provider = o.parsed::<Provider>("provider")?.unwrap_or(Provider::Auto);
+    let mut c = FabricConfig::new(provider);
+    if let Some(d) = o.parsed::<Delivery>("delivery")? {
+        c.delivery = d;
+    }
+    c.source = o.text("source");
+    if let Some(m) = o.parsed::<u64>("max_chunk")? {
+        c.max_chunk = m;
+    }
+    if let Some(t) = o.duration("write_timeout")? {
+        c.write_timeout = t;
+    }
+    o.finish()?;
+    Ok(c)
+}
+
+/// True unless the provider is libfabric's shared-memory one.
+pub(super) fn reaches_other_hosts(c: &FabricConfig) -> bool {
+    c.provider != Provider::Named("shm".into())
+}
+
+/// A transport with a new pool of `pool_len` bytes on the provider
+/// `config` names.
+pub(super) fn open(config: &FabricConfig, pool_len: usize) -> Result<FabricTransport, NodeError> {
+    let t = FabricTransport::with_pool(config, pool_len).map_err(|e| NodeError::Transport {
+        verb: "open libfabric transport",
+        source: Box::new(e),
+    })?;
+    tracing::info!(opened = ?t.opened(), "libfabric data plane");
+    Ok(t)
+}
+
+// SAFETY: the pool is a `HostPool` the transport owns as a field (set by
+// `with_pool`, never taken out): mapped at creation, the same range for its
+// life, unmapped when the transport drops (after its registration, as its
+// fields drop in order); moving the transport does not move the mapping.
+#[allow(unsafe_code)]
+unsafe impl PoolOwner for FabricTransport {
+    fn pool_ptr(&self) -> *mut u8 {
+        FabricTransport::pool_ptr(self)
+    }
+
+    fn pool_len(&self) -> usize {
+        FabricTransport::pool_len(self)
+    }
+}

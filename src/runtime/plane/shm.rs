@@ -1,0 +1,68 @@
+//! The shared-memory data plane ([`ferry_shm::ShmTransport`]): pools in
+//! POSIX shared memory, written by peers' processes on the same host.
+
+use ferry_shm::ShmTransport;
+
+use super::options::{Options, PlaneError};
+use crate::runtime::error::NodeError;
+use crate::runtime::memory::PoolOwner;
+
+/// Its name.
+pub(super) const NAME: &str = "shm";
+
+/// The options it takes.
+pub(super) const OPTIONS: &[&str] = &["threads", "split_at"];
+
+/// How a shared-memory instance copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopySettings {
+    /// Threads a large write is split across (the caller's included).
+    pub threads: usize,
+    /// Writes of at least this many bytes are split.
+    pub split_at: usize,
+}
+
+impl Default for CopySettings {
+    fn default() -> Self {
+        Self {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+            split_at: 4 << 20,
+        }
+    }
+}
+
+/// Reads `threads` and `split_at` (bytes).
+pub(super) fn parse(mut o: Options) -> Result<CopySettings, PlaneError> {
+    let mut c = CopySettings::default();
+    if let Some(t) = o.parsed::<usize>("threads")? {
+        c.threads = t.max(1);
+    }
+    if let Some(s) = o.parsed::<usize>("split_at")? {
+        c.split_at = s;
+    }
+    o.finish()?;
+    Ok(c)
+}
+
+/// A transport with a new pool of `pool_len` bytes.
+pub(super) fn open(copy: &CopySettings, pool_len: usize) -> Result<ShmTransport, NodeError> {
+    ShmTransport::new(pool_len, copy.threads, copy.split_at).map_err(|e| NodeError::Transport {
+        verb: "create pool",
+        source: Box::new(e),
+    })
+}
+
+// SAFETY: the pool is a `ShmPool` the transport owns as a field: mapped at
+// creation, the same range for its life, unmapped only in its drop;
+// moving the transport does not move the mapping, and none of its
+// methods unmaps it.
+#[allow(unsafe_code)]
+unsafe impl PoolOwner for ShmTransport {
+    fn pool_ptr(&self) -> *mut u8 {
+        ShmTransport::pool_ptr(self)
+    }
+
+    fn pool_len(&self) -> usize {
+        ShmTransport::pool_len(self)
+    }
+}

@@ -1,0 +1,74 @@
+//! The ibverbs data plane ([`ferry_verbs::VerbsTransport`]): a pool in
+//! anonymous host memory, registered with the NIC, written into by peers
+//! with RDMA WRITE over RC queue pairs (InfiniBand, RoCE).
+
+use ferry_verbs::{Device, GidChoice, VerbsConfig, VerbsTransport};
+
+use super::options::{Options, PlaneError};
+use crate::runtime::error::NodeError;
+use crate::runtime::memory::PoolOwner;
+
+/// Its name.
+pub(super) const NAME: &str = "verbs";
+
+/// The options it takes.
+pub(super) const OPTIONS: &[&str] = &[
+    "device",
+    "port",
+    "gid_index",
+    "listen",
+    "max_chunk",
+    "write_timeout",
+];
+
+/// Reads `device` (needed), `port`, `gid_index` (default: chosen by the
+/// link), `listen` (the side channel's address), `max_chunk` (bytes; 0:
+/// the port's largest message) and `write_timeout`.
+pub(super) fn parse(mut o: Options) -> Result<VerbsConfig, PlaneError> {
+    let device = o.text("device").ok_or(PlaneError::Missing {
+        plane: NAME,
+        key: "device",
+        what: "the RDMA device, such as mlx5_0 or rxe0; see `ibv_devices`",
+    })?;
+    let mut c = VerbsConfig::new(device);
+    if let Some(p) = o.parsed::<u8>("port")? {
+        c.port = p;
+    }
+    if let Some(g) = o.parsed::<u8>("gid_index")? {
+        c.gid = GidChoice::Index(g);
+    }
+    c.listen = o.text("listen");
+    if let Some(m) = o.parsed::<u64>("max_chunk")? {
+        c.max_chunk = (m > 0).then(|| u32::try_from(m).unwrap_or(u32::MAX));
+    }
+    if let Some(t) = o.duration("write_timeout")? {
+        c.write_timeout = t;
+    }
+    o.finish()?;
+    Ok(c)
+}
+
+/// A transport with a new pool of `pool_len` bytes on the device port
+/// `config` names.
+pub(super) fn open(config: &VerbsConfig, pool_len: usize) -> Result<VerbsTransport, NodeError> {
+    VerbsTransport::with_pool(config, pool_len).map_err(|e| NodeError::Transport {
+        verb: "open verbs transport",
+        source: Box::new(e),
+    })
+}
+
+// SAFETY: the pool, when there is one, is a `HostPool` the transport owns
+// as a field (set by `with_pool` or `with_device_and_pool`, never taken
+// out): mapped at creation, the same range for its life, unmapped when
+// the transport drops; moving the transport does not move the mapping.
+// Without a pool the range is empty, which the node refuses.
+#[allow(unsafe_code)]
+unsafe impl<D: Device> PoolOwner for VerbsTransport<D> {
+    fn pool_ptr(&self) -> *mut u8 {
+        VerbsTransport::pool_ptr(self)
+    }
+
+    fn pool_len(&self) -> usize {
+        VerbsTransport::pool_len(self)
+    }
+}
