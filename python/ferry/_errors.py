@@ -3,9 +3,10 @@
 Every error of a ferry call is a ``FerryError``, of the subclass of its
 kind; ``kind`` carries the kind's name. The kinds are the core's fault
 kinds (``ferry._native.FAULT_CODES``: the same names and codes in every
-layer) and the kinds only a node raises (``refused``, ``draining``,
-``closed``, ``no_room``); ``ferry._native.ERROR_KINDS`` lists them all, and
-the tests check this module against it.
+layer) and the kinds of the calls around the data plane (``refused``,
+``draining``, ``no_room`` from a node, ``closed`` from anything closed);
+``ferry._native.ERROR_KINDS`` lists them all, and the tests check this
+module against it.
 
 =====================  ===================  ================================
 class                  ``kind``             also a
@@ -137,6 +138,12 @@ ERROR_CLASSES: Dict[str, Type[FerryError]] = {
         NoRoomError,
     )
 }
+
+
+# Shown (in tracebacks, reprs and pickles) as where users find them.
+for _cls in (FerryError, *ERROR_CLASSES.values()):
+    _cls.__module__ = "ferry"
+del _cls
 
 
 def error_for(message: str, kind: str) -> FerryError:

@@ -12,7 +12,7 @@ __version__: str
 FAULT_CODES: Dict[str, int]
 
 #: Every kind an error may have (``FerryError.kind``): the fault kinds,
-#: then the kinds only a node raises.
+#: then the others (a node's refusals, anything closed).
 ERROR_KINDS: Tuple[str, ...]
 
 def backends() -> List[str]:

@@ -3,6 +3,7 @@ kind under ``ferry.FerryError`` (a timeout is also a ``TimeoutError``), the
 kinds and codes from the Rust core's one table, keyword-only constructors,
 the native classes named as the Python ones, ``stats()`` typed."""
 
+import pickle
 import tempfile
 import warnings
 
@@ -27,8 +28,9 @@ def test_every_kind_of_the_native_table_has_its_class():
         assert type(e) is _errors.ERROR_CLASSES[kind] and e.kind == kind
         assert isinstance(e, ferry.FerryError) and isinstance(e, RuntimeError)
         assert str(e) == f"it failed ({kind})"
-        # Every class is exported by ferry under its own name.
-        assert getattr(ferry, type(e).__name__) is type(e)
+        # Every class is exported by ferry under its own name, and says so.
+        assert getattr(ferry, type(e).__name__) is type(e) and type(e).__module__ == "ferry"
+        assert pickle.loads(pickle.dumps(e)).args == e.args
     # A kind this package does not know still raises a FerryError with it.
     e = _errors.error_for("from a newer module", "newfangled")
     assert type(e) is ferry.FerryError and e.kind == "newfangled"

@@ -4,7 +4,8 @@
 //!
 //! The kinds are the core's fault kinds ([`FaultKind::ALL`], with their
 //! names and the codes sglang's `transfer_sync` returns), followed by the
-//! kinds only a node raises ([`NODE_KINDS`]). The module exports both
+//! kinds of the calls around the data plane ([`NODE_KINDS`]: a node's
+//! refusals, a closed engine or node). The module exports both
 //! tables (`FAULT_CODES`, `ERROR_KINDS`); the Python package builds its
 //! codes from them and its tests check its classes against them.
 
@@ -30,7 +31,8 @@ pub(crate) enum Kind {
     NoRoom,
 }
 
-/// The kinds only a node raises, after the core's fault kinds.
+/// The kinds beside the core's fault kinds: a node's (refused, draining,
+/// no room) and any closed object's (an engine's too).
 pub(crate) const NODE_KINDS: [Kind; 4] =
     [Kind::Refused, Kind::Draining, Kind::Closed, Kind::NoRoom];
 

@@ -197,8 +197,8 @@ pub(crate) fn data_plane(
     // Python's verbs node takes the host's first device when none is named.
     #[cfg(feature = "verbs")]
     if backend == "verbs" && !given.iter().any(|(k, _)| k == "device") {
-        let device = first_device()
-            .map_err(|why| crate::errors::raise(py, why, crate::errors::Kind::IO))?;
+        let device =
+            first_device().map_err(|why| crate::errors::raise(py, why, crate::errors::Kind::IO))?;
         given.push(("device".to_owned(), device));
     }
     let _ = py;
@@ -210,7 +210,10 @@ pub(crate) fn data_plane(
         PlaneError::UnknownOption { .. } => PyTypeError::new_err(e.to_string()),
         PlaneError::Unknown { .. } => {
             let others = DataPlane::names().iter().filter(|n| **n != "shm");
-            let names: Vec<&str> = ["local (or shm)"].into_iter().chain(others.copied()).collect();
+            let names: Vec<&str> = ["local (or shm)"]
+                .into_iter()
+                .chain(others.copied())
+                .collect();
             PyValueError::new_err(format!(
                 "node backend {backend:?} is not in this module (it has: {})",
                 names.join(", ")
