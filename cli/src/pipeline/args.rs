@@ -96,6 +96,16 @@ pub struct CoordinatorArgs {
     /// The work endpoints that may register as decoders.
     #[arg(long, env = "FERRY_DECODER_URLS", value_delimiter = ',')]
     pub decoder_urls: Vec<String>,
+    /// What it offers as a service: who may connect, metrics, how it
+    /// stops.
+    #[command(flatten)]
+    pub service: ServiceArgs,
+}
+
+/// The options `ferry coordinator` and `ferry instance` share as
+/// services.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServiceArgs {
     /// Accept connections to this process's tcp:// endpoints only from
     /// these IP addresses, comma-separated (ZeroMQ's ZAP refuses the
     /// others before any message of theirs is read, and each refusal is
@@ -191,20 +201,10 @@ pub struct InstanceCliArgs {
     /// that head nothing gives up before it does.
     #[arg(long, env = "FERRY_HEAD_TIMEOUT", default_value_t = 600.0)]
     pub head_timeout: f64,
-    /// Accept connections to this process's tcp:// endpoints only from
-    /// these IP addresses, comma-separated (ZeroMQ's ZAP refuses the
-    /// others before any message of theirs is read, and each refusal is
-    /// logged); without, any address may connect.
-    #[arg(long, env = "FERRY_ALLOW_FROM", value_delimiter = ',')]
-    pub allow_from: Vec<std::net::IpAddr>,
-    /// Serve Prometheus metrics over HTTP at this address:port (port 0
-    /// picks a free one; the process prints `{"event":"metrics","url":...}`),
-    /// with the probes `/healthz` and `/readyz` beside them.
-    #[arg(long, env = "FERRY_METRICS_LISTEN")]
-    pub metrics_listen: Option<String>,
-    /// How the process stops.
+    /// What it offers as a service: who may connect, metrics, how it
+    /// stops.
     #[command(flatten)]
-    pub lifetime: LifetimeArgs,
+    pub service: ServiceArgs,
 }
 
 /// Which coordinator an instance serves under.

@@ -21,7 +21,7 @@ use ferry::runtime::{Admission, Head, InstanceSettings, Prealloc};
 
 pub use args::{
     CoordinatorArgs, DataPlaneArgs, HeadKind, InstanceCliArgs, LifetimeArgs, PipelineArgs,
-    WorkloadKind,
+    ServiceArgs, WorkloadKind,
 };
 pub use launcher::{json, launch, table, LaunchArgs, Summary};
 pub use roles::{
@@ -79,11 +79,11 @@ pub fn coordinator_main(args: &CoordinatorArgs) -> ExitCode {
         args.control,
         t,
         &roles::CoordinatorOptions {
-            exit_on_stdin_close: args.lifetime.exit_on_stdin_close,
-            drain_timeout: args.lifetime.drain_timeout,
-            metrics_listen: args.metrics_listen.clone(),
+            exit_on_stdin_close: args.service.lifetime.exit_on_stdin_close,
+            drain_timeout: args.service.lifetime.drain_timeout,
+            metrics_listen: args.service.metrics_listen.clone(),
             admitted,
-            allow_from: args.allow_from.clone(),
+            allow_from: args.service.allow_from.clone(),
         },
     )
 }
@@ -138,10 +138,10 @@ pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
         prealloc: args.prealloc,
         pace: Duration::from_millis(args.pace_ms),
         hold: Duration::from_millis(args.hold_ms),
-        metrics_listen: args.metrics_listen.clone(),
-        allow_from: args.allow_from.clone(),
-        exit_on_stdin_close: args.lifetime.exit_on_stdin_close,
-        drain_timeout: args.lifetime.drain_timeout,
+        metrics_listen: args.service.metrics_listen.clone(),
+        allow_from: args.service.allow_from.clone(),
+        exit_on_stdin_close: args.service.lifetime.exit_on_stdin_close,
+        drain_timeout: args.service.lifetime.drain_timeout,
     })
 }
 

@@ -27,16 +27,24 @@ impl<'s> Coordinator<'s> {
         self.rank(r.index);
     }
 
+    /// Takes transfer `i` out, however it ended: its capacity back, out of
+    /// its queue, its record gone and its leg remembered (so that a late
+    /// duplicate is not taken for a new request).
+    fn take_out(&mut self, i: usize) -> Option<Transfer> {
+        self.release(i);
+        self.unqueue(i);
+        let t = self.transfers.remove(i)?;
+        self.finished
+            .bury_owned(t.id, Leg::FromRole(t.sender_role), t.sender.epoch);
+        Some(t)
+    }
+
     /// Ends transfer `i` after `transfer_done`: capacity and preallocated
     /// slot back, record gone.
     pub(super) fn end(&mut self, _now: Instant, i: usize) {
-        self.release(i);
-        self.unqueue(i);
-        let Some(t) = self.transfers.remove(i) else {
+        let Some(t) = self.take_out(i) else {
             return;
         };
-        self.finished
-            .bury_owned(t.id, Leg::FromRole(t.sender_role), t.sender.epoch);
         if let (Some(slot_id), Some(r)) = (t.prealloc, t.receiver) {
             self.give_back(r, slot_id);
         }
@@ -45,13 +53,9 @@ impl<'s> Coordinator<'s> {
     /// Fails transfer `i`: aborts to everyone involved, capacity back,
     /// preallocated slot parked, record gone.
     pub(super) fn fail(&mut self, now: Instant, i: usize, reason: FailReason) {
-        self.release(i);
-        self.unqueue(i);
-        let Some(t) = self.transfers.remove(i) else {
+        let Some(t) = self.take_out(i) else {
             return;
         };
-        self.finished
-            .bury_owned(t.id, Leg::FromRole(t.sender_role), t.sender.epoch);
         let abort = OutMsg::Abort {
             id: t.id,
             reason: reason.as_str(),
