@@ -660,9 +660,8 @@ mod tests {
         let (mut a_tx, _a_rx) = UdsChannel::bind(&ea).unwrap().split();
         let (_b_tx, mut b_rx) = UdsChannel::bind(&eb).unwrap().split();
         assert!(b_rx.can_wake());
-        // SAFETY: a fresh eventfd, closed below.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK) };
-        assert!(fd >= 0);
+        let wake = ferry_hostmem::EventFd::new().unwrap();
+        let fd = wake.fd();
         let mut buf = vec![0u8; 4096];
         let t = Instant::now();
         assert!(b_rx
@@ -673,9 +672,7 @@ mod tests {
             t.elapsed() >= Duration::from_millis(45),
             "waited the time out"
         );
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: 8 bytes to our eventfd.
-        assert_eq!(unsafe { libc::write(fd, one.as_ptr().cast(), 8) }, 8);
+        wake.signal();
         let t = Instant::now();
         assert!(b_rx
             .recv_or_wake(&mut buf, Duration::from_secs(10), fd)
@@ -694,8 +691,6 @@ mod tests {
             }
         }
         assert_eq!(got.as_deref(), Some(&b"p"[..]));
-        // SAFETY: closing our own descriptor once.
-        unsafe { libc::close(fd) };
     }
 
     #[test]
