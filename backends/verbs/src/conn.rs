@@ -74,9 +74,10 @@ impl std::hash::Hasher for IdHasher {
 /// Completions polled per call.
 const POLL_BATCH: usize = 64;
 
-/// Settings the bookkeeping needs.
+/// The limits the connection book keeps to (named apart from ferry-core's
+/// `handshake::Limits`, which sizes the protocol machines).
 #[derive(Clone, Copy, Debug)]
-pub struct Limits {
+pub struct ConnLimits {
     /// Outstanding work requests per queue pair.
     pub send_depth: u32,
     /// Largest work request.
@@ -148,9 +149,10 @@ struct Signal {
     completes: Option<u64>,
 }
 
-/// A registered region.
+/// One of this transport's registered regions: what the runtime's
+/// `Region` says, and the keys the device gave it.
 #[derive(Clone, Copy, Debug)]
-pub struct Pool {
+pub struct RegisteredRegion {
     /// Region id handed to the runtime.
     pub region: u32,
     /// First byte.
@@ -172,8 +174,10 @@ pub struct Outgoing {
     pub bytes: Vec<u8>,
 }
 
-/// The transport's state.
-pub struct Book<D: Device> {
+/// The transport's state: its connections (one per peer it writes to),
+/// the queue pairs it accepted from writers, the writes in flight and
+/// their completions, and its registered regions.
+pub struct ConnBook<D: Device> {
     // Queue pairs go before the device (and its registration) on drop.
     conns: HashMap<u32, Conn<D::Qp>, IdHash>,
     inbound: HashMap<String, D::Qp>,
@@ -199,11 +203,11 @@ pub struct Book<D: Device> {
     /// completions make room.
     cq_blocked: bool,
     arm_failed: bool,
-    /// Writes finished since [`Book::take_news`] last looked.
+    /// Writes finished since [`ConnBook::take_news`] last looked.
     news: bool,
     psn_seed: u64,
     /// The registered regions.
-    pub regions: Vec<Pool>,
+    pub regions: Vec<RegisteredRegion>,
     /// This transport's session id.
     pub me: String,
     /// Our incarnation.
@@ -212,7 +216,7 @@ pub struct Book<D: Device> {
     pub generation: u32,
     /// The local GID index and GID.
     pub gid: (u8, [u8; 16]),
-    limits: Limits,
+    limits: ConnLimits,
 }
 
 fn verb(e: DeviceError, peer: &str) -> VerbsError {
@@ -223,14 +227,14 @@ fn verb(e: DeviceError, peer: &str) -> VerbsError {
     }
 }
 
-impl<D: Device> Book<D> {
+impl<D: Device> ConnBook<D> {
     /// A book over an opened device.
     pub fn new(
         device: D,
         me: String,
         incarnation: u64,
         gid: (u8, [u8; 16]),
-        limits: Limits,
+        limits: ConnLimits,
     ) -> Self {
         let cq_capacity = device.cq_capacity().max(2);
         Self {
@@ -699,7 +703,7 @@ impl<D: Device> Book<D> {
     }
 
     /// Reaps completions; returns the next finished write. Reading no
-    /// clock, it leaves deadlines to [`Book::sweep`].
+    /// clock, it leaves deadlines to [`ConnBook::sweep`].
     pub fn poll(&mut self) -> Option<Completion<VerbsError>> {
         // The caller is looking: whatever is finished, it will see.
         self.news = false;
