@@ -15,7 +15,7 @@
 //!   progress thread drains it; completion errors fail the one write.
 
 // Unsafe code only at the FFI seams: `ofi` (libfabric calls),
-// `transport` (posting from registered memory, the eventfd) and
+// `transport` (posting from registered memory) and
 // `baseline`; each block with its SAFETY argument.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -33,6 +33,11 @@ mod transport;
 pub use error::{Call, FabricError};
 pub use ferry_hostmem::HostPool;
 pub use mr::MrPolicy;
-pub use provider::{Delivery, Hints, Provider};
+pub use provider::{DeliveryMode, Hints, Provider};
 pub use session::{RemoteRegion, Session, MAX_REGIONS};
 pub use transport::{FabricConfig, FabricTransport, Opened};
+
+/// The old name of [`DeliveryMode`], kept while the runtime's uses
+/// (`src/runtime/plane/fabric.rs`, `src/engine/mod.rs`) move to the new one.
+#[deprecated(note = "renamed DeliveryMode: `Delivery` is the runtime's received transfer")]
+pub type Delivery = DeliveryMode;

@@ -9,9 +9,9 @@
 //! The domain is opened `FI_THREAD_SAFE`, so both threads call libfabric
 //! directly.
 //!
-//! Delivery. [`Delivery::Complete`] posts every write with
+//! Delivery modes. [`DeliveryMode::Complete`] posts every write with
 //! `FI_DELIVERY_COMPLETE`: its completion means the bytes are at the
-//! target. [`Delivery::Notify`] posts every chunk with remote CQ data that
+//! target. [`DeliveryMode::Notify`] posts every chunk with remote CQ data that
 //! the receiver counts ([`crate::notice`]); its
 //! [`Transport::poll_landed`] reports each write whose count is complete.
 #![allow(unsafe_code)]
@@ -31,9 +31,9 @@ use crate::error::FabricError;
 use crate::mr::MrPolicy;
 use crate::notice::{NoticeBook, NoticeFormat};
 use crate::ofi::{Av, Cq, Domain, Endpoint, Fabric, Info, MemoryRegion};
-use crate::provider::{Delivery, Hints, Provider};
+use crate::provider::{DeliveryMode, Hints, Provider};
 use crate::session::{RemoteRegion, Session, MAX_REGIONS};
-use ferry_hostmem::HostPool;
+use ferry_hostmem::{EventFd, HostPool};
 
 /// How often late writes are looked for.
 const SWEEP: Duration = Duration::from_millis(5);
@@ -47,7 +47,7 @@ pub struct FabricConfig {
     /// Which provider.
     pub provider: Provider,
     /// How delivery is made sure of before a receiver is told to read.
-    pub delivery: Delivery,
+    pub delivery: DeliveryMode,
     /// An address of this host to bind to (`fi_getinfo` node with
     /// `FI_SOURCE`), to pick the interface; `None`: the provider's choice
     /// (for `tcp`, `FI_TCP_IFACE` also picks it).
@@ -69,7 +69,7 @@ impl FabricConfig {
     pub fn new(provider: Provider) -> Self {
         Self {
             provider,
-            delivery: Delivery::Auto,
+            delivery: DeliveryMode::Auto,
             source: None,
             max_chunk: 0,
             max_outstanding: 256,
@@ -88,7 +88,7 @@ pub struct Opened {
     /// The domain's name.
     pub domain: String,
     /// The delivery mode in force.
-    pub delivery: Delivery,
+    pub delivery: DeliveryMode,
     /// The registration rules.
     pub mr: MrPolicy,
     /// The chunk size writes are split at.
@@ -135,8 +135,10 @@ struct Chunk {
     flags: u64,
 }
 
-/// Completion bookkeeping shared by the posting and the progress thread.
-struct Book {
+/// The writes in flight and what became of them: chunks waiting to be
+/// posted, the operation contexts they hold, finished writes and arrived
+/// notices. Shared by the posting and the progress thread.
+struct WriteBook {
     backlog: VecDeque<Chunk>,
     free_ctx: Vec<u32>,
     /// Context index → write slot.
@@ -156,7 +158,7 @@ struct Book {
     news: bool,
 }
 
-impl Book {
+impl WriteBook {
     /// One chunk of write `w` finished (with `err` if it failed).
     fn chunk_done(&mut self, w: u32, err: Option<FabricError>) {
         let Some(Some(ws)) = self.writes.get_mut(w as usize) else {
@@ -234,7 +236,7 @@ impl Book {
 struct Contexts(Box<[std::cell::UnsafeCell<sys::fi_context2>]>);
 
 // SAFETY: the cells are only written by the provider, through pointers
-// handed out for one in-flight operation each (the free list in `Book`
+// handed out for one in-flight operation each (the free list in `WriteBook`
 // guarantees exclusivity); Rust code never reads or writes them.
 unsafe impl Sync for Contexts {}
 // SAFETY: as above.
@@ -259,9 +261,11 @@ impl Contexts {
 
 struct Shared {
     cq: Arc<Cq>,
-    /// An eventfd, readable while the runtime has news to collect.
-    wake: WakeFd,
-    book: Mutex<Book>,
+    /// Signalled by the progress thread when completions or notices
+    /// arrive, so that the runtime can sleep on it with its control
+    /// channel: readable while the runtime has news to collect.
+    wake: EventFd,
+    book: Mutex<WriteBook>,
     stop: AtomicBool,
     /// When the progress thread last went round its loop, in ms since
     /// `born`: a provider call that never returns shows here.
@@ -271,7 +275,7 @@ struct Shared {
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Book> {
+    fn lock(&self) -> MutexGuard<'_, WriteBook> {
         self.book.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -584,7 +588,7 @@ impl FabricTransport {
             what,
         })?;
         let cq_data_size = info.cq_data_size();
-        if delivery == Delivery::Notify && cq_data_size < 4 {
+        if delivery == DeliveryMode::Notify && cq_data_size < 4 {
             return Err(FabricError::Unsupported {
                 provider,
                 what: format!("carries {cq_data_size} bytes of remote CQ data; notices need 4"),
@@ -612,11 +616,14 @@ impl FabricTransport {
             chunk,
             waitable_cq: cq.waitable(),
         };
-        let wake = WakeFd::new()?;
+        let wake = EventFd::new().map_err(|source| FabricError::Os {
+            what: "create the wake eventfd",
+            source,
+        })?;
         let shared = Arc::new(Shared {
             wake,
             cq,
-            book: Mutex::new(Book {
+            book: Mutex::new(WriteBook {
                 backlog: VecDeque::with_capacity(outstanding),
                 free_ctx: (0..outstanding as u32).rev().collect(),
                 ctx_owner: vec![u32::MAX; outstanding],
@@ -724,7 +731,7 @@ impl FabricTransport {
                     len: r.len,
                 })
                 .collect(),
-            notify: self.opened.delivery == Delivery::Notify,
+            notify: self.opened.delivery == DeliveryMode::Notify,
             virt_addr: self.opened.mr.virt_addr,
             wide_data: self.cq_data_size >= 8,
         }
@@ -821,7 +828,7 @@ impl FabricTransport {
 }
 
 /// Finds the first provider and delivery mode that `fi_getinfo` offers.
-pub(crate) fn find(config: &FabricConfig) -> Result<(Info, Delivery), FabricError> {
+pub(crate) fn find(config: &FabricConfig) -> Result<(Info, DeliveryMode), FabricError> {
     let mut why = Vec::new();
     for name in config.provider.candidates() {
         for &delivery in config.delivery.candidates() {
@@ -834,7 +841,7 @@ pub(crate) fn find(config: &FabricConfig) -> Result<(Info, Delivery), FabricErro
     Err(FabricError::NoProvider {
         wanted: config.provider.to_string(),
         delivery: match config.delivery {
-            Delivery::Auto => "",
+            DeliveryMode::Auto => "",
             d => d.as_str(),
         },
         why: why.join("; "),
@@ -854,7 +861,7 @@ impl Transport for FabricTransport {
                 .opened
                 .chunk
                 .saturating_mul(self.notice_format.max_chunks()),
-            delivery_complete: self.opened.delivery == Delivery::Complete,
+            delivery_complete: self.opened.delivery == DeliveryMode::Complete,
         }
     }
 
@@ -945,7 +952,7 @@ impl Transport for FabricTransport {
             (peer.fi_addr, dest.key, s.virt_addr, dest.base, s.notify);
         let name = Arc::clone(&peer.name);
         let mut flags = u64::from(sys::FI_COMPLETION);
-        if delivery == Delivery::Complete {
+        if delivery == DeliveryMode::Complete {
             flags |= u64::from(sys::FI_DELIVERY_COMPLETE);
         }
         let data = if notify {
@@ -1055,7 +1062,7 @@ impl Transport for FabricTransport {
     }
 
     fn poll_landed(&mut self) -> Option<Landed> {
-        if self.opened.delivery != Delivery::Notify {
+        if self.opened.delivery != DeliveryMode::Notify {
             return None;
         }
         self.shared.lock().notices.pop_landed()
@@ -1074,45 +1081,6 @@ impl Drop for FabricTransport {
             let _ = t.join();
         }
         // Fields drop in order: region, ..., pool last.
-    }
-}
-
-/// An eventfd the progress thread signals when completions or notices
-/// arrive, so that the runtime can sleep on it with its control channel.
-struct WakeFd(std::os::fd::OwnedFd);
-
-impl WakeFd {
-    fn new() -> Result<Self, FabricError> {
-        use std::os::fd::FromRawFd;
-        // SAFETY: eventfd takes no pointers; a negative result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(FabricError::Os {
-                what: "create the wake eventfd",
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        // SAFETY: a fresh descriptor that nothing else owns.
-        Ok(Self(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
-    }
-
-    fn fd(&self) -> i32 {
-        use std::os::fd::AsRawFd;
-        self.0.as_raw_fd()
-    }
-
-    fn signal(&self) {
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: writes 8 bytes from a live buffer to our own eventfd; a
-        // full counter (EAGAIN) already signals.
-        let _ = unsafe { libc::write(self.fd(), one.as_ptr().cast(), one.len()) };
-    }
-
-    fn clear(&self) {
-        let mut v = [0u8; 8];
-        // SAFETY: reads 8 bytes into a live buffer from our own
-        // non-blocking eventfd; EAGAIN means it was clear.
-        let _ = unsafe { libc::read(self.fd(), v.as_mut_ptr().cast(), v.len()) };
     }
 }
 
