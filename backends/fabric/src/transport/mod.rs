@@ -51,6 +51,7 @@ pub use open::{FabricConfig, Opened};
 
 /// How often late writes are looked for.
 const SWEEP: Duration = Duration::from_millis(5);
+
 /// A libfabric data plane.
 pub struct FabricTransport {
     // Field order is drop order: the regions close before the endpoint,

@@ -36,6 +36,7 @@ use socket::{connect, path_of, pollfd, sockaddr, socket, sys};
 
 /// Packet kind: a connection's first packet, naming the sender.
 const HELLO: u8 = 1;
+
 /// Packet kind: a message.
 const MESSAGE: u8 = 2;
 
