@@ -14,6 +14,10 @@
 //! restarted), the receiving side reports the peer [`ChannelEvent::Gone`],
 //! and ZeroMQ reconnects by itself when the peer comes back.
 //!
+//! [`Incoming::from`]: ferry_core::transport::Incoming::from
+//! [`Incoming::via`]: ferry_core::transport::Incoming::via
+//! [`ChannelEvent::Gone`]: ferry_core::transport::ChannelEvent::Gone
+//!
 //! Queues are bounded on purpose (high-water marks), a send that finds the
 //! queue full fails after a short timeout instead of blocking the caller,
 //! and closing lingers so that queued messages still go out.

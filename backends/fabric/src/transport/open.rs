@@ -76,8 +76,9 @@ pub struct Opened {
     pub waitable_cq: bool,
 }
 impl FabricTransport {
-    /// Opens a transport (no pool yet: [`register`](Transport::register)
-    /// one, or use [`with_pool`](Self::with_pool)).
+    /// Opens a transport (no pool yet:
+    /// [`register`](ferry_core::transport::Transport::register) one, or use
+    /// [`with_pool`](Self::with_pool)).
     pub fn open(config: &FabricConfig) -> Result<Self, FabricError> {
         let (info, delivery) = find(config)?;
         let provider = info.provider();
