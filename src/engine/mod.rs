@@ -197,7 +197,7 @@ impl TransferEngine {
             }
             #[cfg(feature = "fabric")]
             Backend::Fabric(mut config) => {
-                config.delivery = ferry_fabric::Delivery::Complete;
+                config.delivery = ferry_fabric::DeliveryMode::Complete;
                 let t = ferry_fabric::FabricTransport::open(&config)
                     .map_err(|e| EngineError::transport("open the libfabric transport", &e))?;
                 Inner::Posted(Box::new(posted::Driven::start(t)?))

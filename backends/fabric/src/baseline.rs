@@ -14,7 +14,7 @@ use ferry_fabric_sys as sys;
 use crate::error::FabricError;
 use crate::mr::MrPolicy;
 use crate::ofi::{Av, Cq, Domain, Endpoint, Fabric, Info, MemoryRegion};
-use crate::provider::Delivery;
+use crate::provider::DeliveryMode;
 use crate::transport::{find, FabricConfig};
 use ferry_hostmem::HostPool;
 
@@ -71,7 +71,7 @@ pub struct RawPair {
     sender: Side,
     receiver: Arc<Side>,
     dest: sys::fi_addr_t,
-    delivery: Delivery,
+    delivery: DeliveryMode,
     virt_addr: bool,
     contexts: Box<[UnsafeCell<sys::fi_context2>]>,
     provider: String,
@@ -120,7 +120,7 @@ impl RawPair {
     }
 
     /// The delivery mode the writes use (as ferry would on this provider).
-    pub fn delivery(&self) -> Delivery {
+    pub fn delivery(&self) -> DeliveryMode {
         self.delivery
     }
 
@@ -192,7 +192,7 @@ impl RawPair {
         time: Duration,
         notices: &AtomicU64,
     ) -> Result<RawRun, FabricError> {
-        let notify = self.delivery == Delivery::Notify;
+        let notify = self.delivery == DeliveryMode::Notify;
         let mut flags = u64::from(sys::FI_COMPLETION);
         if notify {
             flags |= u64::from(sys::FI_REMOTE_CQ_DATA);

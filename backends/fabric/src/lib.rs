@@ -15,7 +15,7 @@
 //!   progress thread drains it; completion errors fail the one write.
 
 // Unsafe code only at the FFI seams: `ofi` (libfabric calls),
-// `transport` (posting from registered memory, the eventfd) and
+// `transport` (posting from registered memory) and
 // `baseline`; each block with its SAFETY argument.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -33,6 +33,6 @@ mod transport;
 pub use error::{Call, FabricError};
 pub use ferry_hostmem::HostPool;
 pub use mr::MrPolicy;
-pub use provider::{Delivery, Hints, Provider};
+pub use provider::{DeliveryMode, Hints, Provider};
 pub use session::{RemoteRegion, Session, MAX_REGIONS};
 pub use transport::{FabricConfig, FabricTransport, Opened};

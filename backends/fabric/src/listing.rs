@@ -2,7 +2,7 @@
 //! listing behind `ferry devices`.
 
 use crate::ofi::Info;
-use crate::provider::{Delivery, Hints, AUTO_ORDER};
+use crate::provider::{DeliveryMode, Hints, AUTO_ORDER};
 use crate::FabricError;
 
 /// A provider with a fabric and domain libfabric lists here.
@@ -52,7 +52,7 @@ pub struct Fit {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Usable {
     /// How writes are known delivered.
-    pub delivery: Delivery,
+    pub delivery: DeliveryMode,
     /// The fabric.
     pub fabric: String,
     /// The domain.
@@ -71,7 +71,7 @@ pub fn fits() -> Vec<Fit> {
         .iter()
         .map(|&provider| {
             let mut why = Vec::new();
-            for &delivery in Delivery::Auto.candidates() {
+            for &delivery in DeliveryMode::Auto.candidates() {
                 match Info::get(&Hints::new(provider, delivery), None) {
                     Ok(info) => {
                         return Fit {

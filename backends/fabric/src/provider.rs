@@ -60,9 +60,10 @@ impl fmt::Display for Provider {
 }
 
 /// How a write is known to have reached the target's memory before the
-/// receiver is told it is ready.
+/// receiver is told it is ready. (A mode, named so as not to be read as the
+/// runtime's `Delivery`, a received transfer.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Delivery {
+pub enum DeliveryMode {
     /// `FI_DELIVERY_COMPLETE` where the provider offers it, remote CQ data
     /// otherwise.
     Auto,
@@ -74,9 +75,9 @@ pub enum Delivery {
     Notify,
 }
 
-impl Delivery {
+impl DeliveryMode {
     /// The modes to try, in order.
-    pub fn candidates(self) -> &'static [Delivery] {
+    pub fn candidates(self) -> &'static [DeliveryMode] {
         match self {
             Self::Auto => &[Self::Complete, Self::Notify],
             Self::Complete => &[Self::Complete],
@@ -94,7 +95,7 @@ impl Delivery {
     }
 }
 
-impl FromStr for Delivery {
+impl FromStr for DeliveryMode {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -142,9 +143,9 @@ impl Hints {
     /// What production systems ask for: a reliable datagram endpoint with
     /// messages and RMA writes both ways, every registration mode ferry
     /// handles, thread safety (the progress thread reads the queue while
-    /// the runtime posts), and for [`Delivery::Complete`] delivery-complete
+    /// the runtime posts), and for [`DeliveryMode::Complete`] delivery-complete
     /// as the default completion level.
-    pub fn new(provider: &str, delivery: Delivery) -> Self {
+    pub fn new(provider: &str, delivery: DeliveryMode) -> Self {
         Self {
             caps: u64::from(sys::FI_MSG | sys::FI_RMA | sys::FI_WRITE | sys::FI_REMOTE_WRITE),
             mode: sys::FI_CONTEXT | sys::FI_CONTEXT2,
@@ -153,8 +154,8 @@ impl Hints {
             threading: sys::fi_threading_FI_THREAD_SAFE,
             av_type: sys::fi_av_type_FI_AV_TABLE,
             tx_op_flags: match delivery {
-                Delivery::Complete => u64::from(sys::FI_DELIVERY_COMPLETE),
-                Delivery::Auto | Delivery::Notify => 0,
+                DeliveryMode::Complete => u64::from(sys::FI_DELIVERY_COMPLETE),
+                DeliveryMode::Auto | DeliveryMode::Notify => 0,
             },
             provider: provider.to_owned(),
         }
@@ -184,19 +185,19 @@ mod tests {
 
     #[test]
     fn delivery_modes_parse_and_auto_tries_delivery_complete_first() {
-        assert_eq!("auto".parse(), Ok(Delivery::Auto));
-        assert_eq!("notify".parse(), Ok(Delivery::Notify));
-        assert_eq!("delivery-complete".parse(), Ok(Delivery::Complete));
-        assert!("x".parse::<Delivery>().is_err());
+        assert_eq!("auto".parse(), Ok(DeliveryMode::Auto));
+        assert_eq!("notify".parse(), Ok(DeliveryMode::Notify));
+        assert_eq!("delivery-complete".parse(), Ok(DeliveryMode::Complete));
+        assert!("x".parse::<DeliveryMode>().is_err());
         assert_eq!(
-            Delivery::Auto.candidates(),
-            [Delivery::Complete, Delivery::Notify]
+            DeliveryMode::Auto.candidates(),
+            [DeliveryMode::Complete, DeliveryMode::Notify]
         );
     }
 
     #[test]
     fn hints_ask_for_rdm_rma_thread_safety_and_every_handled_mr_mode() {
-        let h = Hints::new("efa", Delivery::Complete);
+        let h = Hints::new("efa", DeliveryMode::Complete);
         assert_eq!(h.ep_type, sys::fi_ep_type_FI_EP_RDM);
         assert_ne!(h.caps & u64::from(sys::FI_RMA), 0);
         assert_ne!(h.caps & u64::from(sys::FI_MSG), 0);
@@ -215,6 +216,6 @@ mod tests {
         // Raw keys (FI_MR_RAW) need fi_mr_raw_attr exchange; not offered.
         assert_eq!(h.mr_mode & sys::FI_MR_RAW as i32, 0);
         assert_ne!(h.mode & sys::FI_CONTEXT2, 0);
-        assert_eq!(Hints::new("shm", Delivery::Notify).tx_op_flags, 0);
+        assert_eq!(Hints::new("shm", DeliveryMode::Notify).tx_op_flags, 0);
     }
 }

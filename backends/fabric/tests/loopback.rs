@@ -5,9 +5,9 @@
 use std::time::{Duration, Instant};
 
 use ferry_core::transport::{Fault, FaultKind, Region, Transport, WriteOp, WriteTag};
-use ferry_fabric::{Delivery, FabricConfig, FabricTransport, Provider};
+use ferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
 
-fn config(provider: &str, delivery: Delivery) -> FabricConfig {
+fn config(provider: &str, delivery: DeliveryMode) -> FabricConfig {
     let mut c = FabricConfig::new(Provider::Named(provider.into()));
     c.delivery = delivery;
     if provider.starts_with("tcp") {
@@ -16,7 +16,7 @@ fn config(provider: &str, delivery: Delivery) -> FabricConfig {
     c
 }
 
-fn open(provider: &str, delivery: Delivery, pool: usize) -> (FabricTransport, Region) {
+fn open(provider: &str, delivery: DeliveryMode, pool: usize) -> (FabricTransport, Region) {
     let mut t = FabricTransport::with_pool(&config(provider, delivery), pool)
         .unwrap_or_else(|e| panic!("open {provider}: {e}"));
     let (p, n) = (t.pool_ptr(), t.pool_len());
@@ -89,7 +89,7 @@ impl Rng {
     }
 }
 
-fn round_trip(provider: &str, delivery: Delivery, max_chunk: u64) {
+fn round_trip(provider: &str, delivery: DeliveryMode, max_chunk: u64) {
     let mut cfg = config(provider, delivery);
     cfg.max_chunk = max_chunk;
     let mut a = FabricTransport::with_pool(&cfg, 8 << 20).expect("open sender");
@@ -139,22 +139,25 @@ fn round_trip(provider: &str, delivery: Delivery, max_chunk: u64) {
 
 #[test]
 fn tcp_writes_land_byte_exact_in_both_delivery_modes() {
-    round_trip("tcp;ofi_rxm", Delivery::Complete, 0);
-    round_trip("tcp;ofi_rxm", Delivery::Notify, 0);
-    round_trip("tcp;ofi_rxm", Delivery::Notify, 256 << 10);
+    round_trip("tcp;ofi_rxm", DeliveryMode::Complete, 0);
+    round_trip("tcp;ofi_rxm", DeliveryMode::Notify, 0);
+    round_trip("tcp;ofi_rxm", DeliveryMode::Notify, 256 << 10);
 }
 
 #[test]
 fn shm_writes_land_byte_exact() {
-    round_trip("shm", Delivery::Auto, 0);
-    round_trip("shm", Delivery::Notify, 300_000);
+    round_trip("shm", DeliveryMode::Auto, 0);
+    round_trip("shm", DeliveryMode::Notify, 300_000);
 }
 
 /// What each completion level guarantees, shown with a receiver that
 /// stops driving its queue.
 /// A connected sender and a receiver that has stopped driving its queue,
 /// with 64 KiB of `fill` posted to it (tag 2, cookie 1).
-fn write_to_a_stalled_receiver(delivery: Delivery, fill: u8) -> (FabricTransport, FabricTransport) {
+fn write_to_a_stalled_receiver(
+    delivery: DeliveryMode,
+    fill: u8,
+) -> (FabricTransport, FabricTransport) {
     let (mut a, ra) = open("tcp;ofi_rxm", delivery, 1 << 20);
     let (mut b, _) = open("tcp;ofi_rxm", delivery, 1 << 20);
     let base = b.pool_ptr() as u64;
@@ -193,7 +196,7 @@ fn write_to_a_stalled_receiver(delivery: Delivery, fill: u8) -> (FabricTransport
 fn a_local_completion_is_not_delivery_but_notices_and_delivery_complete_are() {
     // Remote CQ data: the sender's completion can come before the bytes
     // are placed, so the receiver must wait for its notices.
-    let (mut a, mut b) = write_to_a_stalled_receiver(Delivery::Notify, 0xab);
+    let (mut a, mut b) = write_to_a_stalled_receiver(DeliveryMode::Notify, 0xab);
     let done = wait_completion(&mut a, 1, Duration::from_secs(2));
     assert!(
         matches!(done, Some(Ok(()))),
@@ -212,7 +215,7 @@ fn a_local_completion_is_not_delivery_but_notices_and_delivery_complete_are() {
     assert!(pool(&b)[..65536].iter().all(|&x| x == 0xab));
 
     // Delivery complete: the sender's completion waits for the receiver.
-    let (mut a, b) = write_to_a_stalled_receiver(Delivery::Complete, 0xcd);
+    let (mut a, b) = write_to_a_stalled_receiver(DeliveryMode::Complete, 0xcd);
     assert!(
         wait_completion(&mut a, 1, Duration::from_millis(500)).is_none(),
         "no completion while the receiver has not placed the bytes"
@@ -226,8 +229,8 @@ fn a_local_completion_is_not_delivery_but_notices_and_delivery_complete_are() {
 
 #[test]
 fn bad_writes_fail_typed_and_name_what_is_wrong() {
-    let (mut a, ra) = open("tcp;ofi_rxm", Delivery::Auto, 1 << 20);
-    let (b, _) = open("tcp;ofi_rxm", Delivery::Auto, 1 << 20);
+    let (mut a, ra) = open("tcp;ofi_rxm", DeliveryMode::Auto, 1 << 20);
+    let (b, _) = open("tcp;ofi_rxm", DeliveryMode::Auto, 1 << 20);
     let base = b.pool_ptr() as u64;
     let s = b.session_id().to_owned();
     let e = a
@@ -334,7 +337,7 @@ fn write_and_wait(
 /// A transport registers any number of regions (memory the application
 /// allocated among them), each addressable by peers through the session
 /// id, and writes go from any of its regions into any of a peer's.
-fn several_regions(provider: &str, delivery: Delivery) {
+fn several_regions(provider: &str, delivery: DeliveryMode) {
     // Declared first, dropped last: they outlive their registrations.
     let mut app_src = vec![0u8; 1 << 16];
     let mut app_dst = vec![0u8; 1 << 16];
@@ -421,22 +424,22 @@ fn several_regions(provider: &str, delivery: Delivery) {
 
 #[test]
 fn several_regions_are_each_written_through_the_session_id() {
-    several_regions("tcp;ofi_rxm", Delivery::Notify);
-    several_regions("tcp;ofi_rxm", Delivery::Auto);
-    several_regions("shm", Delivery::Auto);
+    several_regions("tcp;ofi_rxm", DeliveryMode::Notify);
+    several_regions("tcp;ofi_rxm", DeliveryMode::Auto);
+    several_regions("shm", DeliveryMode::Auto);
 }
 
 #[test]
 fn a_write_to_a_peer_that_is_gone_fails_that_write_only() {
-    let mut cfg = config("tcp;ofi_rxm", Delivery::Auto);
+    let mut cfg = config("tcp;ofi_rxm", DeliveryMode::Auto);
     cfg.write_timeout = Duration::from_secs(3);
     let mut a = FabricTransport::with_pool(&cfg, 1 << 20).expect("open");
     let (p, n) = (a.pool_ptr(), a.pool_len());
     // SAFETY: the transport's own pool.
     #[allow(unsafe_code)]
     let ra = unsafe { a.register(p, n) }.expect("register");
-    let (b, _) = open("tcp;ofi_rxm", Delivery::Auto, 1 << 20);
-    let (c, _) = open("tcp;ofi_rxm", Delivery::Auto, 1 << 20);
+    let (b, _) = open("tcp;ofi_rxm", DeliveryMode::Auto, 1 << 20);
+    let (c, _) = open("tcp;ofi_rxm", DeliveryMode::Auto, 1 << 20);
     let (gone, base) = (b.session_id().to_owned(), b.pool_ptr() as u64);
     drop(b);
     let r = match a.post_write(&WriteOp {

@@ -1,8 +1,18 @@
-//! Pre-faulted anonymous host memory for a transport's pool.
+//! Host-side OS pieces the data planes share.
 //!
-//! The libfabric and ibverbs data planes register one pool each; both map
-//! it here, so that registration pins resident pages and the first
-//! transfer does not fault.
+//! - [`HostPool`]: pre-faulted anonymous host memory for a transport's
+//!   pool. The libfabric and ibverbs data planes register one pool each;
+//!   both map it here, so that registration pins resident pages and the
+//!   first transfer does not fault.
+//! - [`EventFd`]: the eventfd a transport signals when it has news for the
+//!   runtime (its `wake_fd`).
+//!
+//! This crate depends on nothing of ferry's, so that every backend can use
+//! it without a cycle.
+
+mod eventfd;
+
+pub use eventfd::EventFd;
 
 use std::io;
 use std::ptr::NonNull;

@@ -10,17 +10,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::conn::Book;
+use crate::conn::ConnBook;
 use crate::device::Device;
 use crate::error::VerbsError;
 use crate::exchange::MAX_MESSAGE;
-use crate::wake::Wake;
+use crate::wake::WakeSet;
 
 /// How long the thread sleeps when nothing happens (it also checks the
 /// stop flag this often).
 const IDLE: Duration = Duration::from_millis(100);
 
-pub(crate) fn lock<D: Device>(book: &Mutex<Book<D>>) -> MutexGuard<'_, Book<D>> {
+pub(crate) fn lock<D: Device>(book: &Mutex<ConnBook<D>>) -> MutexGuard<'_, ConnBook<D>> {
     // A panic elsewhere poisons the lock; the book stays consistent
     // between calls, so it is used as is.
     book.lock()
@@ -49,8 +49,8 @@ pub struct SideChannel {
 /// Starts the thread.
 pub fn spawn<D: Device>(
     side: SideChannel,
-    book: Arc<Mutex<Book<D>>>,
-    news: Arc<Wake>,
+    book: Arc<Mutex<ConnBook<D>>>,
+    news: Arc<WakeSet>,
     stop: Arc<AtomicBool>,
 ) -> Result<JoinHandle<()>, VerbsError> {
     std::thread::Builder::new()
@@ -62,7 +62,7 @@ pub fn spawn<D: Device>(
         })
 }
 
-fn run<D: Device>(side: SideChannel, book: &Mutex<Book<D>>, news: &Wake, stop: &AtomicBool) {
+fn run<D: Device>(side: SideChannel, book: &Mutex<ConnBook<D>>, news: &WakeSet, stop: &AtomicBool) {
     let mut dealers: Vec<(u32, zmq::Socket)> = Vec::new();
     let mut buf = vec![0u8; MAX_MESSAGE + 1];
     while !stop.load(Ordering::Acquire) {
@@ -154,7 +154,7 @@ fn run<D: Device>(side: SideChannel, book: &Mutex<Book<D>>, news: &Wake, stop: &
     }
 }
 
-fn answer_requests<D: Device>(router: &zmq::Socket, book: &Mutex<Book<D>>, buf: &mut [u8]) {
+fn answer_requests<D: Device>(router: &zmq::Socket, book: &Mutex<ConnBook<D>>, buf: &mut [u8]) {
     loop {
         let identity = match router.recv_bytes(zmq::DONTWAIT) {
             Ok(id) => id,

@@ -11,8 +11,9 @@
 #![allow(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use ferry_hostmem::EventFd;
 
 use crate::attrs::QpStep;
 use crate::device::{
@@ -95,7 +96,7 @@ pub struct SimDevice {
     pub cq_peak: usize,
     /// Every transition made: (QP number, step).
     pub log: Vec<(u32, QpStep)>,
-    events: OwnedFd,
+    events: EventFd,
     armed: bool,
 }
 
@@ -114,12 +115,8 @@ impl SimDevice {
         link_local[0] = 0xfe;
         link_local[1] = 0x80;
         link_local[15] = ip[3];
-        // SAFETY: creates a descriptor owned at once; a failure (no
-        // descriptors left) is a broken test machine.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        assert!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
-        // SAFETY: `fd` was just created and is owned by nothing else.
-        let events = unsafe { OwnedFd::from_raw_fd(fd) };
+        // A failure (no descriptors left) is a broken test machine.
+        let events = EventFd::new().unwrap_or_else(|e| panic!("eventfd: {e}"));
         Self {
             id,
             events,
@@ -179,9 +176,7 @@ impl SimDevice {
         if self.armed && !self.hold {
             // One event per arming, as a CQ raises.
             self.armed = false;
-            let one = 1u64.to_ne_bytes();
-            // SAFETY: 8 bytes from a live buffer to our eventfd.
-            unsafe { libc::write(self.events.as_raw_fd(), one.as_ptr().cast(), 8) };
+            self.events.signal();
         }
     }
 }
@@ -370,14 +365,11 @@ impl Device for SimDevice {
     }
 
     fn completion_fd(&self) -> Option<i32> {
-        Some(self.events.as_raw_fd())
+        Some(self.events.fd())
     }
 
     fn arm(&mut self) -> Result<(), DeviceError> {
-        let mut buf = [0u8; 8];
-        // SAFETY: at most 8 bytes into a live buffer from our nonblocking
-        // eventfd.
-        unsafe { libc::read(self.events.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
+        self.events.clear();
         self.armed = true;
         Ok(())
     }

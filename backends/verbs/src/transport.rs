@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteOp};
 use ferry_hostmem::HostPool;
 
-use crate::conn::{Book, ConnState, Limits, Pool};
+use crate::conn::{ConnBook, ConnLimits, ConnState, RegisteredRegion};
 use crate::device::{Device, PortInfo};
 use crate::error::VerbsError;
 use crate::exchange::MAX_REGIONS;
@@ -26,7 +26,7 @@ use crate::gid::{choose, gid_text, ipv4_of, GidChoice};
 use crate::ibv::IbvDevice;
 use crate::session::Session;
 use crate::side::{self, side_err, SideChannel};
-use crate::wake::Wake;
+use crate::wake::WakeSet;
 
 /// How often the caller's poll checks write and connect deadlines.
 const SWEEP: Duration = Duration::from_millis(5);
@@ -85,8 +85,8 @@ pub struct VerbsTransport<D: Device = IbvDevice> {
     thread: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
     wake: Mutex<zmq::Socket>,
-    events: Arc<Wake>,
-    book: Arc<Mutex<Book<D>>>,
+    events: Arc<WakeSet>,
+    book: Arc<Mutex<ConnBook<D>>>,
     next_sweep: Instant,
     /// The id the next registered region gets.
     next_region: u32,
@@ -251,7 +251,7 @@ impl<D: Device> VerbsTransport<D> {
         wake_tx
             .connect(&inproc)
             .map_err(|e| side_err("connect the wake socket", None, e))?;
-        let limits = Limits {
+        let limits = ConnLimits {
             send_depth: config.send_depth.clamp(2, port.max_qp_wr.max(2)),
             max_chunk: config
                 .max_chunk
@@ -260,8 +260,8 @@ impl<D: Device> VerbsTransport<D> {
             connect_timeout: config.connect_timeout,
             max_writers: config.max_writers,
         };
-        let events = Arc::new(Wake::new(device.completion_fd())?);
-        let book = Arc::new(Mutex::new(Book::new(
+        let events = Arc::new(WakeSet::new(device.completion_fd())?);
+        let book = Arc::new(Mutex::new(ConnBook::new(
             device,
             session.clone(),
             incarnation,
@@ -303,7 +303,7 @@ impl<D: Device> VerbsTransport<D> {
         })
     }
 
-    fn book(&self) -> MutexGuard<'_, Book<D>> {
+    fn book(&self) -> MutexGuard<'_, ConnBook<D>> {
         side::lock(&self.book)
     }
 
@@ -413,7 +413,7 @@ impl<D: Device> Transport for VerbsTransport<D> {
             addr: addr as u64,
             len: len as u64,
         };
-        book.regions.push(Pool {
+        book.regions.push(RegisteredRegion {
             region: region.id,
             addr: region.addr,
             len: region.len,
@@ -454,24 +454,24 @@ impl<D: Device> Transport for VerbsTransport<D> {
         } = *write;
         let fresh = {
             let mut book = self.book();
-            let pool = match book.regions.iter().find(|p| p.region == region.id) {
+            let source = match book.regions.iter().find(|p| p.region == region.id) {
                 Some(&p) => p,
                 None => return Err(VerbsError::UnknownRegion(region.id)),
             };
             if local_offset
                 .checked_add(len)
-                .is_none_or(|end| end > pool.len)
+                .is_none_or(|end| end > source.len)
             {
                 return Err(VerbsError::SourceOutOfBounds {
-                    region: pool.region,
+                    region: source.region,
                     offset: local_offset,
                     len,
-                    region_len: pool.len,
+                    region_len: source.len,
                 });
             }
             book.post(
                 dest_session,
-                (pool.addr + local_offset, pool.keys.lkey),
+                (source.addr + local_offset, source.keys.lkey),
                 len,
                 dest_addr,
                 cookie,

@@ -3,19 +3,24 @@
 //! channel (readable when a completion arrives on an armed CQ) and an
 //! eventfd the side channel signals when it finishes writes itself (a
 //! refused or failed connection), so that neither waits for a poll.
+//!
+//! Named `WakeSet`, not `Wake`, so as not to be read as ferry-core's `Wake`
+//! trait.
 #![allow(unsafe_code)]
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use ferry_hostmem::EventFd;
+
 use crate::error::VerbsError;
 
 /// The epoll set and the eventfd.
 #[derive(Debug)]
-pub struct Wake {
+pub struct WakeSet {
     epoll: OwnedFd,
-    news: OwnedFd,
+    news: EventFd,
     /// Set after a signal's write, so that `clear` reads (a syscall) only
     /// when there may be something to read. A wake-up is never lost: the
     /// eventfd stays readable until a read, and a read follows only a
@@ -44,7 +49,7 @@ fn watch(epoll: &OwnedFd, fd: RawFd) -> Result<(), VerbsError> {
     Ok(())
 }
 
-impl Wake {
+impl WakeSet {
     /// A wake set holding a fresh eventfd and, if given, `completions`
     /// (which must stay open while this set lives).
     pub fn new(completions: Option<RawFd>) -> Result<Self, VerbsError> {
@@ -56,14 +61,11 @@ impl Wake {
         }
         // SAFETY: `epoll` was just created and is owned by nothing else.
         let epoll = unsafe { OwnedFd::from_raw_fd(epoll) };
-        // SAFETY: as above.
-        let news = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if news < 0 {
-            return Err(os("create the wake eventfd"));
-        }
-        // SAFETY: `news` was just created and is owned by nothing else.
-        let news = unsafe { OwnedFd::from_raw_fd(news) };
-        watch(&epoll, news.as_raw_fd())?;
+        let news = EventFd::new().map_err(|source| VerbsError::Os {
+            what: "create the wake eventfd",
+            source,
+        })?;
+        watch(&epoll, news.fd())?;
         if let Some(fd) = completions {
             watch(&epoll, fd)?;
         }
@@ -81,10 +83,7 @@ impl Wake {
 
     /// Makes the set readable.
     pub fn signal(&self) {
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: writes 8 bytes from a live buffer to our eventfd; a full
-        // counter (EAGAIN) already means readable.
-        unsafe { libc::write(self.news.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        self.news.signal();
         self.pending.store(true, Ordering::Release);
     }
 
@@ -94,10 +93,7 @@ impl Wake {
         if !self.pending.swap(false, Ordering::AcqRel) {
             return;
         }
-        let mut buf = [0u8; 8];
-        // SAFETY: reads at most 8 bytes into a live buffer from our
-        // nonblocking eventfd; EAGAIN means it was clear.
-        unsafe { libc::read(self.news.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        self.news.clear();
     }
 }
 
@@ -120,7 +116,7 @@ mod tests {
 
     #[test]
     fn the_set_is_readable_while_signalled_and_clear_after() {
-        let w = Wake::new(None).unwrap();
+        let w = WakeSet::new(None).unwrap();
         assert!(!readable(w.fd(), 0));
         w.signal();
         w.signal();
@@ -131,8 +127,8 @@ mod tests {
 
     #[test]
     fn a_member_descriptor_makes_the_set_readable() {
-        let other = Wake::new(None).unwrap();
-        let w = Wake::new(Some(other.news.as_raw_fd())).unwrap();
+        let other = WakeSet::new(None).unwrap();
+        let w = WakeSet::new(Some(other.news.fd())).unwrap();
         assert!(!readable(w.fd(), 0));
         other.signal();
         assert!(readable(w.fd(), 0));

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crate::{sys, ZmqError};
+use crate::error::{sys, ZmqError};
 
 /// Where libzmq sends its authentication requests, in each context.
 const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";

@@ -2,7 +2,7 @@
 //! anonymous host memory, registered with the provider, written into by
 //! peers with RMA writes (EFA, verbs, tcp, shm providers).
 
-use ferry_fabric::{Delivery, FabricConfig, FabricTransport, Provider};
+use ferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
 
 use super::options::{Options, PlaneError};
 use crate::runtime::error::NodeError;
@@ -27,7 +27,7 @@ pub(super) const OPTIONS: &[&str] = &[
 pub(super) fn parse(mut o: Options) -> Result<FabricConfig, PlaneError> {
     let provider = o.parsed::<Provider>("provider")?.unwrap_or(Provider::Auto);
     let mut c = FabricConfig::new(provider);
-    if let Some(d) = o.parsed::<Delivery>("delivery")? {
+    if let Some(d) = o.parsed::<DeliveryMode>("delivery")? {
         c.delivery = d;
     }
     c.source = o.text("source");

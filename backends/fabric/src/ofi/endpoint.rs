@@ -1,0 +1,111 @@
+//! The RDM endpoint: opening and binding it, its address, and posting
+//! one RMA write.
+
+use std::ffi::c_void;
+use std::ptr;
+use std::sync::Arc;
+
+use ferry_fabric_sys as sys;
+
+use super::{check, fid_of, Av, Cq, Domain, Endpoint, Info};
+use crate::error::{Call, FabricError};
+
+impl Endpoint {
+    /// Opens an RDM endpoint of `info`, binds `cq` for both directions and
+    /// `av`, and enables it.
+    pub fn open(
+        domain: &Arc<Domain>,
+        info: &Info,
+        cq: &Arc<Cq>,
+        av: &Arc<Av>,
+    ) -> Result<Arc<Self>, FabricError> {
+        let mut ptr = ptr::null_mut();
+        // SAFETY: live domain and info.
+        let ret = unsafe {
+            sys::ferry_fi_endpoint(domain.ptr, info.ptr.as_ptr(), &mut ptr, ptr::null_mut())
+        };
+        check(Call::Endpoint, ret as isize, None)?;
+        let mut ep = Self {
+            ptr,
+            name: Vec::new(),
+            _cq: Arc::clone(cq),
+            _av: Arc::clone(av),
+            _domain: Arc::clone(domain),
+        };
+        // SAFETY: live endpoint, AV and CQ of the same domain.
+        let ret = unsafe { sys::ferry_fi_ep_bind(ep.ptr, fid_of(av.ptr), 0) };
+        check(Call::EpBindAv, ret as isize, None)?;
+        // SAFETY: as above.
+        let ret = unsafe {
+            sys::ferry_fi_ep_bind(
+                ep.ptr,
+                fid_of(cq.ptr),
+                u64::from(sys::FI_TRANSMIT | sys::FI_RECV),
+            )
+        };
+        check(Call::EpBindCq, ret as isize, None)?;
+        // SAFETY: live, bound endpoint.
+        let ret = unsafe { sys::ferry_fi_enable(ep.ptr) };
+        check(Call::Enable, ret as isize, None)?;
+        let mut name = vec![0u8; 256];
+        let mut len = name.len();
+        // SAFETY: `name` is writable for `len` bytes; len is updated.
+        let ret =
+            unsafe { sys::ferry_fi_getname(fid_of(ep.ptr), name.as_mut_ptr().cast(), &mut len) };
+        check(Call::GetName, ret as isize, None)?;
+        name.truncate(len);
+        ep.name = name;
+        Ok(Arc::new(ep))
+    }
+
+    /// The endpoint's address, as peers insert it.
+    pub fn name(&self) -> &[u8] {
+        &self.name
+    }
+
+    /// Posts one RMA write of `len` bytes from `local` (described by
+    /// `desc`) to `remote_addr` under `key` at `dest`. `context` must stay
+    /// valid and untouched until its completion is read.
+    ///
+    /// # Safety
+    /// `local..local+len` must stay readable until the completion, and
+    /// `context` must point to writable memory of at least
+    /// `fi_context2`'s size that lives until the completion.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn write(
+        &self,
+        local: *const u8,
+        len: usize,
+        desc: *mut c_void,
+        dest: sys::fi_addr_t,
+        remote_addr: u64,
+        key: u64,
+        data: u64,
+        flags: u64,
+        context: *mut c_void,
+    ) -> isize {
+        let iov = libc::iovec {
+            iov_base: local as *mut c_void,
+            iov_len: len,
+        };
+        let rma = sys::fi_rma_iov {
+            addr: remote_addr,
+            len,
+            key,
+        };
+        let mut desc = desc;
+        let msg = sys::fi_msg_rma {
+            msg_iov: (&iov as *const libc::iovec).cast(),
+            desc: &mut desc,
+            iov_count: 1,
+            addr: dest,
+            rma_iov: &rma,
+            rma_iov_count: 1,
+            context,
+            data,
+        };
+        // SAFETY: the caller's contract covers `local` and `context`; the
+        // descriptors are read during the call only.
+        unsafe { sys::ferry_fi_writemsg(self.ptr, &msg, flags) }
+    }
+}

@@ -1,0 +1,169 @@
+//! The writes in flight: their state, the chunks waiting to be posted,
+//! and the operation contexts handed to the provider.
+
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_core::transport::Completion;
+use ferry_fabric_sys as sys;
+use tracing::debug;
+
+use crate::error::FabricError;
+use crate::notice::NoticeBook;
+
+pub(super) struct WriteState {
+    pub(super) cookie: u64,
+    /// Chunks posted and not yet completed.
+    pub(super) in_flight: u32,
+    /// Chunks waiting in the backlog to be posted.
+    pub(super) queued: u32,
+    pub(super) error: Option<FabricError>,
+    pub(super) peer: Arc<str>,
+    pub(super) posted: Instant,
+    pub(super) deadline: Instant,
+    /// Reported to the runtime already (timed out).
+    pub(super) reported: bool,
+}
+
+/// One chunk waiting to be posted: the queue was full (`-FI_EAGAIN`, which
+/// is also what a peer that cannot be reached yet answers) or every context
+/// was in use.
+pub(super) struct Chunk {
+    pub(super) write: u32,
+    /// The source region (its id), whose deregistration fails the chunk.
+    pub(super) region: u32,
+    pub(super) local: usize,
+    pub(super) len: usize,
+    pub(super) desc: usize,
+    pub(super) dest: sys::fi_addr_t,
+    pub(super) remote: u64,
+    pub(super) key: u64,
+    pub(super) data: u64,
+    pub(super) flags: u64,
+}
+
+/// The writes in flight and what became of them: chunks waiting to be
+/// posted, the operation contexts they hold, finished writes and arrived
+/// notices. Shared by the posting and the progress thread.
+pub(super) struct WriteBook {
+    pub(super) backlog: VecDeque<Chunk>,
+    pub(super) free_ctx: Vec<u32>,
+    /// Context index → write slot.
+    pub(super) ctx_owner: Vec<u32>,
+    pub(super) writes: Vec<Option<WriteState>>,
+    pub(super) free_writes: Vec<u32>,
+    pub(super) done: VecDeque<Completion<FabricError>>,
+    pub(super) notices: NoticeBook,
+    /// Peers whose writes failed as gone or timed out: removed from the
+    /// address vector (closing the connection) by the runtime's thread, at
+    /// its next post or poll.
+    pub(super) evict: Vec<Arc<str>>,
+    /// Held by a test: the progress thread stops driving the queue.
+    pub(super) held: bool,
+    /// A completion or notice arrived since the wake descriptor was last
+    /// signalled.
+    pub(super) news: bool,
+}
+
+impl WriteBook {
+    /// One chunk of write `w` finished (with `err` if it failed).
+    pub(super) fn chunk_done(&mut self, w: u32, err: Option<FabricError>) {
+        let Some(Some(ws)) = self.writes.get_mut(w as usize) else {
+            return;
+        };
+        ws.in_flight = ws.in_flight.saturating_sub(1);
+        if ws.error.is_none() {
+            ws.error = err;
+        }
+        self.finish_if_done(w);
+    }
+
+    pub(super) fn finish_if_done(&mut self, w: u32) {
+        let Some(Some(ws)) = self.writes.get(w as usize) else {
+            return;
+        };
+        if ws.in_flight > 0 || ws.queued > 0 {
+            return;
+        }
+        let Some(ws) = self.writes[w as usize].take() else {
+            return;
+        };
+        self.free_writes.push(w);
+        if ws.reported {
+            return;
+        }
+        if let Some(e) = &ws.error {
+            if matches!(
+                ferry_core::transport::Fault::kind(e),
+                ferry_core::transport::FaultKind::PeerGone
+            ) {
+                self.evict.push(Arc::clone(&ws.peer));
+            }
+        }
+        debug!(
+            cookie = ws.cookie,
+            took_us = ws.posted.elapsed().as_micros() as u64,
+            ok = ws.error.is_none(),
+            "write done"
+        );
+        self.done.push_back(Completion {
+            cookie: ws.cookie,
+            result: ws.error.map_or(Ok(()), Err),
+        });
+        self.news = true;
+    }
+
+    /// Fails the writes past their deadline; returns how many.
+    pub(super) fn expire(&mut self, now: Instant, timeout: Duration) -> usize {
+        let mut expired = 0;
+        for ws in self.writes.iter_mut().flatten() {
+            if !ws.reported && now >= ws.deadline {
+                expired += 1;
+                ws.reported = true;
+                // A write that may still land must not land later, into a
+                // slot given to another request: drop the peer, which
+                // closes the provider's connection to it.
+                self.evict.push(Arc::clone(&ws.peer));
+                self.done.push_back(Completion {
+                    cookie: ws.cookie,
+                    result: Err(FabricError::Timeout {
+                        peer: ws.peer.to_string(),
+                        after: timeout,
+                    }),
+                });
+                self.news = true;
+            }
+        }
+        expired
+    }
+}
+
+/// Operation contexts handed to the provider: `FI_CONTEXT2` space each,
+/// written by the provider only.
+pub(super) struct Contexts(pub(super) Box<[std::cell::UnsafeCell<sys::fi_context2>]>);
+
+// SAFETY: the cells are only written by the provider, through pointers
+// handed out for one in-flight operation each (the free list in `WriteBook`
+// guarantees exclusivity); Rust code never reads or writes them.
+unsafe impl Sync for Contexts {}
+// SAFETY: as above.
+unsafe impl Send for Contexts {}
+
+impl Contexts {
+    pub(super) fn ptr(&self, i: u32) -> *mut c_void {
+        self.0[i as usize].get().cast()
+    }
+
+    pub(super) fn index(&self, p: *mut c_void) -> Option<u32> {
+        let base = self.0.as_ptr() as usize;
+        let size = std::mem::size_of::<sys::fi_context2>();
+        let off = (p as usize).checked_sub(base)?;
+        if off % size != 0 {
+            return None;
+        }
+        let i = off / size;
+        (i < self.0.len()).then_some(i as u32)
+    }
+}

@@ -1,0 +1,374 @@
+//! The libfabric `Transport`: one RDM endpoint, one registered pool, RMA
+//! writes into peers' pools, and a progress thread.
+//!
+//! Threads. The runtime posts writes from its own thread; a progress thread
+//! owned by the transport reads the completion queue (sleeping in
+//! `fi_cq_sread` where the provider has a wait object). It is needed even
+//! when this side only receives: manual-progress providers (`tcp;ofi_rxm`,
+//! `shm`) place incoming data only while the target's queue is driven.
+//! The domain is opened `FI_THREAD_SAFE`, so both threads call libfabric
+//! directly.
+//!
+//! Delivery modes. [`DeliveryMode::Complete`] posts every write with
+//! `FI_DELIVERY_COMPLETE`: its completion means the bytes are at the
+//! target. [`DeliveryMode::Notify`] posts every chunk with remote CQ data that
+//! the receiver counts ([`crate::notice`]); its
+//! [`Transport::poll_landed`] reports each write whose count is complete.
+//!
+//! Modules: opening (`open`: the configuration, the provider's choice, the
+//! objects and the progress thread), the writes in flight (`book`), the
+//! progress thread (`progress`) and the table of peers (`peers`); this
+//! module holds the transport and ferry-core's `Transport` over it.
+#![allow(unsafe_code)]
+
+mod book;
+mod open;
+mod peers;
+mod progress;
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ferry_core::transport::{Capabilities, Completion, Landed, Region, Transport, WriteOp};
+use ferry_fabric_sys as sys;
+use ferry_hostmem::HostPool;
+
+use crate::error::FabricError;
+use crate::mr::MrPolicy;
+use crate::notice::NoticeFormat;
+use crate::ofi::{Av, Domain, Endpoint, Info, MemoryRegion};
+use crate::provider::DeliveryMode;
+use crate::session::{RemoteRegion, Session, MAX_REGIONS};
+use book::{Chunk, WriteState};
+use peers::Peer;
+use progress::{stall, Shared, Stall};
+
+pub(crate) use open::find;
+pub use open::{FabricConfig, Opened};
+
+/// How often late writes are looked for.
+const SWEEP: Duration = Duration::from_millis(5);
+
+/// A libfabric data plane.
+pub struct FabricTransport {
+    // Field order is drop order: the regions close before the endpoint,
+    // the endpoint before the operation contexts it may still use (in
+    // `shared`) and before its queue, and all before the domain and the
+    // pool.
+    regions: Vec<(Region, MemoryRegion)>,
+    next_region: u32,
+    thread: Option<JoinHandle<()>>,
+    endpoint: Arc<Endpoint>,
+    shared: Arc<Shared>,
+    av: Arc<Av>,
+    domain: Arc<Domain>,
+    pool: Option<HostPool>,
+    peers: HashMap<String, Peer>,
+    opened: Opened,
+    session: String,
+    notice_format: NoticeFormat,
+    cq_data_size: usize,
+    next_key: u64,
+    write_timeout: Duration,
+    /// The stuck progress thread was reported.
+    stuck_reported: bool,
+    /// When `poll_completion` next looks for late writes.
+    next_sweep: Instant,
+    _info: Info,
+}
+
+impl std::fmt::Debug for FabricTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FabricTransport")
+            .field("opened", &self.opened)
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+impl FabricTransport {
+    /// The pool's first byte (null without a pool).
+    pub fn pool_ptr(&self) -> *mut u8 {
+        self.pool
+            .as_ref()
+            .map_or(std::ptr::null_mut(), HostPool::ptr)
+    }
+
+    /// The pool's length (0 without a pool).
+    pub fn pool_len(&self) -> usize {
+        self.pool.as_ref().map_or(0, HostPool::len)
+    }
+
+    /// What was opened.
+    pub fn opened(&self) -> &Opened {
+        &self.opened
+    }
+
+    /// Stops (`true`) or resumes the progress thread, as a stalled process
+    /// would: this side then neither places incoming data (on
+    /// manual-progress providers) nor reports completions. Tests use it to
+    /// show what each completion level guarantees.
+    pub fn hold_progress(&self, hold: bool) {
+        self.shared.lock().held = hold;
+        self.shared.cq.signal();
+    }
+
+    /// The session id over the regions registered now.
+    fn session_text(&self) -> String {
+        Session {
+            provider: self.opened.provider.clone(),
+            addr: self.endpoint.name().to_vec(),
+            regions: self
+                .regions
+                .iter()
+                .map(|(r, mr)| RemoteRegion {
+                    key: mr.key(),
+                    base: r.addr,
+                    len: r.len,
+                })
+                .collect(),
+            notify: self.opened.delivery == DeliveryMode::Notify,
+            virt_addr: self.opened.mr.virt_addr,
+            wide_data: self.cq_data_size >= 8,
+        }
+        .encode()
+    }
+}
+
+impl Transport for FabricTransport {
+    type Error = FabricError;
+
+    fn session_id(&self) -> &str {
+        &self.session
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            max_write: self
+                .opened
+                .chunk
+                .saturating_mul(self.notice_format.max_chunks()),
+            delivery_complete: self.opened.delivery == DeliveryMode::Complete,
+        }
+    }
+
+    unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, FabricError> {
+        if self.regions.len() >= MAX_REGIONS {
+            return Err(FabricError::TooManyRegions { max: MAX_REGIONS });
+        }
+        let key = self.opened.mr.requested_key(self.next_key);
+        self.next_key += 1;
+        let ep = self.opened.mr.endpoint.then_some(&self.endpoint);
+        // SAFETY: the caller's contract: the memory stays mapped until
+        // deregistered or the transport dropped (the regions are dropped
+        // first of all fields).
+        let mr = unsafe { MemoryRegion::register(&self.domain, ep, addr, len, key)? };
+        let region = Region {
+            id: self.next_region,
+            addr: addr as u64,
+            len: len as u64,
+        };
+        self.next_region += 1;
+        self.regions.push((region, mr));
+        // Peers address every region through the session id, so it lists
+        // them all; a peer must be given the new one.
+        self.session = self.session_text();
+        Ok(region)
+    }
+
+    fn deregister(&mut self, region: Region) -> Result<(), FabricError> {
+        let i = self
+            .regions
+            .iter()
+            .position(|(r, _)| r.id == region.id)
+            .ok_or(FabricError::UnknownRegion(region.id))?;
+        self.shared
+            .fail_backlog(region.id, "the source region was deregistered");
+        self.regions.remove(i);
+        self.session = self.session_text();
+        Ok(())
+    }
+
+    fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), FabricError> {
+        let WriteOp {
+            region,
+            local_offset,
+            len,
+            dest_session,
+            dest_addr,
+            tag,
+            cookie,
+        } = *write;
+        let (r, desc) = match self.regions.iter().find(|(r, _)| r.id == region.id) {
+            Some((r, mr)) => (*r, mr.desc()),
+            None => return Err(FabricError::UnknownRegion(region.id)),
+        };
+        if local_offset.checked_add(len).is_none_or(|end| end > r.len) {
+            return Err(FabricError::SourceOutOfBounds {
+                region: r.id,
+                offset: local_offset,
+                len,
+                region_len: r.len,
+            });
+        }
+        let chunk = self.opened.chunk;
+        let delivery = self.opened.delivery;
+        let format_max = self.notice_format.max_chunks();
+        let peer = self.peer(dest_session)?;
+        let s = &peer.session;
+        let Some(dest) = s.region_for(dest_addr, len) else {
+            return Err(FabricError::DestOutOfBounds {
+                peer: dest_session.to_owned(),
+                addr: dest_addr,
+                len,
+                regions: s.regions.len(),
+            });
+        };
+        let chunks = len.div_ceil(chunk).max(1);
+        let peer_format = NoticeFormat::new(s.wide_data);
+        if s.notify && chunks > peer_format.max_chunks().min(format_max) {
+            return Err(FabricError::TooManyChunks {
+                peer: dest_session.to_owned(),
+                len,
+                chunk,
+                chunks,
+                max: peer_format.max_chunks(),
+            });
+        }
+        let (fi_addr, key, virt, base, notify) =
+            (peer.fi_addr, dest.key, s.virt_addr, dest.base, s.notify);
+        let name = Arc::clone(&peer.name);
+        let mut flags = u64::from(sys::FI_COMPLETION);
+        if delivery == DeliveryMode::Complete {
+            flags |= u64::from(sys::FI_DELIVERY_COMPLETE);
+        }
+        let data = if notify {
+            flags |= u64::from(sys::FI_REMOTE_CQ_DATA);
+            peer_format.encode(tag, chunks)
+        } else {
+            0
+        };
+        let deadline = Instant::now() + self.write_timeout;
+        let mut book = self.shared.lock();
+        let ws = WriteState {
+            cookie,
+            in_flight: 0,
+            queued: chunks as u32,
+            error: None,
+            peer: name,
+            posted: Instant::now(),
+            deadline,
+            reported: false,
+        };
+        let w = match book.free_writes.pop() {
+            Some(w) => {
+                book.writes[w as usize] = Some(ws);
+                w
+            }
+            None => {
+                book.writes.push(Some(ws));
+                (book.writes.len() - 1) as u32
+            }
+        };
+        for i in 0..chunks {
+            let off = i * chunk;
+            book.backlog.push_back(Chunk {
+                write: w,
+                region: r.id,
+                local: (r.addr + local_offset + off) as usize,
+                len: chunk.min(len - off) as usize,
+                desc: desc as usize,
+                dest: fi_addr,
+                remote: MrPolicy::remote_addr(virt, base, dest_addr + off),
+                key,
+                data,
+                flags,
+            });
+        }
+        drop(book);
+        if self.shared.drain(&self.endpoint) {
+            // The rest goes out from the progress thread as the queue
+            // drains; wake it in case it sleeps.
+            self.shared.cq.signal();
+        }
+        Ok(())
+    }
+
+    fn poll_completion(&mut self) -> Option<Completion<FabricError>> {
+        {
+            let mut book = self.shared.lock();
+            // Deadlines are kept here, on the caller's thread, not by the
+            // progress thread: a provider call there can hang (libfabric
+            // 1.17's shm spins forever on the lock of a peer that died
+            // holding it), and the writes must still fail in time.
+            let now = Instant::now();
+            if now >= self.next_sweep {
+                self.next_sweep = now + SWEEP;
+                let expired = book.expire(now, self.write_timeout);
+                let beat = Duration::from_millis(self.shared.beat.load(Ordering::Relaxed));
+                let silent = self.shared.born.elapsed().saturating_sub(beat);
+                let provider = &self.opened.provider;
+                let silent_ms = silent.as_millis() as u64;
+                match stall(
+                    silent,
+                    self.write_timeout,
+                    book.held,
+                    expired,
+                    self.stuck_reported,
+                ) {
+                    Stall::Failing => {
+                        self.stuck_reported = true;
+                        tracing::error!(
+                            %provider,
+                            expired,
+                            silent_ms,
+                            "writes timed out while the progress thread was inside one provider call; later writes fail at their timeout until it returns"
+                        );
+                    }
+                    Stall::Long => {
+                        tracing::debug!(%provider, silent_ms, "the progress thread is inside a long provider call");
+                    }
+                    Stall::Back => {
+                        self.stuck_reported = false;
+                        tracing::info!(%provider, "the progress thread is back from the provider");
+                    }
+                    Stall::None => {}
+                }
+            }
+            if let Some(c) = book.done.pop_front() {
+                drop(book);
+                self.evict_dead();
+                return Some(c);
+            }
+        }
+        self.evict_dead();
+        // Clear first, then look again: news that comes after the look
+        // signals the descriptor anew.
+        self.shared.wake.clear();
+        self.shared.lock().done.pop_front()
+    }
+
+    fn poll_landed(&mut self) -> Option<Landed> {
+        if self.opened.delivery != DeliveryMode::Notify {
+            return None;
+        }
+        self.shared.lock().notices.pop_landed()
+    }
+
+    fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.shared.wake.fd())
+    }
+}
+
+impl Drop for FabricTransport {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.cq.signal();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        // Fields drop in order: region, ..., pool last.
+    }
+}

@@ -1,0 +1,219 @@
+//! Opening a transport: its configuration, the first provider and
+//! delivery mode `fi_getinfo` offers, the libfabric objects, the shared
+//! bookkeeping and the progress thread.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_fabric_sys as sys;
+use ferry_hostmem::{EventFd, HostPool};
+use tracing::debug;
+
+use super::book::{Contexts, WriteBook};
+use super::progress::Shared;
+use super::FabricTransport;
+use crate::error::FabricError;
+use crate::mr::MrPolicy;
+use crate::notice::{NoticeBook, NoticeFormat};
+use crate::ofi::{Av, Cq, Domain, Endpoint, Fabric, Info};
+use crate::provider::{DeliveryMode, Hints, Provider};
+
+/// How to open a libfabric transport.
+#[derive(Clone, Debug)]
+pub struct FabricConfig {
+    /// Which provider.
+    pub provider: Provider,
+    /// How delivery is made sure of before a receiver is told to read.
+    pub delivery: DeliveryMode,
+    /// An address of this host to bind to (`fi_getinfo` node with
+    /// `FI_SOURCE`), to pick the interface; `None`: the provider's choice
+    /// (for `tcp`, `FI_TCP_IFACE` also picks it).
+    pub source: Option<String>,
+    /// Largest chunk a write is split into; 0: the provider's
+    /// `max_msg_size`.
+    pub max_chunk: u64,
+    /// Chunks in flight at once (each needs an operation context).
+    pub max_outstanding: usize,
+    /// A write that neither completes nor fails within this is reported
+    /// failed, and its peer dropped (closing the connection, so that the
+    /// write cannot land later). Keep it below the coordinator's push
+    /// timeout (10 s by default).
+    pub write_timeout: Duration,
+}
+
+impl FabricConfig {
+    /// Defaults for `provider`.
+    pub fn new(provider: Provider) -> Self {
+        Self {
+            provider,
+            delivery: DeliveryMode::Auto,
+            source: None,
+            max_chunk: 0,
+            max_outstanding: 256,
+            write_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What was opened, for logs and benchmarks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Opened {
+    /// The provider's name.
+    pub provider: String,
+    /// The fabric's name.
+    pub fabric: String,
+    /// The domain's name.
+    pub domain: String,
+    /// The delivery mode in force.
+    pub delivery: DeliveryMode,
+    /// The registration rules.
+    pub mr: MrPolicy,
+    /// The chunk size writes are split at.
+    pub chunk: u64,
+    /// True if the progress thread can sleep in `fi_cq_sread`.
+    pub waitable_cq: bool,
+}
+impl FabricTransport {
+    /// Opens a transport (no pool yet:
+    /// [`register`](ferry_core::transport::Transport::register) one, or use
+    /// [`with_pool`](Self::with_pool)).
+    pub fn open(config: &FabricConfig) -> Result<Self, FabricError> {
+        let (info, delivery) = find(config)?;
+        let provider = info.provider();
+        if info.threading() != sys::fi_threading_FI_THREAD_SAFE {
+            return Err(FabricError::Unsupported {
+                provider,
+                what: "does not grant FI_THREAD_SAFE".into(),
+            });
+        }
+        let mr = MrPolicy::from_mode(info.mr_mode()).map_err(|what| FabricError::Unsupported {
+            provider: provider.clone(),
+            what,
+        })?;
+        let cq_data_size = info.cq_data_size();
+        if delivery == DeliveryMode::Notify && cq_data_size < 4 {
+            return Err(FabricError::Unsupported {
+                provider,
+                what: format!("carries {cq_data_size} bytes of remote CQ data; notices need 4"),
+            });
+        }
+        let max_msg = info.max_msg_size().max(1);
+        let chunk = if config.max_chunk == 0 {
+            max_msg
+        } else {
+            config.max_chunk.min(max_msg)
+        };
+        let fabric = Fabric::open(&info)?;
+        let domain = Domain::open(&fabric, &info)?;
+        let outstanding = config.max_outstanding.clamp(1, 1 << 16);
+        let cq = Cq::open(&domain, (2 * outstanding).max(1024))?;
+        let av = Av::open(&domain)?;
+        let endpoint = Endpoint::open(&domain, &info, &cq, &av)?;
+        let notice_format = NoticeFormat::new(cq_data_size >= 8);
+        let opened = Opened {
+            provider,
+            fabric: info.fabric_name(),
+            domain: info.domain_name(),
+            delivery,
+            mr,
+            chunk,
+            waitable_cq: cq.waitable(),
+        };
+        let wake = EventFd::new().map_err(|source| FabricError::Os {
+            what: "create the wake eventfd",
+            source,
+        })?;
+        let shared = Arc::new(Shared {
+            wake,
+            cq,
+            book: Mutex::new(WriteBook {
+                backlog: VecDeque::with_capacity(outstanding),
+                free_ctx: (0..outstanding as u32).rev().collect(),
+                ctx_owner: vec![u32::MAX; outstanding],
+                writes: Vec::with_capacity(outstanding),
+                free_writes: Vec::new(),
+                done: VecDeque::with_capacity(outstanding),
+                notices: NoticeBook::new(notice_format, Duration::from_secs(120), 1 << 16),
+                evict: Vec::new(),
+                held: false,
+                news: false,
+            }),
+            stop: AtomicBool::new(false),
+            beat: AtomicU64::new(0),
+            born: Instant::now(),
+            contexts: Contexts(
+                (0..outstanding)
+                    .map(|_| std::cell::UnsafeCell::new(sys::fi_context2::default()))
+                    .collect(),
+            ),
+        });
+        let thread = {
+            let shared = Arc::clone(&shared);
+            let endpoint = Arc::clone(&endpoint);
+            std::thread::Builder::new()
+                .name("ferry-fabric".into())
+                .spawn(move || shared.run(&endpoint))
+                .map_err(|source| FabricError::Os {
+                    what: "start the progress thread",
+                    source,
+                })?
+        };
+        let mut t = Self {
+            regions: Vec::new(),
+            next_region: 1,
+            thread: Some(thread),
+            shared,
+            endpoint,
+            av,
+            domain,
+            pool: None,
+            peers: HashMap::new(),
+            opened,
+            session: String::new(),
+            notice_format,
+            cq_data_size,
+            next_key: 1,
+            write_timeout: config.write_timeout,
+            stuck_reported: false,
+            next_sweep: Instant::now(),
+            _info: info,
+        };
+        t.session = t.session_text();
+        debug!(opened = ?t.opened, "libfabric transport open");
+        Ok(t)
+    }
+
+    /// Opens a transport with a pool of `len` bytes of its own (map it
+    /// with [`pool_ptr`](Self::pool_ptr), then register it).
+    pub fn with_pool(config: &FabricConfig, len: usize) -> Result<Self, FabricError> {
+        let mut t = Self::open(config)?;
+        t.pool = Some(HostPool::new(len).map_err(|source| FabricError::Os {
+            what: "map pool",
+            source,
+        })?);
+        Ok(t)
+    }
+}
+
+/// Finds the first provider and delivery mode that `fi_getinfo` offers.
+pub(crate) fn find(config: &FabricConfig) -> Result<(Info, DeliveryMode), FabricError> {
+    let mut why = Vec::new();
+    for name in config.provider.candidates() {
+        for &delivery in config.delivery.candidates() {
+            match Info::get(&Hints::new(name, delivery), config.source.as_deref()) {
+                Ok(info) => return Ok((info, delivery)),
+                Err(e) => why.push(format!("{name} ({}): {e}", delivery.as_str())),
+            }
+        }
+    }
+    Err(FabricError::NoProvider {
+        wanted: config.provider.to_string(),
+        delivery: match config.delivery {
+            DeliveryMode::Auto => "",
+            d => d.as_str(),
+        },
+        why: why.join("; "),
+    })
+}

@@ -1,0 +1,197 @@
+//! Completions and deadlines: reaping the CQ, finishing writes, failing
+//! the connections whose exchange or writes are late, and failing all of
+//! them when the transport closes.
+
+use std::time::Instant;
+
+use ferry_core::transport::Completion;
+
+use super::{forget, verb, ConnBook, ConnState, POLL_BATCH};
+use crate::device::{Device, Wc};
+use crate::error::VerbsError;
+use crate::status::WcStatus;
+
+impl<D: Device> ConnBook<D> {
+    /// Reaps completions; returns the next finished write. Reading no
+    /// clock, it leaves deadlines to [`ConnBook::sweep`].
+    pub fn poll(&mut self) -> Option<Completion<VerbsError>> {
+        // The caller is looking: whatever is finished, it will see.
+        self.news = false;
+        if let Some(c) = self.done.pop_front() {
+            return Some(c);
+        }
+        self.reap();
+        if self.done.is_empty() {
+            // About to report nothing, so the caller may sleep: arm, then
+            // poll once more (a completion after arming raises an event,
+            // one before it is found by this poll). Arming only here keeps
+            // its syscall off the path of a busy CQ.
+            if let Err(e) = self.device.arm() {
+                if !self.arm_failed {
+                    tracing::warn!(
+                        verb = e.verb.name(),
+                        errno = e.errno,
+                        "verbs: completion events unavailable; completions are found by polling"
+                    );
+                    self.arm_failed = true;
+                }
+            }
+            self.reap();
+        }
+        if self.cq_blocked {
+            self.cq_blocked = false;
+            let ready: Vec<u32> = self
+                .conns
+                .values()
+                .filter(|c| c.state == ConnState::Ready && !c.queue.is_empty())
+                .map(|c| c.id)
+                .collect();
+            for id in ready {
+                self.pump(id);
+            }
+        }
+        self.done.pop_front()
+    }
+
+    /// Reports a finished write.
+    pub(super) fn finish(&mut self, c: Completion<VerbsError>) {
+        self.done.push_back(c);
+        self.news = true;
+    }
+
+    /// True (once) if writes finished since the last call: the side
+    /// channel's thread then wakes the caller, who would not otherwise
+    /// look.
+    pub fn take_news(&mut self) -> bool {
+        std::mem::take(&mut self.news)
+    }
+
+    /// Polls one batch of completions and applies them.
+    pub(super) fn reap(&mut self) {
+        let mut wcs = std::mem::take(&mut self.wcs);
+        wcs.clear();
+        if let Err(e) = self.device.poll(&mut wcs, POLL_BATCH) {
+            // A CQ in error cannot say which write failed: every
+            // connection fails.
+            self.fail_every(|peer| verb(e, peer));
+        }
+        for wc in &wcs {
+            self.on_wc(wc);
+        }
+        self.wcs = wcs;
+    }
+
+    pub(super) fn on_wc(&mut self, wc: &Wc) {
+        let conn_id = (wc.wr_id >> 32) as u32;
+        if wc.status != WcStatus::SUCCESS {
+            let Some(conn) = self.conns.get(&conn_id) else {
+                return; // a flush of a connection already failed
+            };
+            let e = VerbsError::Completion {
+                peer: conn.peer.clone(),
+                status: wc.status,
+                vendor_err: wc.vendor_err,
+            };
+            return self.fail_conn(conn_id, e);
+        }
+        let Some(sig) = self.signals.remove(&wc.wr_id) else {
+            return;
+        };
+        if let Some(conn) = self.conns.get_mut(&sig.conn) {
+            conn.window.complete(sig.covered);
+            self.in_flight = self.in_flight.saturating_sub(sig.covered);
+            if let Some(wid) = sig.completes {
+                forget(&mut conn.writes, wid);
+                if let Some(w) = self.writes.remove(&wid) {
+                    self.finish(Completion {
+                        cookie: w.cookie,
+                        result: Ok(()),
+                    });
+                }
+            }
+        }
+        self.pump(sig.conn);
+    }
+
+    /// Fails the connections whose exchange or writes are past their
+    /// deadlines, stamping the deadlines of those seen for the first time;
+    /// returns the next finished write.
+    pub fn sweep(&mut self, now: Instant) -> Option<Completion<VerbsError>> {
+        let write_timeout = self.limits.write_timeout;
+        for w in self.writes.values_mut() {
+            w.deadline.get_or_insert(now + write_timeout);
+        }
+        let mut failing = Vec::new();
+        for conn in self.conns.values_mut() {
+            let connecting = matches!(conn.state, ConnState::Wanted | ConnState::Requested);
+            let since = *conn.since.get_or_insert(now);
+            match conn.state {
+                _ if connecting && now.duration_since(since) >= self.limits.connect_timeout => {
+                    failing.push((
+                        conn.id,
+                        VerbsError::ConnectTimeout {
+                            peer: conn.peer.clone(),
+                            after: self.limits.connect_timeout,
+                        },
+                    ));
+                }
+                _ => {
+                    let late = conn.writes.iter().any(|w| {
+                        self.writes
+                            .get(w)
+                            .and_then(|w| w.deadline)
+                            .is_some_and(|d| d <= now)
+                    });
+                    if late {
+                        failing.push((
+                            conn.id,
+                            VerbsError::Timeout {
+                                peer: conn.peer.clone(),
+                                after: self.limits.write_timeout,
+                            },
+                        ));
+                    }
+                }
+            }
+        }
+        for (id, e) in failing {
+            self.fail_conn(id, e);
+        }
+        self.done.pop_front()
+    }
+
+    /// True if completions cannot raise events and writes are pending: the
+    /// caller must keep polling rather than wait.
+    pub fn needs_polling(&self) -> bool {
+        self.arm_failed && !self.writes.is_empty()
+    }
+
+    /// The connection's state, by peer (for tests and diagnostics).
+    pub fn state_of(&self, peer: &str) -> Option<ConnState> {
+        self.by_peer
+            .get(peer)
+            .and_then(|id| self.conns.get(id))
+            .map(|c| c.state)
+    }
+
+    /// Fails every write (the transport is closing).
+    pub fn fail_all(&mut self, why: &str) {
+        self.fail_every(|peer| VerbsError::Broken {
+            peer: peer.to_owned(),
+            why: why.to_owned(),
+        });
+    }
+
+    /// Fails every connection, each with the error `make` gives for its
+    /// peer.
+    pub(super) fn fail_every(&mut self, make: impl Fn(&str) -> VerbsError) {
+        let all: Vec<(u32, String)> = self
+            .conns
+            .values()
+            .map(|c| (c.id, c.peer.clone()))
+            .collect();
+        for (id, peer) in all {
+            self.fail_conn(id, make(&peer));
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! Connection set-up, both sides of the exchange: a writer's connections
+//! from wanted to ready (queue pair, request, reply), a target's answer to
+//! a writer's request, and the closing of connections (for room, or
+//! failed).
+
+use ferry_core::transport::Completion;
+
+use super::{verb, Conn, ConnBook, ConnState, Outgoing};
+use crate::attrs;
+use crate::device::{Device, DeviceError};
+use crate::error::VerbsError;
+use crate::exchange::{QpInfo, RegionInfo, Reply, Request};
+use crate::gid::gid_text;
+
+impl<D: Device> ConnBook<D> {
+    /// A fresh 24-bit PSN (per connection, never the same twice in a row).
+    pub(super) fn psn(&mut self) -> u32 {
+        // splitmix64 over a per-transport random seed.
+        self.psn_seed = self.psn_seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.psn_seed;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) & 0xff_ffff) as u32
+    }
+
+    pub(super) fn local_info(&self, qpn: u32, psn: u32) -> QpInfo {
+        let port = self.device.port();
+        QpInfo {
+            qpn,
+            lid: port.lid,
+            gid: self.gid.1,
+            psn,
+            mtu: port.active_mtu,
+        }
+    }
+
+    /// Keeps at most `max_writers` connections: peers come and go (a
+    /// restarted peer has a new session), so beyond that the connection
+    /// idle the longest is closed. One with writes in flight is never
+    /// closed for room.
+    pub(super) fn make_room(&mut self, for_peer: &str) {
+        if self.conns.len() < self.limits.max_writers.max(1) {
+            return;
+        }
+        let idle = self
+            .conns
+            .values()
+            .filter(|c| c.writes.is_empty())
+            .min_by_key(|c| c.last_used)
+            .map(|c| (c.id, c.peer.clone()));
+        if let Some((id, peer)) = idle {
+            tracing::info!(peer = %peer, new_peer = %for_peer, "verbs: idle connection closed to make room");
+            self.close_conn(id);
+        }
+    }
+
+    /// Takes a connection out of the book: its queue pair goes to ERR
+    /// (which stops retransmission, so nothing of a failed write lands
+    /// later) and is destroyed with the returned value; its work requests
+    /// leave the CQ's count. Its writes are the caller's to settle.
+    pub(super) fn close_conn(&mut self, conn_id: u32) -> Option<Conn<D::Qp>> {
+        let mut conn = self.conns.remove(&conn_id)?;
+        if self.by_peer.get(&conn.peer) == Some(&conn_id) {
+            self.by_peer.remove(&conn.peer);
+        }
+        if let Some(qp) = conn.qp.as_mut() {
+            // A failure here changes nothing: the QP is destroyed next.
+            let _ = self.device.modify(qp, &attrs::QpStep::Error);
+        }
+        self.signals.retain(|_, s| s.conn != conn_id);
+        self.in_flight = self.in_flight.saturating_sub(conn.window.in_flight());
+        Some(conn)
+    }
+
+    /// Removes a connection: its queue pair goes to ERR and is destroyed,
+    /// and each of its writes fails (the first with `first`, the others as
+    /// abandoned).
+    pub(super) fn fail_conn(&mut self, conn_id: u32, first: VerbsError) {
+        let Some(mut conn) = self.close_conn(conn_id) else {
+            return;
+        };
+        let why = first.to_string();
+        tracing::warn!(peer = %conn.peer, error = %first, writes = conn.writes.len(), "verbs connection failed");
+        let mut first = Some(first);
+        for wid in conn.writes.drain(..) {
+            let Some(w) = self.writes.remove(&wid) else {
+                continue;
+            };
+            let e = first.take().unwrap_or_else(|| VerbsError::Broken {
+                peer: conn.peer.clone(),
+                why: why.clone(),
+            });
+            self.finish(Completion {
+                cookie: w.cookie,
+                result: Err(e),
+            });
+        }
+    }
+
+    /// Connections the side channel must start: each gets its queue pair
+    /// (RESET → INIT) and an encoded request.
+    pub fn start_wanted(&mut self) -> Vec<Outgoing> {
+        let wanted: Vec<u32> = self
+            .conns
+            .values()
+            .filter(|c| c.state == ConnState::Wanted)
+            .map(|c| c.id)
+            .collect();
+        let mut out = Vec::new();
+        for id in wanted {
+            match self.make_qp() {
+                Ok((qp, info)) => {
+                    let Some(conn) = self.conns.get_mut(&id) else {
+                        continue;
+                    };
+                    conn.qp = Some(qp);
+                    conn.local = Some(info);
+                    conn.state = ConnState::Requested;
+                    let req = Request {
+                        from: self.me.clone(),
+                        to: conn.session.incarnation,
+                        qp: info,
+                    };
+                    out.push(Outgoing {
+                        conn: id,
+                        endpoint: conn.session.endpoint.clone(),
+                        bytes: req.encode(),
+                    });
+                }
+                Err(e) => {
+                    let peer = self
+                        .conns
+                        .get(&id)
+                        .map(|c| c.peer.clone())
+                        .unwrap_or_default();
+                    self.fail_conn(id, verb(e, &peer));
+                }
+            }
+        }
+        out
+    }
+
+    pub(super) fn make_qp(&mut self) -> Result<(D::Qp, QpInfo), DeviceError> {
+        let depth = self.limits.send_depth.min(self.device.port().max_qp_wr);
+        let mut qp = self.device.create_qp(depth)?;
+        let init = attrs::init(self.device.port());
+        self.device.modify(&mut qp, &init)?;
+        let psn = self.psn();
+        let info = self.local_info(self.device.qp_num(&qp), psn);
+        Ok((qp, info))
+    }
+
+    /// True while the connection waits for its reply (the side channel
+    /// drops its request socket otherwise).
+    pub fn awaiting(&self, conn: u32) -> bool {
+        self.conns
+            .get(&conn)
+            .is_some_and(|c| c.state == ConnState::Requested)
+    }
+
+    /// Walks a requested connection to RTS with the peer's reply.
+    pub fn on_reply(&mut self, conn_id: u32, bytes: &[u8]) {
+        let Some(conn) = self.conns.get(&conn_id) else {
+            return;
+        };
+        if conn.state != ConnState::Requested {
+            return;
+        }
+        let peer = conn.peer.clone();
+        let reply = match Reply::decode(bytes, &peer) {
+            Ok(r) => r,
+            Err(e) => return self.fail_conn(conn_id, e),
+        };
+        let (remote, regions) = match reply {
+            Reply::Accept { qp, regions } => (qp, regions),
+            Reply::Refuse { why } => {
+                return self.fail_conn(conn_id, VerbsError::Refused { peer, why })
+            }
+        };
+        let rtr = attrs::rtr(self.device.port(), self.gid.0, &remote);
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        let sq_psn = conn.local.map_or(0, |l| l.psn);
+        let Some(qp) = conn.qp.as_mut() else {
+            return;
+        };
+        if let Err(e) = self.device.modify(qp, &rtr) {
+            let err = rtr_error(e, &peer, self.gid.0, &remote);
+            return self.fail_conn(conn_id, err);
+        }
+        if let Err(e) = self.device.modify(qp, &attrs::rts(sq_psn)) {
+            return self.fail_conn(conn_id, verb(e, &peer));
+        }
+        conn.regions = Some(regions);
+        conn.state = ConnState::Ready;
+        tracing::debug!(peer = %peer, remote_qpn = remote.qpn, "verbs connection ready");
+        self.pump(conn_id);
+    }
+
+    /// The side channel could not send a connection's request.
+    pub fn on_send_failed(&mut self, conn_id: u32, e: VerbsError) {
+        self.fail_conn(conn_id, e);
+    }
+
+    /// Answers a writer's request: a queue pair walked to RTS toward it,
+    /// and our registered regions.
+    pub fn on_request(&mut self, bytes: &[u8], from: &str) -> Reply {
+        let req = match Request::decode(bytes, from) {
+            Ok(r) => r,
+            Err(e) => return Reply::Refuse { why: e.to_string() },
+        };
+        if req.to != self.incarnation {
+            return Reply::Refuse {
+                why: format!(
+                    "stale session: this endpoint is now {} (incarnation {:016x}, not {:016x})",
+                    self.me, self.incarnation, req.to
+                ),
+            };
+        }
+        if self.regions.is_empty() {
+            return Reply::Refuse {
+                why: "no memory is registered yet".into(),
+            };
+        }
+        // A writer that reconnects replaces its old queue pair.
+        if self.inbound.remove(&req.from).is_some() {
+            self.inbound_order.retain(|w| *w != req.from);
+        }
+        while self.inbound.len() >= self.limits.max_writers.max(1) {
+            let Some(oldest) = self.inbound_order.pop_front() else {
+                break;
+            };
+            tracing::info!(writer = %oldest, "verbs: oldest accepted connection dropped to make room");
+            self.inbound.remove(&oldest);
+        }
+        match self.accept(&req) {
+            Ok((qp, info)) => {
+                self.inbound.insert(req.from.clone(), qp);
+                self.inbound_order.push_back(req.from.clone());
+                tracing::debug!(writer = %req.from, "verbs connection accepted");
+                Reply::Accept {
+                    qp: info,
+                    regions: self
+                        .regions
+                        .iter()
+                        .map(|r| RegionInfo {
+                            addr: r.addr,
+                            len: r.len,
+                            rkey: r.keys.rkey,
+                        })
+                        .collect(),
+                }
+            }
+            Err(e) => {
+                tracing::warn!(writer = %req.from, error = %e, "verbs connection refused");
+                Reply::Refuse { why: e.to_string() }
+            }
+        }
+    }
+
+    pub(super) fn accept(&mut self, req: &Request) -> Result<(D::Qp, QpInfo), VerbsError> {
+        let (mut qp, info) = self.make_qp().map_err(|e| verb(e, &req.from))?;
+        let rtr = attrs::rtr(self.device.port(), self.gid.0, &req.qp);
+        self.device
+            .modify(&mut qp, &rtr)
+            .map_err(|e| rtr_error(e, &req.from, self.gid.0, &req.qp))?;
+        self.device
+            .modify(&mut qp, &attrs::rts(info.psn))
+            .map_err(|e| verb(e, &req.from))?;
+        Ok((qp, info))
+    }
+}
+
+/// An RTR failure: a timeout (or unreachable network) resolving the
+/// peer's address is named as the GID/route problem it usually is.
+fn rtr_error(e: DeviceError, peer: &str, sgid_index: u8, remote: &QpInfo) -> VerbsError {
+    if e.errno == libc::ETIMEDOUT || e.errno == libc::ENETUNREACH {
+        VerbsError::RouteTimeout {
+            peer: peer.to_owned(),
+            sgid_index,
+            dgid: gid_text(&remote.gid),
+        }
+    } else {
+        verb(e, peer)
+    }
+}

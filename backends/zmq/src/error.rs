@@ -1,0 +1,71 @@
+//! The channel's error, and the mapping of ZeroMQ's errors onto it.
+
+use ferry_core::transport::{Fault, FaultKind};
+
+/// A ZeroMQ control-channel error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ZmqError {
+    /// A ZeroMQ call failed.
+    #[error("{call} on {endpoint}: {source}")]
+    Sys {
+        /// The call (`bind`, `connect`, `send`, ...).
+        call: &'static str,
+        /// The endpoint concerned.
+        endpoint: String,
+        /// ZeroMQ's error.
+        source: zmq::Error,
+    },
+    /// The peer's queue stayed full for the send timeout (the message was
+    /// not sent).
+    #[error(
+        "peer {endpoint} did not take a message within {millis} ms (queue full or not connected)"
+    )]
+    Timeout {
+        /// The peer's endpoint.
+        endpoint: String,
+        /// The send timeout.
+        millis: u64,
+    },
+    /// A message larger than the receive buffer (dropped).
+    #[error("message of {len} bytes at {via} exceeds the {cap}-byte buffer; dropped")]
+    TooLarge {
+        /// Where it arrived.
+        via: String,
+        /// Its length.
+        len: usize,
+        /// The buffer's size.
+        cap: usize,
+    },
+    /// A message that is not two frames where a transfer message must be
+    /// (dropped).
+    #[error("malformed message at {via}: {why}; dropped")]
+    Malformed {
+        /// Where it arrived.
+        via: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+}
+
+impl Fault for ZmqError {
+    fn kind(&self) -> FaultKind {
+        match self {
+            Self::Sys { .. } | Self::Malformed { .. } => FaultKind::Io,
+            Self::Timeout { .. } => FaultKind::Timeout,
+            Self::TooLarge { .. } => FaultKind::TooLarge,
+        }
+    }
+}
+
+/// Maps a ZeroMQ error of `call` on `endpoint` to a [`ZmqError`].
+pub(crate) fn sys<'e>(
+    call: &'static str,
+    endpoint: &'e str,
+) -> impl FnOnce(zmq::Error) -> ZmqError + 'e {
+    move |source| ZmqError::Sys {
+        call,
+        endpoint: endpoint.to_owned(),
+        source,
+    }
+}

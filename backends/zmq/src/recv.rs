@@ -1,0 +1,279 @@
+//! [`ZmqReceiver`]: the PULL sockets, and the monitors of the sender's
+//! PUSH sockets (which tell a peer gone).
+
+use std::os::fd::RawFd;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ferry_core::transport::{ChannelEvent, ControlRecv, Incoming};
+
+use crate::error::{sys, ZmqError};
+use crate::zap;
+
+/// How far a sender's connection to a peer got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reach {
+    /// Not yet connected.
+    Never,
+    /// Connected at least once.
+    Connected,
+    /// Its first connection failed, and that was reported.
+    Unreachable,
+}
+
+/// The receiving side: the PULL sockets, and the monitors of the sender's
+/// PUSH sockets.
+pub struct ZmqReceiver {
+    pub(crate) pulls: Vec<(String, zmq::Socket)>,
+    pub(crate) monitors: Vec<(String, zmq::Socket)>,
+    /// Per monitor: its peer was connected once, and (if not) whether its
+    /// being unreachable was reported.
+    pub(crate) reached: Vec<Reach>,
+    /// The allow-list's handler, if one was asked for: it lives as long as
+    /// the sockets it guards.
+    pub(crate) _zap: Option<zap::ZapHandler>,
+    pub(crate) new_monitors: mpsc::Receiver<(String, zmq::Socket)>,
+    pub(crate) next: usize,
+    pub(crate) gone: String,
+}
+
+impl Drop for ZmqReceiver {
+    fn drop(&mut self) {
+        for (endpoint, socket) in self.pulls.drain(..) {
+            drop(socket);
+            remove_ipc_file(&endpoint);
+        }
+    }
+}
+
+/// Removes the file an `ipc://` endpoint was bound at (nothing for other
+/// transports, or an abstract `ipc://@name`). libzmq unlinks it only once
+/// its I/O thread closes the listener, which a process that exits soon
+/// after (or is killed) never sees; whoever bound the endpoint removes it.
+pub fn remove_ipc_file(endpoint: &str) {
+    if let Some(path) = endpoint.strip_prefix("ipc://") {
+        if !path.is_empty() && !path.starts_with('@') {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl std::fmt::Debug for ZmqReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZmqReceiver")
+            .field("endpoints", &self.endpoints())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one socket yielded.
+enum Got {
+    Nothing,
+    /// A message at pull `i`: frame 0 is `buf[..magic]`, frame 1
+    /// `buf[magic..end]`.
+    Message(usize, usize, usize),
+    /// The peer of monitor `i` disconnected.
+    Gone(usize),
+}
+
+impl ZmqReceiver {
+    /// The endpoints it receives at, as bound.
+    pub(crate) fn endpoints(&self) -> Vec<String> {
+        self.pulls.iter().map(|(e, _)| e.clone()).collect()
+    }
+
+    /// Reads one message from pull `i` without waiting.
+    fn read(&self, i: usize, buf: &mut [u8]) -> Result<Got, ZmqError> {
+        let (via, s) = &self.pulls[i];
+        let n0 = match s.recv_into(buf, zmq::DONTWAIT) {
+            Ok(n) => n,
+            Err(zmq::Error::EAGAIN) => return Ok(Got::Nothing),
+            Err(e) => return Err(sys("recv", via)(e)),
+        };
+        let more = s.get_rcvmore().map_err(sys("recv", via))?;
+        let drain = || {
+            // The rest of a message we will not use.
+            while s.get_rcvmore().unwrap_or(false) {
+                let _ = s.recv_into(&mut [], 0);
+            }
+        };
+        if n0 > buf.len() {
+            drain();
+            return Err(ZmqError::TooLarge {
+                via: via.clone(),
+                len: n0,
+                cap: buf.len(),
+            });
+        }
+        if !more {
+            // One frame: a work item of the application, or a transfer
+            // message missing its payload.
+            return if &buf[..n0] == ferry_core::wire::TRANSFER_MAGIC {
+                Err(ZmqError::Malformed {
+                    via: via.clone(),
+                    why: "transfer message without its second frame",
+                })
+            } else {
+                Ok(Got::Message(i, n0, n0))
+            };
+        }
+        let n1 = s.recv_into(&mut buf[n0..], 0).map_err(sys("recv", via))?;
+        if n0 + n1 > buf.len() {
+            drain();
+            return Err(ZmqError::TooLarge {
+                via: via.clone(),
+                len: n0 + n1,
+                cap: buf.len(),
+            });
+        }
+        drain();
+        Ok(Got::Message(i, n0, n0 + n1))
+    }
+
+    fn read_monitor(&mut self, i: usize) -> Got {
+        let s = &self.monitors[i].1;
+        let mut event = [0u8; 6];
+        let Ok(n) = s.recv_into(&mut event, zmq::DONTWAIT) else {
+            return Got::Nothing;
+        };
+        while s.get_rcvmore().unwrap_or(false) {
+            let _ = s.recv_into(&mut [], 0);
+        }
+        if n < 2 {
+            return Got::Nothing;
+        }
+        let code = u16::from_le_bytes([event[0], event[1]]);
+        let reach = &mut self.reached[i];
+        match code {
+            c if c == zmq::SocketEvent::CONNECTED as u16 => {
+                *reach = Reach::Connected;
+                Got::Nothing
+            }
+            c if c == zmq::SocketEvent::DISCONNECTED as u16 => Got::Gone(i),
+            // A peer never reached, whose first connection failed: an
+            // endpoint nobody serves (a registration naming a ghost). Said
+            // once; ZeroMQ goes on retrying, and a later connection counts.
+            c if c == zmq::SocketEvent::CONNECT_RETRIED as u16 && *reach == Reach::Never => {
+                *reach = Reach::Unreachable;
+                Got::Gone(i)
+            }
+            _ => Got::Nothing,
+        }
+    }
+
+    /// One pass over every socket without waiting, starting where the
+    /// last one stopped.
+    fn sweep(&mut self, buf: &mut [u8]) -> Result<Got, ZmqError> {
+        // Messages first: what a peer sent before it closed (its last
+        // words, such as `transfer_deregister`) is read before the news
+        // that it is gone.
+        let n = self.pulls.len();
+        for k in 0..n {
+            let i = (self.next + k) % n;
+            match self.read(i, buf)? {
+                Got::Nothing => {}
+                got => {
+                    self.next = i + 1;
+                    return Ok(got);
+                }
+            }
+        }
+        for k in 0..self.monitors.len() {
+            if let Got::Gone(i) = self.read_monitor(k) {
+                return Ok(Got::Gone(i));
+            }
+        }
+        Ok(Got::Nothing)
+    }
+}
+
+impl ControlRecv for ZmqReceiver {
+    type Error = ZmqError;
+
+    fn local_endpoint(&self) -> &str {
+        &self.pulls[0].0
+    }
+
+    fn recv<'b>(
+        &'b mut self,
+        buf: &'b mut [u8],
+        wait: Duration,
+    ) -> Result<Option<ChannelEvent<'b>>, ZmqError> {
+        self.receive(buf, wait, None)
+    }
+
+    fn can_wake(&self) -> bool {
+        true
+    }
+
+    fn recv_or_wake<'b>(
+        &'b mut self,
+        buf: &'b mut [u8],
+        wait: Duration,
+        wake: RawFd,
+    ) -> Result<Option<ChannelEvent<'b>>, ZmqError> {
+        self.receive(buf, wait, Some(wake))
+    }
+}
+
+impl ZmqReceiver {
+    fn receive<'b>(
+        &'b mut self,
+        buf: &'b mut [u8],
+        wait: Duration,
+        wake: Option<i32>,
+    ) -> Result<Option<ChannelEvent<'b>>, ZmqError> {
+        while let Ok(m) = self.new_monitors.try_recv() {
+            self.monitors.push(m);
+            self.reached.push(Reach::Never);
+        }
+        let deadline = Instant::now() + wait;
+        let got = loop {
+            match self.sweep(buf)? {
+                Got::Nothing => {}
+                got => break got,
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let mut items: Vec<zmq::PollItem<'_>> = self
+                .pulls
+                .iter()
+                .chain(&self.monitors)
+                .map(|(_, s)| s.as_poll_item(zmq::POLLIN))
+                .collect();
+            if let Some(fd) = wake {
+                items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
+            }
+            let ms = left.as_millis().clamp(1, i64::MAX as u128) as i64;
+            match zmq::poll(&mut items, ms) {
+                Ok(_) | Err(zmq::Error::EINTR) => {}
+                Err(e) => return Err(sys("poll", &self.pulls[0].0)(e)),
+            }
+            if wake.is_some() && items.last().is_some_and(zmq::PollItem::is_readable) {
+                // The data plane has news; messages that came too are
+                // taken on the next call.
+                return Ok(None);
+            }
+        };
+        Ok(match got {
+            Got::Nothing => None,
+            Got::Gone(i) => {
+                // The monitor stays: the socket reconnects by itself, and a
+                // later loss of the same peer is reported again.
+                self.gone.clone_from(&self.monitors[i].0);
+                Some(ChannelEvent::Gone { from: &self.gone })
+            }
+            Got::Message(i, magic, end) => {
+                let (m, p) = buf[..end].split_at(magic);
+                Some(ChannelEvent::Message(Incoming {
+                    from: "",
+                    via: &self.pulls[i].0,
+                    magic: m,
+                    payload: p,
+                }))
+            }
+        })
+    }
+}
