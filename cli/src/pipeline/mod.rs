@@ -305,6 +305,21 @@ pub struct DataPlaneArgs {
     /// a ZeroMQ endpoint); default: the chosen GID's IPv4 address.
     #[arg(long, env = "FERRY_VERBS_LISTEN")]
     pub verbs_listen: Option<String>,
+    /// Any option of the chosen data plane, as `KEY=VALUE` (repeatable;
+    /// after the flags above, so it overrides them): the options
+    /// `ferry::runtime::DataPlane::parse` reads, such as `threads=2` for
+    /// `shm`, so that a data plane's every option is reachable without a
+    /// flag of its own.
+    #[arg(long = "plane-option", value_name = "KEY=VALUE", value_parser = parse_plane_option)]
+    pub plane_options: Vec<(String, String)>,
+}
+
+/// `KEY=VALUE`, split at the first `=`.
+fn parse_plane_option(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
 }
 
 impl DataPlaneArgs {
@@ -335,6 +350,9 @@ impl DataPlaneArgs {
         if let Some(l) = &self.verbs_listen {
             a.extend(["--verbs-listen".to_owned(), l.clone()]);
         }
+        for (k, v) in &self.plane_options {
+            a.extend(["--plane-option".to_owned(), format!("{k}={v}")]);
+        }
         a
     }
 
@@ -358,6 +376,9 @@ impl DataPlaneArgs {
         given.extend(optional.into_iter().filter_map(|(k, v)| Some((k, v?))));
         let takes = DataPlane::options_of(&self.backend).unwrap_or(&[]);
         given.retain(|(k, _)| takes.contains(k));
+        let mut given: Vec<(String, String)> =
+            given.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        given.extend(self.plane_options.iter().cloned());
         DataPlane::parse(&self.backend, given).map_err(|e| match e {
             ferry::runtime::PlaneError::Missing { key: "device", .. } => {
                 "the verbs data plane needs an RDMA device: --device <name> (see `ibv_devices`)"
@@ -614,5 +635,44 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
             eprintln!("pipeline: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        plane: DataPlaneArgs,
+    }
+
+    fn parse(args: &[&str]) -> DataPlaneArgs {
+        Cli::parse_from(std::iter::once("ferry").chain(args.iter().copied())).plane
+    }
+
+    #[test]
+    fn any_option_of_a_data_plane_reaches_it_and_its_children() {
+        let args = parse(&[
+            "--plane-option",
+            "threads=3",
+            "--plane-option",
+            "split_at=65536",
+        ]);
+        let DataPlane::Shm(copy) = args.data_plane().unwrap() else {
+            panic!("not shm");
+        };
+        assert_eq!((copy.threads, copy.split_at), (3, 65536));
+        // A child process is given the same options.
+        let child: Vec<String> = args.to_args();
+        let child: Vec<&str> = child.iter().map(String::as_str).collect();
+        assert_eq!(parse(&child).plane_options, args.plane_options);
+        let e = parse(&["--plane-option", "colour=red"])
+            .data_plane()
+            .unwrap_err();
+        assert!(e.contains("takes no option \"colour\""), "{e}");
+        let e = parse(&["--backend", "pigeon"]).data_plane().unwrap_err();
+        assert!(e.contains("\"pigeon\""), "{e}");
     }
 }
