@@ -19,36 +19,26 @@ use std::time::{Duration, SystemTime};
 
 use ferry_core::handshake::instance::{
     Head, Instance, InstanceConfig, InstanceEvent, InstanceStats, InstanceStorage, Registration,
-    Token, Write,
+    Token,
 };
 use ferry_core::handshake::{Instant, Limits, Reason, RequestId};
 use ferry_core::json::{JsonStr, RawJson};
 use ferry_core::slots::{layout, BuddyConfig, Dtype, TensorSpec};
 use ferry_core::transport::{
-    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, FaultKind, Landed, Region,
-    Transport, WriteOp,
+    ControlChannel, ControlRecv, ControlSend, Fault, FaultKind, Transport,
 };
 use ferry_core::wire::{Manifest, Shape, ShapeIter, TensorEntry, TRANSFER_MAGIC};
-use tracing::{debug, debug_span, info, warn};
+use tracing::{debug, info, warn};
 
 use super::clock::Clock;
 use super::error::NodeError;
 use super::memory::{PoolMemory, PoolOwner};
 use super::metrics::{Metrics, MetricsSnapshot};
+use super::progress::Progress;
 use super::telemetry::{InstanceGauges, InstanceProbe};
 
 /// Most tensors one request carries.
 pub const MAX_TENSORS: usize = 32;
-
-/// Longest wait of the progress thread between checks of its stop flag.
-const MAX_WAIT: Duration = Duration::from_millis(20);
-
-/// How often pending writes are polled for when the transport offers no
-/// wake descriptor.
-const POLL_WRITES: Duration = Duration::from_micros(100);
-
-/// Receive buffer for one control message.
-const RECV_BUF: usize = 1 << 20;
 
 /// An instance's settings.
 #[derive(Clone, Debug)]
@@ -156,7 +146,7 @@ impl Frame {
 }
 
 /// Frames kept for the application before the oldest are dropped.
-const FRAMES: usize = 1024;
+pub(super) const FRAMES: usize = 1024;
 
 /// A node's figures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,10 +191,11 @@ where
     }
 }
 
-struct State {
-    machine: Instance<'static>,
+/// The node's state under its one lock.
+pub(super) struct State {
+    pub(super) machine: Instance<'static>,
     tx: Box<dyn DynSend>,
-    coordinator: String,
+    pub(super) coordinator: String,
     /// Encoding buffer for outgoing messages.
     out: Vec<u8>,
     /// Transfers received, with when they arrived.
@@ -213,25 +204,26 @@ struct State {
     /// Metadata buffers for deliveries, reused.
     meta_free: Vec<Vec<u8>>,
     /// Non-transfer messages for the application.
-    frames: VecDeque<Frame>,
+    pub(super) frames: VecDeque<Frame>,
 }
 
-struct Shared {
+/// What the application's threads and the progress thread share.
+pub(super) struct Shared {
     state: Mutex<State>,
-    changed: Condvar,
-    stop: AtomicBool,
-    probe: Arc<InstanceProbe>,
-    clock: Clock,
+    pub(super) changed: Condvar,
+    pub(super) stop: AtomicBool,
+    pub(super) probe: Arc<InstanceProbe>,
+    pub(super) clock: Clock,
     memory: PoolMemory,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Fires due timers, sends queued messages, and routes events.
-    fn drive(&self, st: &mut State, now: Instant) {
+    pub(super) fn drive(&self, st: &mut State, now: Instant) {
         let State {
             machine,
             tx,
@@ -466,22 +458,7 @@ impl InstanceNode {
             clock,
             memory,
         });
-        let mut progress = Progress {
-            shared: Arc::clone(&shared),
-            transport,
-            region,
-            rx,
-            buf: vec![0; RECV_BUF],
-            writes: Vec::with_capacity(n),
-            in_flight: 0,
-            done: Vec::with_capacity(n),
-            arrived: Vec::with_capacity(n),
-            wake: None,
-        };
-        progress.wake = progress
-            .transport
-            .wake_fd()
-            .filter(|_| progress.rx.can_wake());
+        let progress = Progress::new(Arc::clone(&shared), transport, region, rx, n);
         let thread = std::thread::Builder::new()
             .name(format!("ferry-{}", settings.role))
             .spawn(move || {
@@ -1029,200 +1006,4 @@ impl Drop for Delivery<'_> {
     fn drop(&mut self) {
         self.finish(None);
     }
-}
-
-/// The progress thread's own state.
-struct Progress<T: Transport, R> {
-    shared: Arc<Shared>,
-    transport: T,
-    region: Region,
-    rx: R,
-    buf: Vec<u8>,
-    writes: Vec<Write>,
-    /// Writes posted and not yet completed.
-    in_flight: usize,
-    /// Finished writes, with the data plane's own text for a failure.
-    done: Vec<(Token, Result<(), Reason>)>,
-    /// The writes the data plane reported landed this turn, reused.
-    arrived: Vec<Landed>,
-    /// The transport's wake descriptor, if the channel can wait on it too.
-    wake: Option<i32>,
-}
-
-impl<T, R> Progress<T, R>
-where
-    T: Transport,
-    R: ControlRecv,
-{
-    fn run(&mut self) {
-        let shared = Arc::clone(&self.shared);
-        while !shared.stop.load(Ordering::Relaxed) {
-            let wait = {
-                let mut st = shared.lock();
-                let now = shared.clock.now();
-                shared.drive(&mut st, now);
-                let next = st.machine.poll_timeout();
-                // Without a wake descriptor, completions and arrivals are
-                // polled for.
-                let quiet = || self.in_flight == 0 && st.machine.awaiting_landing() == 0;
-                let cap = if self.wake.is_some() || quiet() {
-                    MAX_WAIT
-                } else {
-                    POLL_WRITES
-                };
-                shared.clock.until(next, cap)
-            };
-            self.receive(wait);
-            self.post_writes();
-            // Completions first: reaping clears the wake descriptor, and
-            // notices that come after the landing check signal it anew.
-            self.reap();
-            self.land();
-        }
-    }
-
-    fn receive(&mut self, wait: Duration) {
-        let shared = &*self.shared;
-        let m = &shared.probe.metrics;
-        let got = match self.wake {
-            Some(fd) => self.rx.recv_or_wake(&mut self.buf, wait, fd),
-            None => self.rx.recv(&mut self.buf, wait),
-        };
-        match got {
-            Ok(Some(ChannelEvent::Message(msg))) => {
-                if msg.magic != TRANSFER_MAGIC {
-                    Metrics::add(&m.non_transfer, 1);
-                    let frame = Frame {
-                        magic: msg.magic.to_vec(),
-                        payload: msg.payload.to_vec(),
-                    };
-                    let mut st = shared.lock();
-                    if st.frames.len() >= FRAMES {
-                        st.frames.pop_front();
-                    }
-                    st.frames.push_back(frame);
-                    drop(st);
-                    shared.changed.notify_all();
-                    return;
-                }
-                let Some(decoded) = m.decode_transfer(msg.from, msg.via, msg.payload) else {
-                    return;
-                };
-                let mut st = shared.lock();
-                let now = shared.clock.now();
-                let r = st.machine.handle(now, &decoded);
-                while let Some(w) = st.machine.poll_action() {
-                    self.writes.push(w);
-                }
-                if let Err(why) = r {
-                    Metrics::add(&m.ignored, 1);
-                    debug!(msg = ?decoded.msg_type(), ?why, "message ignored");
-                }
-                shared.drive(&mut st, now);
-            }
-            Ok(Some(ChannelEvent::Gone { from })) => {
-                let mut st = shared.lock();
-                if from == st.coordinator {
-                    warn!(coordinator = %from, "coordinator gone");
-                    Metrics::add(&m.peers_lost, 1);
-                    let now = shared.clock.now();
-                    st.machine.handle_coordinator_lost(now);
-                    shared.drive(&mut st, now);
-                }
-            }
-            Ok(None) => {}
-            Err(e) => {
-                Metrics::add(&m.bad_frames, 1);
-                warn!(error = %e, "control receive");
-            }
-        }
-    }
-
-    /// Hands the state machine the writes the data plane reports landed
-    /// (it decides what waits for them, and for how long).
-    fn land(&mut self) {
-        self.arrived.clear();
-        while let Some(landed) = self.transport.poll_landed() {
-            self.arrived.push(landed);
-        }
-        if self.arrived.is_empty() {
-            return;
-        }
-        let shared = &*self.shared;
-        let mut st = shared.lock();
-        let now = shared.clock.now();
-        let mut handed = false;
-        for &landed in &self.arrived {
-            handed |= st.machine.handle_landed(now, landed);
-        }
-        if handed {
-            shared.drive(&mut st, now);
-        }
-    }
-
-    fn post_writes(&mut self) {
-        let m = &self.shared.probe.metrics;
-        for w in self.writes.drain(..) {
-            let _span = debug_span!("write", id = %w.id, len = w.len).entered();
-            Metrics::add(&m.writes, 1);
-            match self.transport.post_write(&WriteOp {
-                region: self.region,
-                local_offset: w.local_offset,
-                len: w.len,
-                dest_session: w.dest_session.as_str(),
-                dest_addr: w.dest_addr,
-                tag: w.tag,
-                cookie: w.token.cookie(),
-            }) {
-                Ok(()) => self.in_flight += 1,
-                Err(e) => {
-                    self.shared.probe.write_failed(e.kind());
-                    warn!(id = %w.id, dest = %w.dest_session, error = %e, "write not posted");
-                    self.done.push((w.token, Err(reason(&e))));
-                }
-            }
-        }
-    }
-
-    fn reap(&mut self) {
-        let m = &self.shared.probe.metrics;
-        while let Some(c) = self.transport.poll_completion() {
-            self.in_flight = self.in_flight.saturating_sub(1);
-            let token = Token::from_cookie(c.cookie);
-            match c.result {
-                Ok(()) => self.done.push((token, Ok(()))),
-                Err(e) => {
-                    self.shared.probe.write_failed(e.kind());
-                    warn!(error = %e, "write failed");
-                    self.done.push((token, Err(reason(&e))));
-                }
-            }
-        }
-        if self.done.is_empty() {
-            return;
-        }
-        let shared = &*self.shared;
-        let mut st = shared.lock();
-        let now = shared.clock.now();
-        for (token, result) in self.done.drain(..) {
-            let ok = result.is_ok();
-            let result = result.as_ref().map(|_| ()).map_err(|r| r.as_str());
-            if let Ok(len) = st.machine.handle_completion(now, token, result) {
-                if ok {
-                    Metrics::add(&m.bytes_written, len);
-                }
-            }
-        }
-        shared.drive(&mut st, now);
-    }
-}
-
-/// A failed write's reason for the coordinator: its kind, then the data
-/// plane's own text (which names the peer, the call and the errno), cut to
-/// fit, written without allocating.
-fn reason(e: &impl Fault) -> Reason {
-    use std::fmt::Write as _;
-    let mut r = Reason::EMPTY;
-    let _ = write!(r, "{}: {e}", e.kind());
-    r
 }

@@ -20,6 +20,7 @@ mod instance;
 mod memory;
 mod metrics;
 pub mod plane;
+mod progress;
 pub mod telemetry;
 
 pub use clock::Clock;
