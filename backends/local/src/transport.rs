@@ -149,6 +149,7 @@ mod tests {
         // (deregistered below), and nothing reads `dst` while a write may
         // land in it.
         let ra = unsafe { a.register(src.as_mut_ptr(), src.len()) }.unwrap();
+        // SAFETY: as above.
         let rb = unsafe { b.register(dst.as_mut_ptr(), dst.len()) }.unwrap();
         let to = b.session_id().to_owned();
         a.post_write(&write(ra, 16, 4096, &to, rb.addr + 64))
