@@ -16,6 +16,7 @@ mod error;
 mod peer;
 pub mod session;
 mod table;
+mod transport;
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant};
 pub use copy::Op;
 pub use error::LocalError;
 pub use table::MAX_REGIONS;
+pub use transport::LocalTransport;
 
 use peer::Peer;
 use session::Session;

@@ -272,12 +272,12 @@ pub struct DataPlaneArgs {
     /// Any option of the chosen data plane, `KEY=VALUE` (repeatable; over
     /// the flags above): what a data plane takes that no flag names
     /// (see `ferry::runtime::DataPlane::parse`).
-    #[arg(long = "plane-opt", value_name = "KEY=VALUE", value_parser = parse_plane_opt)]
-    pub plane_opts: Vec<(String, String)>,
+    #[arg(long = "plane-option", value_name = "KEY=VALUE", value_parser = parse_plane_option)]
+    pub plane_options: Vec<(String, String)>,
 }
 
 /// `KEY=VALUE`, split.
-fn parse_plane_opt(s: &str) -> Result<(String, String), String> {
+fn parse_plane_option(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
         .split_once('=')
         .ok_or_else(|| format!("{s:?}: expected KEY=VALUE, e.g. threads=2"))?;
@@ -312,8 +312,8 @@ impl DataPlaneArgs {
         if let Some(l) = &self.verbs_listen {
             a.extend(["--verbs-listen".to_owned(), l.clone()]);
         }
-        for (k, v) in &self.plane_opts {
-            a.extend(["--plane-opt".to_owned(), format!("{k}={v}")]);
+        for (k, v) in &self.plane_options {
+            a.extend(["--plane-option".to_owned(), format!("{k}={v}")]);
         }
         a
     }
@@ -341,9 +341,13 @@ impl DataPlaneArgs {
         // Given by name, an option is the data plane's to take or refuse.
         let mut given: Vec<(&str, String)> = given
             .into_iter()
-            .filter(|(k, _)| !self.plane_opts.iter().any(|(o, _)| o == k))
+            .filter(|(k, _)| !self.plane_options.iter().any(|(o, _)| o == k))
             .collect();
-        given.extend(self.plane_opts.iter().map(|(k, v)| (k.as_str(), v.clone())));
+        given.extend(
+            self.plane_options
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.clone())),
+        );
         DataPlane::parse(&self.backend, given).map_err(|e| match e {
             ferry::runtime::PlaneError::Missing { key: "device", .. } => {
                 "the verbs data plane needs an RDMA device: --device <name> (see `ibv_devices`)"
@@ -407,13 +411,28 @@ mod tests {
 
     #[test]
     fn a_data_planes_options_pass_through_by_name() {
-        match plane(&["--plane-opt", "threads=3", "--plane-opt", "split_at=65536"]) {
+        match plane(&[
+            "--plane-option",
+            "threads=3",
+            "--plane-option",
+            "split_at=65536",
+        ]) {
             Ok(DataPlane::Shm(c)) => assert_eq!((c.threads, c.split_at), (3, 65536)),
             other => panic!("{other:?}"),
         }
-        let e = plane(&["--plane-opt", "colour=red"]).unwrap_err();
+        // A child process is given the same options.
+        let argv = ["pipeline", "--plane-option", "threads=3"];
+        let args = PipelineArgs::try_parse_from(argv).unwrap().data_plane;
+        let child = args.to_args();
+        let again = PipelineArgs::try_parse_from(
+            std::iter::once("pipeline").chain(child.iter().map(String::as_str)),
+        )
+        .unwrap()
+        .data_plane;
+        assert_eq!(again.plane_options, args.plane_options);
+        let e = plane(&["--plane-option", "colour=red"]).unwrap_err();
         assert!(e.contains("colour"), "{e}");
-        let e = plane(&["--plane-opt", "threads"]).unwrap_err();
+        let e = plane(&["--plane-option", "threads"]).unwrap_err();
         assert!(e.contains("KEY=VALUE"), "{e}");
     }
 }

@@ -335,7 +335,9 @@ fn data_plane_name(args: &[String]) -> String {
     match value("--backend") {
         Some("fabric") => format!("libfabric {}", value("--provider").unwrap_or("auto")),
         Some("verbs") => format!("ibverbs {}", value("--device").unwrap_or("?")),
-        _ => "shared-memory loopback".to_owned(),
+        None | Some("shm") => "shared-memory loopback".to_owned(),
+        // A data plane the summary has no words for goes by its name.
+        Some(other) => other.to_owned(),
     }
 }
 

@@ -3,8 +3,18 @@
 //!
 //! Each data plane is a module here (its name, its options, how its
 //! transport opens, and its transport's [`PoolOwner`] promise) and a
-//! variant of [`DataPlane`]; nothing else in the library, the CLI, the
-//! Python module or the benchmarks names a data plane.
+//! variant of [`DataPlane`]; the CLI (`--backend NAME --plane-option
+//! KEY=VALUE`), the Python module (`backend=NAME, **options`) and the
+//! benchmarks reach every data plane through this type.
+//!
+//! Adding one, `foo` in a crate `ferry-foo` whose transport implements
+//! `ferry_core::transport::Transport` and owns its pool: a module
+//! `foo.rs` here (`NAME`, `OPTIONS`, `parse`, `open`, and
+//! `unsafe impl PoolOwner`, with the SAFETY argument from the crate's own
+//! guarantee), its variant and match arms in this file, and the
+//! dependency (with a feature, if it is optional) in the root
+//! `Cargo.toml`, forwarded by the `Cargo.toml`s of `cli/`,
+//! `python/pyo3/` and `bench/` if they are to build it.
 
 mod any;
 #[cfg(feature = "fabric")]

@@ -90,6 +90,11 @@ impl std::fmt::Debug for FabricTransport {
 }
 impl FabricTransport {
     /// The pool's first byte (null without a pool).
+    ///
+    /// The pool stays mapped, at this address, for as long as the
+    /// transport lives and is released only by its drop: ferry's runtime
+    /// relies on it (`ferry::runtime::PoolOwner`), so no method may unmap
+    /// or replace it.
     pub fn pool_ptr(&self) -> *mut u8 {
         self.pool
             .as_ref()
