@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::endpoint;
-use ferry::runtime::{CoordinatorNode, CoordinatorSettings, DataPlane, InstanceSettings, Prealloc};
+use ferry::runtime::{
+    CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNodeConfig, Prealloc,
+};
 use ferry_core::slots::{Dtype, TensorSpec};
 use ferry_shm::UdsChannel;
 
@@ -47,19 +49,19 @@ static GLOBAL: Counting = Counting;
 fn a_hand_off_allocates_nothing_in_steady_state() {
     let second = Duration::from_secs(5);
     let coord = CoordinatorNode::start(
-        &CoordinatorSettings::new(&["encoder", "denoiser"]),
+        &CoordinatorNodeConfig::new(&["encoder", "denoiser"]),
         UdsChannel::bind(&endpoint("coord")).unwrap(),
         |_| {},
     )
     .unwrap();
     let enc = DataPlane::default()
         .start_instance_at(
-            &InstanceSettings::new("encoder", coord.endpoint()),
+            &InstanceNodeConfig::new("encoder", coord.endpoint()),
             64 << 20,
             &endpoint("enc"),
         )
         .unwrap();
-    let mut den_settings = InstanceSettings::new("denoiser", coord.endpoint());
+    let mut den_settings = InstanceNodeConfig::new("denoiser", coord.endpoint());
     den_settings.config.prealloc = Prealloc {
         count: 2,
         size: 8 << 20,

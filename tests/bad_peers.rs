@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::endpoint;
-use ferry::runtime::{DataPlane, InstanceNode, InstanceSettings};
+use ferry::runtime::{DataPlane, InstanceNode, InstanceNodeConfig};
 use ferry_core::slots::{Dtype, TensorSpec};
 use ferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
 use ferry_core::wire::{decode, Msg, Push, RegisterAck, TRANSFER_MAGIC};
@@ -41,7 +41,7 @@ fn registered_instance(tx: &mut UdsSender, rx: &mut UdsReceiver) -> (InstanceNod
     let coord = rx.local_endpoint().to_owned();
     let node = DataPlane::default()
         .start_instance_at(
-            &InstanceSettings::new("encoder", &coord),
+            &InstanceNodeConfig::new("encoder", &coord),
             16 << 20,
             &endpoint("enc"),
         )
@@ -214,17 +214,17 @@ fn garbage_from_a_peer_is_counted_and_dropped() {
 
 #[test]
 fn over_zeromq_bad_frames_are_counted_and_dropped() {
-    use ferry_zmq::{ZmqChannel, ZmqSettings};
+    use ferry_zmq::{ZmqChannel, ZmqConfig};
 
     let ctx = zmq::Context::new();
     let coord = ctx.socket(zmq::PULL).unwrap();
     coord.bind("tcp://127.0.0.1:*").unwrap();
     let coord_ep = coord.get_last_endpoint().unwrap().unwrap();
-    let channel = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*"], ZmqSettings::default()).unwrap();
+    let channel = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*"], ZmqConfig::default()).unwrap();
     let work = channel.endpoints()[0].clone();
     let node = DataPlane::default()
         .start_instance(
-            &InstanceSettings::new("encoder", &coord_ep),
+            &InstanceNodeConfig::new("encoder", &coord_ep),
             16 << 20,
             channel,
         )

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::endpoint;
 use ferry::runtime::{
-    CoordinatorNode, CoordinatorSettings, DataPlane, InstanceNode, InstanceSettings, Prealloc,
+    CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNode, InstanceNodeConfig, Prealloc,
 };
 
 use ferry_core::slots::{Dtype, TensorSpec};
@@ -18,10 +18,10 @@ use ferry_shm::UdsChannel;
 const SECOND: Duration = Duration::from_secs(1);
 
 fn coordinator(pipeline: &[&str]) -> CoordinatorNode {
-    coordinator_with(CoordinatorSettings::new(pipeline))
+    coordinator_with(CoordinatorNodeConfig::new(pipeline))
 }
 
-fn coordinator_with(settings: CoordinatorSettings) -> CoordinatorNode {
+fn coordinator_with(settings: CoordinatorNodeConfig) -> CoordinatorNode {
     let ch = UdsChannel::bind(&endpoint("coord")).unwrap();
     CoordinatorNode::start(&settings, ch, |_| {}).unwrap()
 }
@@ -38,7 +38,7 @@ fn wait_delivered(coord: &CoordinatorNode, n: u64) {
 }
 
 fn instance(role: &str, coord: &CoordinatorNode, prealloc: Prealloc) -> InstanceNode {
-    let mut s = InstanceSettings::new(role, coord.endpoint());
+    let mut s = InstanceNodeConfig::new(role, coord.endpoint());
     s.config.prealloc = prealloc;
     let node = DataPlane::default()
         .start_instance_at(&s, 64 << 20, &endpoint(role))
@@ -194,7 +194,7 @@ fn one_request_passes_through_three_roles_under_its_own_id() {
 
 #[test]
 fn without_a_live_receiver_a_request_fails_and_a_new_receiver_takes_over() {
-    let mut settings = CoordinatorSettings::new(&["encoder", "denoiser"]);
+    let mut settings = CoordinatorNodeConfig::new(&["encoder", "denoiser"]);
     settings.config.timeouts.queued = Duration::from_millis(300);
     let coord = coordinator_with(settings);
     let enc = instance("encoder", &coord, Prealloc::NONE);
@@ -238,7 +238,7 @@ fn under_injected_faults_every_request_ends_and_no_slot_leaks() {
         delay: Duration::from_millis(30),
         seed,
     };
-    let mut cs = CoordinatorSettings::new(&["encoder", "denoiser"]);
+    let mut cs = CoordinatorNodeConfig::new(&["encoder", "denoiser"]);
     cs.config.timeouts = Timeouts {
         queued: Duration::from_secs(2),
         alloc: Duration::from_millis(300),
@@ -250,7 +250,7 @@ fn under_injected_faults_every_request_ends_and_no_slot_leaks() {
     let ch = FaultyChannel::new(UdsChannel::bind(&endpoint("coord")).unwrap(), plan(1));
     let coord = CoordinatorNode::start(&cs, ch, |_| {}).unwrap();
     let settings = |role: &str, prealloc| {
-        let mut s = InstanceSettings::new(role, coord.endpoint());
+        let mut s = InstanceNodeConfig::new(role, coord.endpoint());
         s.config.prealloc = prealloc;
         s.config.register_retry = Duration::from_millis(50);
         s.config.staged_timeout = Duration::from_secs(4);
@@ -363,7 +363,7 @@ fn a_transfer_whose_write_never_lands_is_refused_and_freed() {
     let sender_notices = notices.clone();
     let enc = DataPlane::default()
         .start_instance_with(
-            &InstanceSettings::new("encoder", coord.endpoint()),
+            &InstanceNodeConfig::new("encoder", coord.endpoint()),
             64 << 20,
             UdsChannel::bind(&endpoint("encoder")).unwrap(),
             |t| {
@@ -377,7 +377,7 @@ fn a_transfer_whose_write_never_lands_is_refused_and_freed() {
         )
         .unwrap();
     enc.wait_registered(5 * SECOND).unwrap();
-    let mut s = InstanceSettings::new("denoiser", coord.endpoint());
+    let mut s = InstanceNodeConfig::new("denoiser", coord.endpoint());
     s.config.prealloc = Prealloc {
         count: 2,
         size: 1 << 20,
@@ -440,7 +440,7 @@ fn the_in_process_channel_carries_a_hand_off() {
 
     let hub = MemHub::new();
     let _coordinator = CoordinatorNode::start(
-        &CoordinatorSettings::new(&["encoder", "denoiser"]),
+        &CoordinatorNodeConfig::new(&["encoder", "denoiser"]),
         MemChannel::bind(&hub, "coordinator").unwrap(),
         |_| {},
     )
@@ -450,7 +450,7 @@ fn the_in_process_channel_carries_a_hand_off() {
         let name = format!("mem-{role}");
         DataPlane::default()
             .start_instance(
-                &InstanceSettings::new(role, "coordinator"),
+                &InstanceNodeConfig::new(role, "coordinator"),
                 16 << 20,
                 MemChannel::bind(&h, &name).unwrap(),
             )
@@ -483,7 +483,7 @@ fn the_runtime_hands_off_over_the_verbs_transport_on_a_stand_in_device() {
         config.send_depth = 8;
         let device = SimDevice::new([127, 0, 0, 1], 4096);
         let transport = VerbsTransport::with_device_and_pool(device, &config, 16 << 20).unwrap();
-        let mut s = InstanceSettings::new(role, coord.endpoint());
+        let mut s = InstanceNodeConfig::new(role, coord.endpoint());
         s.config.prealloc = prealloc;
         let ch = UdsChannel::bind(&endpoint(role)).unwrap();
         let n = InstanceNode::start(&s, transport, ch).unwrap();

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use ferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
 use ferry_core::wire::{decode, Msg, Push, Pushed, TRANSFER_MAGIC};
-use ferry_zmq::{ZmqChannel, ZmqError, ZmqSettings};
+use ferry_zmq::{ZmqChannel, ZmqConfig, ZmqError};
 
 /// The request id that asks the echo process to report how many one-way
 /// messages it got.
@@ -50,7 +50,7 @@ fn push(id: &str) -> Msg<'_> {
 /// `flush` with their count.
 pub fn echo(listen: &str, reply_to: &str) -> Result<(), ZmqError> {
     let ctx = zmq::Context::new();
-    let (mut tx, mut rx) = ZmqChannel::bind(&ctx, &[listen], ZmqSettings::default())?.split();
+    let (mut tx, mut rx) = ZmqChannel::bind(&ctx, &[listen], ZmqConfig::default())?.split();
     let mut buf = vec![0u8; 64 * 1024];
     let mut out = vec![0u8; 4096];
     let mut counted = 0u64;
@@ -151,7 +151,7 @@ fn measure_one(
         }
     };
     let ctx = zmq::Context::new();
-    let (mut tx, mut rx) = ZmqChannel::bind(&ctx, &[&mine], ZmqSettings::default())
+    let (mut tx, mut rx) = ZmqChannel::bind(&ctx, &[&mine], ZmqConfig::default())
         .map_err(|e| e.to_string())?
         .split();
     let child = Command::new(exe)

@@ -21,7 +21,7 @@ use crate::handoff::bind;
 use ferry::runtime::telemetry::Telemetry;
 use ferry::runtime::Prealloc;
 use ferry::runtime::{
-    CoordinatorNode, CoordinatorSettings, DataPlane, InstanceNode, InstanceSettings, NodeError,
+    CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNode, InstanceNodeConfig, NodeError,
 };
 
 /// Sizes measured by default.
@@ -81,15 +81,15 @@ fn rig(
     telemetry: &Telemetry,
 ) -> Result<Rig, NodeError> {
     let coordinator = CoordinatorNode::start(
-        &CoordinatorSettings::new(&["sender", "receiver"]),
+        &CoordinatorNodeConfig::new(&["sender", "receiver"]),
         bind("coord")?,
         |_| {},
     )?;
     let pool = usize::try_from(slot * window as u64).unwrap_or(usize::MAX);
-    let s = InstanceSettings::new("sender", coordinator.endpoint());
+    let s = InstanceNodeConfig::new("sender", coordinator.endpoint());
     let plane = DataPlane::Fabric(config.clone());
     let sender = plane.start_instance(&s, pool, bind("sender")?)?;
-    let mut r = InstanceSettings::new("receiver", coordinator.endpoint());
+    let mut r = InstanceNodeConfig::new("receiver", coordinator.endpoint());
     // A receive slot set aside for each transfer in flight (the fast
     // path), and as much room again for a slot the coordinator has not
     // yet seen released.

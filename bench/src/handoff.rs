@@ -15,8 +15,8 @@ use ferry_shm::UdsChannel;
 
 use ferry::runtime::telemetry::Telemetry;
 use ferry::runtime::{
-    CoordinatorNode, CoordinatorSettings, CopySettings, DataPlane, InstanceNode, InstanceSettings,
-    NodeError, Prealloc,
+    CoordinatorNode, CoordinatorNodeConfig, CopyConfig, DataPlane, InstanceNode,
+    InstanceNodeConfig, NodeError, Prealloc,
 };
 
 /// Sizes measured by default: 4 KiB to 256 MiB.
@@ -86,18 +86,18 @@ pub(crate) fn bind(tag: &str) -> Result<UdsChannel, NodeError> {
     })
 }
 
-fn rig(largest: u64, copy: CopySettings, telemetry: &Telemetry) -> Result<Rig, NodeError> {
+fn rig(largest: u64, copy: CopyConfig, telemetry: &Telemetry) -> Result<Rig, NodeError> {
     let coordinator = CoordinatorNode::start(
-        &CoordinatorSettings::new(&["sender", "receiver"]),
+        &CoordinatorNodeConfig::new(&["sender", "receiver"]),
         bind("coord")?,
         |_| {},
     )?;
     let slot = largest.next_power_of_two().max(1 << 20);
     let pool = usize::try_from(2 * slot).unwrap_or(usize::MAX);
-    let s = InstanceSettings::new("sender", coordinator.endpoint());
+    let s = InstanceNodeConfig::new("sender", coordinator.endpoint());
     let plane = DataPlane::Shm(copy);
     let sender = plane.start_instance_at(&s, pool, &endpoint("sender"))?;
-    let mut r = InstanceSettings::new("receiver", coordinator.endpoint());
+    let mut r = InstanceNodeConfig::new("receiver", coordinator.endpoint());
     // Receive slots set aside: every hand-off takes the fast path.
     r.config.prealloc = Prealloc {
         count: 2,
@@ -122,7 +122,7 @@ fn rig(largest: u64, copy: CopySettings, telemetry: &Telemetry) -> Result<Rig, N
 pub fn measure(
     sizes: &[u64],
     per_size: Duration,
-    copy: CopySettings,
+    copy: CopyConfig,
     telemetry: &Telemetry,
     mut progress: impl FnMut(u64, usize),
 ) -> Result<Vec<Row>, NodeError> {

@@ -127,7 +127,7 @@ pub(crate) fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
     } else {
         args.sizes.clone()
     };
-    let mut copy = ferry::runtime::CopySettings::default();
+    let mut copy = ferry::runtime::CopyConfig::default();
     if let Some(t) = args.copy_threads {
         copy.threads = t.max(1);
     }

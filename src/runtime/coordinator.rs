@@ -47,7 +47,7 @@ pub struct Admission {
 /// besides: its pipeline, its tables, who may register, and how to tell
 /// senders apart on channels that cannot name them.
 #[derive(Clone, Debug)]
-pub struct CoordinatorSettings {
+pub struct CoordinatorNodeConfig {
     /// Roles in hand-off order.
     pub pipeline: Vec<String>,
     /// Table sizes.
@@ -66,7 +66,7 @@ pub struct CoordinatorSettings {
     pub admitted: Vec<Admission>,
 }
 
-impl CoordinatorSettings {
+impl CoordinatorNodeConfig {
     /// ferry's defaults for `pipeline`.
     pub fn new(pipeline: &[&str]) -> Self {
         Self {
@@ -130,7 +130,7 @@ impl CoordinatorNode {
     /// Starts a coordinator on `channel`; `on_event` sees every event
     /// (registrations, deliveries, failures) on the progress thread.
     pub fn start<C>(
-        settings: &CoordinatorSettings,
+        settings: &CoordinatorNodeConfig,
         channel: C,
         on_event: impl FnMut(&CoordinatorEvent) + Send + 'static,
     ) -> Result<Self, NodeError>

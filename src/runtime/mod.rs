@@ -23,16 +23,16 @@ pub mod plane;
 pub mod telemetry;
 
 pub use clock::Clock;
-pub use coordinator::{Admission, CoordinatorNode, CoordinatorSettings, CoordinatorSnapshot};
+pub use coordinator::{Admission, CoordinatorNode, CoordinatorNodeConfig, CoordinatorSnapshot};
 pub use error::NodeError;
 pub use ferry_core::handshake::coordinator::{CoordinatorConfig, Policy, Timeouts};
 pub use ferry_core::handshake::instance::{Head, InstanceConfig, Prealloc, SGLANG_HEAD_TIMEOUT};
 /// The table sizes of a node's state machine.
 pub use ferry_core::handshake::Limits;
 pub use instance::{
-    Delivery, Frame, InstanceNode, InstanceSettings, NodeStats, Outcome, Staging, TensorView,
+    Delivery, Frame, InstanceNode, InstanceNodeConfig, NodeStats, Outcome, Staging, TensorView,
     MAX_TENSORS,
 };
 pub use memory::PoolOwner;
 pub use metrics::{Metrics, MetricsSnapshot};
-pub use plane::{AnyTransport, CopySettings, DataPlane, PlaneError};
+pub use plane::{AnyTransport, CopyConfig, DataPlane, PlaneError};

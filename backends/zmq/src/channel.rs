@@ -6,10 +6,10 @@ use std::sync::mpsc;
 
 use ferry_core::transport::ControlChannel;
 
+use crate::config::ZmqConfig;
 use crate::error::{sys, ZmqError};
 use crate::recv::ZmqReceiver;
 use crate::send::ZmqSender;
-use crate::settings::ZmqSettings;
 use crate::zap;
 
 /// A control channel: PULL sockets bound where it receives, PUSH sockets
@@ -33,7 +33,7 @@ impl ZmqChannel {
     pub fn bind(
         ctx: &zmq::Context,
         endpoints: &[&str],
-        settings: ZmqSettings,
+        settings: ZmqConfig,
     ) -> Result<Self, ZmqError> {
         Self::bind_allowing(ctx, endpoints, settings, &[])
     }
@@ -47,7 +47,7 @@ impl ZmqChannel {
     pub fn bind_allowing(
         ctx: &zmq::Context,
         endpoints: &[&str],
-        settings: ZmqSettings,
+        settings: ZmqConfig,
         allow: &[std::net::IpAddr],
     ) -> Result<Self, ZmqError> {
         let zap = if allow.is_empty() {

@@ -24,20 +24,20 @@
 //!
 //! Modules: [`ZmqChannel`] binds (`channel`), [`ZmqSender`] connects and
 //! sends (`send`), [`ZmqReceiver`] receives and watches peers (`recv`);
-//! [`ZmqSettings`] and [`ZmqError`] beside them.
+//! [`ZmqConfig`] and [`ZmqError`] beside them.
 
 mod channel;
+mod config;
 mod error;
 mod recv;
 mod send;
-mod settings;
 mod zap;
 
 pub use channel::ZmqChannel;
+pub use config::ZmqConfig;
 pub use error::ZmqError;
 pub use recv::{remove_ipc_file, ZmqReceiver};
 pub use send::ZmqSender;
-pub use settings::ZmqSettings;
 
 #[cfg(test)]
 mod tests;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use ferry_core::transport::ControlSend;
 
+use crate::config::{millis, ZmqConfig};
 use crate::error::{sys, ZmqError};
-use crate::settings::{millis, ZmqSettings};
 
 /// Names monitor endpoints uniquely in the process.
 static MONITORS: AtomicU64 = AtomicU64::new(0);
@@ -18,7 +18,7 @@ static MONITORS: AtomicU64 = AtomicU64::new(0);
 /// and watched for disconnection.
 pub struct ZmqSender {
     pub(crate) ctx: zmq::Context,
-    pub(crate) settings: ZmqSettings,
+    pub(crate) settings: ZmqConfig,
     pub(crate) pushes: HashMap<String, zmq::Socket>,
     pub(crate) monitors: mpsc::Sender<(String, zmq::Socket)>,
     pub(crate) me: String,

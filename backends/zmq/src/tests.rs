@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use ferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
 
-use crate::{ZmqChannel, ZmqReceiver, ZmqSettings};
+use crate::{ZmqChannel, ZmqConfig, ZmqReceiver};
 
 fn next(rx: &mut ZmqReceiver, buf: &mut [u8]) -> (String, Vec<u8>, Vec<u8>) {
     for _ in 0..100 {
@@ -26,7 +26,7 @@ fn an_allow_list_lets_only_its_addresses_through_and_finds_ghosts() {
     let (_own, mut rx) = ZmqChannel::bind_allowing(
         &ctx,
         &["tcp://127.0.0.1:*"],
-        ZmqSettings::default(),
+        ZmqConfig::default(),
         &[allowed],
     )
     .unwrap()
@@ -34,7 +34,7 @@ fn an_allow_list_lets_only_its_addresses_through_and_finds_ghosts() {
     let ep = rx.endpoints()[0].clone();
     let other = zmq::Context::new();
     let (mut tx, mut tx_events) =
-        ZmqChannel::bind(&other, &["tcp://127.0.0.1:*"], ZmqSettings::default())
+        ZmqChannel::bind(&other, &["tcp://127.0.0.1:*"], ZmqConfig::default())
             .unwrap()
             .split();
     // The same receiver, reached from 127.0.0.1 (not on the list) and
@@ -81,7 +81,7 @@ fn a_readable_descriptor_wakes_the_receiver() {
     use std::io::Write;
     use std::os::fd::AsRawFd;
     let ctx = zmq::Context::new();
-    let (_tx, mut rx) = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*"], ZmqSettings::default())
+    let (_tx, mut rx) = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*"], ZmqConfig::default())
         .unwrap()
         .split();
     assert!(rx.can_wake());
@@ -99,7 +99,7 @@ fn a_readable_descriptor_wakes_the_receiver() {
 #[test]
 fn frames_arrive_with_the_endpoint_they_came_in_at() {
     let ctx = zmq::Context::new();
-    let (mut a, _a_rx) = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*"], ZmqSettings::default())
+    let (mut a, _a_rx) = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*"], ZmqConfig::default())
         .unwrap()
         .split();
     let ipc = format!(
@@ -107,7 +107,7 @@ fn frames_arrive_with_the_endpoint_they_came_in_at() {
         std::env::temp_dir().display(),
         std::process::id()
     );
-    let b = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*", &ipc], ZmqSettings::default()).unwrap();
+    let b = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*", &ipc], ZmqConfig::default()).unwrap();
     let eps = b.endpoints();
     let (_b_tx, mut b_rx) = b.split();
     let mut buf = vec![0u8; 1024];
@@ -128,7 +128,7 @@ fn a_dropped_channel_removes_the_files_of_its_ipc_endpoints() {
     let ctx = zmq::Context::new();
     let path = std::env::temp_dir().join(format!("ferry-zmq-drop-{}.sock", std::process::id()));
     let ep = format!("ipc://{}", path.display());
-    let ch = ZmqChannel::bind(&ctx, &[&ep], ZmqSettings::default()).unwrap();
+    let ch = ZmqChannel::bind(&ctx, &[&ep], ZmqConfig::default()).unwrap();
     assert!(path.exists(), "bound at {ep}");
     let (tx, rx) = ch.split();
     drop(tx);
@@ -140,7 +140,7 @@ fn a_dropped_channel_removes_the_files_of_its_ipc_endpoints() {
 #[test]
 fn bad_frames_are_errors_and_the_channel_goes_on() {
     let ctx = zmq::Context::new();
-    let b = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*"], ZmqSettings::default()).unwrap();
+    let b = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*"], ZmqConfig::default()).unwrap();
     let ep = b.endpoints()[0].clone();
     let (_b_tx, mut b_rx) = b.split();
     let raw = ctx.socket(zmq::PUSH).unwrap();
@@ -174,10 +174,10 @@ fn bad_frames_are_errors_and_the_channel_goes_on() {
 #[test]
 fn a_peer_that_goes_away_is_reported_gone() {
     let ctx = zmq::Context::new();
-    let (mut a, mut a_rx) = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*"], ZmqSettings::default())
+    let (mut a, mut a_rx) = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*"], ZmqConfig::default())
         .unwrap()
         .split();
-    let b = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*"], ZmqSettings::default()).unwrap();
+    let b = ZmqChannel::bind(&ctx, &["tcp://127.0.0.1:*"], ZmqConfig::default()).unwrap();
     let ep = b.endpoints()[0].clone();
     let (b_tx, mut b_rx) = b.split();
     let mut buf = vec![0u8; 1024];

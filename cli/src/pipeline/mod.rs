@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use ferry::runtime::{Admission, Head, InstanceSettings, Prealloc};
+use ferry::runtime::{Admission, Head, InstanceNodeConfig, Prealloc};
 
 pub use args::{
     CoordinatorArgs, DataPlaneArgs, HeadKind, InstanceCliArgs, LifetimeArgs, PipelineArgs,
@@ -113,7 +113,7 @@ pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut settings = InstanceSettings::new(&sglang_role_name(&args.role), &args.coordinator);
+    let mut settings = InstanceNodeConfig::new(&sglang_role_name(&args.role), &args.coordinator);
     settings.config.reserved_timeout = Duration::from_millis(args.reserved_timeout_ms);
     if Head::from(head) == Head::Sglang {
         settings = settings.under_sglang(head_timeout);
@@ -172,7 +172,7 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
                 }
             };
             return roles::instance(&roles::InstanceArgs {
-                settings: InstanceSettings::new(role, &args.coordinator),
+                settings: InstanceNodeConfig::new(role, &args.coordinator),
                 name: args.name.clone(),
                 endpoint: args.endpoint.clone(),
                 requests: args.requests,

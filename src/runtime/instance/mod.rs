@@ -37,15 +37,15 @@ use super::memory::{PoolMemory, PoolOwner};
 use super::metrics::{Metrics, MetricsSnapshot};
 use super::telemetry::{InstanceGauges, InstanceProbe};
 
+mod config;
 mod delivery;
 mod progress;
-mod settings;
 mod shared;
 mod staging;
 
+pub use config::InstanceNodeConfig;
 pub use delivery::{Delivery, TensorView};
 use progress::Progress;
-pub use settings::InstanceSettings;
 use shared::{Arrival, Shared, State};
 pub use staging::Staging;
 use staging::EMPTY_ENTRY;
@@ -140,7 +140,7 @@ impl InstanceNode {
     /// the transport (on its progress thread) until it is dropped, so the
     /// pool outlives every view of it.
     pub fn start<T, C>(
-        settings: &InstanceSettings,
+        settings: &InstanceNodeConfig,
         transport: T,
         channel: C,
     ) -> Result<Self, NodeError>

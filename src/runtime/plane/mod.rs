@@ -29,10 +29,10 @@ use ferry_shm::UdsChannel;
 
 pub use any::{AnyTransport, AnyTransportError};
 pub use options::PlaneError;
-pub use shm::CopySettings;
+pub use shm::CopyConfig;
 
 use super::error::NodeError;
-use super::instance::{InstanceNode, InstanceSettings};
+use super::instance::{InstanceNode, InstanceNodeConfig};
 use super::memory::PoolOwner;
 use options::Options;
 
@@ -41,7 +41,7 @@ use options::Options;
 #[non_exhaustive]
 pub enum DataPlane {
     /// Pools in POSIX shared memory, for processes on one host.
-    Shm(CopySettings),
+    Shm(CopyConfig),
     /// A libfabric provider (EFA, verbs, tcp, shm).
     #[cfg(feature = "fabric")]
     Fabric(ferry_fabric::FabricConfig),
@@ -53,7 +53,7 @@ pub enum DataPlane {
 impl Default for DataPlane {
     /// Shared memory with its default copy settings.
     fn default() -> Self {
-        Self::Shm(CopySettings::default())
+        Self::Shm(CopyConfig::default())
     }
 }
 
@@ -161,7 +161,7 @@ impl DataPlane {
     /// bytes, talking over `channel`.
     pub fn start_instance<C>(
         &self,
-        settings: &InstanceSettings,
+        settings: &InstanceNodeConfig,
         pool_len: usize,
         channel: C,
     ) -> Result<InstanceNode, NodeError>
@@ -187,7 +187,7 @@ impl DataPlane {
     /// (`ipc://<path>`): the default for processes on one host.
     pub fn start_instance_at(
         &self,
-        settings: &InstanceSettings,
+        settings: &InstanceNodeConfig,
         pool_len: usize,
         endpoint: &str,
     ) -> Result<InstanceNode, NodeError> {
@@ -204,7 +204,7 @@ impl DataPlane {
     /// [`AnyTransport`] is), so the node's pool lives as long as the node.
     pub fn start_instance_with<C, W>(
         &self,
-        settings: &InstanceSettings,
+        settings: &InstanceNodeConfig,
         pool_len: usize,
         channel: C,
         wrap: impl FnOnce(AnyTransport) -> W,

@@ -15,14 +15,14 @@ pub(super) const OPTIONS: &[&str] = &["threads", "split_at"];
 
 /// How a shared-memory instance copies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CopySettings {
+pub struct CopyConfig {
     /// Threads a large write is split across (the caller's included).
     pub threads: usize,
     /// Writes of at least this many bytes are split.
     pub split_at: usize,
 }
 
-impl Default for CopySettings {
+impl Default for CopyConfig {
     fn default() -> Self {
         Self {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
@@ -32,8 +32,8 @@ impl Default for CopySettings {
 }
 
 /// Reads `threads` and `split_at` (bytes).
-pub(super) fn parse(mut o: Options) -> Result<CopySettings, PlaneError> {
-    let mut c = CopySettings::default();
+pub(super) fn parse(mut o: Options) -> Result<CopyConfig, PlaneError> {
+    let mut c = CopyConfig::default();
     if let Some(t) = o.parsed::<usize>("threads")? {
         c.threads = t.max(1);
     }
@@ -45,7 +45,7 @@ pub(super) fn parse(mut o: Options) -> Result<CopySettings, PlaneError> {
 }
 
 /// A transport with a new pool of `pool_len` bytes.
-pub(super) fn open(copy: &CopySettings, pool_len: usize) -> Result<ShmTransport, NodeError> {
+pub(super) fn open(copy: &CopyConfig, pool_len: usize) -> Result<ShmTransport, NodeError> {
     ShmTransport::new(pool_len, copy.threads, copy.split_at).map_err(|e| NodeError::Transport {
         verb: "create pool",
         source: Box::new(e),

@@ -27,7 +27,7 @@ pub struct InstanceGauges {
 }
 
 /// What an instance node measures, shared between the node and whoever
-/// reads it ([`InstanceNode::probe`](super::InstanceNode::probe)).
+/// reads it ([`InstanceNode::probe`](crate::runtime::InstanceNode::probe)).
 #[derive(Debug)]
 pub struct InstanceProbe {
     pub(super) role: String,
@@ -114,7 +114,7 @@ impl LegLatencies {
 }
 
 /// What a coordinator node measures, shared between the node and whoever
-/// reads it ([`CoordinatorNode::probe`](super::CoordinatorNode::probe)).
+/// reads it ([`CoordinatorNode::probe`](crate::runtime::CoordinatorNode::probe)).
 #[derive(Debug)]
 pub struct CoordinatorProbe {
     pub(super) pipeline: Vec<String>,

@@ -48,7 +48,7 @@ pub fn coordinator(
         Err(code) => return code,
     };
     remove_stale_pools();
-    let mut settings = CoordinatorSettings::new(&PIPELINE);
+    let mut settings = CoordinatorNodeConfig::new(&PIPELINE);
     settings.config.timeouts = timeouts;
     settings.admitted = options.admitted.clone();
     let run = Run {
@@ -64,8 +64,7 @@ pub fn coordinator(
         Control::Zmq => {
             let ctx = zmq::Context::new();
             let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
-            match ZmqChannel::bind_allowing(&ctx, &eps, ZmqSettings::default(), &options.allow_from)
-            {
+            match ZmqChannel::bind_allowing(&ctx, &eps, ZmqConfig::default(), &options.allow_from) {
                 Ok(c) => {
                     settings.result_endpoints = c.endpoints();
                     run_coordinator(&settings, c, &run)
@@ -107,7 +106,7 @@ pub(super) fn serve_metrics(
 }
 
 pub(super) fn run_coordinator<C>(
-    settings: &CoordinatorSettings,
+    settings: &CoordinatorNodeConfig,
     channel: C,
     run: &Run<'_>,
 ) -> ExitCode

@@ -10,7 +10,7 @@ pub struct InstanceArgs {
     /// `decoder`), its coordinator's endpoint, and how it behaves (the
     /// head it serves under and the timeouts that follow from it). Its
     /// preallocated slots are the role's unless `prealloc` says.
-    pub settings: InstanceSettings,
+    pub settings: InstanceNodeConfig,
     /// Its name in reports (`denoiser-1`).
     pub name: String,
     /// Its own endpoint.
@@ -153,7 +153,7 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
 /// for is taken as given if it holds that, and refused with what it needs
 /// if not; without it, the role's `default` grows to what is needed.
 pub(super) fn random_pool(
-    settings: &InstanceSettings,
+    settings: &InstanceNodeConfig,
     max_bytes: u64,
     pool_mib: usize,
     default: usize,
@@ -202,7 +202,7 @@ pub(super) fn bind_zmq(args: &InstanceArgs) -> Result<ZmqChannel, ExitCode> {
     ZmqChannel::bind_allowing(
         &ctx,
         &[&args.endpoint],
-        ZmqSettings::default(),
+        ZmqConfig::default(),
         &args.allow_from,
     )
     .map_err(|e| fail("bind", e))

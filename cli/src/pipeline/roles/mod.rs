@@ -12,7 +12,7 @@ use ferry_core::handshake::instance::InstanceError;
 use ferry_core::json::RawJson;
 use ferry_core::transport::ControlChannel;
 use ferry_shm::UdsChannel;
-use ferry_zmq::{ZmqChannel, ZmqSettings};
+use ferry_zmq::{ZmqChannel, ZmqConfig};
 
 use super::data;
 use super::sglang::{self, SglangRole, SglangTally};
@@ -21,7 +21,7 @@ use crate::lifetime::Lifetime;
 use ferry::runtime::telemetry::Telemetry;
 use ferry::runtime::Prealloc;
 use ferry::runtime::{
-    CoordinatorNode, CoordinatorSettings, Delivery, InstanceNode, InstanceSettings, NodeError,
+    CoordinatorNode, CoordinatorNodeConfig, Delivery, InstanceNode, InstanceNodeConfig, NodeError,
     Staging,
 };
 use serde_json::json;

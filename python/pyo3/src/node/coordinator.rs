@@ -2,8 +2,8 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use ferry::runtime::{CoordinatorNode, CoordinatorSettings, NodeError};
-use ferry_zmq::{ZmqChannel, ZmqSettings};
+use ferry::runtime::{CoordinatorNode, CoordinatorNodeConfig, NodeError};
+use ferry_zmq::{ZmqChannel, ZmqConfig};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -37,7 +37,7 @@ impl PyCoordinator {
             )));
         }
         let roles: Vec<&str> = pipeline.iter().map(String::as_str).collect();
-        let mut settings = CoordinatorSettings::new(&roles);
+        let mut settings = CoordinatorNodeConfig::new(&roles);
         settings.admitted = admitted
             .into_iter()
             .map(|(role, endpoint)| ferry::runtime::Admission { role, endpoint })
@@ -48,7 +48,7 @@ impl PyCoordinator {
             .detach(|| {
                 let ctx = zmq::Context::new();
                 let channel =
-                    ZmqChannel::bind_allowing(&ctx, &eps, ZmqSettings::default(), &allow_from)
+                    ZmqChannel::bind_allowing(&ctx, &eps, ZmqConfig::default(), &allow_from)
                         .map_err(|e| NodeError::Transport {
                             verb: "bind the coordinator's endpoints",
                             source: Box::new(e),

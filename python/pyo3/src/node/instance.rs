@@ -5,8 +5,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ferry::core::slots::{Dtype, TensorSpec};
-use ferry::runtime::{InstanceSettings, NodeError};
-use ferry_zmq::{ZmqChannel, ZmqSettings};
+use ferry::runtime::{InstanceNodeConfig, NodeError};
+use ferry_zmq::{ZmqChannel, ZmqConfig};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -56,7 +56,7 @@ impl PyInstance {
         allow_from: Vec<String>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let mut settings = InstanceSettings::new(role, coordinator);
+        let mut settings = InstanceNodeConfig::new(role, coordinator);
         settings.config.prealloc = ferry::runtime::Prealloc {
             count: prealloc.0,
             size: prealloc.1,
@@ -78,16 +78,12 @@ impl PyInstance {
         let node = py
             .detach(|| {
                 let ctx = zmq::Context::new();
-                let channel = ZmqChannel::bind_allowing(
-                    &ctx,
-                    &[endpoint],
-                    ZmqSettings::default(),
-                    &allow_from,
-                )
-                .map_err(|e| NodeError::Transport {
-                    verb: "bind the work endpoint",
-                    source: Box::new(e),
-                })?;
+                let channel =
+                    ZmqChannel::bind_allowing(&ctx, &[endpoint], ZmqConfig::default(), &allow_from)
+                        .map_err(|e| NodeError::Transport {
+                            verb: "bind the work endpoint",
+                            source: Box::new(e),
+                        })?;
                 plane.start_instance(&settings, pool, channel)
             })
             .map_err(|e| node_error(py, &e))?;

@@ -6,7 +6,7 @@ use super::*;
 /// (timeouts, preallocated slots, the head it serves under), extended by
 /// what a node needs besides: its role, its coordinator, its tables.
 #[derive(Clone, Debug)]
-pub struct InstanceSettings {
+pub struct InstanceNodeConfig {
     /// The role it registers as (`encoder`, `denoiser`, ...).
     pub role: String,
     /// The coordinator's endpoint.
@@ -18,7 +18,7 @@ pub struct InstanceSettings {
     pub config: InstanceConfig,
 }
 
-impl InstanceSettings {
+impl InstanceNodeConfig {
     /// Settings with ferry's defaults for `role`, reporting to
     /// `coordinator`.
     pub fn new(role: &str, coordinator: &str) -> Self {
@@ -30,7 +30,7 @@ impl InstanceSettings {
         }
     }
 
-    /// These settings for serving under sglang's head, whose only timeout
+    /// This configuration for serving under sglang's head, whose only timeout
     /// is `head_timeout` ([`InstanceConfig::under_sglang`]).
     pub fn under_sglang(mut self, head_timeout: Duration) -> Self {
         self.config = self.config.under_sglang(head_timeout);

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 /// Socket options, chosen on purpose.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ZmqSettings {
+pub struct ZmqConfig {
     /// Messages queued per peer before sends wait (ZMQ_SNDHWM).
     pub send_hwm: i32,
     /// Messages queued per receiving socket (ZMQ_RCVHWM).
@@ -20,7 +20,7 @@ pub struct ZmqSettings {
     pub reconnect: Duration,
 }
 
-impl Default for ZmqSettings {
+impl Default for ZmqConfig {
     fn default() -> Self {
         Self {
             send_hwm: 10_000,
