@@ -210,6 +210,79 @@ pub struct Region {
     pub len: u64,
 }
 
+impl Region {
+    /// Checks a write's source, `len` bytes at `offset` in this region,
+    /// the one bounds check every data plane makes before it posts.
+    pub const fn check_source(&self, offset: u64, len: u64) -> Result<(), RegionError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(RegionError::SourceOutOfBounds {
+                region: self.id,
+                offset,
+                len,
+                region_len: self.len,
+            }),
+        }
+    }
+}
+
+/// What every data plane refuses about its own registered regions, in one
+/// vocabulary (each backend's error wraps it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegionError {
+    /// A region that is not (or no longer) registered.
+    Unknown(u32),
+    /// A write's source lies outside its registered region.
+    SourceOutOfBounds {
+        /// The region.
+        region: u32,
+        /// The offset in it.
+        offset: u64,
+        /// The write's length.
+        len: u64,
+        /// The region's length.
+        region_len: u64,
+    },
+    /// More regions than the data plane can tell its peers of.
+    TooMany {
+        /// The most regions it registers.
+        max: usize,
+    },
+}
+
+impl RegionError {
+    /// What kind of failure it is: a write outside registered memory, or
+    /// (too many regions) a registration refused.
+    pub const fn kind(&self) -> FaultKind {
+        match self {
+            Self::Unknown(_) | Self::SourceOutOfBounds { .. } => FaultKind::OutOfBounds,
+            Self::TooMany { .. } => FaultKind::Registration,
+        }
+    }
+}
+
+impl fmt::Display for RegionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unknown(id) => write!(f, "region {id} is not registered"),
+            Self::SourceOutOfBounds {
+                region,
+                offset,
+                len,
+                region_len,
+            } => write!(
+                f,
+                "write of {len} bytes at offset {offset} falls outside region {region} ({region_len} bytes)"
+            ),
+            Self::TooMany { max } => {
+                write!(f, "{max} regions are registered already; a transport registers at most {max}")
+            }
+        }
+    }
+}
+
+impl core::error::Error for RegionError {}
+
 /// Names one write, for data planes whose receivers must count a write's
 /// arrival before they accept `transfer_ready` (see
 /// [`Capabilities::delivery_complete`]). Sender and receiver compute it from

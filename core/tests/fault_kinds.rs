@@ -31,3 +31,37 @@ fn every_errno_kind_is_in_the_table() {
         assert!(FaultKind::ALL.contains(&FaultKind::of_errno(errno)));
     }
 }
+
+#[test]
+fn a_sources_bounds_are_checked_against_its_region_in_one_place() {
+    use ferry_core::transport::{Region, RegionError};
+    let r = Region {
+        id: 3,
+        addr: 0x1000,
+        len: 4096,
+    };
+    assert_eq!(r.check_source(0, 4096), Ok(()));
+    assert_eq!(r.check_source(4095, 1), Ok(()));
+    let past = r.check_source(4095, 2).unwrap_err();
+    assert_eq!(
+        past,
+        RegionError::SourceOutOfBounds {
+            region: 3,
+            offset: 4095,
+            len: 2,
+            region_len: 4096
+        }
+    );
+    // An end past u64::MAX is out of bounds, not a wrap.
+    assert!(r.check_source(u64::MAX, 2).is_err());
+    assert_eq!(past.kind(), ferry_core::transport::FaultKind::OutOfBounds);
+    assert_eq!(
+        RegionError::Unknown(9).kind(),
+        ferry_core::transport::FaultKind::OutOfBounds
+    );
+    assert_eq!(
+        RegionError::TooMany { max: 16 }.kind(),
+        ferry_core::transport::FaultKind::Registration
+    );
+    assert!(past.to_string().contains("outside region 3"));
+}

@@ -1,12 +1,16 @@
 //! The backend's errors: each names the libfabric call, the provider's own
 //! text for the error and, where the error concerns one peer, that peer.
 
-use ferry_core::transport::{Fault, FaultKind};
+use ferry_core::transport::{Fault, FaultKind, RegionError};
 
 /// A libfabric data-plane error.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FabricError {
+    /// A region of this transport's: unknown, a source outside it, or one
+    /// too many.
+    #[error(transparent)]
+    Region(#[from] RegionError),
     /// A libfabric call returned an error.
     #[error("{call}{}: {text} (errno {errno})", peer_suffix(.peer))]
     Call {
@@ -57,27 +61,6 @@ pub enum FabricError {
         len: u64,
         /// How many regions the peer's session id lists.
         regions: usize,
-    },
-    /// A write's source lies outside the registered region.
-    #[error("write of {len} bytes at offset {offset} falls outside region {region} ({region_len} bytes)")]
-    SourceOutOfBounds {
-        /// The region.
-        region: u32,
-        /// The offset in it.
-        offset: u64,
-        /// The write's length.
-        len: u64,
-        /// The region's length.
-        region_len: u64,
-    },
-    /// A region that is not (or no longer) registered.
-    #[error("region {0} is not registered")]
-    UnknownRegion(u32),
-    /// More regions than a session id lists.
-    #[error("{max} regions are registered already; a session id lists at most {max}")]
-    TooManyRegions {
-        /// The most regions a transport registers.
-        max: usize,
     },
     /// A write is split into more chunks than a completion notice can
     /// count.
@@ -218,10 +201,8 @@ impl Fault for FabricError {
             },
             Self::NoProvider { .. } | Self::Unsupported { .. } | Self::Os { .. } => FaultKind::Io,
             Self::BadSession { .. } => FaultKind::UnknownPeer,
-            Self::DestOutOfBounds { .. }
-            | Self::SourceOutOfBounds { .. }
-            | Self::UnknownRegion(_) => FaultKind::OutOfBounds,
-            Self::TooManyRegions { .. } => FaultKind::Registration,
+            Self::DestOutOfBounds { .. } => FaultKind::OutOfBounds,
+            Self::Region(e) => e.kind(),
             Self::TooManyChunks { .. } => FaultKind::TooLarge,
             Self::Completion { errno, .. } => FaultKind::of_errno(*errno),
             Self::Timeout { .. } => FaultKind::Timeout,

@@ -3,12 +3,16 @@
 
 use std::io;
 
-use ferry_core::transport::{Fault, FaultKind};
+use ferry_core::transport::{Fault, FaultKind, RegionError};
 
 /// A shared-memory pool or transport error.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ShmError {
+    /// A region of this transport's: unknown, a source outside it, or one
+    /// too many.
+    #[error(transparent)]
+    Region(#[from] RegionError),
     /// A system call on a shared-memory object failed.
     #[error("{call} on shared-memory object {name}: {source}")]
     Sys {
@@ -58,18 +62,6 @@ pub enum ShmError {
         /// The pool's length.
         pool_len: u64,
     },
-    /// A write's source is outside its registered region.
-    #[error("write of {len} bytes at offset {offset} falls outside region {region} ({region_len} bytes)")]
-    SourceOutOfBounds {
-        /// The region.
-        region: u32,
-        /// The offset in it.
-        offset: u64,
-        /// The write's length.
-        len: u64,
-        /// The region's length.
-        region_len: u64,
-    },
     /// The peer made its pool smaller than its session says, after this
     /// side mapped it (found before the copy, or by the fault it caused):
     /// the write fails rather than the process.
@@ -84,9 +76,6 @@ pub enum ShmError {
         /// The object's size now.
         actual: u64,
     },
-    /// A region not registered (or deregistered) with this transport.
-    #[error("region {0} is not registered")]
-    UnknownRegion(u32),
     /// Memory to register that is not inside this transport's pool: only
     /// the pool is shared with peers.
     #[error("cannot register {len} bytes at {addr:#x}: not inside the shared pool")]
@@ -104,10 +93,8 @@ impl Fault for ShmError {
             Self::Sys { .. } => FaultKind::Io,
             Self::PeerGone { .. } => FaultKind::PeerGone,
             Self::BadSession { .. } | Self::ShortObject { .. } => FaultKind::UnknownPeer,
-            Self::DestOutOfBounds { .. }
-            | Self::SourceOutOfBounds { .. }
-            | Self::UnknownRegion(_)
-            | Self::PeerShrank { .. } => FaultKind::OutOfBounds,
+            Self::DestOutOfBounds { .. } | Self::PeerShrank { .. } => FaultKind::OutOfBounds,
+            Self::Region(e) => e.kind(),
             Self::NotShared { .. } => FaultKind::Registration,
         }
     }

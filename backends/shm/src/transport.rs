@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteOp};
+use ferry_core::transport::{Capabilities, Completion, Region, RegionError, Transport, WriteOp};
 
 use crate::copy::Copier;
 use crate::error::ShmError;
@@ -188,7 +188,7 @@ impl Transport for ShmTransport {
             .regions
             .iter()
             .position(|r| *r == region)
-            .ok_or(ShmError::UnknownRegion(region.id))?;
+            .ok_or(RegionError::Unknown(region.id))?;
         self.regions.swap_remove(i);
         Ok(())
     }
@@ -207,15 +207,8 @@ impl Transport for ShmTransport {
             .regions
             .iter()
             .find(|r| r.id == region.id)
-            .ok_or(ShmError::UnknownRegion(region.id))?;
-        if local_offset.checked_add(len).is_none_or(|end| end > r.len) {
-            return Err(ShmError::SourceOutOfBounds {
-                region: r.id,
-                offset: local_offset,
-                len,
-                region_len: r.len,
-            });
-        }
+            .ok_or(RegionError::Unknown(region.id))?;
+        r.check_source(local_offset, len)?;
         let src = (r.addr + local_offset) as *const u8;
         let own = dest_session == self.session;
         let (dst_map, base, pool_len) = if own {
@@ -467,7 +460,10 @@ mod tests {
             cookie: 1,
         });
         assert!(
-            matches!(e, Err(ShmError::SourceOutOfBounds { .. })),
+            matches!(
+                e,
+                Err(ShmError::Region(RegionError::SourceOutOfBounds { .. }))
+            ),
             "{e:?}"
         );
         let e = a.post_write(&WriteOp {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use ferry_core::transport::{Fault, FaultKind};
+use ferry_core::transport::{Fault, FaultKind, RegionError};
 
 use crate::device::Verb;
 use crate::status::WcStatus;
@@ -13,6 +13,10 @@ use crate::status::WcStatus;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum VerbsError {
+    /// A region of this transport's: unknown, a source outside it, or one
+    /// too many.
+    #[error(transparent)]
+    Region(#[from] RegionError),
     /// A verb returned an error.
     #[error("{verb}{}: {} (errno {errno})", peer_suffix(.peer), errno_text(*.errno))]
     Verb {
@@ -138,27 +142,6 @@ pub enum VerbsError {
         /// How many regions the peer listed.
         regions: usize,
     },
-    /// A write's source lies outside the registered region.
-    #[error("write of {len} bytes at offset {offset} falls outside region {region} ({region_len} bytes)")]
-    SourceOutOfBounds {
-        /// The region.
-        region: u32,
-        /// The offset in it.
-        offset: u64,
-        /// The write's length.
-        len: u64,
-        /// The region's length.
-        region_len: u64,
-    },
-    /// A region that is not (or no longer) registered.
-    #[error("region {0} is not registered")]
-    UnknownRegion(u32),
-    /// More regions than a connection exchange lists.
-    #[error("{max} regions are registered already; a transport registers at most {max}")]
-    TooManyRegions {
-        /// The most regions a transport registers.
-        max: usize,
-    },
     /// The side channel (ZeroMQ) failed.
     #[error("verbs side channel: {what}{}: {source}", peer_suffix(.peer))]
     SideChannel {
@@ -233,10 +216,8 @@ impl Fault for VerbsError {
             Self::Completion { status, .. } => status.kind(),
             Self::Broken { .. } => FaultKind::PeerGone,
             Self::Timeout { .. } => FaultKind::Timeout,
-            Self::DestOutOfBounds { .. }
-            | Self::SourceOutOfBounds { .. }
-            | Self::UnknownRegion(_) => FaultKind::OutOfBounds,
-            Self::TooManyRegions { .. } => FaultKind::Registration,
+            Self::DestOutOfBounds { .. } => FaultKind::OutOfBounds,
+            Self::Region(e) => e.kind(),
         }
     }
 }

@@ -6,7 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{Completion, Fault, FaultKind, Region, Transport, WriteOp, WriteTag};
+use ferry_core::transport::{
+    Completion, Fault, FaultKind, Region, RegionError, Transport, WriteOp, WriteTag,
+};
 use ferry_hostmem::HostPool;
 
 use crate::attrs::QpStep;
@@ -399,7 +401,7 @@ fn bad_writes_are_refused_with_typed_errors() {
     let b = node();
     let len = a.pool.len() as u64;
     match a.write(len - 5, 10, &b, 0, 1) {
-        Err(e @ VerbsError::SourceOutOfBounds { .. }) => {
+        Err(e @ VerbsError::Region(RegionError::SourceOutOfBounds { .. })) => {
             assert_eq!(e.kind(), FaultKind::OutOfBounds)
         }
         other => panic!("{other:?}"),
@@ -415,7 +417,7 @@ fn bad_writes_are_refused_with_typed_errors() {
             tag: WriteTag(1),
             cookie: 1
         }),
-        Err(VerbsError::UnknownRegion(9))
+        Err(VerbsError::Region(RegionError::Unknown(9)))
     ));
     assert!(matches!(
         a.t.post_write(&WriteOp {
@@ -536,7 +538,7 @@ fn several_regions_are_written_and_a_later_one_reaches_writers_through_the_sessi
     b.t.deregister(rx).unwrap();
     assert!(matches!(
         b.t.deregister(rx),
-        Err(VerbsError::UnknownRegion(_))
+        Err(VerbsError::Region(RegionError::Unknown(_)))
     ));
     let third = b.t.session_id().to_owned();
     write(&mut a, pool_region, &third, rx.addr, 5).unwrap();
@@ -591,7 +593,7 @@ fn a_target_without_a_pool_refuses_and_deregistering_fails_pending_writes() {
     }
     assert!(matches!(
         a.t.deregister(a.region),
-        Err(VerbsError::UnknownRegion(1))
+        Err(VerbsError::Region(RegionError::Unknown(1)))
     ));
 }
 

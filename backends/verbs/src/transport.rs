@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteOp};
+use ferry_core::transport::{Capabilities, Completion, Region, RegionError, Transport, WriteOp};
 use ferry_hostmem::HostPool;
 
 use crate::conn::{ConnBook, ConnLimits, ConnState, RegisteredRegion};
@@ -408,7 +408,7 @@ impl<D: Device> Transport for VerbsTransport<D> {
     unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, VerbsError> {
         let mut book = self.book();
         if book.regions.len() >= MAX_REGIONS {
-            return Err(VerbsError::TooManyRegions { max: MAX_REGIONS });
+            return Err(RegionError::TooMany { max: MAX_REGIONS }.into());
         }
         // SAFETY: the caller's contract: the memory stays mapped until
         // deregistered or the transport dropped.
@@ -436,7 +436,7 @@ impl<D: Device> Transport for VerbsTransport<D> {
             .regions
             .iter()
             .position(|p| p.region == region.id)
-            .ok_or(VerbsError::UnknownRegion(region.id))?;
+            .ok_or(RegionError::Unknown(region.id))?;
         // Posted work may name the region: its connections end (and
         // reconnect on next use) before the registration goes.
         book.fail_all("a registered region was deregistered");
@@ -461,19 +461,14 @@ impl<D: Device> Transport for VerbsTransport<D> {
             let mut book = self.book();
             let source = match book.regions.iter().find(|p| p.region == region.id) {
                 Some(&p) => p,
-                None => return Err(VerbsError::UnknownRegion(region.id)),
+                None => return Err(RegionError::Unknown(region.id).into()),
             };
-            if local_offset
-                .checked_add(len)
-                .is_none_or(|end| end > source.len)
-            {
-                return Err(VerbsError::SourceOutOfBounds {
-                    region: source.region,
-                    offset: local_offset,
-                    len,
-                    region_len: source.len,
-                });
+            Region {
+                id: source.region,
+                addr: source.addr,
+                len: source.len,
             }
+            .check_source(local_offset, len)?;
             book.post(
                 dest_session,
                 (source.addr + local_offset, source.keys.lkey),

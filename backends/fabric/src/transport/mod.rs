@@ -32,7 +32,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{Capabilities, Completion, Landed, Region, Transport, WriteOp};
+use ferry_core::transport::{
+    Capabilities, Completion, Landed, Region, RegionError, Transport, WriteOp,
+};
 use ferry_fabric_sys as sys;
 use ferry_hostmem::HostPool;
 
@@ -161,7 +163,7 @@ impl Transport for FabricTransport {
 
     unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, FabricError> {
         if self.regions.len() >= MAX_REGIONS {
-            return Err(FabricError::TooManyRegions { max: MAX_REGIONS });
+            return Err(RegionError::TooMany { max: MAX_REGIONS }.into());
         }
         let key = self.opened.mr.requested_key(self.next_key);
         self.next_key += 1;
@@ -188,7 +190,7 @@ impl Transport for FabricTransport {
             .regions
             .iter()
             .position(|(r, _)| r.id == region.id)
-            .ok_or(FabricError::UnknownRegion(region.id))?;
+            .ok_or(RegionError::Unknown(region.id))?;
         self.shared
             .fail_backlog(region.id, "the source region was deregistered");
         self.regions.remove(i);
@@ -208,16 +210,9 @@ impl Transport for FabricTransport {
         } = *write;
         let (r, desc) = match self.regions.iter().find(|(r, _)| r.id == region.id) {
             Some((r, mr)) => (*r, mr.desc()),
-            None => return Err(FabricError::UnknownRegion(region.id)),
+            None => return Err(RegionError::Unknown(region.id).into()),
         };
-        if local_offset.checked_add(len).is_none_or(|end| end > r.len) {
-            return Err(FabricError::SourceOutOfBounds {
-                region: r.id,
-                offset: local_offset,
-                len,
-                region_len: r.len,
-            });
-        }
+        r.check_source(local_offset, len)?;
         let chunk = self.opened.chunk;
         let delivery = self.opened.delivery;
         let format_max = self.notice_format.max_chunks();
