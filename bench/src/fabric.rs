@@ -227,8 +227,9 @@ pub fn measure(
     for (tag, &size) in sizes.iter().enumerate() {
         progress(size);
         let slot = size.next_power_of_two().max(1 << 20);
-        // The coordinator takes at most 16 preallocated slots.
-        let window = window.clamp(1, (POOL_BUDGET / 2 / slot).clamp(1, 16) as usize);
+        // The coordinator takes only so many preallocated slots.
+        let most = ferry::runtime::Limits::COORDINATOR.prealloc_per_member as u64;
+        let window = window.clamp(1, (POOL_BUDGET / 2 / slot).clamp(1, most) as usize);
         let rig = rig(config, slot, window, telemetry)
             .map_err(|e| format!("ferry over libfabric: {e}"))?;
         // The baseline cycles through as many slot-sized places as ferry's

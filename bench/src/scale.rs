@@ -21,9 +21,8 @@ use ferry_core::json::RawJson;
 use ferry_core::slots::BuddyConfig;
 use ferry_core::wire::{decode, Manifest, Shape, TensorEntry};
 
-/// The runtime's coordinator keeps this many preallocated slots per
-/// instance; so does this one.
-/// Preallocated slots the coordinator takes from each instance.
+/// Preallocated slots the coordinator takes from each instance (the
+/// runtime's default limit).
 const P: usize = Limits::COORDINATOR.prealloc_per_member;
 
 const POOL: BuddyConfig = BuddyConfig {

@@ -456,7 +456,9 @@ pub trait Transport {
 /// A received control message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Incoming<'b> {
-    /// The sender's endpoint, if the channel knows it (empty otherwise).
+    /// The sender's endpoint, if the channel knows it (empty otherwise). A
+    /// coordinator keeps endpoints of at most 128 bytes
+    /// (`handshake::NAME_LEN`): a longer one names no one.
     pub from: &'b str,
     /// The local endpoint it arrived at (a coordinator with one endpoint
     /// per role learns the sender's role from it).

@@ -2032,3 +2032,14 @@ fn a_registration_with_more_preallocated_slots_than_the_limit_is_refused() {
     );
     assert_eq!(c.members(), 1);
 }
+
+#[test]
+fn a_pipeline_that_names_a_role_twice_is_refused() {
+    let storage = CoordinatorStorage::owned(&LIMITS);
+    let r = Coordinator::new(
+        &["encoder", "denoiser", "encoder"],
+        CoordinatorConfig::FERRY,
+        storage,
+    );
+    assert_eq!(r.err(), Some(ConfigError::Pipeline));
+}

@@ -58,7 +58,9 @@ pub struct CoordinatorNodeConfig {
     /// The endpoint each role reports to, in pipeline order, for control
     /// channels that cannot name a message's sender (ZeroMQ): the endpoint
     /// a message arrives at tells its sender's role, and its content the
-    /// sender. Empty when the channel names senders.
+    /// sender. Empty when the channel names senders. Each at most
+    /// [`NAME_LEN`](ferry_core::handshake::NAME_LEN) (128) bytes, as every
+    /// endpoint the coordinator keeps.
     pub result_endpoints: Vec<String>,
     /// The endpoints that may register: with any, every other
     /// registration is dropped (and logged); empty, any endpoint may
@@ -393,7 +395,11 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             // Dropping a peer fails its transfers, which queues aborts to
             // the others: send those too.
             for peer in lost.drain(..) {
-                Metrics::add(&shared.probe.metrics.peers_lost, 1);
+                // Counted as a connection's end is: registered instances
+                // only (a refused stranger's departure is nobody's loss).
+                if machine.role_of(peer).is_some() {
+                    Metrics::add(&shared.probe.metrics.peers_lost, 1);
+                }
                 machine.peer_lost(now, peer);
             }
         }

@@ -83,11 +83,17 @@ pub enum NodeError {
     /// A delivery of another node was passed to this node's call.
     #[error("the delivery was received by another node")]
     ForeignDelivery,
+    /// The node's progress thread stopped (it panicked): it stages and
+    /// delivers nothing more. Release what is held and drop the node.
+    #[error("the node's progress thread stopped; it takes no more work")]
+    Stopped,
     /// The control channel did not take the application's message.
     #[error("sending to {to}: {source}")]
     Send {
         /// The endpoint.
         to: String,
+        /// What kind of failure it is (the coordinator gone, a full queue).
+        kind: ferry_core::transport::FaultKind,
         /// The channel's error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },

@@ -59,7 +59,9 @@ metrics! {
     write_errors,
     /// Bytes written to peers.
     bytes_written,
-    /// Peers found gone.
+    /// Peers found gone (at a coordinator: registered instances whose
+    /// connection closed or to which a send found no one; at an instance:
+    /// its coordinator).
     peers_lost,
 }
 

@@ -325,7 +325,10 @@ impl DataPlaneArgs {
         let mut given: Vec<(&str, String)> = vec![
             ("provider", self.provider.clone()),
             ("delivery", self.delivery.clone()),
-            ("max_chunk", (self.max_chunk_kib << 10).to_string()),
+            (
+                "max_chunk",
+                self.max_chunk_kib.saturating_mul(1024).to_string(),
+            ),
             ("write_timeout", format!("{}ms", self.write_timeout_ms)),
             ("port", self.ib_port.to_string()),
         ];

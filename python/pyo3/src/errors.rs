@@ -68,6 +68,8 @@ impl Kind {
                 }
                 _ => Kind::IO,
             },
+            NodeError::Send { kind, .. } => Kind::Fault(*kind),
+            NodeError::Stopped => Kind::Closed,
             _ => Kind::IO,
         }
     }

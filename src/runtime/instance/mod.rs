@@ -210,6 +210,7 @@ impl InstanceNode {
             }),
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
+            dead: AtomicBool::new(false),
             probe: Arc::new(InstanceProbe::new(&settings.role)),
             clock,
             memory,
@@ -237,14 +238,26 @@ impl InstanceNode {
                 // A panic must not drop the transport, and so unmap the
                 // pool, while the application may hold views of it: the
                 // loop's unwinding stops here and the transport goes back
-                // to the node's drop.
+                // to the node's drop. Nothing after the catch may unwind
+                // with it on this thread: it is boxed first, the panic's
+                // payload is forgotten (its drop could panic too), and the
+                // log line is caught.
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| progress.run()));
-                if ran.is_err() {
-                    tracing::error!(
-                        "the progress thread panicked; this node makes no more progress"
-                    );
+                let shared = Arc::clone(&progress.shared);
+                let kept: Box<dyn Send> = Box::new(progress);
+                if let Err(payload) = ran {
+                    std::mem::forget(payload);
+                    // The machine may have stopped half-way through a
+                    // message: no new view of the pool is made from it.
+                    shared.dead.store(true, Ordering::Release);
+                    shared.changed.notify_all();
+                    let _ = std::panic::catch_unwind(|| {
+                        tracing::error!(
+                            "the progress thread panicked; this node makes no more progress"
+                        );
+                    });
                 }
-                Box::new(progress) as Box<dyn Send>
+                kept
             })
             .map_err(NodeError::Thread)?;
         {
@@ -368,6 +381,9 @@ impl InstanceNode {
         id: &str,
         tensors: &[TensorSpec<'a>],
     ) -> Result<Staging<'_, 'a>, NodeError> {
+        if self.shared.dead.load(Ordering::Acquire) {
+            return Err(NodeError::Stopped);
+        }
         if tensors.len() > MAX_TENSORS {
             return Err(NodeError::TooManyTensors {
                 count: tensors.len(),
@@ -398,10 +414,16 @@ impl InstanceNode {
                 .shared
                 .changed
                 .wait_timeout_while(st, timeout, |s| {
-                    s.received.is_empty() && !self.shared.stop.load(Ordering::Relaxed)
+                    s.received.is_empty()
+                        && !self.shared.stop.load(Ordering::Relaxed)
+                        && !self.shared.dead.load(Ordering::Acquire)
                 })
                 .unwrap_or_else(PoisonError::into_inner);
             st = guard;
+            if self.shared.dead.load(Ordering::Acquire) {
+                // No new view from a machine that stopped mid-message.
+                return None;
+            }
             let (token, arrived) = st.received.pop_front()?;
             let mut meta = st.meta_free.pop().unwrap_or_default();
             meta.clear();
@@ -512,6 +534,7 @@ impl InstanceNode {
                 Metrics::add(&self.shared.probe.metrics.send_errors, 1);
                 Err(NodeError::Send {
                     to: coordinator.clone(),
+                    kind: e.kind,
                     source: e.source,
                 })
             }

@@ -49,6 +49,9 @@ pub(super) struct Shared {
     pub(super) state: Mutex<State>,
     pub(super) changed: Condvar,
     pub(super) stop: AtomicBool,
+    /// The progress thread panicked: the machine may be half-way through
+    /// a message, so no new view of the pool is made from it.
+    pub(super) dead: AtomicBool,
     pub(super) probe: Arc<InstanceProbe>,
     pub(super) clock: Clock,
     pub(super) memory: PoolMemory,

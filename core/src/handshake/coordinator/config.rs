@@ -83,7 +83,7 @@ impl CoordinatorConfig {
 /// Bad coordinator settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConfigError {
-    /// The pipeline has no role, or more than 8.
+    /// The pipeline has no role, more than 8, or a role twice.
     Pipeline,
     /// A pipeline role's name is longer than [`ROLE_LEN`] bytes.
     RoleTooLong,
@@ -108,7 +108,7 @@ pub enum ConfigError {
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Self::Pipeline => "the pipeline must have 1 to 8 roles",
+            Self::Pipeline => "the pipeline must have 1 to 8 roles, each once",
             Self::RoleTooLong => "a pipeline role's name is longer than 64 bytes",
             Self::NoTransfers => "the transfer table is empty",
             Self::RankingTooSmall => {

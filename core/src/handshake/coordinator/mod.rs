@@ -302,7 +302,12 @@ impl<'s> Coordinator<'s> {
             return Err(ConfigError::Pipeline);
         }
         let mut roles = [Text::EMPTY; MAX_ROLES];
-        for (kept, role) in roles.iter_mut().zip(pipeline) {
+        for (i, (kept, role)) in roles.iter_mut().zip(pipeline).enumerate() {
+            // A role names one place in the pipeline: a message's sender
+            // is judged by it (`set_role_endpoint`, a registration's role).
+            if pipeline[..i].contains(role) {
+                return Err(ConfigError::Pipeline);
+            }
             *kept = Text::new(role).map_err(|_| ConfigError::RoleTooLong)?;
         }
         let key = storage.hash_key;
