@@ -1328,11 +1328,7 @@ fn most_free_slots_ranks_by_room_when_no_slot_fits_and_by_slots_when_they_do() {
     let config = CoordinatorConfig {
         policy: Policy::MostFreeSlots,
         capacity_per_instance: 4,
-        timeouts: TIMEOUTS,
-        retry_backoff: Duration::from_millis(1),
-        max_attempts: 3,
-        quarantine: Duration::from_millis(5),
-        late_done_wait: Duration::from_millis(50),
+        ..paths::COORDINATOR
     };
     let coord = harness::coordinator(&PIPELINE, config, &LIMITS);
     // den-1 (and the encoder) offer no preallocated slot; den-0 two of
@@ -1808,15 +1804,7 @@ fn a_flood_of_strangers_takes_a_bounded_table_and_members_keep_their_places() {
 
 #[test]
 fn an_answer_queued_for_a_place_that_changed_hands_is_not_sent_to_its_new_holder() {
-    let config = CoordinatorConfig {
-        policy: Policy::RoundRobin,
-        capacity_per_instance: 2,
-        timeouts: TIMEOUTS,
-        retry_backoff: Duration::from_millis(1),
-        max_attempts: 3,
-        quarantine: Duration::from_millis(5),
-        late_done_wait: Duration::from_millis(50),
-    };
+    let config = paths::COORDINATOR;
     let mut storage = CoordinatorStorage::owned(&LIMITS);
     // Room for the members and one stranger more.
     storage.peers = vec![PeerSlot::EMPTY; LIMITS.members + 1].into();

@@ -49,16 +49,20 @@ pub fn coordinator(transfers: usize) -> Coordinator<'static> {
     coordinator_for(transfers, &PIPELINE)
 }
 
+/// The path tests' coordinator configuration: round robin, two transfers
+/// an instance, short timeouts.
+pub const COORDINATOR: CoordinatorConfig = CoordinatorConfig {
+    policy: Policy::RoundRobin,
+    capacity_per_instance: 2,
+    timeouts: TIMEOUTS,
+    retry_backoff: Duration::from_millis(1),
+    max_attempts: 3,
+    quarantine: Duration::from_millis(5),
+    late_done_wait: Duration::from_millis(50),
+};
+
 pub fn coordinator_for(transfers: usize, pipeline: &[&str]) -> Coordinator<'static> {
-    let config = CoordinatorConfig {
-        policy: Policy::RoundRobin,
-        capacity_per_instance: 2,
-        timeouts: TIMEOUTS,
-        retry_backoff: Duration::from_millis(1),
-        max_attempts: 3,
-        quarantine: Duration::from_millis(5),
-        late_done_wait: Duration::from_millis(50),
-    };
+    let config = COORDINATOR;
     let limits = Limits {
         requests: transfers,
         tombstones: 64,

@@ -57,13 +57,7 @@ impl<'s> Instance<'s> {
                 // before it reuses a preallocated slot).
                 if let Some(r) = self.requests.remove(index) {
                     if let Kind::Landing { held, .. } = r.kind {
-                        self.quarantine(
-                            index,
-                            (r.id, r.seq),
-                            held,
-                            now + self.config.quarantine,
-                            Some(NEVER_LANDED),
-                        );
+                        self.sit_out(index, (r.id, r.seq), held, now, Some(NEVER_LANDED));
                     }
                 }
             }
@@ -89,13 +83,7 @@ impl<'s> Instance<'s> {
                 // A write may still land here: quarantine the slot.
                 if let Some(r) = self.requests.remove(index) {
                     if let Kind::Reserved { slot } = r.kind {
-                        self.quarantine(
-                            index,
-                            (r.id, r.seq),
-                            Held::Pool(slot),
-                            now + self.config.quarantine,
-                            None,
-                        );
+                        self.sit_out(index, (r.id, r.seq), Held::Pool(slot), now, None);
                     }
                 }
             }

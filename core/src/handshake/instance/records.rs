@@ -98,6 +98,20 @@ impl<'s> Instance<'s> {
 
     /// Puts request `id` (its token's `seq`) at `index` in quarantine
     /// over `held`.
+    /// Quarantines request `index`'s slot for the configured time from
+    /// `now` (see [`quarantine`](Self::quarantine)).
+    pub(super) fn sit_out(
+        &mut self,
+        index: usize,
+        request: (RequestId, u64),
+        held: Held,
+        now: Instant,
+        report: Option<&'static str>,
+    ) {
+        let until = now + self.config.quarantine;
+        self.quarantine(index, request, held, until, report);
+    }
+
     pub(super) fn quarantine(
         &mut self,
         index: usize,

@@ -46,24 +46,12 @@ impl Instance<'_> {
                 // wants no report.
                 Kind::Reserved { slot } => {
                     self.tombstone(r.id, Side::Recv);
-                    self.quarantine(
-                        index,
-                        (r.id, r.seq),
-                        Held::Pool(slot),
-                        now + self.config.quarantine,
-                        None,
-                    );
+                    self.sit_out(index, (r.id, r.seq), Held::Pool(slot), now, None);
                     continue;
                 }
                 Kind::Landing { held, .. } => {
                     self.tombstone(r.id, Side::Recv);
-                    self.quarantine(
-                        index,
-                        (r.id, r.seq),
-                        held,
-                        now + self.config.quarantine,
-                        None,
-                    );
+                    self.sit_out(index, (r.id, r.seq), held, now, None);
                     continue;
                 }
                 // Nothing was reserved; the old coordinator's request ends.

@@ -72,13 +72,7 @@ impl<'s> Instance<'s> {
                     // Never told the outcome: a write may still come.
                     self.stats.timed_out += 1;
                     self.tombstone(r.id, Side::Recv);
-                    self.quarantine(
-                        i,
-                        (r.id, r.seq),
-                        Held::Pool(slot),
-                        now + self.config.quarantine,
-                        None,
-                    );
+                    self.sit_out(i, (r.id, r.seq), Held::Pool(slot), now, None);
                 }
                 Kind::Landing { held, .. } => {
                     // Announced ready, but the bytes did not arrive in time:
@@ -86,13 +80,7 @@ impl<'s> Instance<'s> {
                     // after which the coordinator hears of the failure.
                     self.stats.never_landed += 1;
                     self.tombstone(r.id, Side::Recv);
-                    self.quarantine(
-                        i,
-                        (r.id, r.seq),
-                        held,
-                        now + self.config.quarantine,
-                        Some(NEVER_LANDED),
-                    );
+                    self.sit_out(i, (r.id, r.seq), held, now, Some(NEVER_LANDED));
                 }
                 Kind::Quarantined { held, report } => {
                     self.free_held(held);
