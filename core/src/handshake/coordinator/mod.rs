@@ -522,8 +522,7 @@ impl<'s> Coordinator<'s> {
     // ---- lookups -----------------------------------------------------------
 
     fn member_of_peer(&self, peer: PeerId) -> Option<usize> {
-        let hash = self.members.key().number(u64::from(peer.0), NS_PEER);
-        self.members.find(hash, |m| m.peer == peer)
+        member_of(&self.members, peer)
     }
 
     fn member(&self, r: MemberRef) -> Option<&Member> {
@@ -608,4 +607,12 @@ impl<'s> Coordinator<'s> {
         }
         Ok(i)
     }
+}
+
+/// The place of `peer`'s member record, if it is a member: a free function
+/// over the table, so that a caller holding another of the machine's
+/// tables mutably can ask too.
+fn member_of(members: &Table<'_, Member>, peer: PeerId) -> Option<usize> {
+    let hash = members.key().number(u64::from(peer.0), NS_PEER);
+    members.find(hash, |m| m.peer == peer)
 }

@@ -264,10 +264,7 @@ impl Coordinator<'_> {
         };
         let Self { peers, members, .. } = self;
         let key = *members.key();
-        let is_member = |p: PeerId| {
-            let hash = key.number(u64::from(p.0), NS_PEER);
-            members.find(hash, |m| m.peer == p).is_some()
-        };
+        let is_member = |p: PeerId| member_of(members, p).is_some();
         peers.intern(&key, endpoint, is_member).map(Some)
     }
 }
