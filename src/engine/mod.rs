@@ -8,9 +8,11 @@
 //! of a data plane. The Python module's `ferry.TransferEngine` is this
 //! type.
 //!
-//! Backends:
+//! Every backend is a data plane behind ferry-core's `Transport` seam,
+//! driven the same way (`posted`): writes are posted, and a call returns
+//! when every write it posted has completed.
 //! * [`Backend::Local`]: processes on one host, any memory, by
-//!   cross-memory attach ([`ferry_local`]).
+//!   cross-memory attach ([`ferry_local::LocalTransport`]).
 //! * `Backend::Fabric` (feature `fabric`): ferry's libfabric data plane,
 //!   delivery-complete writes.
 //! * `Backend::Verbs` (feature `verbs`): RC queue pairs on an RDMA NIC.
@@ -23,7 +25,6 @@
 // signature can say.
 #![allow(unsafe_code)]
 
-#[cfg(any(feature = "fabric", feature = "verbs"))]
 mod posted;
 
 use std::time::Duration;
@@ -77,7 +78,7 @@ impl Backend {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EngineError {
-    /// From the local engine.
+    /// From the local engine, while opening it.
     #[error(transparent)]
     Local(#[from] LocalError),
     /// From a data plane's transport.
@@ -146,17 +147,6 @@ impl EngineError {
         }
     }
 
-    /// The local engine's error, with the failures every backend shares
-    /// under one variant.
-    fn local(e: LocalError) -> Self {
-        match e {
-            LocalError::NotRegistered { addr } => Self::NotRegistered { addr },
-            LocalError::SourceOutOfBounds { addr, len } => Self::SourceOutOfBounds { addr, len },
-            e => Self::Local(e),
-        }
-    }
-
-    #[cfg(any(feature = "fabric", feature = "verbs"))]
     fn transport<E: Fault>(verb: &'static str, e: &E) -> Self {
         Self::Transport {
             verb,
@@ -166,15 +156,9 @@ impl EngineError {
     }
 }
 
-enum Inner {
-    Local(ferry_local::LocalEngine),
-    #[cfg(any(feature = "fabric", feature = "verbs"))]
-    Posted(Box<dyn posted::Posted>),
-}
-
 /// A transfer engine (see the module's documentation).
 pub struct TransferEngine {
-    inner: Inner,
+    inner: Box<dyn posted::Posted>,
     backend: &'static str,
 }
 
@@ -191,22 +175,23 @@ impl TransferEngine {
     /// Opens an engine on `backend`, with no memory registered.
     pub fn open(backend: Backend) -> Result<Self, EngineError> {
         let name = backend.name();
-        let inner = match backend {
+        let inner: Box<dyn posted::Posted> = match backend {
             Backend::Local(config) => {
-                Inner::Local(ferry_local::LocalEngine::open(config).map_err(EngineError::local)?)
+                let t = ferry_local::LocalTransport::open(config)?;
+                Box::new(posted::Driven::start(t)?)
             }
             #[cfg(feature = "fabric")]
             Backend::Fabric(mut config) => {
                 config.delivery = ferry_fabric::DeliveryMode::Complete;
                 let t = ferry_fabric::FabricTransport::open(&config)
                     .map_err(|e| EngineError::transport("open the libfabric transport", &e))?;
-                Inner::Posted(Box::new(posted::Driven::start(t)?))
+                Box::new(posted::Driven::start(t)?)
             }
             #[cfg(feature = "verbs")]
             Backend::Verbs(config) => {
                 let t = ferry_verbs::VerbsTransport::open(&config)
                     .map_err(|e| EngineError::transport("open the verbs transport", &e))?;
-                Inner::Posted(Box::new(posted::Driven::start(t)?))
+                Box::new(posted::Driven::start(t)?)
             }
         };
         Ok(Self {
@@ -224,11 +209,7 @@ impl TransferEngine {
     /// the registered regions in it (libfabric's keys), so read it after
     /// registering.
     pub fn session_id(&self) -> String {
-        match &self.inner {
-            Inner::Local(l) => l.session_id().to_owned(),
-            #[cfg(any(feature = "fabric", feature = "verbs"))]
-            Inner::Posted(p) => p.session_id(),
-        }
+        self.inner.session_id()
     }
 
     /// Registers `len` bytes at `addr`, for peers to write into and this
@@ -239,35 +220,20 @@ impl TransferEngine {
     /// returns or the engine is dropped, and the caller must expect peers
     /// to write into it at any time while registered.
     pub unsafe fn register(&self, addr: u64, len: u64) -> Result<(), EngineError> {
-        match &self.inner {
-            Inner::Local(l) => l.register(addr, len).map_err(EngineError::local),
-            // SAFETY: the caller's contract, passed on.
-            #[cfg(any(feature = "fabric", feature = "verbs"))]
-            Inner::Posted(p) => unsafe { p.register(addr, len) },
-        }
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.register(addr, len) }
     }
 
     /// Ends the registration of the region that starts at `addr`.
     pub fn deregister(&self, addr: u64) -> Result<(), EngineError> {
-        match &self.inner {
-            Inner::Local(l) => l.deregister(addr).map_err(EngineError::local),
-            #[cfg(any(feature = "fabric", feature = "verbs"))]
-            Inner::Posted(p) => p.deregister(addr),
-        }
+        self.inner.deregister(addr)
     }
 
     /// Writes every op into the peer `session` and returns once every byte
     /// is at the peer, or fails (waiting at most `timeout` where the data
     /// plane posts writes and waits for their completions).
     pub fn write(&self, session: &str, ops: &[Op], timeout: Duration) -> Result<(), EngineError> {
-        // The local engine's writes are synchronous system calls.
-        #[cfg(not(any(feature = "fabric", feature = "verbs")))]
-        let _ = timeout;
-        match &self.inner {
-            Inner::Local(l) => l.write(session, ops).map_err(EngineError::local),
-            #[cfg(any(feature = "fabric", feature = "verbs"))]
-            Inner::Posted(p) => p.write(session, ops, timeout),
-        }
+        self.inner.write(session, ops, timeout)
     }
 
     /// [`write`](Self::write) of a batch given as three lists (sglang's

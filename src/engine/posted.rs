@@ -1,8 +1,9 @@
-//! An engine over a data plane that posts writes and reports their
-//! completions later (libfabric, verbs): the transport behind a lock, a
-//! thread that drives it (so that a process that only receives still
-//! answers peers, and completions are found without a caller), and
-//! callers that wait for their own writes' completions.
+//! The engine over a data plane's `Transport` (every backend's): the
+//! transport behind a lock, a thread that drives it (so that a process
+//! that only receives still answers peers, and completions are found
+//! without a caller), and callers that post their writes, collect what has
+//! completed themselves (a data plane that completes at the next poll
+//! costs no thread hop), and wait for their own writes' completions.
 // Registering memory with a transport is unsafe by its contract.
 #![allow(unsafe_code)]
 
@@ -102,6 +103,7 @@ impl<T: Transport + Send + 'static> Drop for Driven<T> {
 fn drive<T: Transport>(shared: &Shared<T>, wake: Option<std::os::fd::RawFd>) {
     let mut got = Vec::new();
     while !shared.stop.load(Ordering::Acquire) {
+        shared.collect(&mut got);
         match wake {
             Some(fd) => {
                 let mut p = libc::pollfd {
@@ -115,8 +117,15 @@ fn drive<T: Transport>(shared: &Shared<T>, wake: Option<std::os::fd::RawFd>) {
             }
             None => std::thread::sleep(POLL),
         }
+    }
+}
+
+impl<T: Transport> Shared<T> {
+    /// Polls the transport and hands what completed to the writers that
+    /// wait for it (`got` is scratch space, left empty).
+    fn collect(&self, got: &mut Vec<(u64, Outcome)>) {
         {
-            let mut t = lock(&shared.transport);
+            let mut t = lock(&self.transport);
             while let Some(c) = t.poll_completion() {
                 got.push((c.cookie, c.result.map_err(|e| (e.kind(), e.to_string()))));
             }
@@ -124,14 +133,14 @@ fn drive<T: Transport>(shared: &Shared<T>, wake: Option<std::os::fd::RawFd>) {
             while t.poll_landed().is_some() {}
         }
         if !got.is_empty() {
-            let mut done = lock(&shared.done);
+            let mut done = lock(&self.done);
             for (cookie, outcome) in got.drain(..) {
                 if done.waiting.remove(&cookie) {
                     done.results.insert(cookie, outcome);
                 }
             }
             drop(done);
-            shared.finished.notify_all();
+            self.finished.notify_all();
         }
     }
 }
@@ -217,6 +226,9 @@ impl<T: Transport + Send + 'static> Posted for Driven<T> {
                 }
             }
         }
+        // What completes at once (a data plane that makes its writes when
+        // polled) is found here, without waiting for the driver.
+        self.shared.collect(&mut Vec::new());
         // Wait for every posted write, even after a refusal: the caller
         // must not reuse memory a write may still read.
         let start = Instant::now();

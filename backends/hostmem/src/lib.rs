@@ -6,12 +6,16 @@
 //!   first transfer does not fault.
 //! - [`EventFd`]: the eventfd a transport signals when it has news for the
 //!   runtime (its `wake_fd`).
+//! - [`Copier`]: the threads that share large copies, for the
+//!   shared-memory and same-host data planes.
 //!
 //! This crate depends on nothing of ferry's, so that every backend can use
 //! it without a cycle.
 
+mod copier;
 mod eventfd;
 
+pub use copier::Copier;
 pub use eventfd::EventFd;
 
 use std::io;

@@ -1,13 +1,13 @@
 //! Writing into a peer's memory with `process_vm_writev`: pieces grouped
 //! into as few system calls as the kernel takes (`IOV_MAX` ranges each),
-//! and, for large writes, cut and spread over several threads, since one
-//! kernel copy runs at about half of what a core's `memcpy` does and the
-//! memory bus has room for more.
+//! and, for large writes, cut and spread over a copier's threads, since
+//! one kernel copy runs at about half of what a core's `memcpy` does and
+//! the memory bus has room for more.
 #![allow(unsafe_code)]
 
 use std::io;
 
-use rayon::prelude::*;
+use ferry_hostmem::Copier;
 
 /// One range to copy: `len` bytes from `src` (this process) to `dst` (the
 /// peer's).
@@ -123,19 +123,10 @@ pub(crate) fn write_group(pid: i32, group: &[Op]) -> Result<(), Short> {
     }
 }
 
-/// Writes every group, on `pool`'s threads when there is one, stopping at
-/// the first failure.
-pub(crate) fn write_all(
-    pid: i32,
-    groups: &[Vec<Op>],
-    pool: Option<&rayon::ThreadPool>,
-) -> Result<(), Short> {
-    match pool {
-        Some(pool) if groups.len() > 1 => {
-            pool.install(|| groups.par_iter().try_for_each(|g| write_group(pid, g)))
-        }
-        _ => groups.iter().try_for_each(|g| write_group(pid, g)),
-    }
+/// Writes every group, over the copier's threads, stopping at the first
+/// failure.
+pub(crate) fn write_all(pid: i32, groups: &[Vec<Op>], copier: &Copier) -> Result<(), Short> {
+    copier.try_each(groups, |g| write_group(pid, g))
 }
 
 #[cfg(test)]
@@ -177,16 +168,17 @@ mod tests {
         let mut dst = vec![0u8; 64 << 10];
         let me = std::process::id() as i32;
         let ops = [op(src.as_ptr() as u64, dst.as_mut_ptr() as u64, 64 << 10)];
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        write_all(me, &plan(&ops, 16 << 10), Some(&pool))
-            .ok()
-            .unwrap();
+        let copier = Copier::new(2, 1, "test-local").unwrap();
+        write_all(me, &plan(&ops, 16 << 10), &copier).ok().unwrap();
         assert!(dst.iter().all(|b| *b == 7));
         let bad = [op(src.as_ptr() as u64, 8, 16)];
-        let e = write_all(me, &plan(&bad, 0), None).err().unwrap();
+        let e = write_all(
+            me,
+            &plan(&bad, 0),
+            &Copier::new(1, 1, "test-local").unwrap(),
+        )
+        .err()
+        .unwrap();
         assert_eq!(e.written, 0);
         assert_eq!(e.error.unwrap().raw_os_error(), Some(libc::EFAULT));
     }

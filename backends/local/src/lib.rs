@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 pub use copy::Op;
 pub use error::LocalError;
+use ferry_hostmem::Copier;
 pub use table::MAX_REGIONS;
 pub use transport::LocalTransport;
 
@@ -71,7 +72,7 @@ pub struct LocalEngine {
     /// This engine's regions, `(base, len)`, sorted by base.
     regions: RwLock<Vec<(u64, u64)>>,
     peers: RwLock<HashMap<String, Arc<Peer>>>,
-    pool: Option<rayon::ThreadPool>,
+    copier: Copier,
     config: LocalConfig,
 }
 
@@ -97,20 +98,13 @@ impl LocalEngine {
             nonce,
         }
         .to_string();
-        let pool = if config.threads > 1 {
-            Some(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(config.threads)
-                    .thread_name(|i| format!("ferry-local-{i}"))
-                    .build()
-                    .map_err(|e| LocalError::Sys {
-                        call: "start the copy threads",
-                        source: std::io::Error::other(e),
-                    })?,
-            )
-        } else {
-            None
-        };
+        let split_at = usize::try_from(config.parallel_min).unwrap_or(usize::MAX);
+        let copier = Copier::new(config.threads, split_at, "ferry-local").map_err(|source| {
+            LocalError::Sys {
+                call: "start the copy threads",
+                source,
+            }
+        })?;
         Ok(Self {
             session,
             host,
@@ -118,7 +112,7 @@ impl LocalEngine {
             table_fd,
             regions: RwLock::new(Vec::new()),
             peers: RwLock::new(HashMap::new()),
-            pool,
+            copier,
             config,
         })
     }
@@ -240,10 +234,13 @@ impl LocalEngine {
             }
         }
         let total: u64 = ops.iter().map(|o| o.len).sum();
-        let parallel = self.pool.is_some() && total >= self.config.parallel_min;
-        let groups = copy::plan(ops, if parallel { copy::PIECE } else { 0 });
-        let pool = if parallel { self.pool.as_ref() } else { None };
-        let result = copy::write_all(peer.pid, &groups, pool);
+        let piece = if self.copier.splits(total) {
+            copy::PIECE
+        } else {
+            0
+        };
+        let groups = copy::plan(ops, piece);
+        let result = copy::write_all(peer.pid, &groups, &self.copier);
         drop(inside);
         result.map_err(|short| self.short(&peer, short))
     }

@@ -7,14 +7,13 @@
 //! * [`ShmTransport`]: ferry-core's `Transport`. A session id names the
 //!   object and the owner's base address, so a peer maps the object once
 //!   and turns the protocol's `dest_addr` into an offset; a write is a
-//!   bounds-checked `memcpy` into that mapping, split across threads when
-//!   large.
+//!   bounds-checked `memcpy` into that mapping, split across the threads
+//!   of a `ferry_hostmem::Copier` when large.
 //! * [`UdsChannel`]: ferry-core's `ControlChannel` over Unix
 //!   `SOCK_SEQPACKET` sockets (message boundaries, the peer's endpoint, and
 //!   a closed connection reported as the peer gone).
 //! * [`MemChannel`]: an in-process control channel for tests.
 
-mod copy;
 mod error;
 mod guard;
 mod mem;
@@ -24,7 +23,6 @@ mod stale;
 mod transport;
 mod uds;
 
-pub use copy::Copier;
 pub use error::{MemError, ShmError, UdsError};
 pub use mem::{MemChannel, MemHub};
 pub use pool::ShmPool;

@@ -4,8 +4,8 @@
 use std::collections::{HashMap, VecDeque};
 
 use ferry_core::transport::{Capabilities, Completion, Region, RegionError, Transport, WriteOp};
+use ferry_hostmem::Copier;
 
-use crate::copy::Copier;
 use crate::error::ShmError;
 use crate::guard::Guard;
 use crate::pool::ShmPool;
@@ -43,6 +43,12 @@ impl ShmTransport {
     /// `split_at` bytes or more are spread over `threads` threads.
     pub fn new(pool_len: usize, threads: usize, split_at: usize) -> Result<Self, ShmError> {
         let pool = ShmPool::create(pool_len)?;
+        let copier =
+            Copier::new(threads, split_at, "ferry-copy").map_err(|source| ShmError::Sys {
+                call: "start the copy threads",
+                name: pool.name().to_owned(),
+                source,
+            })?;
         let session = SessionId {
             name: pool.name(),
             base: pool.as_ptr() as u64,
@@ -56,7 +62,7 @@ impl ShmTransport {
             next_region: 1,
             peers: HashMap::new(),
             done: VecDeque::with_capacity(COMPLETIONS),
-            copier: Copier::new(threads, split_at),
+            copier,
         })
     }
 
