@@ -80,10 +80,7 @@ struct Rig {
 
 /// A Unix-socket control channel at a fresh endpoint.
 pub(crate) fn bind(tag: &str) -> Result<UdsChannel, NodeError> {
-    UdsChannel::bind(&endpoint(tag)).map_err(|e| NodeError::Transport {
-        verb: "bind control endpoint",
-        source: Box::new(e),
-    })
+    UdsChannel::bind(&endpoint(tag)).map_err(|e| NodeError::transport("bind control endpoint", e))
 }
 
 fn rig(largest: u64, copy: CopyConfig, telemetry: &Telemetry) -> Result<Rig, NodeError> {

@@ -34,11 +34,13 @@ pub enum NodeError {
         /// Why.
         source: ConfigError,
     },
-    /// The data plane failed.
+    /// The data plane (or the control channel a node binds) failed.
     #[error("data plane {verb}: {source}")]
     Transport {
         /// What was being done.
         verb: &'static str,
+        /// What kind of failure it is, as the backend says.
+        kind: ferry_core::transport::FaultKind,
         /// The backend's error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
@@ -97,4 +99,18 @@ pub enum NodeError {
         /// The channel's error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+}
+
+impl NodeError {
+    /// A backend's failure while doing `verb`, with its kind.
+    pub fn transport<E>(verb: &'static str, e: E) -> Self
+    where
+        E: ferry_core::transport::Fault + Send + Sync + 'static,
+    {
+        Self::Transport {
+            verb,
+            kind: e.kind(),
+            source: Box::new(e),
+        }
+    }
 }

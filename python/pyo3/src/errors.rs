@@ -68,7 +68,7 @@ impl Kind {
                 }
                 _ => Kind::IO,
             },
-            NodeError::Send { kind, .. } => Kind::Fault(*kind),
+            NodeError::Send { kind, .. } | NodeError::Transport { kind, .. } => Kind::Fault(*kind),
             NodeError::Stopped => Kind::Closed,
             _ => Kind::IO,
         }

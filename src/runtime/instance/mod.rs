@@ -163,12 +163,7 @@ impl InstanceNode {
         // the node, has ended.
         #[allow(unsafe_code)]
         let memory = unsafe { PoolMemory::new(transport.pool_ptr(), transport.pool_len()) };
-        let transport_err = |verb| {
-            move |e: T::Error| NodeError::Transport {
-                verb,
-                source: Box::new(e),
-            }
-        };
+        let transport_err = |verb| move |e: T::Error| NodeError::transport(verb, e);
         // SAFETY: the memory stays mapped while the transport lives (as
         // above), and the transport is dropped with the registration; the
         // node expects peers to write into its receive slots, and hands

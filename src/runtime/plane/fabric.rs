@@ -49,10 +49,8 @@ pub(super) fn reaches_other_hosts(c: &FabricConfig) -> bool {
 /// A transport with a new pool of `pool_len` bytes on the provider
 /// `config` names.
 pub(super) fn open(config: &FabricConfig, pool_len: usize) -> Result<FabricTransport, NodeError> {
-    let t = FabricTransport::with_pool(config, pool_len).map_err(|e| NodeError::Transport {
-        verb: "open libfabric transport",
-        source: Box::new(e),
-    })?;
+    let t = FabricTransport::with_pool(config, pool_len)
+        .map_err(|e| NodeError::transport("open libfabric transport", e))?;
     tracing::info!(opened = ?t.opened(), "libfabric data plane");
     Ok(t)
 }

@@ -191,10 +191,8 @@ impl DataPlane {
         pool_len: usize,
         endpoint: &str,
     ) -> Result<InstanceNode, NodeError> {
-        let channel = UdsChannel::bind(endpoint).map_err(|e| NodeError::Transport {
-            verb: "bind control endpoint",
-            source: Box::new(e),
-        })?;
+        let channel = UdsChannel::bind(endpoint)
+            .map_err(|e| NodeError::transport("bind control endpoint", e))?;
         self.start_instance(settings, pool_len, channel)
     }
 

@@ -46,10 +46,8 @@ pub(super) fn parse(mut o: Options) -> Result<CopyConfig, PlaneError> {
 
 /// A transport with a new pool of `pool_len` bytes.
 pub(super) fn open(copy: &CopyConfig, pool_len: usize) -> Result<ShmTransport, NodeError> {
-    ShmTransport::new(pool_len, copy.threads, copy.split_at).map_err(|e| NodeError::Transport {
-        verb: "create pool",
-        source: Box::new(e),
-    })
+    ShmTransport::new(pool_len, copy.threads, copy.split_at)
+        .map_err(|e| NodeError::transport("create pool", e))
 }
 
 // SAFETY: the pool is a `ShmPool` the transport owns as a field: mapped at

@@ -51,10 +51,8 @@ pub(super) fn parse(mut o: Options) -> Result<VerbsConfig, PlaneError> {
 /// A transport with a new pool of `pool_len` bytes on the device port
 /// `config` names.
 pub(super) fn open(config: &VerbsConfig, pool_len: usize) -> Result<VerbsTransport, NodeError> {
-    VerbsTransport::with_pool(config, pool_len).map_err(|e| NodeError::Transport {
-        verb: "open verbs transport",
-        source: Box::new(e),
-    })
+    VerbsTransport::with_pool(config, pool_len)
+        .map_err(|e| NodeError::transport("open verbs transport", e))
 }
 
 // SAFETY: the pool, when there is one, is a `HostPool` the transport owns

@@ -49,10 +49,7 @@ impl PyCoordinator {
                 let ctx = zmq::Context::new();
                 let channel =
                     ZmqChannel::bind_allowing(&ctx, &eps, ZmqConfig::default(), &allow_from)
-                        .map_err(|e| NodeError::Transport {
-                            verb: "bind the coordinator's endpoints",
-                            source: Box::new(e),
-                        })?;
+                        .map_err(|e| NodeError::transport("bind the coordinator's endpoints", e))?;
                 let bound = channel.endpoints();
                 settings.result_endpoints = bound.clone();
                 CoordinatorNode::start(&settings, channel, |_| {}).map(|n| (n, bound))

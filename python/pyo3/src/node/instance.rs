@@ -80,10 +80,7 @@ impl PyInstance {
                 let ctx = zmq::Context::new();
                 let channel =
                     ZmqChannel::bind_allowing(&ctx, &[endpoint], ZmqConfig::default(), &allow_from)
-                        .map_err(|e| NodeError::Transport {
-                            verb: "bind the work endpoint",
-                            source: Box::new(e),
-                        })?;
+                        .map_err(|e| NodeError::transport("bind the work endpoint", e))?;
                 plane.start_instance(&settings, pool, channel)
             })
             .map_err(|e| node_error(py, &e))?;
