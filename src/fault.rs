@@ -221,6 +221,13 @@ where
         self.held.remove(i).map(|(_, c)| c)
     }
 
+    /// Ends the wrapped transport's writes to the peer; the completions
+    /// this wrapper holds back (delayed or injected) are of writes that
+    /// already ended, and are released as planned.
+    fn cancel_writes(&mut self, dest_session: &str) -> Result<(), Self::Error> {
+        Ok(self.inner.cancel_writes(dest_session)?)
+    }
+
     fn capabilities(&self) -> Capabilities {
         let mut c = self.inner.capabilities();
         if self.notices.is_some() {

@@ -34,7 +34,8 @@ pub enum FaultKind {
     OutOfBounds,
     /// A message or write is larger than the backend can carry.
     TooLarge,
-    /// The peer did not take the message in time (its queue is full).
+    /// The peer did not take the message or write in time (its queue is
+    /// full, or the write was ended unfinished when its time ran out).
     Timeout,
     /// A registration failed (bad range, resources exhausted).
     Registration,
@@ -430,7 +431,26 @@ pub trait Transport {
     fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), Self::Error>;
 
     /// The next finished write, if any.
+    ///
+    /// A completion is final, whatever it says: once a write's completion
+    /// is handed out, none of its bytes is read from its source or
+    /// written into the peer's memory any more, so that its caller may
+    /// reuse the one and its peer the other. A data plane that fails a
+    /// write on its own (its write timeout, a broken connection) first
+    /// ends it, as [`cancel_writes`](Self::cancel_writes) does.
     fn poll_completion(&mut self) -> Option<Completion<Self::Error>>;
+
+    /// Ends every write posted to the peer `dest_session` that has not
+    /// completed, for a caller that gives up waiting on them: once this
+    /// returns, none of them reads its source or writes the peer's memory
+    /// any more, and each one's completion (an error with the kind
+    /// [`FaultKind::Timeout`], for those that did not finish) is queued
+    /// for [`poll_completion`](Self::poll_completion). Writes to other
+    /// peers go on; the next write to this one may connect anew. An error
+    /// means the data plane could not be sure the writes ended: their
+    /// completions have not been queued, and their memory must not be
+    /// reused.
+    fn cancel_writes(&mut self, dest_session: &str) -> Result<(), Self::Error>;
 
     /// On the receiving side, where completions do not mean delivery
     /// ([`Capabilities::delivery_complete`] false): the next write whose

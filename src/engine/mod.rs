@@ -230,8 +230,15 @@ impl TransferEngine {
     }
 
     /// Writes every op into the peer `session` and returns once every byte
-    /// is at the peer, or fails (waiting at most `timeout` where the data
-    /// plane posts writes and waits for their completions).
+    /// is at the peer, or fails.
+    ///
+    /// Whatever it returns, no byte of the call is read from its sources
+    /// or written into the peer afterwards: past `timeout` the data plane
+    /// ends the writes still running (a libfabric peer's connection torn
+    /// down, a verbs queue pair flushed, a local write not yet made
+    /// dropped), and the call returns [`EngineError::Timeout`] once they
+    /// have ended. The data plane's own write timeout, where it has one,
+    /// fails a write earlier if it is shorter.
     pub fn write(&self, session: &str, ops: &[Op], timeout: Duration) -> Result<(), EngineError> {
         self.inner.write(session, ops, timeout)
     }

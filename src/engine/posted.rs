@@ -229,11 +229,15 @@ impl<T: Transport + Send + 'static> Posted for Driven<T> {
         // What completes at once (a data plane that makes its writes when
         // polled) is found here, without waiting for the driver.
         self.shared.collect(&mut Vec::new());
-        // Wait for every posted write, even after a refusal: the caller
-        // must not reuse memory a write may still read.
+        // Wait for every posted write, even after a refusal or past the
+        // timeout: the caller must not reuse memory a write may still
+        // read, nor its peer memory a write may still fill. Past the
+        // timeout the transport ends the writes (`cancel_writes`), and
+        // their completions, final by the seam's contract, end the wait.
         let start = Instant::now();
         let mut first_error = refused;
         let mut remaining: HashSet<u64> = posted.iter().copied().collect();
+        let mut timed_out = None;
         let mut done = lock(&self.shared.done);
         for (_, _, cookie) in &writes {
             if !posted.contains(cookie) {
@@ -257,24 +261,52 @@ impl<T: Transport + Send + 'static> Posted for Driven<T> {
                 break;
             }
             let waited = start.elapsed();
-            if waited >= timeout {
-                for c in &remaining {
-                    done.waiting.remove(c);
-                }
-                return Err(EngineError::Timeout {
-                    session: session.to_owned(),
-                    pending: remaining.len(),
-                    total: writes.len(),
-                    waited,
-                });
+            if timed_out.is_none() && waited >= timeout {
+                timed_out = Some((remaining.len(), waited));
+                drop(done);
+                self.end_writes(session);
+                done = lock(&self.shared.done);
+                continue;
             }
+            let wait = match timed_out {
+                // Ended: their completions are on their way.
+                Some(_) => TICK,
+                None => timeout - waited,
+            };
             done = self
                 .shared
                 .finished
-                .wait_timeout(done, timeout - waited)
+                .wait_timeout(done, wait)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
-        first_error.map_or(Ok(()), Err)
+        match (timed_out, first_error) {
+            (Some((pending, waited)), Some(_)) => Err(EngineError::Timeout {
+                session: session.to_owned(),
+                pending,
+                total: writes.len(),
+                waited,
+            }),
+            // Every write finished after all, by the time it was ended.
+            (_, None) => Ok(()),
+            (None, Some(e)) => Err(e),
+        }
+    }
+}
+
+impl<T: Transport + Send + 'static> Driven<T> {
+    /// Has the transport end the writes to `session` it still runs, so
+    /// that their completions come; should it fail to, the writes may
+    /// still move, and the caller goes on waiting for them (said in the
+    /// log, since it may be long).
+    fn end_writes(&self, session: &str) {
+        if let Err(e) = lock(&self.shared.transport).cancel_writes(session) {
+            tracing::error!(
+                peer = session,
+                error = %e,
+                "cannot end the writes of a timed-out transfer; waiting for them to finish before returning"
+            );
+        }
+        self.shared.collect(&mut Vec::new());
     }
 }

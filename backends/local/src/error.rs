@@ -94,6 +94,15 @@ pub enum LocalError {
         /// What the kernel said of the rest.
         why: String,
     },
+    /// A write posted and ended unmade: its caller gave up waiting
+    /// (`Transport::cancel_writes`).
+    #[error(
+        "write to peer session {session} ended before it was made: its caller stopped waiting"
+    )]
+    Cancelled {
+        /// The peer's session id.
+        session: String,
+    },
     /// A registration that cannot be made.
     #[error("register {len} bytes at {addr:#x}: {why}")]
     Register {
@@ -133,6 +142,7 @@ impl Fault for LocalError {
             | Self::SourceOutOfBounds { .. }
             | Self::Partial { .. } => FaultKind::OutOfBounds,
             Self::Register { .. } | Self::NotRegistered { .. } => FaultKind::Registration,
+            Self::Cancelled { .. } => FaultKind::Timeout,
         }
     }
 }

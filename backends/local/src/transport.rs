@@ -188,6 +188,27 @@ impl Transport for LocalTransport {
         next
     }
 
+    /// Ends the writes to the peer not yet made: a write is made within
+    /// one poll, so none is halfway, and the ones still posted are
+    /// dropped unmade.
+    fn cancel_writes(&mut self, dest_session: &str) -> Result<(), LocalError> {
+        let mut kept = Vec::with_capacity(self.posted.len());
+        for p in self.posted.drain(..) {
+            if p.session == dest_session {
+                self.done.extend(p.cookies.iter().map(|&cookie| Completion {
+                    cookie,
+                    result: Err(LocalError::Cancelled {
+                        session: p.session.clone(),
+                    }),
+                }));
+            } else {
+                kept.push(p);
+            }
+        }
+        self.posted = kept;
+        Ok(())
+    }
+
     fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(self.wake.fd())
     }
@@ -299,6 +320,56 @@ mod tests {
         }
         a.deregister(ra).unwrap();
         b.deregister(rb).unwrap();
+    }
+
+    #[test]
+    fn cancelled_writes_are_never_made_and_complete_as_timed_out() {
+        let mut a = LocalTransport::open(LocalConfig::default()).unwrap();
+        let mut b = LocalTransport::open(LocalConfig::default()).unwrap();
+        let mut c = LocalTransport::open(LocalConfig::default()).unwrap();
+        let mut src = vec![9u8; 8192];
+        let mut to_b = vec![0u8; 4096];
+        let mut to_c = vec![0u8; 4096];
+        // SAFETY: as in the tests above.
+        let ra = unsafe { a.register(src.as_mut_ptr(), src.len()) }.unwrap();
+        // SAFETY: as above.
+        let rb = unsafe { b.register(to_b.as_mut_ptr(), to_b.len()) }.unwrap();
+        // SAFETY: as above.
+        let rc = unsafe { c.register(to_c.as_mut_ptr(), to_c.len()) }.unwrap();
+        let (sb, sc) = (b.session_id().to_owned(), c.session_id().to_owned());
+        for (i, (to, dst)) in [(&sb, rb.addr), (&sc, rc.addr), (&sb, rb.addr + 2048)]
+            .into_iter()
+            .enumerate()
+        {
+            let mut w = write(ra, 0, 2048, to, dst);
+            w.cookie = i as u64;
+            a.post_write(&w).unwrap();
+        }
+        a.cancel_writes(&sb).unwrap();
+        // The source changes after the cancel: a write made later would
+        // carry the new bytes.
+        src.fill(5);
+        let mut outcomes: Vec<(u64, Option<FaultKind>)> =
+            std::iter::from_fn(|| a.poll_completion())
+                .map(|c| (c.cookie, c.result.err().map(|e| e.kind())))
+                .collect();
+        outcomes.sort_by_key(|o| o.0);
+        assert_eq!(
+            outcomes,
+            vec![
+                (0, Some(FaultKind::Timeout)),
+                (1, None),
+                (2, Some(FaultKind::Timeout)),
+            ]
+        );
+        assert!(to_b.iter().all(|&x| x == 0), "a cancelled write was made");
+        assert!(
+            to_c[..2048].iter().all(|&x| x == 5),
+            "the other peer's write goes on"
+        );
+        for (t, r) in [(&mut a, ra), (&mut b, rb), (&mut c, rc)] {
+            t.deregister(r).unwrap();
+        }
     }
 
     #[test]

@@ -46,6 +46,7 @@ trait Erased: Send {
     fn deregister(&mut self, region: Region) -> Result<(), AnyTransportError>;
     fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), AnyTransportError>;
     fn poll_completion(&mut self) -> Option<Completion<AnyTransportError>>;
+    fn cancel_writes(&mut self, dest_session: &str) -> Result<(), AnyTransportError>;
     fn poll_landed(&mut self) -> Option<Landed>;
     fn wake_fd(&self) -> Option<RawFd>;
     fn pool_ptr(&self) -> *mut u8;
@@ -83,6 +84,10 @@ where
             cookie: c.cookie,
             result: c.result.map_err(AnyTransportError::new),
         })
+    }
+
+    fn cancel_writes(&mut self, dest_session: &str) -> Result<(), AnyTransportError> {
+        Transport::cancel_writes(self, dest_session).map_err(AnyTransportError::new)
     }
 
     fn poll_landed(&mut self) -> Option<Landed> {
@@ -151,6 +156,10 @@ impl Transport for AnyTransport {
 
     fn poll_completion(&mut self) -> Option<Completion<Self::Error>> {
         self.0.poll_completion()
+    }
+
+    fn cancel_writes(&mut self, dest_session: &str) -> Result<(), Self::Error> {
+        self.0.cancel_writes(dest_session)
     }
 
     fn poll_landed(&mut self) -> Option<Landed> {
