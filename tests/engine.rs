@@ -89,3 +89,127 @@ fn fabric_engines_write_into_each_others_memory() {
         });
     }
 }
+
+/// A write that times out: the engine returns only once the data plane
+/// has ended it, so that a source changed after the return never reaches
+/// the peer. The peer is a libfabric transport that stops driving its
+/// queue (as a stalled process would), over tcp, where the write then
+/// stalls in the sockets.
+#[cfg(feature = "fabric")]
+#[test]
+fn a_timed_out_fabric_write_reads_its_source_no_more_after_it_returns() {
+    use ferry::core::transport::Transport;
+    use ferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
+
+    std::env::set_var("FI_TCP_IFACE", "lo");
+    let len = 16usize << 20;
+    let mut receiver_config = FabricConfig::new(Provider::Named("tcp;ofi_rxm".into()));
+    receiver_config.delivery = DeliveryMode::Complete;
+    let mut receiver = FabricTransport::with_pool(&receiver_config, len).unwrap();
+    let (base, pool_len) = (receiver.pool_ptr(), receiver.pool_len());
+    // SAFETY: the transport's own pool, registered for its life.
+    let _region = unsafe { receiver.register(base, pool_len) }.unwrap();
+    let placed = || {
+        // SAFETY: read while the receiver does not drive its queue, or
+        // after it has placed what it will: the test compares bytes only.
+        unsafe { std::slice::from_raw_parts(base, pool_len) }.to_vec()
+    };
+    let engine = TransferEngine::open(Backend::Fabric(FabricConfig::new(Provider::Named(
+        "tcp;ofi_rxm".into(),
+    ))))
+    .unwrap();
+    let mut src = vec![0x11u8; len];
+    // SAFETY: `src` outlives the engine's registration (the engine is
+    // dropped first, below).
+    unsafe { engine.register(src.as_ptr() as u64, len as u64) }.unwrap();
+    let to = receiver.session_id().to_owned();
+    let from = src.as_ptr() as u64;
+    let op = |len: usize| Op {
+        src: from,
+        dst: base as u64,
+        len: len as u64,
+    };
+    // Connected first, so that only the data is in question.
+    engine.write(&to, &[op(8)], WAIT).unwrap();
+    receiver.hold_progress(true);
+    let e = engine
+        .write(&to, &[op(len)], Duration::from_millis(300))
+        .unwrap_err();
+    assert_eq!(e.kind(), FaultKind::Timeout, "{e}");
+    // The source is the caller's again.
+    src.fill(0x22);
+    receiver.hold_progress(false);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !placed().contains(&0x22),
+        "a byte of the source was read after the timed-out write returned"
+    );
+    // The peer is reached anew.
+    engine.write(&to, &[op(4096)], WAIT).unwrap();
+    assert!(placed()[..4096].iter().all(|&x| x == 0x22));
+    drop(engine);
+}
+
+/// The local plane makes a write within one poll, on whichever thread
+/// polls: a write whose caller times out while another caller's long copy
+/// holds the transport either was made before its call returned or is
+/// never made. A destination reset after each return stays as it was.
+#[test]
+fn a_timed_out_local_write_is_made_before_its_call_returns_or_never() {
+    let (a, b) = pair(|| Backend::Local(LocalConfig::default()));
+    let big = 256usize << 20;
+    let big_src = vec![1u8; big];
+    let mut big_dst = vec![0u8; big];
+    let mut small_src = vec![0u8; 4096];
+    let mut small_dst = vec![0u8; 4096];
+    // SAFETY: every vector outlives the engines (dropped at the end).
+    unsafe {
+        a.register(big_src.as_ptr() as u64, big as u64).unwrap();
+        a.register(small_src.as_ptr() as u64, 4096).unwrap();
+        b.register(big_dst.as_mut_ptr() as u64, big as u64).unwrap();
+        b.register(small_dst.as_mut_ptr() as u64, 4096).unwrap();
+    }
+    let peer = b.session_id();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (mut made, mut timed_out) = (0, 0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let op = Op {
+                src: big_src.as_ptr() as u64,
+                dst: big_dst.as_mut_ptr() as u64,
+                len: big as u64,
+            };
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                a.write(&peer, &[op], WAIT).unwrap();
+            }
+        });
+        let small = [Op {
+            src: small_src.as_ptr() as u64,
+            dst: small_dst.as_mut_ptr() as u64,
+            len: 4096,
+        }];
+        for round in 1..=40u8 {
+            small_src.fill(round);
+            match a.write(&peer, &small, Duration::ZERO) {
+                Ok(()) => {
+                    made += 1;
+                    assert!(small_dst.iter().all(|&x| x == round), "round {round}");
+                }
+                Err(e) => {
+                    assert_eq!(e.kind(), FaultKind::Timeout, "{e}");
+                    timed_out += 1;
+                }
+            }
+            // Whatever came of it, nothing of it lands from here on.
+            small_dst.fill(0);
+            small_src.fill(0xee);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    assert!(
+        small_dst.iter().all(|&x| x == 0),
+        "a write landed after its call returned"
+    );
+    assert_eq!(made + timed_out, 40);
+    eprintln!("made {made}, ended unmade {timed_out}");
+}

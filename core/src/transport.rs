@@ -433,17 +433,22 @@ pub trait Transport {
     /// The next finished write, if any.
     ///
     /// A completion is final, whatever it says: once a write's completion
-    /// is handed out, none of its bytes is read from its source or
-    /// written into the peer's memory any more, so that its caller may
-    /// reuse the one and its peer the other. A data plane that fails a
-    /// write on its own (its write timeout, a broken connection) first
-    /// ends it, as [`cancel_writes`](Self::cancel_writes) does.
+    /// is handed out, none of its bytes is read from its source any more
+    /// (its caller may reuse it), and, where completions mean delivery
+    /// ([`Capabilities::delivery_complete`]), no byte of it is sent that
+    /// the peer's memory has not received. A data plane that fails a write
+    /// on its own (its write timeout, a broken connection) first ends it,
+    /// as [`cancel_writes`](Self::cancel_writes) does. Bytes a peer's
+    /// host already holds for it may still be placed once the peer drives
+    /// its queue (a byte stream's receive buffer): a data plane where that
+    /// can happen says so.
     fn poll_completion(&mut self) -> Option<Completion<Self::Error>>;
 
     /// Ends every write posted to the peer `dest_session` that has not
     /// completed, for a caller that gives up waiting on them: once this
-    /// returns, none of them reads its source or writes the peer's memory
-    /// any more, and each one's completion (an error with the kind
+    /// returns, none of them reads its source or sends the peer a byte
+    /// any more (see [`poll_completion`](Self::poll_completion)), and each
+    /// one's completion (an error with the kind
     /// [`FaultKind::Timeout`], for those that did not finish) is queued
     /// for [`poll_completion`](Self::poll_completion). Writes to other
     /// peers go on; the next write to this one may connect anew. An error

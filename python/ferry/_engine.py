@@ -37,7 +37,9 @@ class TransferEngine:
     plane; needs the ``ferry-fabric`` plugin), ``"verbs"`` (an RDMA NIC), or
     ``"auto"`` (verbs when the host has an RDMA device, else local).
 
-    Options (keywords): ``timeout`` (seconds a posted transfer may take, 30);
+    Options (keywords): ``timeout`` (seconds a transfer may take, 30: past
+    it its writes are ended, and the call returns once they have, so that no
+    byte of it moves after any return);
     local: ``threads``, ``parallel_min``; fabric: ``provider`` (``"tcp"``,
     ``"shm"``, ``"efa"``, ``"verbs;ofi_rxm"``, ...), ``source``, ``max_chunk``,
     ``write_timeout``; verbs: ``device``, ``port``, ``gid_index``, ``listen``,

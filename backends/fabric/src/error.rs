@@ -89,13 +89,33 @@ pub enum FabricError {
         /// `fi_cq_strerror`'s text.
         text: String,
     },
-    /// A write that neither completed nor failed in time.
+    /// A write that neither completed nor failed in time (ended before
+    /// it was reported: none of its bytes moves any more).
     #[error("write to {peer} did not complete within {after:?}")]
     Timeout {
         /// The peer's session id.
         peer: String,
         /// The time allowed.
         after: std::time::Duration,
+    },
+    /// A write ended unfinished because its caller stopped waiting
+    /// (`Transport::cancel_writes`).
+    #[error("write to {peer} ended unfinished: its caller stopped waiting")]
+    Cancelled {
+        /// The peer's session id.
+        peer: String,
+    },
+    /// Writes the provider did not end in time after the peer's
+    /// connection was closed: they may still move bytes, so their memory
+    /// stays in use until their completions come.
+    #[error("{writes} writes to {peer} still with the provider {waited:?} after their connection was closed")]
+    NotEnded {
+        /// The peer's session id.
+        peer: String,
+        /// Writes not ended.
+        writes: usize,
+        /// How long was waited.
+        waited: std::time::Duration,
     },
     /// The transport's progress thread could not be started, or memory for
     /// the pool could not be mapped.
@@ -205,7 +225,9 @@ impl Fault for FabricError {
             Self::Region(e) => e.kind(),
             Self::TooManyChunks { .. } => FaultKind::TooLarge,
             Self::Completion { errno, .. } => FaultKind::of_errno(*errno),
-            Self::Timeout { .. } => FaultKind::Timeout,
+            Self::Timeout { .. } | Self::Cancelled { .. } | Self::NotEnded { .. } => {
+                FaultKind::Timeout
+            }
         }
     }
 }

@@ -192,6 +192,82 @@ fn write_to_a_stalled_receiver(
     (a, b)
 }
 
+/// A write to a receiver that stopped driving its queue, ended by
+/// `cancel_writes` or by the write timeout: its completion comes once the
+/// provider has ended it, and its source is never read afterwards.
+fn a_stalled_write_ends_before_it_is_reported(by_cancel: bool) {
+    let len = 16usize << 20;
+    let mut cfg = config("tcp;ofi_rxm", DeliveryMode::Complete);
+    cfg.write_timeout = Duration::from_millis(if by_cancel { 5000 } else { 300 });
+    let mut a = FabricTransport::with_pool(&cfg, len).expect("open");
+    let (p, n) = (a.pool_ptr(), a.pool_len());
+    // SAFETY: the transport's own pool.
+    #[allow(unsafe_code)]
+    let ra = unsafe { a.register(p, n) }.expect("register");
+    let (b, _) = open("tcp;ofi_rxm", DeliveryMode::Complete, len);
+    let (to, base) = (b.session_id().to_owned(), b.pool_ptr() as u64);
+    let write = |cookie, len| WriteOp {
+        region: ra,
+        local_offset: 0,
+        len,
+        dest_session: &to,
+        dest_addr: base,
+        tag: WriteTag(cookie),
+        cookie,
+    };
+    // Connected first, so that only the data is in question.
+    a.post_write(&write(0, 8)).unwrap();
+    wait_completion(&mut a, 0, Duration::from_secs(10))
+        .unwrap()
+        .unwrap();
+    b.hold_progress(true);
+    std::thread::sleep(Duration::from_millis(20));
+    pool_mut(&mut a).fill(0x11);
+    a.post_write(&write(1, len as u64)).unwrap();
+    let e = if by_cancel {
+        assert!(
+            wait_completion(&mut a, 1, Duration::from_millis(300)).is_none(),
+            "a receiver that does not drive its queue stalls the write"
+        );
+        a.cancel_writes(&to).expect("the provider ends the write");
+        wait_completion(&mut a, 1, Duration::from_millis(50))
+            .expect("its completion is queued when cancel_writes returns")
+            .expect_err("ended unfinished")
+    } else {
+        wait_completion(&mut a, 1, Duration::from_secs(10))
+            .expect("reported once its time is up and it has ended")
+            .expect_err("ended unfinished")
+    };
+    assert_eq!(e.kind(), FaultKind::Timeout, "{e}");
+    // From here the source is the caller's again: new bytes in it must
+    // never reach the receiver, whatever it places once it drives its
+    // queue again (over tcp, bytes its kernel had received before the
+    // connection closed may still be placed).
+    pool_mut(&mut a).fill(0x22);
+    b.hold_progress(false);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !pool(&b).contains(&0x22),
+        "a byte of the source was read after the write was reported"
+    );
+    // The peer is reached anew.
+    a.post_write(&write(2, 4096)).unwrap();
+    wait_completion(&mut a, 2, Duration::from_secs(10))
+        .unwrap()
+        .unwrap();
+    assert!(pool(&b)[..4096].iter().all(|&x| x == 0x22));
+}
+
+#[test]
+fn a_cancelled_write_to_a_stalled_receiver_reads_its_source_no_more() {
+    a_stalled_write_ends_before_it_is_reported(true);
+}
+
+#[test]
+fn a_timed_out_write_to_a_stalled_receiver_reads_its_source_no_more() {
+    a_stalled_write_ends_before_it_is_reported(false);
+}
+
 #[test]
 fn a_local_completion_is_not_delivery_but_notices_and_delivery_complete_are() {
     // Remote CQ data: the sender's completion can come before the bytes

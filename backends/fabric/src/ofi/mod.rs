@@ -33,6 +33,29 @@ pub const API_VERSION: u32 = sys::fi_version(1, 17);
 /// `FI_ADDR_UNSPEC`, a cast in C.
 pub const ADDR_UNSPEC: sys::fi_addr_t = u64::MAX;
 
+/// The libfabric setting that makes removing a peer from an address
+/// vector close the provider's hidden connection to it (rxm's), ending the
+/// writes posted to it. Without it rxm keeps the connection, and a write
+/// to a peer that stopped driving its queue can be neither timed out nor
+/// cancelled safely: ferry then waits for it instead of returning.
+pub const AV_REMOVE_CLEANUP: &str = "FI_AV_REMOVE_CLEANUP";
+
+/// Turns [`AV_REMOVE_CLEANUP`] on, unless the environment says otherwise,
+/// before libfabric's first `fi_getinfo` reads its settings (once per
+/// process). The CLI and the Python package set it at their start, before
+/// any thread runs, so this finds it set; for other embedders it is set
+/// here, under std's environment lock, which C code reading the
+/// environment on another thread at that moment does not take: such
+/// embedders should set it themselves.
+fn before_first_getinfo() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os(AV_REMOVE_CLEANUP).is_none() {
+            std::env::set_var(AV_REMOVE_CLEANUP, "1");
+        }
+    });
+}
+
 /// `fi_strerror`'s text for a positive error number.
 pub fn strerror(errno: i32) -> String {
     // SAFETY: fi_strerror returns a pointer to a static, NUL-terminated

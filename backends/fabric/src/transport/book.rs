@@ -23,8 +23,9 @@ pub(super) struct WriteState {
     pub(super) peer: Arc<str>,
     pub(super) posted: Instant,
     pub(super) deadline: Instant,
-    /// Reported to the runtime already (timed out).
-    pub(super) reported: bool,
+    /// Given up (timed out or cancelled): its chunks still queued are not
+    /// posted, and it completes, failed, once those posted have completed.
+    pub(super) ended: bool,
 }
 
 /// One chunk waiting to be posted: the queue was full (`-FI_EAGAIN`, which
@@ -91,9 +92,6 @@ impl WriteBook {
             return;
         };
         self.free_writes.push(w);
-        if ws.reported {
-            return;
-        }
         if let Some(e) = &ws.error {
             if matches!(
                 ferry_core::transport::Fault::kind(e),
@@ -115,28 +113,79 @@ impl WriteBook {
         self.news = true;
     }
 
-    /// Fails the writes past their deadline; returns how many.
+    /// Ends the writes past their deadline (see [`end`](Self::end));
+    /// returns how many.
     pub(super) fn expire(&mut self, now: Instant, timeout: Duration) -> usize {
-        let mut expired = 0;
-        for ws in self.writes.iter_mut().flatten() {
-            if !ws.reported && now >= ws.deadline {
-                expired += 1;
-                ws.reported = true;
-                // A write that may still land must not land later, into a
-                // slot given to another request: drop the peer, which
-                // closes the provider's connection to it.
-                self.evict.push(Arc::clone(&ws.peer));
-                self.done.push_back(Completion {
-                    cookie: ws.cookie,
-                    result: Err(FabricError::Timeout {
-                        peer: ws.peer.to_string(),
-                        after: timeout,
-                    }),
-                });
-                self.news = true;
-            }
+        let late: Vec<u32> = self
+            .live()
+            .filter(|(_, ws)| now >= ws.deadline)
+            .map(|(w, _)| w)
+            .collect();
+        for &w in &late {
+            self.end(w, |peer| FabricError::Timeout {
+                peer: peer.to_owned(),
+                after: timeout,
+            });
         }
-        expired
+        late.len()
+    }
+
+    /// Ends the writes to `peer` not yet finished (see [`end`](Self::end));
+    /// returns their slots.
+    pub(super) fn cancel(&mut self, peer: &str) -> Vec<u32> {
+        let mine: Vec<u32> = self
+            .live()
+            .filter(|(_, ws)| &*ws.peer == peer)
+            .map(|(w, _)| w)
+            .collect();
+        for &w in &mine {
+            self.end(w, |peer| FabricError::Cancelled {
+                peer: peer.to_owned(),
+            });
+        }
+        mine
+    }
+
+    /// The writes not yet ended, with their slots.
+    fn live(&self) -> impl Iterator<Item = (u32, &WriteState)> {
+        self.writes
+            .iter()
+            .enumerate()
+            .filter_map(|(w, ws)| ws.as_ref().map(|ws| (w as u32, ws)))
+            .filter(|(_, ws)| !ws.ended)
+    }
+
+    /// Gives write `w` up: its queued chunks are dropped, its peer is to
+    /// be removed from the address vector (which closes the provider's
+    /// connection, so that the chunks posted end too, flushed or done),
+    /// and it completes with `error` (unless it failed already) once
+    /// the chunks posted have completed. Reporting it earlier would let
+    /// its caller reuse the source, and its peer the destination, while a
+    /// chunk may still move.
+    fn end(&mut self, w: u32, error: impl FnOnce(&str) -> FabricError) {
+        let Some(Some(ws)) = self.writes.get_mut(w as usize) else {
+            return;
+        };
+        ws.ended = true;
+        if ws.error.is_none() {
+            ws.error = Some(error(&ws.peer));
+        }
+        let peer = Arc::clone(&ws.peer);
+        let before = self.backlog.len();
+        self.backlog.retain(|c| c.write != w);
+        let dropped = (before - self.backlog.len()) as u32;
+        if let Some(Some(ws)) = self.writes.get_mut(w as usize) {
+            ws.queued = ws.queued.saturating_sub(dropped);
+        }
+        if !self.evict.contains(&peer) {
+            self.evict.push(peer);
+        }
+        self.finish_if_done(w);
+    }
+
+    /// True if write slot `w` holds a write that is still in flight.
+    pub(super) fn holds(&self, w: u32) -> bool {
+        self.writes.get(w as usize).is_some_and(Option::is_some)
     }
 }
 

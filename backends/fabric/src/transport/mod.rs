@@ -260,7 +260,7 @@ impl Transport for FabricTransport {
             peer: name,
             posted: Instant::now(),
             deadline,
-            reported: false,
+            ended: false,
         };
         let w = match book.free_writes.pop() {
             Some(w) => {
@@ -302,7 +302,9 @@ impl Transport for FabricTransport {
             // Deadlines are kept here, on the caller's thread, not by the
             // progress thread: a provider call there can hang (libfabric
             // 1.17's shm spins forever on the lock of a peer that died
-            // holding it), and the writes must still fail in time.
+            // holding it), and late writes must still be ended (their
+            // queued chunks dropped, their peer's connection closed) in
+            // time; each is reported once the provider has ended it.
             let now = Instant::now();
             if now >= self.next_sweep {
                 self.next_sweep = now + SWEEP;
@@ -324,7 +326,7 @@ impl Transport for FabricTransport {
                             %provider,
                             expired,
                             silent_ms,
-                            "writes timed out while the progress thread was inside one provider call; later writes fail at their timeout until it returns"
+                            "writes timed out while the progress thread was inside one provider call; they are reported once the provider ends them, and their memory stays held until then"
                         );
                     }
                     Stall::Long => {
@@ -359,6 +361,40 @@ impl Transport for FabricTransport {
 
     fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(self.shared.wake.fd())
+    }
+
+    /// Ends the writes to the peer: their chunks still queued are
+    /// dropped, and the peer is removed from the address vector, which
+    /// closes the provider's connection to it, so that the chunks posted
+    /// end (flushed with an error, or done). Returns once they have, or
+    /// fails after the write timeout if the provider has not ended them
+    /// (their completions then come when it does).
+    fn cancel_writes(&mut self, dest_session: &str) -> Result<(), FabricError> {
+        let mine = self.shared.lock().cancel(dest_session);
+        if mine.is_empty() {
+            return Ok(());
+        }
+        self.evict_dead();
+        self.shared.cq.signal();
+        let start = Instant::now();
+        loop {
+            let left = {
+                let book = self.shared.lock();
+                mine.iter().filter(|&&w| book.holds(w)).count()
+            };
+            if left == 0 {
+                return Ok(());
+            }
+            let waited = start.elapsed();
+            if waited >= self.write_timeout {
+                return Err(FabricError::NotEnded {
+                    peer: dest_session.to_owned(),
+                    writes: left,
+                    waited,
+                });
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 }
 

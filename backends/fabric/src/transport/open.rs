@@ -36,9 +36,13 @@ pub struct FabricConfig {
     pub max_chunk: u64,
     /// Chunks in flight at once (each needs an operation context).
     pub max_outstanding: usize,
-    /// A write that neither completes nor fails within this is reported
-    /// failed, and its peer dropped (closing the connection, so that the
-    /// write cannot land later). Keep it below the coordinator's push
+    /// A write that neither completes nor fails within this is ended: its
+    /// peer is dropped from the address vector (closing rxm's connection
+    /// to it, with `FI_AV_REMOVE_CLEANUP`, which ferry turns on), and it is
+    /// reported failed once the provider has ended its chunks, so that
+    /// its source is never read afterwards. Over `tcp`, bytes the peer's
+    /// kernel had already received may still be placed when the peer
+    /// next drives its queue. Keep it below the coordinator's push
     /// timeout (10 s by default).
     pub write_timeout: Duration,
 }

@@ -58,7 +58,7 @@ impl Shared {
                     .writes
                     .get(c.write as usize)
                     .and_then(Option::as_ref)
-                    .is_some_and(|ws| ws.error.is_none() && !ws.reported);
+                    .is_some_and(|ws| ws.error.is_none() && !ws.ended);
                 if !live {
                     // Its write failed or timed out: the chunk is not posted.
                     if let Some(ws) = book
