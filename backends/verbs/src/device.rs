@@ -242,6 +242,16 @@ pub trait Device: Send + 'static {
     unsafe fn post_writes(&mut self, qp: &mut Self::Qp, wrs: &[WriteWr])
         -> Result<(), DeviceError>;
 
+    /// Posts the marker that ends a queue pair's work: a signaled RDMA
+    /// WRITE of no bytes (no scatter entry), with id `wr_id`, posted after
+    /// the queue pair was moved to the error state. A queue pair in error
+    /// executes nothing more and completes every work request it holds
+    /// with a flush error, in order, so the marker's completion comes
+    /// after every earlier work request's: once it is polled, nothing
+    /// posted before it reads or writes memory any more (the marker the
+    /// kernel's `ib_drain_sq` posts).
+    fn post_marker(&mut self, qp: &mut Self::Qp, wr_id: u64) -> Result<(), DeviceError>;
+
     /// Appends up to `max` completions to `out`.
     fn poll(&mut self, out: &mut Vec<Wc>, max: usize) -> Result<(), DeviceError>;
 

@@ -121,6 +121,14 @@ pub enum VerbsError {
         /// Why the connection broke.
         why: String,
     },
+    /// A write ended unfinished because its caller stopped waiting for it
+    /// (`Transport::cancel_writes`): its queue pair was stopped and
+    /// flushed first, so none of its bytes moves any more.
+    #[error("write to {peer} cancelled unfinished: its caller stopped waiting, and its queue pair was stopped and flushed")]
+    Cancelled {
+        /// The peer's session id.
+        peer: String,
+    },
     /// A write that neither completed nor failed in time.
     #[error("write to {peer} did not complete within {after:?}")]
     Timeout {
@@ -215,7 +223,7 @@ impl Fault for VerbsError {
             Self::BadSession { .. } | Self::BadExchange { .. } => FaultKind::UnknownPeer,
             Self::Completion { status, .. } => status.kind(),
             Self::Broken { .. } => FaultKind::PeerGone,
-            Self::Timeout { .. } => FaultKind::Timeout,
+            Self::Timeout { .. } | Self::Cancelled { .. } => FaultKind::Timeout,
             Self::DestOutOfBounds { .. } => FaultKind::OutOfBounds,
             Self::Region(e) => e.kind(),
         }

@@ -417,6 +417,16 @@ impl Device for IbvDevice {
         guard.post().map_err(|e| to_err(Verb::PostSend, &e))
     }
 
+    fn post_marker(&mut self, qp: &mut Self::Qp, wr_id: u64) -> Result<(), DeviceError> {
+        let mut guard = qp.start_post_send();
+        // No scatter entry: the write names no local memory, and a write
+        // of no bytes needs no remote key.
+        let _ = guard
+            .construct_wr(wr_id, WorkRequestFlags::Signaled)
+            .setup_write(0, 0);
+        guard.post().map_err(|e| to_err(Verb::PostSend, &e))
+    }
+
     fn poll(&mut self, out: &mut Vec<Wc>, max: usize) -> Result<(), DeviceError> {
         let poller = match self.cq.start_poll() {
             Ok(p) => p,

@@ -17,6 +17,12 @@
 //!   and the status ([`WcStatus`]); the connection is dropped and the next
 //!   write to that peer reconnects. Writes and connection exchanges have
 //!   deadlines.
+//! - A completion is final. A connection that fails (an error completion,
+//!   its write timeout) or whose writes are cancelled (`cancel_writes`)
+//!   first moves its queue pair to the error state and posts a marker; its
+//!   writes complete once the marker has, when every work request before
+//!   it has completed, flushed or done, and none reads or writes memory
+//!   any more.
 //! - Verbs are reached through the [`Device`] trait: [`IbvDevice`] over
 //!   `sideway` (which loads libibverbs at run time), and in tests a
 //!   software stand-in that runs the same connection logic without a NIC.

@@ -5,9 +5,18 @@
 //! exceeded for a peer that is gone, remote access error for a bad key or
 //! range, flush once a queue pair is in error).
 //!
-//! Faults are switched on per device: an RTR that fails with an errno,
-//! completions held back (a stalled peer), the next write failing with a
-//! given status.
+//! Each queue pair keeps its send queue: a work request is executed (its
+//! bytes copied) and then acknowledged (its completion raised), in order.
+//! A queue pair moved to the error state executes nothing more: every work
+//! request it still holds, executed and unacknowledged or not executed at
+//! all, completes with a flush error, signaled or not, and so does every
+//! one posted to it afterwards. Work requests that completed before stay
+//! as they were.
+//!
+//! Faults are switched on per device: an RTR that fails with an errno, a
+//! peer that stops taking writes (`stall`: work requests wait unexecuted)
+//! or stops acknowledging them (`hold`: executed, not completed), the next
+//! write failing with a given status.
 #![allow(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};
@@ -34,6 +43,15 @@ struct QpState {
     dev: u64,
     state: State,
     dest_qpn: u32,
+    /// Posted work requests not yet completed, oldest first, each with
+    /// the status it executed with (`None`: not executed yet).
+    sq: VecDeque<(WriteWr, Option<WcStatus>)>,
+    /// Send-queue slots: what it was created to hold.
+    depth: u32,
+    /// The work requests holding a slot, oldest first: a slot is freed
+    /// when a completion of it, or of a later one, is polled (a NIC's
+    /// send queue moves on as its completions are read).
+    slots: VecDeque<u64>,
 }
 
 struct Mr {
@@ -78,16 +96,29 @@ pub struct SimDevice {
     gids: Vec<GidEntry>,
     /// This device's registrations: key, address, length.
     mrs: Vec<(u32, u64, u64)>,
-    cq: VecDeque<Wc>,
-    held: VecDeque<Wc>,
+    /// Completions, with the queue pair each is of.
+    cq: VecDeque<(u32, Wc)>,
     /// `ibv_modify_qp(RTR)` fails with this errno.
     pub rtr_errno: Option<i32>,
     /// `ibv_create_qp` fails with this errno.
     pub create_errno: Option<i32>,
-    /// Completions are held back (the peer stopped acknowledging).
+    /// The peer stopped taking writes: work requests of this device's
+    /// queue pairs wait unexecuted (nothing is copied) until it is cleared
+    /// (they run at the next poll) or their queue pair goes to error
+    /// (they are flushed, never run).
+    pub stall: bool,
+    /// The peer stopped acknowledging: work requests are executed (their
+    /// bytes land) but do not complete until it is cleared (next poll) or
+    /// their queue pair goes to error (they complete flushed).
     pub hold: bool,
     /// The next write completes with this status (and its QP errs).
     pub fail_next: Option<WcStatus>,
+    /// Posting to a queue pair in error fails with this errno (a provider
+    /// that refuses it).
+    pub post_in_error_errno: Option<i32>,
+    /// `ibv_post_send` calls refused (a full send queue, a queue pair in
+    /// the wrong state, `post_in_error_errno`).
+    pub posts_refused: u32,
     /// Queue pairs created so far.
     pub qps_created: u32,
     /// The CQ's capacity the transport must respect.
@@ -98,6 +129,10 @@ pub struct SimDevice {
     pub log: Vec<(u32, QpStep)>,
     events: EventFd,
     armed: bool,
+    /// Some queue pair of this device may hold work that waits (stalled
+    /// or held), for `poll` to move on; false keeps the global lock off
+    /// the polling path of a device whose work all completed.
+    waits: bool,
 }
 
 impl SimDevice {
@@ -121,6 +156,7 @@ impl SimDevice {
             id,
             events,
             armed: false,
+            waits: false,
             port: PortInfo {
                 device: format!("sim{id}"),
                 port: 1,
@@ -154,11 +190,13 @@ impl SimDevice {
             ],
             mrs: Vec::new(),
             cq: VecDeque::new(),
-            held: VecDeque::new(),
             rtr_errno: None,
             create_errno: None,
+            stall: false,
             hold: false,
             fail_next: None,
+            post_in_error_errno: None,
+            posts_refused: 0,
             qps_created: 0,
             cq_capacity: 4096,
             cq_peak: 0,
@@ -166,18 +204,153 @@ impl SimDevice {
         }
     }
 
-    fn complete(&mut self, wc: Wc) {
-        if self.hold {
-            self.held.push_back(wc);
-        } else {
-            self.cq.push_back(wc);
-        }
-        self.cq_peak = self.cq_peak.max(self.cq.len() + self.held.len());
-        if self.armed && !self.hold {
+    fn complete(&mut self, qpn: u32, wc: Wc) {
+        self.cq.push_back((qpn, wc));
+        self.cq_peak = self.cq_peak.max(self.cq.len());
+        if self.armed {
             // One event per arming, as a CQ raises.
             self.armed = false;
             self.events.signal();
         }
+    }
+
+    /// Moves queue pair `qpn`'s send queue on as far as the device's
+    /// faults let it: executes what waits (in order, unless stalled, and
+    /// nothing once the queue pair is in error), then completes from the
+    /// front what is executed and acknowledged (unless held), an error at
+    /// once, and everything left with a flush once in error.
+    fn progress(&mut self, n: &mut Net, qpn: u32) -> Vec<Wc> {
+        let Some(q) = n.qps.get_mut(&qpn) else {
+            return Vec::new();
+        };
+        let mut sq = std::mem::take(&mut q.sq);
+        let mut state = q.state;
+        let dest_qpn = q.dest_qpn;
+        if state != State::Error && !self.stall {
+            for (wr, status) in sq.iter_mut().filter(|(_, s)| s.is_none()) {
+                if state == State::Error {
+                    break;
+                }
+                let s = self.execute(n, dest_qpn, wr);
+                if s != WcStatus::SUCCESS {
+                    state = State::Error;
+                }
+                *status = Some(s);
+            }
+        }
+        let mut out = Vec::new();
+        while let Some(&(wr, status)) = sq.front() {
+            let wc = match status {
+                // The peer's refusal (or the retries running out) is
+                // reported as it happens.
+                Some(s) if s != WcStatus::SUCCESS => Some(s),
+                Some(_) if !self.hold => wr.signaled.then_some(WcStatus::SUCCESS),
+                _ if state == State::Error => Some(WcStatus::FLUSHED),
+                _ => break,
+            };
+            sq.pop_front();
+            if let Some(status) = wc {
+                out.push(Wc {
+                    wr_id: wr.wr_id,
+                    status,
+                    vendor_err: 0,
+                });
+            }
+        }
+        self.waits |= !sq.is_empty();
+        if let Some(q) = n.qps.get_mut(&qpn) {
+            q.sq = sq;
+            q.state = state;
+        }
+        out
+    }
+
+    /// Executes one work request: the copy, or the status a NIC would
+    /// complete it with.
+    fn execute(&mut self, n: &Net, dest_qpn: u32, wr: &WriteWr) -> WcStatus {
+        if let Some(s) = self.fail_next.take() {
+            return s;
+        }
+        let dest = n
+            .qps
+            .get(&dest_qpn)
+            .filter(|d| matches!(d.state, State::Rtr | State::Rts));
+        let Some(dest) = dest else {
+            return WcStatus::RETRY_EXCEEDED;
+        };
+        if wr.len == 0 {
+            // A write of no bytes touches no memory and checks no key.
+            return WcStatus::SUCCESS;
+        }
+        let remote = n.mrs.get(&wr.rkey).filter(|m| {
+            m.dev == dest.dev
+                && wr.remote_addr >= m.addr
+                && wr.remote_addr + u64::from(wr.len) <= m.addr + m.len
+        });
+        let local_ok = self.mrs.iter().any(|&(key, addr, len)| {
+            key == wr.lkey
+                && wr.local_addr >= addr
+                && wr.local_addr + u64::from(wr.len) <= addr + len
+        });
+        if !local_ok {
+            WcStatus(4) // IBV_WC_LOC_PROT_ERR
+        } else if remote.is_none() {
+            WcStatus::REMOTE_ACCESS
+        } else {
+            // SAFETY: the source lies inside this device's registration
+            // and the destination inside the target's (both checked just
+            // above, under the lock that deregistration also takes); both
+            // are mappings of this process that their transports keep
+            // alive while registered.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    wr.local_addr as *const u8,
+                    wr.remote_addr as *mut u8,
+                    wr.len as usize,
+                );
+            }
+            WcStatus::SUCCESS
+        }
+    }
+
+    /// Queues `wrs` on queue pair `qpn` (which must be in RTS or in
+    /// error, with a free slot for each) and moves it on.
+    fn post(&mut self, qpn: u32, wrs: &[WriteWr]) -> Result<(), DeviceError> {
+        let done = {
+            let mut n = net();
+            let refused = match n.qps.get(&qpn) {
+                None => Some(libc::EINVAL),
+                Some(q) if !matches!(q.state, State::Rts | State::Error) => Some(libc::EINVAL),
+                Some(q) if q.slots.len() + wrs.len() > q.depth as usize => Some(libc::ENOMEM),
+                Some(q) if q.state == State::Error => self.post_in_error_errno,
+                Some(_) => None,
+            };
+            if let Some(errno) = refused {
+                self.posts_refused += 1;
+                return Err(err(Verb::PostSend, errno));
+            }
+            if let Some(q) = n.qps.get_mut(&qpn) {
+                q.slots.extend(wrs.iter().map(|wr| wr.wr_id));
+                q.sq.extend(wrs.iter().map(|&wr| (wr, None)));
+            }
+            self.progress(&mut n, qpn)
+        };
+        for wc in done {
+            self.complete(qpn, wc);
+        }
+        Ok(())
+    }
+
+    /// Work requests posted to this device's queue pairs that have not
+    /// completed (stalled, held, or waiting behind those).
+    pub fn waiting(&self) -> usize {
+        let id = self.id;
+        net()
+            .qps
+            .values()
+            .filter(|q| q.dev == id)
+            .map(|q| q.sq.len())
+            .sum()
     }
 }
 
@@ -251,6 +424,9 @@ impl Device for SimDevice {
                 dev: self.id,
                 state: State::Reset,
                 dest_qpn: 0,
+                sq: VecDeque::new(),
+                depth: send_depth,
+                slots: VecDeque::new(),
             },
         );
         self.qps_created += 1;
@@ -282,86 +458,30 @@ impl Device for SimDevice {
         };
         q.state = next;
         self.log.push((qp.qpn, *step));
+        // In error, what the send queue holds is flushed.
+        let flushed = self.progress(&mut n, qp.qpn);
+        drop(n);
+        for wc in flushed {
+            self.complete(qp.qpn, wc);
+        }
         Ok(())
     }
 
     unsafe fn post_writes(&mut self, qp: &mut SimQp, wrs: &[WriteWr]) -> Result<(), DeviceError> {
-        let mut results = Vec::with_capacity(wrs.len());
-        {
-            let mut n = net();
-            let Some(local) = n.qps.get(&qp.qpn) else {
-                return Err(err(Verb::PostSend, libc::EINVAL));
-            };
-            if !matches!(local.state, State::Rts | State::Error) {
-                return Err(err(Verb::PostSend, libc::EINVAL));
-            }
-            let mut errored = local.state == State::Error;
-            let dest_qpn = local.dest_qpn;
-            for wr in wrs {
-                let status = if errored {
-                    WcStatus::FLUSHED
-                } else if let Some(s) = self.fail_next.take() {
-                    s
-                } else {
-                    let dest_ok = n
-                        .qps
-                        .get(&dest_qpn)
-                        .is_some_and(|d| matches!(d.state, State::Rtr | State::Rts));
-                    let dest_dev = n.qps.get(&dest_qpn).map(|d| d.dev);
-                    let remote = n.mrs.get(&wr.rkey).filter(|m| {
-                        Some(m.dev) == dest_dev
-                            && wr.remote_addr >= m.addr
-                            && wr.remote_addr + u64::from(wr.len) <= m.addr + m.len
-                    });
-                    let local_ok = self.mrs.iter().any(|&(key, addr, len)| {
-                        key == wr.lkey
-                            && wr.local_addr >= addr
-                            && wr.local_addr + u64::from(wr.len) <= addr + len
-                    });
-                    if !dest_ok {
-                        WcStatus::RETRY_EXCEEDED
-                    } else if !local_ok {
-                        WcStatus(4) // IBV_WC_LOC_PROT_ERR
-                    } else if remote.is_none() {
-                        WcStatus::REMOTE_ACCESS
-                    } else {
-                        // SAFETY: the source lies inside this device's
-                        // registration and the destination inside the
-                        // target's (both checked just above, under the
-                        // lock that deregistration also takes); both are
-                        // mappings of this process that their transports
-                        // keep alive while registered.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                wr.local_addr as *const u8,
-                                wr.remote_addr as *mut u8,
-                                wr.len as usize,
-                            );
-                        }
-                        WcStatus::SUCCESS
-                    }
-                };
-                if status != WcStatus::SUCCESS {
-                    errored = true;
-                }
-                if status != WcStatus::SUCCESS || wr.signaled {
-                    results.push(Wc {
-                        wr_id: wr.wr_id,
-                        status,
-                        vendor_err: 0,
-                    });
-                }
-            }
-            if errored {
-                if let Some(q) = n.qps.get_mut(&qp.qpn) {
-                    q.state = State::Error;
-                }
-            }
-        }
-        for wc in results {
-            self.complete(wc);
-        }
-        Ok(())
+        self.post(qp.qpn, wrs)
+    }
+
+    fn post_marker(&mut self, qp: &mut SimQp, wr_id: u64) -> Result<(), DeviceError> {
+        let marker = WriteWr {
+            wr_id,
+            local_addr: 0,
+            lkey: 0,
+            len: 0,
+            remote_addr: 0,
+            rkey: 0,
+            signaled: true,
+        };
+        self.post(qp.qpn, &[marker])
     }
 
     fn completion_fd(&self) -> Option<i32> {
@@ -375,13 +495,37 @@ impl Device for SimDevice {
     }
 
     fn poll(&mut self, out: &mut Vec<Wc>, max: usize) -> Result<(), DeviceError> {
-        if !self.hold {
-            self.cq.extend(self.held.drain(..));
+        // A fault cleared since: what waited moves on now.
+        if std::mem::take(&mut self.waits) {
+            let done = {
+                let mut n = net();
+                let id = self.id;
+                let mine: Vec<u32> = n
+                    .qps
+                    .iter()
+                    .filter(|(_, q)| q.dev == id && !q.sq.is_empty())
+                    .map(|(&qpn, _)| qpn)
+                    .collect();
+                let mut done = Vec::new();
+                for qpn in mine {
+                    done.extend(self.progress(&mut n, qpn).into_iter().map(|wc| (qpn, wc)));
+                }
+                done
+            };
+            for (qpn, wc) in done {
+                self.complete(qpn, wc);
+            }
         }
-        for _ in 0..max {
-            match self.cq.pop_front() {
-                Some(wc) => out.push(wc),
-                None => break,
+        let take = max.min(self.cq.len());
+        if take > 0 {
+            let mut n = net();
+            for (qpn, wc) in self.cq.drain(..take) {
+                // Its slot, and those of the unsignaled work before it,
+                // are free again.
+                if let Some(q) = n.qps.get_mut(&qpn) {
+                    while q.slots.pop_front().is_some_and(|id| id != wc.wr_id) {}
+                }
+                out.push(wc);
             }
         }
         Ok(())

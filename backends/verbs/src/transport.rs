@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use ferry_core::transport::{Capabilities, Completion, Region, RegionError, Transport, WriteOp};
 use ferry_hostmem::HostPool;
 
-use crate::conn::{ConnBook, ConnLimits, ConnState, RegisteredRegion};
+use crate::conn::{ConnBook, ConnLimits, ConnState, RegisteredRegion, FLUSH_WAIT};
 use crate::device::{Device, PortInfo};
 use crate::error::VerbsError;
 use crate::exchange::MAX_REGIONS;
@@ -30,6 +30,10 @@ use crate::wake::WakeSet;
 
 /// How often the caller's poll checks write and connect deadlines.
 const SWEEP: Duration = Duration::from_millis(5);
+
+/// How long a caller waiting for queue pairs to end sleeps between polls
+/// (with the book unlocked, so that the side channel goes on).
+const END_POLL: Duration = Duration::from_micros(50);
 
 /// What a verbs transport opens and how it behaves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,7 +52,9 @@ pub struct VerbsConfig {
     /// Largest work request (default and ceiling: the port's maximum
     /// message).
     pub max_chunk: Option<u32>,
-    /// Outstanding work requests per queue pair.
+    /// Outstanding work requests per queue pair (at most one less than
+    /// the device's `max_qp_wr`: the send queue keeps a slot for the
+    /// marker that ends it).
     pub send_depth: u32,
     /// A write not completed after this fails (keep it below the
     /// coordinator's push timeout).
@@ -252,7 +258,11 @@ impl<D: Device> VerbsTransport<D> {
             .connect(&inproc)
             .map_err(|e| side_err("connect the wake socket", None, e))?;
         let limits = ConnLimits {
-            send_depth: config.send_depth.clamp(2, port.max_qp_wr.max(2)),
+            // One send-queue slot stays free for the marker that ends the
+            // queue pair (`conn::end`).
+            send_depth: config
+                .send_depth
+                .clamp(2, port.max_qp_wr.saturating_sub(1).max(2)),
             max_chunk: config
                 .max_chunk
                 .map_or(port.max_msg, |c| c.clamp(1, port.max_msg)),
@@ -370,6 +380,31 @@ impl<D: Device> VerbsTransport<D> {
         self.book().state_of(peer)
     }
 
+    /// Waits until no connection to `peer` (to anyone, for `None`) is
+    /// ending: every work request its queue pair held has completed, and
+    /// its writes' completions are queued. Past [`FLUSH_WAIT`] the ones
+    /// left go by the last resort (their queue pairs destroyed).
+    fn wait_ended(&self, peer: Option<&str>) {
+        let deadline = Instant::now() + FLUSH_WAIT;
+        loop {
+            {
+                let mut book = self.book();
+                book.progress_ends();
+                if !book.ending(peer) {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    book.abandon_ending(peer);
+                    break;
+                }
+            }
+            std::thread::sleep(END_POLL);
+        }
+        // Completions are queued: a caller waiting on the wake descriptor
+        // looks.
+        self.events.signal();
+    }
+
     /// Runs `f` on the device (tests drive their stand-in through this).
     pub fn with_device_mut<R>(&self, f: impl FnOnce(&mut D) -> R) -> R {
         f(&mut self.book().device)
@@ -432,14 +467,21 @@ impl<D: Device> Transport for VerbsTransport<D> {
 
     fn deregister(&mut self, region: Region) -> Result<(), VerbsError> {
         let mut book = self.book();
+        if !book.regions.iter().any(|p| p.region == region.id) {
+            return Err(RegionError::Unknown(region.id).into());
+        }
+        // Posted work may name the region: its connections end (and
+        // reconnect on next use) before the registration goes.
+        book.end_all("a registered region was deregistered");
+        drop(book);
+        self.wait_ended(None);
+        let mut book = self.book();
+        // Only this caller (`&mut self`) changes the regions.
         let i = book
             .regions
             .iter()
             .position(|p| p.region == region.id)
             .ok_or(RegionError::Unknown(region.id))?;
-        // Posted work may name the region: its connections end (and
-        // reconnect on next use) before the registration goes.
-        book.fail_all("a registered region was deregistered");
         let gone = book.regions.remove(i);
         book.device.deregister(gone.keys);
         drop(book);
@@ -503,6 +545,19 @@ impl<D: Device> Transport for VerbsTransport<D> {
             self.events.signal();
         }
         None
+    }
+
+    /// Stops the queue pair to the peer (ERR), drops its writes not yet
+    /// posted, and waits until the marker posted after the ERR completes:
+    /// every work request before it has then completed, flushed or done,
+    /// so none moves a byte any more. Writes that finished complete as
+    /// they did; the others as [`VerbsError::Cancelled`]. A queue pair
+    /// whose marker does not come within a second is destroyed instead.
+    /// The next write to the peer connects anew.
+    fn cancel_writes(&mut self, dest_session: &str) -> Result<(), VerbsError> {
+        self.book().cancel(dest_session);
+        self.wait_ended(Some(dest_session));
+        Ok(())
     }
 
     fn wake_fd(&self) -> Option<std::os::fd::RawFd> {

@@ -1,6 +1,5 @@
-//! Completions and deadlines: reaping the CQ, finishing writes, failing
-//! the connections whose exchange or writes are late, and failing all of
-//! them when the transport closes.
+//! Completions and deadlines: reaping the CQ, finishing writes, and
+//! failing the connections whose exchange or writes are late.
 
 use std::time::Instant;
 
@@ -39,16 +38,7 @@ impl<D: Device> ConnBook<D> {
             self.reap();
         }
         if self.cq_blocked {
-            self.cq_blocked = false;
-            let ready: Vec<u32> = self
-                .conns
-                .values()
-                .filter(|c| c.state == ConnState::Ready && !c.queue.is_empty())
-                .map(|c| c.id)
-                .collect();
-            for id in ready {
-                self.pump(id);
-            }
+            self.unblock();
         }
         self.done.pop_front()
     }
@@ -71,9 +61,9 @@ impl<D: Device> ConnBook<D> {
         let mut wcs = std::mem::take(&mut self.wcs);
         wcs.clear();
         if let Err(e) = self.device.poll(&mut wcs, POLL_BATCH) {
-            // A CQ in error cannot say which write failed: every
-            // connection fails.
-            self.fail_every(|peer| verb(e, peer));
+            // A CQ in error cannot say which write failed, nor show a
+            // marker: every connection fails, by the last resort.
+            self.destroy_every(|peer| verb(e, peer));
         }
         for wc in &wcs {
             self.on_wc(wc);
@@ -83,34 +73,43 @@ impl<D: Device> ConnBook<D> {
 
     pub(super) fn on_wc(&mut self, wc: &Wc) {
         let conn_id = (wc.wr_id >> 32) as u32;
-        if wc.status != WcStatus::SUCCESS {
-            let Some(conn) = self.conns.get(&conn_id) else {
-                return; // a flush of a connection already failed
-            };
-            let e = VerbsError::Completion {
-                peer: conn.peer.clone(),
-                status: wc.status,
-                vendor_err: wc.vendor_err,
-            };
-            return self.fail_conn(conn_id, e);
-        }
-        let Some(sig) = self.signals.remove(&wc.wr_id) else {
-            return;
+        let sig = self.signals.remove(&wc.wr_id);
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return; // of a queue pair destroyed already
         };
-        if let Some(conn) = self.conns.get_mut(&sig.conn) {
-            conn.window.complete(sig.covered);
-            self.in_flight = self.in_flight.saturating_sub(sig.covered);
-            if let Some(wid) = sig.completes {
-                forget(&mut conn.writes, wid);
-                if let Some(w) = self.writes.remove(&wid) {
-                    self.finish(Completion {
-                        cookie: w.cookie,
-                        result: Ok(()),
-                    });
-                }
+        if let Some(s) = &sig {
+            // Success or flush, the work it covers is over.
+            conn.window.complete(s.covered);
+            self.in_flight = self.in_flight.saturating_sub(s.covered);
+        }
+        if let Some(ending) = &conn.ending {
+            if ending.marker == Some(wc.wr_id) {
+                // Every work request before the marker has completed.
+                return self.settle(conn_id, None);
             }
         }
-        self.pump(sig.conn);
+        if wc.status != WcStatus::SUCCESS {
+            if conn.ending.is_none() {
+                let e = VerbsError::Completion {
+                    peer: conn.peer.clone(),
+                    status: wc.status,
+                    vendor_err: wc.vendor_err,
+                };
+                self.fail_conn(conn_id, e);
+            }
+            return;
+        }
+        // A write that finished before its connection ended finished.
+        if let Some(wid) = sig.and_then(|s| s.completes) {
+            forget(&mut conn.writes, wid);
+            if let Some(w) = self.writes.remove(&wid) {
+                self.finish(Completion {
+                    cookie: w.cookie,
+                    result: Ok(()),
+                });
+            }
+        }
+        self.pump(conn_id);
     }
 
     /// Fails the connections whose exchange or writes are past their
@@ -121,8 +120,9 @@ impl<D: Device> ConnBook<D> {
         for w in self.writes.values_mut() {
             w.deadline.get_or_insert(now + write_timeout);
         }
+        self.sweep_ending(now);
         let mut failing = Vec::new();
-        for conn in self.conns.values_mut() {
+        for conn in self.conns.values_mut().filter(|c| c.ending.is_none()) {
             let connecting = matches!(conn.state, ConnState::Wanted | ConnState::Requested);
             let since = *conn.since.get_or_insert(now);
             match conn.state {
@@ -172,26 +172,5 @@ impl<D: Device> ConnBook<D> {
             .get(peer)
             .and_then(|id| self.conns.get(id))
             .map(|c| c.state)
-    }
-
-    /// Fails every write (the transport is closing).
-    pub fn fail_all(&mut self, why: &str) {
-        self.fail_every(|peer| VerbsError::Broken {
-            peer: peer.to_owned(),
-            why: why.to_owned(),
-        });
-    }
-
-    /// Fails every connection, each with the error `make` gives for its
-    /// peer.
-    pub(super) fn fail_every(&mut self, make: impl Fn(&str) -> VerbsError) {
-        let all: Vec<(u32, String)> = self
-            .conns
-            .values()
-            .map(|c| (c.id, c.peer.clone()))
-            .collect();
-        for (id, peer) in all {
-            self.fail_conn(id, make(&peer));
-        }
     }
 }

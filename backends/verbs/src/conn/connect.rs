@@ -1,11 +1,9 @@
 //! Connection set-up, both sides of the exchange: a writer's connections
 //! from wanted to ready (queue pair, request, reply), a target's answer to
-//! a writer's request, and the closing of connections (for room, or
-//! failed).
+//! a writer's request, and the closing of a connection (for room, or
+//! once it ended).
 
-use ferry_core::transport::Completion;
-
-use super::{verb, Conn, ConnBook, ConnState, Outgoing};
+use super::{verb, Conn, ConnBook, ConnState, Ending, Outgoing};
 use crate::attrs;
 use crate::device::{Device, DeviceError};
 use crate::error::VerbsError;
@@ -36,8 +34,9 @@ impl<D: Device> ConnBook<D> {
 
     /// Keeps at most `max_writers` connections: peers come and go (a
     /// restarted peer has a new session), so beyond that the connection
-    /// idle the longest is closed. One with writes in flight is never
-    /// closed for room.
+    /// idle the longest is closed. One with writes in flight (or ending)
+    /// is never closed for room; an idle one has no work left on its
+    /// queue pair (the completion of its last write covered all of it).
     pub(super) fn make_room(&mut self, for_peer: &str) {
         if self.conns.len() < self.limits.max_writers.max(1) {
             return;
@@ -45,7 +44,7 @@ impl<D: Device> ConnBook<D> {
         let idle = self
             .conns
             .values()
-            .filter(|c| c.writes.is_empty())
+            .filter(|c| c.writes.is_empty() && c.ending.is_none())
             .min_by_key(|c| c.last_used)
             .map(|c| (c.id, c.peer.clone()));
         if let Some((id, peer)) = idle {
@@ -55,9 +54,9 @@ impl<D: Device> ConnBook<D> {
     }
 
     /// Takes a connection out of the book: its queue pair goes to ERR
-    /// (which stops retransmission, so nothing of a failed write lands
-    /// later) and is destroyed with the returned value; its work requests
-    /// leave the CQ's count. Its writes are the caller's to settle.
+    /// (which stops it, should it still run anything) and is destroyed
+    /// with the returned value; its work requests leave the CQ's count.
+    /// Its writes are the caller's to settle.
     pub(super) fn close_conn(&mut self, conn_id: u32) -> Option<Conn<D::Qp>> {
         let mut conn = self.conns.remove(&conn_id)?;
         if self.by_peer.get(&conn.peer) == Some(&conn_id) {
@@ -68,33 +67,20 @@ impl<D: Device> ConnBook<D> {
             let _ = self.device.modify(qp, &attrs::QpStep::Error);
         }
         self.signals.retain(|_, s| s.conn != conn_id);
-        self.in_flight = self.in_flight.saturating_sub(conn.window.in_flight());
-        Some(conn)
-    }
-
-    /// Removes a connection: its queue pair goes to ERR and is destroyed,
-    /// and each of its writes fails (the first with `first`, the others as
-    /// abandoned).
-    pub(super) fn fail_conn(&mut self, conn_id: u32, first: VerbsError) {
-        let Some(mut conn) = self.close_conn(conn_id) else {
-            return;
-        };
-        let why = first.to_string();
-        tracing::warn!(peer = %conn.peer, error = %first, writes = conn.writes.len(), "verbs connection failed");
-        let mut first = Some(first);
-        for wid in conn.writes.drain(..) {
-            let Some(w) = self.writes.remove(&wid) else {
-                continue;
-            };
-            let e = first.take().unwrap_or_else(|| VerbsError::Broken {
-                peer: conn.peer.clone(),
-                why: why.clone(),
-            });
-            self.finish(Completion {
-                cookie: w.cookie,
-                result: Err(e),
-            });
+        let mut released = conn.window.in_flight();
+        match conn.ending.as_ref() {
+            // A marker that never completed (the last resort).
+            Some(Ending {
+                marker: Some(_), ..
+            }) => released += 1,
+            Some(Ending { marker: None, .. }) => {
+                // Its marker was still waiting for room.
+                self.markers_waiting = self.markers_waiting.saturating_sub(1);
+            }
+            _ => {}
         }
+        self.in_flight = self.in_flight.saturating_sub(released);
+        Some(conn)
     }
 
     /// Connections the side channel must start: each gets its queue pair
@@ -141,7 +127,12 @@ impl<D: Device> ConnBook<D> {
     }
 
     pub(super) fn make_qp(&mut self) -> Result<(D::Qp, QpInfo), DeviceError> {
-        let depth = self.limits.send_depth.min(self.device.port().max_qp_wr);
+        // The window's work requests, and the marker that ends them.
+        let depth = self
+            .limits
+            .send_depth
+            .saturating_add(1)
+            .min(self.device.port().max_qp_wr);
         let mut qp = self.device.create_qp(depth)?;
         let init = attrs::init(self.device.port());
         self.device.modify(&mut qp, &init)?;

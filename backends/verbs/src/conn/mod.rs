@@ -9,18 +9,30 @@
 //! ```text
 //! Wanted ──(service thread: QP to INIT, request sent)──▶ Requested
 //! Requested ──(reply: QP to RTR, RTS)──▶ Ready
-//! any ──(completion error, post error, timeout, refusal)──▶ removed
+//! Ready with work posted ──(completion error, post error, write timeout,
+//!     cancel)──▶ ending: QP to ERR, marker posted
+//! ending ──(the marker's completion)──▶ removed
+//! any other ──(the same, or a refusal, a connect timeout)──▶ removed
 //! ```
 //!
-//! and a removed connection fails every write it held; the next write to
-//! that peer starts a new one.
+//! and a removed connection completes every write it held that had not
+//! completed, with an error; the next write to that peer starts a new one.
+//! A completion is final: a connection whose queue pair ran work is
+//! removed only once that work has ended. Its queue pair goes to the error
+//! state, which stops it and flushes what it holds, and a marker posted
+//! after that completes after every work request before it; until then it
+//! is ending, known by no peer's name. Should the marker not come, the
+//! queue pair is destroyed (`ibv_destroy_qp` returns once the device has
+//! let go of it), the last resort.
 //!
 //! Modules: the connections' set-up on both sides of the exchange
 //! (`connect`), writes going out (`post`), completions and deadlines
-//! (`complete`), and the hasher of the book's maps (`id_hash`).
+//! (`complete`), ending connections (`end`), and the hasher of the book's
+//! maps (`id_hash`).
 
 mod complete;
 mod connect;
+mod end;
 mod id_hash;
 mod post;
 
@@ -39,11 +51,17 @@ use id_hash::IdHash;
 /// Completions polled per call.
 const POLL_BATCH: usize = 64;
 
+/// How long an ending connection's marker may take to complete before
+/// its queue pair is destroyed instead. A NIC flushes a queue pair in
+/// error within microseconds; this bounds a device that stopped working.
+pub const FLUSH_WAIT: Duration = Duration::from_secs(1);
+
 /// The limits the connection book keeps to (named apart from ferry-core's
 /// `handshake::Limits`, which sizes the protocol machines).
 #[derive(Clone, Copy, Debug)]
 pub struct ConnLimits {
-    /// Outstanding work requests per queue pair.
+    /// Outstanding work requests per queue pair (its send queue holds one
+    /// more, for the marker that ends it).
     pub send_depth: u32,
     /// Largest work request.
     pub max_chunk: u32,
@@ -92,6 +110,33 @@ struct Conn<Q> {
     /// Every write of this connection not yet completed, oldest first
     /// (RC completes in order, so the one that completes is the front).
     writes: VecDeque<u64>,
+    /// Work was posted to its queue pair (or a post was tried, which may
+    /// have posted some): ending it needs the marker.
+    posted: bool,
+    /// Set once it is ending.
+    ending: Option<Ending>,
+}
+
+/// A connection being ended: its queue pair is in error, and its writes
+/// are completed once the marker posted after that completes.
+struct Ending {
+    /// What its unfinished writes complete with.
+    outcome: Outcome,
+    /// The marker's work-request id, once posted (it waits for room in
+    /// the CQ).
+    marker: Option<u64>,
+    /// When a sweep first saw it ending (its flush deadline counts from
+    /// there).
+    since: Option<Instant>,
+}
+
+/// What the unfinished writes of a connection that ends complete with.
+enum Outcome {
+    /// Their caller gave up on them (`Transport::cancel_writes`).
+    Cancelled,
+    /// The connection failed: the first with this error, the others as
+    /// abandoned because of it.
+    Failed(VerbsError),
 }
 
 struct Write {
@@ -164,9 +209,12 @@ pub struct ConnBook<D: Device> {
     /// within the CQ's capacity, since a CQ that overflows goes to error.
     in_flight: u32,
     cq_capacity: u32,
-    /// A pump stopped at the CQ's capacity: pump every connection once
-    /// completions make room.
+    /// A pump (or a marker) stopped at the CQ's capacity: pump every
+    /// connection once completions make room.
     cq_blocked: bool,
+    /// Ending connections whose marker waits for room in the CQ; that
+    /// room is theirs before any write's.
+    markers_waiting: u32,
     arm_failed: bool,
     /// Writes finished since [`ConnBook::take_news`] last looked.
     news: bool,
@@ -219,6 +267,7 @@ impl<D: Device> ConnBook<D> {
             in_flight: 0,
             cq_capacity,
             cq_blocked: false,
+            markers_waiting: 0,
             arm_failed: false,
             news: false,
             psn_seed: incarnation,

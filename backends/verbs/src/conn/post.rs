@@ -50,6 +50,8 @@ impl<D: Device> ConnBook<D> {
                         next_seq: 0,
                         queue: VecDeque::new(),
                         writes: VecDeque::new(),
+                        posted: false,
+                        ending: None,
                     },
                 );
                 self.by_peer.insert(dest.to_owned(), id);
@@ -98,9 +100,10 @@ impl<D: Device> ConnBook<D> {
         Ok(fresh)
     }
 
-    /// Posts what the connection's window has room for.
+    /// Posts what the connection's window has room for (nothing once it
+    /// is ending).
     pub(super) fn pump(&mut self, conn_id: u32) {
-        let Some(conn) = self.conns.get_mut(&conn_id) else {
+        let Some(conn) = self.conns.get_mut(&conn_id).filter(|c| c.ending.is_none()) else {
             return;
         };
         let Some(regions) = conn.regions.as_ref() else {
@@ -110,7 +113,7 @@ impl<D: Device> ConnBook<D> {
         wrs.clear();
         let mut refused = Vec::new();
         while conn.window.has_room() {
-            if self.in_flight >= self.cq_capacity {
+            if self.in_flight + self.markers_waiting >= self.cq_capacity {
                 self.cq_blocked = true;
                 break;
             }
@@ -180,6 +183,8 @@ impl<D: Device> ConnBook<D> {
             self.wrs = wrs;
             return;
         };
+        // Set before the post: a post that fails may have posted some.
+        conn.posted = true;
         // SAFETY: every source range was checked against its registered
         // region when the write was accepted, and every destination
         // against the region the peer announced with this rkey.

@@ -19,6 +19,8 @@ use crate::sim::SimDevice;
 use crate::status::WcStatus;
 use crate::transport::{VerbsConfig, VerbsTransport};
 
+mod cancel;
+
 struct Node {
     t: VerbsTransport<SimDevice>,
     pool: HostPool,
