@@ -42,6 +42,8 @@ mod delivery;
 mod progress;
 mod shared;
 mod staging;
+#[cfg(test)]
+mod tests;
 
 pub use config::InstanceNodeConfig;
 pub use delivery::{Delivery, TensorView};
@@ -408,12 +410,19 @@ impl InstanceNode {
 
     /// The next transfer received, waiting at most `timeout`.
     pub fn recv(&self, timeout: Duration) -> Option<Delivery<'_>> {
+        // One deadline for the whole call: a wake for a transfer that is
+        // gone by the time this thread looks (its token stale) goes back
+        // to waiting for what is left of it, not for `timeout` anew.
+        let deadline = std::time::Instant::now().checked_add(timeout);
         let mut st = self.shared.lock();
         loop {
+            let left = deadline.map_or(timeout, |d| {
+                d.saturating_duration_since(std::time::Instant::now())
+            });
             let (guard, _) = self
                 .shared
                 .changed
-                .wait_timeout_while(st, timeout, |s| {
+                .wait_timeout_while(st, left, |s| {
                     s.received.is_empty()
                         && !self.shared.stop.load(Ordering::Relaxed)
                         && !self.shared.dead.load(Ordering::Acquire)
