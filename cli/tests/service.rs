@@ -209,7 +209,7 @@ impl Scene {
         std::fs::create_dir_all(&dir).unwrap();
         Self {
             dir,
-            prefix: format!("ferry-t{}-{tag}", std::process::id()),
+            prefix: format!("{}-t{}-{tag}", ferry_shm::prefix(), std::process::id()),
         }
     }
 
