@@ -100,7 +100,7 @@ fn rig(
     let receiver = plane.start_instance(&r, 2 * pool, bind("receiver")?)?;
     sender.wait_registered(Duration::from_secs(10))?;
     receiver.wait_registered(Duration::from_secs(10))?;
-    telemetry.add_coordinator(coordinator.probe());
+    telemetry.add_coordinator(coordinator.probe(), "coordinator");
     telemetry.add_instance(sender.probe(), "sender");
     telemetry.add_instance(receiver.probe(), "receiver");
     Ok(Rig {

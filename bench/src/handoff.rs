@@ -103,7 +103,7 @@ fn rig(largest: u64, copy: CopyConfig, telemetry: &Telemetry) -> Result<Rig, Nod
     let receiver = plane.start_instance_at(&r, pool, &endpoint("receiver"))?;
     sender.wait_registered(Duration::from_secs(10))?;
     receiver.wait_registered(Duration::from_secs(10))?;
-    telemetry.add_coordinator(coordinator.probe());
+    telemetry.add_coordinator(coordinator.probe(), "coordinator");
     telemetry.add_instance(sender.probe(), "sender");
     telemetry.add_instance(receiver.probe(), "receiver");
     Ok(Rig {

@@ -27,6 +27,16 @@ struct Hosts {
     link_a: String,
 }
 
+/// The prefix of the namespaces' names: `ferry`, unless
+/// `FERRY_NETNS_PREFIX` names another (letters, digits and `-`), as
+/// `scripts/test` does to find the namespaces its run made.
+fn netns_prefix() -> String {
+    std::env::var("FERRY_NETNS_PREFIX")
+        .ok()
+        .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+        .unwrap_or_else(|| "ferry".to_owned())
+}
+
 fn ip(args: &[&str]) -> Result<(), String> {
     let out = Command::new("ip")
         .args(args)
@@ -47,9 +57,10 @@ impl Hosts {
     fn new(tag: &str) -> Result<Self, String> {
         let id = format!("{}{tag}", std::process::id() % 100_000);
         let (va, vb) = (format!("fa{id}"), format!("fb{id}"));
+        let prefix = netns_prefix();
         let hosts = Self {
-            a: format!("ferry-{id}-a"),
-            b: format!("ferry-{id}-b"),
+            a: format!("{prefix}-{id}-a"),
+            b: format!("{prefix}-{id}-b"),
             link_a: va.clone(),
         };
         ip(&["netns", "add", &hosts.a])?;

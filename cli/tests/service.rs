@@ -171,7 +171,7 @@ fn wait_ready(d: &mut Daemon, up: &str) -> Value {
 /// transfers in flight.
 fn wait_in_flight(metrics: &Value, n: usize) {
     let url = metrics["url"].as_str().unwrap();
-    let want = format!("ferry_coordinator_in_flight {n}");
+    let want = format!("ferry_coordinator_in_flight{{node=\"coordinator\"}} {n}");
     let end = Instant::now() + Duration::from_secs(30);
     loop {
         let text = ureq::get(url)
@@ -209,7 +209,7 @@ impl Scene {
         std::fs::create_dir_all(&dir).unwrap();
         Self {
             dir,
-            prefix: format!("ferry-t{}-{tag}", std::process::id()),
+            prefix: format!("{}-t{}-{tag}", ferry_shm::prefix(), std::process::id()),
         }
     }
 

@@ -33,7 +33,7 @@ fn python() -> PathBuf {
 
 /// Runs the harness with `args`; returns its JSON result.
 fn run(tag: &str, args: &[&str]) -> (serde_json::Value, String) {
-    let prefix = format!("ferry-sg{}-{tag}", std::process::id());
+    let prefix = format!("{}-sg{}-{tag}", ferry_shm::prefix(), std::process::id());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sglang/head_run.py");
     let out = Command::new(python())
         .arg(script)

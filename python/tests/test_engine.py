@@ -6,6 +6,7 @@ import hashlib
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -171,6 +172,43 @@ def test_torch_tensors_are_registered_where_they_lie(peer_factory):
     assert eng.transfer_sync(got["session"], t.data_ptr(), got["addr"], 16 * MiB) == 0, eng.last_error
     assert peer.ask(op="sha", name="pool")["sha"] == sha(t.numpy().view(np.uint8))
     eng.close()
+
+
+def test_a_threads_reason_is_its_own_and_ends_with_it():
+    """Each thread reads only its own last failure, and the engine keeps
+    nothing for threads that ended: many short-lived threads, each failing
+    once, leave no table behind."""
+    with ferry.TransferEngine("local") as eng:
+        src = np.zeros(64, dtype=np.uint8)
+        eng.register_buffer(src.ctypes.data, src.nbytes)
+        native = eng._engine
+        seen = []
+
+        def fail_once(i: int) -> None:
+            rc = eng.transfer_sync(f"nonsense-{i}", src.ctypes.data, 0, 16)
+            seen.append((i, rc, eng.last_error))
+
+        for wave in range(4):
+            threads = [threading.Thread(target=fail_once, args=(64 * wave + i,)) for i in range(64)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        assert len(seen) == 256
+        for i, rc, reason in seen:
+            assert rc < 0 and f"nonsense-{i}" in (reason or ""), (i, rc, reason)
+        assert eng.last_error is None
+        # A thread's storage goes as its OS thread ends, which is just after
+        # join() returns (CPython releases join before the thread exits).
+        end = time.monotonic() + 30
+        while native._last_error_holders and time.monotonic() < end:
+            time.sleep(0.01)
+        assert native._last_error_holders == 0
+        # A live thread keeps its reason until its next success.
+        assert eng.transfer_sync("nonsense", src.ctypes.data, 0, 16) < 0
+        assert native._last_error_holders == 1 and "nonsense" in eng.last_error
+        assert eng.transfer_sync(eng.session_id, src.ctypes.data, src.ctypes.data + 32, 16) == 0, eng.last_error
+        assert native._last_error_holders == 0 and eng.last_error is None
 
 
 def test_a_closed_engine_refuses_everything():

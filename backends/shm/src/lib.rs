@@ -25,7 +25,7 @@ mod uds;
 
 pub use error::{MemError, ShmError, UdsError};
 pub use mem::{MemChannel, MemHub};
-pub use pool::ShmPool;
+pub use pool::{prefix, ShmPool};
 pub use session::SessionId;
 pub use stale::{clean_stale, clean_stale_with_prefix};
 pub use transport::ShmTransport;

@@ -17,9 +17,12 @@ use crate::error::ShmError;
 /// Objects created by this process so far (for unique names).
 static CREATED: AtomicU32 = AtomicU32::new(0);
 
-/// The prefix of every object name ferry creates; `FERRY_SHM_PREFIX`
-/// overrides it (tests use it to find what they left behind).
-pub(crate) fn prefix() -> String {
+/// The prefix of every object name ferry creates (`<prefix>-<pid>-<n>`):
+/// `ferry`, unless `FERRY_SHM_PREFIX` names another (letters, digits and
+/// `-`). Tests set it to find what they left behind; a test that chooses
+/// a prefix for its processes nests it under this one, so that what
+/// started the test finds those too.
+pub fn prefix() -> String {
     std::env::var("FERRY_SHM_PREFIX")
         .ok()
         .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))

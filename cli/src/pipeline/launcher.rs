@@ -353,7 +353,7 @@ pub fn launch(args: LaunchArgs) -> Result<Summary, String> {
         tx,
         rx,
         dir,
-        prefix: format!("ferry-pl{pid}"),
+        prefix: format!("{}-pl{pid}", ferry_shm::prefix()),
     };
     let boot = Duration::from_secs(30);
     let listen: Vec<String> = match args.control {

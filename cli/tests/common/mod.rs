@@ -46,7 +46,7 @@ impl Procs {
             rx,
             backlog: Vec::new(),
             dir,
-            shm_prefix: format!("ferry-t{}-{tag}", std::process::id()),
+            shm_prefix: format!("{}-t{}-{tag}", ferry_shm::prefix(), std::process::id()),
         }
     }
 

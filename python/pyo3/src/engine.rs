@@ -1,9 +1,7 @@
 //! `TransferEngine`: sglang's `BaseTransferEngine` contract over
 //! [`ferry::engine::TransferEngine`].
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::thread::ThreadId;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use ferry::engine::{EngineError, TransferEngine};
@@ -11,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::errors::{self, Kind};
+use crate::last_error::LastErrors;
 use crate::options;
 
 /// The Python exception for an engine's error (a closed engine's is
@@ -28,9 +27,8 @@ fn raise(py: Python<'_>, e: &EngineError) -> PyErr {
 #[pyclass(name = "TransferEngine", module = "ferry._native", frozen)]
 pub struct Engine {
     engine: RwLock<Option<Arc<TransferEngine>>>,
-    /// The last failure of each thread that called in (a transfer's
-    /// return code is per call, and so is its reason).
-    last: Mutex<HashMap<ThreadId, String>>,
+    /// Why each thread's last transfer failed, kept by the thread.
+    last: LastErrors,
     backend: &'static str,
     timeout: Duration,
 }
@@ -45,17 +43,14 @@ impl Engine {
     }
 
     fn record(&self, outcome: Result<(), EngineError>) -> i32 {
-        let me = std::thread::current().id();
-        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
         match outcome {
             Ok(()) => {
-                last.remove(&me);
+                self.last.clear();
                 0
             }
             Err(e) => {
-                let c = e.kind().code();
-                last.insert(me, e.to_string());
-                c
+                self.last.set(e.to_string());
+                e.kind().code()
             }
         }
     }
@@ -83,7 +78,7 @@ impl Engine {
             .map_err(|e| raise(py, &e))?;
         Ok(Self {
             engine: RwLock::new(Some(Arc::new(engine))),
-            last: Mutex::new(HashMap::new()),
+            last: LastErrors::default(),
             backend: name,
             timeout: common.timeout,
         })
@@ -111,11 +106,15 @@ impl Engine {
     /// success).
     #[getter]
     fn last_error(&self) -> Option<String> {
-        self.last
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&std::thread::current().id())
-            .cloned()
+        self.last.get()
+    }
+
+    /// How many live threads hold a failure of this engine for
+    /// `last_error` (private: for the tests, which check that threads
+    /// that ended hold none).
+    #[getter]
+    fn _last_error_holders(&self) -> usize {
+        self.last.holders()
     }
 
     /// Registers `length` bytes at `ptr` for peers to write into and this

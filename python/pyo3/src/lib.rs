@@ -7,6 +7,7 @@
 mod buffer;
 mod engine;
 mod errors;
+mod last_error;
 mod node;
 mod options;
 

@@ -5,8 +5,12 @@
 //! machine and posts the writes it asks for (outside the lock, so that a
 //! large copy does not stall the application). Application threads stage,
 //! commit, receive and release through the same state machine under a
-//! mutex, and send what that produces at once: a commit goes out on the
-//! caller's thread without waiting for the progress thread.
+//! mutex, and send what that produces as soon as they let it go: a commit
+//! goes out on the caller's thread without waiting for the progress
+//! thread. Messages are sent outside the state's lock, one thread at a
+//! time and in the order the machine made them, so that a send that
+//! blocks (a coordinator that stopped reading, up to the channel's send
+//! timeout) holds up no other thread's call.
 //!
 //! In steady state nothing here allocates: buffers, queues and the
 //! per-delivery metadata buffers are made at start and reused.
@@ -42,11 +46,13 @@ mod delivery;
 mod progress;
 mod shared;
 mod staging;
+#[cfg(test)]
+mod tests;
 
 pub use config::InstanceNodeConfig;
 pub use delivery::{Delivery, TensorView};
 use progress::Progress;
-use shared::{Arrival, Shared, State};
+use shared::{Arrival, Outbox, Sender, Shared, State};
 pub use staging::Staging;
 use staging::EMPTY_ENTRY;
 
@@ -62,6 +68,10 @@ const POLL_WRITES: Duration = Duration::from_micros(100);
 
 /// Receive buffer for one control message.
 const RECV_BUF: usize = 1 << 20;
+
+/// Room made at start for the messages waiting to be sent (a message is
+/// some hundred bytes, a manifest's a few KiB).
+const OUTBOX_BYTES: usize = 64 * 1024;
 
 /// What became of a request this instance staged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,15 +203,20 @@ impl InstanceNode {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 machine,
-                tx: Box::new(tx),
                 coordinator: settings.coordinator.clone(),
                 out: vec![0; 64 * 1024],
+                outbox: Outbox::with_capacity(4 * n, OUTBOX_BYTES),
                 received: VecDeque::with_capacity(n),
                 outcomes: VecDeque::with_capacity(4 * n),
                 meta_free: (0..n)
                     .map(|_| Vec::with_capacity(settings.limits.nested_per_request))
                     .collect(),
                 frames: VecDeque::new(),
+            }),
+            sender: Mutex::new(Sender {
+                tx: Box::new(tx),
+                to: settings.coordinator.clone(),
+                buf: Vec::with_capacity(OUTBOX_BYTES),
             }),
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -255,10 +270,7 @@ impl InstanceNode {
                 kept
             })
             .map_err(NodeError::Thread)?;
-        {
-            let mut st = shared.lock();
-            shared.drive(&mut st, shared.clock.now());
-        }
+        shared.drive_and_send(shared.lock(), shared.clock.now());
         Ok(Self {
             shared,
             thread: Some(thread),
@@ -317,7 +329,7 @@ impl InstanceNode {
         let mut st = self.shared.lock();
         let now = self.shared.clock.now();
         st.machine.drain(now);
-        self.shared.drive(&mut st, now);
+        self.shared.drive_and_send(st, now);
     }
 
     /// Requests still in progress here, on either side (slots sitting out
@@ -344,19 +356,20 @@ impl InstanceNode {
     /// out. Transfers the application still holds are marked aborted;
     /// release them as usual.
     pub fn leave(&self, reason: &str, timeout: Duration) -> bool {
+        let end = std::time::Instant::now() + timeout;
         let mut st = self.shared.lock();
         let now = self.shared.clock.now();
         st.machine.leave(now, reason);
-        self.shared.drive(&mut st, now);
-        let end = std::time::Instant::now() + timeout;
+        self.shared.drive_and_send(st, now);
+        let mut st = self.shared.lock();
         while !st.machine.has_left() {
             let left = end.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 return false;
             }
             // Completions come on the progress thread, which drives (and
-            // so sends) under this lock; a completion of an aborted write
-            // wakes no one, hence the short waits.
+            // so queues the farewell) under this lock; a completion of an
+            // aborted write wakes no one, hence the short waits.
             st = self
                 .shared
                 .changed
@@ -364,6 +377,10 @@ impl InstanceNode {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
+        drop(st);
+        // The farewell is queued; another thread may be sending it (or
+        // what came before it). Waiting for the sender sees it handed over.
+        self.shared.with_sender(|_| ());
         true
     }
 
@@ -403,12 +420,19 @@ impl InstanceNode {
 
     /// The next transfer received, waiting at most `timeout`.
     pub fn recv(&self, timeout: Duration) -> Option<Delivery<'_>> {
+        // One deadline for the whole call: a wake for a transfer that is
+        // gone by the time this thread looks (its token stale) goes back
+        // to waiting for what is left of it, not for `timeout` anew.
+        let deadline = std::time::Instant::now().checked_add(timeout);
         let mut st = self.shared.lock();
         loop {
+            let left = deadline.map_or(timeout, |d| {
+                d.saturating_duration_since(std::time::Instant::now())
+            });
             let (guard, _) = self
                 .shared
                 .changed
-                .wait_timeout_while(st, timeout, |s| {
+                .wait_timeout_while(st, left, |s| {
                     s.received.is_empty()
                         && !self.shared.stop.load(Ordering::Relaxed)
                         && !self.shared.dead.load(Ordering::Acquire)
@@ -506,7 +530,7 @@ impl InstanceNode {
         }
         self.shared.probe.hold.observe(arrived.at.elapsed());
         Metrics::add(&self.shared.probe.metrics.released, 1);
-        self.shared.drive(&mut st, self.shared.clock.now());
+        self.shared.drive_and_send(st, self.shared.clock.now());
     }
 }
 
@@ -515,25 +539,26 @@ impl InstanceNode {
     /// the coordinator on the protocol's socket: sglang's decoder returns
     /// its output to the head this way (a JSON descriptor frame, then the
     /// tensors' bytes).
+    ///
+    /// It goes after the protocol's messages already queued, and without
+    /// the state's lock, like them.
     pub fn send_frames(&self, frames: &[&[u8]]) -> Result<(), NodeError> {
-        let mut st = self.shared.lock();
-        let State {
-            tx, coordinator, ..
-        } = &mut *st;
-        match tx.send_parts(coordinator, frames) {
-            Ok(()) => {
-                Metrics::add(&self.shared.probe.metrics.messages_out, 1);
-                Ok(())
-            }
-            Err(e) => {
-                Metrics::add(&self.shared.probe.metrics.send_errors, 1);
-                Err(NodeError::Send {
-                    to: coordinator.clone(),
-                    kind: e.kind,
-                    source: e.source,
-                })
-            }
-        }
+        let m = &self.shared.probe.metrics;
+        self.shared
+            .with_sender(|s| match s.tx.send_parts(&s.to, frames) {
+                Ok(()) => {
+                    Metrics::add(&m.messages_out, 1);
+                    Ok(())
+                }
+                Err(e) => {
+                    Metrics::add(&m.send_errors, 1);
+                    Err(NodeError::Send {
+                        to: s.to.clone(),
+                        kind: e.kind,
+                        source: e.source,
+                    })
+                }
+            })
     }
 }
 
@@ -547,5 +572,9 @@ impl Drop for InstanceNode {
             let kept = t.join();
             drop(kept);
         }
+        // What a turn queued and no thread sent (the progress thread's
+        // last, had it panicked between the two) goes before the channel
+        // closes.
+        self.shared.send_queued();
     }
 }

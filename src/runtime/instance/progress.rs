@@ -44,6 +44,7 @@ where
                 };
                 shared.clock.until(next, cap)
             };
+            shared.send_queued();
             self.receive(wait);
             self.post_writes();
             // Completions first: reaping clears the wake descriptor, and
@@ -90,7 +91,7 @@ where
                     Metrics::add(&m.ignored, 1);
                     debug!(msg = ?decoded.msg_type(), ?why, "message ignored");
                 }
-                shared.drive(&mut st, now);
+                shared.drive_and_send(st, now);
             }
             Ok(Some(ChannelEvent::Gone { from })) => {
                 let mut st = shared.lock();
@@ -98,8 +99,8 @@ where
                     warn!(coordinator = %from, "coordinator gone");
                     Metrics::add(&m.peers_lost, 1);
                     let now = shared.clock.now();
-                    st.machine.handle_coordinator_lost(now);
-                    shared.drive(&mut st, now);
+                    shared.coordinator_lost(&mut st, now);
+                    shared.drive_and_send(st, now);
                 }
             }
             Ok(None) => {}
@@ -128,7 +129,7 @@ where
             handed |= st.machine.handle_landed(now, landed);
         }
         if handed {
-            shared.drive(&mut st, now);
+            shared.drive_and_send(st, now);
         }
     }
 
@@ -185,7 +186,7 @@ where
                 }
             }
         }
-        shared.drive(&mut st, now);
+        shared.drive_and_send(st, now);
     }
 }
 

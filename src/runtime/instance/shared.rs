@@ -1,6 +1,9 @@
 //! What the application's threads and the progress thread share: the
-//! state machine and its queues under one lock, and the turn that fires
-//! timers, sends what the machine queued and routes its events.
+//! state machine and its queues under one lock, the turn that fires
+//! timers, queues what the machine sends and routes its events, and the
+//! sending of that queue, in order, after the lock is let go.
+
+use std::sync::TryLockError;
 
 use super::*;
 
@@ -30,12 +33,80 @@ where
     }
 }
 
+/// The control channel's sending side, where it sends, and the buffer a
+/// message is taken into to be sent.
+pub(super) struct Sender {
+    pub(super) tx: Box<dyn DynSend>,
+    pub(super) to: String,
+    pub(super) buf: Vec<u8>,
+}
+
+/// Messages the machine produced, encoded, waiting to be sent: a turn of
+/// the machine queues them under the state's lock, and whoever sends
+/// takes them in order into its own buffer and sends them without it.
+/// Back to back in one buffer, made at start: queueing allocates only
+/// when more is waiting than ever before.
+pub(super) struct Outbox {
+    /// The messages, back to back from `start`.
+    bytes: Vec<u8>,
+    start: usize,
+    /// Their lengths, in order.
+    lens: VecDeque<usize>,
+}
+
+impl Outbox {
+    pub(super) fn with_capacity(messages: usize, bytes: usize) -> Self {
+        Self {
+            bytes: Vec::with_capacity(bytes),
+            start: 0,
+            lens: VecDeque::with_capacity(messages),
+        }
+    }
+
+    fn push(&mut self, msg: &[u8]) {
+        if self.start > 0 && self.bytes.len() + msg.len() > self.bytes.capacity() {
+            // The room of what was taken, before growing.
+            self.bytes.drain(..self.start);
+            self.start = 0;
+        }
+        self.bytes.extend_from_slice(msg);
+        self.lens.push_back(msg.len());
+    }
+
+    /// Moves the next message into `into`; false if there is none.
+    fn take(&mut self, into: &mut Vec<u8>) -> bool {
+        let Some(n) = self.lens.pop_front() else {
+            return false;
+        };
+        into.clear();
+        into.extend_from_slice(&self.bytes[self.start..self.start + n]);
+        self.start += n;
+        if self.lens.is_empty() {
+            self.clear();
+        }
+        true
+    }
+
+    /// Drops what is queued.
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.start = 0;
+        self.lens.clear();
+    }
+
+    fn is_empty(&self) -> bool {
+        self.lens.is_empty()
+    }
+}
+
 pub(super) struct State {
     pub(super) machine: Instance<'static>,
-    pub(super) tx: Box<dyn DynSend>,
+    /// The coordinator's endpoint.
     pub(super) coordinator: String,
     /// Encoding buffer for outgoing messages.
     pub(super) out: Vec<u8>,
+    /// What the machine sent, waiting for the sender.
+    pub(super) outbox: Outbox,
     /// Transfers received, with when they arrived.
     pub(super) received: VecDeque<(Token, Arrival)>,
     pub(super) outcomes: VecDeque<Outcome>,
@@ -47,6 +118,9 @@ pub(super) struct State {
 
 pub(super) struct Shared {
     pub(super) state: Mutex<State>,
+    /// Taken to send, never while holding `state` (a send may block for
+    /// the channel's send timeout; the state's other users go on).
+    pub(super) sender: Mutex<Sender>,
     pub(super) changed: Condvar,
     pub(super) stop: AtomicBool,
     /// The progress thread panicked: the machine may be half-way through
@@ -62,13 +136,15 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Fires due timers, sends queued messages, and routes events.
+    /// Fires due timers, queues the messages the machine sends, and routes
+    /// events. The caller sends the queue once it let the lock go
+    /// ([`drive_and_send`](Self::drive_and_send)).
     pub(super) fn drive(&self, st: &mut State, now: Instant) {
         let State {
             machine,
-            tx,
             coordinator,
             out,
+            outbox,
             received,
             outcomes,
             ..
@@ -76,26 +152,11 @@ impl Shared {
         if machine.poll_timeout().is_some_and(|t| t <= now) {
             machine.handle_timeout(now);
         }
-        let mut lost = false;
         while let Some(r) = machine.poll_transmit(out) {
-            let n = match r {
-                Ok(n) => n,
-                Err(e) => {
-                    out.resize(e.needed, 0);
-                    continue;
-                }
-            };
-            match tx.send_parts(coordinator, &[TRANSFER_MAGIC, &out[..n]]) {
-                Ok(()) => Metrics::add(&self.probe.metrics.messages_out, 1),
-                Err(e) => {
-                    Metrics::add(&self.probe.metrics.send_errors, 1);
-                    warn!(coordinator = %coordinator, error = %e.source, "control send failed");
-                    lost |= e.kind == FaultKind::PeerGone;
-                }
+            match r {
+                Ok(n) => outbox.push(&out[..n]),
+                Err(e) => out.resize(e.needed, 0),
             }
-        }
-        if lost {
-            machine.handle_coordinator_lost(now);
         }
         let mut woke = false;
         while let Some(e) = machine.poll_event() {
@@ -157,6 +218,96 @@ impl Shared {
         if woke {
             self.changed.notify_all();
         }
+    }
+
+    /// [`drive`](Self::drive), then, with the lock let go, sends what it
+    /// queued.
+    pub(super) fn drive_and_send(&self, mut st: MutexGuard<'_, State>, now: Instant) {
+        self.drive(&mut st, now);
+        drop(st);
+        self.send_queued();
+    }
+
+    /// The coordinator is gone: the machine registers anew, and then what
+    /// it had queued for the old coordinator (which it drops) goes from
+    /// the outbox too.
+    pub(super) fn coordinator_lost(&self, st: &mut State, now: Instant) {
+        let answered = st.machine.registration() != Registration::Pending;
+        st.machine.handle_coordinator_lost(now);
+        if answered && st.machine.registration() == Registration::Pending {
+            st.outbox.clear();
+        }
+    }
+
+    /// Sends the queued messages, in order, on this thread, unless another
+    /// thread is sending: that one sends these too before it stops, so a
+    /// call never waits behind another thread's send.
+    pub(super) fn send_queued(&self) {
+        loop {
+            let mut sender = match self.sender.try_lock() {
+                Ok(s) => s,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
+            };
+            let lost = self.send_pending(&mut sender);
+            drop(sender);
+            if lost {
+                self.lost_by_send();
+            }
+            // Whatever a thread queued while this one held the sender, and
+            // so left to it, is sent by this one.
+            if self.lock().outbox.is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// Waits for the sender (another thread's send included), sends what
+    /// is queued, then runs `f` with it: on return, every message queued
+    /// before the call went to the channel, ahead of what `f` sends.
+    pub(super) fn with_sender<R>(&self, f: impl FnOnce(&mut Sender) -> R) -> R {
+        let mut sender = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
+        let lost = self.send_pending(&mut sender);
+        let r = f(&mut sender);
+        drop(sender);
+        if lost {
+            self.lost_by_send();
+        }
+        self.send_queued();
+        r
+    }
+
+    /// Sends the outbox, message by message, taking the state's lock only
+    /// to take each one; true if a send found the coordinator gone.
+    fn send_pending(&self, sender: &mut Sender) -> bool {
+        let m = &self.probe.metrics;
+        let mut lost = false;
+        loop {
+            // Its own statement, so that the lock is let go before the send.
+            let taken = self.lock().outbox.take(&mut sender.buf);
+            if !taken {
+                return lost;
+            }
+            match sender
+                .tx
+                .send_parts(&sender.to, &[TRANSFER_MAGIC, &sender.buf])
+            {
+                Ok(()) => Metrics::add(&m.messages_out, 1),
+                Err(e) => {
+                    Metrics::add(&m.send_errors, 1);
+                    warn!(coordinator = %sender.to, error = %e.source, "control send failed");
+                    lost |= e.kind == FaultKind::PeerGone;
+                }
+            }
+        }
+    }
+
+    /// A send found the coordinator gone.
+    fn lost_by_send(&self) {
+        let mut st = self.lock();
+        let now = self.clock.now();
+        self.coordinator_lost(&mut st, now);
+        self.drive(&mut st, now);
     }
 }
 

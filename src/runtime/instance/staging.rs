@@ -52,7 +52,7 @@ impl Staging<'_, '_> {
             .commit(now, token, self.data_size, &manifest, scalars)?;
         self.token = None;
         Metrics::add(&shared.probe.metrics.staged, 1);
-        shared.drive(&mut st, now);
+        shared.drive_and_send(st, now);
         Ok(())
     }
 }
@@ -103,7 +103,7 @@ impl Staging<'_, '_> {
         shared.probe.hold.observe(delivery.arrived.at.elapsed());
         Metrics::add(&shared.probe.metrics.staged, 1);
         Metrics::add(&shared.probe.metrics.released, 1);
-        shared.drive(&mut st, now);
+        shared.drive_and_send(st, now);
         Ok(())
     }
 }

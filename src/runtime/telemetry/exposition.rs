@@ -285,30 +285,33 @@ const LEG_LATENCIES: [LegLatencyRow; 4] = [
 
 pub(super) fn encode_coordinators(
     encoder: &mut DescriptorEncoder<'_>,
-    nodes: &[Arc<CoordinatorProbe>],
+    nodes: &[(String, Arc<CoordinatorProbe>)],
 ) -> std::fmt::Result {
-    let snaps: Vec<CoordinatorSnapshot> = nodes.iter().map(|n| n.snapshot()).collect();
+    let snaps: Vec<(NodeLabel<'_>, CoordinatorSnapshot)> = nodes
+        .iter()
+        .map(|(name, n)| ([("node", name.as_str())], n.snapshot()))
+        .collect();
     let mut name = String::new();
     for (short, help, read) in &NODE_COUNTERS {
         name.clear();
         let _ = write!(name, "ferry_coordinator_{short}");
         let mut m = encoder.encode_descriptor(&name, help, None, MetricType::Counter)?;
-        for s in &snaps {
-            counter(m.encode_family(&NO_LABELS)?, read(&s.metrics))?;
+        for (labels, s) in &snaps {
+            counter(m.encode_family(labels)?, read(&s.metrics))?;
         }
     }
     for (short, help, read) in COORDINATOR_COUNTERS {
         name.clear();
         let _ = write!(name, "ferry_coordinator_{short}");
         let mut m = encoder.encode_descriptor(&name, help, None, MetricType::Counter)?;
-        for s in &snaps {
-            counter(m.encode_family(&NO_LABELS)?, read(s))?;
+        for (labels, s) in &snaps {
+            counter(m.encode_family(labels)?, read(s))?;
         }
     }
     for (name, help, read) in COORDINATOR_GAUGES {
         let mut m = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-        for s in &snaps {
-            gauge(m.encode_family(&NO_LABELS)?, read(s))?;
+        for (labels, s) in &snaps {
+            gauge(m.encode_family(labels)?, read(s))?;
         }
     }
     let mut m = encoder.encode_descriptor(
@@ -317,9 +320,9 @@ pub(super) fn encode_coordinators(
         None,
         MetricType::Counter,
     )?;
-    for n in nodes {
+    for (node, n) in nodes {
         for (role, l) in n.pipeline.iter().zip(&n.legs) {
-            counter(m.encode_family(&[("leg", role.as_str())])?, l.delivered())?;
+            counter(m.encode_family(&leg_labels(node, role))?, l.delivered())?;
         }
     }
     let mut m = encoder.encode_descriptor(
@@ -328,10 +331,10 @@ pub(super) fn encode_coordinators(
         None,
         MetricType::Counter,
     )?;
-    for n in nodes {
+    for (node, n) in nodes {
         for (role, l) in n.pipeline.iter().zip(&n.legs) {
             for reason in FailReason::ALL {
-                let labels = [("leg", role.as_str()), ("reason", reason.code())];
+                let labels = (leg_labels(node, role), [("reason", reason.code())]);
                 counter(m.encode_family(&labels)?, l.failures(reason))?;
             }
         }
@@ -339,16 +342,21 @@ pub(super) fn encode_coordinators(
     for (name, help, read) in LEG_LATENCIES {
         let mut m =
             encoder.encode_descriptor(name, help, Some(&Unit::Seconds), MetricType::Histogram)?;
-        for n in nodes {
+        for (node, n) in nodes {
             for (role, l) in n.pipeline.iter().zip(&n.legs) {
                 read(l)
                     .histogram
-                    .encode(m.encode_family(&[("leg", role.as_str())])?)?;
+                    .encode(m.encode_family(&leg_labels(node, role))?)?;
             }
         }
     }
     Ok(())
 }
 
-/// No labels, for a metric's only series.
-const NO_LABELS: [(&str, &str); 0] = [];
+/// A coordinator's label: the name it was added under.
+type NodeLabel<'a> = [(&'static str, &'a str); 1];
+
+/// The labels of one leg of a coordinator.
+fn leg_labels<'a>(node: &'a str, role: &'a str) -> [(&'static str, &'a str); 2] {
+    [("node", node), ("leg", role)]
+}

@@ -42,7 +42,7 @@ pub use prometheus_client;
 #[derive(Debug, Default)]
 struct Sources {
     instances: Vec<(String, Weak<InstanceProbe>)>,
-    coordinators: Vec<Weak<CoordinatorProbe>>,
+    coordinators: Vec<(String, Weak<CoordinatorProbe>)>,
 }
 
 /// The nodes a process serves metrics for, as one [`Collector`]: register
@@ -53,10 +53,12 @@ struct Sources {
 ///
 /// Instance metrics are named `ferry_*` and labelled with the node's
 /// `role` and the `node` name it was added under; coordinator metrics are
-/// `ferry_coordinator_*`, labelled per `leg` (the sending role) and, for
-/// failures, `reason`. Every label takes values from the configuration or
-/// fixed lists, never from peers, so cardinality is what the operator
-/// configured.
+/// `ferry_coordinator_*`, labelled with the `node` name it was added under
+/// and, per leg, `leg` (the sending role) and, for failures, `reason`.
+/// Nodes of one kind need names of their own: two under one name would
+/// make the same series twice. Every label takes values from the
+/// configuration or fixed lists, never from peers, so cardinality is what
+/// the operator configured.
 #[derive(Clone, Debug, Default)]
 pub struct Telemetry {
     sources: Arc<Mutex<Sources>>,
@@ -75,9 +77,11 @@ impl Telemetry {
             .push((name.to_owned(), Arc::downgrade(probe)));
     }
 
-    /// Serves `probe`'s metrics.
-    pub fn add_coordinator(&self, probe: &Arc<CoordinatorProbe>) {
-        self.lock().coordinators.push(Arc::downgrade(probe));
+    /// Serves `probe`'s metrics labelled `node="<name>"`.
+    pub fn add_coordinator(&self, probe: &Arc<CoordinatorProbe>, name: &str) {
+        self.lock()
+            .coordinators
+            .push((name.to_owned(), Arc::downgrade(probe)));
     }
 
     /// A registry holding only this set.
@@ -108,14 +112,17 @@ impl Collector for Telemetry {
         let (instances, coordinators) = {
             let mut s = self.lock();
             s.instances.retain(|(_, w)| w.strong_count() > 0);
-            s.coordinators.retain(|w| w.strong_count() > 0);
+            s.coordinators.retain(|(_, w)| w.strong_count() > 0);
             let instances: Vec<(String, Arc<InstanceProbe>)> = s
                 .instances
                 .iter()
                 .filter_map(|(n, w)| Some((n.clone(), w.upgrade()?)))
                 .collect();
-            let coordinators: Vec<Arc<CoordinatorProbe>> =
-                s.coordinators.iter().filter_map(Weak::upgrade).collect();
+            let coordinators: Vec<(String, Arc<CoordinatorProbe>)> = s
+                .coordinators
+                .iter()
+                .filter_map(|(n, w)| Some((n.clone(), w.upgrade()?)))
+                .collect();
             (instances, coordinators)
         };
         if !instances.is_empty() {
@@ -197,7 +204,7 @@ mod tests {
     fn legs_carry_their_role_and_failures_their_reason() {
         let t = Telemetry::new();
         let c = Arc::new(CoordinatorProbe::new(&["encoder".into(), "decoder".into()]));
-        t.add_coordinator(&c);
+        t.add_coordinator(&c, "coord-0");
         let timing = LegTiming {
             queued: Duration::from_millis(1),
             written: Duration::from_millis(2),
@@ -219,23 +226,173 @@ mod tests {
         );
         let out = scrape(&t);
         assert!(
-            out.contains(r#"ferry_coordinator_handoffs_total{leg="encoder"} 1"#),
+            out.contains(r#"ferry_coordinator_handoffs_total{node="coord-0",leg="encoder"} 1"#),
             "{out}"
         );
         assert!(
             out.contains(
-                r#"ferry_coordinator_failures_total{leg="encoder",reason="push_timeout"} 1"#
+                r#"ferry_coordinator_failures_total{node="coord-0",leg="encoder",reason="push_timeout"} 1"#
             ),
             "{out}"
         );
         assert!(
-            out.contains(r#"ferry_coordinator_handoff_seconds_sum{leg="encoder"} 0.003"#),
+            out.contains(
+                r#"ferry_coordinator_handoff_seconds_sum{node="coord-0",leg="encoder"} 0.003"#
+            ),
             "{out}"
         );
         assert!(
-            out.contains(r#"ferry_coordinator_consume_seconds_sum{leg="encoder"} 0.004"#),
+            out.contains(
+                r#"ferry_coordinator_consume_seconds_sum{node="coord-0",leg="encoder"} 0.004"#
+            ),
             "{out}"
         );
+    }
+
+    /// What makes `text` (OpenMetrics, or Prometheus' text format 0.0.4)
+    /// an invalid exposition, by the rules both formats share: each
+    /// family's metadata once, its samples together under it, every sample
+    /// (name and label set) once, `# EOF` last if at all.
+    fn exposition_errors(text: &str) -> Vec<String> {
+        use std::collections::HashSet;
+        const SUFFIXES: [&str; 6] = ["", "_total", "_bucket", "_count", "_sum", "_created"];
+        let mut errors = Vec::new();
+        let mut families: HashSet<String> = HashSet::new();
+        let mut samples: HashSet<(String, Vec<(String, String)>)> = HashSet::new();
+        let mut family = String::new();
+        let mut ended = false;
+        for line in text.lines() {
+            if ended {
+                errors.push(format!("after # EOF: {line}"));
+            }
+            if line == "# EOF" {
+                ended = true;
+                continue;
+            }
+            if let Some(meta) = line.strip_prefix("# ") {
+                let mut words = meta.splitn(3, ' ');
+                let (Some(_kind), Some(name)) = (words.next(), words.next()) else {
+                    errors.push(format!("metadata without a name: {line}"));
+                    continue;
+                };
+                if name != family {
+                    if !families.insert(name.to_owned()) {
+                        errors.push(format!("family {name} appears twice"));
+                    }
+                    family = name.to_owned();
+                }
+                continue;
+            }
+            let end = line.find(['{', ' ']).unwrap_or(line.len());
+            let name = &line[..end];
+            if !SUFFIXES
+                .iter()
+                .any(|s| name.strip_suffix(s) == Some(family.as_str()))
+            {
+                errors.push(format!("{name} outside its family (in {family})"));
+            }
+            let mut labels = Vec::new();
+            let mut rest = &line[end..];
+            if let Some(body) = rest.strip_prefix('{') {
+                let mut chars = body.char_indices();
+                let mut key = String::new();
+                let mut closed = None;
+                while let Some((i, c)) = chars.next() {
+                    match c {
+                        '}' => {
+                            closed = Some(i);
+                            break;
+                        }
+                        ',' => {}
+                        '=' => {
+                            if chars.next().map(|(_, c)| c) != Some('"') {
+                                errors.push(format!("unquoted label value: {line}"));
+                                break;
+                            }
+                            let mut value = String::new();
+                            while let Some((_, c)) = chars.next() {
+                                match c {
+                                    '\\' => value.extend(chars.next().map(|(_, c)| c)),
+                                    '"' => break,
+                                    c => value.push(c),
+                                }
+                            }
+                            labels.push((std::mem::take(&mut key), value));
+                        }
+                        c => key.push(c),
+                    }
+                }
+                let Some(i) = closed else {
+                    errors.push(format!("unclosed labels: {line}"));
+                    continue;
+                };
+                rest = &body[i + 1..];
+            }
+            if rest.trim().split(' ').next().is_none_or(|v| v.is_empty()) {
+                errors.push(format!("no value: {line}"));
+            }
+            labels.sort();
+            if !samples.insert((name.to_owned(), labels)) {
+                errors.push(format!("duplicate series: {line}"));
+            }
+        }
+        errors
+    }
+
+    #[test]
+    fn the_exposition_check_finds_a_series_given_twice() {
+        let twice = "# HELP a_total x\n# TYPE a_total counter\na_total{b=\"1\",c=\"2\"} 1\n\
+                     a_total{c=\"2\",b=\"1\"} 2\n";
+        assert_eq!(exposition_errors(twice).len(), 1, "{twice}");
+        let apart = "# TYPE a counter\na_total 1\n# TYPE b gauge\nb 1\n# TYPE a counter\n";
+        assert_eq!(exposition_errors(apart).len(), 1, "{apart}");
+    }
+
+    #[test]
+    fn two_coordinators_in_one_registry_make_a_valid_exposition() {
+        let t = Telemetry::new();
+        let pipeline = ["encoder".to_owned(), "decoder".to_owned()];
+        let a = Arc::new(CoordinatorProbe::new(&pipeline));
+        let b = Arc::new(CoordinatorProbe::new(&pipeline));
+        t.add_coordinator(&a, "coord-a");
+        t.add_coordinator(&b, "coord-b");
+        let (enc, dec) = (
+            Arc::new(InstanceProbe::new("encoder")),
+            Arc::new(InstanceProbe::new("decoder")),
+        );
+        t.add_instance(&enc, "enc-0");
+        t.add_instance(&dec, "dec-0");
+        let timing = LegTiming {
+            queued: Duration::from_millis(1),
+            written: Duration::from_millis(2),
+            consumed: Duration::from_millis(4),
+        };
+        b.delivered(0, &timing);
+        b.failed(1, FailReason::PushTimeout);
+        let open = scrape(&t);
+        assert_eq!(exposition_errors(&open), Vec::<String>::new(), "{open}");
+        let mut plain = String::new();
+        prometheus_text::encode(&mut plain, &t.registry()).unwrap();
+        assert_eq!(exposition_errors(&plain), Vec::<String>::new(), "{plain}");
+        // Each coordinator's figures are its own.
+        for (node, n) in [("coord-a", 0), ("coord-b", 1)] {
+            let handoffs =
+                format!(r#"ferry_coordinator_handoffs_total{{node="{node}",leg="encoder"}} {n}"#);
+            assert!(open.contains(&handoffs), "{handoffs} in {open}");
+            let in_flight = format!(r#"ferry_coordinator_in_flight{{node="{node}"}} 0"#);
+            assert!(open.contains(&in_flight), "{in_flight} in {open}");
+        }
+        assert!(
+            open.contains(
+                r#"ferry_coordinator_failures_total{node="coord-b",leg="decoder",reason="push_timeout"} 1"#
+            ),
+            "{open}"
+        );
+        // A coordinator that stopped leaves the other's series as they were.
+        drop(a);
+        let open = scrape(&t);
+        assert!(!open.contains("coord-a"), "{open}");
+        assert_eq!(exposition_errors(&open), Vec::<String>::new(), "{open}");
     }
 
     #[test]

@@ -147,7 +147,9 @@ where
         Err(e) => return fail("start coordinator", e),
     };
     let ready = Readiness::new();
-    let _metrics = match serve_metrics(run.metrics, &ready, |t| t.add_coordinator(node.probe())) {
+    let _metrics = match serve_metrics(run.metrics, &ready, |t| {
+        t.add_coordinator(node.probe(), "coordinator")
+    }) {
         Ok(m) => m,
         Err(code) => return code,
     };
