@@ -17,6 +17,10 @@
 //!   and the status ([`WcStatus`]); the connection is dropped and the next
 //!   write to that peer reconnects. Writes and connection exchanges have
 //!   deadlines.
+//! - The side channel is guarded as the control channel is
+//!   ([`ferry_zmq::Guard`]): `allow_from` and, with the node's CURVE key,
+//!   a CURVE server admitting only `writers`, whose public key travels in
+//!   the session id ([`VerbsConfig`]).
 //! - Verbs are reached through the [`Device`] trait: [`IbvDevice`] over
 //!   `sideway` (which loads libibverbs at run time), and in tests a
 //!   software stand-in that runs the same connection logic without a NIC.
@@ -55,3 +59,5 @@ pub use transport::{VerbsConfig, VerbsTransport};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_guard;
