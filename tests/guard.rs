@@ -171,6 +171,7 @@ fn instances_hand_off_over_curve_and_strangers_reach_no_endpoint() {
     };
     let enc = start("encoder", &k.encoder);
     let den = start("denoiser", &k.denoiser);
+    let before = ignored(&coord, &[&enc, &den]);
     let stranger = CurveKeyPair::generate().unwrap();
     let mut targets: Vec<(String, &CurveKeyPair)> = results
         .iter()
@@ -187,7 +188,7 @@ fn instances_hand_off_over_curve_and_strangers_reach_no_endpoint() {
         check(&den, &format!("r-{i}"), i);
         assert!(enc.next_outcome(10 * SECOND).unwrap().sent);
     }
-    assert_saw_nothing(&coord, &[&enc, &den]);
+    assert_saw_nothing(&coord, &[&enc, &den], &before);
 }
 
 /// The verbs data plane on its stand-in device under CURVE: each side
@@ -218,6 +219,7 @@ fn the_verbs_side_channel_answers_admitted_writers_only() {
     };
     let enc = start("encoder", &k.encoder, &[]);
     let den = start("denoiser", &k.denoiser, &[&k.encoder]);
+    let before = ignored(&coord, &[&enc, &den]);
     let side = Session::parse(den.session_id()).unwrap();
     assert_eq!(side.key, Some(*k.denoiser.public()));
     // A stranger at the side channel, from an allowed address, without a
@@ -254,5 +256,5 @@ fn the_verbs_side_channel_answers_admitted_writers_only() {
         check(&den, &format!("v-{i}"), i);
         assert!(enc.next_outcome(10 * SECOND).unwrap().sent);
     }
-    assert_saw_nothing(&coord, &[&enc, &den]);
+    assert_saw_nothing(&coord, &[&enc, &den], &before);
 }

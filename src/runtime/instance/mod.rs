@@ -43,7 +43,7 @@ mod progress;
 mod shared;
 mod staging;
 
-pub use config::InstanceNodeConfig;
+pub use config::{GuardError, InstanceNodeConfig};
 pub use delivery::{Delivery, TensorView};
 use progress::Progress;
 use shared::{Arrival, Shared, State};
