@@ -8,6 +8,7 @@
 use ferry_core::slots::{Dtype, TensorSpec};
 
 pub mod control;
+pub mod curve;
 #[cfg(feature = "fabric")]
 pub mod fabric;
 pub mod handoff;

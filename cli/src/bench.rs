@@ -32,6 +32,13 @@ pub(crate) struct BenchHandoff {
     /// ipc:// and tcp://127.0.0.1.
     #[arg(long, value_parser = ["zmq"])]
     control: Option<String>,
+    /// Measure the control plane over CurveZMQ against plain ZeroMQ, side
+    /// by side and in turns: a new instance's handshake (connect, CURVE
+    /// both ways, registration), and hand-offs of each size (default
+    /// 4K,64M) through a coordinator over tcp://127.0.0.1 and shared
+    /// memory; prints each ratio.
+    #[arg(long)]
+    curve: bool,
     /// The data plane to measure hand-offs over (`fabric`: against the raw
     /// libfabric baseline in the same run).
     #[command(flatten)]
@@ -117,6 +124,74 @@ pub(crate) fn bench_control(args: &BenchHandoff) -> Result<(), String> {
             r.transport, r.round_trips, r.p50_us, r.p99_us, r.messages_per_second
         );
     }
+    Ok(())
+}
+
+pub(crate) fn bench_curve(args: &BenchHandoff) -> Result<(), String> {
+    let sizes = if args.sizes.is_empty() {
+        ferry_bench::curve::SIZES.to_vec()
+    } else {
+        args.sizes.clone()
+    };
+    let tty = io::stderr().is_terminal();
+    let report = ferry_bench::curve::measure(&sizes, duration(args.seconds)?, |size| {
+        if tty {
+            eprint!("\r{:>8} ...", human(size));
+        }
+    })
+    .map_err(|e| format!("CURVE benchmark: {e}"))?;
+    if tty {
+        eprint!("\r{:40}\r", "");
+    }
+    let row = |p: &ferry_bench::curve::Pair| {
+        json!({
+            "n": p.n,
+            "plain_p50_us": rounded(p.plain_p50_us, 2),
+            "plain_p99_us": rounded(p.plain_p99_us, 2),
+            "curve_p50_us": rounded(p.curve_p50_us, 2),
+            "curve_p99_us": rounded(p.curve_p99_us, 2),
+            "ratio": rounded(p.ratio(), 3),
+        })
+    };
+    if args.json {
+        let handoffs: Vec<serde_json::Value> = report
+            .handoffs
+            .iter()
+            .map(|(size, p)| {
+                let mut r = row(p);
+                r["size"] = json!(size);
+                r
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({"handshake": row(&report.handshake), "handoffs": handoffs})
+        );
+        return Ok(());
+    }
+    println!("the control plane over CurveZMQ against plain ZeroMQ (tcp://127.0.0.1, shared memory), in turns");
+    println!(
+        "{:>18} {:>6} {:>12} {:>12} {:>12} {:>12} {:>7}",
+        "", "n", "plain p50 µs", "plain p99 µs", "CURVE p50 µs", "CURVE p99 µs", "ratio"
+    );
+    let line = |name: String, p: &ferry_bench::curve::Pair| {
+        println!(
+            "{name:>18} {:>6} {:>12.1} {:>12.1} {:>12.1} {:>12.1} {:>7.2}",
+            p.n,
+            p.plain_p50_us,
+            p.plain_p99_us,
+            p.curve_p50_us,
+            p.curve_p99_us,
+            p.ratio()
+        );
+    };
+    line("handshake".into(), &report.handshake);
+    for (size, p) in &report.handoffs {
+        line(format!("hand-off {}", human(*size)), p);
+    }
+    println!(
+        "(handshake: a new instance started and registered; ratio: CURVE's median over plain's)"
+    );
     Ok(())
 }
 
@@ -493,6 +568,7 @@ pub(crate) fn bench_wire(args: &BenchWire) -> Result<(), String> {
 /// Runs `ferry bench` as `b` asks.
 pub(crate) fn run(b: Bench) -> Result<(), String> {
     match b.which {
+        None if b.handoff.curve => bench_curve(&b.handoff),
         None if b.handoff.control.is_some() => bench_control(&b.handoff),
         None => match b.handoff.data_plane.data_plane() {
             Err(e) => Err(e),

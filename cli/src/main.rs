@@ -51,6 +51,17 @@ enum Command {
     /// Measure ferry on this machine (no subcommand: hand-offs through
     /// the full handshake on the shared-memory loopback, against memcpy).
     Bench(Bench),
+    /// Make a CURVE key pair: `DIR/NAME.key` (the public certificate, to
+    /// give the peers that admit this process: `--curve-peers`) and
+    /// `DIR/NAME.key_secret` (both keys, mode 0600: `--curve-key`), in the
+    /// format of czmq and pyzmq's `zmq.auth.create_certificates`.
+    Keygen {
+        /// The certificates' name.
+        name: String,
+        /// Where to write them (created if missing).
+        #[arg(long, default_value = ".")]
+        dir: std::path::PathBuf,
+    },
     /// What this host offers the data planes and what ferry would choose:
     /// libfabric providers and their domains, RDMA devices, ports and GID
     /// tables (or why there are none).
@@ -95,6 +106,24 @@ fn duration(seconds: f64) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
+/// `ferry keygen`: a key pair written as certificates; their paths and the
+/// public key printed.
+fn keygen(name: &str, dir: &std::path::Path) -> Result<(), String> {
+    let pair = ferry_zmq::CurveKeyPair::generate()
+        .map_err(|e| format!("keygen: this libzmq cannot make CURVE keys: {e}"))?;
+    let (public, secret) =
+        ferry_zmq::write_certificates(dir, name, &pair).map_err(|e| format!("keygen: {e}"))?;
+    println!(
+        "{}",
+        json!({
+            "public_key": pair.public().to_z85(),
+            "public": public.display().to_string(),
+            "secret": secret.display().to_string(),
+        })
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
     // Before any thread starts: libfabric reads it when first used, and
     // setting the environment later races with C code reading it.
@@ -116,6 +145,7 @@ fn main() -> ExitCode {
             }
             Ok(())
         }
+        Command::Keygen { name, dir } => keygen(&name, &dir),
         Command::BenchEcho { listen, reply_to } => {
             ferry_bench::control::echo(&listen, &reply_to).map_err(|e| format!("bench echo: {e}"))
         }

@@ -8,12 +8,11 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::flood::{aim, await_handoffs, flood, forger, written_at_the_top, MAGIC};
 use common::{coordinator, coordinator_with, ferry, named_instance, num, result_endpoints, Procs};
 use serde_json::Value;
-
-const MAGIC: &[u8] = b"__transfer__";
 
 /// A random-workload instance (small requests), at `endpoint`.
 fn random(
@@ -33,15 +32,6 @@ fn random(
     ];
     args.extend_from_slice(extra);
     named_instance(p, role, name, coordinator, &args)
-}
-
-/// A raw PUSH socket, as a forger would use.
-fn forger(ctx: &zmq::Context, to: &str) -> zmq::Socket {
-    let s = ctx.socket(zmq::PUSH).unwrap();
-    s.set_sndhwm(100_000).unwrap();
-    s.set_linger(0).unwrap();
-    s.connect(to).unwrap();
-    s
 }
 
 fn send(s: &zmq::Socket, payload: &str) {
@@ -297,100 +287,6 @@ fn an_encoder_restarted_under_its_old_name_is_told_its_ids_are_taken() {
             .all(|k| k.contains("request id already used")),
         "{again}"
     );
-}
-
-/// The top of a receiver's pool, which the buddy allocator (lowest block
-/// first) gives out only when the pool is nearly full: no hand-off of these
-/// tests writes there, so forged writes aim at it.
-const TOP: u64 = 64 << 20;
-
-/// The receiver's session (from its `registered` line) and the address
-/// forged pushes name: 1 MiB below the end of its pool.
-fn aim(registered: &str) -> (String, u64) {
-    let v: Value = serde_json::from_str(registered).unwrap();
-    let session = v["session_id"].as_str().unwrap().to_owned();
-    // shm:<name>@<hex base>+<len>
-    let (base, len) = session
-        .split_once('@')
-        .and_then(|(_, rest)| rest.split_once('+'))
-        .and_then(|(hex, len)| {
-            let base = u64::from_str_radix(hex.trim_start_matches("0x"), 16).ok()?;
-            Some((base, len.parse::<u64>().ok()?))
-        })
-        .unwrap_or_else(|| panic!("no base and length in {session}"));
-    (session, base + len - (1 << 20))
-}
-
-/// Bytes of the top of the receiver's pool that are not zero (a fresh pool
-/// is all zeros).
-fn written_at_the_top(p: &Procs, registered: &str) -> usize {
-    let pid = num(registered, "pid");
-    let pool = std::fs::read(format!("/dev/shm/{}-{pid}-0", p.shm_prefix)).unwrap();
-    let top = pool.len() - TOP as usize;
-    pool[top..].iter().filter(|&&b| b != 0).count()
-}
-
-/// Waits for the encoder to report `n` sent and none failed, and for the
-/// coordinator to report each delivered.
-fn await_handoffs(p: &mut Procs, encoder: usize, coordinator: usize, n: u64) {
-    let encoded = p.wait_for(encoder, "\"event\":\"encoded\"", 120);
-    assert_eq!(
-        (num(&encoded, "sent"), num(&encoded, "send_failed")),
-        (n, 0),
-        "{encoded}"
-    );
-    for _ in 0..n {
-        let line = p.wait_for(coordinator, "\"leg\"", 60);
-        assert!(line.contains("\"event\":\"delivered\""), "{line}");
-    }
-}
-
-/// Sends `rounds` of forged messages on each of `targets` for about two
-/// seconds; pushes aim at `dest` in `session`. With `known`, pushes,
-/// readies and dones name ids in flight (`encoder-<k>`); without, ids
-/// nobody holds, and readies name no slot. Returns how many went out.
-fn flood(targets: &[zmq::Socket], session: &str, dest: u64, known: bool) -> usize {
-    let start = Instant::now();
-    let mut sent = 0;
-    let mut k = 0usize;
-    while start.elapsed() < Duration::from_secs(2) {
-        for t in targets {
-            for _ in 0..100 {
-                k += 1;
-                let ghost = format!("ghost-{k}");
-                let n = (k % 40) as u64;
-                // The size a push must name to be taken: the forger knows
-                // the workload (its sizes are seeded).
-                let size = ferry_cli::pipeline::data::random_size(3, n, 65536);
-                let id = if known {
-                    format!("encoder-{n}")
-                } else {
-                    ghost.clone()
-                };
-                // A ready for an unknown id names no slot of the instance
-                // (one that names a preallocated slot is an attack the
-                // allow-list must stop: see the README's trust model).
-                let slot = if known { 0 } else { 12345 };
-                for msg in [
-                    serde_json::json!({"msg_type": "transfer_alloc", "request_id": ghost, "data_size": 1 << 20, "source_role": "encoder"}),
-                    serde_json::json!({"msg_type": "transfer_push", "request_id": id, "dest_session_id": session, "dest_addr": dest, "transfer_size": size}),
-                    serde_json::json!({"msg_type": "transfer_ready", "request_id": id, "slot_offset": slot, "manifest": {}}),
-                    serde_json::json!({"msg_type": "transfer_staged", "request_id": ghost, "data_size": 10, "session_id": "x"}),
-                    serde_json::json!({"msg_type": "transfer_done", "request_id": id}),
-                ] {
-                    if t.send_multipart([MAGIC, msg.to_string().as_bytes()], zmq::DONTWAIT)
-                        .is_ok()
-                    {
-                        sent += 1;
-                    }
-                }
-                if k % 1000 == 0 {
-                    let _ = t.send_multipart([MAGIC, b"{not json"], zmq::DONTWAIT);
-                }
-            }
-        }
-    }
-    sent
 }
 
 #[test]

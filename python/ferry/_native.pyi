@@ -104,6 +104,8 @@ class InstanceNode:
         head: str = "ferry",
         head_timeout: float = 600.0,
         allow_from: List[str] = ...,
+        curve_key: Optional[str] = None,
+        curve_peers: Optional[str] = None,
         **options: Any,
     ) -> "InstanceNode": ...
     @property
@@ -134,6 +136,8 @@ class CoordinatorNode:
         pipeline: List[str],
         admitted: List[Tuple[str, str]] = ...,
         allow_from: List[str] = ...,
+        curve_key: Optional[str] = None,
+        curve_peers: Optional[str] = None,
     ) -> "CoordinatorNode": ...
     @property
     def endpoints(self) -> List[str]: ...

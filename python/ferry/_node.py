@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import warnings
 import weakref
 from types import TracebackType
@@ -39,6 +40,14 @@ NUMPY_DTYPES = {
 }
 
 Spec = Tuple[Sequence[int], str]
+
+
+def _curve(key: Optional[Union[str, "os.PathLike[str]"]],
+           peers: Optional[Union[str, "os.PathLike[str]"]]) -> Dict[str, str]:
+    """The native keywords of ``curve_key`` and ``curve_peers``: each
+    given one, as a path's text."""
+    given = {"curve_key": key, "curve_peers": peers}
+    return {k: os.fspath(v) for k, v in given.items() if v is not None}
 
 
 class Prealloc(NamedTuple):
@@ -248,7 +257,14 @@ class Instance:
     path (a ``Prealloc`` or a ``(slots, slot_bytes)`` pair).
     ``head="sglang"`` registers with sglang's head, which may take up to
     ``head_timeout`` seconds to answer a request; ``allow_from``: the IP
-    addresses that may connect over tcp (any, when empty).
+    addresses that may connect over tcp (any, when empty). ``curve_key``
+    (this node's secret certificate, ``NAME.key_secret``) with
+    ``curve_peers`` (its coordinator's public certificate) runs its
+    endpoints over CurveZMQ: only the coordinator's key is admitted, and
+    messages are encrypted and authenticated (not under sglang's head,
+    which speaks plain ZeroMQ: a ``ValueError``). On ``backend="verbs"``,
+    ``writers=`` names the certificates of the instances that may write
+    into it.
 
     Errors are ``ferry.FerryError`` subclasses: ``RefusedError`` when the
     coordinator refuses the registration, ``FerryTimeoutError`` (a
@@ -269,6 +285,8 @@ class Instance:
         head: str = "ferry",
         head_timeout: float = 600.0,
         allow_from: Sequence[str] = (),
+        curve_key: Optional[Union[str, "os.PathLike[str]"]] = None,
+        curve_peers: Optional[Union[str, "os.PathLike[str]"]] = None,
         **options: Any,
     ) -> None:
         module = _fabric_module() if backend == "fabric" else _native
@@ -284,6 +302,7 @@ class Instance:
             head=head,
             head_timeout=head_timeout,
             allow_from=list(allow_from),
+            **_curve(curve_key, curve_peers),
             **options,
         )
         _running.add(self)
@@ -411,7 +430,9 @@ class Coordinator:
     role's endpoint as its ``coordinator``. ``admitted``: ``(role, work
     endpoint)`` pairs allowed to register (any, when empty);
     ``allow_from``: the IP addresses that may connect over tcp (any, when
-    empty)."""
+    empty); ``curve_key`` (its secret certificate) with ``curve_peers``
+    (a directory of the instances' public certificates, or one) runs its
+    endpoints over CurveZMQ, admitting those keys only."""
 
     def __init__(
         self,
@@ -420,6 +441,8 @@ class Coordinator:
         pipeline: Sequence[str] = ("encoder", "denoiser", "decoder"),
         admitted: Sequence[Tuple[str, str]] = (),
         allow_from: Sequence[str] = (),
+        curve_key: Optional[Union[str, "os.PathLike[str]"]] = None,
+        curve_peers: Optional[Union[str, "os.PathLike[str]"]] = None,
     ) -> None:
         self._pipeline = list(pipeline)
         self._node = _native.CoordinatorNode(
@@ -427,6 +450,7 @@ class Coordinator:
             pipeline=self._pipeline,
             admitted=[(role, endpoint) for role, endpoint in admitted],
             allow_from=list(allow_from),
+            **_curve(curve_key, curve_peers),
         )
 
     @property

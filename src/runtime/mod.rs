@@ -30,8 +30,8 @@ pub use ferry_core::handshake::instance::{Head, InstanceConfig, Prealloc, SGLANG
 /// The table sizes of a node's state machine.
 pub use ferry_core::handshake::Limits;
 pub use instance::{
-    Delivery, Frame, InstanceNode, InstanceNodeConfig, NodeStats, Outcome, Staging, TensorView,
-    MAX_TENSORS,
+    Delivery, Frame, GuardError, InstanceNode, InstanceNodeConfig, NodeStats, Outcome, Staging,
+    TensorView, MAX_TENSORS,
 };
 pub use memory::PoolOwner;
 pub use metrics::{Metrics, MetricsSnapshot};

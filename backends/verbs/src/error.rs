@@ -160,6 +160,15 @@ pub enum VerbsError {
         /// ZeroMQ's error.
         source: zmq::Error,
     },
+    /// The side channel's guard: a peer that requires CURVE while this
+    /// transport has no key, or a guard it could not set up.
+    #[error("verbs side channel{}: {source}", peer_suffix(.peer))]
+    Guard {
+        /// The peer's side channel, if one.
+        peer: Option<String>,
+        /// The guard's error.
+        source: ferry_zmq::ZmqError,
+    },
     /// The OS refused something (a thread, a mapping, an eventfd).
     #[error("{what}: {source}")]
     Os {
@@ -226,6 +235,7 @@ impl Fault for VerbsError {
             Self::Timeout { .. } | Self::Cancelled { .. } => FaultKind::Timeout,
             Self::DestOutOfBounds { .. } => FaultKind::OutOfBounds,
             Self::Region(e) => e.kind(),
+            Self::Guard { source, .. } => source.kind(),
         }
     }
 }

@@ -23,6 +23,10 @@
 //!   writes complete once the marker has, when every work request before
 //!   it has completed, flushed or done, and none reads or writes memory
 //!   any more.
+//! - The side channel is guarded as the control channel is
+//!   ([`ferry_zmq::Guard`]): `allow_from` and, with the node's CURVE key,
+//!   a CURVE server admitting only `writers`, whose public key travels in
+//!   the session id ([`VerbsConfig`]).
 //! - Verbs are reached through the [`Device`] trait: [`IbvDevice`] over
 //!   `sideway` (which loads libibverbs at run time), and in tests a
 //!   software stand-in that runs the same connection logic without a NIC.
@@ -61,3 +65,5 @@ pub use transport::{VerbsConfig, VerbsTransport};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_guard;

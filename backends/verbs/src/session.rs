@@ -1,5 +1,5 @@
 //! The verbs session id:
-//! `verbs:<incarnation>[.<generation>]@<side channel endpoint>`.
+//! `verbs:<incarnation>[.<generation>][+<side channel key>]@<side channel endpoint>`.
 //!
 //! The endpoint is the ZeroMQ address where the transport answers
 //! connection exchanges; the incarnation (16 hex digits, random per
@@ -8,10 +8,16 @@
 //! The generation (hex, left out while 0) counts the changes of the
 //! registered regions: a writer connects once per session id, so a new
 //! generation makes it connect again and learn the regions anew.
-//! Everything else a writer needs (QP number, GID, the regions' rkeys and
-//! bounds) travels in the exchange, not in the id.
+//! The key (40 characters of Z85, present when the side channel is a CURVE
+//! server) is its public key, which a writer must know to connect; the id
+//! reaches writers through the coordinator, over CURVE-authenticated
+//! control connections when keys are set. Everything else a writer needs
+//! (QP number, GID, the regions' rkeys and bounds) travels in the exchange,
+//! encrypted under CURVE, not in the id.
 
 use std::fmt;
+
+use ferry_zmq::{CurvePublicKey, KEY_TEXT_LEN};
 
 use crate::error::VerbsError;
 
@@ -27,6 +33,8 @@ pub struct Session {
     pub generation: u32,
     /// The side channel's ZeroMQ endpoint (`tcp://host:port` or `ipc://path`).
     pub endpoint: String,
+    /// The side channel's CURVE public key, if it is a CURVE server.
+    pub key: Option<CurvePublicKey>,
 }
 
 impl Session {
@@ -39,9 +47,40 @@ impl Session {
         let rest = id
             .strip_prefix(PREFIX)
             .ok_or_else(|| bad("it does not start with `verbs:`"))?;
-        let (inc, endpoint) = rest
-            .split_once('@')
+        // The incarnation and generation are hex digits and a dot; what
+        // ends them says whether a key follows (`+`, then exactly 40
+        // characters of Z85, which may hold `@` and `.`) or the endpoint.
+        let head = rest
+            .find(|c: char| !(c.is_ascii_hexdigit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (inc, tail) = rest.split_at(head);
+        let (key, endpoint) = if let Some(k) = tail.strip_prefix('+') {
+            let text = k
+                .get(..KEY_TEXT_LEN)
+                .ok_or_else(|| bad("the side channel's key is not 40 characters of Z85"))?;
+            let key = CurvePublicKey::from_z85(text)
+                .map_err(|e| bad(&format!("the side channel's key: {e}")))?;
+            (Some(key), &k[KEY_TEXT_LEN..])
+        } else {
+            (None, tail)
+        };
+        let endpoint = endpoint
+            .strip_prefix('@')
             .ok_or_else(|| bad("no `@` between incarnation and endpoint"))?;
+        Self::parse_rest(id, inc, endpoint, key)
+    }
+
+    /// The incarnation (and generation) and endpoint of `id`, split.
+    fn parse_rest(
+        id: &str,
+        inc: &str,
+        endpoint: &str,
+        key: Option<CurvePublicKey>,
+    ) -> Result<Self, VerbsError> {
+        let bad = |why: &str| VerbsError::BadSession {
+            session: id.to_owned(),
+            why: why.to_owned(),
+        };
         let (inc, generation) = match inc.split_once('.') {
             None => (inc, 0),
             Some((inc, g)) => {
@@ -77,6 +116,7 @@ impl Session {
             incarnation,
             generation,
             endpoint: endpoint.to_owned(),
+            key,
         })
     }
 }
@@ -86,6 +126,9 @@ impl fmt::Display for Session {
         write!(f, "{PREFIX}{:016x}", self.incarnation)?;
         if self.generation > 0 {
             write!(f, ".{:x}", self.generation)?;
+        }
+        if let Some(k) = &self.key {
+            write!(f, "+{k}")?;
         }
         write!(f, "@{}", self.endpoint)
     }
@@ -110,6 +153,15 @@ mod tests {
             s.to_string(),
             "verbs:00000000deadbeef.1f@tcp://10.0.0.2:5555"
         );
+        // A key in Z85 may hold `@`, `.` and `+`; it is taken by length.
+        let key = "5js?Zl-W*S=wDAc1pNLXP3L5b4Ro2B7GK#bla7@+";
+        let id = format!("verbs:00000000deadbeef.2+{key}@ipc:///tmp/a+b@c");
+        let s = Session::parse(&id).unwrap();
+        assert_eq!(s.key.map(|k| k.to_z85()).as_deref(), Some(key));
+        assert_eq!((s.generation, s.endpoint.as_str()), (2, "ipc:///tmp/a+b@c"));
+        assert_eq!(s.to_string(), id);
+        let s = Session::parse("verbs:00000000deadbeef@ipc:///tmp/a+b").unwrap();
+        assert_eq!((s.key, s.endpoint.as_str()), (None, "ipc:///tmp/a+b"));
     }
 
     #[test]
@@ -130,6 +182,10 @@ mod tests {
             "verbs:00000000deadbeef.@tcp://h:5",
             "verbs:00000000deadbeef.g@tcp://h:5",
             "verbs:00000000deadbeef.100000000@tcp://h:5",
+            "verbs:00000000deadbeef+@tcp://h:5",
+            "verbs:00000000deadbeef+5js?Zl-W*S=wDAc1pNLXP3L5b4Ro2B7GK#bla7?@tcp://h:5",
+            "verbs:00000000deadbeef+5js?Zl-W*S=wDAc1pNLXP3L5b4Ro2B7GK#bla7?E tcp://h:5",
+            "verbs:00000000deadbeef+5js?Zl-W*S=wDAc1pNLXP3L5b4Ro2B7GK#bla7?~@tcp://h:5",
         ] {
             let e = Session::parse(bad).unwrap_err();
             assert!(matches!(e, VerbsError::BadSession { .. }), "{bad}: {e}");
@@ -138,8 +194,9 @@ mod tests {
 
     proptest! {
         #[test]
-        fn round_trips(inc in any::<u64>(), generation in any::<u32>(), a in 1u8..255, port in 1u16..) {
-            let s = Session { incarnation: inc, generation, endpoint: format!("tcp://10.0.{a}.1:{port}") };
+        fn round_trips(inc in any::<u64>(), generation in any::<u32>(), a in 1u8..255, port in 1u16.., key in proptest::option::of(any::<[u8; 32]>())) {
+            let key = key.map(CurvePublicKey);
+            let s = Session { incarnation: inc, generation, endpoint: format!("tcp://10.0.{a}.1:{port}"), key };
             prop_assert_eq!(Session::parse(&s.to_string()).unwrap(), s);
         }
 

@@ -5,15 +5,19 @@
 //! Callers wake it through an inproc PUSH/PULL pair when a write creates a
 //! connection; otherwise it sleeps in `zmq_poll`.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use ferry_zmq::{CurvePublicKey, Guard, ZapHandler};
+
 use crate::conn::ConnBook;
 use crate::device::Device;
 use crate::error::VerbsError;
 use crate::exchange::MAX_MESSAGE;
+use crate::session::Session;
 use crate::wake::WakeSet;
 
 /// How long the thread sleeps when nothing happens (it also checks the
@@ -36,6 +40,42 @@ pub(crate) fn side_err(what: &'static str, peer: Option<&str>, source: zmq::Erro
     }
 }
 
+/// Endpoints whose side channel keys are remembered at most; past it the
+/// oldest are forgotten (a peer whose key is forgotten is noted again by
+/// its next connection's first write).
+const MAX_KEYS: usize = 4096;
+
+/// The side channel key of each peer endpoint this transport connects to,
+/// as the session ids it writes to name them: noted when a write makes a
+/// connection, read when the thread connects.
+#[derive(Debug, Default)]
+pub struct ServerKeys(Mutex<HashMap<String, Option<CurvePublicKey>>>);
+
+impl ServerKeys {
+    fn map(&self) -> MutexGuard<'_, HashMap<String, Option<CurvePublicKey>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Notes the key `session` names for its endpoint (a session that does
+    /// not parse makes no connection, and is not noted).
+    pub fn note(&self, session: &str) {
+        if let Ok(s) = Session::parse(session) {
+            let mut map = self.map();
+            if map.len() >= MAX_KEYS && !map.contains_key(&s.endpoint) {
+                map.clear();
+            }
+            map.insert(s.endpoint, s.key);
+        }
+    }
+
+    /// The key of the side channel at `endpoint`, if it has one.
+    pub fn of(&self, endpoint: &str) -> Option<CurvePublicKey> {
+        self.map().get(endpoint).copied().flatten()
+    }
+}
+
 /// The thread's sockets.
 pub struct SideChannel {
     /// The context all sockets come from.
@@ -44,6 +84,13 @@ pub struct SideChannel {
     pub router: zmq::Socket,
     /// Where wake-ups arrive.
     pub wake: zmq::Socket,
+    /// How the router is guarded and the requests' sockets connect.
+    pub guard: Guard,
+    /// The keys of the side channels this transport connects to.
+    pub server_keys: Arc<ServerKeys>,
+    /// The router's authentication handler, if it enforces anything:
+    /// declared after the router, so that it outlives it.
+    pub _zap: Option<Arc<ZapHandler>>,
 }
 
 /// Starts the thread.
@@ -75,21 +122,11 @@ fn run<D: Device>(side: SideChannel, book: &Mutex<ConnBook<D>>, news: &WakeSet, 
             out
         };
         for o in outgoing {
-            let sent = side.ctx.socket(zmq::DEALER).and_then(|s| {
-                s.set_linger(0)?;
-                s.set_ipv6(true)?;
-                s.connect(&o.endpoint)?;
-                s.send(&o.bytes, zmq::DONTWAIT)?;
-                Ok(s)
-            });
-            match sent {
+            match request(&side, &o.endpoint, &o.bytes) {
                 Ok(s) => dealers.push((o.conn, s)),
                 Err(e) => {
                     let mut b = lock(book);
-                    b.on_send_failed(
-                        o.conn,
-                        side_err("send a connection request", Some(&o.endpoint), e),
-                    );
+                    b.on_send_failed(o.conn, e);
                     if b.take_news() {
                         news.signal();
                     }
@@ -152,6 +189,24 @@ fn run<D: Device>(side: SideChannel, book: &Mutex<ConnBook<D>>, news: &WakeSet, 
             }
         }
     }
+}
+
+/// A DEALER socket connected to the side channel at `endpoint` (as a CURVE
+/// client if it has a key), with `bytes` sent on it.
+fn request(side: &SideChannel, endpoint: &str, bytes: &[u8]) -> Result<zmq::Socket, VerbsError> {
+    let failed = |e| side_err("send a connection request", Some(endpoint), e);
+    let s = side.ctx.socket(zmq::DEALER).map_err(failed)?;
+    s.set_linger(0).map_err(failed)?;
+    s.set_ipv6(true).map_err(failed)?;
+    side.guard
+        .client(&s, endpoint, side.server_keys.of(endpoint).as_ref())
+        .map_err(|source| VerbsError::Guard {
+            peer: Some(endpoint.to_owned()),
+            source,
+        })?;
+    s.connect(endpoint).map_err(failed)?;
+    s.send(bytes, zmq::DONTWAIT).map_err(failed)?;
+    Ok(s)
 }
 
 fn answer_requests<D: Device>(router: &zmq::Socket, book: &Mutex<ConnBook<D>>, buf: &mut [u8]) {

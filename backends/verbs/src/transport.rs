@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use ferry_core::transport::{Capabilities, Completion, Region, RegionError, Transport, WriteOp};
 use ferry_hostmem::HostPool;
+use ferry_zmq::{CurveConfig, CurveKeyPair, CurvePublicKey, Guard, ZapHandler};
 
 use crate::conn::{ConnBook, ConnLimits, ConnState, RegisteredRegion, FLUSH_WAIT};
 use crate::device::{Device, PortInfo};
@@ -25,7 +26,7 @@ use crate::exchange::MAX_REGIONS;
 use crate::gid::{choose, gid_text, ipv4_of, GidChoice};
 use crate::ibv::IbvDevice;
 use crate::session::Session;
-use crate::side::{self, side_err, SideChannel};
+use crate::side::{self, side_err, ServerKeys, SideChannel};
 use crate::wake::WakeSet;
 
 /// How often the caller's poll checks write and connect deadlines.
@@ -64,6 +65,17 @@ pub struct VerbsConfig {
     /// Writers whose queue pairs a target keeps (the oldest is dropped
     /// beyond this).
     pub max_writers: usize,
+    /// Addresses that may connect to the side channel over `tcp://` (the
+    /// node's `--allow-from`); empty: any.
+    pub allow_from: Vec<std::net::IpAddr>,
+    /// The node's CURVE key pair: with it the side channel is a CURVE
+    /// server that admits only `writers`, its public key travels in the
+    /// session id, and this transport connects to CURVE side channels as a
+    /// client. Without it, the side channel is plain.
+    pub curve_key: Option<CurveKeyPair>,
+    /// The public keys of the transports that may connect to write into
+    /// this one (with `curve_key`).
+    pub writers: Vec<CurvePublicKey>,
 }
 
 impl VerbsConfig {
@@ -80,7 +92,28 @@ impl VerbsConfig {
             write_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
             max_writers: 4096,
+            allow_from: Vec::new(),
+            curve_key: None,
+            writers: Vec::new(),
         }
+    }
+
+    /// What the side channel enforces, as [`Guard`] says it.
+    fn guard(&self) -> Result<Guard, VerbsError> {
+        if self.curve_key.is_none() && !self.writers.is_empty() {
+            return Err(VerbsError::Port {
+                device: self.device.clone(),
+                port: self.port,
+                why: "writers' CURVE keys are given, but no key of this node's (--curve-key) for its side channel to serve with".into(),
+            });
+        }
+        Ok(Guard {
+            allow: self.allow_from.clone(),
+            curve: self.curve_key.clone().map(|key| CurveConfig {
+                key,
+                peers: self.writers.clone(),
+            }),
+        })
     }
 }
 
@@ -96,6 +129,15 @@ pub struct VerbsTransport<D: Device = IbvDevice> {
     next_sweep: Instant,
     /// The id the next registered region gets.
     next_region: u32,
+    /// The side channel key of each endpoint this transport connects to,
+    /// from the session ids it writes to (read by the side channel's
+    /// thread when it connects).
+    server_keys: Arc<ServerKeys>,
+    /// The side channel's public key, if it is a CURVE server.
+    key: Option<CurvePublicKey>,
+    /// The side channel's guard, shared with its thread (which drops its
+    /// socket first, and is joined before this is dropped).
+    zap: Option<Arc<ZapHandler>>,
     // Last: unmapped after the registration (inside the book) is gone.
     pool: Option<HostPool>,
 }
@@ -204,10 +246,21 @@ impl<D: Device> VerbsTransport<D> {
             },
         };
         let incarnation = random_u64();
+        let guard = config.guard()?;
         let ctx = zmq::Context::new();
+        let zap = guard.start(&ctx).map_err(|e| VerbsError::Guard {
+            peer: None,
+            source: e,
+        })?;
         let router = ctx
             .socket(zmq::ROUTER)
             .map_err(|e| side_err("create the ROUTER socket", None, e))?;
+        guard
+            .server(&router, &listen)
+            .map_err(|e| VerbsError::Guard {
+                peer: None,
+                source: e,
+            })?;
         router
             .set_linger(0)
             .map_err(|e| side_err("set LINGER", None, e))?;
@@ -221,10 +274,12 @@ impl<D: Device> VerbsTransport<D> {
             .get_last_endpoint()
             .map_err(|e| side_err("read the bound endpoint", None, e))?
             .map_err(|_| side_err("read the bound endpoint", None, zmq::Error::EINVAL))?;
+        let key = guard.curve.as_ref().map(|c| *c.key.public());
         let session = Session {
             incarnation,
             generation: 0,
             endpoint: endpoint.clone(),
+            key,
         };
         // Peers dial what the session names, so it must be an address of
         // this host, not a wildcard.
@@ -279,11 +334,16 @@ impl<D: Device> VerbsTransport<D> {
             limits,
         )));
         let stop = Arc::new(AtomicBool::new(false));
+        let server_keys = Arc::new(ServerKeys::default());
+        let zap = zap.map(Arc::new);
         let thread = side::spawn(
             SideChannel {
                 ctx,
                 router,
                 wake: wake_rx,
+                guard,
+                server_keys: Arc::clone(&server_keys),
+                _zap: zap.clone(),
             },
             Arc::clone(&book),
             Arc::clone(&events),
@@ -309,6 +369,9 @@ impl<D: Device> VerbsTransport<D> {
             book,
             next_sweep: Instant::now(),
             next_region: 1,
+            server_keys,
+            key,
+            zap,
             pool: None,
         })
     }
@@ -326,6 +389,7 @@ impl<D: Device> VerbsTransport<D> {
                 incarnation: book.incarnation,
                 generation: book.generation.wrapping_add(1),
                 endpoint: self.endpoint.clone(),
+                key: self.key,
             };
             book.generation = session.generation;
             book.me = session.to_string();
@@ -363,6 +427,13 @@ impl<D: Device> VerbsTransport<D> {
     /// The side channel's endpoint.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// Connections to the side channel its guard refused so far (by
+    /// address or CURVE key; a connection without CURVE to a CURVE side
+    /// channel is refused by libzmq before the guard sees it).
+    pub fn refused(&self) -> u64 {
+        self.zap.as_ref().map_or(0, |z| z.refused())
     }
 
     /// The opened port.
@@ -511,13 +582,19 @@ impl<D: Device> Transport for VerbsTransport<D> {
                 len: source.len,
             }
             .check_source(local_offset, len)?;
-            book.post(
+            let fresh = book.post(
                 dest_session,
                 (source.addr + local_offset, source.keys.lkey),
                 len,
                 dest_addr,
                 cookie,
-            )?
+            )?;
+            if fresh {
+                // Under the book's lock, so that the side channel's thread,
+                // which starts the connection under it, finds the key.
+                self.server_keys.note(dest_session);
+            }
+            fresh
         };
         if fresh {
             self.wake_side();

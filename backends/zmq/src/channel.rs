@@ -2,15 +2,16 @@
 //! and a receiver.
 
 use std::collections::HashMap;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 
 use ferry_core::transport::ControlChannel;
 
 use crate::config::ZmqConfig;
 use crate::error::{sys, ZmqError};
+use crate::guard::Guard;
+use crate::learn::ServerKeys;
 use crate::recv::ZmqReceiver;
 use crate::send::ZmqSender;
-use crate::zap;
 
 /// A control channel: PULL sockets bound where it receives, PUSH sockets
 /// to where it sends.
@@ -39,29 +40,38 @@ impl ZmqChannel {
     }
 
     /// Like [`bind`](Self::bind), and with a non-empty `allow`, only peers
-    /// at those addresses can connect to its `tcp://` endpoints: ZeroMQ's
-    /// authentication protocol (ZAP) puts every new connection to a
-    /// handler this channel runs in `ctx`, which refuses (and logs) the
-    /// others before any message of theirs is read. One such channel per
-    /// context.
+    /// at those addresses can connect to its `tcp://` endpoints (see
+    /// [`bind_guarded`](Self::bind_guarded)).
     pub fn bind_allowing(
         ctx: &zmq::Context,
         endpoints: &[&str],
         settings: ZmqConfig,
         allow: &[std::net::IpAddr],
     ) -> Result<Self, ZmqError> {
-        let zap = if allow.is_empty() {
-            None
-        } else {
-            Some(zap::ZapHandler::start(ctx, allow.to_vec())?)
-        };
+        Self::bind_guarded(ctx, endpoints, settings, &Guard::allowing(allow))
+    }
+
+    /// Like [`bind`](Self::bind), behind `guard`: ZeroMQ's authentication
+    /// protocol (ZAP) puts every new connection to its sockets to a
+    /// handler this channel runs in `ctx`, which refuses (and logs) the
+    /// peers the guard does not admit before any message of theirs is
+    /// read. With CURVE, every endpoint it binds is a CURVE server with the
+    /// guard's key admitting only its peers' keys, and every peer it sends
+    /// to is reached as a CURVE client (see `learn.rs` for how it knows
+    /// their keys), so that every message is encrypted and authenticated
+    /// by its connection. One such channel per context.
+    pub fn bind_guarded(
+        ctx: &zmq::Context,
+        endpoints: &[&str],
+        settings: ZmqConfig,
+        guard: &Guard,
+    ) -> Result<Self, ZmqError> {
+        let zap = guard.start(ctx)?;
+        let keys = guard.curve.as_ref().map(|c| Arc::new(ServerKeys::new(c)));
         let mut pulls = Vec::new();
         for &e in endpoints {
             let s = ctx.socket(zmq::PULL).map_err(sys("socket(PULL)", e))?;
-            if zap.is_some() && e.starts_with("tcp://") {
-                s.set_zap_domain(zap::DOMAIN)
-                    .map_err(sys("setsockopt(ZAP_DOMAIN)", e))?;
-            }
+            guard.server(&s, e)?;
             s.set_rcvhwm(settings.recv_hwm)
                 .map_err(sys("setsockopt(RCVHWM)", e))?;
             s.set_maxmsgsize(settings.max_message)
@@ -88,6 +98,9 @@ impl ZmqChannel {
             sender: ZmqSender {
                 ctx: ctx.clone(),
                 settings,
+                guard: guard.clone(),
+                keys: keys.clone(),
+                seen_changes: 0,
                 pushes: HashMap::new(),
                 monitors: monitors_tx,
                 me,
@@ -97,11 +110,19 @@ impl ZmqChannel {
                 monitors: Vec::new(),
                 reached: Vec::new(),
                 new_monitors: monitors_rx,
-                _zap: zap,
+                keys,
+                frame: zmq::Message::new(),
+                user: String::new(),
+                zap,
                 next: 0,
                 gone: String::new(),
             },
         })
+    }
+
+    /// Connections its guard refused so far.
+    pub fn refused(&self) -> u64 {
+        self.receiver.refused()
     }
 
     /// The endpoints it receives at, as bound.

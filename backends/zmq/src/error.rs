@@ -46,12 +46,29 @@ pub enum ZmqError {
         /// What is wrong with it.
         why: &'static str,
     },
+    /// No CURVE server key is known for a destination: CURVE is on, and
+    /// the endpoint neither registered over an authenticated connection
+    /// nor is the one admitted key's (the message was not sent).
+    #[error(
+        "no CURVE server key for {endpoint}: it did not register over an authenticated connection"
+    )]
+    NoServerKey {
+        /// The destination.
+        endpoint: String,
+    },
+    /// A peer that requires CURVE, and this process has no key.
+    #[error("{endpoint} requires CURVE, and this process has no key (--curve-key)")]
+    NoKey {
+        /// The peer's endpoint.
+        endpoint: String,
+    },
 }
 
 impl Fault for ZmqError {
     fn kind(&self) -> FaultKind {
         match self {
-            Self::Sys { .. } | Self::Malformed { .. } => FaultKind::Io,
+            Self::Sys { .. } | Self::Malformed { .. } | Self::NoKey { .. } => FaultKind::Io,
+            Self::NoServerKey { .. } => FaultKind::UnknownPeer,
             Self::Timeout { .. } => FaultKind::Timeout,
             Self::TooLarge { .. } => FaultKind::TooLarge,
         }

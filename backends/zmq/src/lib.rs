@@ -22,22 +22,42 @@
 //! queue full fails after a short timeout instead of blocking the caller,
 //! and closing lingers so that queued messages still go out.
 //!
+//! Who may connect is a [`Guard`]: an allow-list of addresses and, with
+//! [`CurveConfig`], CurveZMQ between ferry processes (every bound socket a
+//! CURVE server admitting listed keys, every connection a CURVE client),
+//! enforced by a ZAP handler per context ([`ZapHandler`]); the verbs data
+//! plane's side channel takes the same guard. Keys come from certificate
+//! files in czmq's and pyzmq's format ([`CurveConfig::load`],
+//! [`write_certificates`]).
+//!
 //! Modules: [`ZmqChannel`] binds (`channel`), [`ZmqSender`] connects and
 //! sends (`send`), [`ZmqReceiver`] receives and watches peers (`recv`);
-//! [`ZmqConfig`] and [`ZmqError`] beside them.
+//! [`ZmqConfig`] and [`ZmqError`] beside them; the guard (`guard`), its
+//! handler (`zap`), keys (`curve`), certificates (`cert`) and the server
+//! keys a channel learns (`learn`).
 
+mod cert;
 mod channel;
 mod config;
+mod curve;
 mod error;
+mod guard;
+mod learn;
 mod recv;
 mod send;
 mod zap;
 
+pub use cert::{read_key_pair, read_public_key, read_public_keys, write_certificates, CertError};
 pub use channel::ZmqChannel;
 pub use config::ZmqConfig;
+pub use curve::{CurveConfig, CurveKeyPair, CurvePublicKey, KeyTextError, KEY_TEXT_LEN};
 pub use error::ZmqError;
+pub use guard::Guard;
 pub use recv::{remove_ipc_file, ZmqReceiver};
 pub use send::ZmqSender;
+pub use zap::ZapHandler;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_curve;

@@ -2,13 +2,16 @@
 //! PUSH sockets (which tell a peer gone).
 
 use std::os::fd::RawFd;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use ferry_core::transport::{ChannelEvent, ControlRecv, Incoming};
+use ferry_core::wire::{Msg, TRANSFER_MAGIC};
 
+use crate::curve::CurvePublicKey;
 use crate::error::{sys, ZmqError};
-use crate::zap;
+use crate::learn::ServerKeys;
+use crate::zap::ZapHandler;
 
 /// How far a sender's connection to a peer got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,10 +32,18 @@ pub struct ZmqReceiver {
     /// Per monitor: its peer was connected once, and (if not) whether its
     /// being unreachable was reported.
     pub(crate) reached: Vec<Reach>,
-    /// The allow-list's handler, if one was asked for: it lives as long as
-    /// the sockets it guards.
-    pub(crate) _zap: Option<zap::ZapHandler>,
     pub(crate) new_monitors: mpsc::Receiver<(String, zmq::Socket)>,
+    /// With CURVE, the server keys the sender connects with, learnt from
+    /// the registrations read here.
+    pub(crate) keys: Option<Arc<ServerKeys>>,
+    /// With CURVE, each message's first frame is read into this, for the
+    /// key of the connection it came over (its User-Id).
+    pub(crate) frame: zmq::Message,
+    /// That key, in Z85.
+    pub(crate) user: String,
+    /// The guard's handler, if it enforces anything: declared after the
+    /// sockets it guards, so that it outlives them.
+    pub(crate) zap: Option<ZapHandler>,
     pub(crate) next: usize,
     pub(crate) gone: String,
 }
@@ -82,14 +93,51 @@ impl ZmqReceiver {
         self.pulls.iter().map(|(e, _)| e.clone()).collect()
     }
 
+    /// Connections its guard refused so far.
+    pub fn refused(&self) -> u64 {
+        self.zap.as_ref().map_or(0, ZapHandler::refused)
+    }
+
     /// Reads one message from pull `i` without waiting.
-    fn read(&self, i: usize, buf: &mut [u8]) -> Result<Got, ZmqError> {
+    fn read(&mut self, i: usize, buf: &mut [u8]) -> Result<Got, ZmqError> {
+        let got = self.read_frames(i, buf)?;
+        if let (Got::Message(_, magic, end), Some(keys)) = (&got, &self.keys) {
+            learn(keys, &self.user, &buf[..*magic], &buf[*magic..*end]);
+        }
+        Ok(got)
+    }
+
+    /// The first frame into `buf`; with CURVE, through `frame`, so that the
+    /// connection's key is read as well.
+    fn first_frame(&mut self, i: usize, buf: &mut [u8]) -> Result<Option<usize>, ZmqError> {
         let (via, s) = &self.pulls[i];
-        let n0 = match s.recv_into(buf, zmq::DONTWAIT) {
-            Ok(n) => n,
-            Err(zmq::Error::EAGAIN) => return Ok(Got::Nothing),
+        if self.keys.is_none() {
+            return match s.recv_into(buf, zmq::DONTWAIT) {
+                Ok(n) => Ok(Some(n)),
+                Err(zmq::Error::EAGAIN) => Ok(None),
+                Err(e) => Err(sys("recv", via)(e)),
+            };
+        }
+        match s.recv(&mut self.frame, zmq::DONTWAIT) {
+            Ok(()) => {}
+            Err(zmq::Error::EAGAIN) => return Ok(None),
             Err(e) => return Err(sys("recv", via)(e)),
+        }
+        let n = self.frame.len();
+        let k = n.min(buf.len());
+        buf[..k].copy_from_slice(&self.frame[..k]);
+        self.user.clear();
+        if let Some(u) = self.frame.gets("User-Id") {
+            self.user.push_str(u);
+        }
+        Ok(Some(n))
+    }
+
+    fn read_frames(&mut self, i: usize, buf: &mut [u8]) -> Result<Got, ZmqError> {
+        let Some(n0) = self.first_frame(i, buf)? else {
+            return Ok(Got::Nothing);
         };
+        let (via, s) = &self.pulls[i];
         let more = s.get_rcvmore().map_err(sys("recv", via))?;
         let drain = || {
             // The rest of a message we will not use.
@@ -108,7 +156,7 @@ impl ZmqReceiver {
         if !more {
             // One frame: a work item of the application, or a transfer
             // message missing its payload.
-            return if &buf[..n0] == ferry_core::wire::TRANSFER_MAGIC {
+            return if &buf[..n0] == TRANSFER_MAGIC {
                 Err(ZmqError::Malformed {
                     via: via.clone(),
                     why: "transfer message without its second frame",
@@ -224,8 +272,18 @@ impl ZmqReceiver {
         wake: Option<i32>,
     ) -> Result<Option<ChannelEvent<'b>>, ZmqError> {
         while let Ok(m) = self.new_monitors.try_recv() {
-            self.monitors.push(m);
-            self.reached.push(Reach::Never);
+            // A connection made anew (its peer's key changed) replaces the
+            // old one's monitor, whose last events are not news.
+            match self.monitors.iter().position(|(e, _)| *e == m.0) {
+                Some(k) => {
+                    self.monitors[k] = m;
+                    self.reached[k] = Reach::Never;
+                }
+                None => {
+                    self.monitors.push(m);
+                    self.reached.push(Reach::Never);
+                }
+            }
         }
         let deadline = Instant::now() + wait;
         let got = loop {
@@ -275,5 +333,28 @@ impl ZmqReceiver {
                 }))
             }
         })
+    }
+}
+
+/// Learns, from a registration that came over a connection authenticated
+/// as `user` (a key in Z85), that the work endpoint it names is served
+/// with that key (see `learn.rs`).
+fn learn(keys: &ServerKeys, user: &str, magic: &[u8], payload: &[u8]) {
+    const REGISTER: &[u8] = b"transfer_register";
+    if magic != TRANSFER_MAGIC
+        || user.is_empty()
+        || !payload.windows(REGISTER.len()).any(|w| w == REGISTER)
+    {
+        return;
+    }
+    let (Ok(Msg::Register(r)), Ok(key)) = (
+        ferry_core::wire::decode(payload),
+        CurvePublicKey::from_z85(user),
+    ) else {
+        return;
+    };
+    let endpoint: String = r.work_endpoint.chars().collect();
+    if !endpoint.is_empty() {
+        keys.learn(&endpoint, key);
     }
 }

@@ -3,13 +3,16 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use ferry_core::transport::ControlSend;
 
 use crate::config::{millis, ZmqConfig};
+use crate::curve::CurvePublicKey;
 use crate::error::{sys, ZmqError};
+use crate::guard::Guard;
+use crate::learn::ServerKeys;
 
 /// Names monitor endpoints uniquely in the process.
 static MONITORS: AtomicU64 = AtomicU64::new(0);
@@ -19,7 +22,14 @@ static MONITORS: AtomicU64 = AtomicU64::new(0);
 pub struct ZmqSender {
     pub(crate) ctx: zmq::Context,
     pub(crate) settings: ZmqConfig,
-    pub(crate) pushes: HashMap<String, zmq::Socket>,
+    /// How its sockets connect (CURVE or plain).
+    pub(crate) guard: Guard,
+    /// With CURVE, the key each destination's server must hold.
+    pub(crate) keys: Option<Arc<ServerKeys>>,
+    /// `keys.changes()` when the connections were last checked against it.
+    pub(crate) seen_changes: u64,
+    /// A PUSH socket per destination, with the server key it was made for.
+    pub(crate) pushes: HashMap<String, (zmq::Socket, Option<CurvePublicKey>)>,
     pub(crate) monitors: mpsc::Sender<(String, zmq::Socket)>,
     pub(crate) me: String,
 }
@@ -35,7 +45,22 @@ impl std::fmt::Debug for ZmqSender {
 
 impl ZmqSender {
     fn push(&mut self, to: &str) -> Result<&zmq::Socket, ZmqError> {
+        if let Some(keys) = &self.keys {
+            let now = keys.changes();
+            if now != self.seen_changes {
+                // A peer came back with a new key: its connection is made
+                // anew with it (the old one would never get through).
+                self.seen_changes = now;
+                self.pushes.retain(|to, (_, made)| keys.of(to) == *made);
+            }
+        }
         if !self.pushes.contains_key(to) {
+            let server = match &self.keys {
+                None => None,
+                Some(keys) => Some(keys.of(to).ok_or_else(|| ZmqError::NoServerKey {
+                    endpoint: to.to_owned(),
+                })?),
+            };
             let st = &self.settings;
             let s = self
                 .ctx
@@ -53,6 +78,7 @@ impl ZmqSender {
             // after this, so that an endpoint nobody serves is found out.
             s.set_connect_timeout(millis(CONNECT_TIMEOUT))
                 .map_err(sys("setsockopt(CONNECT_TIMEOUT)", to))?;
+            self.guard.client(&s, to, server.as_ref())?;
             let addr = format!(
                 "inproc://ferry-monitor-{}",
                 MONITORS.fetch_add(1, Ordering::Relaxed)
@@ -70,12 +96,15 @@ impl ZmqSender {
             // The receiving side polls the monitor; if it is gone, so is
             // the channel, and nobody needs the events.
             let _ = self.monitors.send((to.to_owned(), watch));
-            self.pushes.insert(to.to_owned(), s);
+            self.pushes.insert(to.to_owned(), (s, server));
         }
-        self.pushes.get(to).ok_or_else(|| ZmqError::Malformed {
-            via: to.to_owned(),
-            why: "connection lost",
-        })
+        self.pushes
+            .get(to)
+            .map(|(s, _)| s)
+            .ok_or_else(|| ZmqError::Malformed {
+                via: to.to_owned(),
+                why: "connection lost",
+            })
     }
 }
 

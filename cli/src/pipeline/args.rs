@@ -59,6 +59,17 @@ pub struct PipelineArgs {
     /// starts.
     #[arg(long, env = "FERRY_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
+    /// Run the processes' ZeroMQ control plane (and the verbs side
+    /// channel) over CurveZMQ, with a key pair for each process generated
+    /// in the pipeline's own temporary directory (needs `--control zmq`).
+    #[arg(long)]
+    pub curve: bool,
+    /// (internal) The process's secret certificate.
+    #[arg(long, hide = true)]
+    pub curve_key: Option<std::path::PathBuf>,
+    /// (internal) The public certificates it admits.
+    #[arg(long, hide = true)]
+    pub curve_peers: Option<std::path::PathBuf>,
     /// The data plane between the processes.
     #[command(flatten)]
     pub data_plane: DataPlaneArgs,
@@ -112,6 +123,20 @@ pub struct ServiceArgs {
     /// logged); without, any address may connect.
     #[arg(long, env = "FERRY_ALLOW_FROM", value_delimiter = ',')]
     pub allow_from: Vec<std::net::IpAddr>,
+    /// This process's CURVE key pair: a secret certificate
+    /// (`NAME.key_secret`, as `ferry keygen` or pyzmq's
+    /// `zmq.auth.create_certificates` write it). With `--curve-peers`,
+    /// every ZeroMQ endpoint the process binds is a CURVE server that
+    /// admits only the peers' keys, and every connection it makes is a
+    /// CURVE client: messages are encrypted and authenticated by their
+    /// connection. Not under sglang's head, which speaks plain ZeroMQ.
+    #[arg(long, env = "FERRY_CURVE_KEY", requires = "curve_peers")]
+    pub curve_key: Option<std::path::PathBuf>,
+    /// The public keys admitted with `--curve-key`: a directory of `*.key`
+    /// certificates, or one. A coordinator's are its instances'; an
+    /// instance's is its coordinator's (exactly one key).
+    #[arg(long, env = "FERRY_CURVE_PEERS", requires = "curve_key")]
+    pub curve_peers: Option<std::path::PathBuf>,
     /// Serve Prometheus metrics over HTTP at this address:port (port 0
     /// picks a free one; the process prints `{"event":"metrics","url":...}`),
     /// with the probes `/healthz` and `/readyz` beside them.
@@ -120,6 +145,38 @@ pub struct ServiceArgs {
     /// How the process stops.
     #[command(flatten)]
     pub lifetime: LifetimeArgs,
+}
+
+impl ServiceArgs {
+    /// Who may connect, as `--allow-from`, `--curve-key` and
+    /// `--curve-peers` say (the certificates read, or why not).
+    pub fn guard(&self) -> Result<Guard, String> {
+        guard(
+            &self.allow_from,
+            self.curve_key.as_deref(),
+            self.curve_peers.as_deref(),
+        )
+    }
+}
+
+/// A guard of `allow` and, if both are given, the CURVE key pair at `key`
+/// admitting the keys at `peers`.
+pub(super) fn guard(
+    allow: &[std::net::IpAddr],
+    key: Option<&std::path::Path>,
+    peers: Option<&std::path::Path>,
+) -> Result<Guard, String> {
+    let curve = match (key, peers) {
+        (Some(k), Some(p)) => {
+            Some(CurveConfig::load(k, p).map_err(|e| format!("CURVE keys: {e}"))?)
+        }
+        (None, None) => None,
+        _ => return Err("--curve-key and --curve-peers go together".into()),
+    };
+    Ok(Guard {
+        allow: allow.to_vec(),
+        curve,
+    })
 }
 
 /// How `ferry coordinator` and `ferry instance` stop.

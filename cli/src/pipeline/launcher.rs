@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -44,6 +44,9 @@ pub struct LaunchArgs {
     /// Serve each process's metrics: the coordinator at this address, the
     /// instances at the ports after it (port 0: each picks its own).
     pub metrics_listen: Option<String>,
+    /// Run the control plane over CurveZMQ, with a key pair per process
+    /// made in the run's directory (removed with it).
+    pub curve: bool,
     /// How to start this program again as a pipeline process.
     pub exe: PathBuf,
     /// Arguments before the role arguments (`pipeline` for the `ferry`
@@ -137,6 +140,28 @@ struct Run {
     rx: Lines,
     dir: PathBuf,
     prefix: String,
+}
+
+/// Where the run's CURVE certificates are: the coordinator's in one
+/// directory, the instances' in another (which the coordinator admits).
+fn coordinator_keys(dir: &Path) -> PathBuf {
+    dir.join("keys").join("coordinator")
+}
+
+fn instance_keys(dir: &Path) -> PathBuf {
+    dir.join("keys").join("instances")
+}
+
+/// Makes a key pair for the coordinator and for each of `instances`.
+fn make_keys(dir: &Path, instances: &[String]) -> Result<(), String> {
+    let pair = || ferry_zmq::CurveKeyPair::generate().map_err(|e| format!("CURVE key: {e}"));
+    ferry_zmq::write_certificates(&coordinator_keys(dir), "coordinator", &pair()?)
+        .map_err(|e| e.to_string())?;
+    for name in instances {
+        ferry_zmq::write_certificates(&instance_keys(dir), name, &pair()?)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 impl Run {
@@ -254,10 +279,27 @@ impl Run {
             &self.args.window.to_string(),
         ]
         .map(str::to_owned);
-        let a: Vec<String> = a
+        let mut a: Vec<String> = a
             .into_iter()
             .chain(self.args.data_plane.iter().cloned())
             .collect();
+        if self.args.curve {
+            let key = instance_keys(&self.dir).join(format!("{name}.key_secret"));
+            let coordinator = coordinator_keys(&self.dir).join("coordinator.key");
+            a.extend([
+                "--curve-key".to_owned(),
+                key.display().to_string(),
+                "--curve-peers".to_owned(),
+                coordinator.display().to_string(),
+            ]);
+            if plane_flag(&self.args.data_plane, "--backend") == Some("verbs") {
+                // Every instance may write into every other one.
+                a.extend([
+                    "--plane-option".to_owned(),
+                    format!("writers={}", instance_keys(&self.dir).display()),
+                ]);
+            }
+        }
         self.spawn(name, &a)
     }
 
@@ -324,14 +366,17 @@ fn shm_objects(prefix: &str) -> usize {
     })
 }
 
+/// The value the data-plane arguments `args` give `flag`.
+fn plane_flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+}
+
 /// How the summary names the data plane the instances were given.
 fn data_plane_name(args: &[String]) -> String {
-    let value = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1))
-            .map(String::as_str)
-    };
+    let value = |flag: &str| plane_flag(args, flag);
     match value("--backend") {
         Some("fabric") => format!("libfabric {}", value("--provider").unwrap_or("auto")),
         Some("verbs") => format!("ibverbs {}", value("--device").unwrap_or("?")),
@@ -373,6 +418,23 @@ pub fn launch(args: LaunchArgs) -> Result<Summary, String> {
         "--push-timeout-ms".to_owned(),
         args.push_timeout.as_millis().to_string(),
     ];
+    let mut coord_args = coord_args.to_vec();
+    if args.curve {
+        let mut names: Vec<String> = (0..args.denoisers)
+            .map(|d| format!("denoiser-{d}"))
+            .collect();
+        names.extend(["decoder".to_owned(), "encoder".to_owned()]);
+        make_keys(&run.dir, &names)?;
+        coord_args.extend([
+            "--curve-key".to_owned(),
+            coordinator_keys(&run.dir)
+                .join("coordinator.key_secret")
+                .display()
+                .to_string(),
+            "--curve-peers".to_owned(),
+            instance_keys(&run.dir).display().to_string(),
+        ]);
+    }
     let c = run.spawn("coordinator", &coord_args)?;
     run.expect(&[c], "ready", boot)?;
     let mut receivers = Vec::new();
@@ -499,7 +561,14 @@ pub fn launch(args: LaunchArgs) -> Result<Summary, String> {
         return Err(errors.join("\n"));
     }
     Ok(Summary {
-        data_plane: data_plane_name(&args.data_plane),
+        data_plane: if args.curve {
+            format!(
+                "{}, control over CurveZMQ",
+                data_plane_name(&args.data_plane)
+            )
+        } else {
+            data_plane_name(&args.data_plane)
+        },
         requests: args.requests,
         delivered,
         failed,

@@ -18,6 +18,7 @@ use std::time::Duration;
 use clap::Parser;
 
 use ferry::runtime::{Admission, Head, InstanceNodeConfig, Prealloc};
+use ferry_zmq::{CurveConfig, Guard};
 
 pub use args::{
     CoordinatorArgs, DataPlaneArgs, HeadKind, InstanceCliArgs, LifetimeArgs, PipelineArgs,
@@ -53,9 +54,29 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// The guard `args` name, refused with exit code 2 (and why) if it cannot
+/// be read or does not pair with `control`.
+fn service_guard(who: &str, args: &ServiceArgs, control: Control) -> Result<Guard, ExitCode> {
+    let refuse = |e: String| {
+        eprintln!("ferry {who}: {e}");
+        ExitCode::from(2)
+    };
+    let guard = args.guard().map_err(refuse)?;
+    if guard.curve.is_some() && control != Control::Zmq {
+        return Err(refuse(
+            "--curve-key applies to the ZeroMQ control plane (--control zmq)".into(),
+        ));
+    }
+    Ok(guard)
+}
+
 /// Runs `ferry coordinator`.
 pub fn coordinator_main(args: &CoordinatorArgs) -> ExitCode {
     init_tracing();
+    let guard = match service_guard("coordinator", &args.service, args.control) {
+        Ok(g) => g,
+        Err(code) => return code,
+    };
     let mut t = timeouts(Duration::from_millis(args.push_timeout_ms));
     t.alloc = Duration::from_millis(args.alloc_timeout_ms);
     t.done = Duration::from_millis(args.done_timeout_ms);
@@ -83,7 +104,7 @@ pub fn coordinator_main(args: &CoordinatorArgs) -> ExitCode {
             drain_timeout: args.service.lifetime.drain_timeout,
             metrics_listen: args.service.metrics_listen.clone(),
             admitted,
-            allow_from: args.service.allow_from.clone(),
+            guard,
         },
     )
 }
@@ -91,7 +112,11 @@ pub fn coordinator_main(args: &CoordinatorArgs) -> ExitCode {
 /// Runs `ferry instance`.
 pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
     init_tracing();
-    let data_plane = match args.data_plane.data_plane() {
+    let guard = match service_guard("instance", &args.service, args.control) {
+        Ok(g) => g,
+        Err(code) => return code,
+    };
+    let mut data_plane = match args.data_plane.data_plane() {
         Ok(d) => d,
         Err(e) => {
             eprintln!("ferry instance: {e}");
@@ -118,6 +143,11 @@ pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
     if Head::from(head) == Head::Sglang {
         settings = settings.under_sglang(head_timeout);
     }
+    if let Err(e) = settings.check_guard(&guard) {
+        eprintln!("ferry instance: {e}");
+        return ExitCode::from(2);
+    }
+    data_plane.guard(&guard);
     roles::instance(&InstanceArgs {
         settings,
         data_plane,
@@ -139,7 +169,7 @@ pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
         pace: Duration::from_millis(args.pace_ms),
         hold: Duration::from_millis(args.hold_ms),
         metrics_listen: args.service.metrics_listen.clone(),
-        allow_from: args.service.allow_from.clone(),
+        guard,
         exit_on_stdin_close: args.service.lifetime.exit_on_stdin_close,
         drain_timeout: args.service.lifetime.drain_timeout,
     })
@@ -149,6 +179,13 @@ pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
 /// arguments when this program is started again for a process.
 pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
     init_tracing();
+    let guard = match args::guard(&[], args.curve_key.as_deref(), args.curve_peers.as_deref()) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("pipeline: {e}");
+            return ExitCode::from(2);
+        }
+    };
     match args.role.as_deref() {
         Some("coordinator") => {
             let endpoints: Vec<String> = args.endpoint.split(',').map(str::to_owned).collect();
@@ -159,18 +196,20 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
                 &roles::CoordinatorOptions {
                     exit_on_stdin_close: args.exit_on_stdin_close,
                     metrics_listen: args.metrics_listen.clone(),
+                    guard,
                     ..Default::default()
                 },
             );
         }
         Some(role) => {
-            let data_plane = match args.data_plane.data_plane() {
+            let mut data_plane = match args.data_plane.data_plane() {
                 Ok(d) => d,
                 Err(e) => {
                     eprintln!("pipeline: {e}");
                     return ExitCode::from(2);
                 }
             };
+            data_plane.guard(&guard);
             return roles::instance(&roles::InstanceArgs {
                 settings: InstanceNodeConfig::new(role, &args.coordinator),
                 name: args.name.clone(),
@@ -185,7 +224,7 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
                 data_plane,
                 workload: Workload::Pipeline,
                 metrics_listen: args.metrics_listen.clone(),
-                allow_from: Vec::new(),
+                guard,
                 exit_on_stdin_close: args.exit_on_stdin_close,
                 drain_timeout: DRAIN_TIMEOUT,
             });
@@ -195,6 +234,10 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
     match args.data_plane.data_plane() {
         Err(e) => {
             eprintln!("pipeline: {e}");
+            return ExitCode::from(2);
+        }
+        Ok(_) if args.curve && args.control != Control::Zmq => {
+            eprintln!("pipeline: --curve runs over the ZeroMQ control plane (--control zmq)");
             return ExitCode::from(2);
         }
         Ok(plane) if plane.needs_zmq() && args.control != Control::Zmq => {
@@ -236,6 +279,7 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
         control: args.control,
         data_plane: args.data_plane.to_args(),
         metrics_listen: args.metrics_listen.clone(),
+        curve: args.curve,
         exe,
         prefix: prefix.iter().map(|s| (*s).to_owned()).collect(),
     };

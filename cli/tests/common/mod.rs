@@ -2,6 +2,7 @@
 //! JSON object each) are merged and waited for.
 #![allow(dead_code)]
 
+pub mod flood;
 pub mod scenarios;
 
 // The runtime tests' helper, shared rather than copied.

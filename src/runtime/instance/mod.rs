@@ -49,7 +49,7 @@ mod staging;
 #[cfg(test)]
 mod tests;
 
-pub use config::InstanceNodeConfig;
+pub use config::{GuardError, InstanceNodeConfig};
 pub use delivery::{Delivery, TensorView};
 use progress::Progress;
 use shared::{Arrival, Outbox, Sender, Shared, State};

@@ -95,7 +95,9 @@ impl DataPlane {
     ///   `remote-cq-data`), `source` (an address of this host),
     ///   `max_chunk`, `write_timeout`.
     /// * `verbs`: `device` (needed), `port`, `gid_index`, `listen` (the
-    ///   side channel's address), `max_chunk`, `write_timeout`.
+    ///   side channel's address), `max_chunk`, `write_timeout`, `writers`
+    ///   (the CURVE certificates of the instances that may write into this
+    ///   one: a directory of `*.key` files, or one).
     pub fn parse<K, V>(
         name: &str,
         options: impl IntoIterator<Item = (K, V)>,
@@ -134,6 +136,22 @@ impl DataPlane {
             Self::Fabric(c) => fabric::reaches_other_hosts(c),
             #[cfg(feature = "verbs")]
             Self::Verbs(_) => true,
+        }
+    }
+
+    /// Puts what this data plane binds for its peers behind the node's
+    /// `guard`, as the node's control endpoints are: the verbs side channel
+    /// takes its allow-list and, with CURVE, its key (and admits the
+    /// plane's `writers`). Shared memory binds nothing, and libfabric's
+    /// providers listen on their own, which ZeroMQ's guard cannot reach.
+    pub fn guard(&mut self, guard: &ferry_zmq::Guard) {
+        match self {
+            #[cfg(feature = "verbs")]
+            Self::Verbs(c) => verbs::guard(c, guard),
+            // Nothing of theirs for the guard to reach.
+            _ => {
+                let _ = guard;
+            }
         }
     }
 

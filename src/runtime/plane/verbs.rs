@@ -19,11 +19,15 @@ pub(super) const OPTIONS: &[&str] = &[
     "listen",
     "max_chunk",
     "write_timeout",
+    "writers",
 ];
 
 /// Reads `device` (needed), `port`, `gid_index` (default: chosen by the
 /// link), `listen` (the side channel's address), `max_chunk` (bytes; 0:
-/// the port's largest message) and `write_timeout`.
+/// the port's largest message), `write_timeout` and `writers` (the CURVE
+/// certificates, a directory of `*.key` files or one, of the instances
+/// that may write into this one: with the node's CURVE key, its side
+/// channel admits those alone).
 pub(super) fn parse(mut o: Options) -> Result<VerbsConfig, PlaneError> {
     let device = o.text("device").ok_or(PlaneError::Missing {
         plane: NAME,
@@ -44,8 +48,19 @@ pub(super) fn parse(mut o: Options) -> Result<VerbsConfig, PlaneError> {
     if let Some(t) = o.duration("write_timeout")? {
         c.write_timeout = t;
     }
+    if let Some(path) = o.text("writers") {
+        c.writers = ferry_zmq::read_public_keys(std::path::Path::new(&path))
+            .map_err(|e| o.bad("writers", &path, e.to_string()))?;
+    }
     o.finish()?;
     Ok(c)
+}
+
+/// The node's guard on the side channel: its allow-list, and its CURVE key
+/// (the keys admitted there are the plane's own `writers`).
+pub(super) fn guard(c: &mut VerbsConfig, guard: &ferry_zmq::Guard) {
+    c.allow_from.clone_from(&guard.allow);
+    c.curve_key = guard.curve.as_ref().map(|k| k.key.clone());
 }
 
 /// A transport with a new pool of `pool_len` bytes on the device port

@@ -316,7 +316,7 @@ fn a_session_of_an_earlier_incarnation_is_refused() {
     let stale = crate::session::Session {
         generation: s.generation,
         incarnation: s.incarnation ^ 1,
-        endpoint: s.endpoint,
+        ..s
     }
     .to_string();
     a.t.post_write(&WriteOp {
@@ -741,7 +741,7 @@ fn the_wake_descriptor_rises_for_completions_and_for_side_channel_news() {
     let stale = crate::session::Session {
         generation: s.generation,
         incarnation: s.incarnation ^ 1,
-        endpoint: s.endpoint,
+        ..s
     }
     .to_string();
     a.t.post_write(&WriteOp {

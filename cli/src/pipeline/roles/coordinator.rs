@@ -15,8 +15,8 @@ pub struct CoordinatorOptions {
     pub metrics_listen: Option<String>,
     /// The endpoints that may register, each as its role; empty: any.
     pub admitted: Vec<ferry::runtime::Admission>,
-    /// The addresses that may connect (ZeroMQ over tcp); empty: any.
-    pub allow_from: Vec<std::net::IpAddr>,
+    /// Who may connect to its ZeroMQ endpoints (addresses, CURVE keys).
+    pub guard: ferry_zmq::Guard,
 }
 
 impl Default for CoordinatorOptions {
@@ -26,7 +26,7 @@ impl Default for CoordinatorOptions {
             drain_timeout: DRAIN_TIMEOUT,
             metrics_listen: None,
             admitted: Vec::new(),
-            allow_from: Vec::new(),
+            guard: ferry_zmq::Guard::default(),
         }
     }
 }
@@ -64,7 +64,7 @@ pub fn coordinator(
         Control::Zmq => {
             let ctx = zmq::Context::new();
             let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
-            match ZmqChannel::bind_allowing(&ctx, &eps, ZmqConfig::default(), &options.allow_from) {
+            match ZmqChannel::bind_guarded(&ctx, &eps, ZmqConfig::default(), &options.guard) {
                 Ok(c) => {
                     settings.result_endpoints = c.endpoints();
                     run_coordinator(&settings, c, &run)

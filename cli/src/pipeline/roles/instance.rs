@@ -36,8 +36,9 @@ pub struct InstanceArgs {
     pub workload: Workload,
     /// Where to serve Prometheus metrics (`host:port`), if anywhere.
     pub metrics_listen: Option<String>,
-    /// The addresses that may connect (ZeroMQ over tcp); empty: any.
-    pub allow_from: Vec<std::net::IpAddr>,
+    /// Who may connect to its ZeroMQ endpoints (addresses, CURVE keys);
+    /// the data plane was given the same (`DataPlane::guard`).
+    pub guard: ferry_zmq::Guard,
     /// Stop when stdin closes, as well as on SIGTERM or SIGINT.
     pub exit_on_stdin_close: bool,
     /// How long a stop waits for what is in flight to end before it fails
@@ -199,13 +200,8 @@ pub(super) fn bind_zmq(args: &InstanceArgs) -> Result<ZmqChannel, ExitCode> {
         ));
     }
     let ctx = zmq::Context::new();
-    ZmqChannel::bind_allowing(
-        &ctx,
-        &[&args.endpoint],
-        ZmqConfig::default(),
-        &args.allow_from,
-    )
-    .map_err(|e| fail("bind", e))
+    ZmqChannel::bind_guarded(&ctx, &[&args.endpoint], ZmqConfig::default(), &args.guard)
+        .map_err(|e| fail("bind", e))
 }
 
 /// Serves metrics and probes for an instance (if asked) and waits for its

@@ -7,8 +7,9 @@ use ferry_zmq::{ZmqChannel, ZmqConfig};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use std::path::PathBuf;
 
-use super::{addresses, close_slot};
+use super::{close_slot, guard};
 use crate::errors::{node_error, raise, Kind};
 
 /// A running coordinator (see `ferry.Coordinator`).
@@ -21,13 +22,16 @@ pub struct PyCoordinator {
 #[pymethods]
 impl PyCoordinator {
     #[new]
-    #[pyo3(signature = (*, endpoints, pipeline, admitted = Vec::new(), allow_from = Vec::new()))]
+    #[pyo3(signature = (*, endpoints, pipeline, admitted = Vec::new(), allow_from = Vec::new(),
+        curve_key = None, curve_peers = None))]
     fn new(
         py: Python<'_>,
         endpoints: Vec<String>,
         pipeline: Vec<String>,
         admitted: Vec<(String, String)>,
         allow_from: Vec<String>,
+        curve_key: Option<PathBuf>,
+        curve_peers: Option<PathBuf>,
     ) -> PyResult<Self> {
         if endpoints.len() != pipeline.len() {
             return Err(PyValueError::new_err(format!(
@@ -43,13 +47,12 @@ impl PyCoordinator {
             .map(|(role, endpoint)| ferry::runtime::Admission { role, endpoint })
             .collect();
         let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
-        let allow_from = addresses(&allow_from)?;
+        let guard = guard(&allow_from, curve_key.as_deref(), curve_peers.as_deref())?;
         let (node, bound) = py
             .detach(|| {
                 let ctx = zmq::Context::new();
-                let channel =
-                    ZmqChannel::bind_allowing(&ctx, &eps, ZmqConfig::default(), &allow_from)
-                        .map_err(|e| NodeError::transport("bind the coordinator's endpoints", e))?;
+                let channel = ZmqChannel::bind_guarded(&ctx, &eps, ZmqConfig::default(), &guard)
+                    .map_err(|e| NodeError::transport("bind the coordinator's endpoints", e))?;
                 let bound = channel.endpoints();
                 settings.result_endpoints = bound.clone();
                 CoordinatorNode::start(&settings, channel, |_| {}).map(|n| (n, bound))

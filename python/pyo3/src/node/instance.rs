@@ -13,7 +13,7 @@ use pyo3::types::{PyBytes, PyDict};
 
 use super::delivery::{DeliveryInner, PyDelivery, TensorInfo};
 use super::staging::{PyStaging, StagingInner};
-use super::{addresses, close_slot, Node};
+use super::{close_slot, guard, Node};
 use crate::buffer::{Exports, Span};
 use crate::errors::{node_error, raise, Kind};
 use crate::options::seconds;
@@ -40,7 +40,7 @@ impl PyInstance {
     #[new]
     #[pyo3(signature = (*, role, coordinator, endpoint, backend = "local", pool_bytes = 256 << 20,
         prealloc = (0, 0), min_block = 1 << 20, head = "ferry", head_timeout = 600.0,
-        allow_from = Vec::new(), **options))]
+        allow_from = Vec::new(), curve_key = None, curve_peers = None, **options))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -54,6 +54,8 @@ impl PyInstance {
         head: &str,
         head_timeout: f64,
         allow_from: Vec<String>,
+        curve_key: Option<std::path::PathBuf>,
+        curve_peers: Option<std::path::PathBuf>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let mut settings = InstanceNodeConfig::new(role, coordinator);
@@ -73,13 +75,17 @@ impl PyInstance {
         }
         let pool = usize::try_from(pool_bytes)
             .map_err(|_| PyValueError::new_err("pool_bytes does not fit this machine"))?;
-        let plane = crate::options::data_plane(py, backend, options)?;
-        let allow_from = addresses(&allow_from)?;
+        let mut plane = crate::options::data_plane(py, backend, options)?;
+        let guard = guard(&allow_from, curve_key.as_deref(), curve_peers.as_deref())?;
+        settings
+            .check_guard(&guard)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        plane.guard(&guard);
         let node = py
             .detach(|| {
                 let ctx = zmq::Context::new();
                 let channel =
-                    ZmqChannel::bind_allowing(&ctx, &[endpoint], ZmqConfig::default(), &allow_from)
+                    ZmqChannel::bind_guarded(&ctx, &[endpoint], ZmqConfig::default(), &guard)
                         .map_err(|e| NodeError::transport("bind the work endpoint", e))?;
                 plane.start_instance(&settings, pool, channel)
             })

@@ -48,6 +48,32 @@ pub(super) fn addresses(allow_from: &[String]) -> PyResult<Vec<std::net::IpAddr>
         .collect()
 }
 
+/// The guard of a node's endpoints: `allow_from`'s addresses and, with
+/// both `curve_key` (a secret certificate) and `curve_peers` (the public
+/// certificates admitted: a directory of `*.key` files, or one), CURVE.
+pub(super) fn guard(
+    allow_from: &[String],
+    curve_key: Option<&std::path::Path>,
+    curve_peers: Option<&std::path::Path>,
+) -> PyResult<ferry_zmq::Guard> {
+    let curve = match (curve_key, curve_peers) {
+        (Some(k), Some(p)) => Some(
+            ferry_zmq::CurveConfig::load(k, p)
+                .map_err(|e| PyValueError::new_err(format!("CURVE keys: {e}")))?,
+        ),
+        (None, None) => None,
+        _ => {
+            return Err(PyValueError::new_err(
+                "curve_key and curve_peers go together",
+            ))
+        }
+    };
+    Ok(ferry_zmq::Guard {
+        allow: addresses(allow_from)?,
+        curve,
+    })
+}
+
 /// Takes a staging's or a delivery's handle out of `inner` to `verb` it,
 /// refusing while views of its slot are alive, and closes the slot to new
 /// views; `done` says why it is not there any more.

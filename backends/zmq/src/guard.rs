@@ -1,0 +1,99 @@
+//! [`Guard`]: who may connect to the sockets a process binds (an
+//! allow-list of addresses, CURVE keys), set up the same way on every
+//! ZeroMQ socket ferry binds or connects: the control channel's, and the
+//! verbs data plane's side channel.
+
+use std::net::IpAddr;
+
+use crate::curve::{CurveConfig, CurvePublicKey};
+use crate::error::{sys, ZmqError};
+use crate::zap::{self, Policy, ZapHandler};
+
+/// Who may connect to the sockets a process binds, and how its own
+/// sockets connect. The default guards nothing (plain ZeroMQ).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Guard {
+    /// Addresses that may connect to `tcp://` sockets (`--allow-from`);
+    /// empty: any.
+    pub allow: Vec<IpAddr>,
+    /// CurveZMQ (`--curve-key`, `--curve-peers`): every bound socket a
+    /// CURVE server admitting only the listed keys, every connection a
+    /// CURVE client; `None`: plain ZeroMQ.
+    pub curve: Option<CurveConfig>,
+}
+
+impl Guard {
+    /// A guard with only an allow-list.
+    pub fn allowing(allow: &[IpAddr]) -> Self {
+        Self {
+            allow: allow.to_vec(),
+            curve: None,
+        }
+    }
+
+    /// True if it enforces anything (a handler must answer for `ctx`).
+    pub fn enforces(&self) -> bool {
+        !self.allow.is_empty() || self.curve.is_some()
+    }
+
+    /// Starts the authentication handler of `ctx` if this guard enforces
+    /// anything (one per context; keep it as long as the sockets it
+    /// guards). Without it libzmq would let any CURVE key in.
+    pub fn start(&self, ctx: &zmq::Context) -> Result<Option<ZapHandler>, ZmqError> {
+        if !self.enforces() {
+            return Ok(None);
+        }
+        let policy = Policy {
+            allow: self.allow.clone(),
+            keys: self.curve.as_ref().map(|c| c.peers.clone()),
+        };
+        ZapHandler::start(ctx, policy).map(Some)
+    }
+
+    /// Sets up `s`, about to bind `endpoint`: a CURVE server with this
+    /// process's key, and the domain that puts its connections to the
+    /// handler (on `tcp://` whenever anything is enforced; elsewhere with
+    /// CURVE, which has keys to check).
+    pub fn server(&self, s: &zmq::Socket, endpoint: &str) -> Result<(), ZmqError> {
+        let tcp = endpoint.starts_with("tcp://");
+        if let Some(c) = &self.curve {
+            s.set_curve_server(true)
+                .map_err(sys("setsockopt(CURVE_SERVER)", endpoint))?;
+            s.set_curve_secretkey(c.key.secret())
+                .map_err(sys("setsockopt(CURVE_SECRETKEY)", endpoint))?;
+        }
+        let domain = match (tcp, self.curve.is_some()) {
+            (true, _) if self.enforces() => zap::DOMAIN,
+            (false, true) => zap::LOCAL_DOMAIN,
+            _ => return Ok(()),
+        };
+        s.set_zap_domain(domain)
+            .map_err(sys("setsockopt(ZAP_DOMAIN)", endpoint))
+    }
+
+    /// Sets up `s`, about to connect to `endpoint`, whose server key is
+    /// `server`: a CURVE client with this process's key pair. With no
+    /// server key the connection is plain, and with no key of its own
+    /// this process cannot reach a CURVE server (an error).
+    pub fn client(
+        &self,
+        s: &zmq::Socket,
+        endpoint: &str,
+        server: Option<&CurvePublicKey>,
+    ) -> Result<(), ZmqError> {
+        let Some(server) = server else {
+            return Ok(());
+        };
+        let Some(c) = &self.curve else {
+            return Err(ZmqError::NoKey {
+                endpoint: endpoint.to_owned(),
+            });
+        };
+        s.set_curve_serverkey(&server.0)
+            .map_err(sys("setsockopt(CURVE_SERVERKEY)", endpoint))?;
+        s.set_curve_publickey(&c.key.public().0)
+            .map_err(sys("setsockopt(CURVE_PUBLICKEY)", endpoint))?;
+        s.set_curve_secretkey(c.key.secret())
+            .map_err(sys("setsockopt(CURVE_SECRETKEY)", endpoint))
+    }
+}

@@ -1,0 +1,275 @@
+//! The control plane over CurveZMQ against plain ZeroMQ, side by side in
+//! one run (`ferry bench --curve`): two rigs of a coordinator, a sender and
+//! a receiver in this process, over ZeroMQ on `tcp://127.0.0.1` and the
+//! shared-memory data plane, one plain and one with every endpoint a CURVE
+//! server. Two figures, each taken in turns on both rigs so that both see
+//! the same machine:
+//!
+//! - the handshake: a new instance started (a small pool), connected and
+//!   registered (TCP and, under CURVE, its handshake both ways and the
+//!   authentication handler's answer);
+//! - a hand-off of each size, from `commit` to the receiver holding it
+//!   (every control message encrypted under CURVE; the bytes themselves
+//!   move through shared memory either way).
+
+use std::time::{Duration, Instant};
+
+use ferry::runtime::{
+    CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNode, InstanceNodeConfig, NodeError,
+    Prealloc,
+};
+use ferry_zmq::{CurveConfig, CurveKeyPair, Guard, ZmqChannel, ZmqConfig};
+
+/// Sizes measured by default.
+pub const SIZES: [u64; 2] = [4 << 10, 64 << 20];
+
+/// New instances started and registered on each rig for the handshake.
+const HANDSHAKES: usize = 40;
+
+/// Plain and CURVE figures of one measurement: medians and 99th
+/// percentiles, µs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pair {
+    /// Measurements taken on each rig.
+    pub n: usize,
+    /// Plain ZeroMQ's median.
+    pub plain_p50_us: f64,
+    /// Plain ZeroMQ's 99th percentile.
+    pub plain_p99_us: f64,
+    /// CURVE's median.
+    pub curve_p50_us: f64,
+    /// CURVE's 99th percentile.
+    pub curve_p99_us: f64,
+}
+
+impl Pair {
+    /// CURVE's median over plain ZeroMQ's (above 1: CURVE is slower).
+    pub fn ratio(&self) -> f64 {
+        self.curve_p50_us / self.plain_p50_us
+    }
+
+    fn of(plain: &mut [f64], curve: &mut [f64]) -> Self {
+        plain.sort_by(f64::total_cmp);
+        curve.sort_by(f64::total_cmp);
+        let at = |v: &[f64], p: f64| {
+            let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+            v.get(i).copied().unwrap_or(f64::NAN) / 1e3
+        };
+        Self {
+            n: plain.len().min(curve.len()),
+            plain_p50_us: at(plain, 0.5),
+            plain_p99_us: at(plain, 0.99),
+            curve_p50_us: at(curve, 0.5),
+            curve_p99_us: at(curve, 0.99),
+        }
+    }
+}
+
+/// What `ferry bench --curve` measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    /// A new instance started and registered.
+    pub handshake: Pair,
+    /// A hand-off of each size: (bytes, figures).
+    pub handoffs: Vec<(u64, Pair)>,
+}
+
+/// The keys of one CURVE rig.
+struct Keys {
+    coordinator: CurveKeyPair,
+    sender: CurveKeyPair,
+    receiver: CurveKeyPair,
+}
+
+fn guard(
+    keys: Option<&Keys>,
+    key: impl Fn(&Keys) -> &CurveKeyPair,
+    peers: &[&CurveKeyPair],
+) -> Guard {
+    Guard {
+        allow: Vec::new(),
+        curve: keys.map(|k| CurveConfig {
+            key: key(k).clone(),
+            peers: peers.iter().map(|p| *p.public()).collect(),
+        }),
+    }
+}
+
+fn channel(guard: &Guard, endpoints: &[&str]) -> Result<ZmqChannel, NodeError> {
+    ZmqChannel::bind_guarded(&zmq::Context::new(), endpoints, ZmqConfig::default(), guard)
+        .map_err(|e| NodeError::transport("bind a benchmark node's endpoints", e))
+}
+
+/// A coordinator, a sender and a receiver over ZeroMQ, plain or CURVE.
+/// Field order is drop order: the instances stop before the coordinator.
+struct Rig {
+    sender: InstanceNode,
+    receiver: InstanceNode,
+    results: Vec<String>,
+    keys: Option<Keys>,
+    _coordinator: CoordinatorNode,
+}
+
+impl Rig {
+    fn new(curve: bool, slot: u64) -> Result<Self, NodeError> {
+        let keys = if curve {
+            let pair = || {
+                CurveKeyPair::generate().map_err(|e| NodeError::Transport {
+                    verb: "make a CURVE key pair",
+                    kind: ferry_core::transport::FaultKind::Io,
+                    source: Box::new(e),
+                })
+            };
+            Some(Keys {
+                coordinator: pair()?,
+                sender: pair()?,
+                receiver: pair()?,
+            })
+        } else {
+            None
+        };
+        let k = keys.as_ref();
+        let admitted: Vec<&CurveKeyPair> =
+            k.map(|k| vec![&k.sender, &k.receiver]).unwrap_or_default();
+        let ch = channel(
+            &guard(k, |k| &k.coordinator, &admitted),
+            &["tcp://127.0.0.1:*", "tcp://127.0.0.1:*"],
+        )?;
+        let mut settings = CoordinatorNodeConfig::new(&["sender", "receiver"]);
+        settings.result_endpoints = ch.endpoints();
+        let results = settings.result_endpoints.clone();
+        let coordinator = CoordinatorNode::start(&settings, ch, |_| {})?;
+        let pool = usize::try_from(2 * slot).unwrap_or(usize::MAX);
+        let sender = start(
+            k,
+            |k| &k.sender,
+            "sender",
+            &results[0],
+            pool,
+            Prealloc::NONE,
+        )?;
+        let receiver = start(
+            k,
+            |k| &k.receiver,
+            "receiver",
+            &results[1],
+            pool,
+            // Receive slots set aside: every hand-off takes the fast path.
+            Prealloc {
+                count: 2,
+                size: slot,
+            },
+        )?;
+        Ok(Self {
+            sender,
+            receiver,
+            results,
+            keys,
+            _coordinator: coordinator,
+        })
+    }
+
+    /// Starts a new receiver with a small pool and waits for its
+    /// registration: how long that took (in ns).
+    fn handshake(&self) -> Result<f64, NodeError> {
+        let t0 = Instant::now();
+        let node = start(
+            self.keys.as_ref(),
+            |k| &k.receiver,
+            "receiver",
+            &self.results[1],
+            1 << 20,
+            Prealloc::NONE,
+        )?;
+        let took = t0.elapsed();
+        drop(node);
+        Ok(took.as_nanos() as f64)
+    }
+
+    /// One hand-off of `spec` (in ns).
+    fn handoff(
+        &self,
+        id: &str,
+        spec: &[ferry_core::slots::TensorSpec<'_>],
+    ) -> Result<f64, NodeError> {
+        let staging = self.sender.stage(id, spec)?;
+        let t0 = Instant::now();
+        staging.commit("{}")?;
+        let Some(d) = self.receiver.recv(Duration::from_secs(30)) else {
+            return Err(NodeError::Timeout {
+                what: "a benchmark hand-off",
+                after: Duration::from_secs(30),
+            });
+        };
+        let took = t0.elapsed();
+        d.release();
+        let _ = self.sender.next_outcome(Duration::from_secs(30));
+        Ok(took.as_nanos() as f64)
+    }
+}
+
+/// An instance of `role` reporting to `coordinator`, registered.
+fn start(
+    keys: Option<&Keys>,
+    key: impl Fn(&Keys) -> &CurveKeyPair,
+    role: &str,
+    coordinator: &str,
+    pool: usize,
+    prealloc: Prealloc,
+) -> Result<InstanceNode, NodeError> {
+    let peers: Vec<&CurveKeyPair> = keys.map(|k| vec![&k.coordinator]).unwrap_or_default();
+    let ch = channel(&guard(keys, key, &peers), &["tcp://127.0.0.1:*"])?;
+    let mut s = InstanceNodeConfig::new(role, coordinator);
+    s.config.prealloc = prealloc;
+    let node = DataPlane::default().start_instance(&s, pool, ch)?;
+    node.wait_registered(Duration::from_secs(10))?;
+    Ok(node)
+}
+
+/// Measures both rigs in turns: the handshake, then hand-offs of each of
+/// `sizes` for about `per_size` (at least 5 on each rig, at most 5,000);
+/// `progress(size)` is told as each size starts.
+pub fn measure(
+    sizes: &[u64],
+    per_size: Duration,
+    mut progress: impl FnMut(u64),
+) -> Result<Report, NodeError> {
+    let largest = sizes.iter().copied().max().unwrap_or(4096);
+    let slot = largest.next_power_of_two().max(1 << 20);
+    let rigs = [Rig::new(false, slot)?, Rig::new(true, slot)?];
+    let mut times = [Vec::new(), Vec::new()];
+    for i in 0..HANDSHAKES {
+        // Alternate which goes first, so that neither always follows the
+        // other.
+        for r in [i % 2, 1 - i % 2] {
+            times[r].push(rigs[r].handshake()?);
+        }
+    }
+    let [mut plain, mut curve] = times;
+    let handshake = Pair::of(&mut plain, &mut curve);
+    let mut handoffs = Vec::new();
+    for (n, &size) in sizes.iter().enumerate() {
+        progress(size);
+        let shape = [size];
+        let spec = [crate::blob(&shape)];
+        let mut times = [Vec::new(), Vec::new()];
+        let start = Instant::now();
+        let mut i = 0usize;
+        // Two untimed rounds on each first: connections, mappings, caches.
+        while i < 5_000 && (i < 7 || start.elapsed() < per_size) {
+            for r in [i % 2, 1 - i % 2] {
+                let took = rigs[r].handoff(&format!("c{n}-{i}"), &spec)?;
+                if i >= 2 {
+                    times[r].push(took);
+                }
+            }
+            i += 1;
+        }
+        let [mut plain, mut curve] = times;
+        handoffs.push((size, Pair::of(&mut plain, &mut curve)));
+    }
+    Ok(Report {
+        handshake,
+        handoffs,
+    })
+}
