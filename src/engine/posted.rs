@@ -214,7 +214,11 @@ impl<T: Transport + Send + 'static> Posted for Driven<T> {
                     len: op.len,
                     dest_session: session,
                     dest_addr: op.dst,
-                    tag: WriteTag::of(session, op.dst),
+                    // The engine's data planes are opened delivery-complete
+                    // (no receiver counts tags), so the cookie names the
+                    // write: hashing the session id per write cost more than
+                    // a small write's copy.
+                    tag: WriteTag(*cookie),
                     cookie: *cookie,
                 };
                 match t.post_write(&w) {
@@ -239,10 +243,10 @@ impl<T: Transport + Send + 'static> Posted for Driven<T> {
         let mut remaining: HashSet<u64> = posted.iter().copied().collect();
         let mut timed_out = None;
         let mut done = lock(&self.shared.done);
-        for (_, _, cookie) in &writes {
-            if !posted.contains(cookie) {
-                done.waiting.remove(cookie);
-            }
+        // Posting stops at the first refusal: what was not posted is the
+        // tail.
+        for (_, _, cookie) in &writes[posted.len()..] {
+            done.waiting.remove(cookie);
         }
         loop {
             remaining.retain(|c| match done.results.remove(c) {
