@@ -81,6 +81,9 @@ fn local_engines_write_into_each_others_memory() {
 fn fabric_engines_write_into_each_others_memory() {
     // tcp;ofi_rxm on loopback needs its interface named.
     std::env::set_var("FI_TCP_IFACE", "lo");
+    // Removing a peer ends its writes (ferry-fabric's AV_REMOVE_CLEANUP),
+    // set before this process first uses libfabric.
+    std::env::set_var("FI_AV_REMOVE_CLEANUP", "1");
     for provider in ["tcp;ofi_rxm", "shm"] {
         check(|| {
             let mut c = ferry_fabric::FabricConfig::new(provider.parse().unwrap());
@@ -102,6 +105,9 @@ fn a_timed_out_fabric_write_reads_its_source_no_more_after_it_returns() {
     use ferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
 
     std::env::set_var("FI_TCP_IFACE", "lo");
+    // Removing a peer ends its writes (ferry-fabric's AV_REMOVE_CLEANUP),
+    // set before this process first uses libfabric.
+    std::env::set_var("FI_AV_REMOVE_CLEANUP", "1");
     let len = 16usize << 20;
     let mut receiver_config = FabricConfig::new(Provider::Named("tcp;ofi_rxm".into()));
     receiver_config.delivery = DeliveryMode::Complete;

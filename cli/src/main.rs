@@ -125,11 +125,6 @@ fn keygen(name: &str, dir: &std::path::Path) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    // Before any thread starts: libfabric reads it when first used, and
-    // setting the environment later races with C code reading it.
-    if std::env::var_os("FI_AV_REMOVE_CLEANUP").is_none() {
-        std::env::set_var("FI_AV_REMOVE_CLEANUP", "1");
-    }
     let cli = Cli::parse();
     ferry_cli::pipeline::init_tracing();
     let result = match cli.command {

@@ -15,8 +15,6 @@ Every error is a ``ferry.FerryError``, of a subclass by kind (``.kind``):
 ``RefusedError``... (see ``ferry._errors``).
 """
 
-import os
-
 from ferry._errors import (
     ClosedError,
     DrainingError,
@@ -35,12 +33,6 @@ from ferry._engine import ERROR_CODES, TransferEngine
 from ferry._native import __version__
 from ferry._node import Coordinator, Delivery, Instance, Outcome, Prealloc, Staging
 from ferry._stats import CoordinatorStats, InstanceStats
-
-# Before libfabric is first used (the fabric plugin, at its first open; it
-# reads its settings once): removing a peer from the address vector closes
-# rxm's connection to it, so that a timed-out or cancelled write ends
-# before its call returns (see ferry-fabric's `AV_REMOVE_CLEANUP`).
-os.environ.setdefault("FI_AV_REMOVE_CLEANUP", "1")
 
 
 def backends() -> list:

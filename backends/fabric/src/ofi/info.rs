@@ -66,7 +66,6 @@ impl Info {
             });
         };
         let hints_info = Info { ptr: h };
-        super::before_first_getinfo();
         // SAFETY: `h` and its attribute structs are valid and owned by
         // `hints_info`; prov_name is malloc'd (strdup) because
         // fi_freeinfo frees it.
@@ -102,7 +101,6 @@ impl Info {
     /// (`fi_getinfo` without hints), as `fi_info -l` lists them.
     pub fn all() -> Result<Self, FabricError> {
         let mut out = ptr::null_mut();
-        super::before_first_getinfo();
         // SAFETY: null node, service and hints ask for everything; `out`
         // receives a list this handle frees.
         let ret = unsafe {

@@ -35,25 +35,22 @@ pub const ADDR_UNSPEC: sys::fi_addr_t = u64::MAX;
 
 /// The libfabric setting that makes removing a peer from an address
 /// vector close the provider's hidden connection to it (rxm's), ending the
-/// writes posted to it. Without it rxm keeps the connection, and a write
-/// to a peer that stopped driving its queue can be neither timed out nor
-/// cancelled safely: ferry then waits for it instead of returning.
+/// writes posted to it: with it on, a write that is timed out or cancelled
+/// is reported only once the provider has ended it (a completion is
+/// final). ferry leaves it off by default: libfabric 1.17's rxm crashed
+/// removing a peer whose link had been cut with it on (`cli/tests/netns.rs`).
+/// Off, such a write is reported when it is ended, and its chunks already
+/// posted may still move.
 pub const AV_REMOVE_CLEANUP: &str = "FI_AV_REMOVE_CLEANUP";
 
-/// Turns [`AV_REMOVE_CLEANUP`] on, unless the environment says otherwise,
-/// before libfabric's first `fi_getinfo` reads its settings (once per
-/// process). The CLI and the Python package set it at their start, before
-/// any thread runs, so this finds it set; for other embedders it is set
-/// here, under std's environment lock, which C code reading the
-/// environment on another thread at that moment does not take: such
-/// embedders should set it themselves.
-fn before_first_getinfo() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        if std::env::var_os(AV_REMOVE_CLEANUP).is_none() {
-            std::env::set_var(AV_REMOVE_CLEANUP, "1");
-        }
-    });
+/// True if [`AV_REMOVE_CLEANUP`] is on, as libfabric reads it.
+pub fn av_remove_cleanup() -> bool {
+    std::env::var(AV_REMOVE_CLEANUP).is_ok_and(|v| {
+        matches!(
+            v.to_ascii_lowercase().as_str(),
+            "1" | "true" | "yes" | "on" | "y"
+        )
+    })
 }
 
 /// `fi_strerror`'s text for a positive error number.

@@ -26,6 +26,9 @@ pub(super) struct WriteState {
     /// Given up (timed out or cancelled): its chunks still queued are not
     /// posted, and it completes, failed, once those posted have completed.
     pub(super) ended: bool,
+    /// Reported already, at its end, without waiting for its chunks
+    /// posted (where completions cannot be made final).
+    pub(super) reported: bool,
 }
 
 /// One chunk waiting to be posted: the queue was full (`-FI_EAGAIN`, which
@@ -63,6 +66,10 @@ pub(super) struct WriteBook {
     pub(super) evict: Vec<Arc<str>>,
     /// Held by a test: the progress thread stops driving the queue.
     pub(super) held: bool,
+    /// Removing a peer from the address vector ends its writes
+    /// (`FI_AV_REMOVE_CLEANUP` on), so an ended write is reported once its
+    /// chunks posted have completed; otherwise it is reported when it ends.
+    pub(super) final_completions: bool,
     /// A completion or notice arrived since the wake descriptor was last
     /// signalled.
     pub(super) news: bool,
@@ -92,6 +99,9 @@ impl WriteBook {
             return;
         };
         self.free_writes.push(w);
+        if ws.reported {
+            return;
+        }
         if let Some(e) = &ws.error {
             if matches!(
                 ferry_core::transport::Fault::kind(e),
@@ -179,6 +189,22 @@ impl WriteBook {
         }
         if !self.evict.contains(&peer) {
             self.evict.push(peer);
+        }
+        if !self.final_completions {
+            // Nothing would end its chunks posted: waiting for them could
+            // be forever (a cut link), so it is reported now, and they may
+            // still move (said in the crate's documentation).
+            if let Some(Some(ws)) = self.writes.get_mut(w as usize) {
+                if ws.in_flight > 0 {
+                    ws.reported = true;
+                    let cookie = ws.cookie;
+                    let result = Err(ws.error.take().unwrap_or(FabricError::Cancelled {
+                        peer: ws.peer.to_string(),
+                    }));
+                    self.done.push_back(Completion { cookie, result });
+                    self.news = true;
+                }
+            }
         }
         self.finish_if_done(w);
     }

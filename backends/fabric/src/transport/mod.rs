@@ -261,6 +261,7 @@ impl Transport for FabricTransport {
             posted: Instant::now(),
             deadline,
             ended: false,
+            reported: false,
         };
         let w = match book.free_writes.pop() {
             Some(w) => {
@@ -364,17 +365,23 @@ impl Transport for FabricTransport {
     }
 
     /// Ends the writes to the peer: their chunks still queued are
-    /// dropped, and the peer is removed from the address vector, which
-    /// closes the provider's connection to it, so that the chunks posted
-    /// end (flushed with an error, or done). Returns once they have, or
-    /// fails after the write timeout if the provider has not ended them
-    /// (their completions then come when it does).
+    /// dropped, and the peer is removed from the address vector. With
+    /// `FI_AV_REMOVE_CLEANUP` on, that closes the provider's connection to
+    /// it, so that the chunks posted end (flushed with an error, or done):
+    /// this returns once they have, or fails after the write timeout if
+    /// the provider has not ended them (their completions then come when
+    /// it does). With it off (ferry's default, see
+    /// [`crate::ofi::AV_REMOVE_CLEANUP`]) the writes are reported at once,
+    /// and chunks already posted may still move.
     fn cancel_writes(&mut self, dest_session: &str) -> Result<(), FabricError> {
-        let mine = self.shared.lock().cancel(dest_session);
-        if mine.is_empty() {
+        let (mine, ends) = {
+            let mut book = self.shared.lock();
+            (book.cancel(dest_session), book.final_completions)
+        };
+        self.evict_dead();
+        if mine.is_empty() || !ends {
             return Ok(());
         }
-        self.evict_dead();
         self.shared.cq.signal();
         let start = Instant::now();
         loop {

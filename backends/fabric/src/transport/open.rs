@@ -142,6 +142,7 @@ impl FabricTransport {
                 notices: NoticeBook::new(notice_format, Duration::from_secs(120), 1 << 16),
                 evict: Vec::new(),
                 held: false,
+                final_completions: crate::ofi::av_remove_cleanup(),
                 news: false,
             }),
             stop: AtomicBool::new(false),
