@@ -234,11 +234,15 @@ impl TransferEngine {
     ///
     /// Whatever it returns, no byte of the call is read from its sources
     /// or written into the peer afterwards: past `timeout` the data plane
-    /// ends the writes still running (a libfabric peer's connection torn
-    /// down, a verbs queue pair flushed, a local write not yet made
-    /// dropped), and the call returns [`EngineError::Timeout`] once they
-    /// have ended. The data plane's own write timeout, where it has one,
-    /// fails a write earlier if it is shorter.
+    /// ends the writes still running (a verbs queue pair flushed, a local
+    /// write not yet made dropped, a libfabric peer's connection torn
+    /// down), and the call returns [`EngineError::Timeout`] once they have
+    /// ended. One exception: libfabric ends posted writes only with
+    /// `FI_AV_REMOVE_CLEANUP=1` in the environment (off by default, see
+    /// `ferry_fabric::ofi::AV_REMOVE_CLEANUP`); without it a timed-out
+    /// fabric write's chunks already posted may still move. The data
+    /// plane's own write timeout, where it has one, fails a write earlier
+    /// if it is shorter.
     pub fn write(&self, session: &str, ops: &[Op], timeout: Duration) -> Result<(), EngineError> {
         self.inner.write(session, ops, timeout)
     }
