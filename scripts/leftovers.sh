@@ -12,9 +12,10 @@
 #     FERRY_SHM_PREFIX    ferry-$run_id: shared-memory objects' names (tests
 #                         that choose a prefix nest theirs under it)
 #     FERRY_NETNS_PREFIX  ferry-$run_id: network namespaces' names
-#   run_leftovers   reports what of the run's own is still there (processes,
-#                   shared-memory objects, network namespaces, files in its
-#                   TMPDIR) and removes it; fails if there was any
+#   run_leftovers   reports what of the run's own is still there (processes
+#                   still running $run_grace seconds on, shared-memory
+#                   objects, network namespaces, files in its TMPDIR) and
+#                   removes it; fails if there was any
 #   run_end         removes the run's directory
 
 run_begin() {
@@ -53,9 +54,21 @@ run_netns() {
     { ip netns list 2>/dev/null || true; } | awk -v p="ferry-$run_id-" 'index($1, p) == 1 { print $1 }' | sort
 }
 
+# How long the check waits for the run's processes to end on their own. A
+# process may still be ending when the suite's last step returns:
+# multiprocessing's resource tracker, for one, exits only after its parent
+# (pytest) has, once it reads the end of their pipe. That is not a process
+# left behind; one still there after this long is.
+run_grace=${run_grace:-10}
+
 run_leftovers() {
-    local found=0 what
+    local found=0 what tries=0
     what=$(run_procs)
+    while [ -n "$what" ] && [ "$tries" -lt $((run_grace * 10)) ]; do
+        sleep 0.1
+        tries=$((tries + 1))
+        what=$(run_procs)
+    done
     if [ -n "$what" ]; then
         found=1
         echo "left running:"
