@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::runtime::PoolOwner;
 use ferry_core::transport::{
     Capabilities, ChannelEvent, Completion, ControlChannel, ControlRecv, Fault, FaultKind,
-    Incoming, Landed, Region, Transport, WriteOp, WriteTag,
+    Incoming, Landed, ReadOp, Region, Transport, WriteOp, WriteTag,
 };
 
 /// Probabilities (0 to 1) and delays of the faults to inject.
@@ -192,6 +192,12 @@ where
         Ok(())
     }
 
+    /// Passed on as it is: the plan's faults are the writes' (ferry's
+    /// nodes never read).
+    fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), Self::Error> {
+        Ok(self.inner.post_read(read)?)
+    }
+
     fn poll_completion(&mut self) -> Option<Completion<Self::Error>> {
         while let Some(c) = self.inner.poll_completion() {
             if let (Some(notices), Some((session, tag))) =
@@ -224,8 +230,8 @@ where
     /// Ends the wrapped transport's writes to the peer; the completions
     /// this wrapper holds back (delayed or injected) are of writes that
     /// already ended, and are released as planned.
-    fn cancel_writes(&mut self, dest_session: &str) -> Result<(), Self::Error> {
-        Ok(self.inner.cancel_writes(dest_session)?)
+    fn cancel_transfers(&mut self, dest_session: &str) -> Result<(), Self::Error> {
+        Ok(self.inner.cancel_transfers(dest_session)?)
     }
 
     fn capabilities(&self) -> Capabilities {

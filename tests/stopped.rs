@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::endpoint;
-use ferry::core::transport::{Capabilities, Completion, Region, Transport, WriteOp};
+use ferry::core::transport::{Capabilities, Completion, ReadOp, Region, Transport, WriteOp};
 use ferry::runtime::{
     CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNodeConfig, NodeError, PoolOwner,
 };
@@ -54,12 +54,16 @@ impl<T: Transport> Transport for PanicsOnWrite<T> {
         self.inner.post_write(write)
     }
 
+    fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), T::Error> {
+        self.inner.post_read(read)
+    }
+
     fn poll_completion(&mut self) -> Option<Completion<T::Error>> {
         self.inner.poll_completion()
     }
 
-    fn cancel_writes(&mut self, dest_session: &str) -> Result<(), T::Error> {
-        self.inner.cancel_writes(dest_session)
+    fn cancel_transfers(&mut self, dest_session: &str) -> Result<(), T::Error> {
+        self.inner.cancel_transfers(dest_session)
     }
 
     fn wake_fd(&self) -> Option<std::os::fd::RawFd> {

@@ -1,6 +1,6 @@
 //! The two seams between the state machines and the outside world: the data
-//! plane ([`Transport`]: register memory, post one-sided writes, poll their
-//! completions) and the control channel ([`ControlSend`] and
+//! plane ([`Transport`]: register memory, post one-sided writes and reads,
+//! poll their completions) and the control channel ([`ControlSend`] and
 //! [`ControlRecv`]: send and receive the protocol's two-frame messages).
 //! They are separate so that any control plane pairs with any data plane.
 //! These three traits, and [`Fault`] for their errors, are all an embedder
@@ -389,17 +389,39 @@ pub struct WriteOp<'a> {
     pub cookie: u64,
 }
 
-/// A finished write.
+/// One read for a data plane to post (a one-sided read, the mirror of a
+/// [`WriteOp`]): `len` bytes at `src_addr` in the registered memory of the
+/// peer whose session id is `src_session`, into `local_offset` in
+/// `region`. The peer takes no part; the data plane checks `region`'s
+/// bounds here and the peer's registration there, as for a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadOp<'a> {
+    /// The registered region the bytes go into.
+    pub region: Region,
+    /// Where in `region` they go.
+    pub local_offset: u64,
+    /// How many bytes.
+    pub len: u64,
+    /// The peer whose memory is read.
+    pub src_session: &'a str,
+    /// Where they come from, as an address in the peer's space.
+    pub src_addr: u64,
+    /// Comes back in the read's [`Completion`].
+    pub cookie: u64,
+}
+
+/// A finished write or read.
 #[derive(Debug)]
 pub struct Completion<E> {
     /// The cookie it was posted with.
     pub cookie: u64,
-    /// Whether the bytes arrived.
+    /// Whether the bytes arrived: at the peer for a write (where
+    /// completions mean delivery), in this process's region for a read.
     pub result: Result<(), E>,
 }
 
 /// The data plane: one-sided writes from this process's registered memory
-/// into a peer's.
+/// into a peer's, and one-sided reads the other way.
 pub trait Transport {
     /// Its errors.
     type Error: Fault;
@@ -430,6 +452,14 @@ pub trait Transport {
     /// here means it was not posted.
     fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), Self::Error>;
 
+    /// Posts `read`. Its outcome comes from
+    /// [`poll_completion`](Self::poll_completion) with its cookie, as a
+    /// write's does; a successful completion means every byte is in this
+    /// process's region. An error here means it was not posted (a data
+    /// plane that cannot read says so with an error of kind
+    /// [`FaultKind::Io`]).
+    fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), Self::Error>;
+
     /// The next finished write, if any.
     ///
     /// A completion is final, whatever it says: once a write's completion
@@ -438,24 +468,25 @@ pub trait Transport {
     /// ([`Capabilities::delivery_complete`]), no byte of it is sent that
     /// the peer's memory has not received. A data plane that fails a write
     /// on its own (its write timeout, a broken connection) first ends it,
-    /// as [`cancel_writes`](Self::cancel_writes) does. Bytes a peer's
+    /// as [`cancel_transfers`](Self::cancel_transfers) does. Bytes a peer's
     /// host already holds for it may still be placed once the peer drives
     /// its queue (a byte stream's receive buffer): a data plane where that
     /// can happen says so.
     fn poll_completion(&mut self) -> Option<Completion<Self::Error>>;
 
-    /// Ends every write posted to the peer `dest_session` that has not
+    /// Ends every write to and read from the peer `session` that has not
     /// completed, for a caller that gives up waiting on them: once this
-    /// returns, none of them reads its source or sends the peer a byte
-    /// any more (see [`poll_completion`](Self::poll_completion)), and each
-    /// one's completion (an error with the kind
-    /// [`FaultKind::Timeout`], for those that did not finish) is queued
-    /// for [`poll_completion`](Self::poll_completion). Writes to other
-    /// peers go on; the next write to this one may connect anew. An error
-    /// means the data plane could not be sure the writes ended: their
-    /// completions have not been queued, and their memory must not be
-    /// reused.
-    fn cancel_writes(&mut self, dest_session: &str) -> Result<(), Self::Error>;
+    /// returns, none of them touches this process's memory or sends the
+    /// peer a byte any more (see
+    /// [`poll_completion`](Self::poll_completion)), and each one's
+    /// completion (an error with the kind [`FaultKind::Timeout`], for
+    /// those that did not finish) is queued for
+    /// [`poll_completion`](Self::poll_completion). Transfers with other
+    /// peers go on; the next one with this peer may connect anew. An
+    /// error means the data plane could not be sure the transfers ended:
+    /// their completions have not been queued, and their memory must not
+    /// be reused.
+    fn cancel_transfers(&mut self, session: &str) -> Result<(), Self::Error>;
 
     /// On the receiving side, where completions do not mean delivery
     /// ([`Capabilities::delivery_complete`] false): the next write whose

@@ -236,7 +236,7 @@ impl<T: Transport + Send + 'static> Posted for Driven<T> {
         // Wait for every posted write, even after a refusal or past the
         // timeout: the caller must not reuse memory a write may still
         // read, nor its peer memory a write may still fill. Past the
-        // timeout the transport ends the writes (`cancel_writes`), and
+        // timeout the transport ends the writes (`cancel_transfers`), and
         // their completions, final by the seam's contract, end the wait.
         let start = Instant::now();
         let mut first_error = refused;
@@ -304,7 +304,7 @@ impl<T: Transport + Send + 'static> Driven<T> {
     /// still move, and the caller goes on waiting for them (said in the
     /// log, since it may be long).
     fn end_writes(&self, session: &str) {
-        if let Err(e) = lock(&self.shared.transport).cancel_writes(session) {
+        if let Err(e) = lock(&self.shared.transport).cancel_transfers(session) {
             tracing::error!(
                 peer = session,
                 error = %e,

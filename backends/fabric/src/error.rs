@@ -99,7 +99,7 @@ pub enum FabricError {
         after: std::time::Duration,
     },
     /// A write ended unfinished because its caller stopped waiting
-    /// (`Transport::cancel_writes`).
+    /// (`Transport::cancel_transfers`).
     #[error("write to {peer} ended unfinished: its caller stopped waiting")]
     Cancelled {
         /// The peer's session id.

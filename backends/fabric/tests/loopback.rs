@@ -197,7 +197,7 @@ fn write_to_a_stalled_receiver(
 }
 
 /// A write to a receiver that stopped driving its queue, ended by
-/// `cancel_writes` or by the write timeout: its completion comes once the
+/// `cancel_transfers` or by the write timeout: its completion comes once the
 /// provider has ended it, and its source is never read afterwards.
 fn a_stalled_write_ends_before_it_is_reported(by_cancel: bool) {
     let len = 16usize << 20;
@@ -233,9 +233,10 @@ fn a_stalled_write_ends_before_it_is_reported(by_cancel: bool) {
             wait_completion(&mut a, 1, Duration::from_millis(300)).is_none(),
             "a receiver that does not drive its queue stalls the write"
         );
-        a.cancel_writes(&to).expect("the provider ends the write");
+        a.cancel_transfers(&to)
+            .expect("the provider ends the write");
         wait_completion(&mut a, 1, Duration::from_millis(50))
-            .expect("its completion is queued when cancel_writes returns")
+            .expect("its completion is queued when cancel_transfers returns")
             .expect_err("ended unfinished")
     } else {
         wait_completion(&mut a, 1, Duration::from_secs(10))

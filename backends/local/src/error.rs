@@ -95,7 +95,7 @@ pub enum LocalError {
         why: String,
     },
     /// A write posted and ended unmade: its caller gave up waiting
-    /// (`Transport::cancel_writes`).
+    /// (`Transport::cancel_transfers`).
     #[error(
         "write to peer session {session} ended before it was made: its caller stopped waiting"
     )]

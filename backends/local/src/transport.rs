@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 
-use ferry_core::transport::{Capabilities, Completion, Region, Transport, WriteOp};
+use ferry_core::transport::{Capabilities, Completion, ReadOp, Region, Transport, WriteOp};
 use ferry_hostmem::EventFd;
 
 use crate::{LocalConfig, LocalEngine, LocalError, Op};
@@ -137,6 +137,13 @@ impl Transport for LocalTransport {
         Ok(())
     }
 
+    // PLACEHOLDER(issue 30): replaced by the local read.
+    fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), LocalError> {
+        Err(LocalError::Cancelled {
+            session: read.src_session.to_owned(),
+        })
+    }
+
     fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), LocalError> {
         let region = self
             .regions
@@ -191,7 +198,7 @@ impl Transport for LocalTransport {
     /// Ends the writes to the peer not yet made: a write is made within
     /// one poll, so none is halfway, and the ones still posted are
     /// dropped unmade.
-    fn cancel_writes(&mut self, dest_session: &str) -> Result<(), LocalError> {
+    fn cancel_transfers(&mut self, dest_session: &str) -> Result<(), LocalError> {
         let mut kept = Vec::with_capacity(self.posted.len());
         for p in self.posted.drain(..) {
             if p.session == dest_session {
@@ -345,7 +352,7 @@ mod tests {
             w.cookie = i as u64;
             a.post_write(&w).unwrap();
         }
-        a.cancel_writes(&sb).unwrap();
+        a.cancel_transfers(&sb).unwrap();
         // The source changes after the cancel: a write made later would
         // carry the new bytes.
         src.fill(5);

@@ -85,6 +85,15 @@ pub enum ShmError {
         /// The length.
         len: u64,
     },
+    /// A one-sided read: this data plane only writes (ferry's nodes never
+    /// read; the transfer engine's backends do).
+    #[error("read of {len} bytes from {session}: the shm data plane does not read")]
+    ReadUnsupported {
+        /// The peer that was to be read.
+        session: String,
+        /// The read's length.
+        len: u64,
+    },
 }
 
 impl Fault for ShmError {
@@ -96,6 +105,7 @@ impl Fault for ShmError {
             Self::DestOutOfBounds { .. } | Self::PeerShrank { .. } => FaultKind::OutOfBounds,
             Self::Region(e) => e.kind(),
             Self::NotShared { .. } => FaultKind::Registration,
+            Self::ReadUnsupported { .. } => FaultKind::Io,
         }
     }
 }

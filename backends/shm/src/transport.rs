@@ -3,7 +3,9 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use ferry_core::transport::{Capabilities, Completion, Region, RegionError, Transport, WriteOp};
+use ferry_core::transport::{
+    Capabilities, Completion, ReadOp, Region, RegionError, Transport, WriteOp,
+};
 use ferry_hostmem::Copier;
 
 use crate::error::ShmError;
@@ -283,9 +285,16 @@ impl Transport for ShmTransport {
         Ok(())
     }
 
+    fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), ShmError> {
+        Err(ShmError::ReadUnsupported {
+            session: read.src_session.to_owned(),
+            len: read.len,
+        })
+    }
+
     /// Nothing to end: a write is copied within its `post_write`, so no
     /// write is in flight between calls.
-    fn cancel_writes(&mut self, _dest_session: &str) -> Result<(), ShmError> {
+    fn cancel_transfers(&mut self, _dest_session: &str) -> Result<(), ShmError> {
         Ok(())
     }
 

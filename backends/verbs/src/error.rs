@@ -122,7 +122,7 @@ pub enum VerbsError {
         why: String,
     },
     /// A write ended unfinished because its caller stopped waiting for it
-    /// (`Transport::cancel_writes`): its queue pair was stopped and
+    /// (`Transport::cancel_transfers`): its queue pair was stopped and
     /// flushed first, so none of its bytes moves any more.
     #[error("write to {peer} cancelled unfinished: its caller stopped waiting, and its queue pair was stopped and flushed")]
     Cancelled {

@@ -18,7 +18,7 @@
 //!   write to that peer reconnects. Writes and connection exchanges have
 //!   deadlines.
 //! - A completion is final. A connection that fails (an error completion,
-//!   its write timeout) or whose writes are cancelled (`cancel_writes`)
+//!   its write timeout) or whose writes are cancelled (`cancel_transfers`)
 //!   first moves its queue pair to the error state and posts a marker; its
 //!   writes complete once the marker has, when every work request before
 //!   it has completed, flushed or done, and none reads or writes memory

@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{Capabilities, Completion, Region, RegionError, Transport, WriteOp};
+use ferry_core::transport::{
+    Capabilities, Completion, ReadOp, Region, RegionError, Transport, WriteOp,
+};
 use ferry_hostmem::HostPool;
 use ferry_zmq::{CurveConfig, CurveKeyPair, CurvePublicKey, Guard, ZapHandler};
 
@@ -560,6 +562,13 @@ impl<D: Device> Transport for VerbsTransport<D> {
         Ok(())
     }
 
+    // PLACEHOLDER(issue 30): replaced by RDMA READ.
+    fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), VerbsError> {
+        Err(VerbsError::Cancelled {
+            peer: read.src_session.to_owned(),
+        })
+    }
+
     fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), VerbsError> {
         let WriteOp {
             region,
@@ -631,7 +640,7 @@ impl<D: Device> Transport for VerbsTransport<D> {
     /// they did; the others as [`VerbsError::Cancelled`]. A queue pair
     /// whose marker does not come within a second is destroyed instead.
     /// The next write to the peer connects anew.
-    fn cancel_writes(&mut self, dest_session: &str) -> Result<(), VerbsError> {
+    fn cancel_transfers(&mut self, dest_session: &str) -> Result<(), VerbsError> {
         self.book().cancel(dest_session);
         self.wait_ended(Some(dest_session));
         Ok(())

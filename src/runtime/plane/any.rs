@@ -6,7 +6,7 @@
 use std::os::fd::RawFd;
 
 use ferry_core::transport::{
-    Capabilities, Completion, Fault, FaultKind, Landed, Region, Transport, WriteOp,
+    Capabilities, Completion, Fault, FaultKind, Landed, ReadOp, Region, Transport, WriteOp,
 };
 
 use crate::runtime::memory::PoolOwner;
@@ -45,8 +45,9 @@ trait Erased: Send {
     unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, AnyTransportError>;
     fn deregister(&mut self, region: Region) -> Result<(), AnyTransportError>;
     fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), AnyTransportError>;
+    fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), AnyTransportError>;
     fn poll_completion(&mut self) -> Option<Completion<AnyTransportError>>;
-    fn cancel_writes(&mut self, dest_session: &str) -> Result<(), AnyTransportError>;
+    fn cancel_transfers(&mut self, dest_session: &str) -> Result<(), AnyTransportError>;
     fn poll_landed(&mut self) -> Option<Landed>;
     fn wake_fd(&self) -> Option<RawFd>;
     fn pool_ptr(&self) -> *mut u8;
@@ -79,6 +80,10 @@ where
         Transport::post_write(self, write).map_err(AnyTransportError::new)
     }
 
+    fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), AnyTransportError> {
+        Transport::post_read(self, read).map_err(AnyTransportError::new)
+    }
+
     fn poll_completion(&mut self) -> Option<Completion<AnyTransportError>> {
         Transport::poll_completion(self).map(|c| Completion {
             cookie: c.cookie,
@@ -86,8 +91,8 @@ where
         })
     }
 
-    fn cancel_writes(&mut self, dest_session: &str) -> Result<(), AnyTransportError> {
-        Transport::cancel_writes(self, dest_session).map_err(AnyTransportError::new)
+    fn cancel_transfers(&mut self, dest_session: &str) -> Result<(), AnyTransportError> {
+        Transport::cancel_transfers(self, dest_session).map_err(AnyTransportError::new)
     }
 
     fn poll_landed(&mut self) -> Option<Landed> {
@@ -154,12 +159,16 @@ impl Transport for AnyTransport {
         self.0.post_write(write)
     }
 
+    fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), Self::Error> {
+        self.0.post_read(read)
+    }
+
     fn poll_completion(&mut self) -> Option<Completion<Self::Error>> {
         self.0.poll_completion()
     }
 
-    fn cancel_writes(&mut self, dest_session: &str) -> Result<(), Self::Error> {
-        self.0.cancel_writes(dest_session)
+    fn cancel_transfers(&mut self, dest_session: &str) -> Result<(), Self::Error> {
+        self.0.cancel_transfers(dest_session)
     }
 
     fn poll_landed(&mut self) -> Option<Landed> {

@@ -33,7 +33,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ferry_core::transport::{
-    Capabilities, Completion, Landed, Region, RegionError, Transport, WriteOp,
+    Capabilities, Completion, Landed, ReadOp, Region, RegionError, Transport, WriteOp,
 };
 use ferry_fabric_sys as sys;
 use ferry_hostmem::HostPool;
@@ -196,6 +196,14 @@ impl Transport for FabricTransport {
         self.regions.remove(i);
         self.session = self.session_text();
         Ok(())
+    }
+
+    // PLACEHOLDER(issue 30): replaced by fi_read.
+    fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), FabricError> {
+        Err(FabricError::Unsupported {
+            provider: String::new(),
+            what: format!("a read from {}", read.src_session),
+        })
     }
 
     fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), FabricError> {
@@ -373,7 +381,7 @@ impl Transport for FabricTransport {
     /// it does). With it off (ferry's default, see
     /// [`crate::ofi::AV_REMOVE_CLEANUP`]) the writes are reported at once,
     /// and chunks already posted may still move.
-    fn cancel_writes(&mut self, dest_session: &str) -> Result<(), FabricError> {
+    fn cancel_transfers(&mut self, dest_session: &str) -> Result<(), FabricError> {
         let (mine, ends) = {
             let mut book = self.shared.lock();
             (book.cancel(dest_session), book.final_completions)

@@ -22,7 +22,7 @@ impl<D: Device> ConnBook<D> {
     }
 
     /// Ends the writes to `peer` that have not completed
-    /// (`Transport::cancel_writes`): its connection ends, and they
+    /// (`Transport::cancel_transfers`): its connection ends, and they
     /// complete as cancelled once it has ended ([`ConnBook::ending`] says
     /// when).
     pub fn cancel(&mut self, peer: &str) {

@@ -132,7 +132,7 @@ struct Ending {
 
 /// What the unfinished writes of a connection that ends complete with.
 enum Outcome {
-    /// Their caller gave up on them (`Transport::cancel_writes`).
+    /// Their caller gave up on them (`Transport::cancel_transfers`).
     Cancelled,
     /// The connection failed: the first with this error, the others as
     /// abandoned because of it.

@@ -1,5 +1,5 @@
 //! Writes that end unfinished, because their caller gave up
-//! (`Transport::cancel_writes`) or their write timeout passed: a
+//! (`Transport::cancel_transfers`) or their write timeout passed: a
 //! completion is final. The stand-in's peer stops taking work (`stall`),
 //! so work requests wait on the queue pair unexecuted, as on a NIC whose
 //! peer does not answer; once the writes' completions are handed out, the
@@ -85,8 +85,8 @@ fn cancelled_writes_are_flushed_unrun_and_never_touch_their_memory_again() {
     assert_eq!(waiting(&a), 8, "a window of work requests waits on the QP");
     assert!(a.t.poll_completion().is_none(), "the stalled write runs on");
 
-    a.t.cancel_writes(b.t.session_id()).unwrap();
-    assert_eq!(waiting(&a), 0, "flushed before cancel_writes returned");
+    a.t.cancel_transfers(b.t.session_id()).unwrap();
+    assert_eq!(waiting(&a), 0, "flushed before cancel_transfers returned");
     assert_eq!(
         a.t.with_device_mut(|dev| dev.posts_refused),
         0,
@@ -124,7 +124,7 @@ fn a_write_that_finished_before_the_cancel_completes_as_it_did() {
     a.write(0, 4096, &b, ASIDE, 2).unwrap();
     stall(&a, true);
     a.write(0, LEN, &b, 0, 3).unwrap();
-    a.t.cancel_writes(b.t.session_id()).unwrap();
+    a.t.cancel_transfers(b.t.session_id()).unwrap();
     let done = drain(&mut a);
     let outcomes: Vec<(u64, Option<FaultKind>)> = done
         .iter()
@@ -180,7 +180,7 @@ fn a_write_cancelled_while_its_connection_is_made_moves_nothing_after_its_comple
     let b = node();
     fill(&mut a.bytes_mut()[..LEN as usize], 4);
     a.write(0, LEN, &b, 0, 1).unwrap();
-    a.t.cancel_writes(b.t.session_id()).unwrap();
+    a.t.cancel_transfers(b.t.session_id()).unwrap();
     let done = drain(&mut a);
     assert!(
         matches!(
@@ -194,8 +194,8 @@ fn a_write_cancelled_while_its_connection_is_made_moves_nothing_after_its_comple
     );
     let at_completion = b.bytes()[..LEN as usize].to_vec();
     // Nothing to end: a peer without writes, and one never written to.
-    a.t.cancel_writes(b.t.session_id()).unwrap();
-    a.t.cancel_writes("verbs:0000000000000001@tcp://127.0.0.1:1")
+    a.t.cancel_transfers(b.t.session_id()).unwrap();
+    a.t.cancel_transfers("verbs:0000000000000001@tcp://127.0.0.1:1")
         .unwrap();
     assert!(a.t.poll_completion().is_none());
     fill(&mut a.bytes_mut()[..LEN as usize], 0xbad);
@@ -223,7 +223,7 @@ fn a_queue_pair_that_refuses_the_marker_is_destroyed_before_its_writes_complete(
     // can show the flush, so the queue pair is destroyed (the last
     // resort), which ends its work too.
     a.t.with_device_mut(|d| d.post_in_error_errno = Some(libc::EINVAL));
-    a.t.cancel_writes(b.t.session_id()).unwrap();
+    a.t.cancel_transfers(b.t.session_id()).unwrap();
     assert_eq!(waiting(&a), 0);
     let done = drain(&mut a);
     assert!(
@@ -253,7 +253,7 @@ fn a_marker_the_send_queue_never_takes_ends_by_the_last_resort_in_time() {
     // marker is tried again until the flush wait passes, then the queue
     // pair is destroyed.
     a.t.with_device_mut(|d| d.post_in_error_errno = Some(libc::ENOMEM));
-    a.t.cancel_writes(b.t.session_id()).unwrap();
+    a.t.cancel_transfers(b.t.session_id()).unwrap();
     assert!(a.t.with_device_mut(|d| d.posts_refused) > 1, "tried again");
     assert_eq!(waiting(&a), 0);
     let done = drain(&mut a);
@@ -289,7 +289,7 @@ fn a_marker_waits_for_room_in_a_full_cq() {
     // 64 work requests of 1 KiB; the CQ's 3 places fill first.
     a.write(0, LEN, &b, 0, 2).unwrap();
     assert_eq!(waiting(&a), 3);
-    a.t.cancel_writes(b.t.session_id()).unwrap();
+    a.t.cancel_transfers(b.t.session_id()).unwrap();
     assert_eq!(waiting(&a), 0);
     let done = drain(&mut a);
     assert!(
