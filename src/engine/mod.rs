@@ -1,22 +1,48 @@
-//! A transfer engine: sglang's `BaseTransferEngine` contract in Rust.
+//! A transfer engine: one-sided writes and reads between processes'
+//! registered memory, synchronous or through handles, with notifications.
 //!
-//! Register any memory of this process, then write from it into a peer's
-//! registered memory by the peer's session id and absolute addresses, and
-//! return once every byte is at the peer. This is the level below ferry's
-//! nodes (no control plane, no slots): what a serving runtime that keeps
-//! its own pools and protocol (sglang's `DiffusionTransferManager`) asks
-//! of a data plane. The Python module's `ferry.TransferEngine` is this
-//! type.
+//! Register any memory of this process, then move bytes between it and a
+//! peer's registered memory by the peer's session id and absolute
+//! addresses. This is the level below ferry's nodes (no control plane, no
+//! slots): what a serving runtime that keeps its own pools and protocol
+//! asks of a data plane. It has sglang's `BaseTransferEngine` contract
+//! ([`write`](TransferEngine::write), the Python module's
+//! `ferry.TransferEngine`), and what NIXL-style connectors are built on:
+//! * **transfers with handles**: [`post_write`](TransferEngine::post_write)
+//!   and [`post_read`](TransferEngine::post_read) return a [`Transfer`] to
+//!   poll ([`Transfer::state`]), wait on ([`Transfer::wait`]) or release;
+//!   many may be in flight at once, from many threads;
+//! * **one-sided reads** from a peer's registered memory, checked as
+//!   writes are;
+//! * **notifications**: short messages ([`MAX_NOTIFICATION`] bytes at
+//!   most) sent alone ([`notify`](TransferEngine::notify)) or attached to a
+//!   transfer (sent once its bytes are all in the peer's memory), read by
+//!   the peer without waiting ([`notifications`](TransferEngine::notifications)),
+//!   in order per sender.
+//!
+//! **What a transfer guarantees.** Once a transfer is final (done, failed,
+//! or ended because its deadline passed), and once
+//! [`Transfer::release`] returns, no byte of it moves any more: its
+//! sources may be reused and its destinations trusted. Past its deadline
+//! the data plane ends the operations still running (a verbs queue pair
+//! flushed, a local write not yet made dropped, a libfabric peer's
+//! connection torn down) and the transfer becomes final once they have
+//! ended. The data plane ends everything in flight with that peer, so
+//! other transfers with the same peer fail too. One exception: libfabric
+//! ends posted operations only with `FI_AV_REMOVE_CLEANUP=1` in the
+//! environment (off by default, see `ferry_fabric::ofi::AV_REMOVE_CLEANUP`);
+//! without it a timed-out fabric transfer's chunks already posted may
+//! still move.
 //!
 //! Every backend is a data plane behind ferry-core's `Transport` seam,
-//! driven the same way (`posted`): writes are posted, and a call returns
-//! when every write it posted has completed.
+//! driven the same way (`driven`):
 //! * [`Backend::Local`]: processes on one host, any memory, by
 //!   cross-memory attach ([`ferry_local::LocalTransport`]).
 //! * `Backend::Fabric` (feature `fabric`): ferry's libfabric data plane,
 //!   delivery-complete writes.
 //! * `Backend::Verbs` (feature `verbs`): RC queue pairs on an RDMA NIC.
 //!
+//! An embedder's own data plane runs the same way: [`TransferEngine::over`].
 //! All of it is safe to call from many threads at once; a process that
 //! only receives needs no calls at all (a thread of the engine answers
 //! peers where the data plane needs one).
@@ -25,12 +51,23 @@
 // signature can say.
 #![allow(unsafe_code)]
 
-mod posted;
+mod driven;
+mod error;
+mod notify;
+mod table;
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use ferry_core::transport::{Fault, FaultKind};
+use ferry_core::transport::Transport;
 pub use ferry_local::{LocalConfig, LocalError, Op};
+
+pub use error::EngineError;
+pub use notify::{Notification, MAX_NOTIFICATION};
+pub use table::TransferState;
+
+use driven::{Driven, Driver};
+use table::{Id, Peer};
 
 /// Which data plane an engine runs on.
 #[derive(Clone, Debug)]
@@ -74,91 +111,69 @@ impl Backend {
     }
 }
 
-/// An engine's error: what failed, with the peer, address or call.
-#[derive(Debug, thiserror::Error)]
+/// How an engine is set up, beside its data plane.
+#[derive(Clone, Debug, Default)]
 #[non_exhaustive]
-pub enum EngineError {
-    /// From the local engine, while opening it.
-    #[error(transparent)]
-    Local(#[from] LocalError),
-    /// From a data plane's transport.
-    #[error("{verb}: {message}")]
-    Transport {
-        /// What was being done.
-        verb: &'static str,
-        /// The transport's error, as it says it.
-        message: String,
-        /// Its kind.
-        kind: FaultKind,
-    },
-    /// A source outside every region this engine registered.
-    #[error(
-        "write of {len} bytes from {addr:#x} falls outside every region this engine registered"
-    )]
-    SourceOutOfBounds {
-        /// The source address.
-        addr: u64,
-        /// The write's length.
-        len: u64,
-    },
-    /// `deregister` of an address no region starts at.
-    #[error("deregister {addr:#x}: no registered region starts there")]
-    NotRegistered {
-        /// The address.
-        addr: u64,
-    },
-    /// Writes not finished in time.
-    #[error("transfer to {session}: {pending} of {total} writes not finished after {waited:?}")]
-    Timeout {
-        /// The peer's session id.
-        session: String,
-        /// Writes still running.
-        pending: usize,
-        /// Writes in the transfer.
-        total: usize,
-        /// How long was waited.
-        waited: Duration,
-    },
-    /// The batch's lists have different lengths.
-    #[error("a batch of {sources} sources, {dests} destinations and {lengths} lengths")]
-    BatchShape {
-        /// Sources given.
-        sources: usize,
-        /// Destinations given.
-        dests: usize,
-        /// Lengths given.
-        lengths: usize,
-    },
-    /// The engine was closed.
-    #[error("the transfer engine is closed")]
-    Closed,
+pub struct EngineOptions {
+    /// The address of this host that peers send notifications to (the
+    /// engine's inbox binds there, on a port the system picks). Default:
+    /// loopback for the local backend, which reaches this host only; for
+    /// the others, the first IPv4 address of an interface that is up and
+    /// not loopback (loopback if there is none).
+    pub notify_host: Option<String>,
 }
 
-impl EngineError {
-    /// What kind of failure it is.
-    pub fn kind(&self) -> FaultKind {
-        match self {
-            Self::Local(e) => e.kind(),
-            Self::Transport { kind, .. } => *kind,
-            Self::SourceOutOfBounds { .. } => FaultKind::OutOfBounds,
-            Self::NotRegistered { .. } => FaultKind::Registration,
-            Self::Timeout { .. } => FaultKind::Timeout,
-            Self::BatchShape { .. } | Self::Closed => FaultKind::Io,
-        }
-    }
+/// Which way a transfer moves bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// From this process's registered memory into the peer's: an [`Op`]'s
+    /// `src` is here, its `dst` in the peer.
+    Write,
+    /// From the peer's registered memory into this process's: an [`Op`]'s
+    /// `src` is in the peer, its `dst` here.
+    Read,
+}
 
-    fn transport<E: Fault>(verb: &'static str, e: &E) -> Self {
-        Self::Transport {
-            verb,
-            message: e.to_string(),
-            kind: e.kind(),
+impl Direction {
+    fn post_verb(self) -> &'static str {
+        match self {
+            Self::Write => "post a write",
+            Self::Read => "post a read",
         }
     }
+}
+
+/// An engine's session id: its data plane's, then `|` and the endpoint of
+/// its notification inbox.
+fn join_session(plane: &str, notify: &str) -> String {
+    format!("{plane}|{notify}")
+}
+
+/// The peer a session id names: the data plane's part, and the
+/// notification endpoint if it has one (a bare data-plane session id, as
+/// a ferry node's, has none: transfers reach it, notifications do not).
+fn peer_of(session: &str) -> Peer {
+    let (plane, notify) = match session.rsplit_once('|') {
+        Some((plane, notify)) => (plane, Some(notify.to_owned())),
+        None => (session, None),
+    };
+    Peer {
+        session: session.to_owned(),
+        plane: plane.to_owned(),
+        notify,
+    }
+}
+
+/// A deadline `timeout` from now (far off when it overflows).
+fn deadline(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
 }
 
 /// A transfer engine (see the module's documentation).
 pub struct TransferEngine {
-    inner: Box<dyn posted::Posted>,
+    inner: Arc<dyn Driver>,
     backend: &'static str,
 }
 
@@ -174,46 +189,87 @@ impl std::fmt::Debug for TransferEngine {
 impl TransferEngine {
     /// Opens an engine on `backend`, with no memory registered.
     pub fn open(backend: Backend) -> Result<Self, EngineError> {
+        Self::open_with(backend, EngineOptions::default())
+    }
+
+    /// Opens an engine on `backend`, set up as `options` say.
+    pub fn open_with(backend: Backend, options: EngineOptions) -> Result<Self, EngineError> {
         let name = backend.name();
-        let inner: Box<dyn posted::Posted> = match backend {
+        match backend {
             Backend::Local(config) => {
                 let t = ferry_local::LocalTransport::open(config)?;
-                Box::new(posted::Driven::start(t)?)
+                let host = options.notify_host.unwrap_or_else(|| "127.0.0.1".into());
+                Self::start(t, name, &host)
             }
             #[cfg(feature = "fabric")]
             Backend::Fabric(mut config) => {
                 config.delivery = ferry_fabric::DeliveryMode::Complete;
                 let t = ferry_fabric::FabricTransport::open(&config)
                     .map_err(|e| EngineError::transport("open the libfabric transport", &e))?;
-                Box::new(posted::Driven::start(t)?)
+                let host = options.notify_host.unwrap_or_else(notify::this_host);
+                Self::start(t, name, &host)
             }
             #[cfg(feature = "verbs")]
             Backend::Verbs(config) => {
                 let t = ferry_verbs::VerbsTransport::open(&config)
                     .map_err(|e| EngineError::transport("open the verbs transport", &e))?;
-                Box::new(posted::Driven::start(t)?)
+                let host = options.notify_host.unwrap_or_else(notify::this_host);
+                Self::start(t, name, &host)
             }
-        };
+        }
+    }
+
+    /// An engine over an embedder's own data plane (or one of ferry's set
+    /// up by hand), named `name`. The transport's completions must mean
+    /// delivery ([`ferry_core::transport::Capabilities::delivery_complete`]):
+    /// the engine counts no arrivals. Notifications bind on
+    /// `options.notify_host` (default: loopback).
+    pub fn over<T>(
+        transport: T,
+        name: &'static str,
+        options: EngineOptions,
+    ) -> Result<Self, EngineError>
+    where
+        T: Transport + Send + 'static,
+    {
+        if !transport.capabilities().delivery_complete {
+            return Err(EngineError::Transport {
+                verb: "open an engine",
+                message: format!(
+                    "the {name} data plane's completions do not mean delivery; the engine needs them to"
+                ),
+                kind: ferry_core::transport::FaultKind::Io,
+            });
+        }
+        let host = options.notify_host.unwrap_or_else(|| "127.0.0.1".into());
+        Self::start(transport, name, &host)
+    }
+
+    fn start<T>(transport: T, name: &'static str, host: &str) -> Result<Self, EngineError>
+    where
+        T: Transport + Send + 'static,
+    {
         Ok(Self {
-            inner,
+            inner: Arc::new(Driven::start(transport, host)?),
             backend: name,
         })
     }
 
-    /// The backend's name: `local`, `fabric` or `verbs`.
+    /// The backend's name: `local`, `fabric`, `verbs`, or what
+    /// [`over`](Self::over) was given.
     pub fn backend(&self) -> &'static str {
         self.backend
     }
 
-    /// The session id peers write to this engine by. Some data planes name
-    /// the registered regions in it (libfabric's keys), so read it after
-    /// registering.
+    /// The session id peers reach this engine by: its data plane's, and
+    /// where its notifications go. Some data planes name the registered
+    /// regions in it (libfabric's keys), so read it after registering.
     pub fn session_id(&self) -> String {
         self.inner.session_id()
     }
 
-    /// Registers `len` bytes at `addr`, for peers to write into and this
-    /// engine to write from.
+    /// Registers `len` bytes at `addr`, for peers to write into and read
+    /// from, and this engine to write from and read into.
     ///
     /// # Safety
     /// The memory must stay mapped until [`deregister`](Self::deregister)
@@ -229,22 +285,72 @@ impl TransferEngine {
         self.inner.deregister(addr)
     }
 
+    /// Posts a transfer of every op in `direction` with the peer
+    /// `session`, ended if it is still running after `timeout`. With
+    /// `notify`, the peer is sent that notification once every byte is
+    /// there (a transfer that fails sends none). Refused whole (nothing
+    /// posted) if any op's local range lies outside this engine's
+    /// registered memory.
+    pub fn post(
+        &self,
+        direction: Direction,
+        session: &str,
+        ops: &[Op],
+        timeout: Duration,
+        notify: Option<&[u8]>,
+    ) -> Result<Transfer, EngineError> {
+        let id = self.inner.post(
+            direction,
+            Arc::new(peer_of(session)),
+            ops,
+            deadline(timeout),
+            notify.map(<[u8]>::to_vec),
+        )?;
+        Ok(Transfer {
+            inner: Arc::clone(&self.inner),
+            id,
+            released: false,
+        })
+    }
+
+    /// [`post`](Self::post) of writes: each op's `src` here, `dst` in the
+    /// peer.
+    pub fn post_write(
+        &self,
+        session: &str,
+        ops: &[Op],
+        timeout: Duration,
+        notify: Option<&[u8]>,
+    ) -> Result<Transfer, EngineError> {
+        self.post(Direction::Write, session, ops, timeout, notify)
+    }
+
+    /// [`post`](Self::post) of reads: each op's `src` in the peer's
+    /// registered memory, `dst` here.
+    pub fn post_read(
+        &self,
+        session: &str,
+        ops: &[Op],
+        timeout: Duration,
+        notify: Option<&[u8]>,
+    ) -> Result<Transfer, EngineError> {
+        self.post(Direction::Read, session, ops, timeout, notify)
+    }
+
     /// Writes every op into the peer `session` and returns once every byte
-    /// is at the peer, or fails.
-    ///
-    /// Whatever it returns, no byte of the call is read from its sources
-    /// or written into the peer afterwards: past `timeout` the data plane
-    /// ends the writes still running (a verbs queue pair flushed, a local
-    /// write not yet made dropped, a libfabric peer's connection torn
-    /// down), and the call returns [`EngineError::Timeout`] once they have
-    /// ended. One exception: libfabric ends posted writes only with
-    /// `FI_AV_REMOVE_CLEANUP=1` in the environment (off by default, see
-    /// `ferry_fabric::ofi::AV_REMOVE_CLEANUP`); without it a timed-out
-    /// fabric write's chunks already posted may still move. The data
-    /// plane's own write timeout, where it has one, fails a write earlier
-    /// if it is shorter.
+    /// is at the peer, or fails; whatever it returns, no byte of it moves
+    /// afterwards (see the module's documentation). The data plane's own
+    /// write timeout, where it has one, fails a write earlier if it is
+    /// shorter than `timeout`.
     pub fn write(&self, session: &str, ops: &[Op], timeout: Duration) -> Result<(), EngineError> {
-        self.inner.write(session, ops, timeout)
+        self.post_write(session, ops, timeout, None)?.finish()
+    }
+
+    /// Reads every op from the peer `session`'s registered memory and
+    /// returns once every byte is here, or fails, as [`write`](Self::write)
+    /// does.
+    pub fn read(&self, session: &str, ops: &[Op], timeout: Duration) -> Result<(), EngineError> {
+        self.post_read(session, ops, timeout, None)?.finish()
     }
 
     /// [`write`](Self::write) of a batch given as three lists (sglang's
@@ -257,19 +363,127 @@ impl TransferEngine {
         lengths: &[u64],
         timeout: Duration,
     ) -> Result<(), EngineError> {
-        if sources.len() != dests.len() || dests.len() != lengths.len() {
-            return Err(EngineError::BatchShape {
-                sources: sources.len(),
-                dests: dests.len(),
-                lengths: lengths.len(),
-            });
-        }
-        let ops: Vec<Op> = sources
-            .iter()
-            .zip(dests)
-            .zip(lengths)
-            .map(|((&src, &dst), &len)| Op { src, dst, len })
-            .collect();
+        let ops = ops_of_lists(sources, dests, lengths)?;
         self.write(session, &ops, timeout)
+    }
+
+    /// Sends `message` to the peer engine `session` now, after the
+    /// notifications this engine sent it before; waits while the peer's
+    /// queue is full (up to ten seconds, then fails with kind `Timeout`).
+    pub fn notify(&self, session: &str, message: &[u8]) -> Result<(), EngineError> {
+        notify::check_len(message.len())?;
+        self.inner.notify(&peer_of(session), message)
+    }
+
+    /// Every notification that has arrived since the last call, in order
+    /// per sender; does not wait.
+    pub fn notifications(&self) -> Result<Vec<Notification>, EngineError> {
+        let mut got = Vec::new();
+        self.inner.notifications(&mut got)?;
+        Ok(got)
+    }
+}
+
+/// Three lists (sglang's batch) as ops, refused if their lengths differ.
+pub fn ops_of_lists(
+    sources: &[u64],
+    dests: &[u64],
+    lengths: &[u64],
+) -> Result<Vec<Op>, EngineError> {
+    if sources.len() != dests.len() || dests.len() != lengths.len() {
+        return Err(EngineError::BatchShape {
+            sources: sources.len(),
+            dests: dests.len(),
+            lengths: lengths.len(),
+        });
+    }
+    Ok(sources
+        .iter()
+        .zip(dests)
+        .zip(lengths)
+        .map(|((&src, &dst), &len)| Op { src, dst, len })
+        .collect())
+}
+
+/// A posted transfer: poll it, wait on it, release it. Dropping it
+/// releases it (see [`release`](Self::release)). It keeps its engine's
+/// data plane alive.
+pub struct Transfer {
+    inner: Arc<dyn Driver>,
+    id: Id,
+    released: bool,
+}
+
+impl std::fmt::Debug for Transfer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transfer")
+            .field("slot", &self.id.slot)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl Transfer {
+    /// Where it stands, without waiting (it polls the data plane once,
+    /// and ends the transfer if its deadline has passed).
+    pub fn state(&self) -> TransferState {
+        self.inner.state(self.id).unwrap_or(TransferState::Failed)
+    }
+
+    /// Waits at most `within` for it to become final; returns
+    /// `Ok(Done)`, `Ok(Pending)` (still running: its own deadline has not
+    /// come), or its failure.
+    pub fn wait(&self, within: Duration) -> Result<TransferState, EngineError> {
+        let until = deadline(within);
+        match self.inner.wait(self.id, Some(until)) {
+            Some(TransferState::Failed) | None => Err(self.error()),
+            Some(state) => Ok(state),
+        }
+    }
+
+    /// Why it failed (an error saying it did not fail, if it did not).
+    fn error(&self) -> EngineError {
+        self.inner
+            .failure(self.id)
+            .unwrap_or(EngineError::Transport {
+                verb: "transfer",
+                message: "the transfer is gone".into(),
+                kind: ferry_core::transport::FaultKind::Io,
+            })
+    }
+
+    /// Waits until it is final (its deadline bounds that), releases it,
+    /// and returns how it went.
+    pub fn finish(mut self) -> Result<(), EngineError> {
+        let state = self.inner.wait(self.id, None);
+        let outcome = match state {
+            Some(TransferState::Done) => Ok(()),
+            _ => Err(self.error()),
+        };
+        self.released = true;
+        self.inner.release(self.id);
+        outcome
+    }
+
+    /// Ends it if it is still running, and returns once no byte of it
+    /// moves any more (its data plane ends every operation in flight with
+    /// the same peer, as a deadline does). Returns how it went: `Ok` if it
+    /// had finished, else its failure.
+    pub fn release(mut self) -> Result<(), EngineError> {
+        let outcome = match self.inner.state(self.id) {
+            Some(TransferState::Done) => Ok(()),
+            _ => Err(self.error()),
+        };
+        self.released = true;
+        self.inner.release(self.id);
+        outcome
+    }
+}
+
+impl Drop for Transfer {
+    fn drop(&mut self) {
+        if !self.released {
+            self.inner.release(self.id);
+        }
     }
 }
