@@ -5,6 +5,8 @@ use std::io;
 
 use ferry_core::transport::{Fault, FaultKind};
 
+use crate::copy::Direction;
+
 /// A local engine error.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -48,7 +50,8 @@ pub enum LocalError {
     /// A system call on a peer failed.
     #[error("{call} on peer session {session} (pid {pid}): {source}{hint}")]
     PeerSys {
-        /// The call (`pidfd_open`, `pidfd_getfd`, `process_vm_writev`).
+        /// The call (`pidfd_open`, `pidfd_getfd`, `process_vm_writev`,
+        /// `process_vm_readv`).
         call: &'static str,
         /// The peer's session id.
         session: String,
@@ -59,7 +62,7 @@ pub enum LocalError {
         /// What to do about it, when the errno says (empty otherwise).
         hint: &'static str,
     },
-    /// A destination outside every region the peer registered.
+    /// A write's destination outside every region the peer registered.
     #[error(
         "write of {len} bytes to {addr:#x} falls outside every region peer {session} registered"
     )]
@@ -71,7 +74,7 @@ pub enum LocalError {
         /// The write's length.
         len: u64,
     },
-    /// A source outside every region this engine registered.
+    /// A write's source outside every region this engine registered.
     #[error(
         "write of {len} bytes from {addr:#x} falls outside every region this engine registered"
     )]
@@ -81,27 +84,53 @@ pub enum LocalError {
         /// The write's length.
         len: u64,
     },
-    /// The kernel wrote part of a write only: the peer unmapped part of a
-    /// region it registered.
-    #[error("peer session {session}: only {written} of {len} bytes were written ({why})")]
+    /// A read's source outside every region the peer registered.
+    #[error(
+        "read of {len} bytes from {addr:#x} falls outside every region peer {session} registered"
+    )]
+    ReadSourceOutOfBounds {
+        /// The peer's session id.
+        session: String,
+        /// The source address (the peer's space).
+        addr: u64,
+        /// The read's length.
+        len: u64,
+    },
+    /// A read's destination outside every region this engine registered.
+    #[error(
+        "read of {len} bytes into {addr:#x} falls outside every region this engine registered"
+    )]
+    ReadDestOutOfBounds {
+        /// The destination address.
+        addr: u64,
+        /// The read's length.
+        len: u64,
+    },
+    /// The kernel copied part of a write or read only: the peer unmapped
+    /// part of a region it registered.
+    #[error("peer session {session}: {direction} of {len} bytes copied only {written} ({why})")]
     Partial {
         /// The peer's session id.
         session: String,
-        /// Bytes written.
+        /// Which way the bytes went.
+        direction: Direction,
+        /// Bytes that reached their destination.
         written: u64,
         /// Bytes asked for.
         len: u64,
         /// What the kernel said of the rest.
         why: String,
     },
-    /// A write posted and ended unmade: its caller gave up waiting
+    /// A write or read posted and ended unmade: its caller gave up waiting
     /// (`Transport::cancel_transfers`).
     #[error(
-        "write to peer session {session} ended before it was made: its caller stopped waiting"
+        "{direction} with peer session {session} ended before it was made: its caller stopped waiting"
     )]
     Cancelled {
         /// The peer's session id.
         session: String,
+        /// Which way its bytes were to go.
+        direction: Direction,
     },
     /// A registration that cannot be made.
     #[error("register {len} bytes at {addr:#x}: {why}")]
@@ -140,6 +169,8 @@ impl Fault for LocalError {
             },
             Self::DestOutOfBounds { .. }
             | Self::SourceOutOfBounds { .. }
+            | Self::ReadSourceOutOfBounds { .. }
+            | Self::ReadDestOutOfBounds { .. }
             | Self::Partial { .. } => FaultKind::OutOfBounds,
             Self::Register { .. } | Self::NotRegistered { .. } => FaultKind::Registration,
             Self::Cancelled { .. } => FaultKind::Timeout,

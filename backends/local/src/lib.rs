@@ -6,8 +6,10 @@
 //! write checks its source against this engine's regions and its
 //! destination against the peer's table, then copies with
 //! `process_vm_writev`: when [`LocalEngine::write`] returns, the bytes are
-//! in the peer's memory, and the peer took no part. See the README for
-//! the permissions this needs.
+//! in the peer's memory, and the peer took no part. A read is the mirror
+//! ([`LocalEngine::read`], `process_vm_readv`): its source is checked
+//! against the peer's table, its destination against this engine's
+//! regions. See the README for the permissions this needs.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -23,7 +25,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-pub use copy::Op;
+pub use copy::{Direction, Op};
 pub use error::LocalError;
 use ferry_hostmem::Copier;
 pub use table::MAX_REGIONS;
@@ -40,13 +42,15 @@ const MAX_PEERS: usize = 1024;
 /// How a local engine works.
 #[derive(Clone, Debug)]
 pub struct LocalConfig {
-    /// Threads that share a large write (1: the caller's thread only).
+    /// Threads that share a large write or read (1: the caller's thread
+    /// only).
     pub threads: usize,
-    /// Writes (or batches) of at least this many bytes are spread over
-    /// the threads.
+    /// Writes and reads (or batches) of at least this many bytes are
+    /// spread over the threads.
     pub parallel_min: u64,
-    /// How long `deregister` and drop wait for writers still inside this
-    /// engine's table (a writer killed mid-write never leaves).
+    /// How long `deregister` and drop wait for peers' writes and reads
+    /// still inside this engine's table (a peer killed mid-copy never
+    /// leaves).
     pub drain_wait: Duration,
 }
 
@@ -61,7 +65,8 @@ impl Default for LocalConfig {
     }
 }
 
-/// A same-host engine: registered regions, and writes into peers'.
+/// A same-host engine: registered regions, and writes into peers' and
+/// reads from them.
 pub struct LocalEngine {
     session: String,
     host: String,
@@ -117,7 +122,7 @@ impl LocalEngine {
         })
     }
 
-    /// The session id peers write to this engine by.
+    /// The session id peers write to and read from this engine by.
     pub fn session_id(&self) -> &str {
         &self.session
     }
@@ -130,8 +135,9 @@ impl LocalEngine {
             .clone()
     }
 
-    /// Registers `len` bytes at `addr`: peers may write into them from now
-    /// on, and this engine may write from them.
+    /// Registers `len` bytes at `addr`: peers may write into them and read
+    /// from them from now on, and this engine may write from them and read
+    /// into them.
     ///
     /// The memory is the caller's: it must stay mapped until
     /// [`deregister`](Self::deregister) returns, and it may change under
@@ -161,8 +167,8 @@ impl LocalEngine {
     }
 
     /// Ends the registration of the region that starts at `addr`. When it
-    /// returns, no peer's write into the region is still running (unless
-    /// a writer stayed inside the table longer than
+    /// returns, no peer's write into the region or read from it is still
+    /// running (unless a peer stayed inside the table longer than
     /// [`LocalConfig::drain_wait`], which is logged).
     pub fn deregister(&self, addr: u64) -> Result<(), LocalError> {
         let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
@@ -177,7 +183,7 @@ impl LocalEngine {
         Ok(())
     }
 
-    /// Waits until no writer is inside this engine's table.
+    /// Waits until no peer's write or read is inside this engine's table.
     fn drain(&self) {
         let deadline = Instant::now() + self.config.drain_wait;
         let mut pause = Duration::from_micros(1);
@@ -186,7 +192,7 @@ impl LocalEngine {
                 tracing::warn!(
                     session = %self.session,
                     waited = ?self.config.drain_wait,
-                    "a peer's write into this engine did not finish (its process may have died mid-write); going on"
+                    "a peer's write into or read from this engine did not finish (its process may have died mid-copy); going on"
                 );
                 return;
             }
@@ -200,7 +206,27 @@ impl LocalEngine {
     /// peer's. When it returns `Ok`, every byte is in the peer's memory;
     /// on an error, none, some or all of them may be.
     pub fn write(&self, session: &str, ops: &[Op]) -> Result<(), LocalError> {
-        self.check_sources(ops)?;
+        self.transfer(session, ops, Direction::Write)
+    }
+
+    /// Reads every op of `ops` from the peer `session`: each source must
+    /// lie in a region the peer registered, each destination in one of
+    /// this engine's. When it returns `Ok`, every byte is in this
+    /// process's memory; on an error, none, some or all of them may be.
+    pub fn read(&self, session: &str, ops: &[Op]) -> Result<(), LocalError> {
+        self.transfer(session, ops, Direction::Read)
+    }
+
+    /// A write or a read: this engine's side of every op checked against
+    /// its regions, the peer's side against its table while counted in it
+    /// (so that the peer's `deregister` waits for the copy), then copied.
+    pub(crate) fn transfer(
+        &self,
+        session: &str,
+        ops: &[Op],
+        dir: Direction,
+    ) -> Result<(), LocalError> {
+        self.check_local(ops, dir)?;
         let peer = self.peer(session)?;
         if !peer.alive() {
             self.forget(session);
@@ -210,14 +236,18 @@ impl LocalEngine {
             });
         }
         let inside = peer.table.enter();
-        match inside.check(ops.iter().filter(|o| o.len > 0).map(|o| (o.dst, o.len))) {
+        let ranges = ops
+            .iter()
+            .filter(|o| o.len > 0)
+            .map(|o| (dir.remote(o), o.len));
+        match inside.check(ranges) {
             Lookup::Inside => {}
             Lookup::Outside(addr, len) => {
-                return Err(LocalError::DestOutOfBounds {
-                    session: session.to_owned(),
-                    addr,
-                    len,
-                })
+                let session = session.to_owned();
+                return Err(match dir {
+                    Direction::Write => LocalError::DestOutOfBounds { session, addr, len },
+                    Direction::Read => LocalError::ReadSourceOutOfBounds { session, addr, len },
+                });
             }
             Lookup::Closed => {
                 drop(inside);
@@ -240,12 +270,15 @@ impl LocalEngine {
             0
         };
         let groups = copy::plan(ops, piece);
-        let result = copy::write_all(peer.pid, &groups, &self.copier);
+        let result = match dir {
+            Direction::Write => copy::write_all(peer.pid, &groups, &self.copier),
+            Direction::Read => copy::read_all(peer.pid, &groups, &self.copier),
+        };
         drop(inside);
-        result.map_err(|short| self.short(&peer, short))
+        result.map_err(|short| self.short(&peer, short, dir))
     }
 
-    fn short(&self, peer: &Peer, short: copy::Short) -> LocalError {
+    fn short(&self, peer: &Peer, short: copy::Short, dir: Direction) -> LocalError {
         match short.error {
             Some(e) if e.raw_os_error() == Some(libc::ESRCH) => {
                 self.forget(&peer.text);
@@ -256,13 +289,14 @@ impl LocalEngine {
             }
             Some(e) if e.raw_os_error() == Some(libc::EFAULT) => LocalError::Partial {
                 session: peer.text.clone(),
+                direction: dir,
                 written: short.written,
                 len: short.len,
                 why: "the peer has no memory mapped at part of a region it registered (EFAULT)"
                     .into(),
             },
             Some(e) => LocalError::PeerSys {
-                call: "process_vm_writev",
+                call: dir.call(),
                 session: peer.text.clone(),
                 pid: peer.pid,
                 hint: error::hint(e.raw_os_error()),
@@ -270,6 +304,7 @@ impl LocalEngine {
             },
             None => LocalError::Partial {
                 session: peer.text.clone(),
+                direction: dir,
                 written: short.written,
                 len: short.len,
                 why: "the kernel stopped at memory the peer has not mapped".into(),
@@ -277,20 +312,24 @@ impl LocalEngine {
         }
     }
 
-    fn check_sources(&self, ops: &[Op]) -> Result<(), LocalError> {
+    /// Checks this engine's side of every op (a write's source, a read's
+    /// destination) against its regions.
+    fn check_local(&self, ops: &[Op], dir: Direction) -> Result<(), LocalError> {
         let regions = self.regions.read().unwrap_or_else(PoisonError::into_inner);
         for op in ops.iter().filter(|o| o.len > 0) {
-            let inside = op.src.checked_add(op.len).is_some_and(|end| {
-                let at = regions.partition_point(|&(b, _)| b <= op.src);
+            let addr = dir.local(op);
+            let inside = addr.checked_add(op.len).is_some_and(|end| {
+                let at = regions.partition_point(|&(b, _)| b <= addr);
                 at > 0 && {
                     let (b, l) = regions[at - 1];
                     end <= b + l
                 }
             });
             if !inside {
-                return Err(LocalError::SourceOutOfBounds {
-                    addr: op.src,
-                    len: op.len,
+                let len = op.len;
+                return Err(match dir {
+                    Direction::Write => LocalError::SourceOutOfBounds { addr, len },
+                    Direction::Read => LocalError::ReadDestOutOfBounds { addr, len },
                 });
             }
         }
@@ -357,3 +396,5 @@ fn nonce() -> u64 {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_read;

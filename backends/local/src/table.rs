@@ -1,12 +1,15 @@
 //! The region table an engine publishes: which ranges of its address space
-//! peers may write, in a sealed `memfd` that writers map.
+//! peers may write and read, in a sealed `memfd` that peers map. (Below,
+//! a "writer" is a peer copying into or out of the owner's memory: a
+//! one-sided read counts in exactly as a write does.)
 //!
 //! The owner rewrites the table under a sequence lock; writers read it
 //! without a lock and retry when the sequence moved. Writers also count
 //! themselves in (`inflight`) before they read it and out after their
-//! write, so that an owner that removed a region and then sees the count
-//! at zero knows no write into the region is still running (the two sides
-//! meet through sequentially consistent fences, Dekker's pattern).
+//! copy, so that an owner that removed a region and then sees the count
+//! at zero knows no write into the region, nor read from it, is still
+//! running (the two sides meet through sequentially consistent fences,
+//! Dekker's pattern).
 //!
 //! The memfd is sealed against shrinking and growing before its number is
 //! advertised, so a peer's table can never be truncated under a reader

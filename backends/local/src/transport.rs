@@ -3,13 +3,15 @@
 //! transport (a node's progress loop, the transfer engine, a test's fault
 //! injector) drives this one as it drives the others.
 //!
-//! Writes are posted as a NIC's are and made at the next poll: the writes
-//! posted in a row to one peer are made together, in as few
-//! `process_vm_writev` calls as the kernel takes (a batch of small tensors
-//! costs one call, not one per tensor), and a large one is cut over the
-//! engine's copy threads. Posting is a queue push: a poster that shares
-//! the transport behind a lock holds it for no copy. A completion means
-//! delivery: the bytes are in the peer's memory.
+//! Writes and reads are posted as a NIC's are and made at the next poll,
+//! in posting order: the writes posted in a row to one peer are made
+//! together, in as few `process_vm_writev` calls as the kernel takes (a
+//! batch of small tensors costs one call, not one per tensor), and so are
+//! the reads in a row from one peer (`process_vm_readv`); a large one is
+//! cut over the engine's copy threads. Posting is a queue push: a poster
+//! that shares the transport behind a lock holds it for no copy. A
+//! completion means delivery: a write's bytes are in the peer's memory, a
+//! read's in this process's.
 // `Transport::register` is unsafe by its contract (registering memory
 // hands its lifetime to the caller); nothing here dereferences.
 #![allow(unsafe_code)]
@@ -19,12 +21,13 @@ use std::collections::VecDeque;
 use ferry_core::transport::{Capabilities, Completion, ReadOp, Region, Transport, WriteOp};
 use ferry_hostmem::EventFd;
 
-use crate::{LocalConfig, LocalEngine, LocalError, Op};
+use crate::{Direction, LocalConfig, LocalEngine, LocalError, Op};
 
-/// Writes to one peer, posted in a row and not yet made.
+/// Writes to one peer, or reads from it, posted in a row and not yet made.
 #[derive(Debug)]
 struct Posted {
     session: String,
+    dir: Direction,
     ops: Vec<Op>,
     cookies: Vec<u64>,
 }
@@ -40,7 +43,7 @@ pub struct LocalTransport {
     posted: Vec<Posted>,
     done: VecDeque<Completion<LocalError>>,
     /// Offered as the wake descriptor, and never signalled: this plane
-    /// has no news of its own (its writes are made by the poller), so a
+    /// has no news of its own (its copies are made by the poller), so a
     /// driver that waits on it sleeps rather than polls.
     wake: EventFd,
 }
@@ -67,12 +70,12 @@ impl LocalTransport {
         &self.engine
     }
 
-    /// Makes the posted writes: each peer's run in one engine write; where
-    /// that fails, one by one, so that each completion says how its own
-    /// write went.
+    /// Makes the posted writes and reads, in order: each run in one engine
+    /// call; where that fails, one by one, so that each completion says
+    /// how its own op went.
     fn make_posted(&mut self) {
         for p in self.posted.drain(..) {
-            match self.engine.write(&p.session, &p.ops) {
+            match self.engine.transfer(&p.session, &p.ops, p.dir) {
                 Ok(()) => self.done.extend(p.cookies.iter().map(|&cookie| Completion {
                     cookie,
                     result: Ok(()),
@@ -83,13 +86,38 @@ impl LocalTransport {
                 }),
                 // Rewriting the ones that landed writes the same bytes
                 // again: the sources do not change while their writes are
-                // posted.
+                // posted. Rereading gives the peer's bytes as they are now,
+                // which is what any read of memory the peer owns gives.
                 Err(_) => {
                     for (op, &cookie) in p.ops.iter().zip(&p.cookies) {
-                        let result = self.engine.write(&p.session, std::slice::from_ref(op));
+                        let result =
+                            self.engine
+                                .transfer(&p.session, std::slice::from_ref(op), p.dir);
                         self.done.push_back(Completion { cookie, result });
                     }
                 }
+            }
+        }
+    }
+
+    /// Queues `op` behind the last run when that is the same peer's and
+    /// the same way, else as a new run.
+    fn post(&mut self, session: &str, dir: Direction, op: Op, cookie: u64) {
+        match self.posted.last_mut() {
+            Some(p) if p.dir == dir && p.session == session => {
+                p.ops.push(op);
+                p.cookies.push(cookie);
+            }
+            _ => {
+                // No wake: the poster polls next (the seam's callers
+                // post, then poll), and waking a driver thread would only
+                // have it contend for the transport with the poster.
+                self.posted.push(Posted {
+                    session: session.to_owned(),
+                    dir,
+                    ops: vec![op],
+                    cookies: vec![cookie],
+                });
             }
         }
     }
@@ -123,8 +151,9 @@ impl Transport for LocalTransport {
         Ok(region)
     }
 
-    /// Makes the writes posted so far first, since any of them may read
-    /// the region, then ends it.
+    /// Makes the writes and reads posted so far first, since any of them
+    /// may read the region (a write) or write into it (a read), then ends
+    /// it.
     fn deregister(&mut self, region: Region) -> Result<(), LocalError> {
         let at = self
             .regions
@@ -137,11 +166,27 @@ impl Transport for LocalTransport {
         Ok(())
     }
 
-    // PLACEHOLDER(issue 30): replaced by the local read.
+    /// Posts `read`: this process's side (the destination) is checked
+    /// here, against the region, as a write's source is; the peer's side
+    /// when the read is made, against the peer's table.
     fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), LocalError> {
-        Err(LocalError::Cancelled {
-            session: read.src_session.to_owned(),
-        })
+        let region = self
+            .regions
+            .iter()
+            .find(|r| r.id == read.region.id)
+            .copied()
+            .filter(|r| r.check_source(read.local_offset, read.len).is_ok())
+            .ok_or(LocalError::ReadDestOutOfBounds {
+                addr: read.region.addr.wrapping_add(read.local_offset),
+                len: read.len,
+            })?;
+        let op = Op {
+            src: read.src_addr,
+            dst: region.addr + read.local_offset,
+            len: read.len,
+        };
+        self.post(read.src_session, Direction::Read, op, read.cookie);
+        Ok(())
     }
 
     fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), LocalError> {
@@ -165,22 +210,7 @@ impl Transport for LocalTransport {
             dst: write.dest_addr,
             len: write.len,
         };
-        match self.posted.last_mut() {
-            Some(p) if p.session == write.dest_session => {
-                p.ops.push(op);
-                p.cookies.push(write.cookie);
-            }
-            _ => {
-                // No wake: the poster polls next (the seam's callers
-                // post, then poll), and waking a driver thread would only
-                // have it contend for the transport with the poster.
-                self.posted.push(Posted {
-                    session: write.dest_session.to_owned(),
-                    ops: vec![op],
-                    cookies: vec![write.cookie],
-                });
-            }
-        }
+        self.post(write.dest_session, Direction::Write, op, write.cookie);
         Ok(())
     }
 
@@ -195,17 +225,18 @@ impl Transport for LocalTransport {
         next
     }
 
-    /// Ends the writes to the peer not yet made: a write is made within
-    /// one poll, so none is halfway, and the ones still posted are
-    /// dropped unmade.
-    fn cancel_transfers(&mut self, dest_session: &str) -> Result<(), LocalError> {
+    /// Ends the writes to the peer and reads from it not yet made: each is
+    /// made within one poll, so none is halfway, and the ones still posted
+    /// are dropped unmade.
+    fn cancel_transfers(&mut self, session: &str) -> Result<(), LocalError> {
         let mut kept = Vec::with_capacity(self.posted.len());
         for p in self.posted.drain(..) {
-            if p.session == dest_session {
+            if p.session == session {
                 self.done.extend(p.cookies.iter().map(|&cookie| Completion {
                     cookie,
                     result: Err(LocalError::Cancelled {
                         session: p.session.clone(),
+                        direction: p.dir,
                     }),
                 }));
             } else {
