@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use ferry_fabric_sys as sys;
 
-use crate::error::FabricError;
+use crate::error::{FabricError, OpKind};
 use crate::mr::MrPolicy;
 use crate::ofi::{Av, Cq, Domain, Endpoint, Fabric, Info, MemoryRegion};
 use crate::provider::DeliveryMode;
@@ -54,6 +54,7 @@ fn side(info: &Info, pool_len: usize, key: u64) -> Result<Side, FabricError> {
             pool.ptr(),
             pool.len(),
             mr_policy.requested_key(key),
+            false,
         )?
     };
     Ok(Side {
@@ -276,6 +277,7 @@ impl RawPair {
                         .read_err()
                         .map_or_else(|| crate::ofi::strerror(errno), |(_, t)| t);
                     return Err(FabricError::Completion {
+                        op: OpKind::Write,
                         peer: "baseline receiver".into(),
                         errno,
                         prov_errno: 0,

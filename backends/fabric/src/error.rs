@@ -3,6 +3,35 @@
 
 use ferry_core::transport::{Fault, FaultKind, RegionError};
 
+/// Which way a transfer goes, for the errors that name one: a write into
+/// a peer's memory or a read from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// A one-sided write (`fi_writemsg`).
+    Write,
+    /// A one-sided read (`fi_readmsg`).
+    Read,
+}
+
+impl OpKind {
+    /// The call that posts it.
+    pub const fn call(self) -> Call {
+        match self {
+            Self::Write => Call::WriteMsg,
+            Self::Read => Call::ReadMsg,
+        }
+    }
+}
+
+impl std::fmt::Display for OpKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Write => "write to",
+            Self::Read => "read from",
+        })
+    }
+}
+
 /// A libfabric data-plane error.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -62,6 +91,18 @@ pub enum FabricError {
         /// How many regions the peer's session id lists.
         regions: usize,
     },
+    /// A read's source lies in none of the peer's registered regions.
+    #[error("read of {len} bytes from {addr:#x} lies in none of peer {peer}'s {regions} registered region(s)")]
+    ReadSourceOutOfBounds {
+        /// The peer's session id.
+        peer: String,
+        /// The source address.
+        addr: u64,
+        /// The read's length.
+        len: u64,
+        /// How many regions the peer's session id lists.
+        regions: usize,
+    },
     /// A write is split into more chunks than a completion notice can
     /// count.
     #[error("write of {len} bytes to {peer} needs {chunks} chunks of {chunk} bytes; notices count at most {max}")]
@@ -77,9 +118,12 @@ pub enum FabricError {
         /// Most chunks a notice counts.
         max: u64,
     },
-    /// A posted write completed with an error (from `fi_cq_readerr`).
-    #[error("write to {peer} failed: {text} (errno {errno}, provider errno {prov_errno})")]
+    /// A posted write or read completed with an error (from
+    /// `fi_cq_readerr`).
+    #[error("{op} {peer} failed: {text} (errno {errno}, provider errno {prov_errno})")]
     Completion {
+        /// A write or a read.
+        op: OpKind,
         /// The peer's session id.
         peer: String,
         /// The positive error value.
@@ -89,31 +133,36 @@ pub enum FabricError {
         /// `fi_cq_strerror`'s text.
         text: String,
     },
-    /// A write that neither completed nor failed in time (ended before
-    /// it was reported: none of its bytes moves any more).
-    #[error("write to {peer} did not complete within {after:?}")]
+    /// A write or read that neither completed nor failed in time (ended
+    /// before it was reported where completions are final: none of its
+    /// bytes moves any more).
+    #[error("{op} {peer} did not complete within {after:?}")]
     Timeout {
+        /// A write or a read.
+        op: OpKind,
         /// The peer's session id.
         peer: String,
         /// The time allowed.
         after: std::time::Duration,
     },
-    /// A write ended unfinished because its caller stopped waiting
-    /// (`Transport::cancel_transfers`).
-    #[error("write to {peer} ended unfinished: its caller stopped waiting")]
+    /// A write or read ended unfinished because its caller stopped
+    /// waiting (`Transport::cancel_transfers`).
+    #[error("{op} {peer} ended unfinished: its caller stopped waiting")]
     Cancelled {
+        /// A write or a read.
+        op: OpKind,
         /// The peer's session id.
         peer: String,
     },
-    /// Writes the provider did not end in time after the peer's
-    /// connection was closed: they may still move bytes, so their memory
-    /// stays in use until their completions come.
-    #[error("{writes} writes to {peer} still with the provider {waited:?} after their connection was closed")]
+    /// Writes to or reads from a peer that the provider did not end in
+    /// time after the peer's connection was closed: they may still move
+    /// bytes, so their memory stays in use until their completions come.
+    #[error("{ops} writes to or reads from {peer} still with the provider {waited:?} after their connection was closed")]
     NotEnded {
         /// The peer's session id.
         peer: String,
-        /// Writes not ended.
-        writes: usize,
+        /// Writes and reads not ended.
+        ops: usize,
         /// How long was waited.
         waited: std::time::Duration,
     },
@@ -165,6 +214,8 @@ pub enum Call {
     MrEnable,
     /// `fi_writemsg`.
     WriteMsg,
+    /// `fi_readmsg`.
+    ReadMsg,
 }
 
 impl Call {
@@ -187,6 +238,7 @@ impl Call {
             Self::MrBind => "fi_mr_bind",
             Self::MrEnable => "fi_mr_enable",
             Self::WriteMsg => "fi_writemsg",
+            Self::ReadMsg => "fi_readmsg",
         }
     }
 
@@ -221,7 +273,9 @@ impl Fault for FabricError {
             },
             Self::NoProvider { .. } | Self::Unsupported { .. } | Self::Os { .. } => FaultKind::Io,
             Self::BadSession { .. } => FaultKind::UnknownPeer,
-            Self::DestOutOfBounds { .. } => FaultKind::OutOfBounds,
+            Self::DestOutOfBounds { .. } | Self::ReadSourceOutOfBounds { .. } => {
+                FaultKind::OutOfBounds
+            }
             Self::Region(e) => e.kind(),
             Self::TooManyChunks { .. } => FaultKind::TooLarge,
             Self::Completion { errno, .. } => FaultKind::of_errno(*errno),
@@ -261,12 +315,21 @@ mod tests {
         );
         assert_eq!(e.kind(), FaultKind::Registration);
         let e = FabricError::Completion {
+            op: OpKind::Read,
             peer: "p".into(),
             errno: 110,
             prov_errno: 0,
             text: "timed out".into(),
         };
         assert_eq!(e.kind(), FaultKind::Timeout);
+        assert!(e.to_string().starts_with("read from p failed"), "{e}");
+        let e = FabricError::ReadSourceOutOfBounds {
+            peer: "p".into(),
+            addr: 0x1000,
+            len: 8,
+            regions: 1,
+        };
+        assert_eq!(e.kind(), FaultKind::OutOfBounds);
         assert_eq!(FaultKind::of_errno(13), FaultKind::OutOfBounds);
         assert_eq!(FaultKind::of_errno(5), FaultKind::Io);
         assert_eq!(FaultKind::of_errno(-1), FaultKind::Io);

@@ -2,7 +2,8 @@
 //! listing behind `ferry devices`.
 
 use crate::ofi::Info;
-use crate::provider::{DeliveryMode, Hints, AUTO_ORDER};
+use crate::provider::{DeliveryMode, AUTO_ORDER, READ_CAPS};
+use crate::transport::probe;
 use crate::FabricError;
 
 /// A provider with a fabric and domain libfabric lists here.
@@ -34,8 +35,9 @@ pub fn offered() -> Result<Vec<Offered>, FabricError> {
 }
 
 /// The providers ferry knows how to use, and whether each gives what ferry
-/// asks of it ([`Hints::new`]: reliable datagrams, messages and RMA writes
-/// both ways, thread safety, a handled registration mode).
+/// asks of it ([`Hints::new`](crate::Hints::new): reliable datagrams,
+/// messages and RMA writes both ways (and reads where the provider offers
+/// them), thread safety, a handled registration mode).
 pub const KNOWN: [&str; 4] = ["efa", "verbs;ofi_rxm", "tcp;ofi_rxm", "shm"];
 
 /// One of [`KNOWN`] as ferry would open it.
@@ -63,6 +65,8 @@ pub struct Usable {
     pub cq_data_size: usize,
     /// The registration modes the provider requires (`FI_MR_*` bits).
     pub mr_mode: i32,
+    /// It offers one-sided reads ([`READ_CAPS`]).
+    pub reads: bool,
 }
 
 /// Each of [`KNOWN`], tried as `--provider <name> --delivery auto` would.
@@ -72,7 +76,7 @@ pub fn fits() -> Vec<Fit> {
         .map(|&provider| {
             let mut why = Vec::new();
             for &delivery in DeliveryMode::Auto.candidates() {
-                match Info::get(&Hints::new(provider, delivery), None) {
+                match probe(provider, delivery, None) {
                     Ok(info) => {
                         return Fit {
                             provider,
@@ -83,6 +87,7 @@ pub fn fits() -> Vec<Fit> {
                                 max_msg_size: info.max_msg_size(),
                                 cq_data_size: info.cq_data_size(),
                                 mr_mode: info.mr_mode(),
+                                reads: info.caps() & READ_CAPS == READ_CAPS,
                             }),
                         }
                     }

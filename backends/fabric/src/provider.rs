@@ -118,6 +118,12 @@ pub const MR_MODES: u32 = sys::FI_MR_LOCAL
     | sys::FI_MR_PROV_KEY
     | sys::FI_MR_ENDPOINT;
 
+/// The capabilities one-sided reads need: `FI_READ` to post them,
+/// `FI_REMOTE_READ` to be read from. Asked for with the write
+/// capabilities; a provider that lacks them is opened for writes alone
+/// ([`Hints::without_reads`]).
+pub const READ_CAPS: u64 = (sys::FI_READ | sys::FI_REMOTE_READ) as u64;
+
 /// The `fi_getinfo` hints for one provider and delivery mode.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hints {
@@ -141,13 +147,14 @@ pub struct Hints {
 
 impl Hints {
     /// What production systems ask for: a reliable datagram endpoint with
-    /// messages and RMA writes both ways, every registration mode ferry
+    /// messages and RMA writes and reads both ways, every registration mode ferry
     /// handles, thread safety (the progress thread reads the queue while
     /// the runtime posts), and for [`DeliveryMode::Complete`] delivery-complete
     /// as the default completion level.
     pub fn new(provider: &str, delivery: DeliveryMode) -> Self {
         Self {
-            caps: u64::from(sys::FI_MSG | sys::FI_RMA | sys::FI_WRITE | sys::FI_REMOTE_WRITE),
+            caps: u64::from(sys::FI_MSG | sys::FI_RMA | sys::FI_WRITE | sys::FI_REMOTE_WRITE)
+                | READ_CAPS,
             mode: sys::FI_CONTEXT | sys::FI_CONTEXT2,
             ep_type: sys::fi_ep_type_FI_EP_RDM,
             mr_mode: MR_MODES as i32,
@@ -159,6 +166,13 @@ impl Hints {
             },
             provider: provider.to_owned(),
         }
+    }
+
+    /// The same hints without [`READ_CAPS`]: what is asked of a provider
+    /// that offers no reads, so that its writes still work.
+    pub fn without_reads(mut self) -> Self {
+        self.caps &= !READ_CAPS;
+        self
     }
 }
 
@@ -202,6 +216,10 @@ mod tests {
         assert_ne!(h.caps & u64::from(sys::FI_RMA), 0);
         assert_ne!(h.caps & u64::from(sys::FI_MSG), 0);
         assert_ne!(h.caps & u64::from(sys::FI_REMOTE_WRITE), 0);
+        assert_eq!(h.caps & READ_CAPS, READ_CAPS);
+        let w = h.clone().without_reads();
+        assert_eq!(w.caps & READ_CAPS, 0);
+        assert_eq!(w.caps | READ_CAPS, h.caps);
         assert_eq!(h.threading, sys::fi_threading_FI_THREAD_SAFE);
         assert_eq!(h.tx_op_flags, u64::from(sys::FI_DELIVERY_COMPLETE));
         for bit in [

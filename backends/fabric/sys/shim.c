@@ -65,6 +65,10 @@ ssize_t ferry_fi_writemsg(struct fid_ep *ep, const struct fi_msg_rma *msg,
                           uint64_t flags) {
     return fi_writemsg(ep, msg, flags);
 }
+ssize_t ferry_fi_readmsg(struct fid_ep *ep, const struct fi_msg_rma *msg,
+                         uint64_t flags) {
+    return fi_readmsg(ep, msg, flags);
+}
 ssize_t ferry_fi_recv(struct fid_ep *ep, void *buf, size_t len, void *desc,
                       fi_addr_t src_addr, void *context) {
     return fi_recv(ep, buf, len, desc, src_addr, context);

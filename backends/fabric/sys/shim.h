@@ -44,5 +44,7 @@ const char *ferry_fi_cq_strerror(struct fid_cq *cq, int prov_errno,
 int ferry_fi_cq_signal(struct fid_cq *cq);
 ssize_t ferry_fi_writemsg(struct fid_ep *ep, const struct fi_msg_rma *msg,
                           uint64_t flags);
+ssize_t ferry_fi_readmsg(struct fid_ep *ep, const struct fi_msg_rma *msg,
+                         uint64_t flags);
 ssize_t ferry_fi_recv(struct fid_ep *ep, void *buf, size_t len, void *desc,
                       fi_addr_t src_addr, void *context);

@@ -1,5 +1,5 @@
 //! The RDM endpoint: opening and binding it, its address, and posting
-//! one RMA write.
+//! one RMA write or read.
 
 use std::ffi::c_void;
 use std::ptr;
@@ -84,28 +84,105 @@ impl Endpoint {
         flags: u64,
         context: *mut c_void,
     ) -> isize {
-        let iov = libc::iovec {
-            iov_base: local as *mut c_void,
-            iov_len: len,
-        };
-        let rma = sys::fi_rma_iov {
-            addr: remote_addr,
+        let rma = Rma {
+            local: local as *mut u8,
             len,
+            desc,
+            peer: dest,
+            remote_addr,
             key,
+            data,
+            flags,
+            context,
         };
-        let mut desc = desc;
+        // SAFETY: the caller's contract.
+        unsafe { self.post(&rma, sys::ferry_fi_writemsg) }
+    }
+
+    /// Posts one RMA read of `len` bytes at `remote_addr` under `key` at
+    /// `src` into `local` (described by `desc`). `context` must stay valid
+    /// and untouched until its completion is read; the completion means
+    /// the bytes are in `local`.
+    ///
+    /// # Safety
+    /// `local..local+len` must stay writable, and not be read or written
+    /// by anyone else, until the completion, and `context` must point to
+    /// writable memory of at least `fi_context2`'s size that lives until
+    /// the completion.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn read(
+        &self,
+        local: *mut u8,
+        len: usize,
+        desc: *mut c_void,
+        src: sys::fi_addr_t,
+        remote_addr: u64,
+        key: u64,
+        flags: u64,
+        context: *mut c_void,
+    ) -> isize {
+        let rma = Rma {
+            local,
+            len,
+            desc,
+            peer: src,
+            remote_addr,
+            key,
+            data: 0,
+            flags,
+            context,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.post(&rma, sys::ferry_fi_readmsg) }
+    }
+
+    /// Builds `rma`'s message and hands it to `call` (`fi_writemsg` or
+    /// `fi_readmsg`, which take the same message).
+    ///
+    /// # Safety
+    /// As [`write`](Self::write) or [`read`](Self::read), whichever `call`
+    /// is.
+    unsafe fn post(
+        &self,
+        rma: &Rma,
+        call: unsafe extern "C" fn(*mut sys::fid_ep, *const sys::fi_msg_rma, u64) -> isize,
+    ) -> isize {
+        let iov = libc::iovec {
+            iov_base: rma.local.cast(),
+            iov_len: rma.len,
+        };
+        let rma_iov = sys::fi_rma_iov {
+            addr: rma.remote_addr,
+            len: rma.len,
+            key: rma.key,
+        };
+        let mut desc = rma.desc;
         let msg = sys::fi_msg_rma {
             msg_iov: (&iov as *const libc::iovec).cast(),
             desc: &mut desc,
             iov_count: 1,
-            addr: dest,
-            rma_iov: &rma,
+            addr: rma.peer,
+            rma_iov: &rma_iov,
             rma_iov_count: 1,
-            context,
-            data,
+            context: rma.context,
+            data: rma.data,
         };
-        // SAFETY: the caller's contract covers `local` and `context`; the
-        // descriptors are read during the call only.
-        unsafe { sys::ferry_fi_writemsg(self.ptr, &msg, flags) }
+        // SAFETY: the caller's contract covers the local memory and the
+        // context; the descriptors are read during the call only.
+        unsafe { call(self.ptr, &msg, rma.flags) }
     }
+}
+
+/// One RMA operation's arguments, as `fi_writemsg` and `fi_readmsg` take
+/// them.
+struct Rma {
+    local: *mut u8,
+    len: usize,
+    desc: *mut c_void,
+    peer: sys::fi_addr_t,
+    remote_addr: u64,
+    key: u64,
+    data: u64,
+    flags: u64,
+    context: *mut c_void,
 }

@@ -205,6 +205,11 @@ impl Info {
         unsafe { (*self.info().ep_attr).max_msg_size as u64 }
     }
 
+    /// The capabilities the provider grants (`FI_*` bits).
+    pub fn caps(&self) -> u64 {
+        self.info().caps
+    }
+
     /// Modes the provider requires of ferry.
     pub fn mode(&self) -> u64 {
         self.info().mode

@@ -1,5 +1,6 @@
 //! Memory registration: a region registered for local writes from it and
-//! remote writes into it, bound to the endpoint where the provider asks.
+//! remote writes into it (and for reads both ways where the provider
+//! offers them), bound to the endpoint where the provider asks.
 
 use std::ffi::c_void;
 use std::ptr;
@@ -12,9 +13,10 @@ use crate::error::{Call, FabricError};
 
 impl MemoryRegion {
     /// Registers `len` bytes at `addr` for local writes from it and remote
-    /// writes into it, requesting `key` (0 where the provider assigns
-    /// keys), and binds and enables it on `endpoint` where the provider
-    /// requires (`FI_MR_ENDPOINT`).
+    /// writes into it, and with `reads` also for local reads into it
+    /// (`FI_READ`) and remote reads from it (`FI_REMOTE_READ`), requesting
+    /// `key` (0 where the provider assigns keys), and binds and enables it
+    /// on `endpoint` where the provider requires (`FI_MR_ENDPOINT`).
     ///
     /// # Safety
     /// The memory must stay mapped until the region is dropped.
@@ -24,9 +26,13 @@ impl MemoryRegion {
         addr: *mut u8,
         len: usize,
         key: u64,
+        reads: bool,
     ) -> Result<Self, FabricError> {
         let mut ptr = ptr::null_mut();
-        let access = u64::from(sys::FI_WRITE | sys::FI_REMOTE_WRITE);
+        let mut access = u64::from(sys::FI_WRITE | sys::FI_REMOTE_WRITE);
+        if reads {
+            access |= u64::from(sys::FI_READ | sys::FI_REMOTE_READ);
+        }
         // SAFETY: the caller keeps the range mapped; live domain.
         let ret = unsafe {
             sys::ferry_fi_mr_reg(

@@ -1,5 +1,5 @@
-//! The writes in flight: their state, the chunks waiting to be posted,
-//! and the operation contexts handed to the provider.
+//! The writes and reads in flight: their state, the chunks waiting to be
+//! posted, and the operation contexts handed to the provider.
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -10,16 +10,19 @@ use ferry_core::transport::Completion;
 use ferry_fabric_sys as sys;
 use tracing::debug;
 
-use crate::error::FabricError;
+use crate::error::{FabricError, OpKind};
 use crate::notice::NoticeBook;
 
-pub(super) struct WriteState {
+/// One write or read in flight.
+pub(super) struct OpState {
+    pub(super) kind: OpKind,
     pub(super) cookie: u64,
     /// Chunks posted and not yet completed.
     pub(super) in_flight: u32,
     /// Chunks waiting in the backlog to be posted.
     pub(super) queued: u32,
     pub(super) error: Option<FabricError>,
+    /// The peer written to or read from.
     pub(super) peer: Arc<str>,
     pub(super) posted: Instant,
     pub(super) deadline: Instant,
@@ -35,39 +38,43 @@ pub(super) struct WriteState {
 /// is also what a peer that cannot be reached yet answers) or every context
 /// was in use.
 pub(super) struct Chunk {
-    pub(super) write: u32,
-    /// The source region (its id), whose deregistration fails the chunk.
+    /// The op's slot.
+    pub(super) op: u32,
+    pub(super) kind: OpKind,
+    /// The local region (its id: a write's source, a read's
+    /// destination), whose deregistration fails the chunk.
     pub(super) region: u32,
     pub(super) local: usize,
     pub(super) len: usize,
     pub(super) desc: usize,
-    pub(super) dest: sys::fi_addr_t,
+    /// The peer written to or read from.
+    pub(super) peer: sys::fi_addr_t,
     pub(super) remote: u64,
     pub(super) key: u64,
     pub(super) data: u64,
     pub(super) flags: u64,
 }
 
-/// The writes in flight and what became of them: chunks waiting to be
-/// posted, the operation contexts they hold, finished writes and arrived
-/// notices. Shared by the posting and the progress thread.
-pub(super) struct WriteBook {
+/// The writes and reads in flight and what became of them: chunks
+/// waiting to be posted, the operation contexts they hold, finished ops
+/// and arrived notices. Shared by the posting and the progress thread.
+pub(super) struct OpBook {
     pub(super) backlog: VecDeque<Chunk>,
     pub(super) free_ctx: Vec<u32>,
-    /// Context index → write slot.
+    /// Context index → op slot (`u32::MAX`: the context is free).
     pub(super) ctx_owner: Vec<u32>,
-    pub(super) writes: Vec<Option<WriteState>>,
-    pub(super) free_writes: Vec<u32>,
+    pub(super) ops: Vec<Option<OpState>>,
+    pub(super) free_ops: Vec<u32>,
     pub(super) done: VecDeque<Completion<FabricError>>,
     pub(super) notices: NoticeBook,
-    /// Peers whose writes failed as gone or timed out: removed from the
+    /// Peers whose ops failed as gone or timed out: removed from the
     /// address vector (closing the connection) by the runtime's thread, at
     /// its next post or poll.
     pub(super) evict: Vec<Arc<str>>,
     /// Held by a test: the progress thread stops driving the queue.
     pub(super) held: bool,
-    /// Removing a peer from the address vector ends its writes
-    /// (`FI_AV_REMOVE_CLEANUP` on), so an ended write is reported once its
+    /// Removing a peer from the address vector ends its writes and reads
+    /// (`FI_AV_REMOVE_CLEANUP` on), so an ended op is reported once its
     /// chunks posted have completed; otherwise it is reported when it ends.
     pub(super) final_completions: bool,
     /// A completion or notice arrived since the wake descriptor was last
@@ -75,10 +82,10 @@ pub(super) struct WriteBook {
     pub(super) news: bool,
 }
 
-impl WriteBook {
-    /// One chunk of write `w` finished (with `err` if it failed).
+impl OpBook {
+    /// One chunk of op `w` finished (with `err` if it failed).
     pub(super) fn chunk_done(&mut self, w: u32, err: Option<FabricError>) {
-        let Some(Some(ws)) = self.writes.get_mut(w as usize) else {
+        let Some(Some(ws)) = self.ops.get_mut(w as usize) else {
             return;
         };
         ws.in_flight = ws.in_flight.saturating_sub(1);
@@ -89,16 +96,16 @@ impl WriteBook {
     }
 
     pub(super) fn finish_if_done(&mut self, w: u32) {
-        let Some(Some(ws)) = self.writes.get(w as usize) else {
+        let Some(Some(ws)) = self.ops.get(w as usize) else {
             return;
         };
         if ws.in_flight > 0 || ws.queued > 0 {
             return;
         }
-        let Some(ws) = self.writes[w as usize].take() else {
+        let Some(ws) = self.ops[w as usize].take() else {
             return;
         };
-        self.free_writes.push(w);
+        self.free_ops.push(w);
         if ws.reported {
             return;
         }
@@ -112,9 +119,10 @@ impl WriteBook {
         }
         debug!(
             cookie = ws.cookie,
+            op = ?ws.kind,
             took_us = ws.posted.elapsed().as_micros() as u64,
             ok = ws.error.is_none(),
-            "write done"
+            "op done"
         );
         self.done.push_back(Completion {
             cookie: ws.cookie,
@@ -123,7 +131,7 @@ impl WriteBook {
         self.news = true;
     }
 
-    /// Ends the writes past their deadline (see [`end`](Self::end));
+    /// Ends the ops past their deadline (see [`end`](Self::end));
     /// returns how many.
     pub(super) fn expire(&mut self, now: Instant, timeout: Duration) -> usize {
         let late: Vec<u32> = self
@@ -132,7 +140,8 @@ impl WriteBook {
             .map(|(w, _)| w)
             .collect();
         for &w in &late {
-            self.end(w, |peer| FabricError::Timeout {
+            self.end(w, |op, peer| FabricError::Timeout {
+                op,
                 peer: peer.to_owned(),
                 after: timeout,
             });
@@ -140,8 +149,8 @@ impl WriteBook {
         late.len()
     }
 
-    /// Ends the writes to `peer` not yet finished (see [`end`](Self::end));
-    /// returns their slots.
+    /// Ends the writes to and reads from `peer` not yet finished (see
+    /// [`end`](Self::end)); returns their slots.
     pub(super) fn cancel(&mut self, peer: &str) -> Vec<u32> {
         let mine: Vec<u32> = self
             .live()
@@ -149,42 +158,44 @@ impl WriteBook {
             .map(|(w, _)| w)
             .collect();
         for &w in &mine {
-            self.end(w, |peer| FabricError::Cancelled {
+            self.end(w, |op, peer| FabricError::Cancelled {
+                op,
                 peer: peer.to_owned(),
             });
         }
         mine
     }
 
-    /// The writes not yet ended, with their slots.
-    fn live(&self) -> impl Iterator<Item = (u32, &WriteState)> {
-        self.writes
+    /// The ops not yet ended, with their slots.
+    fn live(&self) -> impl Iterator<Item = (u32, &OpState)> {
+        self.ops
             .iter()
             .enumerate()
             .filter_map(|(w, ws)| ws.as_ref().map(|ws| (w as u32, ws)))
             .filter(|(_, ws)| !ws.ended)
     }
 
-    /// Gives write `w` up: its queued chunks are dropped, its peer is to
-    /// be removed from the address vector (which closes the provider's
+    /// Gives op `w` up: its queued chunks are dropped, its peer is to be
+    /// removed from the address vector (which closes the provider's
     /// connection, so that the chunks posted end too, flushed or done),
-    /// and it completes with `error` (unless it failed already) once
-    /// the chunks posted have completed. Reporting it earlier would let
-    /// its caller reuse the source, and its peer the destination, while a
-    /// chunk may still move.
-    fn end(&mut self, w: u32, error: impl FnOnce(&str) -> FabricError) {
-        let Some(Some(ws)) = self.writes.get_mut(w as usize) else {
+    /// and it completes with `error` (unless it failed already) once the
+    /// chunks posted have completed. Reporting it earlier would let its
+    /// caller reuse the memory while a chunk may still move: a write's
+    /// source still read (and its peer's destination still written), a
+    /// read's destination still written.
+    fn end(&mut self, w: u32, error: impl FnOnce(OpKind, &str) -> FabricError) {
+        let Some(Some(ws)) = self.ops.get_mut(w as usize) else {
             return;
         };
         ws.ended = true;
         if ws.error.is_none() {
-            ws.error = Some(error(&ws.peer));
+            ws.error = Some(error(ws.kind, &ws.peer));
         }
         let peer = Arc::clone(&ws.peer);
         let before = self.backlog.len();
-        self.backlog.retain(|c| c.write != w);
+        self.backlog.retain(|c| c.op != w);
         let dropped = (before - self.backlog.len()) as u32;
-        if let Some(Some(ws)) = self.writes.get_mut(w as usize) {
+        if let Some(Some(ws)) = self.ops.get_mut(w as usize) {
             ws.queued = ws.queued.saturating_sub(dropped);
         }
         if !self.evict.contains(&peer) {
@@ -194,11 +205,12 @@ impl WriteBook {
             // Nothing would end its chunks posted: waiting for them could
             // be forever (a cut link), so it is reported now, and they may
             // still move (said in the crate's documentation).
-            if let Some(Some(ws)) = self.writes.get_mut(w as usize) {
+            if let Some(Some(ws)) = self.ops.get_mut(w as usize) {
                 if ws.in_flight > 0 {
                     ws.reported = true;
                     let cookie = ws.cookie;
                     let result = Err(ws.error.take().unwrap_or(FabricError::Cancelled {
+                        op: ws.kind,
                         peer: ws.peer.to_string(),
                     }));
                     self.done.push_back(Completion { cookie, result });
@@ -209,9 +221,24 @@ impl WriteBook {
         self.finish_if_done(w);
     }
 
-    /// True if write slot `w` holds a write that is still in flight.
+    /// Frees context `i` and returns the op slot that held it, or `None`
+    /// if none did: a provider that reports one operation twice
+    /// (libfabric 1.17's tcp does for a read whose connection closes while
+    /// its response is arriving) must not free a context twice, which
+    /// would hand it to two chunks at once.
+    pub(super) fn release_ctx(&mut self, i: u32) -> Option<u32> {
+        let owner = self.ctx_owner.get_mut(i as usize)?;
+        let w = std::mem::replace(owner, u32::MAX);
+        if w == u32::MAX {
+            return None;
+        }
+        self.free_ctx.push(i);
+        Some(w)
+    }
+
+    /// True if op slot `w` holds an op that is still in flight.
     pub(super) fn holds(&self, w: u32) -> bool {
-        self.writes.get(w as usize).is_some_and(Option::is_some)
+        self.ops.get(w as usize).is_some_and(Option::is_some)
     }
 }
 
@@ -220,7 +247,7 @@ impl WriteBook {
 pub(super) struct Contexts(pub(super) Box<[std::cell::UnsafeCell<sys::fi_context2>]>);
 
 // SAFETY: the cells are only written by the provider, through pointers
-// handed out for one in-flight operation each (the free list in `WriteBook`
+// handed out for one in-flight operation each (the free list in `OpBook`
 // guarantees exclusivity); Rust code never reads or writes them.
 unsafe impl Sync for Contexts {}
 // SAFETY: as above.
@@ -240,5 +267,40 @@ impl Contexts {
         }
         let i = off / size;
         (i < self.0.len()).then_some(i as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::notice::NoticeFormat;
+
+    fn book(contexts: u32) -> OpBook {
+        OpBook {
+            backlog: VecDeque::new(),
+            free_ctx: (0..contexts).rev().collect(),
+            ctx_owner: vec![u32::MAX; contexts as usize],
+            ops: Vec::new(),
+            free_ops: Vec::new(),
+            done: VecDeque::new(),
+            notices: NoticeBook::new(NoticeFormat::new(true), Duration::from_secs(1), 16),
+            evict: Vec::new(),
+            held: false,
+            final_completions: true,
+            news: false,
+        }
+    }
+
+    #[test]
+    fn a_context_reported_twice_is_freed_once() {
+        let mut b = book(2);
+        let i = b.free_ctx.pop().unwrap();
+        b.ctx_owner[i as usize] = 7;
+        assert_eq!(b.release_ctx(i), Some(7));
+        // The provider reports the same operation again: the context is
+        // not handed out twice.
+        assert_eq!(b.release_ctx(i), None);
+        assert_eq!(b.free_ctx.iter().filter(|&&c| c == i).count(), 1);
+        assert_eq!(b.release_ctx(99), None);
     }
 }

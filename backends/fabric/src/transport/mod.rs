@@ -1,11 +1,12 @@
 //! The libfabric `Transport`: one RDM endpoint, one registered pool, RMA
-//! writes into peers' pools, and a progress thread.
+//! writes into peers' pools and reads from them, and a progress thread.
 //!
-//! Threads. The runtime posts writes from its own thread; a progress thread
-//! owned by the transport reads the completion queue (sleeping in
-//! `fi_cq_sread` where the provider has a wait object). It is needed even
-//! when this side only receives: manual-progress providers (`tcp;ofi_rxm`,
-//! `shm`) place incoming data only while the target's queue is driven.
+//! Threads. The runtime posts writes and reads from its own thread; a
+//! progress thread owned by the transport reads the completion queue
+//! (sleeping in `fi_cq_sread` where the provider has a wait object). It is
+//! needed even when this side only receives (or is only read from):
+//! manual-progress providers (`tcp;ofi_rxm`, `shm`) place incoming data,
+//! and answer reads, only while the target's queue is driven.
 //! The domain is opened `FI_THREAD_SAFE`, so both threads call libfabric
 //! directly.
 //!
@@ -14,11 +15,15 @@
 //! target. [`DeliveryMode::Notify`] posts every chunk with remote CQ data that
 //! the receiver counts ([`crate::notice`]); its
 //! [`Transport::poll_landed`] reports each write whose count is complete.
+//! Reads are posted the same way in both modes, with neither: a read's
+//! completion means its bytes are in this process, and it gives the peer
+//! no notice to count.
 //!
 //! Modules: opening (`open`: the configuration, the provider's choice, the
-//! objects and the progress thread), the writes in flight (`book`), the
-//! progress thread (`progress`) and the table of peers (`peers`); this
-//! module holds the transport and ferry-core's `Transport` over it.
+//! objects and the progress thread), the writes and reads in flight
+//! (`book`), the progress thread (`progress`) and the table of peers
+//! (`peers`); this module holds the transport and ferry-core's
+//! `Transport` over it.
 #![allow(unsafe_code)]
 
 mod book;
@@ -38,20 +43,20 @@ use ferry_core::transport::{
 use ferry_fabric_sys as sys;
 use ferry_hostmem::HostPool;
 
-use crate::error::FabricError;
+use crate::error::{FabricError, OpKind};
 use crate::mr::MrPolicy;
 use crate::notice::NoticeFormat;
 use crate::ofi::{Av, Domain, Endpoint, Info, MemoryRegion};
 use crate::provider::DeliveryMode;
 use crate::session::{RemoteRegion, Session, MAX_REGIONS};
-use book::{Chunk, WriteState};
+use book::{Chunk, OpState};
 use peers::Peer;
 use progress::{stall, Shared, Stall};
 
-pub(crate) use open::find;
+pub(crate) use open::{find, probe};
 pub use open::{FabricConfig, Opened};
 
-/// How often late writes are looked for.
+/// How often late writes and reads are looked for.
 const SWEEP: Duration = Duration::from_millis(5);
 
 /// A libfabric data plane.
@@ -77,7 +82,7 @@ pub struct FabricTransport {
     write_timeout: Duration,
     /// The stuck progress thread was reported.
     stuck_reported: bool,
-    /// When `poll_completion` next looks for late writes.
+    /// When `poll_completion` next looks for late writes and reads.
     next_sweep: Instant,
     _info: Info,
 }
@@ -142,6 +147,39 @@ impl FabricTransport {
         }
         .encode()
     }
+
+    /// The registered region `region` names, and its descriptor.
+    fn local_region(&self, region: Region) -> Result<(Region, *mut std::ffi::c_void), FabricError> {
+        match self.regions.iter().find(|(r, _)| r.id == region.id) {
+            Some((r, mr)) => Ok((*r, mr.desc())),
+            None => Err(RegionError::Unknown(region.id).into()),
+        }
+    }
+
+    /// Books `op` and queues its `chunks` chunks (`chunk(slot, i)` makes
+    /// the `i`th), then posts what the provider takes now; the rest goes
+    /// out from the progress thread as the queue drains.
+    fn queue(&self, op: OpState, chunks: u64, chunk: impl Fn(u32, u64) -> Chunk) {
+        let mut book = self.shared.lock();
+        let w = match book.free_ops.pop() {
+            Some(w) => {
+                book.ops[w as usize] = Some(op);
+                w
+            }
+            None => {
+                book.ops.push(Some(op));
+                (book.ops.len() - 1) as u32
+            }
+        };
+        for i in 0..chunks {
+            book.backlog.push_back(chunk(w, i));
+        }
+        drop(book);
+        if self.shared.drain(&self.endpoint) {
+            // Wake the progress thread in case it sleeps.
+            self.shared.cq.signal();
+        }
+    }
 }
 
 impl Transport for FabricTransport {
@@ -171,7 +209,8 @@ impl Transport for FabricTransport {
         // SAFETY: the caller's contract: the memory stays mapped until
         // deregistered or the transport dropped (the regions are dropped
         // first of all fields).
-        let mr = unsafe { MemoryRegion::register(&self.domain, ep, addr, len, key)? };
+        let mr =
+            unsafe { MemoryRegion::register(&self.domain, ep, addr, len, key, self.opened.reads)? };
         let region = Region {
             id: self.next_region,
             addr: addr as u64,
@@ -192,18 +231,86 @@ impl Transport for FabricTransport {
             .position(|(r, _)| r.id == region.id)
             .ok_or(RegionError::Unknown(region.id))?;
         self.shared
-            .fail_backlog(region.id, "the source region was deregistered");
+            .fail_backlog(region.id, "its local region was deregistered");
         self.regions.remove(i);
         self.session = self.session_text();
         Ok(())
     }
 
-    // PLACEHOLDER(issue 30): replaced by fi_read.
+    /// Reads `read.len` bytes of the peer's registered memory into
+    /// `read.region`, split at the chunk size as writes are, with the
+    /// write timeout and [`cancel_transfers`](Transport::cancel_transfers)
+    /// ending it as they end writes. Refused where the provider offers no
+    /// reads ([`Opened::reads`]).
     fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), FabricError> {
-        Err(FabricError::Unsupported {
-            provider: String::new(),
-            what: format!("a read from {}", read.src_session),
-        })
+        let ReadOp {
+            region,
+            local_offset,
+            len,
+            src_session,
+            src_addr,
+            cookie,
+        } = *read;
+        if !self.opened.reads {
+            return Err(FabricError::Unsupported {
+                provider: self.opened.provider.clone(),
+                what: format!(
+                    "offers no one-sided reads (FI_READ, FI_REMOTE_READ): cannot read from {src_session}; writes work"
+                ),
+            });
+        }
+        let (r, desc) = self.local_region(region)?;
+        r.check_source(local_offset, len)?;
+        let chunk = self.opened.chunk;
+        let peer = self.peer(src_session)?;
+        let s = &peer.session;
+        let Some(src) = s.region_for(src_addr, len) else {
+            return Err(FabricError::ReadSourceOutOfBounds {
+                peer: src_session.to_owned(),
+                addr: src_addr,
+                len,
+                regions: s.regions.len(),
+            });
+        };
+        let chunks = len.div_ceil(chunk).max(1);
+        let (fi_addr, key, virt, base) = (peer.fi_addr, src.key, s.virt_addr, src.base);
+        let name = Arc::clone(&peer.name);
+        // A read's completion means its bytes are here at any completion
+        // level. FI_DELIVERY_COMPLETE, a level for what is sent, is not
+        // asked: shm would then have the peer copy into this process in
+        // its own time instead of reading within the call. No remote CQ
+        // data: a read gives the peer nothing to count.
+        let flags = u64::from(sys::FI_COMPLETION);
+        let now = Instant::now();
+        let op = OpState {
+            kind: OpKind::Read,
+            cookie,
+            in_flight: 0,
+            queued: chunks as u32,
+            error: None,
+            peer: name,
+            posted: now,
+            deadline: now + self.write_timeout,
+            ended: false,
+            reported: false,
+        };
+        self.queue(op, chunks, |w, i| {
+            let off = i * chunk;
+            Chunk {
+                op: w,
+                kind: OpKind::Read,
+                region: r.id,
+                local: (r.addr + local_offset + off) as usize,
+                len: chunk.min(len - off) as usize,
+                desc: desc as usize,
+                peer: fi_addr,
+                remote: MrPolicy::remote_addr(virt, base, src_addr + off),
+                key,
+                data: 0,
+                flags,
+            }
+        });
+        Ok(())
     }
 
     fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), FabricError> {
@@ -216,10 +323,7 @@ impl Transport for FabricTransport {
             tag,
             cookie,
         } = *write;
-        let (r, desc) = match self.regions.iter().find(|(r, _)| r.id == region.id) {
-            Some((r, mr)) => (*r, mr.desc()),
-            None => return Err(RegionError::Unknown(region.id).into()),
-        };
+        let (r, desc) = self.local_region(region)?;
         r.check_source(local_offset, len)?;
         let chunk = self.opened.chunk;
         let delivery = self.opened.delivery;
@@ -259,8 +363,8 @@ impl Transport for FabricTransport {
             0
         };
         let deadline = Instant::now() + self.write_timeout;
-        let mut book = self.shared.lock();
-        let ws = WriteState {
+        let op = OpState {
+            kind: OpKind::Write,
             cookie,
             in_flight: 0,
             queued: chunks as u32,
@@ -271,37 +375,22 @@ impl Transport for FabricTransport {
             ended: false,
             reported: false,
         };
-        let w = match book.free_writes.pop() {
-            Some(w) => {
-                book.writes[w as usize] = Some(ws);
-                w
-            }
-            None => {
-                book.writes.push(Some(ws));
-                (book.writes.len() - 1) as u32
-            }
-        };
-        for i in 0..chunks {
+        self.queue(op, chunks, |w, i| {
             let off = i * chunk;
-            book.backlog.push_back(Chunk {
-                write: w,
+            Chunk {
+                op: w,
+                kind: OpKind::Write,
                 region: r.id,
                 local: (r.addr + local_offset + off) as usize,
                 len: chunk.min(len - off) as usize,
                 desc: desc as usize,
-                dest: fi_addr,
+                peer: fi_addr,
                 remote: MrPolicy::remote_addr(virt, base, dest_addr + off),
                 key,
                 data,
                 flags,
-            });
-        }
-        drop(book);
-        if self.shared.drain(&self.endpoint) {
-            // The rest goes out from the progress thread as the queue
-            // drains; wake it in case it sleeps.
-            self.shared.cq.signal();
-        }
+            }
+        });
         Ok(())
     }
 
@@ -311,9 +400,10 @@ impl Transport for FabricTransport {
             // Deadlines are kept here, on the caller's thread, not by the
             // progress thread: a provider call there can hang (libfabric
             // 1.17's shm spins forever on the lock of a peer that died
-            // holding it), and late writes must still be ended (their
-            // queued chunks dropped, their peer's connection closed) in
-            // time; each is reported once the provider has ended it.
+            // holding it), and late writes and reads must still be ended
+            // (their queued chunks dropped, their peer's connection
+            // closed) in time; each is reported once the provider has
+            // ended it.
             let now = Instant::now();
             if now >= self.next_sweep {
                 self.next_sweep = now + SWEEP;
@@ -372,19 +462,20 @@ impl Transport for FabricTransport {
         Some(self.shared.wake.fd())
     }
 
-    /// Ends the writes to the peer: their chunks still queued are
-    /// dropped, and the peer is removed from the address vector. With
-    /// `FI_AV_REMOVE_CLEANUP` on, that closes the provider's connection to
-    /// it, so that the chunks posted end (flushed with an error, or done):
-    /// this returns once they have, or fails after the write timeout if
-    /// the provider has not ended them (their completions then come when
-    /// it does). With it off (ferry's default, see
-    /// [`crate::ofi::AV_REMOVE_CLEANUP`]) the writes are reported at once,
-    /// and chunks already posted may still move.
-    fn cancel_transfers(&mut self, dest_session: &str) -> Result<(), FabricError> {
+    /// Ends the writes to and reads from the peer: their chunks still
+    /// queued are dropped, and the peer is removed from the address
+    /// vector. With `FI_AV_REMOVE_CLEANUP` on, that closes the provider's
+    /// connection to it, so that the chunks posted end (flushed with an
+    /// error, or done): this returns once they have, or fails after the
+    /// write timeout if the provider has not ended them (their completions
+    /// then come when it does). With it off (ferry's default, see
+    /// [`crate::ofi::AV_REMOVE_CLEANUP`]) they are reported at once, and
+    /// chunks already posted may still move: a write's source may still be
+    /// read, and a read's destination still written.
+    fn cancel_transfers(&mut self, session: &str) -> Result<(), FabricError> {
         let (mine, ends) = {
             let mut book = self.shared.lock();
-            (book.cancel(dest_session), book.final_completions)
+            (book.cancel(session), book.final_completions)
         };
         self.evict_dead();
         if mine.is_empty() || !ends {
@@ -403,8 +494,8 @@ impl Transport for FabricTransport {
             let waited = start.elapsed();
             if waited >= self.write_timeout {
                 return Err(FabricError::NotEnded {
-                    peer: dest_session.to_owned(),
-                    writes: left,
+                    peer: session.to_owned(),
+                    ops: left,
                     waited,
                 });
             }

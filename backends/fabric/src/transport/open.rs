@@ -11,14 +11,14 @@ use ferry_fabric_sys as sys;
 use ferry_hostmem::{EventFd, HostPool};
 use tracing::debug;
 
-use super::book::{Contexts, WriteBook};
+use super::book::{Contexts, OpBook};
 use super::progress::Shared;
 use super::FabricTransport;
 use crate::error::FabricError;
 use crate::mr::MrPolicy;
 use crate::notice::{NoticeBook, NoticeFormat};
 use crate::ofi::{Av, Cq, Domain, Endpoint, Fabric, Info};
-use crate::provider::{DeliveryMode, Hints, Provider};
+use crate::provider::{DeliveryMode, Hints, Provider, READ_CAPS};
 
 /// How to open a libfabric transport.
 #[derive(Clone, Debug)]
@@ -36,14 +36,15 @@ pub struct FabricConfig {
     pub max_chunk: u64,
     /// Chunks in flight at once (each needs an operation context).
     pub max_outstanding: usize,
-    /// A write that neither completes nor fails within this is ended: its
-    /// peer is dropped from the address vector (closing rxm's connection
-    /// to it, with `FI_AV_REMOVE_CLEANUP`, which ferry turns on), and it is
-    /// reported failed once the provider has ended its chunks, so that
-    /// its source is never read afterwards. Over `tcp`, bytes the peer's
-    /// kernel had already received may still be placed when the peer
-    /// next drives its queue. Keep it below the coordinator's push
-    /// timeout (10 s by default).
+    /// A write or read that neither completes nor fails within this is
+    /// ended: its peer is dropped from the address vector (closing rxm's
+    /// connection to it where `FI_AV_REMOVE_CLEANUP` is on, see
+    /// [`crate::ofi::AV_REMOVE_CLEANUP`]), and it is reported failed once
+    /// the provider has ended its chunks, so that a write's source is
+    /// never read, and a read's destination never written, afterwards.
+    /// Over `tcp`, bytes of a write the peer's kernel had already received
+    /// may still be placed when the peer next drives its queue. Keep it
+    /// below the coordinator's push timeout (10 s by default).
     pub write_timeout: Duration,
 }
 
@@ -74,8 +75,12 @@ pub struct Opened {
     pub delivery: DeliveryMode,
     /// The registration rules.
     pub mr: MrPolicy,
-    /// The chunk size writes are split at.
+    /// The chunk size writes and reads are split at.
     pub chunk: u64,
+    /// The provider offers one-sided reads (`FI_READ` and
+    /// `FI_REMOTE_READ`); without them `post_read` is refused and writes
+    /// work as before.
+    pub reads: bool,
     /// True if the progress thread can sleep in `fi_cq_sread`.
     pub waitable_cq: bool,
 }
@@ -116,6 +121,7 @@ impl FabricTransport {
         let av = Av::open(&domain)?;
         let endpoint = Endpoint::open(&domain, &info, &cq, &av)?;
         let notice_format = NoticeFormat::new(cq_data_size >= 8);
+        let reads = info.caps() & READ_CAPS == READ_CAPS;
         let opened = Opened {
             provider,
             fabric: info.fabric_name(),
@@ -123,6 +129,7 @@ impl FabricTransport {
             delivery,
             mr,
             chunk,
+            reads,
             waitable_cq: cq.waitable(),
         };
         let wake = EventFd::new().map_err(|source| FabricError::Os {
@@ -132,12 +139,12 @@ impl FabricTransport {
         let shared = Arc::new(Shared {
             wake,
             cq,
-            book: Mutex::new(WriteBook {
+            book: Mutex::new(OpBook {
                 backlog: VecDeque::with_capacity(outstanding),
                 free_ctx: (0..outstanding as u32).rev().collect(),
                 ctx_owner: vec![u32::MAX; outstanding],
-                writes: Vec::with_capacity(outstanding),
-                free_writes: Vec::new(),
+                ops: Vec::with_capacity(outstanding),
+                free_ops: Vec::new(),
                 done: VecDeque::with_capacity(outstanding),
                 notices: NoticeBook::new(notice_format, Duration::from_secs(120), 1 << 16),
                 evict: Vec::new(),
@@ -202,12 +209,24 @@ impl FabricTransport {
     }
 }
 
+/// Asks for provider `name` in `delivery` mode with reads, and for writes
+/// alone where it offers no reads (see [`READ_CAPS`]); the answer's
+/// capabilities say which was granted.
+pub(crate) fn probe(
+    name: &str,
+    delivery: DeliveryMode,
+    source: Option<&str>,
+) -> Result<Info, FabricError> {
+    let hints = Hints::new(name, delivery);
+    Info::get(&hints, source).or_else(|_| Info::get(&hints.without_reads(), source))
+}
+
 /// Finds the first provider and delivery mode that `fi_getinfo` offers.
 pub(crate) fn find(config: &FabricConfig) -> Result<(Info, DeliveryMode), FabricError> {
     let mut why = Vec::new();
     for name in config.provider.candidates() {
         for &delivery in config.delivery.candidates() {
-            match Info::get(&Hints::new(name, delivery), config.source.as_deref()) {
+            match probe(name, delivery, config.source.as_deref()) {
                 Ok(info) => return Ok((info, delivery)),
                 Err(e) => why.push(format!("{name} ({}): {e}", delivery.as_str())),
             }

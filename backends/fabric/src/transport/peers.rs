@@ -77,7 +77,7 @@ impl FabricTransport {
                 let busy: Vec<Arc<str>> = self
                     .shared
                     .lock()
-                    .writes
+                    .ops
                     .iter()
                     .flatten()
                     .map(|w| Arc::clone(&w.peer))

@@ -13,8 +13,8 @@ use ferry_fabric_sys as sys;
 use ferry_hostmem::EventFd;
 use tracing::{debug, warn};
 
-use super::book::{Chunk, Contexts, WriteBook};
-use crate::error::FabricError;
+use super::book::{Chunk, Contexts, OpBook};
+use crate::error::{FabricError, OpKind};
 use crate::ofi::{Cq, Endpoint};
 
 /// What the runtime's thread and the progress thread share.
@@ -24,7 +24,7 @@ pub(super) struct Shared {
     /// arrive, so that the runtime can sleep on it with its control
     /// channel: readable while the runtime has news to collect.
     pub(super) wake: EventFd,
-    pub(super) book: Mutex<WriteBook>,
+    pub(super) book: Mutex<OpBook>,
     pub(super) stop: AtomicBool,
     /// When the progress thread last went round its loop, in ms since
     /// `born`: a provider call that never returns shows here.
@@ -34,7 +34,7 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    pub(super) fn lock(&self) -> MutexGuard<'_, WriteBook> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, OpBook> {
         self.book.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -55,52 +55,58 @@ impl Shared {
                     break;
                 };
                 let live = book
-                    .writes
-                    .get(c.write as usize)
+                    .ops
+                    .get(c.op as usize)
                     .and_then(Option::as_ref)
                     .is_some_and(|ws| ws.error.is_none() && !ws.ended);
                 if !live {
-                    // Its write failed or timed out: the chunk is not posted.
-                    if let Some(ws) = book
-                        .writes
-                        .get_mut(c.write as usize)
-                        .and_then(Option::as_mut)
-                    {
+                    // Its op failed or timed out: the chunk is not posted.
+                    if let Some(ws) = book.ops.get_mut(c.op as usize).and_then(Option::as_mut) {
                         ws.queued -= 1;
                     }
-                    book.finish_if_done(c.write);
+                    book.finish_if_done(c.op);
                     continue;
                 }
                 let Some(ctx) = book.free_ctx.pop() else {
                     book.backlog.push_front(c);
                     break;
                 };
-                book.ctx_owner[ctx as usize] = c.write;
-                if let Some(ws) = book
-                    .writes
-                    .get_mut(c.write as usize)
-                    .and_then(Option::as_mut)
-                {
+                book.ctx_owner[ctx as usize] = c.op;
+                if let Some(ws) = book.ops.get_mut(c.op as usize).and_then(Option::as_mut) {
                     ws.queued -= 1;
                     ws.in_flight += 1;
                 }
                 (c, ctx)
             };
             // SAFETY: the chunk lies in the registered region (checked when
-            // it was queued; deregistering fails the backlog first), and
-            // the context cell is reserved for it until its completion.
+            // it was queued; deregistering fails the backlog first), which
+            // the caller leaves to the op until its completion (a read's
+            // destination untouched), and the context cell is reserved for
+            // it until its completion.
             let ret = unsafe {
-                endpoint.write(
-                    c.local as *const u8,
-                    c.len,
-                    c.desc as *mut c_void,
-                    c.dest,
-                    c.remote,
-                    c.key,
-                    c.data,
-                    c.flags,
-                    self.contexts.ptr(ctx),
-                )
+                match c.kind {
+                    OpKind::Write => endpoint.write(
+                        c.local as *const u8,
+                        c.len,
+                        c.desc as *mut c_void,
+                        c.peer,
+                        c.remote,
+                        c.key,
+                        c.data,
+                        c.flags,
+                        self.contexts.ptr(ctx),
+                    ),
+                    OpKind::Read => endpoint.read(
+                        c.local as *mut u8,
+                        c.len,
+                        c.desc as *mut c_void,
+                        c.peer,
+                        c.remote,
+                        c.key,
+                        c.flags,
+                        self.contexts.ptr(ctx),
+                    ),
+                }
             };
             if ret >= 0 {
                 continue;
@@ -109,8 +115,8 @@ impl Shared {
             let mut book = self.lock();
             book.ctx_owner[ctx as usize] = u32::MAX;
             book.free_ctx.push(ctx);
-            let w = c.write;
-            let Some(ws) = book.writes.get_mut(w as usize).and_then(Option::as_mut) else {
+            let w = c.op;
+            let Some(ws) = book.ops.get_mut(w as usize).and_then(Option::as_mut) else {
                 continue;
             };
             ws.in_flight -= 1;
@@ -119,7 +125,7 @@ impl Shared {
                 book.backlog.push_back(c);
                 continue;
             }
-            if let Err(e) = crate::ofi::check(crate::error::Call::WriteMsg, ret, Some(&ws.peer)) {
+            if let Err(e) = crate::ofi::check(c.kind.call(), ret, Some(&ws.peer)) {
                 if ws.error.is_none() {
                     ws.error = Some(e);
                 }
@@ -138,22 +144,18 @@ impl Shared {
             .partition(|c| c.region == region);
         book.backlog = kept;
         for c in gone {
-            if let Some(ws) = book
-                .writes
-                .get_mut(c.write as usize)
-                .and_then(Option::as_mut)
-            {
+            if let Some(ws) = book.ops.get_mut(c.op as usize).and_then(Option::as_mut) {
                 ws.queued -= 1;
                 if ws.error.is_none() {
                     ws.error = Some(FabricError::Call {
-                        call: crate::error::Call::WriteMsg,
+                        call: c.kind.call(),
                         errno: sys::FI_ECANCELED as i32,
                         text: why.to_owned(),
                         peer: Some(ws.peer.to_string()),
                     });
                 }
             }
-            book.finish_if_done(c.write);
+            book.finish_if_done(c.op);
         }
     }
 
@@ -170,8 +172,10 @@ impl Shared {
                 debug!(flags = e.flags, "completion for no context of ours");
                 continue;
             };
-            let w = std::mem::replace(&mut book.ctx_owner[i as usize], u32::MAX);
-            book.free_ctx.push(i);
+            let Some(w) = book.release_ctx(i) else {
+                warn!(flags = e.flags, "a second completion for one op; ignored");
+                continue;
+            };
             book.chunk_done(w, None);
         }
     }
@@ -179,20 +183,25 @@ impl Shared {
     fn handle_error(&self, e: &sys::fi_cq_err_entry, text: String) {
         let mut book = self.lock();
         let Some(i) = self.contexts.index(e.op_context) else {
-            warn!(errno = e.err, prov_errno = e.prov_errno, %text, "completion error for no write of ours");
+            warn!(errno = e.err, prov_errno = e.prov_errno, %text, "completion error for no op of ours");
             return;
         };
-        let w = std::mem::replace(&mut book.ctx_owner[i as usize], u32::MAX);
-        book.free_ctx.push(i);
-        let peer = book
-            .writes
+        let Some(w) = book.release_ctx(i) else {
+            warn!(errno = e.err, prov_errno = e.prov_errno, %text, "a second completion for one op; ignored");
+            return;
+        };
+        let (op, peer) = book
+            .ops
             .get(w as usize)
             .and_then(|s| s.as_ref())
-            .map_or_else(String::new, |s| s.peer.to_string());
-        warn!(%peer, errno = e.err, prov_errno = e.prov_errno, %text, "write failed");
+            .map_or((OpKind::Write, String::new()), |s| {
+                (s.kind, s.peer.to_string())
+            });
+        warn!(%peer, ?op, errno = e.err, prov_errno = e.prov_errno, %text, "op failed");
         book.chunk_done(
             w,
             Some(FabricError::Completion {
+                op,
                 peer,
                 errno: e.err,
                 prov_errno: e.prov_errno,
