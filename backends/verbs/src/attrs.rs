@@ -18,9 +18,12 @@ pub const RNR_RETRY: u8 = 7;
 pub const MIN_RNR_TIMER: u8 = 12;
 /// Hop limit of the GRH.
 pub const HOP_LIMIT: u8 = 64;
-/// Outstanding RDMA reads/atomics (none are issued; 1 keeps every driver
-/// content).
-pub const RD_ATOMIC: u8 = 1;
+/// RDMA READs a queue pair has outstanding, and answers, at once, at most:
+/// a read's chunks are in flight together up to this many (NICs queue the
+/// rest). 16 is what ConnectX ports offer; each end clamps it to its
+/// device's limits, and an initiator to what its peer answers
+/// ([`initiator_depth`]).
+pub const RD_ATOMIC: u8 = 16;
 
 /// The global route header of the address vector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,8 +60,12 @@ pub enum QpStep {
         port: u8,
         /// The P_Key index.
         pkey_index: u16,
-        /// Whether the peer may write into our pool through this QP.
+        /// Whether the peer may write into our regions through this QP
+        /// (`IBV_ACCESS_REMOTE_WRITE`).
         remote_write: bool,
+        /// Whether the peer may read our regions through this QP
+        /// (`IBV_ACCESS_REMOTE_READ`).
+        remote_read: bool,
     },
     /// INIT → RTR: `STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN |
     /// MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER`.
@@ -71,7 +78,7 @@ pub enum QpStep {
         dest_qpn: u32,
         /// The peer's first PSN.
         rq_psn: u32,
-        /// Incoming reads/atomics allowed.
+        /// Incoming RDMA READs answered at once (responder resources).
         max_dest_rd_atomic: u8,
         /// RNR NAK timer.
         min_rnr_timer: u8,
@@ -87,7 +94,7 @@ pub enum QpStep {
         rnr_retry: u8,
         /// Our first PSN.
         sq_psn: u32,
-        /// Outgoing reads/atomics allowed.
+        /// Outgoing RDMA READs outstanding at once (initiator depth).
         max_rd_atomic: u8,
     },
     /// Any → ERR: flushes outstanding work and stops the QP.
@@ -123,17 +130,38 @@ pub fn mtu_bytes(value: u32) -> Option<u32> {
     (1..=5).contains(&value).then(|| 128u32 << value)
 }
 
-/// RESET → INIT. Both ends allow remote write: the writer's QP never
-/// receives writes, but a symmetric QP costs nothing and keeps one path.
+/// RESET → INIT. Both ends allow remote write and read: only the queue
+/// pair a target accepted is written or read through, but a symmetric QP
+/// costs nothing and keeps one path.
 pub fn init(port: &PortInfo) -> QpStep {
     QpStep::Init {
         port: port.port,
         pkey_index: 0,
         remote_write: true,
+        remote_read: true,
     }
 }
 
-/// INIT → RTR toward `peer`, using local GID index `sgid_index`.
+/// The RDMA READs a queue pair of this port answers at once (its
+/// `max_dest_rd_atomic`): [`RD_ATOMIC`] within the device's
+/// `max_qp_rd_atom`. Each end tells the other in the exchange
+/// ([`QpInfo::rd_atom`]).
+pub fn responder_resources(port: &PortInfo) -> u8 {
+    RD_ATOMIC.min(port.max_qp_rd_atom)
+}
+
+/// The RDMA READs a queue pair of this port keeps outstanding toward a
+/// peer that answers `peer_resources` at once (its `max_rd_atomic`):
+/// [`RD_ATOMIC`] within the device's `max_qp_init_rd_atom` and the peer's
+/// responder resources, since a responder refuses reads beyond its own
+/// (as `rdma_cm` pairs initiator depth with responder resources). 0: this
+/// connection cannot read.
+pub fn initiator_depth(port: &PortInfo, peer_resources: u8) -> u8 {
+    RD_ATOMIC.min(port.max_qp_init_rd_atom).min(peer_resources)
+}
+
+/// INIT → RTR toward `peer`, using local GID index `sgid_index`; the
+/// queue pair answers [`responder_resources`] reads at once.
 pub fn rtr(port: &PortInfo, sgid_index: u8, peer: &QpInfo) -> QpStep {
     let needs_grh = port.link == LinkLayer::Ethernet || peer.lid == 0;
     let path = port.active_mtu.min(peer.mtu);
@@ -158,19 +186,20 @@ pub fn rtr(port: &PortInfo, sgid_index: u8, peer: &QpInfo) -> QpStep {
         path_mtu: mtu_enum(path).unwrap_or(3),
         dest_qpn: peer.qpn,
         rq_psn: peer.psn,
-        max_dest_rd_atomic: RD_ATOMIC,
+        max_dest_rd_atomic: responder_resources(port),
         min_rnr_timer: MIN_RNR_TIMER,
     }
 }
 
-/// RTR → RTS with our first PSN.
-pub fn rts(sq_psn: u32) -> QpStep {
+/// RTR → RTS with our first PSN and `max_rd_atomic` outstanding reads
+/// (from [`initiator_depth`]).
+pub fn rts(sq_psn: u32, max_rd_atomic: u8) -> QpStep {
     QpStep::Rts {
         timeout: ACK_TIMEOUT,
         retry_cnt: RETRY_COUNT,
         rnr_retry: RNR_RETRY,
         sq_psn,
-        max_rd_atomic: RD_ATOMIC,
+        max_rd_atomic,
     }
 }
 
@@ -187,6 +216,8 @@ mod tests {
             active_mtu: mtu,
             max_msg: 1 << 30,
             max_qp_wr: 32768,
+            max_qp_rd_atom: 16,
+            max_qp_init_rd_atom: 16,
         }
     }
 
@@ -197,6 +228,7 @@ mod tests {
             gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2],
             psn: 0xabcdef,
             mtu,
+            rd_atom: 16,
         }
     }
 
@@ -223,7 +255,7 @@ mod tests {
         assert_eq!(path_mtu, 3, "min(4096, 1024) = 1024 = IBV_MTU_1024");
         assert_eq!(dest_qpn, 0x1234);
         assert_eq!(rq_psn, 0xabcdef);
-        assert_eq!(max_dest_rd_atomic, 1);
+        assert_eq!(max_dest_rd_atomic, 16);
         assert_eq!(min_rnr_timer, 12);
         assert_eq!(step.verb().name(), "ibv_modify_qp(RTR)");
     }
@@ -249,13 +281,13 @@ mod tests {
     #[test]
     fn rts_uses_the_production_retry_values_and_our_psn() {
         assert_eq!(
-            rts(0x42),
+            rts(0x42, 4),
             QpStep::Rts {
                 timeout: 14,
                 retry_cnt: 7,
                 rnr_retry: 7,
                 sq_psn: 0x42,
-                max_rd_atomic: 1,
+                max_rd_atomic: 4,
             }
         );
         assert_eq!(
@@ -263,9 +295,35 @@ mod tests {
             QpStep::Init {
                 port: 1,
                 pkey_index: 0,
-                remote_write: true
+                remote_write: true,
+                remote_read: true,
             }
         );
+    }
+
+    #[test]
+    fn read_depths_keep_within_both_devices_and_the_peers_resources() {
+        let mut p = port(LinkLayer::Ethernet, 1024);
+        assert_eq!(responder_resources(&p), RD_ATOMIC);
+        assert_eq!(initiator_depth(&p, 16), RD_ATOMIC);
+        // The peer answers fewer at once: never more are outstanding.
+        assert_eq!(initiator_depth(&p, 4), 4);
+        // The device's own limits, each on its side.
+        p.max_qp_rd_atom = 2;
+        p.max_qp_init_rd_atom = 8;
+        assert_eq!(responder_resources(&p), 2);
+        assert_eq!(initiator_depth(&p, 255), 8);
+        let QpStep::Rtr {
+            max_dest_rd_atomic, ..
+        } = rtr(&p, 0, &peer(0, 1024))
+        else {
+            panic!()
+        };
+        assert_eq!(max_dest_rd_atomic, 2);
+        // A device (or peer) that reads nothing: a depth of 0.
+        p.max_qp_init_rd_atom = 0;
+        assert_eq!(initiator_depth(&p, 16), 0);
+        assert_eq!(initiator_depth(&port(LinkLayer::Ethernet, 1024), 0), 0);
     }
 
     #[test]

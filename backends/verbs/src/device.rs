@@ -33,6 +33,14 @@ pub struct PortInfo {
     pub max_msg: u32,
     /// The most work requests a send queue may hold.
     pub max_qp_wr: u32,
+    /// The most RDMA READs a queue pair of the device answers at once as
+    /// the responder (`max_qp_rd_atom`, the ceiling of its
+    /// `max_dest_rd_atomic`), clamped to the attribute's `u8`.
+    pub max_qp_rd_atom: u8,
+    /// The most RDMA READs a queue pair of the device has outstanding as
+    /// the initiator (`max_qp_init_rd_atom`, the ceiling of its
+    /// `max_rd_atomic`), clamped to the attribute's `u8`.
+    pub max_qp_init_rd_atom: u8,
 }
 
 /// The kind of a GID table entry (`ibv_gid_type`).
@@ -64,27 +72,53 @@ pub struct GidEntry {
 pub struct Keys {
     /// For local scatter entries.
     pub lkey: u32,
-    /// For peers' RDMA writes.
+    /// For peers' RDMA WRITEs and READs.
     pub rkey: u32,
 }
 
-/// One RDMA WRITE work request.
+/// Which way a one-sided transfer moves bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RdmaOp {
+    /// RDMA WRITE: from local memory into the peer's.
+    Write,
+    /// RDMA READ: from the peer's memory into local memory.
+    Read,
+}
+
+impl RdmaOp {
+    /// The transfer and its relation to the peer, as errors name it
+    /// ("write to", "read from").
+    pub const fn toward(self) -> &'static str {
+        match self {
+            Self::Write => "write to",
+            Self::Read => "read from",
+        }
+    }
+}
+
+/// One RDMA WRITE or READ work request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WriteWr {
+pub struct RdmaWr {
     /// Returned in its completion.
     pub wr_id: u64,
-    /// Local source address (inside the registered pool).
+    /// WRITE or READ.
+    pub op: RdmaOp,
+    /// The local address (inside a registered region): a WRITE's source,
+    /// a READ's destination.
     pub local_addr: u64,
-    /// The pool's lkey.
+    /// That region's lkey.
     pub lkey: u32,
-    /// Bytes to write (at most the port's `max_msg`).
+    /// Bytes to move (at most the port's `max_msg`).
     pub len: u32,
-    /// The peer's destination address.
+    /// The peer's address: a WRITE's destination, a READ's source.
     pub remote_addr: u64,
-    /// The peer pool's rkey.
+    /// The rkey of the peer's region that holds it.
     pub rkey: u32,
     /// Ask for a completion.
     pub signaled: bool,
+    /// `IBV_SEND_FENCE`: not started before every earlier RDMA READ of
+    /// the queue pair has completed.
+    pub fence: bool,
 }
 
 /// A work completion.
@@ -213,8 +247,8 @@ pub trait Device: Send + 'static {
     /// Completions the CQ holds.
     fn cq_capacity(&self) -> u32;
 
-    /// Registers `len` bytes at `addr` for local access and remote write
-    /// (any number of regions).
+    /// Registers `len` bytes at `addr` for local access, remote write and
+    /// remote read (any number of regions).
     ///
     /// # Safety
     /// The memory must stay mapped until [`Device::deregister`] of these
@@ -234,13 +268,13 @@ pub trait Device: Send + 'static {
     /// Moves a queue pair to the step's state with the step's attributes.
     fn modify(&mut self, qp: &mut Self::Qp, step: &QpStep) -> Result<(), DeviceError>;
 
-    /// Posts RDMA writes, in order, with one doorbell.
+    /// Posts RDMA WRITEs and READs, in order, with one doorbell.
     ///
     /// # Safety
-    /// Every source range must lie inside the registered pool, and every
-    /// destination inside the peer's pool that `rkey` names.
-    unsafe fn post_writes(&mut self, qp: &mut Self::Qp, wrs: &[WriteWr])
-        -> Result<(), DeviceError>;
+    /// Every local range must lie inside the registered region `lkey`
+    /// names (a READ writes into it), and every remote range inside the
+    /// peer's region that `rkey` names.
+    unsafe fn post_rdma(&mut self, qp: &mut Self::Qp, wrs: &[RdmaWr]) -> Result<(), DeviceError>;
 
     /// Posts the marker that ends a queue pair's work: a signaled RDMA
     /// WRITE of no bytes (no scatter entry), with id `wr_id`, posted after

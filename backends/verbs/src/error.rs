@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ferry_core::transport::{Fault, FaultKind, RegionError};
 
-use crate::device::Verb;
+use crate::device::{RdmaOp, Verb};
 use crate::status::WcStatus;
 
 /// An ibverbs data-plane error.
@@ -102,9 +102,12 @@ pub enum VerbsError {
     },
     /// A work request completed with an error status.
     #[error(
-        "write to {peer} failed: work completion status {status} (vendor error {vendor_err:#x})"
+        "{} {peer} failed: work completion status {status} (vendor error {vendor_err:#x})",
+        op.toward()
     )]
     Completion {
+        /// A write or a read.
+        op: RdmaOp,
         /// The peer's session id.
         peer: String,
         /// The status.
@@ -112,26 +115,33 @@ pub enum VerbsError {
         /// The vendor's error syndrome.
         vendor_err: u32,
     },
-    /// The write's connection broke before it completed (another write's
-    /// error, a timeout, or the transport closing).
-    #[error("write to {peer} abandoned: its connection broke ({why})")]
+    /// The transfer's connection broke before it completed (another
+    /// transfer's error, a timeout, or the transport closing).
+    #[error("{} {peer} abandoned: its connection broke ({why})", op.toward())]
     Broken {
+        /// A write or a read.
+        op: RdmaOp,
         /// The peer's session id.
         peer: String,
         /// Why the connection broke.
         why: String,
     },
-    /// A write ended unfinished because its caller stopped waiting for it
-    /// (`Transport::cancel_transfers`): its queue pair was stopped and
+    /// A transfer ended unfinished because its caller stopped waiting for
+    /// it (`Transport::cancel_transfers`): its queue pair was stopped and
     /// flushed first, so none of its bytes moves any more.
-    #[error("write to {peer} cancelled unfinished: its caller stopped waiting, and its queue pair was stopped and flushed")]
+    #[error("{} {peer} cancelled unfinished: its caller stopped waiting, and its queue pair was stopped and flushed", op.toward())]
     Cancelled {
+        /// A write or a read.
+        op: RdmaOp,
         /// The peer's session id.
         peer: String,
     },
-    /// A write that neither completed nor failed in time.
-    #[error("write to {peer} did not complete within {after:?}")]
+    /// A transfer that neither completed nor failed in time (the write
+    /// timeout, which reads keep too).
+    #[error("{} {peer} did not complete within {after:?}", op.toward())]
     Timeout {
+        /// A write or a read.
+        op: RdmaOp,
         /// The peer's session id.
         peer: String,
         /// The time allowed.
@@ -149,6 +159,28 @@ pub enum VerbsError {
         len: u64,
         /// How many regions the peer listed.
         regions: usize,
+    },
+    /// A read's source lies in none of the peer's registered regions.
+    #[error("read of {len} bytes from {addr:#x} lies in none of peer {peer}'s {regions} registered region(s)")]
+    ReadOutOfBounds {
+        /// The peer's session id.
+        peer: String,
+        /// The source address.
+        addr: u64,
+        /// The read's length.
+        len: u64,
+        /// How many regions the peer listed.
+        regions: usize,
+    },
+    /// The connection to the peer cannot carry RDMA READs: one of the two
+    /// devices allows none outstanding (`max_qp_init_rd_atom` here, or
+    /// `max_qp_rd_atom` there, is 0).
+    #[error("read from {peer} cannot be posted: {why}")]
+    CannotRead {
+        /// The peer's session id.
+        peer: String,
+        /// Which end's limit.
+        why: String,
     },
     /// The side channel (ZeroMQ) failed.
     #[error("verbs side channel: {what}{}: {source}", peer_suffix(.peer))]
@@ -177,6 +209,21 @@ pub enum VerbsError {
         /// The OS error.
         source: std::io::Error,
     },
+}
+
+impl VerbsError {
+    /// The error as it concerns a transfer of kind `op` (a connection's
+    /// failure is made before it is known which transfer it fails first).
+    pub(crate) fn for_op(mut self, op: RdmaOp) -> Self {
+        if let Self::Completion { op: o, .. }
+        | Self::Broken { op: o, .. }
+        | Self::Cancelled { op: o, .. }
+        | Self::Timeout { op: o, .. } = &mut self
+        {
+            *o = op;
+        }
+        self
+    }
 }
 
 impl From<crate::device::DeviceError> for VerbsError {
@@ -222,6 +269,7 @@ impl Fault for VerbsError {
             } => FaultKind::Registration,
             Self::Verb { errno, .. } => FaultKind::of_errno(*errno),
             Self::NoDevice { .. }
+            | Self::CannotRead { .. }
             | Self::Port { .. }
             | Self::NoGid { .. }
             | Self::Os { .. }
@@ -233,7 +281,7 @@ impl Fault for VerbsError {
             Self::Completion { status, .. } => status.kind(),
             Self::Broken { .. } => FaultKind::PeerGone,
             Self::Timeout { .. } | Self::Cancelled { .. } => FaultKind::Timeout,
-            Self::DestOutOfBounds { .. } => FaultKind::OutOfBounds,
+            Self::DestOutOfBounds { .. } | Self::ReadOutOfBounds { .. } => FaultKind::OutOfBounds,
             Self::Region(e) => e.kind(),
             Self::Guard { source, .. } => source.kind(),
         }
@@ -305,6 +353,7 @@ mod tests {
     #[test]
     fn a_completion_error_names_the_peer_and_the_status() {
         let e = VerbsError::Completion {
+            op: RdmaOp::Write,
             peer: "verbs:1@tcp://h:1".into(),
             status: WcStatus(12),
             vendor_err: 0x81,
@@ -315,9 +364,27 @@ mod tests {
         );
         assert_eq!(e.kind(), FaultKind::PeerGone);
         let e = VerbsError::Completion {
+            op: RdmaOp::Write,
             peer: "p".into(),
             status: WcStatus(10),
             vendor_err: 0,
+        };
+        assert_eq!(e.kind(), FaultKind::OutOfBounds);
+        // The same failure of a read says so.
+        let e = e.for_op(RdmaOp::Read);
+        assert!(e.to_string().starts_with("read from p failed"), "{e}");
+        let e = VerbsError::Cancelled {
+            op: RdmaOp::Write,
+            peer: "p".into(),
+        }
+        .for_op(RdmaOp::Read);
+        assert!(e.to_string().starts_with("read from p cancelled"), "{e}");
+        assert_eq!(e.kind(), FaultKind::Timeout);
+        let e = VerbsError::ReadOutOfBounds {
+            peer: "p".into(),
+            addr: 0x10,
+            len: 4,
+            regions: 1,
         };
         assert_eq!(e.kind(), FaultKind::OutOfBounds);
     }

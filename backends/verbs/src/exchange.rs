@@ -1,7 +1,9 @@
-//! The connection exchange on the side channel: a writer sends a
-//! [`Request`] with its queue pair's coordinates; the target creates its
+//! The connection exchange on the side channel: a writer (or reader) sends
+//! a [`Request`] with its queue pair's coordinates; the target creates its
 //! queue pair, walks it to RTS and answers with an [`Reply`] holding its
 //! own coordinates and each registered region's address, length and rkey.
+//! Each end's coordinates say how many RDMA READs its queue pair answers
+//! at once, which bounds the other's reads in flight.
 //!
 //! Messages are JSON (one per ZeroMQ frame). Everything that arrives is
 //! validated field by field before any of it reaches a verb.
@@ -11,9 +13,12 @@ use serde::{Deserialize, Serialize};
 use crate::attrs::mtu_enum;
 use crate::error::VerbsError;
 
-/// The exchange's version; a message of another version is refused.
-/// (2: a reply lists every registered region, not one pool.)
-pub const VERSION: u32 = 2;
+/// The exchange's version; a message of another version is refused, by
+/// name on both sides (a peer of another version answers with a refusal
+/// of its own version, which names both).
+/// (2: a reply lists every registered region, not one pool; 3: each end's
+/// coordinates carry `rd_atom`, for RDMA READ.)
+pub const VERSION: u32 = 3;
 
 /// Largest exchange message accepted (a reply listing the most regions
 /// fits).
@@ -35,6 +40,10 @@ pub struct QpInfo {
     pub psn: u32,
     /// The port's active MTU in bytes.
     pub mtu: u32,
+    /// The RDMA READs this end's queue pair answers at once (its
+    /// `max_dest_rd_atomic`, responder resources): the other end keeps no
+    /// more outstanding (`attrs::initiator_depth`). 0: it answers none.
+    pub rd_atom: u8,
 }
 
 /// One of the target's registered regions.
@@ -44,7 +53,7 @@ pub struct RegionInfo {
     pub addr: u64,
     /// Its length.
     pub len: u64,
-    /// The rkey writes must carry.
+    /// The rkey writes and reads must carry.
     pub rkey: u32,
 }
 
@@ -76,6 +85,13 @@ pub enum Reply {
     },
 }
 
+/// Any message's version, read before the rest so that a message of
+/// another version is refused by it, whatever else it holds.
+#[derive(Deserialize)]
+struct WireVersion {
+    v: u32,
+}
+
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct WireQp {
@@ -84,6 +100,7 @@ struct WireQp {
     gid: String,
     psn: u32,
     mtu: u32,
+    rd_atom: u8,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -127,6 +144,7 @@ impl From<&QpInfo> for WireQp {
             gid: hex(&q.gid),
             psn: q.psn,
             mtu: q.mtu,
+            rd_atom: q.rd_atom,
         }
     }
 }
@@ -176,6 +194,8 @@ impl Check<'_> {
             gid,
             psn: w.psn,
             mtu: w.mtu,
+            // Any value is valid: it only caps the other end's reads.
+            rd_atom: w.rd_atom,
         })
     }
 
@@ -187,6 +207,7 @@ impl Check<'_> {
         }
     }
 
+    /// The message, once its version is this ferry's.
     fn json<'de, T: Deserialize<'de>>(&self, bytes: &'de [u8]) -> Result<T, VerbsError> {
         if bytes.len() > MAX_MESSAGE {
             return Err(self.bad(
@@ -194,7 +215,10 @@ impl Check<'_> {
                 format!("{} bytes, at most {MAX_MESSAGE}", bytes.len()),
             ));
         }
-        serde_json::from_slice(bytes).map_err(|e| self.bad("message", e.to_string()))
+        let parse = |e: serde_json::Error| self.bad("message", e.to_string());
+        let version: WireVersion = serde_json::from_slice(bytes).map_err(parse)?;
+        self.version(version.v)?;
+        serde_json::from_slice(bytes).map_err(parse)
     }
 }
 
@@ -215,7 +239,6 @@ impl Request {
     pub fn decode(bytes: &[u8], peer: &str) -> Result<Self, VerbsError> {
         let c = Check { peer };
         let w: WireRequest = c.json(bytes)?;
-        c.version(w.v)?;
         crate::session::Session::parse(&w.from).map_err(|e| c.bad("from", e.to_string()))?;
         if w.to.len() != 16 {
             return Err(c.bad("to", "not 16 hex digits"));
@@ -262,7 +285,6 @@ impl Reply {
     pub fn decode(bytes: &[u8], peer: &str) -> Result<Self, VerbsError> {
         let c = Check { peer };
         let w: WireReply = c.json(bytes)?;
-        c.version(w.v)?;
         match (w.qp, w.regions, w.refuse) {
             (None, None, Some(why)) => Ok(Self::Refuse { why }),
             (Some(qp), Some(regions), None) => {
@@ -313,6 +335,7 @@ mod tests {
             gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1],
             psn: 0x77,
             mtu: 4096,
+            rd_atom: 16,
         }
     }
 
@@ -326,7 +349,7 @@ mod tests {
         let bytes = r.encode();
         assert_eq!(
             std::str::from_utf8(&bytes).unwrap(),
-            r#"{"v":2,"from":"verbs:0000000000000001@tcp://10.0.0.1:4000","to":"000000000000feed","qp":{"qpn":17,"lid":0,"gid":"00000000000000000000ffff0a000001","psn":119,"mtu":4096}}"#
+            r#"{"v":3,"from":"verbs:0000000000000001@tcp://10.0.0.1:4000","to":"000000000000feed","qp":{"qpn":17,"lid":0,"gid":"00000000000000000000ffff0a000001","psn":119,"mtu":4096,"rd_atom":16}}"#
         );
         assert_eq!(Request::decode(&bytes, "p").unwrap(), r);
         let a = Reply::Accept {
@@ -376,74 +399,86 @@ mod tests {
     #[test]
     fn requests_are_validated_field_by_field() {
         let with = |qp: &str| {
-            format!(r#"{{"v":2,"from":"{FROM}","to":"000000000000feed","qp":{qp}}}"#).into_bytes()
+            format!(r#"{{"v":3,"from":"{FROM}","to":"000000000000feed","qp":{qp}}}"#).into_bytes()
         };
         let gid = "00000000000000000000ffff0a000001";
         assert_eq!(
             field_of(&with(&format!(
-                r#"{{"qpn":0,"lid":0,"gid":"{gid}","psn":1,"mtu":1024}}"#
+                r#"{{"qpn":0,"lid":0,"gid":"{gid}","psn":1,"mtu":1024,"rd_atom":1}}"#
             ))),
             "qp.qpn"
         );
         assert_eq!(
             field_of(&with(&format!(
-                r#"{{"qpn":16777216,"lid":0,"gid":"{gid}","psn":1,"mtu":1024}}"#
+                r#"{{"qpn":16777216,"lid":0,"gid":"{gid}","psn":1,"mtu":1024,"rd_atom":1}}"#
             ))),
             "qp.qpn"
         );
         assert_eq!(
             field_of(&with(&format!(
-                r#"{{"qpn":1,"lid":0,"gid":"{gid}","psn":16777216,"mtu":1024}}"#
+                r#"{{"qpn":1,"lid":0,"gid":"{gid}","psn":16777216,"mtu":1024,"rd_atom":1}}"#
             ))),
             "qp.psn"
         );
         assert_eq!(
             field_of(&with(&format!(
-                r#"{{"qpn":1,"lid":0,"gid":"{gid}","psn":1,"mtu":1500}}"#
+                r#"{{"qpn":1,"lid":0,"gid":"{gid}","psn":1,"mtu":1500,"rd_atom":1}}"#
             ))),
             "qp.mtu"
         );
         assert_eq!(
-            field_of(&with(r#"{"qpn":1,"lid":0,"gid":"zz","psn":1,"mtu":1024}"#)),
+            field_of(&with(
+                r#"{"qpn":1,"lid":0,"gid":"zz","psn":1,"mtu":1024,"rd_atom":1}"#
+            )),
             "qp.gid"
         );
         assert_eq!(
             field_of(&with(
-                r#"{"qpn":1,"lid":0,"gid":"00000000000000000000000000000000","psn":1,"mtu":1024}"#
+                r#"{"qpn":1,"lid":0,"gid":"00000000000000000000000000000000","psn":1,"mtu":1024,"rd_atom":1}"#
             )),
             "qp.gid"
         );
         // An InfiniBand peer may have a zero GID prefix but a LID.
         assert!(Request::decode(
             &with(
-                r#"{"qpn":1,"lid":5,"gid":"00000000000000000000000000000000","psn":1,"mtu":1024}"#
+                r#"{"qpn":1,"lid":5,"gid":"00000000000000000000000000000000","psn":1,"mtu":1024,"rd_atom":1}"#
             ),
             "p"
         )
         .is_ok());
-        let ok_qp = format!(r#"{{"qpn":1,"lid":0,"gid":"{gid}","psn":1,"mtu":1024}}"#);
+        let ok_qp = format!(r#"{{"qpn":1,"lid":0,"gid":"{gid}","psn":1,"mtu":1024,"rd_atom":1}}"#);
+        // A writer of version 2 (no `rd_atom`) is refused by its version.
+        let v2_qp = format!(r#"{{"qpn":1,"lid":0,"gid":"{gid}","psn":1,"mtu":1024}}"#);
         assert_eq!(
             field_of(
-                format!(r#"{{"v":3,"from":"{FROM}","to":"000000000000feed","qp":{ok_qp}}}"#)
+                format!(r#"{{"v":2,"from":"{FROM}","to":"000000000000feed","qp":{v2_qp}}}"#)
                     .as_bytes()
             ),
             "v"
         );
+        // Version 3 needs it.
         assert_eq!(
             field_of(
-                format!(r#"{{"v":2,"from":"shm:x","to":"000000000000feed","qp":{ok_qp}}}"#)
+                format!(r#"{{"v":3,"from":"{FROM}","to":"000000000000feed","qp":{v2_qp}}}"#)
+                    .as_bytes()
+            ),
+            "message"
+        );
+        assert_eq!(
+            field_of(
+                format!(r#"{{"v":3,"from":"shm:x","to":"000000000000feed","qp":{ok_qp}}}"#)
                     .as_bytes()
             ),
             "from"
         );
         assert_eq!(
-            field_of(format!(r#"{{"v":2,"from":"{FROM}","to":"feed","qp":{ok_qp}}}"#).as_bytes()),
+            field_of(format!(r#"{{"v":3,"from":"{FROM}","to":"feed","qp":{ok_qp}}}"#).as_bytes()),
             "to"
         );
         assert_eq!(field_of(b"{"), "message");
         assert_eq!(
             field_of(
-                format!(r#"{{"v":2,"from":"{FROM}","to":"000000000000feed","qp":{ok_qp},"x":1}}"#)
+                format!(r#"{{"v":3,"from":"{FROM}","to":"000000000000feed","qp":{ok_qp},"x":1}}"#)
                     .as_bytes()
             ),
             "message"
@@ -454,50 +489,54 @@ mod tests {
     #[test]
     fn replies_are_validated() {
         let gid = "00000000000000000000ffff0a000001";
-        let qp = format!(r#"{{"qpn":1,"lid":0,"gid":"{gid}","psn":1,"mtu":1024}}"#);
+        let qp = format!(r#"{{"qpn":1,"lid":0,"gid":"{gid}","psn":1,"mtu":1024,"rd_atom":1}}"#);
         let field = |s: String| match Reply::decode(s.as_bytes(), "p") {
             Err(VerbsError::BadExchange { field, .. }) => field,
             other => panic!("{other:?}"),
         };
         assert_eq!(
             field(format!(
-                r#"{{"v":2,"qp":{qp},"regions":[{{"addr":0,"len":1,"rkey":1}},{{"addr":0,"len":0,"rkey":1}}]}}"#
+                r#"{{"v":3,"qp":{qp},"regions":[{{"addr":0,"len":1,"rkey":1}},{{"addr":0,"len":0,"rkey":1}}]}}"#
             )),
             "regions.len"
         );
         assert_eq!(
             field(format!(
-                r#"{{"v":2,"qp":{qp},"regions":[{{"addr":18446744073709551615,"len":2,"rkey":1}}]}}"#
+                r#"{{"v":3,"qp":{qp},"regions":[{{"addr":18446744073709551615,"len":2,"rkey":1}}]}}"#
             )),
             "regions.len"
         );
         assert_eq!(
-            field(format!(r#"{{"v":2,"qp":{qp},"regions":[]}}"#)),
+            field(format!(r#"{{"v":3,"qp":{qp},"regions":[]}}"#)),
             "regions"
         );
         let many = vec![r#"{"addr":0,"len":1,"rkey":1}"#; MAX_REGIONS + 1].join(",");
         assert_eq!(
-            field(format!(r#"{{"v":2,"qp":{qp},"regions":[{many}]}}"#)),
+            field(format!(r#"{{"v":3,"qp":{qp},"regions":[{many}]}}"#)),
             "regions"
         );
-        assert_eq!(field(format!(r#"{{"v":2,"qp":{qp}}}"#)), "message");
-        // A reply of another version is refused by its version, and one in
-        // version 1's shape (one `pool`) by that unknown field.
-        assert_eq!(
-            field(format!(
-                r#"{{"v":1,"qp":{qp},"regions":[{{"addr":0,"len":1,"rkey":1}}]}}"#
-            )),
-            "v"
-        );
+        assert_eq!(field(format!(r#"{{"v":3,"qp":{qp}}}"#)), "message");
+        // A reply of another version is refused by its version, whatever
+        // its shape: version 1's (one `pool`), version 2's (no `rd_atom`),
+        // or a refusal.
         assert_eq!(
             field(format!(
                 r#"{{"v":1,"qp":{qp},"pool":{{"addr":0,"len":1,"rkey":1}}}}"#
             )),
-            "message"
+            "v"
         );
+        let v2_qp = format!(r#"{{"qpn":1,"lid":0,"gid":"{gid}","psn":1,"mtu":1024}}"#);
         assert_eq!(
             field(format!(
-                r#"{{"v":2,"qp":{qp},"regions":[{{"addr":0,"len":1,"rkey":1}}],"refuse":"x"}}"#
+                r#"{{"v":2,"qp":{v2_qp},"regions":[{{"addr":0,"len":1,"rkey":1}}]}}"#
+            )),
+            "v"
+        );
+        assert_eq!(field(r#"{"v":2,"refuse":"field qp.rd_atom"}"#.into()), "v");
+        assert_eq!(field(r#"{"refuse":"x"}"#.into()), "message");
+        assert_eq!(
+            field(format!(
+                r#"{{"v":3,"qp":{qp},"regions":[{{"addr":0,"len":1,"rkey":1}}],"refuse":"x"}}"#
             )),
             "message"
         );
@@ -512,8 +551,9 @@ mod tests {
 
         #[test]
         fn valid_coordinates_round_trip(qpn in 1u32..=0xff_ffff, psn in 0u32..=0xff_ffff,
-                                        lid in 1u16.., gid in any::<[u8; 16]>(), m in 0usize..5) {
-            let q = QpInfo { qpn, lid, gid, psn, mtu: 256 << m };
+                                        lid in 1u16.., gid in any::<[u8; 16]>(), m in 0usize..5,
+                                        rd_atom in any::<u8>()) {
+            let q = QpInfo { qpn, lid, gid, psn, mtu: 256 << m, rd_atom };
             let r = Request { from: FROM.into(), to: 7, qp: q };
             prop_assert_eq!(Request::decode(&r.encode(), "p").unwrap(), r);
         }

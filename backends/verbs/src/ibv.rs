@@ -1,6 +1,7 @@
 //! The real device layer over `sideway`, which loads libibverbs at run
 //! time: one opened port, one protection domain, one completion queue,
-//! one memory registration, and basic RC queue pairs.
+//! the memory registrations, and basic RC queue pairs that carry RDMA
+//! WRITE and READ.
 //!
 //! This is the only module that touches verbs. Sideway panics on a few
 //! values it does not know (an MTU, a GID type, a work-completion status),
@@ -29,7 +30,7 @@ use sideway::ibverbs::AccessFlags;
 
 use crate::attrs::{mtu_bytes, QpStep};
 use crate::device::{
-    Device, DeviceError, GidEntry, GidKind, Keys, LinkLayer, PortInfo, Verb, Wc, WriteWr,
+    Device, DeviceError, GidEntry, GidKind, Keys, LinkLayer, PortInfo, RdmaOp, RdmaWr, Verb, Wc,
 };
 use crate::error::VerbsError;
 use crate::status::WcStatus;
@@ -207,6 +208,10 @@ impl IbvDevice {
             active_mtu,
             max_msg: attr.max_msg_sz.max(1),
             max_qp_wr: u32::try_from(dev_attr.max_qp_wr()).unwrap_or(1).max(1),
+            // `ibv_qp_attr` holds them as `uint8_t`; a negative value (a
+            // broken driver) reads as none.
+            max_qp_rd_atom: rd_atom_limit(dev_attr.max_qp_rd_atom()),
+            max_qp_init_rd_atom: rd_atom_limit(dev_attr.max_qp_init_rd_atom()),
         };
         let mut gids = Vec::new();
         for index in 0..u32::try_from(attr.gid_tbl_len).unwrap_or(0).min(256) {
@@ -257,6 +262,11 @@ impl IbvDevice {
     }
 }
 
+/// A device's read limit as the `u8` a queue pair's attribute holds.
+fn rd_atom_limit(v: i32) -> u8 {
+    u8::try_from(v.max(0)).unwrap_or(u8::MAX)
+}
+
 fn to_err(verb: Verb, e: &(dyn std::error::Error + 'static)) -> DeviceError {
     DeviceError {
         verb,
@@ -281,12 +291,14 @@ impl Device for IbvDevice {
 
     unsafe fn register(&mut self, addr: u64, len: usize) -> Result<Keys, DeviceError> {
         // SAFETY: the caller keeps `len` bytes at `addr` mapped until
-        // `deregister` or drop (the trait's contract).
+        // `deregister` or drop (the trait's contract). LocalWrite: a READ
+        // places its bytes here; RemoteWrite and RemoteRead: for peers'
+        // WRITEs and READs (which the QP's access flags allow as well).
         let mr = unsafe {
             self.pd.reg_mr(
                 addr as usize,
                 len,
-                AccessFlags::LocalWrite | AccessFlags::RemoteWrite,
+                AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead,
             )
         }
         .map_err(|e| to_err(Verb::RegMr, &e))?;
@@ -326,12 +338,15 @@ impl Device for IbvDevice {
                 port,
                 pkey_index,
                 remote_write,
+                remote_read,
             } => {
-                let access = if remote_write {
-                    AccessFlags::LocalWrite | AccessFlags::RemoteWrite
-                } else {
-                    AccessFlags::LocalWrite
-                };
+                let mut access = AccessFlags::LocalWrite;
+                if remote_write {
+                    access |= AccessFlags::RemoteWrite;
+                }
+                if remote_read {
+                    access |= AccessFlags::RemoteRead;
+                }
                 a.setup_state(QueuePairState::Init)
                     .setup_pkey_index(pkey_index)
                     .setup_port(port)
@@ -394,24 +409,25 @@ impl Device for IbvDevice {
         qp.modify(&a).map_err(|e| to_err(step.verb(), &e))
     }
 
-    unsafe fn post_writes(
-        &mut self,
-        qp: &mut Self::Qp,
-        wrs: &[WriteWr],
-    ) -> Result<(), DeviceError> {
+    unsafe fn post_rdma(&mut self, qp: &mut Self::Qp, wrs: &[RdmaWr]) -> Result<(), DeviceError> {
         let mut guard = qp.start_post_send();
         for wr in wrs {
-            let flags = if wr.signaled {
-                WorkRequestFlags::Signaled
-            } else {
-                WorkRequestFlags::none()
+            let mut flags = WorkRequestFlags::none();
+            if wr.signaled {
+                flags |= WorkRequestFlags::Signaled;
+            }
+            if wr.fence {
+                flags |= WorkRequestFlags::Fence;
+            }
+            let wr_handle = guard.construct_wr(wr.wr_id, flags);
+            let handle = match wr.op {
+                RdmaOp::Write => wr_handle.setup_write(wr.rkey, wr.remote_addr),
+                RdmaOp::Read => wr_handle.setup_read(wr.rkey, wr.remote_addr),
             };
-            let handle = guard
-                .construct_wr(wr.wr_id, flags)
-                .setup_write(wr.rkey, wr.remote_addr);
-            // SAFETY: the caller guarantees the source lies inside the pool
-            // registered with `lkey` (the trait's contract); the NIC reads
-            // it, nothing here dereferences it.
+            // SAFETY: the caller guarantees the local range lies inside
+            // the region registered with `lkey` (the trait's contract);
+            // the NIC reads it (WRITE) or fills it (READ), nothing here
+            // dereferences it.
             unsafe { handle.setup_sge(wr.lkey, wr.local_addr, wr.len) };
         }
         guard.post().map_err(|e| to_err(Verb::PostSend, &e))

@@ -1,32 +1,37 @@
-//! ferry's ibverbs data plane: one RC queue pair per peer session and
-//! one-sided RDMA WRITE into the peer's registered regions, on InfiniBand
-//! and RoCE NICs.
+//! ferry's ibverbs data plane: one RC queue pair per peer session,
+//! one-sided RDMA WRITE into the peer's registered regions and RDMA READ
+//! from them, on InfiniBand and RoCE NICs.
 //!
 //! - [`VerbsTransport`] implements ferry-core's `Transport`. Its session id
 //!   ([`Session`]) names the endpoint of its side channel, a ZeroMQ socket
 //!   where it answers connection exchanges ([`exchange`]).
-//! - The first write to a peer exchanges QP number, LID, GID, PSN, MTU and
-//!   every registered region's address, length and rkey, then walks both
-//!   queue pairs
+//! - The first write to (or read from) a peer exchanges QP number, LID,
+//!   GID, PSN, MTU, how many RDMA READs each queue pair answers at once,
+//!   and every registered region's address, length and rkey, then walks
+//!   both queue pairs
 //!   RESET → INIT → RTR → RTS ([`attrs`]). The GID index is chosen from the
 //!   port's table ([`gid`]) or configured.
-//! - Writes are split at the port's maximum message; only the last chunk
-//!   (and one per half window) is signaled; a bounded window caps what is
-//!   outstanding ([`chunk`]).
-//! - A completion error fails the writes of that connection with the peer
-//!   and the status ([`WcStatus`]); the connection is dropped and the next
-//!   write to that peer reconnects. Writes and connection exchanges have
-//!   deadlines.
+//! - Writes and reads are split at the port's maximum message; only the
+//!   last chunk (and one per half window) is signaled; a bounded window
+//!   caps what is outstanding ([`chunk`]). Both share the connection's
+//!   queue pair, in the order posted (a write after a read is fenced).
+//!   A read's source is checked against the regions the peer listed, as
+//!   a write's destination is.
+//! - A completion error fails the transfers of that connection with the
+//!   peer and the status ([`WcStatus`]); the connection is dropped and the
+//!   next transfer with that peer reconnects. Transfers and connection
+//!   exchanges have deadlines.
 //! - A completion is final. A connection that fails (an error completion,
-//!   its write timeout) or whose writes are cancelled (`cancel_transfers`)
-//!   first moves its queue pair to the error state and posts a marker; its
-//!   writes complete once the marker has, when every work request before
-//!   it has completed, flushed or done, and none reads or writes memory
-//!   any more.
+//!   its write timeout) or whose transfers are cancelled
+//!   (`cancel_transfers`) first moves its queue pair to the error state
+//!   and posts a marker; its writes and reads complete once the marker
+//!   has, when every work request before it has completed, flushed or
+//!   done, and none reads or writes memory any more.
 //! - The side channel is guarded as the control channel is
 //!   ([`ferry_zmq::Guard`]): `allow_from` and, with the node's CURVE key,
 //!   a CURVE server admitting only `writers`, whose public key travels in
-//!   the session id ([`VerbsConfig`]).
+//!   the session id ([`VerbsConfig`]). A peer admitted there may write
+//!   into the registered regions and read them.
 //! - Verbs are reached through the [`Device`] trait: [`IbvDevice`] over
 //!   `sideway` (which loads libibverbs at run time), and in tests a
 //!   software stand-in that runs the same connection logic without a NIC.

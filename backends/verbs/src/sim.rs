@@ -1,9 +1,15 @@
 //! A software stand-in for an RDMA port, for tests on machines without
 //! one: queue pairs with the verbs state rules, memory registrations with
-//! keys and bounds, and RDMA WRITE as a copy between registrations of the
-//! same process, completing with the status a NIC would give (retry
-//! exceeded for a peer that is gone, remote access error for a bad key or
-//! range, flush once a queue pair is in error).
+//! keys and bounds, and RDMA WRITE and READ as copies between
+//! registrations of the same process (a WRITE from the local one into the
+//! peer's, a READ from the peer's into the local one), completing with
+//! the status a NIC would give (retry exceeded for a peer that is gone,
+//! remote access error for a bad key or range or a queue pair that does
+//! not allow the access, remote invalid request for a READ the peer
+//! answers none of, flush once a queue pair is in error). Its queue pairs
+//! keep the read limits a NIC enforces: `max_rd_atomic` and
+//! `max_dest_rd_atomic` within the port's `max_qp_init_rd_atom` and
+//! `max_qp_rd_atom`, and a READ needs both above 0.
 //!
 //! Each queue pair keeps its send queue: a work request is executed (its
 //! bytes copied) and then acknowledged (its completion raised), in order.
@@ -14,9 +20,9 @@
 //! as they were.
 //!
 //! Faults are switched on per device: an RTR that fails with an errno, a
-//! peer that stops taking writes (`stall`: work requests wait unexecuted)
-//! or stops acknowledging them (`hold`: executed, not completed), the next
-//! write failing with a given status.
+//! peer that stops taking work (`stall`: WRITEs and READs wait
+//! unexecuted) or stops acknowledging it (`hold`: executed, not
+//! completed), the next work request failing with a given status.
 #![allow(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};
@@ -26,7 +32,7 @@ use ferry_hostmem::EventFd;
 
 use crate::attrs::QpStep;
 use crate::device::{
-    Device, DeviceError, GidEntry, GidKind, Keys, LinkLayer, PortInfo, Verb, Wc, WriteWr,
+    Device, DeviceError, GidEntry, GidKind, Keys, LinkLayer, PortInfo, RdmaOp, RdmaWr, Verb, Wc,
 };
 use crate::status::WcStatus;
 
@@ -43,9 +49,16 @@ struct QpState {
     dev: u64,
     state: State,
     dest_qpn: u32,
+    /// Its access flags (from INIT): what a peer may do through it.
+    remote_write: bool,
+    remote_read: bool,
+    /// READs it answers at once (from RTR).
+    max_dest_rd_atomic: u8,
+    /// READs it keeps outstanding (from RTS).
+    max_rd_atomic: u8,
     /// Posted work requests not yet completed, oldest first, each with
     /// the status it executed with (`None`: not executed yet).
-    sq: VecDeque<(WriteWr, Option<WcStatus>)>,
+    sq: VecDeque<(RdmaWr, Option<WcStatus>)>,
     /// Send-queue slots: what it was created to hold.
     depth: u32,
     /// The work requests holding a slot, oldest first: a slot is freed
@@ -102,16 +115,17 @@ pub struct SimDevice {
     pub rtr_errno: Option<i32>,
     /// `ibv_create_qp` fails with this errno.
     pub create_errno: Option<i32>,
-    /// The peer stopped taking writes: work requests of this device's
-    /// queue pairs wait unexecuted (nothing is copied) until it is cleared
-    /// (they run at the next poll) or their queue pair goes to error
-    /// (they are flushed, never run).
+    /// The peer stopped taking work: work requests (WRITEs and READs) of
+    /// this device's queue pairs wait unexecuted (nothing is copied) until
+    /// it is cleared (they run at the next poll) or their queue pair goes
+    /// to error (they are flushed, never run).
     pub stall: bool,
     /// The peer stopped acknowledging: work requests are executed (their
     /// bytes land) but do not complete until it is cleared (next poll) or
     /// their queue pair goes to error (they complete flushed).
     pub hold: bool,
-    /// The next write completes with this status (and its QP errs).
+    /// The next work request completes with this status (and its QP
+    /// errs).
     pub fail_next: Option<WcStatus>,
     /// Posting to a queue pair in error fails with this errno (a provider
     /// that refuses it).
@@ -121,6 +135,8 @@ pub struct SimDevice {
     pub posts_refused: u32,
     /// Queue pairs created so far.
     pub qps_created: u32,
+    /// Work requests posted with `IBV_SEND_FENCE` so far.
+    pub fenced: usize,
     /// The CQ's capacity the transport must respect.
     pub cq_capacity: u32,
     /// Most completions ever waiting in the CQ at once.
@@ -165,6 +181,8 @@ impl SimDevice {
                 active_mtu: 1024,
                 max_msg,
                 max_qp_wr: 64,
+                max_qp_rd_atom: 16,
+                max_qp_init_rd_atom: 16,
             },
             gids: vec![
                 GidEntry {
@@ -198,10 +216,17 @@ impl SimDevice {
             post_in_error_errno: None,
             posts_refused: 0,
             qps_created: 0,
+            fenced: 0,
             cq_capacity: 4096,
             cq_peak: 0,
             log: Vec::new(),
         }
+    }
+
+    /// The port, to change what it reports (its read limits) before
+    /// connections are made.
+    pub fn port_mut(&mut self) -> &mut PortInfo {
+        &mut self.port
     }
 
     fn complete(&mut self, qpn: u32, wc: Wc) {
@@ -225,13 +250,13 @@ impl SimDevice {
         };
         let mut sq = std::mem::take(&mut q.sq);
         let mut state = q.state;
-        let dest_qpn = q.dest_qpn;
+        let (dest_qpn, max_rd_atomic) = (q.dest_qpn, q.max_rd_atomic);
         if state != State::Error && !self.stall {
             for (wr, status) in sq.iter_mut().filter(|(_, s)| s.is_none()) {
                 if state == State::Error {
                     break;
                 }
-                let s = self.execute(n, dest_qpn, wr);
+                let s = self.execute(n, (dest_qpn, max_rd_atomic), wr);
                 if s != WcStatus::SUCCESS {
                     state = State::Error;
                 }
@@ -265,9 +290,10 @@ impl SimDevice {
         out
     }
 
-    /// Executes one work request: the copy, or the status a NIC would
-    /// complete it with.
-    fn execute(&mut self, n: &Net, dest_qpn: u32, wr: &WriteWr) -> WcStatus {
+    /// Executes one work request of a queue pair connected to
+    /// `dest_qpn` that keeps `max_rd_atomic` READs outstanding: the copy,
+    /// or the status a NIC would complete it with.
+    fn execute(&mut self, n: &Net, (dest_qpn, max_rd_atomic): (u32, u8), wr: &RdmaWr) -> WcStatus {
         if let Some(s) = self.fail_next.take() {
             return s;
         }
@@ -278,10 +304,21 @@ impl SimDevice {
         let Some(dest) = dest else {
             return WcStatus::RETRY_EXCEEDED;
         };
+        if wr.op == RdmaOp::Read && max_rd_atomic == 0 {
+            // A READ on a queue pair allowed none outstanding.
+            return WcStatus(2); // IBV_WC_LOC_QP_OP_ERR
+        }
         if wr.len == 0 {
-            // A write of no bytes touches no memory and checks no key.
+            // A transfer of no bytes touches no memory and checks no key.
             return WcStatus::SUCCESS;
         }
+        let allowed = match wr.op {
+            RdmaOp::Write => dest.remote_write,
+            RdmaOp::Read if dest.max_dest_rd_atomic == 0 => {
+                return WcStatus(9); // IBV_WC_REM_INV_REQ_ERR
+            }
+            RdmaOp::Read => dest.remote_read,
+        };
         let remote = n.mrs.get(&wr.rkey).filter(|m| {
             m.dev == dest.dev
                 && wr.remote_addr >= m.addr
@@ -294,20 +331,20 @@ impl SimDevice {
         });
         if !local_ok {
             WcStatus(4) // IBV_WC_LOC_PROT_ERR
-        } else if remote.is_none() {
+        } else if remote.is_none() || !allowed {
             WcStatus::REMOTE_ACCESS
         } else {
-            // SAFETY: the source lies inside this device's registration
-            // and the destination inside the target's (both checked just
-            // above, under the lock that deregistration also takes); both
-            // are mappings of this process that their transports keep
-            // alive while registered.
+            let (from, to) = match wr.op {
+                RdmaOp::Write => (wr.local_addr, wr.remote_addr),
+                RdmaOp::Read => (wr.remote_addr, wr.local_addr),
+            };
+            // SAFETY: the local range lies inside this device's
+            // registration and the remote one inside the peer's (both
+            // checked just above, under the lock that deregistration also
+            // takes); both are mappings of this process that their
+            // transports keep alive while registered.
             unsafe {
-                std::ptr::copy_nonoverlapping(
-                    wr.local_addr as *const u8,
-                    wr.remote_addr as *mut u8,
-                    wr.len as usize,
-                );
+                std::ptr::copy_nonoverlapping(from as *const u8, to as *mut u8, wr.len as usize);
             }
             WcStatus::SUCCESS
         }
@@ -315,7 +352,7 @@ impl SimDevice {
 
     /// Queues `wrs` on queue pair `qpn` (which must be in RTS or in
     /// error, with a free slot for each) and moves it on.
-    fn post(&mut self, qpn: u32, wrs: &[WriteWr]) -> Result<(), DeviceError> {
+    fn post(&mut self, qpn: u32, wrs: &[RdmaWr]) -> Result<(), DeviceError> {
         let done = {
             let mut n = net();
             let refused = match n.qps.get(&qpn) {
@@ -329,6 +366,7 @@ impl SimDevice {
                 self.posts_refused += 1;
                 return Err(err(Verb::PostSend, errno));
             }
+            self.fenced += wrs.iter().filter(|wr| wr.fence).count();
             if let Some(q) = n.qps.get_mut(&qpn) {
                 q.slots.extend(wrs.iter().map(|wr| wr.wr_id));
                 q.sq.extend(wrs.iter().map(|&wr| (wr, None)));
@@ -424,6 +462,10 @@ impl Device for SimDevice {
                 dev: self.id,
                 state: State::Reset,
                 dest_qpn: 0,
+                remote_write: false,
+                remote_read: false,
+                max_dest_rd_atomic: 0,
+                max_rd_atomic: 0,
                 sq: VecDeque::new(),
                 depth: send_depth,
                 slots: VecDeque::new(),
@@ -444,15 +486,40 @@ impl Device for SimDevice {
             .get_mut(&qp.qpn)
             .ok_or_else(|| err(step.verb(), libc::EINVAL))?;
         let next = match (q.state, step) {
-            (State::Reset, QpStep::Init { port, .. }) if *port == self.port.port => State::Init,
-            (State::Init, QpStep::Rtr { dest_qpn, .. }) => {
+            (
+                State::Reset,
+                QpStep::Init {
+                    port,
+                    remote_write,
+                    remote_read,
+                    ..
+                },
+            ) if *port == self.port.port => {
+                q.remote_write = *remote_write;
+                q.remote_read = *remote_read;
+                State::Init
+            }
+            (
+                State::Init,
+                QpStep::Rtr {
+                    dest_qpn,
+                    max_dest_rd_atomic,
+                    ..
+                },
+            ) if *max_dest_rd_atomic <= self.port.max_qp_rd_atom => {
                 if let Some(errno) = self.rtr_errno {
                     return Err(err(step.verb(), errno));
                 }
                 q.dest_qpn = *dest_qpn;
+                q.max_dest_rd_atomic = *max_dest_rd_atomic;
                 State::Rtr
             }
-            (State::Rtr, QpStep::Rts { .. }) => State::Rts,
+            (State::Rtr, QpStep::Rts { max_rd_atomic, .. })
+                if *max_rd_atomic <= self.port.max_qp_init_rd_atom =>
+            {
+                q.max_rd_atomic = *max_rd_atomic;
+                State::Rts
+            }
             (_, QpStep::Error) => State::Error,
             _ => return Err(err(step.verb(), libc::EINVAL)),
         };
@@ -467,19 +534,21 @@ impl Device for SimDevice {
         Ok(())
     }
 
-    unsafe fn post_writes(&mut self, qp: &mut SimQp, wrs: &[WriteWr]) -> Result<(), DeviceError> {
+    unsafe fn post_rdma(&mut self, qp: &mut SimQp, wrs: &[RdmaWr]) -> Result<(), DeviceError> {
         self.post(qp.qpn, wrs)
     }
 
     fn post_marker(&mut self, qp: &mut SimQp, wr_id: u64) -> Result<(), DeviceError> {
-        let marker = WriteWr {
+        let marker = RdmaWr {
             wr_id,
+            op: RdmaOp::Write,
             local_addr: 0,
             lkey: 0,
             len: 0,
             remote_addr: 0,
             rkey: 0,
             signaled: true,
+            fence: false,
         };
         self.post(qp.qpn, &[marker])
     }

@@ -90,6 +90,7 @@ fn request_for(target: &Node) -> Vec<u8> {
             gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1],
             psn: 5,
             mtu: 1024,
+            rd_atom: 16,
         },
     }
     .encode()

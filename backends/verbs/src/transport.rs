@@ -1,10 +1,11 @@
 //! [`VerbsTransport`]: ferry-core's `Transport` over RC queue pairs.
 //!
 //! One device port, one protection domain, one completion queue and one
-//! registered pool per transport. The first write to a peer session makes
-//! a connection through the side channel; writes are split at the port's
-//! maximum message and posted within a bounded window; the caller's
-//! `poll_completion` reaps the CQ and enforces deadlines.
+//! registered pool per transport. The first write to (or read from) a peer
+//! session makes a connection through the side channel; writes and reads
+//! are split at the port's maximum message and posted within a bounded
+//! window on that connection's queue pair; the caller's `poll_completion`
+//! reaps the CQ and enforces deadlines.
 
 #![allow(unsafe_code)] // Registration: the caller keeps the memory mapped.
 
@@ -22,7 +23,7 @@ use ferry_hostmem::HostPool;
 use ferry_zmq::{CurveConfig, CurveKeyPair, CurvePublicKey, Guard, ZapHandler};
 
 use crate::conn::{ConnBook, ConnLimits, ConnState, RegisteredRegion, FLUSH_WAIT};
-use crate::device::{Device, PortInfo};
+use crate::device::{Device, PortInfo, RdmaOp};
 use crate::error::VerbsError;
 use crate::exchange::MAX_REGIONS;
 use crate::gid::{choose, gid_text, ipv4_of, GidChoice};
@@ -59,10 +60,10 @@ pub struct VerbsConfig {
     /// the device's `max_qp_wr`: the send queue keeps a slot for the
     /// marker that ends it).
     pub send_depth: u32,
-    /// A write not completed after this fails (keep it below the
-    /// coordinator's push timeout).
+    /// A write (or read) not completed after this fails (keep it below
+    /// the coordinator's push timeout).
     pub write_timeout: Duration,
-    /// A connection exchange not answered after this fails its writes.
+    /// A connection exchange not answered after this fails its transfers.
     pub connect_timeout: Duration,
     /// Writers whose queue pairs a target keeps (the oldest is dropped
     /// beyond this).
@@ -76,7 +77,8 @@ pub struct VerbsConfig {
     /// client. Without it, the side channel is plain.
     pub curve_key: Option<CurveKeyPair>,
     /// The public keys of the transports that may connect to write into
-    /// this one (with `curve_key`).
+    /// this one, or read from it: a connected peer may do both (with
+    /// `curve_key`).
     pub writers: Vec<CurvePublicKey>,
 }
 
@@ -455,7 +457,7 @@ impl<D: Device> VerbsTransport<D> {
 
     /// Waits until no connection to `peer` (to anyone, for `None`) is
     /// ending: every work request its queue pair held has completed, and
-    /// its writes' completions are queued. Past [`FLUSH_WAIT`] the ones
+    /// its transfers' completions are queued. Past [`FLUSH_WAIT`] the ones
     /// left go by the last resort (their queue pairs destroyed).
     fn wait_ended(&self, peer: Option<&str>) {
         let deadline = Instant::now() + FLUSH_WAIT;
@@ -476,6 +478,51 @@ impl<D: Device> VerbsTransport<D> {
         // Completions are queued: a caller waiting on the wake descriptor
         // looks.
         self.events.signal();
+    }
+
+    /// Queues a write or read of `len` bytes at `local_offset` in the local
+    /// `region` (checked here), to or from `remote_addr` at the peer.
+    fn post(
+        &mut self,
+        op: RdmaOp,
+        region: Region,
+        (local_offset, len): (u64, u64),
+        peer: &str,
+        remote_addr: u64,
+        cookie: u64,
+    ) -> Result<(), VerbsError> {
+        let fresh = {
+            let mut book = self.book();
+            let local = match book.regions.iter().find(|p| p.region == region.id) {
+                Some(&p) => p,
+                None => return Err(RegionError::Unknown(region.id).into()),
+            };
+            // A write's source and a read's destination: the same bounds.
+            Region {
+                id: local.region,
+                addr: local.addr,
+                len: local.len,
+            }
+            .check_source(local_offset, len)?;
+            let fresh = book.post(
+                op,
+                peer,
+                (local.addr + local_offset, local.keys.lkey),
+                len,
+                remote_addr,
+                cookie,
+            )?;
+            if fresh {
+                // Under the book's lock, so that the side channel's thread,
+                // which starts the connection under it, finds the key.
+                self.server_keys.note(peer);
+            }
+            fresh
+        };
+        if fresh {
+            self.wake_side();
+        }
+        Ok(())
     }
 
     /// Runs `f` on the device (tests drive their stand-in through this).
@@ -562,11 +609,29 @@ impl<D: Device> Transport for VerbsTransport<D> {
         Ok(())
     }
 
-    // PLACEHOLDER(issue 30): replaced by RDMA READ.
+    /// Posts an RDMA READ on the connection to `src_session` (made on
+    /// first use, as a write's is): chunked, windowed, timed out (by the
+    /// write timeout), failed and cancelled as writes are, on the same
+    /// queue pair. The local region is checked here; the source against
+    /// the regions the peer listed (at once when they are known, when the
+    /// first chunk goes otherwise).
     fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), VerbsError> {
-        Err(VerbsError::Cancelled {
-            peer: read.src_session.to_owned(),
-        })
+        let ReadOp {
+            region,
+            local_offset,
+            len,
+            src_session,
+            src_addr,
+            cookie,
+        } = *read;
+        self.post(
+            RdmaOp::Read,
+            region,
+            (local_offset, len),
+            src_session,
+            src_addr,
+            cookie,
+        )
     }
 
     fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), VerbsError> {
@@ -579,36 +644,14 @@ impl<D: Device> Transport for VerbsTransport<D> {
             cookie,
             ..
         } = *write;
-        let fresh = {
-            let mut book = self.book();
-            let source = match book.regions.iter().find(|p| p.region == region.id) {
-                Some(&p) => p,
-                None => return Err(RegionError::Unknown(region.id).into()),
-            };
-            Region {
-                id: source.region,
-                addr: source.addr,
-                len: source.len,
-            }
-            .check_source(local_offset, len)?;
-            let fresh = book.post(
-                dest_session,
-                (source.addr + local_offset, source.keys.lkey),
-                len,
-                dest_addr,
-                cookie,
-            )?;
-            if fresh {
-                // Under the book's lock, so that the side channel's thread,
-                // which starts the connection under it, finds the key.
-                self.server_keys.note(dest_session);
-            }
-            fresh
-        };
-        if fresh {
-            self.wake_side();
-        }
-        Ok(())
+        self.post(
+            RdmaOp::Write,
+            region,
+            (local_offset, len),
+            dest_session,
+            dest_addr,
+            cookie,
+        )
     }
 
     fn poll_completion(&mut self) -> Option<Completion<VerbsError>> {
@@ -633,16 +676,17 @@ impl<D: Device> Transport for VerbsTransport<D> {
         None
     }
 
-    /// Stops the queue pair to the peer (ERR), drops its writes not yet
-    /// posted, and waits until the marker posted after the ERR completes:
-    /// every work request before it has then completed, flushed or done,
-    /// so none moves a byte any more. Writes that finished complete as
-    /// they did; the others as [`VerbsError::Cancelled`]. A queue pair
-    /// whose marker does not come within a second is destroyed instead.
-    /// The next write to the peer connects anew.
-    fn cancel_transfers(&mut self, dest_session: &str) -> Result<(), VerbsError> {
-        self.book().cancel(dest_session);
-        self.wait_ended(Some(dest_session));
+    /// Stops the queue pair to the peer (ERR), drops its writes and reads
+    /// not yet posted, and waits until the marker posted after the ERR
+    /// completes: every work request before it has then completed, flushed
+    /// or done, so none moves a byte any more (a flushed READ places
+    /// nothing). Transfers that finished complete as they did; the others
+    /// as [`VerbsError::Cancelled`]. A queue pair whose marker does not
+    /// come within a second is destroyed instead. The next transfer with
+    /// the peer connects anew.
+    fn cancel_transfers(&mut self, session: &str) -> Result<(), VerbsError> {
+        self.book().cancel(session);
+        self.wait_ended(Some(session));
         Ok(())
     }
 

@@ -1,12 +1,14 @@
 //! The transport on a real RDMA device: two transports on the device named
 //! by `FERRY_VERBS_DEVICE` connect through the NIC (RC loopback), write
-//! random sizes that are checked byte by byte, and see a peer that goes
-//! away fail its writes. They need a device, so they are ignored unless
+//! and read random sizes that are checked byte by byte, and see a peer
+//! that goes away fail its writes. They need a device, so they are ignored unless
 //! asked for (`-- --ignored`), and then fail, saying why, without one.
 
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{Completion, Fault, FaultKind, Region, Transport, WriteOp, WriteTag};
+use ferry_core::transport::{
+    Completion, Fault, FaultKind, ReadOp, Region, Transport, WriteOp, WriteTag,
+};
 use ferry_verbs::{VerbsConfig, VerbsError, VerbsTransport};
 
 fn device() -> String {
@@ -151,4 +153,88 @@ fn a_peer_that_goes_away_fails_its_writes_in_time() {
         "{e}"
     );
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}
+
+#[test]
+#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p ferry-verbs --test device -- --ignored"]
+fn random_reads_mixed_with_writes_through_the_nic_arrive_byte_exact() {
+    let dev = device();
+    let mut a = open(&dev);
+    let b = open(&dev);
+    let len = a.t.pool_len();
+    let half = len / 2;
+    // SAFETY: each pool is only touched here while no transfer is in
+    // flight.
+    #[allow(unsafe_code)]
+    let (mine, theirs) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(a.t.pool_ptr(), len),
+            std::slice::from_raw_parts_mut(b.t.pool_ptr(), len),
+        )
+    };
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for byte in theirs.iter_mut().chain(mine[..half].iter_mut()) {
+        *byte = next() as u8;
+    }
+    for round in 0..20u64 {
+        // Reads from the peer's first half into our second half; a write
+        // from our first half into the peer's second half after each, so
+        // that reads and writes share the queue pair (and the fence).
+        let mut reads = Vec::new();
+        let mut at = 0u64;
+        while reads.len() < 8 {
+            let n = 1 + next() % (2 << 20);
+            if at + n > half as u64 {
+                break;
+            }
+            reads.push((next() % (half as u64 - n + 1), n, at));
+            at += n;
+        }
+        for (i, &(src, n, dst)) in reads.iter().enumerate() {
+            let cookie = round * 100 + 2 * i as u64;
+            a.t.post_read(&ReadOp {
+                region: a.region,
+                local_offset: half as u64 + dst,
+                len: n,
+                src_session: b.t.session_id(),
+                src_addr: b.region.addr + src,
+                cookie,
+            })
+            .expect("post a read");
+            a.t.post_write(&WriteOp {
+                region: a.region,
+                local_offset: dst,
+                len: n,
+                dest_session: b.t.session_id(),
+                dest_addr: b.region.addr + half as u64 + dst,
+                tag: WriteTag(cookie + 1),
+                cookie: cookie + 1,
+            })
+            .expect("post a write");
+        }
+        let mut done = wait(&mut a.t, 2 * reads.len());
+        done.sort_by_key(|c| c.cookie);
+        for (i, c) in done.iter().enumerate() {
+            assert_eq!(c.cookie, round * 100 + i as u64, "each with its own cookie");
+            assert!(c.result.is_ok(), "{:?}", c.result);
+        }
+        for &(src, n, dst) in &reads {
+            let (src, n, dst) = (src as usize, n as usize, dst as usize);
+            assert!(
+                mine[half + dst..half + dst + n] == theirs[src..src + n],
+                "round {round}: {n} bytes read from {src}"
+            );
+            assert!(
+                theirs[half + dst..half + dst + n] == mine[dst..dst + n],
+                "round {round}: {n} bytes written to {}",
+                half + dst
+            );
+        }
+    }
 }

@@ -1,17 +1,17 @@
-//! Completions and deadlines: reaping the CQ, finishing writes, and
-//! failing the connections whose exchange or writes are late.
+//! Completions and deadlines: reaping the CQ, finishing transfers, and
+//! failing the connections whose exchange or transfers are late.
 
 use std::time::Instant;
 
 use ferry_core::transport::Completion;
 
-use super::{forget, verb, ConnBook, ConnState, POLL_BATCH};
+use super::{forget, front_op, verb, ConnBook, ConnState, POLL_BATCH};
 use crate::device::{Device, Wc};
 use crate::error::VerbsError;
 use crate::status::WcStatus;
 
 impl<D: Device> ConnBook<D> {
-    /// Reaps completions; returns the next finished write. Reading no
+    /// Reaps completions; returns the next finished transfer. Reading no
     /// clock, it leaves deadlines to [`ConnBook::sweep`].
     pub fn poll(&mut self) -> Option<Completion<VerbsError>> {
         // The caller is looking: whatever is finished, it will see.
@@ -43,13 +43,13 @@ impl<D: Device> ConnBook<D> {
         self.done.pop_front()
     }
 
-    /// Reports a finished write.
+    /// Reports a finished transfer.
     pub(super) fn finish(&mut self, c: Completion<VerbsError>) {
         self.done.push_back(c);
         self.news = true;
     }
 
-    /// True (once) if writes finished since the last call: the side
+    /// True (once) if transfers finished since the last call: the side
     /// channel's thread then wakes the caller, who would not otherwise
     /// look.
     pub fn take_news(&mut self) -> bool {
@@ -61,7 +61,7 @@ impl<D: Device> ConnBook<D> {
         let mut wcs = std::mem::take(&mut self.wcs);
         wcs.clear();
         if let Err(e) = self.device.poll(&mut wcs, POLL_BATCH) {
-            // A CQ in error cannot say which write failed, nor show a
+            // A CQ in error cannot say which transfer failed, nor show a
             // marker: every connection fails, by the last resort.
             self.destroy_every(|peer| verb(e, peer));
         }
@@ -91,6 +91,7 @@ impl<D: Device> ConnBook<D> {
         if wc.status != WcStatus::SUCCESS {
             if conn.ending.is_none() {
                 let e = VerbsError::Completion {
+                    op: front_op(&conn.transfers, &self.transfers),
                     peer: conn.peer.clone(),
                     status: wc.status,
                     vendor_err: wc.vendor_err,
@@ -99,10 +100,10 @@ impl<D: Device> ConnBook<D> {
             }
             return;
         }
-        // A write that finished before its connection ended finished.
+        // A transfer that finished before its connection ended finished.
         if let Some(wid) = sig.and_then(|s| s.completes) {
-            forget(&mut conn.writes, wid);
-            if let Some(w) = self.writes.remove(&wid) {
+            forget(&mut conn.transfers, wid);
+            if let Some(w) = self.transfers.remove(&wid) {
                 self.finish(Completion {
                     cookie: w.cookie,
                     result: Ok(()),
@@ -112,12 +113,12 @@ impl<D: Device> ConnBook<D> {
         self.pump(conn_id);
     }
 
-    /// Fails the connections whose exchange or writes are past their
+    /// Fails the connections whose exchange or transfers are past their
     /// deadlines, stamping the deadlines of those seen for the first time;
-    /// returns the next finished write.
+    /// returns the next finished transfer.
     pub fn sweep(&mut self, now: Instant) -> Option<Completion<VerbsError>> {
         let write_timeout = self.limits.write_timeout;
-        for w in self.writes.values_mut() {
+        for w in self.transfers.values_mut() {
             w.deadline.get_or_insert(now + write_timeout);
         }
         self.sweep_ending(now);
@@ -136,8 +137,8 @@ impl<D: Device> ConnBook<D> {
                     ));
                 }
                 _ => {
-                    let late = conn.writes.iter().any(|w| {
-                        self.writes
+                    let late = conn.transfers.iter().any(|w| {
+                        self.transfers
                             .get(w)
                             .and_then(|w| w.deadline)
                             .is_some_and(|d| d <= now)
@@ -146,6 +147,7 @@ impl<D: Device> ConnBook<D> {
                         failing.push((
                             conn.id,
                             VerbsError::Timeout {
+                                op: front_op(&conn.transfers, &self.transfers),
                                 peer: conn.peer.clone(),
                                 after: self.limits.write_timeout,
                             },
@@ -160,10 +162,10 @@ impl<D: Device> ConnBook<D> {
         self.done.pop_front()
     }
 
-    /// True if completions cannot raise events and writes are pending: the
+    /// True if completions cannot raise events and transfers are pending: the
     /// caller must keep polling rather than wait.
     pub fn needs_polling(&self) -> bool {
-        self.arm_failed && !self.writes.is_empty()
+        self.arm_failed && !self.transfers.is_empty()
     }
 
     /// The connection's state, by peer (for tests and diagnostics).

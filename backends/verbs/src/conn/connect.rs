@@ -1,7 +1,10 @@
-//! Connection set-up, both sides of the exchange: a writer's connections
-//! from wanted to ready (queue pair, request, reply), a target's answer to
-//! a writer's request, and the closing of a connection (for room, or
-//! once it ended).
+//! Connection set-up, both sides of the exchange: a writer's (or
+//! reader's) connections from wanted to ready (queue pair, request,
+//! reply), a target's answer to a writer's request, and the closing of a
+//! connection (for room, or once it ended). Each end's queue pair answers
+//! as many RDMA READs at once as its device allows (up to
+//! `attrs::RD_ATOMIC`), says so in the exchange, and keeps no more
+//! outstanding than the other end answers.
 
 use super::{verb, Conn, ConnBook, ConnState, Ending, Outgoing};
 use crate::attrs;
@@ -29,6 +32,7 @@ impl<D: Device> ConnBook<D> {
             gid: self.gid.1,
             psn,
             mtu: port.active_mtu,
+            rd_atom: attrs::responder_resources(port),
         }
     }
 
@@ -44,7 +48,7 @@ impl<D: Device> ConnBook<D> {
         let idle = self
             .conns
             .values()
-            .filter(|c| c.writes.is_empty() && c.ending.is_none())
+            .filter(|c| c.transfers.is_empty() && c.ending.is_none())
             .min_by_key(|c| c.last_used)
             .map(|c| (c.id, c.peer.clone()));
         if let Some((id, peer)) = idle {
@@ -180,10 +184,12 @@ impl<D: Device> ConnBook<D> {
             let err = rtr_error(e, &peer, self.gid.0, &remote);
             return self.fail_conn(conn_id, err);
         }
-        if let Err(e) = self.device.modify(qp, &attrs::rts(sq_psn)) {
+        let read_depth = attrs::initiator_depth(self.device.port(), remote.rd_atom);
+        if let Err(e) = self.device.modify(qp, &attrs::rts(sq_psn, read_depth)) {
             return self.fail_conn(conn_id, verb(e, &peer));
         }
         conn.regions = Some(regions);
+        conn.read_depth = read_depth;
         conn.state = ConnState::Ready;
         tracing::debug!(peer = %peer, remote_qpn = remote.qpn, "verbs connection ready");
         self.pump(conn_id);
@@ -256,8 +262,9 @@ impl<D: Device> ConnBook<D> {
         self.device
             .modify(&mut qp, &rtr)
             .map_err(|e| rtr_error(e, &req.from, self.gid.0, &req.qp))?;
+        let read_depth = attrs::initiator_depth(self.device.port(), req.qp.rd_atom);
         self.device
-            .modify(&mut qp, &attrs::rts(info.psn))
+            .modify(&mut qp, &attrs::rts(info.psn, read_depth))
             .map_err(|e| verb(e, &req.from))?;
         Ok((qp, info))
     }

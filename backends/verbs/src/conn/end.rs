@@ -1,6 +1,7 @@
 //! Ending connections, so that a completion is final: a connection that
-//! fails or whose writes are cancelled stops its queue pair (ERR), posts
-//! the marker, and completes its unfinished writes only once the marker
+//! fails or whose transfers are cancelled stops its queue pair (ERR), posts
+//! the marker, and completes its unfinished transfers (writes and reads)
+//! only once the marker
 //! completed, when nothing its queue pair held runs any more. A connection
 //! that never ran work is removed at once; one whose marker does not come
 //! has its queue pair destroyed, the last resort.
@@ -9,19 +10,19 @@ use std::time::Instant;
 
 use ferry_core::transport::Completion;
 
-use super::{ConnBook, Ending, Outcome, FLUSH_WAIT};
+use super::{front_op, ConnBook, Ending, Outcome, FLUSH_WAIT};
 use crate::attrs::QpStep;
-use crate::device::Device;
+use crate::device::{Device, RdmaOp};
 use crate::error::VerbsError;
 
 impl<D: Device> ConnBook<D> {
-    /// Fails a connection: it ends, and its unfinished writes fail, the
+    /// Fails a connection: it ends, and its unfinished transfers fail, the
     /// first with `first`, the others as abandoned because of it.
     pub(super) fn fail_conn(&mut self, conn_id: u32, first: VerbsError) {
         self.end_conn(conn_id, Outcome::Failed(first));
     }
 
-    /// Ends the writes to `peer` that have not completed
+    /// Ends the transfers with `peer` that have not completed
     /// (`Transport::cancel_transfers`): its connection ends, and they
     /// complete as cancelled once it has ended ([`ConnBook::ending`] says
     /// when).
@@ -31,19 +32,26 @@ impl<D: Device> ConnBook<D> {
         }
     }
 
-    /// Ends every connection, their unfinished writes failing as broken
+    /// Ends every connection, their unfinished transfers failing as broken
     /// for `why` (a registered region goes, the transport closes).
     pub fn end_all(&mut self, why: &str) {
-        let all: Vec<(u32, String)> = self
+        let all: Vec<(u32, String, RdmaOp)> = self
             .conns
             .values()
             .filter(|c| c.ending.is_none())
-            .map(|c| (c.id, c.peer.clone()))
+            .map(|c| {
+                (
+                    c.id,
+                    c.peer.clone(),
+                    front_op(&c.transfers, &self.transfers),
+                )
+            })
             .collect();
-        for (id, peer) in all {
+        for (id, peer, op) in all {
             self.fail_conn(
                 id,
                 VerbsError::Broken {
+                    op,
                     peer,
                     why: why.to_owned(),
                 },
@@ -52,7 +60,7 @@ impl<D: Device> ConnBook<D> {
     }
 
     /// True while a connection to `peer` (any connection, for `None`) is
-    /// ending: work its queue pair held may still run, and its writes have
+    /// ending: work its queue pair held may still run, and its transfers have
     /// not completed.
     pub fn ending(&self, peer: Option<&str>) -> bool {
         self.conns
@@ -61,7 +69,7 @@ impl<D: Device> ConnBook<D> {
     }
 
     /// Moves ending connections on: reaps completions (a connection whose
-    /// marker completes is removed, its writes completed) and posts the
+    /// marker completes is removed, its transfers completed) and posts the
     /// markers that waited for room in the CQ.
     pub fn progress_ends(&mut self) {
         self.reap();
@@ -73,7 +81,7 @@ impl<D: Device> ConnBook<D> {
     /// The last resort for the ending connections (to `peer`, or all)
     /// whose marker has not completed: their queue pairs are destroyed
     /// (`ibv_destroy_qp` returns once the device has let go of the queue
-    /// pair, so nothing of it runs afterwards) and their writes complete.
+    /// pair, so nothing of it runs afterwards) and their transfers complete.
     pub fn abandon_ending(&mut self, peer: Option<&str>) {
         let stuck: Vec<(u32, String)> = self
             .conns
@@ -114,7 +122,7 @@ impl<D: Device> ConnBook<D> {
 
     /// Completions cannot be read (the CQ is in error), so no marker can
     /// be seen: every connection goes by the last resort, its unfinished
-    /// writes failing with the error `make` gives for its peer (or the one
+    /// transfers failing with the error `make` gives for its peer (or the one
     /// it was ending with).
     pub(super) fn destroy_every(&mut self, make: impl Fn(&str) -> VerbsError) {
         let all: Vec<(u32, String, bool)> = self
@@ -128,8 +136,9 @@ impl<D: Device> ConnBook<D> {
         }
     }
 
-    /// Ends a connection: the peer's name leaves it (the next write to the
-    /// peer connects anew) and its queued writes will never be posted. One
+    /// Ends a connection: the peer's name leaves it (the next transfer with
+    /// the peer connects anew) and its queued transfers will never be
+    /// posted. One
     /// whose queue pair never ran work is removed at once; otherwise its
     /// queue pair goes to ERR, and it is ending until the marker posted
     /// after that completes. An ending connection keeps the outcome it
@@ -142,7 +151,7 @@ impl<D: Device> ConnBook<D> {
             return;
         }
         if let Outcome::Failed(e) = &outcome {
-            tracing::warn!(peer = %conn.peer, error = %e, writes = conn.writes.len(), "verbs connection failed");
+            tracing::warn!(peer = %conn.peer, error = %e, transfers = conn.transfers.len(), "verbs connection failed");
         }
         if self.by_peer.get(&conn.peer) == Some(&conn_id) {
             self.by_peer.remove(&conn.peer);
@@ -167,7 +176,7 @@ impl<D: Device> ConnBook<D> {
     }
 
     /// Posts an ending connection's marker, if the CQ has room for its
-    /// completion (otherwise it waits, ahead of every write, for
+    /// completion (otherwise it waits, ahead of every transfer, for
     /// completions to make room; so it does when the send queue is full).
     /// A marker the device refuses otherwise leaves the last resort.
     pub(super) fn post_marker(&mut self, conn_id: u32) {
@@ -204,7 +213,7 @@ impl<D: Device> ConnBook<D> {
     }
 
     /// Completions made room in the CQ: the markers that waited for it go
-    /// first, then the writes of every ready connection.
+    /// first, then the transfers of every ready connection.
     pub(super) fn unblock(&mut self) {
         self.cq_blocked = false;
         let waiting: Vec<u32> = self
@@ -227,7 +236,7 @@ impl<D: Device> ConnBook<D> {
         }
     }
 
-    /// Removes a connection and completes its unfinished writes: with the
+    /// Removes a connection and completes its unfinished transfers: with the
     /// outcome it was ending with, or else `outcome` (none: nothing to
     /// complete them with, which only a caller that knows it ends nothing
     /// passes).
@@ -241,23 +250,30 @@ impl<D: Device> ConnBook<D> {
         let peer = conn.peer;
         let mut first = match outcome {
             Outcome::Cancelled => {
-                tracing::info!(peer = %peer, writes = conn.writes.len(), "verbs: writes cancelled; their queue pair has ended");
+                tracing::info!(peer = %peer, transfers = conn.transfers.len(), "verbs: transfers cancelled; their queue pair has ended");
                 None
             }
-            Outcome::Failed(first) => Some(first),
+            // It fails the oldest transfer first, a write or a read.
+            Outcome::Failed(first) => {
+                Some(first.for_op(front_op(&conn.transfers, &self.transfers)))
+            }
         };
         let why = first.as_ref().map(ToString::to_string);
-        for wid in conn.writes.drain(..) {
-            let Some(w) = self.writes.remove(&wid) else {
+        for wid in conn.transfers.drain(..) {
+            let Some(w) = self.transfers.remove(&wid) else {
                 continue;
             };
             let e = match (&why, first.take()) {
                 (_, Some(first)) => first,
                 (Some(why), None) => VerbsError::Broken {
+                    op: w.op,
                     peer: peer.clone(),
                     why: why.clone(),
                 },
-                (None, None) => VerbsError::Cancelled { peer: peer.clone() },
+                (None, None) => VerbsError::Cancelled {
+                    op: w.op,
+                    peer: peer.clone(),
+                },
             };
             self.finish(Completion {
                 cookie: w.cookie,

@@ -1,10 +1,11 @@
 //! The transport's bookkeeping: connections (one RC queue pair per peer
-//! session this transport writes to), the queue pairs it accepted from
-//! writers, the writes in flight and their completions.
+//! session this transport writes to or reads from), the queue pairs it
+//! accepted from peers, the transfers (RDMA WRITEs and READs) in flight
+//! and their completions.
 //!
 //! Everything here runs under the transport's lock and never blocks: the
 //! side channel's thread feeds it exchange messages, the caller's thread
-//! posts writes and polls completions. A connection walks
+//! posts transfers and polls completions. A connection walks
 //!
 //! ```text
 //! Wanted ──(service thread: QP to INIT, request sent)──▶ Requested
@@ -15,8 +16,10 @@
 //! any other ──(the same, or a refusal, a connect timeout)──▶ removed
 //! ```
 //!
-//! and a removed connection completes every write it held that had not
-//! completed, with an error; the next write to that peer starts a new one.
+//! and a removed connection completes every transfer it held that had not
+//! completed, with an error; the next transfer with that peer starts a new
+//! one. Reads and writes share it all: one queue, one window, one
+//! deadline, one ending.
 //! A completion is final: a connection whose queue pair ran work is
 //! removed only once that work has ended. Its queue pair goes to the error
 //! state, which stops it and flushes what it holds, and a marker posted
@@ -26,7 +29,7 @@
 //! let go of it), the last resort.
 //!
 //! Modules: the connections' set-up on both sides of the exchange
-//! (`connect`), writes going out (`post`), completions and deadlines
+//! (`connect`), transfers going out (`post`), completions and deadlines
 //! (`complete`), ending connections (`end`), and the hasher of the book's
 //! maps (`id_hash`).
 
@@ -42,7 +45,7 @@ use std::time::{Duration, Instant};
 use ferry_core::transport::Completion;
 
 use crate::chunk::Window;
-use crate::device::{Device, DeviceError, Keys, Wc, WriteWr};
+use crate::device::{Device, DeviceError, Keys, RdmaOp, RdmaWr, Wc};
 use crate::error::VerbsError;
 use crate::exchange::{QpInfo, RegionInfo};
 use crate::session::Session;
@@ -65,7 +68,7 @@ pub struct ConnLimits {
     pub send_depth: u32,
     /// Largest work request.
     pub max_chunk: u32,
-    /// A write not completed after this fails.
+    /// A transfer (write or read) not completed after this fails.
     pub write_timeout: Duration,
     /// An exchange not answered after this fails the connection.
     pub connect_timeout: Duration,
@@ -80,11 +83,12 @@ pub struct ConnLimits {
 /// Where a connection is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConnState {
-    /// Created by a write; the side channel has not sent the request yet.
+    /// Created by a transfer; the side channel has not sent the request
+    /// yet.
     Wanted,
     /// The request is out.
     Requested,
-    /// Connected: writes are posted.
+    /// Connected: transfers are posted.
     Ready,
 }
 
@@ -97,19 +101,25 @@ struct Conn<Q> {
     /// deadline counts from there; stamping it there keeps the clock off
     /// the posting path).
     since: Option<Instant>,
-    /// The book's tick at its last write (orders idle connections).
+    /// The book's tick at its last transfer (orders idle connections).
     last_used: u64,
     qp: Option<Q>,
     local: Option<QpInfo>,
     /// The peer's registered regions, as its reply listed them.
     regions: Option<Vec<RegionInfo>>,
+    /// RDMA READs outstanding at most (the queue pair's `max_rd_atomic`,
+    /// set once ready; 0: it cannot read).
+    read_depth: u8,
+    /// A READ was posted since the last fenced work request: the next
+    /// WRITE carries `IBV_SEND_FENCE`.
+    read_unfenced: bool,
     window: Window,
     next_seq: u32,
-    /// Writes not yet fully posted, oldest first.
+    /// Transfers not yet fully posted, oldest first.
     queue: VecDeque<u64>,
-    /// Every write of this connection not yet completed, oldest first
+    /// Every transfer of this connection not yet completed, oldest first
     /// (RC completes in order, so the one that completes is the front).
-    writes: VecDeque<u64>,
+    transfers: VecDeque<u64>,
     /// Work was posted to its queue pair (or a post was tried, which may
     /// have posted some): ending it needs the marker.
     posted: bool,
@@ -117,10 +127,10 @@ struct Conn<Q> {
     ending: Option<Ending>,
 }
 
-/// A connection being ended: its queue pair is in error, and its writes
-/// are completed once the marker posted after that completes.
+/// A connection being ended: its queue pair is in error, and its
+/// transfers are completed once the marker posted after that completes.
 struct Ending {
-    /// What its unfinished writes complete with.
+    /// What its unfinished transfers complete with.
     outcome: Outcome,
     /// The marker's work-request id, once posted (it waits for room in
     /// the CQ).
@@ -130,7 +140,7 @@ struct Ending {
     since: Option<Instant>,
 }
 
-/// What the unfinished writes of a connection that ends complete with.
+/// What the unfinished transfers of a connection that ends complete with.
 enum Outcome {
     /// Their caller gave up on them (`Transport::cancel_transfers`).
     Cancelled,
@@ -139,17 +149,20 @@ enum Outcome {
     Failed(VerbsError),
 }
 
-struct Write {
+/// A write (local source, remote destination) or a read (remote source,
+/// local destination).
+struct Transfer {
+    op: RdmaOp,
     cookie: u64,
     local_addr: u64,
-    /// The source region's lkey.
+    /// The local region's lkey.
     lkey: u32,
-    /// The destination region's rkey (found when the first chunk goes).
+    /// The rkey of the peer's region (found when the first chunk goes).
     rkey: u32,
     remote_addr: u64,
     len: u64,
     posted: u64,
-    /// Stamped by the first sweep after the write was posted.
+    /// Stamped by the first sweep after the transfer was posted.
     deadline: Option<Instant>,
 }
 
@@ -184,9 +197,9 @@ pub struct Outgoing {
     pub bytes: Vec<u8>,
 }
 
-/// The transport's state: its connections (one per peer it writes to),
-/// the queue pairs it accepted from writers, the writes in flight and
-/// their completions, and its registered regions.
+/// The transport's state: its connections (one per peer it writes to or
+/// reads from), the queue pairs it accepted from peers, the transfers in
+/// flight and their completions, and its registered regions.
 pub struct ConnBook<D: Device> {
     // Queue pairs go before the device (and its registration) on drop.
     conns: HashMap<u32, Conn<D::Qp>, IdHash>,
@@ -196,14 +209,14 @@ pub struct ConnBook<D: Device> {
     /// The device.
     pub device: D,
     by_peer: HashMap<String, u32>,
-    writes: HashMap<u64, Write, IdHash>,
+    transfers: HashMap<u64, Transfer, IdHash>,
     signals: HashMap<u64, Signal, IdHash>,
     done: VecDeque<Completion<VerbsError>>,
     wcs: Vec<Wc>,
     /// Scratch for the work requests of one post.
-    wrs: Vec<WriteWr>,
+    wrs: Vec<RdmaWr>,
     next_conn: u32,
-    next_write: u64,
+    next_transfer: u64,
     tick: u64,
     /// Work requests outstanding on every queue pair together: kept
     /// within the CQ's capacity, since a CQ that overflows goes to error.
@@ -213,10 +226,10 @@ pub struct ConnBook<D: Device> {
     /// connection once completions make room.
     cq_blocked: bool,
     /// Ending connections whose marker waits for room in the CQ; that
-    /// room is theirs before any write's.
+    /// room is theirs before any transfer's.
     markers_waiting: u32,
     arm_failed: bool,
-    /// Writes finished since [`ConnBook::take_news`] last looked.
+    /// Transfers finished since [`ConnBook::take_news`] last looked.
     news: bool,
     psn_seed: u64,
     /// The registered regions.
@@ -256,13 +269,13 @@ impl<D: Device> ConnBook<D> {
             inbound_order: VecDeque::new(),
             device,
             by_peer: HashMap::new(),
-            writes: HashMap::default(),
+            transfers: HashMap::default(),
             signals: HashMap::default(),
             done: VecDeque::new(),
             wcs: Vec::with_capacity(POLL_BATCH),
             wrs: Vec::new(),
             next_conn: 1,
-            next_write: 1,
+            next_transfer: 1,
             tick: 0,
             in_flight: 0,
             cq_capacity,
@@ -281,11 +294,20 @@ impl<D: Device> ConnBook<D> {
     }
 }
 
-/// Removes write `wid` from a connection's list (almost always its front).
-fn forget(writes: &mut VecDeque<u64>, wid: u64) {
-    if writes.front() == Some(&wid) {
-        writes.pop_front();
-    } else if let Some(i) = writes.iter().position(|&x| x == wid) {
-        writes.remove(i);
+/// The kind of a connection's oldest unfinished transfer, which its
+/// failure fails first.
+fn front_op(list: &VecDeque<u64>, transfers: &HashMap<u64, Transfer, IdHash>) -> RdmaOp {
+    list.front()
+        .and_then(|id| transfers.get(id))
+        .map_or(RdmaOp::Write, |t| t.op)
+}
+
+/// Removes transfer `id` from a connection's list (almost always its
+/// front).
+fn forget(transfers: &mut VecDeque<u64>, id: u64) {
+    if transfers.front() == Some(&id) {
+        transfers.pop_front();
+    } else if let Some(i) = transfers.iter().position(|&x| x == id) {
+        transfers.remove(i);
     }
 }

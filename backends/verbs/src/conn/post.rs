@@ -1,29 +1,43 @@
-//! Writes going out: a write queued on its peer's connection (made on
-//! first use), and the pump that posts what the connection's window and
-//! the CQ have room for.
+//! Transfers going out: a write or read queued on its peer's connection
+//! (made on first use), and the pump that posts what the connection's
+//! window and the CQ have room for.
+//!
+//! Ordering: a queue pair's work requests are executed in order at the
+//! responder, so a READ sees every WRITE posted before it on the same
+//! connection. The other way round it is not so: a WRITE may be executed
+//! while an earlier READ's response is still being fetched (the read
+//! could then see the later write's bytes, and a write from memory an
+//! earlier read fills could send it before it is filled). The first
+//! WRITE work request after a READ therefore carries `IBV_SEND_FENCE`,
+//! which holds it (and the queue behind it) until every earlier READ has
+//! completed: the transfers of one connection act in the order they were
+//! posted. Only a write that follows a read waits; a run of writes, or of
+//! reads, is not fenced.
 
 use std::collections::VecDeque;
 
 use ferry_core::transport::Completion;
 
-use super::{forget, verb, Conn, ConnBook, ConnState, Signal, Write};
+use super::{forget, verb, Conn, ConnBook, ConnState, Signal, Transfer};
 use crate::chunk::{chunk_len, Window};
-use crate::device::{Device, WriteWr};
+use crate::device::{Device, RdmaOp, RdmaWr};
 use crate::error::VerbsError;
 use crate::exchange::RegionInfo;
 use crate::session::Session;
 
 impl<D: Device> ConnBook<D> {
-    /// Queues a write of `len` bytes from `local_addr` (inside the
-    /// registered region `lkey` names) to `dest_addr` in the peer `dest`.
-    /// Returns whether the side channel must be woken (a new connection
-    /// was made).
+    /// Queues a transfer of `len` bytes between `local_addr` (inside the
+    /// registered region `lkey` names) and `remote_addr` in the peer
+    /// `dest`: a write from the first to the second, or a read from the
+    /// second into the first. Returns whether the side channel must be
+    /// woken (a new connection was made).
     pub fn post(
         &mut self,
+        op: RdmaOp,
         dest: &str,
         (local_addr, lkey): (u64, u32),
         len: u64,
-        dest_addr: u64,
+        remote_addr: u64,
         cookie: u64,
     ) -> Result<bool, VerbsError> {
         self.tick += 1;
@@ -46,10 +60,12 @@ impl<D: Device> ConnBook<D> {
                         qp: None,
                         local: None,
                         regions: None,
+                        read_depth: 0,
+                        read_unfenced: false,
                         window: Window::new(self.limits.send_depth),
                         next_seq: 0,
                         queue: VecDeque::new(),
-                        writes: VecDeque::new(),
+                        transfers: VecDeque::new(),
                         posted: false,
                         ending: None,
                     },
@@ -60,40 +76,42 @@ impl<D: Device> ConnBook<D> {
         };
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return Err(VerbsError::Broken {
+                op,
                 peer: dest.to_owned(),
                 why: "connection vanished".into(),
             });
         };
         conn.last_used = self.tick;
         if let Some(regions) = &conn.regions {
-            check_dest(&conn.peer, regions, dest_addr, len)?;
+            check_remote(op, &conn.peer, conn.read_depth, regions, remote_addr, len)?;
         }
         if len == 0 {
-            // Nothing moves; an RDMA WRITE with a zero-length scatter entry
-            // means 2 GiB on some NICs, so none is posted.
+            // Nothing moves; an RDMA WRITE or READ with a zero-length
+            // scatter entry means 2 GiB on some NICs, so none is posted.
             self.finish(Completion {
                 cookie,
                 result: Ok(()),
             });
             return Ok(fresh);
         }
-        let id = self.next_write;
-        self.next_write += 1;
-        self.writes.insert(
+        let id = self.next_transfer;
+        self.next_transfer += 1;
+        self.transfers.insert(
             id,
-            Write {
+            Transfer {
+                op,
                 cookie,
                 local_addr,
                 lkey,
                 rkey: 0,
-                remote_addr: dest_addr,
+                remote_addr,
                 len,
                 posted: 0,
                 deadline: None,
             },
         );
         conn.queue.push_back(id);
-        conn.writes.push_back(id);
+        conn.transfers.push_back(id);
         if conn.state == ConnState::Ready {
             self.pump(conn_id);
         }
@@ -120,12 +138,20 @@ impl<D: Device> ConnBook<D> {
             let Some(&wid) = conn.queue.front() else {
                 break;
             };
-            let Some(w) = self.writes.get_mut(&wid) else {
+            let Some(w) = self.transfers.get_mut(&wid) else {
                 conn.queue.pop_front();
                 continue;
             };
             if w.posted == 0 {
-                match check_dest(&conn.peer, regions, w.remote_addr, w.len) {
+                let remote = check_remote(
+                    w.op,
+                    &conn.peer,
+                    conn.read_depth,
+                    regions,
+                    w.remote_addr,
+                    w.len,
+                );
+                match remote {
                     Ok(rkey) => w.rkey = rkey,
                     Err(e) => {
                         conn.queue.pop_front();
@@ -154,14 +180,23 @@ impl<D: Device> ConnBook<D> {
                     },
                 );
             }
-            wrs.push(WriteWr {
+            let fence = match w.op {
+                RdmaOp::Read => {
+                    conn.read_unfenced = true;
+                    false
+                }
+                RdmaOp::Write => std::mem::take(&mut conn.read_unfenced),
+            };
+            wrs.push(RdmaWr {
                 wr_id,
+                op: w.op,
                 local_addr: w.local_addr + w.posted,
                 lkey: w.lkey,
                 len: n,
                 remote_addr: w.remote_addr + w.posted,
                 rkey: w.rkey,
                 signaled: signaled.is_some(),
+                fence,
             });
             w.posted += u64::from(n);
             if last {
@@ -169,8 +204,8 @@ impl<D: Device> ConnBook<D> {
             }
         }
         for (wid, e) in refused {
-            forget(&mut conn.writes, wid);
-            if let Some(w) = self.writes.remove(&wid) {
+            forget(&mut conn.transfers, wid);
+            if let Some(w) = self.transfers.remove(&wid) {
                 // `finish`, spelled out: `conn` still borrows the table.
                 self.done.push_back(Completion {
                     cookie: w.cookie,
@@ -185,11 +220,11 @@ impl<D: Device> ConnBook<D> {
         };
         // Set before the post: a post that fails may have posted some.
         conn.posted = true;
-        // SAFETY: every source range was checked against its registered
-        // region when the write was accepted, and every destination
+        // SAFETY: every local range was checked against its registered
+        // region when the transfer was accepted, and every remote range
         // against the region the peer announced with this rkey.
         #[allow(unsafe_code)]
-        let posted = unsafe { self.device.post_writes(qp, &wrs) };
+        let posted = unsafe { self.device.post_rdma(qp, &wrs) };
         self.wrs = wrs;
         if let Err(e) = posted {
             let peer = conn.peer.clone();
@@ -198,21 +233,41 @@ impl<D: Device> ConnBook<D> {
     }
 }
 
-/// The rkey of the peer's region that holds `len` bytes at `addr`.
-fn check_dest(peer: &str, regions: &[RegionInfo], addr: u64, len: u64) -> Result<u32, VerbsError> {
+/// The rkey of the peer's region that holds `len` bytes at `addr` (a
+/// write's destination, a read's source); a read also needs a connection
+/// that reads (`read_depth`, once it is ready).
+fn check_remote(
+    op: RdmaOp,
+    peer: &str,
+    read_depth: u8,
+    regions: &[RegionInfo],
+    addr: u64,
+    len: u64,
+) -> Result<u32, VerbsError> {
     let inside = |r: &&RegionInfo| {
         addr >= r.addr
             && addr
                 .checked_add(len)
                 .is_some_and(|end| end <= r.addr + r.len)
     };
-    match regions.iter().find(inside) {
-        Some(r) => Ok(r.rkey),
-        None => Err(VerbsError::DestOutOfBounds {
+    match (op, regions.iter().find(inside)) {
+        (RdmaOp::Write, Some(r)) => Ok(r.rkey),
+        (RdmaOp::Read, Some(r)) if read_depth > 0 => Ok(r.rkey),
+        (RdmaOp::Write, None) => Err(VerbsError::DestOutOfBounds {
             peer: peer.to_owned(),
             addr,
             len,
             regions: regions.len(),
+        }),
+        (RdmaOp::Read, None) => Err(VerbsError::ReadOutOfBounds {
+            peer: peer.to_owned(),
+            addr,
+            len,
+            regions: regions.len(),
+        }),
+        (RdmaOp::Read, Some(_)) => Err(VerbsError::CannotRead {
+            peer: peer.to_owned(),
+            why: "the two devices allow no RDMA READ outstanding on its queue pair (max_qp_init_rd_atom here, or max_qp_rd_atom at the peer, is 0)".into(),
         }),
     }
 }

@@ -9,53 +9,18 @@
 use ferry_core::transport::{Completion, Fault, FaultKind, Transport};
 use ferry_hostmem::HostPool;
 
-use super::{config, fill, node, Node};
+use super::{config, connect, drain, fill, node, release, stall, waiting, Node, ASIDE, LEN};
 use crate::conn::ConnState;
+use crate::device::RdmaOp;
 use crate::error::VerbsError;
 use crate::sim::SimDevice;
 use crate::transport::VerbsTransport;
-
-/// A write of 16 work requests (the stand-in's 4 KiB messages): the window
-/// of 8 posts half of them, the rest wait in the book.
-const LEN: u64 = 64 << 10;
-
-/// Where connecting writes go, away from the writes under test.
-const ASIDE: u64 = 512 << 10;
-
-/// Connects `a` to `to` with a one-byte write.
-fn connect(a: &mut Node, to: &Node, cookie: u64) {
-    a.write(0, 1, to, ASIDE, cookie).unwrap();
-    let c = a.wait(1).remove(0);
-    assert!(c.result.is_ok(), "{:?}", c.result);
-}
-
-fn stall(a: &Node, on: bool) {
-    a.t.with_device_mut(|d| d.stall = on);
-}
-
-fn waiting(a: &Node) -> usize {
-    a.t.with_device_mut(|d| d.waiting())
-}
-
-/// Everything the transport has to report now, by cookie.
-fn drain(a: &mut Node) -> Vec<Completion<VerbsError>> {
-    let mut done: Vec<_> = std::iter::from_fn(|| a.t.poll_completion()).collect();
-    done.sort_by_key(|c| c.cookie);
-    done
-}
 
 /// The peer goes on; the caller has reused its source. Nothing of the
 /// ended writes may land in `to`'s first `LEN` bytes.
 fn release_and_check_untouched(a: &mut Node, to: &Node) {
     fill(&mut a.bytes_mut()[..LEN as usize], 0xbad);
-    stall(a, false);
-    for _ in 0..20 {
-        // Each poll lets the stand-in run what still waits.
-        if let Some(c) = a.t.poll_completion() {
-            panic!("a stray completion after the writes ended: {c:?}");
-        }
-    }
-    assert_eq!(waiting(a), 0);
+    release(a);
     assert!(
         to.bytes()[..LEN as usize].iter().all(|&x| x == 0),
         "an ended write landed"
@@ -96,7 +61,8 @@ fn cancelled_writes_are_flushed_unrun_and_never_touch_their_memory_again() {
     let [c] = &done[..] else { panic!("{done:?}") };
     assert_eq!(c.cookie, 4);
     match &c.result {
-        Err(e @ VerbsError::Cancelled { peer }) => {
+        Err(e @ VerbsError::Cancelled { op, peer }) => {
+            assert_eq!(*op, RdmaOp::Write);
             assert_eq!(peer, b.t.session_id());
             assert_eq!(e.kind(), FaultKind::Timeout);
         }

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use ferry_core::transport::{
-    Completion, Fault, FaultKind, Region, RegionError, Transport, WriteOp, WriteTag,
+    Completion, Fault, FaultKind, ReadOp, Region, RegionError, Transport, WriteOp, WriteTag,
 };
 use ferry_hostmem::HostPool;
 
@@ -20,6 +20,7 @@ use crate::status::WcStatus;
 use crate::transport::{VerbsConfig, VerbsTransport};
 
 mod cancel;
+mod read;
 
 struct Node {
     t: VerbsTransport<SimDevice>,
@@ -80,6 +81,24 @@ impl Node {
         })
     }
 
+    fn read(
+        &mut self,
+        off: u64,
+        len: u64,
+        from: &Node,
+        src_off: u64,
+        cookie: u64,
+    ) -> Result<(), VerbsError> {
+        self.t.post_read(&ReadOp {
+            region: self.region,
+            local_offset: off,
+            len,
+            src_session: from.t.session_id(),
+            src_addr: from.region.addr + src_off,
+            cookie,
+        })
+    }
+
     fn wait(&mut self, n: usize) -> Vec<Completion<VerbsError>> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut out = Vec::new();
@@ -94,6 +113,50 @@ impl Node {
         }
         out
     }
+}
+
+/// A transfer of 16 work requests (the stand-in's 4 KiB messages): the
+/// window of 8 posts half of them, the rest wait in the book.
+const LEN: u64 = 64 << 10;
+
+/// Where connecting writes go, away from the transfers under test.
+const ASIDE: u64 = 512 << 10;
+
+/// Connects `a` to `to` with a one-byte write.
+fn connect(a: &mut Node, to: &Node, cookie: u64) {
+    a.write(0, 1, to, ASIDE, cookie).unwrap();
+    let c = a.wait(1).remove(0);
+    assert!(c.result.is_ok(), "{:?}", c.result);
+}
+
+/// The peers of `a`'s queue pairs stop (or go on) taking work.
+fn stall(a: &Node, on: bool) {
+    a.t.with_device_mut(|d| d.stall = on);
+}
+
+/// Work requests waiting on `a`'s queue pairs.
+fn waiting(a: &Node) -> usize {
+    a.t.with_device_mut(|d| d.waiting())
+}
+
+/// The peers of `a`'s queue pairs go on after ended transfers: whatever
+/// still waited runs now, unless it was flushed, and nothing completes.
+fn release(a: &mut Node) {
+    stall(a, false);
+    for _ in 0..20 {
+        // Each poll lets the stand-in run what still waits.
+        if let Some(c) = a.t.poll_completion() {
+            panic!("a stray completion after the transfers ended: {c:?}");
+        }
+    }
+    assert_eq!(waiting(a), 0);
+}
+
+/// Everything the transport has to report now, by cookie.
+fn drain(a: &mut Node) -> Vec<Completion<VerbsError>> {
+    let mut done: Vec<_> = std::iter::from_fn(|| a.t.poll_completion()).collect();
+    done.sort_by_key(|c| c.cookie);
+    done
 }
 
 fn fill(buf: &mut [u8], seed: u64) {
@@ -178,7 +241,8 @@ fn both_queue_pairs_walk_init_rtr_rts_with_matching_psns() {
             QpStep::Init {
                 port: 1,
                 pkey_index: 0,
-                remote_write: true
+                remote_write: true,
+                remote_read: true,
             }
         ));
         let QpStep::Rtr {
