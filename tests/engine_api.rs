@@ -45,11 +45,17 @@ impl Buf {
 }
 
 fn pattern(seed: u32, i: usize) -> u8 {
-    ((i as u32).wrapping_mul(31).wrapping_add(seed.wrapping_mul(97)) % 251) as u8
+    ((i as u32)
+        .wrapping_mul(31)
+        .wrapping_add(seed.wrapping_mul(97))
+        % 251) as u8
 }
 
 fn expect_pattern(bytes: &[u8], seed: u32) -> bool {
-    bytes.iter().enumerate().all(|(i, &b)| b == pattern(seed, i))
+    bytes
+        .iter()
+        .enumerate()
+        .all(|(i, &b)| b == pattern(seed, i))
 }
 
 /// Two engines (`a` moves bytes, `b` is its peer) and their memory.
@@ -196,14 +202,19 @@ fn reads(p: &Pair) {
     let x = p.a.post_read(&peer, &ops, WAIT, None).unwrap();
     assert_eq!(x.wait(WAIT).unwrap(), TransferState::Done);
     x.release().unwrap();
-    assert!(expect_pattern(&p.mem_a.bytes()[1 << 20..(1 << 20) + 4096], 12));
+    assert!(expect_pattern(
+        &p.mem_a.bytes()[1 << 20..(1 << 20) + 4096],
+        12
+    ));
     // Outside the peer's registered memory.
-    let e = p.a.read(&peer, &[p.read_op(MEM - 1, 0, 2)], WAIT)
-        .unwrap_err();
+    let e =
+        p.a.read(&peer, &[p.read_op(MEM - 1, 0, 2)], WAIT)
+            .unwrap_err();
     assert_eq!(e.kind(), FaultKind::OutOfBounds, "{e}");
     // Into memory this engine did not register: refused before posting.
-    let e = p.a.read(&peer, &[p.read_op(0, MEM - 1, 2)], WAIT)
-        .unwrap_err();
+    let e =
+        p.a.read(&peer, &[p.read_op(0, MEM - 1, 2)], WAIT)
+            .unwrap_err();
     assert!(
         matches!(e, EngineError::DestinationOutOfBounds { .. }),
         "{e}"
@@ -231,8 +242,9 @@ fn notifications_alone(p: &Pair) {
     assert_eq!(order, (0..100).collect::<Vec<_>>());
     p.a.notify(&peer, &vec![0; MAX_NOTIFICATION]).unwrap();
     assert_eq!(p.notifications(1, |_| {})[0].len(), MAX_NOTIFICATION);
-    let e = p.a.notify(&peer, &vec![0; MAX_NOTIFICATION + 1])
-        .unwrap_err();
+    let e =
+        p.a.notify(&peer, &vec![0; MAX_NOTIFICATION + 1])
+            .unwrap_err();
     assert_eq!(e.kind(), FaultKind::TooLarge, "{e}");
     let bare = peer.rsplit_once('|').unwrap().0;
     let e = p.a.notify(bare, b"x").unwrap_err();
@@ -240,8 +252,9 @@ fn notifications_alone(p: &Pair) {
     // Transfers still reach a bare session id; a notification attached
     // to one is refused before anything is posted.
     p.a.write(bare, &[p.op(0, 0, 8)], WAIT).unwrap();
-    let e = p.a.post_write(bare, &[p.op(0, 0, 8)], WAIT, Some(b"x"))
-        .unwrap_err();
+    let e =
+        p.a.post_write(bare, &[p.op(0, 0, 8)], WAIT, Some(b"x"))
+            .unwrap_err();
     assert_eq!(e.kind(), FaultKind::UnknownPeer, "{e}");
 }
 
@@ -401,8 +414,13 @@ fn a_transfer_ended_while_its_writes_stall_never_changes_the_destination() {
 
     // Released unfinished.
     stall.store(true, Ordering::Relaxed);
-    let x = p.a.post_write(&peer, &[p.op(0, 0, len)], WAIT, None).unwrap();
-    assert_eq!(x.wait(Duration::from_millis(50)).unwrap(), TransferState::Pending);
+    let x =
+        p.a.post_write(&peer, &[p.op(0, 0, len)], WAIT, None)
+            .unwrap();
+    assert_eq!(
+        x.wait(Duration::from_millis(50)).unwrap(),
+        TransferState::Pending
+    );
     x.release().unwrap_err();
     p.mem_a.fill(0, len, 3);
     stall.store(false, Ordering::Relaxed);
@@ -463,7 +481,10 @@ fn none_of_100_000_notifications_is_lost() {
                 for note in got {
                     let t = u32::from_le_bytes(note.message[..4].try_into().unwrap());
                     let i = u32::from_le_bytes(note.message[4..].try_into().unwrap());
-                    assert_eq!(i, next[t as usize], "thread {t}'s notifications out of order");
+                    assert_eq!(
+                        i, next[t as usize],
+                        "thread {t}'s notifications out of order"
+                    );
                     next[t as usize] += 1;
                     seen += 1;
                 }

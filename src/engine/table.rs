@@ -114,7 +114,9 @@ pub(crate) struct Attached {
 struct Live {
     peer: Arc<Peer>,
     total: u32,
-    /// Operations posted and not completed.
+    /// Operations not completed: all of them until the poster says how
+    /// many it posted ([`Table::posted`]), since a collector may hand in
+    /// completions of the first before the poster is back.
     pending: u32,
     failure: Option<Failure>,
     started: Instant,
@@ -191,7 +193,7 @@ impl Table {
         s.live = Some(Live {
             peer,
             total,
-            pending: 0,
+            pending: total,
             failure: None,
             started: Instant::now(),
             ended: false,
@@ -224,7 +226,7 @@ impl Table {
     /// why posting stopped there, if it did.
     pub fn posted(&mut self, id: Id, posted: u32, refused: Option<Failure>, chores: &mut Chores) {
         if let Some(t) = self.live(id) {
-            t.pending = posted;
+            t.pending = t.pending.saturating_sub(t.total.saturating_sub(posted));
             if refused.is_some() {
                 t.failure = refused;
                 // A transfer that failed to post its rest carries no
@@ -410,6 +412,28 @@ mod tests {
         t.posted(again, 1, None, &mut c);
         t.complete(id.cookie(), Ok(()), &mut c);
         assert_eq!(t.state(again), Some(TransferState::Pending));
+    }
+
+    #[test]
+    fn completions_that_come_before_the_poster_is_back_are_counted() {
+        let mut t = Table::default();
+        let far = Instant::now() + Duration::from_secs(60);
+        let id = t.open(peer(), 3, far, None);
+        let mut c = Chores::default();
+        // Two posted, both completed by a collector, then the third
+        // refused.
+        t.complete(id.cookie(), Ok(()), &mut c);
+        t.complete(id.cookie(), Ok(()), &mut c);
+        assert_eq!(t.state(id), Some(TransferState::Pending));
+        t.posted(id, 2, Some(op_failure()), &mut c);
+        assert_eq!(t.state(id), Some(TransferState::Failed));
+        // All three posted and completed before the poster is back.
+        let id = t.open(peer(), 3, far, None);
+        for _ in 0..3 {
+            t.complete(id.cookie(), Ok(()), &mut c);
+        }
+        t.posted(id, 3, None, &mut c);
+        assert_eq!(t.state(id), Some(TransferState::Done));
     }
 
     #[test]
