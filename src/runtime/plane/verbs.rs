@@ -1,6 +1,7 @@
 //! The ibverbs data plane ([`ferry_verbs::VerbsTransport`]): a pool in
 //! anonymous host memory, registered with the NIC, written into by peers
-//! with RDMA WRITE over RC queue pairs (InfiniBand, RoCE).
+//! with RDMA WRITE over RC queue pairs (InfiniBand, RoCE). (The plane also
+//! reads, for the transfer engine; a node never does.)
 
 use ferry_verbs::{Device, GidChoice, VerbsConfig, VerbsTransport};
 
