@@ -5,7 +5,6 @@
 //! libfabric plane (`tcp;ofi_rxm` and `shm`) and the verbs stand-in.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry::core::transport::FaultKind;
@@ -306,6 +305,7 @@ fn fabric_engines_offer_the_whole_api_over_shm() {
 #[cfg(feature = "verbs-sim")]
 mod sim {
     use super::*;
+    use std::sync::Arc;
     use ferry::core::transport::{Capabilities, Completion, ReadOp, Region, Transport, WriteOp};
     use ferry_verbs::sim::SimDevice;
     use ferry_verbs::{VerbsConfig, VerbsError, VerbsTransport};
