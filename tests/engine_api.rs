@@ -305,10 +305,10 @@ fn fabric_engines_offer_the_whole_api_over_shm() {
 #[cfg(feature = "verbs-sim")]
 mod sim {
     use super::*;
-    use std::sync::Arc;
     use ferry::core::transport::{Capabilities, Completion, ReadOp, Region, Transport, WriteOp};
     use ferry_verbs::sim::SimDevice;
     use ferry_verbs::{VerbsConfig, VerbsError, VerbsTransport};
+    use std::sync::Arc;
 
     pub struct Stallable {
         t: VerbsTransport<SimDevice>,
