@@ -495,3 +495,74 @@ fn none_of_100_000_notifications_is_lost() {
     assert!(done.load(Ordering::Relaxed));
     assert!(p.b.notifications().unwrap().is_empty());
 }
+
+/// The same over libfabric's tcp provider, with a handle: the peer is a
+/// libfabric transport that stops driving its queue (as a stalled process
+/// would), where the writes then stall in the sockets; the transfer times
+/// out, and once it says so the source is the caller's again and the
+/// destination never sees a byte of it.
+#[cfg(feature = "fabric")]
+#[test]
+fn a_fabric_transfer_timed_out_while_its_writes_stall_never_changes_the_destination() {
+    use ferry::core::transport::Transport;
+    use ferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
+
+    let engine = fabric("tcp;ofi_rxm");
+    let len = 16usize << 20;
+    let mut config = FabricConfig::new(Provider::Named("tcp;ofi_rxm".into()));
+    config.delivery = DeliveryMode::Complete;
+    let mut receiver = FabricTransport::with_pool(&config, len).unwrap();
+    let (base, pool_len) = (receiver.pool_ptr(), receiver.pool_len());
+    // SAFETY: the transport's own pool, registered for its life.
+    let _region = unsafe { receiver.register(base, pool_len) }.unwrap();
+    let placed = || {
+        // SAFETY: compared only; read while the receiver does not drive
+        // its queue or after it placed what it will.
+        unsafe { std::slice::from_raw_parts(base, pool_len) }.to_vec()
+    };
+    let src = Buf::new(len);
+    src.fill(0, len, 1);
+    // SAFETY: `src` outlives the engine (dropped after it, below).
+    unsafe { engine.register(src.addr(), len as u64) }.unwrap();
+    let to = receiver.session_id().to_owned();
+    let op = |len: usize| Op {
+        src: src.addr(),
+        dst: base as u64,
+        len: len as u64,
+    };
+    // Connected first (retried: a first connect on a loaded machine may
+    // take longer than the plane's write timeout).
+    let mut tries = 0;
+    while let Err(e) = engine.write(&to, &[op(8)], WAIT) {
+        tries += 1;
+        assert!(tries < 5, "{e}");
+    }
+    receiver.hold_progress(true);
+    let x = engine
+        .post_write(&to, &[op(len)], Duration::from_millis(300), None)
+        .unwrap();
+    let e = x.wait(WAIT).unwrap_err();
+    assert_eq!(e.kind(), FaultKind::Timeout, "{e}");
+    assert_eq!(x.state(), TransferState::Failed);
+    drop(x);
+    src.fill(0, len, 2);
+    receiver.hold_progress(false);
+    std::thread::sleep(Duration::from_millis(500));
+    // What landed is the first source's or nothing, never the second's.
+    let now = placed();
+    assert!(
+        now[..len]
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == 0 || b == pattern(1, i)),
+        "a byte of the source was read after the transfer said it timed out"
+    );
+    // The peer is reached anew.
+    let mut tries = 0;
+    while let Err(e) = engine.write(&to, &[op(4096)], WAIT) {
+        tries += 1;
+        assert!(tries < 5, "{e}");
+    }
+    assert!(expect_pattern(&placed()[..4096], 2));
+    drop(engine);
+}
