@@ -45,7 +45,9 @@ pub(crate) trait Driver: Send + Sync {
     fn state(&self, id: Id) -> Option<TransferState>;
     fn wait(&self, id: Id, until: Option<Instant>) -> Option<TransferState>;
     fn failure(&self, id: Id) -> Option<EngineError>;
-    fn release(&self, id: Id);
+    /// Ends the transfer if it is still running, waits until it is
+    /// final, frees it, and returns its failure (`None`: it was done).
+    fn release(&self, id: Id) -> Option<EngineError>;
     fn notify(&self, peer: &Peer, message: &[u8]) -> Result<(), EngineError>;
     fn notifications(&self, into: &mut Vec<Notification>) -> Result<(), EngineError>;
 }
@@ -71,6 +73,11 @@ struct Shared<T> {
     plane: Mutex<Plane<T>>,
     table: Mutex<Table>,
     finished: Condvar,
+    /// Threads waiting on `finished`, counted under the table's lock
+    /// before they wait: a finisher that sees none skips the wake-up (a
+    /// system call), and one that sees some was ordered after their count
+    /// by that lock.
+    waiters: std::sync::atomic::AtomicUsize,
     notifier: Notifier,
     stop: AtomicBool,
 }
@@ -97,6 +104,7 @@ impl<T: Transport + Send + 'static> Driven<T> {
             }),
             table: Mutex::new(Table::default()),
             finished: Condvar::new(),
+            waiters: std::sync::atomic::AtomicUsize::new(0),
             notifier: Notifier::bind(notify_host)?,
             stop: AtomicBool::new(false),
         });
@@ -168,26 +176,44 @@ impl<T: Transport> Shared<T> {
     /// Polls the transport, hands what completed to its transfers, and
     /// does what that leaves to do.
     fn collect(&self) {
-        let mut got = Vec::new();
+        let mut chores = Chores::default();
         {
             let mut p = lock(&self.plane);
+            // The table's lock is taken inside the plane's (the one order
+            // allowed), and only once something completed.
+            let mut table = None;
             while let Some(c) = p.transport.poll_completion() {
-                got.push((c.cookie, c.result.map_err(|e| failure("transfer", &e))));
+                let t = table.get_or_insert_with(|| lock(&self.table));
+                t.complete(
+                    c.cookie,
+                    c.result.map_err(|e| failure("transfer", &e)),
+                    &mut chores,
+                );
             }
+            drop(table);
             // Delivery-complete data planes: arrivals are not counted.
             while p.transport.poll_landed().is_some() {}
         }
-        if got.is_empty() {
-            return;
-        }
-        let mut chores = Chores::default();
-        {
-            let mut t = lock(&self.table);
-            for (cookie, outcome) in got {
-                t.complete(cookie, outcome, &mut chores);
-            }
-        }
         self.run(chores);
+    }
+
+    /// Wakes the threads waiting on `finished`, if there are any.
+    fn wake_waiters(&self) {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.finished.notify_all();
+        }
+    }
+
+    /// Waits on `finished` for at most `wait`, counted as a waiter.
+    fn wait_finished<'a>(&self, t: MutexGuard<'a, Table>, wait: Duration) -> MutexGuard<'a, Table> {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let t = self
+            .finished
+            .wait_timeout(t, wait)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        t
     }
 
     /// Does what the table left to do outside its lock, until nothing is
@@ -195,7 +221,7 @@ impl<T: Transport> Shared<T> {
     fn run(&self, mut chores: Chores) {
         loop {
             if chores.finished {
-                self.finished.notify_all();
+                self.wake_waiters();
             }
             let mut next = Chores::default();
             if !chores.end.is_empty() {
@@ -299,10 +325,14 @@ impl<T: Transport + Send + 'static> Driver for Driven<T> {
             .iter()
             .position(|r| r.addr == addr)
             .ok_or(EngineError::NotRegistered { addr })?;
-        let region = p.regions.remove(at);
+        // Forgotten only once the data plane let it go, so that a failed
+        // deregistration can be tried again.
+        let region = p.regions[at];
         p.transport
             .deregister(region)
-            .map_err(|e| EngineError::transport("deregister", &e))
+            .map_err(|e| EngineError::transport("deregister", &e))?;
+        p.regions.remove(at);
+        Ok(())
     }
 
     fn post(
@@ -474,11 +504,7 @@ impl<T: Transport + Send + 'static> Driver for Driven<T> {
             if let Some(u) = until {
                 wake = wake.min(u);
             }
-            t = shared
-                .finished
-                .wait_timeout(t, wake.saturating_duration_since(now))
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            t = shared.wait_finished(t, wake.saturating_duration_since(now));
         }
     }
 
@@ -486,24 +512,19 @@ impl<T: Transport + Send + 'static> Driver for Driven<T> {
         lock(&self.shared.table).failure(id)
     }
 
-    fn release(&self, id: Id) {
+    fn release(&self, id: Id) -> Option<EngineError> {
         let mut chores = Chores::default();
-        {
-            let mut t = lock(&self.shared.table);
-            t.end(id, false, &mut chores);
-            t.release(id);
-        }
+        lock(&self.shared.table).end(id, false, &mut chores);
         self.shared.run(chores);
-        // Freed once final: until then bytes of it may move.
+        // Final only once every operation of it ended: until then bytes of
+        // it may move.
         let mut t = lock(&self.shared.table);
-        while t.state(id).is_some() {
-            t = self
-                .shared
-                .finished
-                .wait_timeout(t, TICK)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+        while t.state(id) == Some(TransferState::Pending) {
+            t = self.shared.wait_finished(t, TICK);
         }
+        let failure = t.failure(id);
+        t.release(id);
+        failure
     }
 
     fn notify(&self, peer: &Peer, message: &[u8]) -> Result<(), EngineError> {

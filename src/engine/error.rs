@@ -49,7 +49,9 @@ pub enum EngineError {
         addr: u64,
     },
     /// Writes not finished in time.
-    #[error("transfer to {session}: {pending} of {total} writes not finished after {waited:?}")]
+    #[error(
+        "transfer with {session}: {pending} of {total} operations not finished after {waited:?}"
+    )]
     Timeout {
         /// The peer's session id.
         session: String,

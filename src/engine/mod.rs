@@ -175,6 +175,10 @@ fn deadline(timeout: Duration) -> Instant {
 pub struct TransferEngine {
     inner: Arc<dyn Driver>,
     backend: &'static str,
+    /// The peer transferred with last: a connector moves many transfers
+    /// to one peer in a row, and parsing its session id anew costs more
+    /// than a small write's copy.
+    last_peer: std::sync::Mutex<Option<Arc<Peer>>>,
 }
 
 impl std::fmt::Debug for TransferEngine {
@@ -252,7 +256,24 @@ impl TransferEngine {
         Ok(Self {
             inner: Arc::new(Driven::start(transport, host)?),
             backend: name,
+            last_peer: std::sync::Mutex::new(None),
         })
+    }
+
+    /// The peer `session` names (the last one again, if it is).
+    fn peer(&self, session: &str) -> Arc<Peer> {
+        let mut last = self
+            .last_peer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &*last {
+            Some(p) if p.session == session => Arc::clone(p),
+            _ => {
+                let p = Arc::new(peer_of(session));
+                *last = Some(Arc::clone(&p));
+                p
+            }
+        }
     }
 
     /// The backend's name: `local`, `fabric`, `verbs`, or what
@@ -273,8 +294,10 @@ impl TransferEngine {
     ///
     /// # Safety
     /// The memory must stay mapped until [`deregister`](Self::deregister)
-    /// returns or the engine is dropped, and the caller must expect peers
-    /// to write into it at any time while registered.
+    /// returns, or until the engine and every [`Transfer`] posted on it
+    /// are dropped (a transfer keeps the data plane, and so its
+    /// registrations, alive), and the caller must expect peers to write
+    /// into it at any time while registered.
     pub unsafe fn register(&self, addr: u64, len: u64) -> Result<(), EngineError> {
         // SAFETY: the caller's contract, passed on.
         unsafe { self.inner.register(addr, len) }
@@ -301,7 +324,7 @@ impl TransferEngine {
     ) -> Result<Transfer, EngineError> {
         let id = self.inner.post(
             direction,
-            Arc::new(peer_of(session)),
+            self.peer(session),
             ops,
             deadline(timeout),
             notify.map(<[u8]>::to_vec),
@@ -416,9 +439,10 @@ pub struct Transfer {
 
 impl std::fmt::Debug for Transfer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not its state: asking polls the data plane.
         f.debug_struct("Transfer")
             .field("slot", &self.id.slot)
-            .field("state", &self.state())
+            .field("generation", &self.id.gen)
             .finish()
     }
 }
@@ -454,15 +478,10 @@ impl Transfer {
 
     /// Waits until it is final (its deadline bounds that), releases it,
     /// and returns how it went.
-    pub fn finish(mut self) -> Result<(), EngineError> {
-        let state = self.inner.wait(self.id, None);
-        let outcome = match state {
-            Some(TransferState::Done) => Ok(()),
-            _ => Err(self.error()),
-        };
-        self.released = true;
-        self.inner.release(self.id);
-        outcome
+    pub fn finish(self) -> Result<(), EngineError> {
+        // Final by its deadline: releasing it then ends nothing.
+        let _ = self.inner.wait(self.id, None);
+        self.release()
     }
 
     /// Ends it if it is still running, and returns once no byte of it
@@ -470,20 +489,18 @@ impl Transfer {
     /// the same peer, as a deadline does). Returns how it went: `Ok` if it
     /// had finished, else its failure.
     pub fn release(mut self) -> Result<(), EngineError> {
-        let outcome = match self.inner.state(self.id) {
-            Some(TransferState::Done) => Ok(()),
-            _ => Err(self.error()),
-        };
         self.released = true;
-        self.inner.release(self.id);
-        outcome
+        match self.inner.release(self.id) {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
     }
 }
 
 impl Drop for Transfer {
     fn drop(&mut self) {
         if !self.released {
-            self.inner.release(self.id);
+            let _ = self.inner.release(self.id);
         }
     }
 }

@@ -29,8 +29,9 @@ use super::EngineError;
 pub const MAX_NOTIFICATION: usize = 4096;
 
 /// The longest sender name a notification may carry (an engine's session
-/// id).
-const MAX_FROM: usize = 2048;
+/// id, which names every region on some data planes: libfabric's, about
+/// 40 bytes a region).
+const MAX_FROM: usize = 64 << 10;
 
 /// How long a send waits for room in the peer's queues.
 const SEND_WAIT: Duration = Duration::from_secs(10);
@@ -171,6 +172,16 @@ impl Notifier {
     /// at `to`; waits at most [`SEND_WAIT`] for room in the queues.
     pub fn send(&self, from: &str, to: &str, message: &[u8]) -> Result<(), EngineError> {
         check_len(message.len())?;
+        if from.len() > MAX_FROM {
+            return Err(EngineError::Transport {
+                verb: "notify",
+                message: format!(
+                    "this engine's session id is {} bytes, longer than a notification's sender may be ({MAX_FROM})",
+                    from.len()
+                ),
+                kind: FaultKind::TooLarge,
+            });
+        }
         let outbox = self.outbox(to)?;
         let outbox = lock(&outbox);
         outbox

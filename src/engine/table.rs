@@ -233,6 +233,12 @@ impl Table {
                 // notification: its bytes will not all be there.
                 t.notify = None;
             }
+            // Ended while it was being posted (its deadline came, or it
+            // was released): the peer's operations were ended before
+            // these were posted, so they are ended again.
+            if t.ended && t.pending > 0 {
+                chores.end.push(Arc::clone(&t.peer));
+            }
         }
         self.settle(id, chores);
     }
@@ -434,6 +440,26 @@ mod tests {
         }
         t.posted(id, 3, None, &mut c);
         assert_eq!(t.state(id), Some(TransferState::Done));
+    }
+
+    #[test]
+    fn a_transfer_ended_while_it_is_posted_is_ended_again_once_posted() {
+        let mut t = Table::default();
+        let now = Instant::now();
+        let id = t.open(peer(), 2, now, None);
+        let mut c = Chores::default();
+        t.expire(now, &mut c);
+        assert_eq!(c.end.len(), 1);
+        let mut c = Chores::default();
+        t.posted(id, 2, None, &mut c);
+        assert_eq!(
+            c.end.len(),
+            1,
+            "operations posted after the end were not ended"
+        );
+        t.complete(id.cookie(), Ok(()), &mut c);
+        t.complete(id.cookie(), Ok(()), &mut c);
+        assert_eq!(t.failure(id).unwrap().kind(), FaultKind::Timeout);
     }
 
     #[test]

@@ -218,11 +218,9 @@ impl Transport for LocalTransport {
         if !self.posted.is_empty() {
             self.make_posted();
         }
-        let next = self.done.pop_front();
-        if next.is_none() {
-            self.wake.clear();
-        }
-        next
+        // The wake descriptor is never signalled, so there is nothing to
+        // clear (a read would be a system call per poll).
+        self.done.pop_front()
     }
 
     /// Ends the writes to the peer and reads from it not yet made: each is
