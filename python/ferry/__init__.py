@@ -1,7 +1,8 @@
 """ferry: tensor transfer for disaggregated diffusion serving.
 
 ``ferry.TransferEngine`` is a transfer engine with the names of sglang's
-``BaseTransferEngine``; ``ferry.sglang.use()`` makes sglang run on it (or,
+``BaseTransferEngine``, and transfers by handle (``ferry.Transfer``),
+one-sided reads and notifications for NIXL-style connectors; ``ferry.sglang.use()`` makes sglang run on it (or,
 in every process sglang spawns, ``FERRY_SGLANG=<backend>`` in the
 environment: see ``ferry.sglang``).
 ``ferry.Instance`` and ``ferry.Coordinator`` are ferry's nodes: stage
@@ -29,7 +30,7 @@ from ferry._errors import (
     TooLargeError,
     UnknownPeerError,
 )
-from ferry._engine import ERROR_CODES, TransferEngine
+from ferry._engine import ERROR_CODES, MAX_NOTIFICATION, Transfer, TransferEngine
 from ferry._native import __version__
 from ferry._node import Coordinator, Delivery, Instance, Outcome, Prealloc, Staging
 from ferry._stats import CoordinatorStats, InstanceStats
@@ -60,6 +61,7 @@ __all__ = [
     "FerryIOError",
     "FerryTimeoutError",
     "Instance",
+    "MAX_NOTIFICATION",
     "InstanceStats",
     "NoRoomError",
     "Outcome",
@@ -70,6 +72,7 @@ __all__ = [
     "RegistrationError",
     "Staging",
     "TooLargeError",
+    "Transfer",
     "TransferEngine",
     "UnknownPeerError",
     "backends",

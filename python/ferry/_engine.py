@@ -1,9 +1,11 @@
-"""``ferry.TransferEngine``: sglang's ``BaseTransferEngine`` contract."""
+"""``ferry.TransferEngine``: sglang's ``BaseTransferEngine`` contract, and
+what NIXL-style connectors are built on: transfers by handle
+(``ferry.Transfer``), one-sided reads, notifications."""
 
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, Dict, List, Optional, Type
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 
 from ferry import _native
 from ferry._errors import FerryIOError
@@ -12,6 +14,9 @@ from ferry._errors import FerryIOError
 #: kind (``FerryError.kind``'s names); 0 is success. The core's table
 #: (``FaultKind::code``), as the extension module exports it.
 ERROR_CODES: Dict[str, int] = dict(_native.FAULT_CODES)
+
+#: The longest notification, in bytes.
+MAX_NOTIFICATION: int = _native.MAX_NOTIFICATION
 
 
 def _fabric_module() -> Any:
@@ -38,8 +43,11 @@ class TransferEngine:
     ``"auto"`` (verbs when the host has an RDMA device, else local).
 
     Options (keywords): ``timeout`` (seconds a transfer may take, 30: past
-    it its writes are ended, and the call returns once they have, so that no
-    byte of it moves after any return);
+    it its operations are ended, and the call returns once they have, so
+    that no byte of it moves after any return; ``post_write`` and
+    ``post_read`` may name their own); ``notify_host`` (the address of this
+    host peers send notifications to: loopback for ``local``, else the
+    first IPv4 address of an interface that is up);
     local: ``threads``, ``parallel_min``; fabric: ``provider`` (``"tcp"``,
     ``"shm"``, ``"efa"``, ``"verbs;ofi_rxm"``, ...), ``source``, ``max_chunk``,
     ``write_timeout``; verbs: ``device``, ``port``, ``gid_index``, ``listen``,
@@ -47,9 +55,10 @@ class TransferEngine:
     ``TypeError``.
 
     Errors are ``ferry.FerryError`` subclasses by kind (a closed engine's
-    calls raise ``ClosedError``); the transfers return codes instead.
+    calls raise ``ClosedError``); the ``*_sync`` calls return codes instead.
     Every method may be called from many threads at once; transfers release
-    the GIL while they run. A process that only receives makes no calls.
+    the GIL while they run. A process that only receives makes no calls
+    (but ``get_notifications`` to read its notifications).
     """
 
     def __init__(self, backend: str = "auto", **options: Any) -> None:
@@ -108,8 +117,91 @@ class TransferEngine:
         lists at once: 0 when all arrived, negative on any failure."""
         return self._engine.batch_transfer_sync(dst_session_id, src_addrs, dst_addrs, lengths)
 
+    def read_sync(self, src_session_id: str, local_addr: int, remote_addr: int, length: int) -> int:
+        """Reads ``length`` bytes from ``remote_addr`` (in a region the peer
+        ``src_session_id`` registered) into ``local_addr`` (in one registered
+        here). Returns 0 once every byte is here, a negative ``ERROR_CODES``
+        value on failure, with the reason in ``last_error``."""
+        return self._engine.read_sync(src_session_id, local_addr, remote_addr, length)
+
+    def batch_read_sync(
+        self,
+        src_session_id: str,
+        local_addrs: List[int],
+        remote_addrs: List[int],
+        lengths: List[int],
+    ) -> int:
+        """``read_sync`` of every ``(local, remote, length)`` of the three
+        lists at once: 0 when all arrived, negative on any failure."""
+        return self._engine.batch_read_sync(src_session_id, local_addrs, remote_addrs, lengths)
+
+    def post_write(
+        self,
+        dst_session_id: str,
+        src_addrs: Sequence[int],
+        dst_addrs: Sequence[int],
+        lengths: Sequence[int],
+        *,
+        notify: Optional[bytes] = None,
+        timeout: Optional[float] = None,
+    ) -> "Transfer":
+        """Posts writes of every ``(src, dst, length)`` (``src`` here,
+        ``dst`` in the peer ``dst_session_id``) and returns at once with
+        their ``Transfer``. With ``notify`` (at most ``MAX_NOTIFICATION``
+        bytes), the peer is sent that notification once every byte is in
+        its memory (none if the transfer fails). ``timeout``: seconds until
+        the transfer is ended if unfinished (default: the engine's).
+
+        Raises ``FerryError`` if it is refused before anything moves (a
+        source outside this engine's registered memory, lists of different
+        lengths, a notification too long or to a peer with no notification
+        endpoint, a closed engine); failures while it runs are the
+        ``Transfer``'s."""
+        native = self._engine.post_write(
+            dst_session_id, list(src_addrs), list(dst_addrs), list(lengths), notify=notify, timeout=timeout
+        )
+        return Transfer(native)
+
+    def post_read(
+        self,
+        src_session_id: str,
+        local_addrs: Sequence[int],
+        remote_addrs: Sequence[int],
+        lengths: Sequence[int],
+        *,
+        notify: Optional[bytes] = None,
+        timeout: Optional[float] = None,
+    ) -> "Transfer":
+        """Posts one-sided reads of every ``(local, remote, length)``
+        (``remote`` in the memory the peer ``src_session_id`` registered,
+        ``local`` here) and returns their ``Transfer``; the peer makes no
+        call. ``notify`` is sent to the peer once every byte is here;
+        ``timeout`` and errors as ``post_write`` (a destination outside this
+        engine's registered memory is refused)."""
+        native = self._engine.post_read(
+            src_session_id, list(local_addrs), list(remote_addrs), list(lengths), notify=notify, timeout=timeout
+        )
+        return Transfer(native)
+
+    def notify(self, dst_session_id: str, message: bytes) -> None:
+        """Sends ``message`` (at most ``MAX_NOTIFICATION`` bytes) to the peer
+        engine ``dst_session_id`` now, after every notification this engine
+        sent it before. Waits while the peer's queue is full (at most ten
+        seconds, then ``FerryTimeoutError``). Raises ``TooLargeError`` for a
+        longer message, ``UnknownPeerError`` for a session id that names no
+        notification endpoint (a ferry node's, or not an engine's)."""
+        self._engine.notify(dst_session_id, message)
+
+    def get_notifications(self) -> List[Tuple[str, bytes]]:
+        """Every notification that arrived since the last call, as
+        ``(sender's session id, message)``, in the order each sender sent
+        them; an empty list if none. Does not wait."""
+        return self._engine.get_notifications()
+
     def close(self) -> None:
-        """Ends every registration and closes the engine; later calls fail."""
+        """Ends every transfer still pending (it returns once no byte of
+        them moves) and every registration, and closes the engine; later
+        calls fail."""
         self._engine.close()
 
     def __enter__(self) -> "TransferEngine":
@@ -125,3 +217,58 @@ class TransferEngine:
 
     def __repr__(self) -> str:
         return repr(self._engine)
+
+
+class Transfer:
+    """A transfer posted by ``TransferEngine.post_write`` or ``post_read``.
+
+    Poll it (``state``), wait for it (``wait``), and release it
+    (``release``, or leave a ``with`` block, or drop it): once it is final
+    (done, failed, or ended by its timeout) or released, no byte of it
+    moves any more, so its sources may be reused and its destinations
+    read. Any number may be in flight at once, from any threads; ``wait``
+    and ``release`` let go of the GIL.
+    """
+
+    __slots__ = ("_transfer",)
+
+    def __init__(self, native: Any) -> None:
+        self._transfer = native
+
+    @property
+    def state(self) -> str:
+        """``"pending"`` (bytes of it may still move), ``"done"`` (every
+        byte arrived, and its notification was sent) or ``"failed"`` (it
+        failed, timed out, or was released unfinished; none of its bytes
+        moves any more). Does not wait."""
+        return self._transfer.state
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Waits at most ``timeout`` seconds (``None``: until it is final,
+        which its own timeout bounds). Returns True once it is done, False
+        if it is still pending; raises its failure (a ``FerryError`` by
+        kind: ``FerryTimeoutError`` past its timeout, ``ClosedError`` if it
+        was released unfinished or its engine closed)."""
+        return self._transfer.wait(timeout)
+
+    def release(self) -> None:
+        """Ends it if it is still pending, and returns once no byte of it
+        moves (its data plane ends every operation in flight with the same
+        peer, so that peer's other transfers may fail too). Raises nothing,
+        and may be called again: afterwards ``state`` is its final state,
+        and ``wait()`` returns True or raises its failure at once."""
+        self._transfer.release()
+
+    def __enter__(self) -> "Transfer":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return repr(self._transfer)

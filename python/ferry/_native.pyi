@@ -15,6 +15,9 @@ FAULT_CODES: Dict[str, int]
 #: then the others (a node's refusals, anything closed).
 ERROR_KINDS: Tuple[str, ...]
 
+#: The longest notification, in bytes.
+MAX_NOTIFICATION: int
+
 def backends() -> List[str]:
     """The backends this module can open."""
 
@@ -37,8 +40,50 @@ class TransferEngine:
     def batch_transfer_sync(
         self, dst_session_id: str, src_addrs: List[int], dst_addrs: List[int], lengths: List[int]
     ) -> int: ...
+    def read_sync(self, src_session_id: str, local_addr: int, remote_addr: int, length: int) -> int: ...
+    def batch_read_sync(
+        self, src_session_id: str, local_addrs: List[int], remote_addrs: List[int], lengths: List[int]
+    ) -> int: ...
+    def post_write(
+        self,
+        dst_session_id: str,
+        src_addrs: List[int],
+        dst_addrs: List[int],
+        lengths: List[int],
+        *,
+        notify: Optional[bytes] = None,
+        timeout: Optional[float] = None,
+    ) -> "Transfer": ...
+    def post_read(
+        self,
+        src_session_id: str,
+        local_addrs: List[int],
+        remote_addrs: List[int],
+        lengths: List[int],
+        *,
+        notify: Optional[bytes] = None,
+        timeout: Optional[float] = None,
+    ) -> "Transfer": ...
+    def notify(self, dst_session_id: str, message: bytes) -> None: ...
+    def get_notifications(self) -> List[Tuple[str, bytes]]: ...
     def close(self) -> None: ...
     def __enter__(self) -> "TransferEngine": ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool: ...
+
+@final
+class Transfer:
+    """The native handle behind ``ferry.Transfer`` (same members)."""
+
+    @property
+    def state(self) -> str: ...
+    def wait(self, timeout: Optional[float] = None) -> bool: ...
+    def release(self) -> None: ...
+    def __enter__(self) -> "Transfer": ...
     def __exit__(
         self,
         exc_type: Optional[Type[BaseException]],

@@ -33,9 +33,13 @@ class LineProcess:
             raise RuntimeError(f"the helper process ended (exit status {self.proc.wait()})")
         return json.loads(line)
 
-    def ask(self, **cmd) -> dict:
+    def tell(self, **cmd) -> None:
+        """Sends a command without waiting for its answer (`read` it later)."""
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
+
+    def ask(self, **cmd) -> dict:
+        self.tell(**cmd)
         return self.read()
 
     def kill(self) -> None:

@@ -2,7 +2,6 @@
 bytes checked by hash in the receiving process, batches, threads, and each
 failure returning a negative code with its reason."""
 
-import hashlib
 import subprocess
 import sys
 import threading
@@ -12,26 +11,7 @@ import numpy as np
 import pytest
 
 import ferry
-
-MiB = 1 << 20
-
-
-def sha(a: np.ndarray) -> str:
-    return hashlib.sha256(a.tobytes()).hexdigest()
-
-
-def pattern(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
-
-
-def open_pair(backend, peer_factory, peer_size=24 * MiB, src_size=20 * MiB, torch_memory=False):
-    name, options = backend
-    eng = ferry.TransferEngine(name, **options)
-    src = pattern(src_size, 1)
-    eng.register_buffer(src.ctypes.data, src.nbytes)
-    peer = peer_factory(name, options)
-    got = peer.ask(op="alloc", name="pool", size=peer_size, torch=torch_memory)
-    return eng, src, peer, got["addr"], got["session"]
+from pairs import MiB, open_pair, sha
 
 
 def test_single_writes_land_byte_for_byte(backend, peer_factory):

@@ -1,34 +1,34 @@
 //! `TransferEngine`: sglang's `BaseTransferEngine` contract over
-//! [`ferry::engine::TransferEngine`].
+//! [`ferry::engine::TransferEngine`], with the engine's transfers by
+//! handle (`post_write`, `post_read`), reads, and notifications.
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use ferry::engine::{EngineError, TransferEngine};
+use ferry::engine::{Direction, EngineError, EngineOptions, Op, TransferEngine};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBytes, PyDict, PyList};
 
-use crate::errors::{self, Kind};
 use crate::last_error::LastErrors;
 use crate::options;
+use crate::transfer::{Failure, Handles, PyTransfer};
 
 /// The Python exception for an engine's error (a closed engine's is
 /// `closed`, every other's its fault kind).
 fn raise(py: Python<'_>, e: &EngineError) -> PyErr {
-    let kind = match e {
-        EngineError::Closed => Kind::Closed,
-        e => Kind::Fault(e.kind()),
-    };
-    errors::raise(py, e.to_string(), kind)
+    Failure::of(e).raise(py)
 }
 
-/// A transfer engine: register memory, write into peers' registered
-/// memory by session id and address (see `ferry/_native.pyi`).
+/// A transfer engine: register memory, write into and read from peers'
+/// registered memory by session id and address, notify peers (see
+/// `ferry/_native.pyi`).
 #[pyclass(name = "TransferEngine", module = "ferry._native", frozen)]
 pub struct Engine {
     engine: RwLock<Option<Arc<TransferEngine>>>,
     /// Why each thread's last transfer failed, kept by the thread.
     last: LastErrors,
+    /// The transfers posted, ended when the engine closes.
+    handles: Handles,
     backend: &'static str,
     timeout: Duration,
 }
@@ -55,14 +55,69 @@ impl Engine {
         }
     }
 
-    fn transfer(&self, py: Python<'_>, session: &str, ops: Vec<ferry::engine::Op>) -> i32 {
+    fn is_closed(&self) -> bool {
+        self.engine
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none()
+    }
+
+    /// A synchronous transfer, as sglang's calls return it: 0, or the
+    /// failure's code (its reason kept for `last_error`).
+    fn transfer(&self, py: Python<'_>, direction: Direction, session: &str, ops: &[Op]) -> i32 {
         let engine = match self.get(py) {
             Ok(e) => e,
             Err(_) => return self.record(Err(EngineError::Closed)),
         };
         let timeout = self.timeout;
-        let outcome = py.detach(|| engine.write(session, &ops, timeout));
+        let outcome = py.detach(|| match direction {
+            Direction::Write => engine.write(session, ops, timeout),
+            Direction::Read => engine.read(session, ops, timeout),
+        });
         self.record(outcome)
+    }
+
+    /// [`transfer`](Self::transfer) of a batch given as three lists.
+    fn transfer_lists(
+        &self,
+        py: Python<'_>,
+        direction: Direction,
+        session: &str,
+        sources: &[u64],
+        dests: &[u64],
+        lengths: &[u64],
+    ) -> i32 {
+        match ferry::engine::ops_of_lists(sources, dests, lengths) {
+            Ok(ops) => self.transfer(py, direction, session, &ops),
+            Err(e) => self.record(Err(e)),
+        }
+    }
+
+    /// Posts a transfer and returns its handle; raises if it is refused.
+    fn post(
+        &self,
+        py: Python<'_>,
+        direction: Direction,
+        session: &str,
+        ops: Vec<Op>,
+        notify: Option<&[u8]>,
+        timeout: Option<f64>,
+    ) -> PyResult<PyTransfer> {
+        let timeout = match timeout {
+            Some(s) => options::seconds("timeout", s)?,
+            None => self.timeout,
+        };
+        let engine = self.get(py)?;
+        let transfer = py
+            .detach(|| engine.post(direction, session, &ops, timeout, notify))
+            .map_err(|e| raise(py, &e))?;
+        let handle = PyTransfer::new(transfer, direction, session, &ops, &self.handles);
+        // Kept before this look, closed after: `close` either ended it
+        // with the others or left it to be ended here.
+        if self.is_closed() {
+            handle.release_closed(py);
+        }
+        Ok(handle)
     }
 }
 
@@ -73,12 +128,15 @@ impl Engine {
     fn new(py: Python<'_>, backend: &str, options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let (chosen, common) = options::parse(py, backend, options)?;
         let name = chosen.name();
+        let mut opened = EngineOptions::default();
+        opened.notify_host = common.notify_host;
         let engine = py
-            .detach(|| TransferEngine::open(chosen))
+            .detach(|| TransferEngine::open_with(chosen, opened))
             .map_err(|e| raise(py, &e))?;
         Ok(Self {
             engine: RwLock::new(Some(Arc::new(engine))),
             last: LastErrors::default(),
+            handles: Handles::default(),
             backend: name,
             timeout: common.timeout,
         })
@@ -147,12 +205,12 @@ impl Engine {
         dst_addr: u64,
         length: u64,
     ) -> i32 {
-        let op = ferry::engine::Op {
+        let op = Op {
             src: src_addr,
             dst: dst_addr,
             len: length,
         };
-        self.transfer(py, dst_session_id, vec![op])
+        self.transfer(py, Direction::Write, dst_session_id, &[op])
     }
 
     /// Writes every `(src, dst, length)` of the three lists; 0 once all
@@ -165,30 +223,132 @@ impl Engine {
         dst_addrs: Vec<u64>,
         lengths: Vec<u64>,
     ) -> i32 {
-        if src_addrs.len() != dst_addrs.len() || dst_addrs.len() != lengths.len() {
-            return self.record(Err(EngineError::BatchShape {
-                sources: src_addrs.len(),
-                dests: dst_addrs.len(),
-                lengths: lengths.len(),
-            }));
-        }
-        let ops = src_addrs
-            .into_iter()
-            .zip(dst_addrs)
-            .zip(lengths)
-            .map(|((src, dst), len)| ferry::engine::Op { src, dst, len })
-            .collect();
-        self.transfer(py, dst_session_id, ops)
+        self.transfer_lists(
+            py,
+            Direction::Write,
+            dst_session_id,
+            &src_addrs,
+            &dst_addrs,
+            &lengths,
+        )
     }
 
-    /// Closes the engine: its registrations end, and later calls fail.
+    /// Reads `length` bytes from `remote_addr` (in the peer
+    /// `src_session_id`) into `local_addr` (here); 0 once every byte is
+    /// here, negative on failure (see `last_error`).
+    fn read_sync(
+        &self,
+        py: Python<'_>,
+        src_session_id: &str,
+        local_addr: u64,
+        remote_addr: u64,
+        length: u64,
+    ) -> i32 {
+        let op = Op {
+            src: remote_addr,
+            dst: local_addr,
+            len: length,
+        };
+        self.transfer(py, Direction::Read, src_session_id, &[op])
+    }
+
+    /// Reads every `(local, remote, length)` of the three lists; 0 once
+    /// all are here, negative on any failure.
+    fn batch_read_sync(
+        &self,
+        py: Python<'_>,
+        src_session_id: &str,
+        local_addrs: Vec<u64>,
+        remote_addrs: Vec<u64>,
+        lengths: Vec<u64>,
+    ) -> i32 {
+        self.transfer_lists(
+            py,
+            Direction::Read,
+            src_session_id,
+            &remote_addrs,
+            &local_addrs,
+            &lengths,
+        )
+    }
+
+    /// Posts writes of every `(src, dst, length)` into the peer
+    /// `dst_session_id` and returns their `Transfer`; with `notify`, the
+    /// peer is sent it once every byte is there.
+    #[pyo3(signature = (dst_session_id, src_addrs, dst_addrs, lengths, *, notify = None, timeout = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn post_write(
+        &self,
+        py: Python<'_>,
+        dst_session_id: &str,
+        src_addrs: Vec<u64>,
+        dst_addrs: Vec<u64>,
+        lengths: Vec<u64>,
+        notify: Option<&[u8]>,
+        timeout: Option<f64>,
+    ) -> PyResult<PyTransfer> {
+        let ops = ferry::engine::ops_of_lists(&src_addrs, &dst_addrs, &lengths)
+            .map_err(|e| raise(py, &e))?;
+        self.post(py, Direction::Write, dst_session_id, ops, notify, timeout)
+    }
+
+    /// Posts reads of every `(local, remote, length)` from the peer
+    /// `src_session_id` and returns their `Transfer`; with `notify`, the
+    /// peer is sent it once every byte is here.
+    #[pyo3(signature = (src_session_id, local_addrs, remote_addrs, lengths, *, notify = None, timeout = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn post_read(
+        &self,
+        py: Python<'_>,
+        src_session_id: &str,
+        local_addrs: Vec<u64>,
+        remote_addrs: Vec<u64>,
+        lengths: Vec<u64>,
+        notify: Option<&[u8]>,
+        timeout: Option<f64>,
+    ) -> PyResult<PyTransfer> {
+        let ops = ferry::engine::ops_of_lists(&remote_addrs, &local_addrs, &lengths)
+            .map_err(|e| raise(py, &e))?;
+        self.post(py, Direction::Read, src_session_id, ops, notify, timeout)
+    }
+
+    /// Sends `message` to the peer engine `dst_session_id`, after what
+    /// this engine sent it before; raises if it cannot.
+    fn notify(&self, py: Python<'_>, dst_session_id: &str, message: &[u8]) -> PyResult<()> {
+        let engine = self.get(py)?;
+        py.detach(|| engine.notify(dst_session_id, message))
+            .map_err(|e| raise(py, &e))
+    }
+
+    /// Every notification that arrived since the last call, as
+    /// `(sender's session id, message)`, in order per sender; does not
+    /// wait.
+    fn get_notifications<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let engine = self.get(py)?;
+        let got = py
+            .detach(|| engine.notifications())
+            .map_err(|e| raise(py, &e))?;
+        PyList::new(
+            py,
+            got.into_iter()
+                .map(|n| (n.from, PyBytes::new(py, &n.message))),
+        )
+    }
+
+    /// Closes the engine: transfers still pending are ended (once it
+    /// returns no byte of them moves), its registrations end, and later
+    /// calls fail.
     fn close(&self, py: Python<'_>) {
         let engine = self
             .engine
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        py.detach(move || drop(engine));
+        let handles = &self.handles;
+        py.detach(move || {
+            handles.release_all();
+            drop(engine);
+        });
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

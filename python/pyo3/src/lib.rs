@@ -10,6 +10,7 @@ mod errors;
 mod last_error;
 mod node;
 mod options;
+mod transfer;
 
 use pyo3::prelude::*;
 
@@ -19,6 +20,7 @@ pub use engine::Engine;
 pub fn add_to(m: &Bound<'_, PyModule>) -> PyResult<()> {
     log_to_stderr();
     m.add_class::<Engine>()?;
+    m.add_class::<transfer::PyTransfer>()?;
     m.add_class::<node::PyInstance>()?;
     m.add_class::<node::PyStaging>()?;
     m.add_class::<node::PyDelivery>()?;
@@ -26,6 +28,7 @@ pub fn add_to(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buffer::SlotBuffer>()?;
     m.add_function(wrap_pyfunction!(engine::backends, m)?)?;
     errors::add_tables(m)?;
+    m.add("MAX_NOTIFICATION", ferry::engine::MAX_NOTIFICATION)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -12,8 +12,12 @@ use pyo3::types::PyDict;
 
 /// Options every backend takes.
 pub(crate) struct Common {
-    /// How long a posted transfer may take before it fails.
+    /// How long a transfer may take before it fails, unless its call
+    /// names another.
     pub timeout: Duration,
+    /// The address of this host peers send notifications to
+    /// (`EngineOptions::notify_host`; `None`: the engine's default).
+    pub notify_host: Option<String>,
 }
 
 /// Takes `key` out of `options`, converted, if present.
@@ -56,6 +60,7 @@ pub(crate) fn parse(
         Some(s) => seconds("option timeout", s)?,
         None => Duration::from_secs(30),
     };
+    let notify_host = take::<String>(&mut opts, "notify_host")?;
     let chosen = match backend {
         "auto" => Backend::auto(),
         "local" => Backend::Local(LocalConfig::default()),
@@ -95,7 +100,13 @@ pub(crate) fn parse(
             chosen.name()
         )));
     }
-    Ok((chosen, Common { timeout }))
+    Ok((
+        chosen,
+        Common {
+            timeout,
+            notify_host,
+        },
+    ))
 }
 
 /// The backends this module has.

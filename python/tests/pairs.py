@@ -1,0 +1,35 @@
+"""What the engine tests share: byte patterns, their hashes, and an engine
+in this process paired with a peer process (tests/peer.py) that registered
+memory of its own."""
+
+import hashlib
+
+import numpy as np
+
+import ferry
+
+MiB = 1 << 20
+
+
+def sha(a: np.ndarray) -> str:
+    return hashlib.sha256(a.tobytes()).hexdigest()
+
+
+def pattern(n: int, seed: int) -> np.ndarray:
+    """`n` bytes, the same for the same seed in every process."""
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def open_pair(backend, peer_factory, peer_size=24 * MiB, src_size=20 * MiB, torch_memory=False, **extra):
+    """An engine here with `src_size` bytes of a pattern registered, and a
+    peer with `peer_size` zeroed bytes registered: (engine, src, peer, the
+    peer's buffer address, the peer's session id). `extra` options go to
+    both engines."""
+    name, options = backend
+    options = {**options, **extra}
+    eng = ferry.TransferEngine(name, **options)
+    src = pattern(src_size, 1)
+    eng.register_buffer(src.ctypes.data, src.nbytes)
+    peer = peer_factory(name, options)
+    got = peer.ask(op="alloc", name="pool", size=peer_size, torch=torch_memory)
+    return eng, src, peer, got["addr"], got["session"]
