@@ -231,7 +231,7 @@ def test_attached_notifications_come_after_the_bytes_in_order(backend, peer_fact
         data = src[i * 4096:i * 4096 + MiB]
         message = note(i, off, data)
         t = eng.post_write(session, [data.ctypes.data], [base + off], [data.nbytes], notify=message)
-        assert t.wait() is True
+        assert t.wait(120) is True
         t.release()
         alone = f"alone {i}".encode()
         eng.notify(session, alone)
@@ -242,7 +242,7 @@ def test_attached_notifications_come_after_the_bytes_in_order(backend, peer_fact
         off = i * MiB
         data = src[i * 8192:i * 8192 + MiB]
         flight.append(eng.post_write(session, [data.ctypes.data], [base + off], [data.nbytes], notify=note(i, off, data)))
-    assert [t.wait() for t in flight] == [True] * 8
+    assert [t.wait(120) for t in flight] == [True] * 8
     got = peer.read()["got"]
     assert len(got) == 40, got
     assert {g[0] for g in got} == {eng.session_id}
@@ -297,7 +297,7 @@ def test_notification_limits_and_sessions_without_an_inbox(peer_factory):
         eng.post_write(bare, [src.ctypes.data], [base], [64], notify=b"hello")
     # Refused whole: nothing was written.
     assert peer.ask(op="sha", name="pool")["sha"] == sha(np.zeros(MiB, dtype=np.uint8))
-    assert eng.post_write(bare, [src.ctypes.data], [base], [64]).wait() is True
+    assert eng.post_write(bare, [src.ctypes.data], [base], [64]).wait(120) is True
     expect = np.zeros(MiB, dtype=np.uint8)
     expect[:64] = src[:64]
     assert peer.ask(op="sha", name="pool")["sha"] == sha(expect)
@@ -343,7 +343,7 @@ def test_reads_return_the_peers_bytes(backend, peer_factory):
 
     peer.tell(op="watch", n=1, seconds=120)
     with eng.post_read(session, [here.ctypes.data + 7 * MiB], [base + 15 * MiB], [MiB], notify=b"read done") as t:
-        assert t.wait() is True
+        assert t.wait(120) is True
     expect[7 * MiB:] = theirs[15 * MiB:]
     assert sha(here) == sha(expect)
     assert [bytes.fromhex(g[1]) for g in peer.read()["got"]] == [b"read done"]
