@@ -1,0 +1,95 @@
+"""The connector's control messages: a receiver claims a payload before it
+reads it, and says when it is done.
+
+Why a claim: the receiver reads the sender's region one-sidedly, and the
+sender must not reuse that region while a read of it may run. A claim
+grants one receiver the region for a window it names; the sender keeps the
+region until the receiver says ``done`` or ``release``, or the window ends.
+The receiver's read has that window as its deadline (from before it sent
+the claim), and a read that did not end by then has failed (ferry's engine
+returns it only once no byte of it moves), so a read that succeeded ran
+while the region was still the payload's.
+
+Frames over ZeroMQ (the receiver's DEALER to the sender's ROUTER): a verb,
+then a msgpack array. Everything that arrives is checked: a frame that
+does not decode as its verb's message is dropped."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple, Type, Union
+
+import msgspec
+
+CLAIM = b"claim"
+GRANTED = b"granted"
+MISSING = b"missing"
+BUSY = b"busy"
+DONE = b"done"
+RELEASE = b"release"
+
+
+class Claim(msgspec.Struct, array_like=True, frozen=True):
+    """Receiver to sender: grant me the payload ``key`` for ``window_ms``."""
+
+    key: str
+    claim: int
+    window_ms: int
+
+
+class Granted(msgspec.Struct, array_like=True, frozen=True):
+    """Sender to receiver: read ``size`` bytes at ``addr`` of the engine
+    ``session`` (a header of ``header`` bytes, leaves from ``data``)."""
+
+    claim: int
+    session: str
+    addr: int
+    size: int
+    header: int
+    data: int
+
+
+class Refused(msgspec.Struct, array_like=True, frozen=True):
+    """Sender to receiver, as ``missing`` (no payload has that key) or
+    ``busy`` (another receiver holds it)."""
+
+    claim: int
+
+
+class Ended(msgspec.Struct, array_like=True, frozen=True):
+    """Receiver to sender, as ``done`` (read: free it) or ``release`` (not
+    read: keep it for another claim)."""
+
+    key: str
+    claim: int
+
+
+Message = Union[Claim, Granted, Refused, Ended]
+
+_TYPES: dict = {
+    CLAIM: Claim,
+    GRANTED: Granted,
+    MISSING: Refused,
+    BUSY: Refused,
+    DONE: Ended,
+    RELEASE: Ended,
+}
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode(verb: bytes, message: Message) -> List[bytes]:
+    """The frames of ``message`` under ``verb``."""
+    return [verb, _encoder.encode(message)]
+
+
+def decode(frames: List[bytes]) -> Optional[Tuple[bytes, Message]]:
+    """``(verb, message)`` of two frames, or None for anything else."""
+    if len(frames) != 2:
+        return None
+    verb, body = frames
+    kind: Optional[Type[Message]] = _TYPES.get(bytes(verb))
+    if kind is None:
+        return None
+    try:
+        return bytes(verb), msgspec.msgpack.decode(body, type=kind)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
