@@ -158,7 +158,8 @@ class FerryConnector(OmniConnectorBase):
         if not self.sender_host or str(self.sender_host).lower() == "auto":
             self.sender_host = self.host if self.sender_zmq_port is not None else None
         self._closed = False
-        if self.role == "sender":
+        if self.role != "receiver":
+            # A receiver listens only once it sends (a middle stage).
             self._ensure_listener()
         logger.info(
             "FerryConnector on %s (%s), pool %d MiB, role %s",
@@ -540,9 +541,12 @@ class FerryConnector(OmniConnectorBase):
             chosen = [g for g in self._gets.values() if match(g)]
         for g in chosen:
             if g.transfer is not None:
-                # Not ended: its deadline bounds it, and once it returns no
-                # byte of it moves.
-                g.transfer.release()
+                # Not ended (the data plane would end the peer's other
+                # reads with it): waited for, which its deadline bounds.
+                try:
+                    g.transfer.wait(None)
+                except ferry.FerryError:
+                    pass  # failed: final all the same
             with self._lock:
                 if self._gets.get(g.key) is g:
                     self._send_end(g, control.RELEASE)

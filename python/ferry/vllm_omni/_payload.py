@@ -86,7 +86,11 @@ class Plan:
                     continue
                 start = self.data_start + leaf.offset
                 dst = region[start : start + leaf.nbytes]
-                if leaf.kind == "torch":
+                if leaf.kind == "torch" and leaf.value.device.type == "cpu" and leaf.value.is_contiguous():
+                    # numpy's copy: one thread, where torch's copy_ wakes
+                    # its intra-op pool (slower for megabytes on a busy host).
+                    dst[:] = leaf.value.reshape(-1).view(torch.uint8).numpy()
+                elif leaf.kind == "torch":
                     target = torch.from_numpy(dst).view(leaf.value.dtype).view(leaf.value.shape)
                     target.copy_(leaf.value)
                 else:

@@ -1,0 +1,248 @@
+"""vLLM-omni 0.30 moves stage payloads through FerryConnector: two stage
+processes (vllm_omni/peer.py) in vLLM-omni's own environment
+(scripts/vllm-omni-env) with ferry's wheel installed as a user installs it,
+each making its connector through vLLM-omni's plugin loading, config
+parsing and factory.
+
+Needs ``FERRY_VLLM_OMNI_PYTHON`` (that environment's python, ferry's wheel
+installed in it); skipped without it, unless ``FERRY_REQUIRE_VLLM_OMNI=1``
+(as scripts/test sets), which makes its absence a failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+PYTHON = os.environ.get("FERRY_VLLM_OMNI_PYTHON")
+if not PYTHON:
+    if os.environ.get("FERRY_REQUIRE_VLLM_OMNI") == "1":
+        raise RuntimeError("FERRY_REQUIRE_VLLM_OMNI=1 but FERRY_VLLM_OMNI_PYTHON is not set (scripts/vllm-omni-env)")
+    pytest.skip("FERRY_VLLM_OMNI_PYTHON is not set (scripts/vllm-omni-env)", allow_module_level=True)
+
+#: Every answer comes within this (vLLM's import takes ~15 s of it).
+ANSWER_WITHIN = 180.0
+PAYLOADS = 200
+BIG = (6, 104, 195)  # payloads with a 64 MiB leaf (peer.payload)
+
+
+class Stage:
+    """A stage process (vllm_omni/peer.py), spoken to by JSON lines. It
+    starts at once; its greeting is awaited at the first question, so
+    that stages start side by side (vLLM's import takes a while)."""
+
+    def __init__(self, role: str, **extra: Any) -> None:
+        self.proc = subprocess.Popen(
+            [PYTHON, str(HERE / "vllm_omni" / "peer.py"), role, json.dumps({"backend": "local", **extra})],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self.proc.stdout, selectors.EVENT_READ)
+        self._greeted = False
+
+    def _greeting(self) -> None:
+        if not self._greeted:
+            self._greeted = True
+            hello = self.read()
+            assert hello.get("ready") == "FerryConnector", hello
+
+    def read(self) -> Dict[str, Any]:
+        if not self._sel.select(ANSWER_WITHIN):
+            raise AssertionError(f"the stage process did not answer within {ANSWER_WITHIN} s")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"the stage process ended (exit status {self.proc.wait()})")
+        return json.loads(line)
+
+    def ask(self, **cmd: Any) -> Dict[str, Any]:
+        self._greeting()
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def health_until(self, what: str, check: Any, within: float = 30.0) -> Dict[str, Any]:
+        """Asks for health until ``check(health)`` holds (the sender frees
+        a payload when the receiver's done arrives, a moment after the
+        receiver's get returned)."""
+        end = time.monotonic() + within
+        while True:
+            h = self.ask(op="health")
+            if check(h):
+                return h
+            if time.monotonic() > end:
+                raise AssertionError(f"{what}: not within {within} s: {h}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        self._greeting()
+        self.proc.kill()
+        self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.ask(op="exit")
+                self.proc.wait(timeout=30)
+            except (AssertionError, BrokenPipeError, subprocess.TimeoutExpired):
+                self.kill()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+        self._sel.close()
+
+
+class Stages:
+    """Stage processes, closed at the end."""
+
+    def __init__(self) -> None:
+        self.made: List[Stage] = []
+
+    def __call__(self, role: str, **extra: Any) -> Stage:
+        stage = Stage(role, **extra)
+        self.made.append(stage)
+        return stage
+
+    def close(self) -> None:
+        for stage in self.made:
+            stage.close()
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """A sender (stage 0) and a receiver (stage 1) the tests share; the
+    receiver gives up on a silent sender after a second."""
+    made = Stages()
+    yield made("sender"), made("receiver", claim_timeout=1.0)
+    made.close()
+
+
+@pytest.fixture
+def stages():
+    made = Stages()
+    yield made
+    made.close()
+
+
+def nothing_held(h: Dict[str, Any]) -> bool:
+    return h["pool_used"] == 0 and h["sends_held"] == 0 and h["gets_pending"] == 0
+
+
+def test_two_hundred_payloads_arrive_byte_exact_and_nothing_stays_held(pair):
+    sender, receiver = pair
+    total = 0
+    for i in range(PAYLOADS):
+        put = sender.ask(op="put", i=i)
+        assert put["ok"] and put["meta"]["ferry"] == 1, put
+        got = receiver.ask(op="get", i=i, meta=put["meta"])
+        assert got["ok"], f"payload {i}: {got['why']}"
+        assert got["size"] == put["size"]
+        total += put["size"]
+    assert total > 3 * 64 << 20
+    sender.health_until("the sender frees every payload read", nothing_held)
+    h = receiver.health_until("the receiver frees every payload released", nothing_held)
+    assert h["gets"] >= PAYLOADS and h["errors"] == 0, h
+
+
+def test_a_passed_deadline_returns_none_and_holds_nothing_after_abandon(pair):
+    sender, receiver = pair
+    meta = {"source_host": "127.0.0.1", "source_port": sender.ask(op="health")["zmq_port"]}
+    assert meta["source_port"], "a sender listens from its start"
+    # Not put yet: every claim is answered "missing" until the deadline.
+    late = receiver.ask(op="get_by_deadline", i=3, meta=meta, seconds=0.5)
+    assert late["outcome"] == "none" and late["elapsed"] >= 0.5, late
+    receiver.ask(op="abandon", key="req-3")
+    assert nothing_held(receiver.ask(op="health"))
+    # Put afterwards, it arrives.
+    put = sender.ask(op="put", i=3)
+    got = receiver.ask(op="get", i=3, meta=put["meta"])
+    assert got["ok"], got
+
+    # A deadline that passes while a 64 MiB read may run: whatever the
+    # deadline caught, the receive keeps its memory and a later get
+    # finishes it, byte-exact.
+    put = sender.ask(op="put", i=BIG[0])
+    early = receiver.ask(op="get_by_deadline", i=BIG[0], meta=put["meta"], seconds=0.0005)
+    assert early["outcome"] in ("none", "data"), early
+    if early["outcome"] == "none":
+        got = receiver.ask(op="get", i=BIG[0], meta=put["meta"])
+        assert got["ok"], got
+    receiver.health_until("the receiver holds nothing", nothing_held)
+    sender.health_until("the sender holds nothing", nothing_held)
+
+
+def test_an_abandoned_get_holds_nothing_and_the_payload_stays_for_a_later_get(pair):
+    sender, receiver = pair
+    put = sender.ask(op="put", i=BIG[1])
+    # Claimed and read posted (or already read): abandon it.
+    state = receiver.ask(op="until_reading", i=BIG[1], meta=put["meta"])["state"]
+    assert state in ("reading", "done")
+    if state == "reading":
+        receiver.ask(op="abandon", key=f"req-{BIG[1]}")
+        assert nothing_held(receiver.ask(op="health"))
+        # The sender got the release: the payload is unclaimed and still
+        # there, and a new get reads it whole.
+        sender.health_until("the claim is released", lambda h: h["sends_claimed"] == 0 and h["sends_held"] == 1)
+        got = receiver.ask(op="get", i=BIG[1], meta=put["meta"])
+        assert got["ok"], got
+    # A claim not yet answered, abandoned at once.
+    put = sender.ask(op="put", i=5)
+    once = receiver.ask(op="get_once", i=5, meta=put["meta"])
+    receiver.ask(op="abandon", key="req-5")
+    assert nothing_held(receiver.ask(op="health"))
+    if not once["got"]:  # (the first call may have been answered at once)
+        got = receiver.ask(op="get", i=5, meta=put["meta"])
+        assert got["ok"], got
+    receiver.health_until("the receiver holds nothing", nothing_held)
+    sender.health_until("the sender holds nothing", nothing_held)
+
+
+def test_a_sender_killed_mid_get_is_reported_and_the_receiver_holds_nothing(pair, stages):
+    _, receiver = pair
+    doomed = stages("sender"), stages("sender")
+    # Killed after the read was posted: the read fails (or, if it beat
+    # the kill, returned every byte).
+    sender = doomed[0]
+    put = sender.ask(op="put", i=BIG[2])
+    state = receiver.ask(op="until_reading", i=BIG[2], meta=put["meta"])["state"]
+    sender.kill()
+    if state == "reading":
+        outcome = receiver.ask(op="poll", i=BIG[2], meta=put["meta"], within=30)["outcome"]
+        assert outcome in ("data", "failed"), outcome
+    h = receiver.ask(op="health")
+    assert nothing_held(h), (state, h)
+
+    # Killed before the claim: the claim goes unanswered, which is
+    # reported once claim_timeout passes.
+    sender = doomed[1]
+    put = sender.ask(op="put", i=11)
+    sender.kill()
+    errors = receiver.ask(op="health")["errors"]
+    assert receiver.ask(op="poll", i=11, meta=put["meta"], within=30)["outcome"] == "failed"
+    h = receiver.ask(op="health")
+    assert h["errors"] == errors + 1 and "did not answer its claim" in h["last_error"], h
+    assert h["timeouts"] >= 1 and nothing_held(h), h
+
+
+def test_a_receiver_killed_mid_read_is_reported_and_the_sender_frees_the_payload(pair, stages):
+    sender, _ = pair
+    receiver = stages("receiver", transfer_timeout=2.0)
+    put = sender.ask(op="put", i=BIG[0])
+    state = receiver.ask(op="until_reading", i=BIG[0], meta=put["meta"])["state"]
+    assert state in ("reading", "done")
+    receiver.kill()
+    # The request is over (vLLM-omni cleans up its keys): the payload goes
+    # as soon as no receiver holds it, here once the dead receiver's claim
+    # window ends.
+    sender.ask(op="cleanup", key=f"req-{BIG[0]}")
+    expired = sender.ask(op="health")["expired_claims"]
+    h = sender.health_until("the sender frees the payload", nothing_held, within=30)
+    if state == "reading":
+        assert h["expired_claims"] == expired + 1, h
