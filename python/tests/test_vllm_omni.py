@@ -39,11 +39,16 @@ class Stage:
     that stages start side by side (vLLM's import takes a while)."""
 
     def __init__(self, role: str, **extra: Any) -> None:
+        # vLLM's import starts background builds of GPU kernels (humming)
+        # in child processes, which fail without CUDA after seconds of CPU
+        # and could outlive a stage the test kills: its own switch is off.
+        env = {**os.environ, "HUMMING_DISABLE_PARALLEL_BUILD": "1"}
         self.proc = subprocess.Popen(
             [PYTHON, str(HERE / "vllm_omni" / "peer.py"), role, json.dumps({"backend": "local", **extra})],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=env,
         )
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.proc.stdout, selectors.EVENT_READ)
