@@ -209,6 +209,24 @@ def test_an_abandoned_get_holds_nothing_and_the_payload_stays_for_a_later_get(pa
     sender.health_until("the sender holds nothing", nothing_held)
 
 
+def test_a_stale_grant_in_the_metadata_is_read_again_from_the_claims_grant(pair):
+    sender, receiver = pair
+    # Payloads 2 and 386 are raw blocks of one size: the second put under
+    # the same key replaces the first, whose metadata names a region that
+    # is no longer the payload's. The read made from it is thrown away and
+    # the grant's region read instead.
+    first = sender.ask(op="put", i=2, key="stale")
+    second = sender.ask(op="put", i=386, key="stale")
+    assert first["size"] == second["size"]
+    assert first["meta"]["grant"] != second["meta"]["grant"]
+    wasted = receiver.ask(op="health")["early_reads_wasted"]
+    got = receiver.ask(op="get", i=386, key="stale", meta=first["meta"])
+    assert got["ok"], got
+    h = receiver.health_until("the receiver holds nothing", nothing_held)
+    assert h["early_reads_wasted"] == wasted + 1, h
+    sender.health_until("the sender holds nothing", nothing_held)
+
+
 def test_a_sender_killed_mid_get_is_reported_and_the_receiver_holds_nothing(pair, stages):
     _, receiver = pair
     doomed = stages("sender"), stages("sender")

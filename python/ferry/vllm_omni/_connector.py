@@ -49,6 +49,7 @@ class _Held:
     header: int
     data: int
     expires: float
+    gen: int = 0
     claim: Optional[int] = None
     claim_expires: float = 0.0
     retired: bool = False
@@ -56,7 +57,13 @@ class _Held:
 
 @dataclass
 class _Get:
-    """A payload this connector is receiving."""
+    """A payload this connector is receiving.
+
+    ``state``: ``claiming`` (the claim is not answered; a read from the
+    put's metadata may run already), ``reading`` (granted, and the read
+    running is of what was granted), ``discarding`` (a read runs whose
+    bytes are not to be used: once it is final its region is freed, and
+    ``regrant``, if any, read instead)."""
 
     key: str
     raw_key: str
@@ -71,6 +78,8 @@ class _Get:
     header: int = 0
     data: int = 0
     transfer: Optional["ferry.Transfer"] = None
+    read_of: Optional[Tuple[str, int, int]] = None
+    regrant: Optional[control.Granted] = None
 
 
 class FerryConnector(OmniConnectorBase):
@@ -120,6 +129,8 @@ class FerryConnector(OmniConnectorBase):
         # them, by claim: freed when it ends.
         self._retired: Dict[int, _Held] = {}
         self._next_expiry = 0.0
+        # Puts so far: each payload's generation, which a grant names.
+        self._puts = 0
         self._metrics = {
             "puts": 0,
             "gets": 0,
@@ -128,6 +139,7 @@ class FerryConnector(OmniConnectorBase):
             "timeouts": 0,
             "expired_claims": 0,
             "expired_payloads": 0,
+            "early_reads_wasted": 0,
         }
         self._last_error: Optional[str] = None
 
@@ -209,6 +221,8 @@ class FerryConnector(OmniConnectorBase):
             expires=time.monotonic() + self.buffer_ttl,
         )
         with self._send_lock:
+            self._puts += 1
+            held.gen = self._puts
             old = self._sends.pop(key, None)
             if old is not None:
                 self._retire(old)
@@ -221,6 +235,15 @@ class FerryConnector(OmniConnectorBase):
             "source_host": self.host,
             "source_port": port,
             "data_size": layout.size,
+            # Where the receiver may read before its claim is answered.
+            "grant": [
+                self._live_engine().session_id,
+                self._live_pool().base + offset,
+                layout.size,
+                held.header,
+                held.data,
+                held.gen,
+            ],
         }
         return True, layout.size, metadata
 
@@ -388,6 +411,7 @@ class FerryConnector(OmniConnectorBase):
         if isinstance(meta, dict) and raw_key in meta and isinstance(meta[raw_key], dict):
             meta = meta[raw_key]
         expected: Optional[int] = None
+        grant: Any = None
         if isinstance(meta, dict) and meta.get("source_host") and meta.get("source_port"):
             if "ferry" in meta and meta["ferry"] != METADATA_FORMAT:
                 self._error(f"get of {key}: metadata of format {meta['ferry']!r}, not {METADATA_FORMAT}")
@@ -395,6 +419,7 @@ class FerryConnector(OmniConnectorBase):
             endpoint = f"tcp://{meta['source_host']}:{int(meta['source_port'])}"
             if meta.get("data_size") is not None:
                 expected = int(meta["data_size"])
+            grant = meta.get("grant")
         elif self.sender_host and self.sender_zmq_port:
             endpoint = f"tcp://{self.sender_host}:{self.sender_zmq_port}"
         else:
@@ -420,32 +445,56 @@ class FerryConnector(OmniConnectorBase):
             return None
         self._gets[key] = g
         self._claims[g.claim] = g
+        # The put's metadata names the region: read it while the claim
+        # travels. Its bytes are used only if the grant names the same put
+        # (its generation): a payload is held, unchanged, from its put until
+        # it is freed, and never held again, so a grant of that generation
+        # shows it was the payload's during the whole read.
+        if isinstance(grant, list) and len(grant) == 6 and all(isinstance(v, int) for v in grant[1:]):
+            try:
+                early = control.Granted(g.claim, str(grant[0]), *grant[1:])
+            except (TypeError, ValueError):
+                early = None
+            if early is not None and self._valid_grant(g, early, report=False):
+                self._post(g, early, quiet=True)
         return g
 
     def _advance(self, g: _Get) -> Optional[Tuple[Any, int]]:
-        now = time.monotonic()
+        transfer = g.transfer
+        final = transfer is None or transfer.state != "pending"
         if g.state == "claiming":
-            if now - g.sent > self.claim_timeout:
+            if transfer is not None and transfer.state == "failed":
+                # The early read failed (the sender is gone, or its metadata
+                # was wrong): the grant, if it comes, is read again.
+                self._free_region(g)
+            if time.monotonic() - g.sent > self.claim_timeout:
                 self._metrics["timeouts"] += 1
-                self._drop(g)
                 self._reset_client(g.endpoint)
                 self._error(f"get of {g.key}: the sender at {g.endpoint} did not answer its claim within {self.claim_timeout} s")
             return None
-        if g.state != "reading" or g.transfer is None:
+        if g.state == "discarding":
+            if not final:
+                return None
+            self._free_region(g)
+            regrant, g.regrant = g.regrant, None
+            if regrant is None:
+                self._forget(g)
+            else:
+                self._read(g, regrant)
             return None
-        state = g.transfer.state
-        if state == "pending":
+        if transfer is None or not final:
             return None
-        if state == "failed":
-            why = _failure(g.transfer)
-            self._drop(g)
+        if transfer.state == "failed":
+            why = _failure(transfer)
+            self._forget(g)
             self._error(f"get of {g.key}: the read from {g.endpoint} failed: {why}")
             return None
         pool = self._live_pool()
-        assert g.offset is not None
         offset, g.offset = g.offset, None
-        self._drop(g)
+        self._forget(g)
         self._send_end(g, control.DONE)
+        if offset is None:
+            return None
         region = pool.lease(offset, g.size)
         try:
             value = payload.decode(region, g.header, g.data, OmniSerializer.deserialize)
@@ -477,80 +526,127 @@ class FerryConnector(OmniConnectorBase):
                     # An answer to a claim given up: let the sender know.
                     _send_quiet(sock, control.encode(control.RELEASE, control.Ended("", message.claim)))
                 continue
+            self._claims.pop(g.claim, None)
             if verb == control.GRANTED and isinstance(message, control.Granted):
-                self._read(g, message)
+                self._on_grant(g, message)
             else:
                 # Not there yet (missing), or another receiver's (busy): a
                 # later get asks again.
-                self._drop(g)
+                self._forget(g)
+
+    def _on_grant(self, g: _Get, granted: control.Granted) -> None:
+        if not self._valid_grant(g, granted, report=True):
+            self._send_end(g, control.RELEASE)
+            self._forget(g)
+            return
+        if g.transfer is not None and g.transfer.state == "failed":
+            self._free_region(g)  # the early read failed: read the grant
+        if g.transfer is None:
+            self._read(g, granted)
+        elif g.read_of == (granted.session, granted.addr, granted.gen) and g.size == granted.size:
+            g.state = "reading"
+        else:
+            # The early read was of another put: read the granted one once
+            # it is final.
+            self._metrics["early_reads_wasted"] += 1
+            g.state = "discarding"
+            g.regrant = granted
+
+    def _valid_grant(self, g: _Get, granted: control.Granted, report: bool) -> bool:
+        why = None
+        if g.expected is not None and granted.size != g.expected:
+            why = f"the sender grants {granted.size} bytes, its metadata said {g.expected}"
+        elif not 0 < granted.header <= granted.data <= granted.size:
+            why = f"a grant with header {granted.header}, data {granted.data}, size {granted.size}"
+        if why is not None and report:
+            self._error(f"get of {g.key}: {why}")
+        return why is None
 
     def _read(self, g: _Get, granted: control.Granted) -> None:
-        if g.expected is not None and granted.size != g.expected:
+        """Reads what ``granted`` names, holding its claim."""
+        if not self._post(g, granted, quiet=False):
             self._send_end(g, control.RELEASE)
-            self._drop(g)
-            self._error(f"get of {g.key}: the sender grants {granted.size} bytes, its metadata said {g.expected}")
+            self._forget(g)
             return
-        if not 0 < granted.header <= granted.data <= granted.size:
-            self._send_end(g, control.RELEASE)
-            self._drop(g)
-            self._error(f"get of {g.key}: a grant with header {granted.header}, data {granted.data}, size {granted.size}")
-            return
+        g.state = "reading"
+
+    def _post(self, g: _Get, granted: control.Granted, quiet: bool) -> bool:
+        """Posts the read of ``granted`` into a new region; False (and said
+        why, unless ``quiet``) if it cannot be."""
         remaining = g.sent + g.window - time.monotonic()
         if remaining <= 0:
-            self._send_end(g, control.RELEASE)
-            self._drop(g)
-            self._error(f"get of {g.key}: the grant came after the claim's window")
-            return
+            if not quiet:
+                self._error(f"get of {g.key}: the grant came after the claim's window")
+            return False
         pool = self._live_pool()
         offset = pool.alloc(granted.size)
         if offset is None:
             # Received payloads still in use hold the pool: ask again later.
-            self._send_end(g, control.RELEASE)
-            self._drop(g)
-            logger.warning(
-                "FerryConnector: get of %s waits for room: %d bytes, %d of %d held", g.key, granted.size, pool.used, pool.size
-            )
-            return
+            if not quiet:
+                logger.warning(
+                    "FerryConnector: get of %s waits for room: %d bytes, %d of %d held",
+                    g.key,
+                    granted.size,
+                    pool.used,
+                    pool.size,
+                )
+            return False
         try:
             transfer = self._live_engine().post_read(
                 granted.session, [pool.base + offset], [granted.addr], [granted.size], timeout=remaining
             )
         except ferry.FerryError as e:
             pool.free(offset, granted.size)
-            self._send_end(g, control.RELEASE)
-            self._drop(g)
-            self._error(f"get of {g.key}: the read from {g.endpoint} was refused: {e}")
-            return
-        g.state = "reading"
+            if not quiet:
+                self._error(f"get of {g.key}: the read from {g.endpoint} was refused: {e}")
+            return False
         g.offset = offset
         g.size = granted.size
         g.header = granted.header
         g.data = granted.data
         g.transfer = transfer
+        g.read_of = (granted.session, granted.addr, granted.gen)
+        return True
 
-    def _drop(self, g: _Get) -> None:
-        """Forgets ``g``; frees its region (its read is final by then)."""
-        self._gets.pop(g.key, None)
-        self._claims.pop(g.claim, None)
+    def _free_region(self, g: _Get) -> None:
+        """Frees ``g``'s region, whose read is final."""
         if g.offset is not None and self._pool is not None:
             self._pool.free(g.offset, g.size)
-            g.offset = None
+        g.offset = None
+        g.transfer = None
+        g.read_of = None
+
+    def _forget(self, g: _Get) -> None:
+        """Ends the receive ``g``: now if no read of it runs, else once its
+        read is final (it stays, discarding, until then)."""
+        self._claims.pop(g.claim, None)
+        if g.transfer is not None and g.transfer.state == "pending":
+            g.state = "discarding"
+            g.regrant = None
+            return
+        self._free_region(g)
+        if self._gets.get(g.key) is g:
+            del self._gets[g.key]
 
     def _abandon(self, match: Any) -> None:
         with self._lock:
             chosen = [g for g in self._gets.values() if match(g)]
         for g in chosen:
-            if g.transfer is not None:
+            while True:
+                with self._lock:
+                    if self._gets.get(g.key) is not g:
+                        break
+                    running = g.transfer if g.transfer is not None and g.transfer.state == "pending" else None
+                    if running is None:
+                        self._send_end(g, control.RELEASE)
+                        self._forget(g)
+                        break
                 # Not ended (the data plane would end the peer's other
                 # reads with it): waited for, which its deadline bounds.
                 try:
-                    g.transfer.wait(None)
+                    running.wait(None)
                 except ferry.FerryError:
                     pass  # failed: final all the same
-            with self._lock:
-                if self._gets.get(g.key) is g:
-                    self._send_end(g, control.RELEASE)
-                    self._drop(g)
 
     def _send_end(self, g: _Get, verb: bytes) -> None:
         sock = self._clients.get(g.endpoint)
@@ -574,7 +670,7 @@ class FerryConnector(OmniConnectorBase):
         if sock is not None:
             sock.close(linger=0)
         for g in [g for g in self._gets.values() if g.endpoint == endpoint and g.state == "claiming"]:
-            self._drop(g)
+            self._forget(g)
 
     # -- sending, inside -------------------------------------------------
 
@@ -662,7 +758,13 @@ class FerryConnector(OmniConnectorBase):
                 return control.encode(
                     control.GRANTED,
                     control.Granted(
-                        message.claim, engine.session_id, pool.base + held.offset, held.plan_size, held.header, held.data
+                        message.claim,
+                        engine.session_id,
+                        pool.base + held.offset,
+                        held.plan_size,
+                        held.header,
+                        held.data,
+                        held.gen,
                     ),
                 )
             if isinstance(message, control.Ended):

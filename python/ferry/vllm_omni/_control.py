@@ -10,6 +10,10 @@ the claim), and a read that did not end by then has failed (ferry's engine
 returns it only once no byte of it moves), so a read that succeeded ran
 while the region was still the payload's.
 
+``put``'s metadata names the region too (``grant``), so that the receiver
+reads while its claim travels; it uses those bytes only if the grant
+names the same put.
+
 Frames over ZeroMQ (the receiver's DEALER to the sender's ROUTER): a verb,
 then a msgpack array. Everything that arrives is checked: a frame that
 does not decode as its verb's message is dropped."""
@@ -38,7 +42,8 @@ class Claim(msgspec.Struct, array_like=True, frozen=True):
 
 class Granted(msgspec.Struct, array_like=True, frozen=True):
     """Sender to receiver: read ``size`` bytes at ``addr`` of the engine
-    ``session`` (a header of ``header`` bytes, leaves from ``data``)."""
+    ``session`` (a header of ``header`` bytes, leaves from ``data``), the
+    payload of the sender's ``gen``-th put."""
 
     claim: int
     session: str
@@ -46,6 +51,7 @@ class Granted(msgspec.Struct, array_like=True, frozen=True):
     size: int
     header: int
     data: int
+    gen: int
 
 
 class Refused(msgspec.Struct, array_like=True, frozen=True):
