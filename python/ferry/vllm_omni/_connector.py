@@ -36,6 +36,9 @@ _STEP_BYTES = 100 << 20
 # A sender keeps a claimed region this long past the claim's window, for a
 # done that is on its way.
 _CLAIM_GRACE = 1.0
+# How long abandon_get waits for a read in flight before leaving its
+# region to be freed when the read ends.
+_ABANDON_WAIT = 1.0
 
 
 @dataclass
@@ -80,6 +83,7 @@ class _Get:
     transfer: Optional["ferry.Transfer"] = None
     read_of: Optional[Tuple[str, int, int]] = None
     regrant: Optional[control.Granted] = None
+    touched: float = 0.0
 
 
 class FerryConnector(OmniConnectorBase):
@@ -127,8 +131,9 @@ class FerryConnector(OmniConnectorBase):
         self._claims: Dict[int, _Get] = {}
         # Payloads replaced or cleaned up while a receiver held a claim on
         # them, by claim: freed when it ends.
-        self._retired: Dict[int, _Held] = {}
+        self._retired: Dict[Tuple[int, str], _Held] = {}
         self._next_expiry = 0.0
+        self._next_sweep = 0.0
         # Puts so far: each payload's generation, which a grant names.
         self._puts = 0
         self._metrics = {
@@ -268,8 +273,13 @@ class FerryConnector(OmniConnectorBase):
 
     def reap_consumed(self) -> None:
         """Frees sent payloads whose lease or claim ran out (the listener
-        does it too, on its own)."""
-        self._expire_sends(time.monotonic())
+        does it too, on its own), and the regions of receives given up
+        whose reads have ended (``get`` and ``health`` do it too)."""
+        now = time.monotonic()
+        self._expire_sends(now)
+        with self._lock:
+            if not self._closed:
+                self._sweep(now)
 
     # -- receiving -----------------------------------------------------
 
@@ -287,11 +297,16 @@ class FerryConnector(OmniConnectorBase):
             raise RuntimeError("FerryConnector: get on a closed connector")
         key = self._make_key(get_key, from_stage, to_stage)
         with self._lock:
+            if self._closed:
+                raise RuntimeError("FerryConnector: get on a closed connector")
+            now = time.monotonic()
+            self._sweep(now)
             g = self._gets.get(key)
             if g is None:
                 g = self._start(key, get_key, metadata)
                 if g is None:
                     return None
+            g.touched = now
             self._drain(g.endpoint)
             return self._advance(g)
 
@@ -319,7 +334,7 @@ class FerryConnector(OmniConnectorBase):
             key = self._make_key(get_key, from_stage, to_stage)
             with self._lock:
                 g = self._gets.get(key)
-                transfer = g.transfer if g is not None and g.state == "reading" else None
+                transfer = g.transfer if g is not None and g.state != "claiming" else None
             if transfer is not None:
                 try:
                     transfer.wait(min(remaining, 1.0))
@@ -350,16 +365,23 @@ class FerryConnector(OmniConnectorBase):
 
     def health(self) -> Dict[str, Any]:
         """Counters and what is held: ``sends_held`` (payloads put, not yet
-        read), ``gets_pending``, ``pool_used``/``pool_size`` bytes, and
-        ``last_error``."""
+        read) and ``sends_claimed``; ``gets_pending`` (receives begun),
+        ``gets_granted`` (their claims granted) and ``gets_reading`` (reads
+        in flight); ``pool_used``/``pool_size`` bytes; ``errors``,
+        ``timeouts``, ``expired_claims``, ``expired_payloads``,
+        ``early_reads_wasted`` (reads made from a put's metadata whose
+        grant named another put); and ``last_error``."""
         if self._closed or self._pool is None:
             return {"status": "closed", **self._metrics, "last_error": self._last_error}
         with self._send_lock:
             sends = len(self._sends)
             claimed = sum(1 for h in self._sends.values() if h.claim is not None)
         with self._lock:
+            if not self._closed:
+                self._sweep(time.monotonic())
             gets = len(self._gets)
-            reading = sum(1 for g in self._gets.values() if g.state == "reading")
+            granted = sum(1 for g in self._gets.values() if g.state == "reading")
+            reading = sum(1 for g in self._gets.values() if g.transfer is not None and g.transfer.state == "pending")
         return {
             "status": "healthy",
             "backend": self._live_engine().backend,
@@ -368,6 +390,7 @@ class FerryConnector(OmniConnectorBase):
             "sends_held": sends,
             "sends_claimed": claimed,
             "gets_pending": gets,
+            "gets_granted": granted,
             "gets_reading": reading,
             "pool_used": self._pool.used,
             "pool_size": self._pool.size,
@@ -428,6 +451,9 @@ class FerryConnector(OmniConnectorBase):
                 "(extra sender_host/sender_zmq_port, or zmq_port and from_stage)"
             )
         window = self.transfer_timeout + 5.0 * ((expected or 0) // _STEP_BYTES)
+        # The sender grants no longer: a read past it could see the region
+        # reused.
+        window = min(window, control.MAX_WINDOW_MS / 1000.0)
         g = _Get(
             key=key,
             raw_key=raw_key,
@@ -436,6 +462,7 @@ class FerryConnector(OmniConnectorBase):
             sent=time.monotonic(),
             window=window,
             expected=expected,
+            touched=time.monotonic(),
         )
         sock = self._client(endpoint)
         try:
@@ -486,6 +513,7 @@ class FerryConnector(OmniConnectorBase):
             return None
         if transfer.state == "failed":
             why = _failure(transfer)
+            self._send_end(g, control.RELEASE)
             self._forget(g)
             self._error(f"get of {g.key}: the read from {g.endpoint} failed: {why}")
             return None
@@ -558,6 +586,10 @@ class FerryConnector(OmniConnectorBase):
             why = f"the sender grants {granted.size} bytes, its metadata said {g.expected}"
         elif not 0 < granted.header <= granted.data <= granted.size:
             why = f"a grant with header {granted.header}, data {granted.data}, size {granted.size}"
+        elif granted.data % payload.LEAF_ALIGN or not 0 <= granted.addr < 1 << 64:
+            why = f"a grant of data at {granted.data}, address {granted.addr:#x}"
+        elif self._pool is not None and granted.size > self._pool.size:
+            why = f"a grant of {granted.size} bytes, more than the whole pool ({self._pool.size})"
         if why is not None and report:
             self._error(f"get of {g.key}: {why}")
         return why is None
@@ -595,7 +627,7 @@ class FerryConnector(OmniConnectorBase):
             transfer = self._live_engine().post_read(
                 granted.session, [pool.base + offset], [granted.addr], [granted.size], timeout=remaining
             )
-        except ferry.FerryError as e:
+        except Exception as e:  # a FerryError, or a peer's value the engine cannot take
             pool.free(offset, granted.size)
             if not quiet:
                 self._error(f"get of {g.key}: the read from {g.endpoint} was refused: {e}")
@@ -630,28 +662,50 @@ class FerryConnector(OmniConnectorBase):
 
     def _abandon(self, match: Any) -> None:
         with self._lock:
+            if self._closed:
+                return
             chosen = [g for g in self._gets.values() if match(g)]
         for g in chosen:
+            until = time.monotonic() + _ABANDON_WAIT
             while True:
                 with self._lock:
-                    if self._gets.get(g.key) is not g:
+                    if self._closed or self._gets.get(g.key) is not g:
                         break
                     running = g.transfer if g.transfer is not None and g.transfer.state == "pending" else None
-                    if running is None:
+                    if running is None or time.monotonic() >= until:
+                        # A read still running is not ended (the data plane
+                        # would end the peer's other reads with it): its
+                        # region is freed once it is final (``_sweep``).
                         self._send_end(g, control.RELEASE)
                         self._forget(g)
                         break
-                # Not ended (the data plane would end the peer's other
-                # reads with it): waited for, which its deadline bounds.
                 try:
-                    running.wait(None)
+                    running.wait(max(0.0, until - time.monotonic()))
                 except ferry.FerryError:
                     pass  # failed: final all the same
 
+    def _sweep(self, now: float) -> None:
+        """Ends receives nobody asks for any more (under ``_lock``, at most
+        twice a second): frees the regions of discarded reads that became
+        final, and releases gets not polled for longer than their window,
+        as a caller that gave up without ``abandon_get`` leaves them."""
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + 0.5
+        for g in list(self._gets.values()):
+            if g.state == "discarding":
+                self._advance(g)
+            elif now - g.touched > g.window + _CLAIM_GRACE:
+                if g.transfer is not None and g.transfer.state == "pending":
+                    continue  # its deadline ends it; a later sweep frees it
+                logger.warning("FerryConnector: nobody asked for %s within %.0f s; its receive is ended", g.key, g.window)
+                self._send_end(g, control.RELEASE)
+                self._forget(g)
+
     def _send_end(self, g: _Get, verb: bytes) -> None:
-        sock = self._clients.get(g.endpoint)
-        if sock is not None:
-            _send_quiet(sock, control.encode(verb, control.Ended(g.key, g.claim)))
+        if self._ctx is None:
+            return
+        _send_quiet(self._client(g.endpoint), control.encode(verb, control.Ended(g.key, g.claim)))
 
     def _client(self, endpoint: str) -> zmq.Socket:
         sock = self._clients.get(endpoint)
@@ -666,10 +720,14 @@ class FerryConnector(OmniConnectorBase):
 
     def _reset_client(self, endpoint: str) -> None:
         # A sender that went away leaves claims queued; start clean.
+        claiming = [g for g in self._gets.values() if g.endpoint == endpoint and g.state == "claiming"]
+        for g in claiming:
+            # Should the sender come back, it frees them at once.
+            self._send_end(g, control.RELEASE)
         sock = self._clients.pop(endpoint, None)
         if sock is not None:
             sock.close(linger=0)
-        for g in [g for g in self._gets.values() if g.endpoint == endpoint and g.state == "claiming"]:
+        for g in claiming:
             self._forget(g)
 
     # -- sending, inside -------------------------------------------------
@@ -677,6 +735,8 @@ class FerryConnector(OmniConnectorBase):
     def _ensure_listener(self) -> int:
         with self._listener_lock:
             if self.zmq_port is not None:
+                if self._listener is None or not self._listener.is_alive():
+                    raise RuntimeError("FerryConnector: the listener has stopped; receivers cannot claim")
                 return self.zmq_port
             assert self._ctx is not None
             router = self._ctx.socket(zmq.ROUTER)
@@ -722,13 +782,20 @@ class FerryConnector(OmniConnectorBase):
                             break
                         if len(frames) < 2:
                             continue
-                        answer = self._answer(frames[1:])
+                        try:
+                            answer = self._answer(frames[1:])
+                        except Exception:
+                            logger.exception("FerryConnector: a control message was not answered")
+                            continue
                         if answer is not None:
                             _send_quiet(router, [frames[0], *answer])
                 now = time.monotonic()
                 if now >= self._next_expiry:
                     self._next_expiry = now + 0.25
-                    self._expire_sends(now)
+                    try:
+                        self._expire_sends(now)
+                    except Exception:
+                        logger.exception("FerryConnector: expiring sent payloads failed")
         except Exception:
             logger.exception("FerryConnector: the listener stopped")
         finally:
@@ -748,7 +815,7 @@ class FerryConnector(OmniConnectorBase):
                     return control.encode(control.MISSING, control.Refused(message.claim))
                 if held.claim is not None and held.claim != message.claim and held.claim_expires > now:
                     return control.encode(control.BUSY, control.Refused(message.claim))
-                window = min(max(message.window_ms, 0), 600_000) / 1000.0
+                window = min(max(message.window_ms, 0), control.MAX_WINDOW_MS) / 1000.0
                 held.claim = message.claim
                 held.claim_expires = now + window + _CLAIM_GRACE
                 pool = self._pool
@@ -768,7 +835,7 @@ class FerryConnector(OmniConnectorBase):
                     ),
                 )
             if isinstance(message, control.Ended):
-                retired = self._retired.pop(message.claim, None)
+                retired = self._retired.pop((message.claim, message.key), None)
                 if retired is not None:
                     self._free_held(retired)
                     return None
@@ -805,9 +872,9 @@ class FerryConnector(OmniConnectorBase):
                         held.plan_size,
                     )
                     self._free_held(held)
-            for claim, held in list(self._retired.items()):
+            for both, held in list(self._retired.items()):
                 if held.claim_expires <= now:
-                    del self._retired[claim]
+                    del self._retired[both]
                     self._metrics["expired_claims"] += 1
                     logger.warning(
                         "FerryConnector: the receiver that claimed %s (since cleaned up) did not finish "
@@ -825,7 +892,7 @@ class FerryConnector(OmniConnectorBase):
         if held.claim is None:
             self._free_held(held)
         else:
-            self._retired[held.claim] = held
+            self._retired[(held.claim, held.key)] = held
 
     def _forget_key(self, held: _Held) -> None:
         keys = self._send_keys.get(held.raw_key)

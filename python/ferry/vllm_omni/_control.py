@@ -24,6 +24,9 @@ from typing import List, Optional, Tuple, Type, Union
 
 import msgspec
 
+#: The longest claim window a sender grants, and a receiver asks for (ms).
+MAX_WINDOW_MS = 600_000
+
 CLAIM = b"claim"
 GRANTED = b"granted"
 MISSING = b"missing"

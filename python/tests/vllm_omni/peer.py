@@ -173,13 +173,13 @@ def main() -> None:
             del result
             say({"outcome": outcome, "elapsed": elapsed})
         elif op == "until_reading":
-            # Claim, and poll until the read is posted (or, if it ran
-            # faster than the polls, done).
+            # Poll until a read is in flight (with its claim granted, if
+            # "granted"), or, if it ran faster than the polls, done.
             start = time.monotonic()
             state = "claiming"
             while time.monotonic() - start < 30:
                 h = conn.health()
-                if h["gets_reading"]:
+                if h["gets_reading"] and (h["gets_granted"] or not cmd.get("granted")):
                     state = "reading"
                     break
                 result = conn.get("0", "1", key, cmd["meta"])
