@@ -100,12 +100,16 @@ class FerryConnector(OmniConnectorBase):
     has no metadata; without it a sender listens on a free port, which its
     metadata names), ``sender_host``/``sender_zmq_port`` (where a receiver
     asks without metadata), ``transfer_timeout`` (seconds a read may take,
-    30, plus 5 per 100 MiB), ``claim_timeout`` (seconds a sender may take
+    30, plus 5 per 100 MiB of the size the metadata gives, at most 600),
+    ``purpose`` (``compute_connector_zmq_port``'s, ``request_forwarding``),
+    ``claim_timeout`` (seconds a sender may take
     to answer a claim, 5), ``buffer_ttl_seconds`` (how long a sent payload
     no receiver claimed is kept, 300), ``engine_options`` (keywords for
     ``ferry.TransferEngine``: ``provider`` for fabric, ...).
 
-    ``get`` never blocks: it returns None until the payload has arrived.
+    ``get`` never waits for the sender: it returns None until the payload
+    has arrived (on the local plane, the call that posts the read makes its
+    copy, a CPU copy between processes).
     Received tensors are zero-copy views of this connector's pool; their
     memory returns to it when they are gone. Raw bytes come back as a
     ``FerryBuffer`` (``.tensor``, ``.release()``).
@@ -287,9 +291,10 @@ class FerryConnector(OmniConnectorBase):
         self, from_stage: str, to_stage: str, get_key: str, metadata: Optional[Dict[str, Any]] = None
     ) -> Optional[Tuple[Any, int]]:
         """``(payload, size)`` once the payload ``put`` sent under this key
-        has arrived, else None; never waits. The first call claims it from
-        its sender (at ``metadata``'s address, else the configured sender),
-        a later one posts its read, and the call that sees the read done
+        has arrived, else None; never waits for the sender. The first call
+        claims it from its sender (at ``metadata``'s address, else the
+        configured sender) and, with ferry's metadata, posts its read at
+        once; the call that sees the read done and the claim granted
         returns it. A failure (a sender that does not answer or dies, a read
         that fails) is logged and counted in ``health()``, frees what the
         receive held, and returns None; a later call starts over."""
