@@ -14,6 +14,7 @@ import json
 import os
 import selectors
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List
@@ -38,11 +39,13 @@ class Stage:
     starts at once; its greeting is awaited at the first question, so
     that stages start side by side (vLLM's import takes a while)."""
 
-    def __init__(self, role: str, **extra: Any) -> None:
+    def __init__(self, role: str, scratch: str, **extra: Any) -> None:
         # vLLM's import starts background builds of GPU kernels (humming)
         # in child processes, which fail without CUDA after seconds of CPU
         # and could outlive a stage the test kills: its own switch is off.
-        env = {**os.environ, "HUMMING_DISABLE_PARALLEL_BUILD": "1"}
+        # Their temporary files (torch's inductor makes a cache directory at
+        # import) go to a directory the test removes.
+        env = {**os.environ, "HUMMING_DISABLE_PARALLEL_BUILD": "1", "TMPDIR": scratch}
         self.proc = subprocess.Popen(
             [PYTHON, str(HERE / "vllm_omni" / "peer.py"), role, json.dumps({"backend": "local", **extra})],
             stdin=subprocess.PIPE,
@@ -109,15 +112,17 @@ class Stages:
 
     def __init__(self) -> None:
         self.made: List[Stage] = []
+        self._scratch = tempfile.TemporaryDirectory(prefix="vllm-omni-stages-")
 
     def __call__(self, role: str, **extra: Any) -> Stage:
-        stage = Stage(role, **extra)
+        stage = Stage(role, self._scratch.name, **extra)
         self.made.append(stage)
         return stage
 
     def close(self) -> None:
         for stage in self.made:
             stage.close()
+        self._scratch.cleanup()
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +183,7 @@ def test_a_passed_deadline_returns_none_and_holds_nothing_after_abandon(pair):
     late = receiver.ask(op="get_by_deadline", i=3, meta=meta, seconds=0.5)
     assert late["outcome"] == "none" and late["elapsed"] >= 0.5, late
     receiver.ask(op="abandon", key="req-3")
-    assert nothing_held(receiver.ask(op="health"))
+    receiver.health_until("the abandoned receive holds nothing", nothing_held)
     # Put afterwards, it arrives.
     put = sender.ask(op="put", i=3)
     got = receiver.ask(op="get", i=3, meta=put["meta"])
@@ -204,12 +209,12 @@ def test_an_abandoned_get_holds_nothing_and_the_payload_stays_for_a_later_get(pa
     for attempt in range(5):
         key = f"abandoned-{attempt}"
         put = sender.ask(op="put", i=BIG[1], key=key)
-        state = receiver.ask(op="until_reading", i=BIG[1], key=key, meta=put["meta"])["state"]
+        state = receiver.ask(op="until_reading", i=BIG[1], key=key, meta=put["meta"], granted=True)["state"]
         if state == "reading":
             break
     assert state == "reading", "no read was ever caught in flight"
     receiver.ask(op="abandon", key=key)
-    assert nothing_held(receiver.ask(op="health"))
+    receiver.health_until("the abandoned receive holds nothing", nothing_held)
     # The sender got the release: the payload is unclaimed and still
     # there, and a new get reads it whole.
     sender.health_until("the claim is released", lambda h: h["sends_claimed"] == 0 and h["sends_held"] == 1)
@@ -222,7 +227,7 @@ def test_an_abandoned_get_holds_nothing_and_the_payload_stays_for_a_later_get(pa
     put = sender.ask(op="put", i=5)
     once = receiver.ask(op="get_once", i=5, meta=put["meta"])
     receiver.ask(op="abandon", key="req-5")
-    assert nothing_held(receiver.ask(op="health"))
+    receiver.health_until("the abandoned receive holds nothing", nothing_held)
     if not once["got"]:  # (the first call may have been answered at once)
         got = receiver.ask(op="get", i=5, meta=put["meta"])
         assert got["ok"], got

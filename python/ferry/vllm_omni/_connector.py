@@ -14,6 +14,7 @@ import os
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Set, Tuple
 
@@ -39,6 +40,9 @@ _CLAIM_GRACE = 1.0
 # How long abandon_get waits for a read in flight before leaving its
 # region to be freed when the read ends.
 _ABANDON_WAIT = 1.0
+# Keys whose early read is remembered (so that a claim asked again does not
+# read again).
+_EARLY_MEMORY = 4096
 
 
 @dataclass
@@ -84,6 +88,7 @@ class _Get:
     read_of: Optional[Tuple[str, int, int]] = None
     regrant: Optional[control.Granted] = None
     touched: float = 0.0
+    early_of: Optional[Tuple[str, int]] = None
 
 
 class FerryConnector(OmniConnectorBase):
@@ -135,7 +140,7 @@ class FerryConnector(OmniConnectorBase):
         self._claims: Dict[int, _Get] = {}
         # Payloads replaced or cleaned up while a receiver held a claim on
         # them, by claim: freed when it ends.
-        self._retired: Dict[Tuple[int, str], _Held] = {}
+        self._retired: Dict[Tuple[int, str], List[_Held]] = {}
         self._next_expiry = 0.0
         self._next_sweep = 0.0
         # Puts so far: each payload's generation, which a grant names.
@@ -151,6 +156,12 @@ class FerryConnector(OmniConnectorBase):
             "early_reads_wasted": 0,
         }
         self._last_error: Optional[str] = None
+        self._metrics_lock = threading.Lock()
+        # Early reads made, by key: (sender session, generation). A claim
+        # asked again (after "missing" or "busy") reads nothing again.
+        self._early: "OrderedDict[str, Tuple[str, int]]" = OrderedDict()
+        # The sender's claims granted, by claim id: the key each holds.
+        self._claim_keys: Dict[int, str] = {}
 
         self.config = dict(config or {})
         self.stage_id = self.config.get("stage_id")
@@ -197,7 +208,8 @@ class FerryConnector(OmniConnectorBase):
         ``(True, size, metadata)``; the receiver passes ``metadata`` to its
         ``get``. ``(False, 0, None)`` when the payload cannot be sent (the
         pool is full, a value cannot be serialized), logged with why."""
-        if self._closed:
+        pool, engine = self._pool, self._engine
+        if self._closed or pool is None or engine is None:
             raise RuntimeError("FerryConnector: put on a closed connector")
         key = self._make_key(put_key, from_stage, to_stage)
         try:
@@ -205,10 +217,14 @@ class FerryConnector(OmniConnectorBase):
         except Exception as e:
             self._error(f"put of {key}: {e}")
             return False, 0, None
-        pool = self._live_pool()
         offset = pool.alloc(layout.size)
         if offset is None:
-            self._expire_sends(time.monotonic())
+            # The pool serves both ways: free what sends and receives let go.
+            now = time.monotonic()
+            self._expire_sends(now)
+            with self._lock:
+                if not self._closed:
+                    self._sweep(now, force=True)
             offset = pool.alloc(layout.size)
         if offset is None:
             self._error(f"put of {key}: {layout.size} bytes do not fit the pool ({pool.used} of {pool.size} held)")
@@ -237,8 +253,8 @@ class FerryConnector(OmniConnectorBase):
                 self._retire(old)
             self._sends[key] = held
             self._send_keys.setdefault(put_key, set()).add(key)
-            self._metrics["puts"] += 1
-            self._metrics["bytes_transferred"] += layout.size
+            self._count("puts", 1)
+            self._count("bytes_transferred", layout.size)
         metadata = {
             "ferry": METADATA_FORMAT,
             "source_host": self.host,
@@ -246,8 +262,8 @@ class FerryConnector(OmniConnectorBase):
             "data_size": layout.size,
             # Where the receiver may read before its claim is answered.
             "grant": [
-                self._live_engine().session_id,
-                self._live_pool().base + offset,
+                engine.session_id,
+                pool.base + offset,
                 layout.size,
                 held.header,
                 held.data,
@@ -259,8 +275,8 @@ class FerryConnector(OmniConnectorBase):
     def cleanup(self, request_id: str, from_stage: Optional[str] = None, to_stage: Optional[str] = None) -> None:
         """Frees what this connector holds for ``request_id``: payloads put
         under that key (or that key with the stages, or the internal key),
-        once no receiver holds a claim on them, and receives of it (a read
-        in flight is let finish first)."""
+        once no receiver holds a claim on them, and ends receives of it as
+        ``abandon_get`` does."""
         if (from_stage is None) != (to_stage is None):
             raise ValueError("cleanup: give both from_stage and to_stage, or neither")
         if from_stage is not None and to_stage is not None:
@@ -350,10 +366,12 @@ class FerryConnector(OmniConnectorBase):
             pause = min(pause * 2, 0.005)
 
     def abandon_get(self, get_key: str) -> None:
-        """Gives up receiving ``get_key`` (under any stages): a claim not
-        yet answered is released; a read in flight is not ended but waited
-        for (its own deadline bounds it), and then its memory freed. Holds
-        nothing of it afterwards."""
+        """Gives up receiving ``get_key`` (under any stages): its claim is
+        released at once; a granted read in flight is not ended but waited
+        for, up to a second, and its memory freed. A read still running
+        then (or one begun before the grant) is left to end: its memory is
+        freed by the first ``get``, ``health`` or ``reap_consumed`` after
+        it has."""
         self._abandon(lambda g: g.raw_key == get_key or g.key == get_key)
 
     def update_sender_info(self, sender_host: str, sender_zmq_port: int, sender_rank: Optional[int] = None) -> None:
@@ -376,7 +394,8 @@ class FerryConnector(OmniConnectorBase):
         ``timeouts``, ``expired_claims``, ``expired_payloads``,
         ``early_reads_wasted`` (reads made from a put's metadata whose
         grant named another put); and ``last_error``."""
-        if self._closed or self._pool is None:
+        pool, engine = self._pool, self._engine
+        if self._closed or pool is None or engine is None:
             return {"status": "closed", **self._metrics, "last_error": self._last_error}
         with self._send_lock:
             sends = len(self._sends)
@@ -389,7 +408,7 @@ class FerryConnector(OmniConnectorBase):
             reading = sum(1 for g in self._gets.values() if g.transfer is not None and g.transfer.state == "pending")
         return {
             "status": "healthy",
-            "backend": self._live_engine().backend,
+            "backend": engine.backend,
             "host": self.host,
             "zmq_port": self.zmq_port,
             "sends_held": sends,
@@ -397,8 +416,8 @@ class FerryConnector(OmniConnectorBase):
             "gets_pending": gets,
             "gets_granted": granted,
             "gets_reading": reading,
-            "pool_used": self._pool.used,
-            "pool_size": self._pool.size,
+            "pool_used": pool.used,
+            "pool_size": pool.size,
             **self._metrics,
             "last_error": self._last_error,
         }
@@ -444,12 +463,16 @@ class FerryConnector(OmniConnectorBase):
             if "ferry" in meta and meta["ferry"] != METADATA_FORMAT:
                 self._error(f"get of {key}: metadata of format {meta['ferry']!r}, not {METADATA_FORMAT}")
                 return None
-            endpoint = f"tcp://{meta['source_host']}:{int(meta['source_port'])}"
-            if meta.get("data_size") is not None:
-                expected = int(meta["data_size"])
+            try:
+                endpoint = _endpoint(str(meta["source_host"]), int(meta["source_port"]))
+                if meta.get("data_size") is not None:
+                    expected = int(meta["data_size"])
+            except (TypeError, ValueError) as e:
+                self._error(f"get of {key}: metadata {meta!r} does not name a sender: {e}")
+                return None
             grant = meta.get("grant")
         elif self.sender_host and self.sender_zmq_port:
-            endpoint = f"tcp://{self.sender_host}:{self.sender_zmq_port}"
+            endpoint = _endpoint(self.sender_host, self.sender_zmq_port)
         else:
             raise RuntimeError(
                 f"FerryConnector: get of {key} has no metadata naming its sender, and no sender is configured "
@@ -469,11 +492,11 @@ class FerryConnector(OmniConnectorBase):
             expected=expected,
             touched=time.monotonic(),
         )
-        sock = self._client(endpoint)
         try:
+            sock = self._client(endpoint)
             sock.send_multipart(control.encode(control.CLAIM, control.Claim(key, g.claim, int(window * 1000))), zmq.NOBLOCK)
-        except zmq.Again:
-            self._error(f"get of {key}: the claim to {endpoint} cannot be queued")
+        except zmq.ZMQError as e:
+            self._error(f"get of {key}: the claim to {endpoint} cannot be sent: {e}")
             return None
         self._gets[key] = g
         self._claims[g.claim] = g
@@ -482,12 +505,16 @@ class FerryConnector(OmniConnectorBase):
         # (its generation): a payload is held, unchanged, from its put until
         # it is freed, and never held again, so a grant of that generation
         # shows it was the payload's during the whole read.
+        # Once per put: a claim asked again (after "missing" or "busy")
+        # reads nothing until it is granted.
         if isinstance(grant, list) and len(grant) == 6 and all(isinstance(v, int) for v in grant[1:]):
-            try:
-                early = control.Granted(g.claim, str(grant[0]), *grant[1:])
-            except (TypeError, ValueError):
-                early = None
-            if early is not None and self._valid_grant(g, early, report=False):
+            early = control.Granted(g.claim, str(grant[0]), *grant[1:])
+            g.early_of = (early.session, early.gen)
+            if self._early.get(key) != g.early_of and self._valid_grant(g, early, report=False):
+                self._early[key] = g.early_of
+                self._early.move_to_end(key)
+                while len(self._early) > _EARLY_MEMORY:
+                    self._early.popitem(last=False)
                 self._post(g, early, quiet=True)
         return g
 
@@ -500,7 +527,7 @@ class FerryConnector(OmniConnectorBase):
                 # was wrong): the grant, if it comes, is read again.
                 self._free_region(g)
             if time.monotonic() - g.sent > self.claim_timeout:
-                self._metrics["timeouts"] += 1
+                self._count("timeouts", 1)
                 self._reset_client(g.endpoint)
                 self._error(f"get of {g.key}: the sender at {g.endpoint} did not answer its claim within {self.claim_timeout} s")
             return None
@@ -536,8 +563,8 @@ class FerryConnector(OmniConnectorBase):
             return None
         finally:
             del region
-        self._metrics["gets"] += 1
-        self._metrics["bytes_transferred"] += g.size
+        self._count("gets", 1)
+        self._count("bytes_transferred", g.size)
         return value, g.size
 
     def _drain(self, endpoint: str) -> None:
@@ -561,11 +588,17 @@ class FerryConnector(OmniConnectorBase):
                 continue
             self._claims.pop(g.claim, None)
             if verb == control.GRANTED and isinstance(message, control.Granted):
+                self._early.pop(g.key, None)
                 self._on_grant(g, message)
-            else:
-                # Not there yet (missing), or another receiver's (busy): a
-                # later get asks again.
-                self._forget(g)
+                continue
+            if verb == control.MISSING and g.early_of is not None and g.transfer is not None:
+                # ferry's metadata comes from a put: a sender that no longer
+                # has it freed it (read, cleaned up, or expired), and asking
+                # again will not bring it back; said once per put.
+                self._error(f"get of {g.key}: the sender at {endpoint} no longer has that put (read, cleaned up or expired)")
+            # Not there yet (missing), or another receiver's (busy): a
+            # later get asks again.
+            self._forget(g)
 
     def _on_grant(self, g: _Get, granted: control.Granted) -> None:
         if not self._valid_grant(g, granted, report=True):
@@ -581,7 +614,7 @@ class FerryConnector(OmniConnectorBase):
         else:
             # The early read was of another put: read the granted one once
             # it is final.
-            self._metrics["early_reads_wasted"] += 1
+            self._count("early_reads_wasted", 1)
             g.state = "discarding"
             g.regrant = granted
 
@@ -677,7 +710,8 @@ class FerryConnector(OmniConnectorBase):
                     if self._closed or self._gets.get(g.key) is not g:
                         break
                     running = g.transfer if g.transfer is not None and g.transfer.state == "pending" else None
-                    if running is None or time.monotonic() >= until:
+                    # Only a granted read is worth waiting for.
+                    if running is None or g.state != "reading" or time.monotonic() >= until:
                         # A read still running is not ended (the data plane
                         # would end the peer's other reads with it): its
                         # region is freed once it is final (``_sweep``).
@@ -689,12 +723,12 @@ class FerryConnector(OmniConnectorBase):
                 except ferry.FerryError:
                     pass  # failed: final all the same
 
-    def _sweep(self, now: float) -> None:
+    def _sweep(self, now: float, force: bool = False) -> None:
         """Ends receives nobody asks for any more (under ``_lock``, at most
         twice a second): frees the regions of discarded reads that became
         final, and releases gets not polled for longer than their window,
         as a caller that gave up without ``abandon_get`` leaves them."""
-        if now < self._next_sweep:
+        if now < self._next_sweep and not force:
             return
         self._next_sweep = now + 0.5
         for g in list(self._gets.values()):
@@ -718,6 +752,7 @@ class FerryConnector(OmniConnectorBase):
             assert self._ctx is not None
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IPV6, 1)
             sock.setsockopt(zmq.SNDHWM, 10000)
             sock.connect(endpoint)
             self._clients[endpoint] = sock
@@ -731,7 +766,8 @@ class FerryConnector(OmniConnectorBase):
             self._send_end(g, control.RELEASE)
         sock = self._clients.pop(endpoint, None)
         if sock is not None:
-            sock.close(linger=0)
+            # A moment for the releases (and dones) queued on it.
+            sock.close(linger=200)
         for g in claiming:
             self._forget(g)
 
@@ -747,12 +783,15 @@ class FerryConnector(OmniConnectorBase):
             router = self._ctx.socket(zmq.ROUTER)
             router.setsockopt(zmq.LINGER, 0)
             router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+            router.setsockopt(zmq.IPV6, 1)
+            # Control messages are small; anything larger is not one.
+            router.setsockopt(zmq.MAXMSGSIZE, 1 << 16)
             try:
                 if "zmq_port" in self.config and self.role != "receiver":
                     port = self._derived_port()
-                    router.bind(f"tcp://{self.host}:{port}")
+                    router.bind(_endpoint(self.host, port))
                 else:
-                    port = router.bind_to_random_port(f"tcp://{self.host}")
+                    port = router.bind_to_random_port(_endpoint(self.host, None))
             except zmq.ZMQError as e:
                 router.close(linger=0)
                 raise RuntimeError(f"FerryConnector: cannot listen at {self.host}: {e}") from e
@@ -821,8 +860,11 @@ class FerryConnector(OmniConnectorBase):
                 if held.claim is not None and held.claim != message.claim and held.claim_expires > now:
                     return control.encode(control.BUSY, control.Refused(message.claim))
                 window = min(max(message.window_ms, 0), control.MAX_WINDOW_MS) / 1000.0
+                if held.claim is not None:
+                    self._claim_keys.pop(held.claim, None)
                 held.claim = message.claim
                 held.claim_expires = now + window + _CLAIM_GRACE
+                self._claim_keys[message.claim] = message.key
                 pool = self._pool
                 engine = self._engine
                 if pool is None or engine is None:
@@ -840,15 +882,18 @@ class FerryConnector(OmniConnectorBase):
                     ),
                 )
             if isinstance(message, control.Ended):
-                retired = self._retired.pop((message.claim, message.key), None)
+                key = message.key or self._claim_keys.get(message.claim, "")
+                self._claim_keys.pop(message.claim, None)
+                retired = self._retired.pop((message.claim, key), None)
                 if retired is not None:
-                    self._free_held(retired)
+                    for held in retired:
+                        self._free_held(held)
                     return None
-                held = self._sends.get(message.key)
+                held = self._sends.get(key)
                 if held is None or held.claim != message.claim:
                     return None
                 if verb == control.DONE:
-                    del self._sends[message.key]
+                    del self._sends[key]
                     self._forget_key(held)
                     self._free_held(held)
                 else:
@@ -859,8 +904,9 @@ class FerryConnector(OmniConnectorBase):
         with self._send_lock:
             for key, held in list(self._sends.items()):
                 if held.claim is not None and held.claim_expires <= now:
+                    self._claim_keys.pop(held.claim, None)
                     held.claim = None
-                    self._metrics["expired_claims"] += 1
+                    self._count("expired_claims", 1)
                     logger.warning(
                         "FerryConnector: the receiver that claimed %s did not finish within its window; "
                         "the claim ended",
@@ -869,7 +915,7 @@ class FerryConnector(OmniConnectorBase):
                 if held.claim is None and held.expires <= now:
                     del self._sends[key]
                     self._forget_key(held)
-                    self._metrics["expired_payloads"] += 1
+                    self._count("expired_payloads", 1)
                     logger.warning(
                         "FerryConnector: %s was not received within %.0f s; its %d bytes are freed",
                         key,
@@ -877,17 +923,19 @@ class FerryConnector(OmniConnectorBase):
                         held.plan_size,
                     )
                     self._free_held(held)
-            for both, held in list(self._retired.items()):
-                if held.claim_expires <= now:
+            for both, helds in list(self._retired.items()):
+                if all(held.claim_expires <= now for held in helds):
                     del self._retired[both]
-                    self._metrics["expired_claims"] += 1
-                    logger.warning(
-                        "FerryConnector: the receiver that claimed %s (since cleaned up) did not finish "
-                        "within its window; its %d bytes are freed",
-                        held.key,
-                        held.plan_size,
-                    )
-                    self._free_held(held)
+                    self._claim_keys.pop(both[0], None)
+                    for held in helds:
+                        self._count("expired_claims", 1)
+                        logger.warning(
+                            "FerryConnector: the receiver that claimed %s (since cleaned up) did not finish "
+                            "within its window; its %d bytes are freed",
+                            held.key,
+                            held.plan_size,
+                        )
+                        self._free_held(held)
 
     def _retire(self, held: _Held) -> None:
         """Frees ``held`` now if no receiver holds it, else once its claim
@@ -897,7 +945,7 @@ class FerryConnector(OmniConnectorBase):
         if held.claim is None:
             self._free_held(held)
         else:
-            self._retired[(held.claim, held.key)] = held
+            self._retired.setdefault((held.claim, held.key), []).append(held)
 
     def _forget_key(self, held: _Held) -> None:
         keys = self._send_keys.get(held.raw_key)
@@ -922,10 +970,22 @@ class FerryConnector(OmniConnectorBase):
             raise RuntimeError("FerryConnector: closed")
         return self._engine
 
+    def _count(self, name: str, n: int) -> None:
+        with self._metrics_lock:
+            self._metrics[name] += n
+
     def _error(self, what: str) -> None:
-        self._metrics["errors"] += 1
+        self._count("errors", 1)
         self._last_error = what
         logger.error("FerryConnector: %s", what)
+
+
+def _endpoint(host: str, port: Optional[int]) -> str:
+    """``tcp://host:port`` (``tcp://host`` without a port), an IPv6 host in
+    brackets."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"tcp://{host}" if port is None else f"tcp://{host}:{port}"
 
 
 def _inbox_host(session_id: str) -> str:
