@@ -2,9 +2,11 @@
 lines on stdin and answer each with one JSON line on stdout."""
 
 import json
+import selectors
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 
@@ -16,18 +18,40 @@ def reply(**fields) -> None:
 
 
 class LineProcess:
-    """A helper script started with a JSON spec, spoken to by JSON lines."""
+    """A helper script started with a JSON spec, spoken to by JSON lines.
 
-    def __init__(self, script: str, spec: dict) -> None:
+    ``python``: the interpreter (this one by default); ``env``: its
+    environment (this one's by default); ``within``: seconds an answer may
+    take before ``read`` raises (unbounded by default); ``greet``: read its
+    first line (``hello``) now, else leave it to the caller's first
+    ``read`` (so that slow starters start side by side)."""
+
+    def __init__(
+        self,
+        script: str,
+        spec: dict,
+        *,
+        python: str = sys.executable,
+        env: Optional[dict] = None,
+        within: Optional[float] = None,
+        greet: bool = True,
+    ) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / script), json.dumps(spec)],
+            [python, str(HERE / script), json.dumps(spec)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=env,
         )
-        self.hello = self.read()
+        self._within = within
+        self.hello = self.read() if greet else None
 
     def read(self) -> dict:
+        if self._within is not None:
+            with selectors.DefaultSelector() as sel:
+                sel.register(self.proc.stdout, selectors.EVENT_READ)
+                if not sel.select(self._within):
+                    raise RuntimeError(f"the helper process did not answer within {self._within} s")
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"the helper process ended (exit status {self.proc.wait()})")

@@ -10,18 +10,15 @@ installed in it); skipped without it, unless ``FERRY_REQUIRE_VLLM_OMNI=1``
 
 from __future__ import annotations
 
-import json
 import os
-import selectors
-import subprocess
 import tempfile
 import time
-from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+from procs import LineProcess
+
 PYTHON = os.environ.get("FERRY_VLLM_OMNI_PYTHON")
 if not PYTHON:
     if os.environ.get("FERRY_REQUIRE_VLLM_OMNI") == "1":
@@ -34,10 +31,10 @@ PAYLOADS = 200
 BIG = (6, 104, 195)  # payloads with a 64 MiB leaf (peer.payload)
 
 
-class Stage:
-    """A stage process (vllm_omni/peer.py), spoken to by JSON lines. It
-    starts at once; its greeting is awaited at the first question, so
-    that stages start side by side (vLLM's import takes a while)."""
+class Stage(LineProcess):
+    """A stage process (vllm_omni/peer.py). It starts at once; its greeting
+    is awaited at the first question, so that stages start side by side
+    (vLLM's import takes a while)."""
 
     def __init__(self, role: str, scratch: str, **extra: Any) -> None:
         # vLLM's import starts background builds of GPU kernels (humming)
@@ -46,36 +43,14 @@ class Stage:
         # Their temporary files (torch's inductor makes a cache directory at
         # import) go to a directory the test removes.
         env = {**os.environ, "HUMMING_DISABLE_PARALLEL_BUILD": "1", "TMPDIR": scratch}
-        self.proc = subprocess.Popen(
-            [PYTHON, str(HERE / "vllm_omni" / "peer.py"), role, json.dumps({"backend": "local", **extra})],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        self._sel = selectors.DefaultSelector()
-        self._sel.register(self.proc.stdout, selectors.EVENT_READ)
-        self._greeted = False
-
-    def _greeting(self) -> None:
-        if not self._greeted:
-            self._greeted = True
-            hello = self.read()
-            assert hello.get("ready") == "FerryConnector", hello
-
-    def read(self) -> Dict[str, Any]:
-        if not self._sel.select(ANSWER_WITHIN):
-            raise AssertionError(f"the stage process did not answer within {ANSWER_WITHIN} s")
-        line = self.proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"the stage process ended (exit status {self.proc.wait()})")
-        return json.loads(line)
+        spec = {"role": role, "extra": {"backend": "local", **extra}}
+        super().__init__("vllm_omni/peer.py", spec, python=PYTHON, env=env, within=ANSWER_WITHIN, greet=False)
 
     def ask(self, **cmd: Any) -> Dict[str, Any]:
-        self._greeting()
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        return self.read()
+        if self.hello is None:
+            self.hello = self.read()
+            assert self.hello.get("ready") == "FerryConnector", self.hello
+        return super().ask(**cmd)
 
     def health_until(self, what: str, check: Any, within: float = 30.0) -> Dict[str, Any]:
         """Asks for health until ``check(health)`` holds (the sender frees
@@ -89,22 +64,6 @@ class Stage:
             if time.monotonic() > end:
                 raise AssertionError(f"{what}: not within {within} s: {h}")
             time.sleep(0.05)
-
-    def kill(self) -> None:
-        self._greeting()
-        self.proc.kill()
-        self.proc.wait()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.ask(op="exit")
-                self.proc.wait(timeout=30)
-            except (AssertionError, BrokenPipeError, subprocess.TimeoutExpired):
-                self.kill()
-        self.proc.stdin.close()
-        self.proc.stdout.close()
-        self._sel.close()
 
 
 class Stages:

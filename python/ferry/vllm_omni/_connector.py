@@ -59,7 +59,6 @@ class _Held:
     gen: int = 0
     claim: Optional[int] = None
     claim_expires: float = 0.0
-    retired: bool = False
 
 
 @dataclass
@@ -941,7 +940,6 @@ class FerryConnector(OmniConnectorBase):
         """Frees ``held`` now if no receiver holds it, else once its claim
         ends (under ``_send_lock``)."""
         self._forget_key(held)
-        held.retired = True
         if held.claim is None:
             self._free_held(held)
         else:

@@ -6,7 +6,7 @@ It runs in vLLM-omni's environment with ferry's wheel installed as a user
 installs it: the connector comes from vLLM-omni's own plugin loading,
 config parsing and factory, nothing of them patched.
 
-    python peer.py sender|receiver '<extra as JSON>'
+    python peer.py '{"role": "sender"|"receiver", "extra": {...}}'
 """
 
 from __future__ import annotations
@@ -137,7 +137,8 @@ def connector(role: str, extra: Dict[str, Any]) -> Any:
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    role, extra = sys.argv[1], json.loads(sys.argv[2])
+    spec = json.loads(sys.argv[1])
+    role, extra = spec["role"], spec["extra"]
     conn = connector(role, extra)
     say({"ready": type(conn).__name__, "health": conn.health()})
     for line in sys.stdin:
