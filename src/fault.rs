@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::runtime::PoolOwner;
-use ferry_core::transport::{
+use tensorferry_core::transport::{
     Capabilities, ChannelEvent, Completion, ControlChannel, ControlRecv, Fault, FaultKind,
     Incoming, Landed, ReadOp, Region, Transport, WriteOp, WriteTag,
 };

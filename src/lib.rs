@@ -1,11 +1,11 @@
 //! ferry: tensor transfer for disaggregated diffusion serving.
 //!
 //! The library to embed: the std runtime ([`runtime`]) that drives
-//! ferry-core's state machines over the data planes (shared memory always;
+//! tensorferry-core's state machines over the data planes (shared memory always;
 //! libfabric and ibverbs behind the `fabric` and `verbs` features) and a
 //! ZeroMQ or Unix-socket control channel, and fault injection around any
 //! of them ([`fault`]). The protocol itself (messages, codec, slot
-//! accounting, the handshake state machines) lives in [`ferry_core`],
+//! accounting, the handshake state machines) lives in [`tensorferry_core`],
 //! re-exported here as [`core`]. The `ferry` command, its pipeline and its
 //! benchmarks are applications of this crate (`cli/`, `bench/`).
 // Unsafe code only where the runtime views registered pool memory
@@ -15,7 +15,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-pub use ferry_core as core;
+pub use tensorferry_core as core;
 
 pub mod engine;
 pub mod fault;

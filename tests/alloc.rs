@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::endpoint;
-use ferry::runtime::{
+use tensorferry::runtime::{
     CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNodeConfig, Prealloc,
 };
-use ferry_core::slots::{Dtype, TensorSpec};
-use ferry_shm::UdsChannel;
+use tensorferry_core::slots::{Dtype, TensorSpec};
+use tensorferry_shm::UdsChannel;
 
 struct Counting;
 

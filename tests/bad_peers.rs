@@ -7,11 +7,11 @@ mod common;
 use std::time::Duration;
 
 use common::endpoint;
-use ferry::runtime::{DataPlane, InstanceNode, InstanceNodeConfig};
-use ferry_core::slots::{Dtype, TensorSpec};
-use ferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
-use ferry_core::wire::{decode, Msg, Push, RegisterAck, TRANSFER_MAGIC};
-use ferry_shm::{UdsChannel, UdsReceiver, UdsSender};
+use tensorferry::runtime::{DataPlane, InstanceNode, InstanceNodeConfig};
+use tensorferry_core::slots::{Dtype, TensorSpec};
+use tensorferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
+use tensorferry_core::wire::{decode, Msg, Push, RegisterAck, TRANSFER_MAGIC};
+use tensorferry_shm::{UdsChannel, UdsReceiver, UdsSender};
 
 /// The next transfer message, as (sender, JSON text).
 fn next(rx: &mut UdsReceiver) -> (String, String) {
@@ -64,7 +64,7 @@ fn registered_instance(tx: &mut UdsSender, rx: &mut UdsReceiver) -> (InstanceNod
     (node, from)
 }
 
-fn stage(node: &ferry::runtime::InstanceNode, id: &str) {
+fn stage(node: &tensorferry::runtime::InstanceNode, id: &str) {
     let shape = [4096u64];
     let spec = [TensorSpec {
         field: "x",
@@ -81,9 +81,9 @@ fn a_push_the_data_plane_cannot_honour_fails_that_request_and_nothing_else() {
     let (mut tx, mut rx) = UdsChannel::bind(&endpoint("coord")).unwrap().split();
     let (node, at) = registered_instance(&mut tx, &mut rx);
     // A real receiver pool to aim at.
-    let receiver = ferry_shm::ShmTransport::new(1 << 20, 1, 1 << 20).unwrap();
+    let receiver = tensorferry_shm::ShmTransport::new(1 << 20, 1, 1 << 20).unwrap();
     let (good, base) = (
-        ferry_core::transport::Transport::session_id(&receiver).to_owned(),
+        tensorferry_core::transport::Transport::session_id(&receiver).to_owned(),
         receiver.pool_ptr() as u64,
     );
     // Each refusal says what kind of failure it is, then the data plane's
@@ -214,7 +214,7 @@ fn garbage_from_a_peer_is_counted_and_dropped() {
 
 #[test]
 fn over_zeromq_bad_frames_are_counted_and_dropped() {
-    use ferry_zmq::{ZmqChannel, ZmqConfig};
+    use tensorferry_zmq::{ZmqChannel, ZmqConfig};
 
     let ctx = zmq::Context::new();
     let coord = ctx.socket(zmq::PULL).unwrap();

@@ -1,11 +1,11 @@
-//! `ferry::engine::TransferEngine` in one process: two engines, the same
+//! `tensorferry::engine::TransferEngine` in one process: two engines, the same
 //! calls as between processes (the Python tests run them between
 //! processes, and sglang's own transfer code on top).
 
 use std::time::Duration;
 
-use ferry::core::transport::FaultKind;
-use ferry::engine::{Backend, EngineError, LocalConfig, Op, TransferEngine};
+use tensorferry::core::transport::FaultKind;
+use tensorferry::engine::{Backend, EngineError, LocalConfig, Op, TransferEngine};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -81,12 +81,12 @@ fn local_engines_write_into_each_others_memory() {
 fn fabric_engines_write_into_each_others_memory() {
     // tcp;ofi_rxm on loopback needs its interface named.
     std::env::set_var("FI_TCP_IFACE", "lo");
-    // Removing a peer ends its writes (ferry-fabric's AV_REMOVE_CLEANUP),
+    // Removing a peer ends its writes (tensorferry-fabric's AV_REMOVE_CLEANUP),
     // set before this process first uses libfabric.
     std::env::set_var("FI_AV_REMOVE_CLEANUP", "1");
     for provider in ["tcp;ofi_rxm", "shm"] {
         check(|| {
-            let mut c = ferry_fabric::FabricConfig::new(provider.parse().unwrap());
+            let mut c = tensorferry_fabric::FabricConfig::new(provider.parse().unwrap());
             c.write_timeout = Duration::from_secs(2);
             Backend::Fabric(c)
         });
@@ -101,11 +101,11 @@ fn fabric_engines_write_into_each_others_memory() {
 #[cfg(feature = "fabric")]
 #[test]
 fn a_timed_out_fabric_write_reads_its_source_no_more_after_it_returns() {
-    use ferry::core::transport::Transport;
-    use ferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
+    use tensorferry::core::transport::Transport;
+    use tensorferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
 
     std::env::set_var("FI_TCP_IFACE", "lo");
-    // Removing a peer ends its writes (ferry-fabric's AV_REMOVE_CLEANUP),
+    // Removing a peer ends its writes (tensorferry-fabric's AV_REMOVE_CLEANUP),
     // set before this process first uses libfabric.
     std::env::set_var("FI_AV_REMOVE_CLEANUP", "1");
     let len = 16usize << 20;

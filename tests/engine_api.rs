@@ -7,8 +7,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ferry::core::transport::FaultKind;
-use ferry::engine::{
+use tensorferry::core::transport::FaultKind;
+use tensorferry::engine::{
     Backend, EngineError, LocalConfig, Op, TransferEngine, TransferState, MAX_NOTIFICATION,
 };
 
@@ -277,12 +277,12 @@ fn local_engines_offer_the_whole_api() {
 #[cfg(feature = "fabric")]
 fn fabric(provider: &str) -> TransferEngine {
     // tcp;ofi_rxm on loopback needs its interface named; removing a peer
-    // ends its operations (ferry-fabric's AV_REMOVE_CLEANUP). Set before
+    // ends its operations (tensorferry-fabric's AV_REMOVE_CLEANUP). Set before
     // this process first uses libfabric.
     std::env::set_var("FI_TCP_IFACE", "lo");
     std::env::set_var("FI_AV_REMOVE_CLEANUP", "1");
-    let c = ferry_fabric::FabricConfig::new(provider.parse().unwrap());
-    let mut options = ferry::engine::EngineOptions::default();
+    let c = tensorferry_fabric::FabricConfig::new(provider.parse().unwrap());
+    let mut options = tensorferry::engine::EngineOptions::default();
     options.notify_host = Some("127.0.0.1".into());
     TransferEngine::open_with(Backend::Fabric(c), options).unwrap()
 }
@@ -305,10 +305,12 @@ fn fabric_engines_offer_the_whole_api_over_shm() {
 #[cfg(feature = "verbs-sim")]
 mod sim {
     use super::*;
-    use ferry::core::transport::{Capabilities, Completion, ReadOp, Region, Transport, WriteOp};
-    use ferry_verbs::sim::SimDevice;
-    use ferry_verbs::{VerbsConfig, VerbsError, VerbsTransport};
     use std::sync::Arc;
+    use tensorferry::core::transport::{
+        Capabilities, Completion, ReadOp, Region, Transport, WriteOp,
+    };
+    use tensorferry_verbs::sim::SimDevice;
+    use tensorferry_verbs::{VerbsConfig, VerbsError, VerbsTransport};
 
     pub struct Stallable {
         t: VerbsTransport<SimDevice>,
@@ -504,8 +506,8 @@ fn none_of_100_000_notifications_is_lost() {
 #[cfg(feature = "fabric")]
 #[test]
 fn a_fabric_transfer_timed_out_while_its_writes_stall_never_changes_the_destination() {
-    use ferry::core::transport::Transport;
-    use ferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
+    use tensorferry::core::transport::Transport;
+    use tensorferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
 
     let engine = fabric("tcp;ofi_rxm");
     let len = 16usize << 20;

@@ -6,11 +6,11 @@
 
 use std::time::Duration;
 
-use ferry::runtime::{
+use tensorferry::runtime::{
     CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNode, InstanceNodeConfig, Prealloc,
 };
-use ferry_core::slots::{Dtype, TensorSpec};
-use ferry_zmq::{CurveConfig, CurveKeyPair, Guard, ZmqChannel, ZmqConfig};
+use tensorferry_core::slots::{Dtype, TensorSpec};
+use tensorferry_zmq::{CurveConfig, CurveKeyPair, Guard, ZmqChannel, ZmqConfig};
 
 const SECOND: Duration = Duration::from_secs(1);
 const MAGIC: &[u8] = b"__transfer__";
@@ -204,8 +204,8 @@ fn instances_hand_off_over_curve_and_strangers_reach_no_endpoint() {
 #[cfg(feature = "verbs-sim")]
 #[test]
 fn the_verbs_side_channel_answers_admitted_writers_only() {
-    use ferry_verbs::sim::SimDevice;
-    use ferry_verbs::{Session, VerbsConfig, VerbsTransport};
+    use tensorferry_verbs::sim::SimDevice;
+    use tensorferry_verbs::{Session, VerbsConfig, VerbsTransport};
 
     let k = keys();
     let (coord, results) = coordinator(&k);

@@ -9,13 +9,13 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use common::endpoint;
-use ferry::runtime::{
+use tensorferry::runtime::{
     CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNode, InstanceNodeConfig, Prealloc,
 };
 
-use ferry_core::slots::{Dtype, TensorSpec};
-use ferry_core::transport::{ControlChannel, ControlSend};
-use ferry_shm::UdsChannel;
+use tensorferry_core::slots::{Dtype, TensorSpec};
+use tensorferry_core::transport::{ControlChannel, ControlSend};
+use tensorferry_shm::UdsChannel;
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -94,7 +94,7 @@ fn check(node: &InstanceNode, id: &str, seed: u8) {
 }
 
 /// Checks every byte of a delivery made by [`send`] with `seed`.
-fn check_bytes(d: &ferry::runtime::Delivery<'_>, seed: u8) {
+fn check_bytes(d: &tensorferry::runtime::Delivery<'_>, seed: u8) {
     assert_eq!(
         d.scalar_fields(),
         r#"{"prompt":"a fox","steps":30,"cfg":7.5}"#
@@ -232,8 +232,8 @@ fn without_a_live_receiver_a_request_fails_and_a_new_receiver_takes_over() {
 
 #[test]
 fn under_injected_faults_every_request_ends_and_no_slot_leaks() {
-    use ferry::fault::{FaultPlan, FaultyChannel, FaultyTransport};
-    use ferry_core::handshake::coordinator::Timeouts;
+    use tensorferry::fault::{FaultPlan, FaultyChannel, FaultyTransport};
+    use tensorferry_core::handshake::coordinator::Timeouts;
 
     let plan = |seed| FaultPlan {
         fail_write: 0.1,
@@ -361,7 +361,7 @@ fn under_injected_faults_every_request_ends_and_no_slot_leaks() {
 /// refused after the landing timeout, and nothing stays held.
 #[test]
 fn a_transfer_whose_write_never_lands_is_refused_and_freed() {
-    use ferry::fault::{FaultPlan, FaultyTransport, Notices};
+    use tensorferry::fault::{FaultPlan, FaultyTransport, Notices};
 
     let coord = coordinator(&["encoder", "denoiser"]);
     // The encoder's transport posts a notice for each write that
@@ -443,7 +443,7 @@ fn a_transfer_whose_write_never_lands_is_refused_and_freed() {
 
 #[test]
 fn the_in_process_channel_carries_a_hand_off() {
-    use ferry_shm::{MemChannel, MemHub};
+    use tensorferry_shm::{MemChannel, MemHub};
 
     let hub = MemHub::new();
     let _coordinator = CoordinatorNode::start(
@@ -479,8 +479,8 @@ fn the_in_process_channel_carries_a_hand_off() {
 #[cfg(feature = "verbs-sim")]
 #[test]
 fn the_runtime_hands_off_over_the_verbs_transport_on_a_stand_in_device() {
-    use ferry_verbs::sim::SimDevice;
-    use ferry_verbs::{VerbsConfig, VerbsTransport};
+    use tensorferry_verbs::sim::SimDevice;
+    use tensorferry_verbs::{VerbsConfig, VerbsTransport};
 
     let coord = coordinator(&["encoder", "denoiser"]);
     let node = |role: &str, prealloc: Prealloc| {

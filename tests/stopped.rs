@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::endpoint;
-use ferry::core::transport::{Capabilities, Completion, ReadOp, Region, Transport, WriteOp};
-use ferry::runtime::{
+use tensorferry::core::transport::{Capabilities, Completion, ReadOp, Region, Transport, WriteOp};
+use tensorferry::runtime::{
     CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNodeConfig, NodeError, PoolOwner,
 };
-use ferry_core::slots::{Dtype, TensorSpec};
-use ferry_shm::UdsChannel;
+use tensorferry_core::slots::{Dtype, TensorSpec};
+use tensorferry_shm::UdsChannel;
 
 /// A transport that panics in `post_write` once `armed`.
 struct PanicsOnWrite<T> {

@@ -5,16 +5,16 @@
 //! bare memcpy side by side in alternating rounds; the table gives both
 //! and the difference, the transport's own cost per write.
 //!
-//! `cargo bench -p ferry-bench --bench bookkeeping`
+//! `cargo bench -p tensorferry-bench --bench bookkeeping`
 //! (`FERRY_BENCH_SIZES=64,4096` picks the sizes).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{Region, Transport, WriteOp, WriteTag};
-use ferry_hostmem::HostPool;
-use ferry_verbs::sim::SimDevice;
-use ferry_verbs::{VerbsConfig, VerbsTransport};
+use tensorferry_core::transport::{Region, Transport, WriteOp, WriteTag};
+use tensorferry_hostmem::HostPool;
+use tensorferry_verbs::sim::SimDevice;
+use tensorferry_verbs::{VerbsConfig, VerbsTransport};
 
 const ROUND: Duration = Duration::from_millis(300);
 const ROUNDS: usize = 5;

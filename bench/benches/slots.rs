@@ -1,9 +1,9 @@
-//! `cargo bench -p ferry-bench --bench slots`: the buddy allocator on the workloads of
+//! `cargo bench -p tensorferry-bench --bench slots`: the buddy allocator on the workloads of
 //! `bench/python/buddy_python.py` (side by side: `bench/python/vs_python.sh slots`).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use ferry_bench::slots::{churn, pairs, storage, Lcg, CONFIG};
-use ferry_core::slots::Buddy;
+use tensorferry_bench::slots::{churn, pairs, storage, Lcg, CONFIG};
+use tensorferry_core::slots::Buddy;
 
 fn slots(c: &mut Criterion) {
     let (mut tree, mut gens) = storage().expect("storage for the bench pool");

@@ -1,12 +1,12 @@
-//! `cargo bench -p ferry-bench --bench wire`: the control-plane codec, piece by piece.
+//! `cargo bench -p tensorferry-bench --bench wire`: the control-plane codec, piece by piece.
 //! The side-by-side comparison with the seed's Python is
 //! `bench/python/vs_python.sh`; this one breaks ferry's time down.
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use ferry_bench::wire::{encode_decode, encode_decode_walk, push_msg, staged_msg};
-use ferry_core::wire::{decode, Msg};
+use tensorferry_bench::wire::{encode_decode, encode_decode_walk, push_msg, staged_msg};
+use tensorferry_core::wire::{decode, Msg};
 
 fn codec(c: &mut Criterion) {
     for (name, msg) in [("staged", staged_msg()), ("push", push_msg())] {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ferry.TransferEngine beside NIXL and Mooncake's transfer engine, from
+"""tensorferry.TransferEngine beside NIXL and Mooncake's transfer engine, from
 Python, on one host, in one run, between this process and a buffer another
 process registered:
 
@@ -89,9 +89,9 @@ def target(engine: str, conn) -> None:
     addr = dst.ctypes.data
     echo = None
     if engine == "ferry":
-        import ferry
+        import tensorferry
 
-        eng = ferry.TransferEngine("local")
+        eng = tensorferry.TransferEngine("local")
         eng.register_buffer(addr, dst.nbytes)
         conn.send({"session": eng.session_id, "addr": addr})
 
@@ -175,9 +175,9 @@ class Initiator:
         addr, baddr = src.ctypes.data, back.ctypes.data
         offs = batch_offsets()
         if engine == "ferry":
-            import ferry
+            import tensorferry
 
-            eng = ferry.TransferEngine("local")
+            eng = tensorferry.TransferEngine("local")
             eng.register_buffer(addr, src.nbytes)
             eng.register_buffer(baddr, back.nbytes)
             session, dst = peer["session"], peer["addr"]

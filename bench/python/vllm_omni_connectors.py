@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ferry's vLLM-omni connector (``ferry.vllm_omni.FerryConnector``) beside
+"""ferry's vLLM-omni connector (``tensorferry.vllm_omni.FerryConnector``) beside
 vLLM-omni's own ``SharedMemoryConnector`` (the default for an edge with no
 connector), on the same payloads, in one run, from a sender process that
 puts to a receiver process that gets, as two stages of vLLM-omni would:
@@ -209,9 +209,9 @@ def create(name: str, extra: dict, threads: int = 0):
 
     cls = CONNECTORS[name]
     if name == "ferry" and cls not in OmniConnectorFactory.list_registered_connectors():
-        import ferry.vllm_omni
+        import tensorferry.vllm_omni
 
-        ferry.vllm_omni.register()
+        tensorferry.vllm_omni.register()
     return OmniConnectorFactory.create_connector(ConnectorSpec(name=cls, extra=dict(extra)))
 
 
@@ -424,7 +424,7 @@ def main() -> None:
     for n in args.connectors.split(","):
         if n not in CONNECTORS:
             sys.exit(f"unknown connector {n!r} (known: {', '.join(CONNECTORS)})")
-        module = "ferry.vllm_omni" if n == "ferry" else "vllm_omni"
+        module = "tensorferry.vllm_omni" if n == "ferry" else "vllm_omni"
         try:
             found = importlib.util.find_spec(module) is not None
         except Exception:  # the parent package fails to import

@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 what=${1:-all}
 seconds=${2:-3}
 export FERRY_SEED_DIR=${FERRY_SEED_DIR:-$(pwd)/../shared/seed}
-cargo build --release --quiet -p ferry-cli --bin ferry
+cargo build --release --quiet -p tensorferry-cli --bin ferry
 ferry=target/release/ferry
 
 compare() {

@@ -11,9 +11,9 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
-use ferry_core::wire::{decode, Msg, Push, Pushed, TRANSFER_MAGIC};
-use ferry_zmq::{ZmqChannel, ZmqConfig, ZmqError};
+use tensorferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
+use tensorferry_core::wire::{decode, Msg, Push, Pushed, TRANSFER_MAGIC};
+use tensorferry_zmq::{ZmqChannel, ZmqConfig, ZmqError};
 
 /// The request id that asks the echo process to report how many one-way
 /// messages it got.
@@ -96,7 +96,7 @@ impl Drop for Echo {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-        ferry_zmq::remove_ipc_file(&self.1);
+        tensorferry_zmq::remove_ipc_file(&self.1);
     }
 }
 
@@ -163,7 +163,7 @@ fn measure_one(
     let _echo = Echo(child, theirs.clone());
     let mut out = vec![0u8; 4096];
     let mut buf = vec![0u8; 64 * 1024];
-    let mut send = |tx: &mut ferry_zmq::ZmqSender, id: &str| -> Result<(), String> {
+    let mut send = |tx: &mut tensorferry_zmq::ZmqSender, id: &str| -> Result<(), String> {
         let n = push(id).encode(&mut out).map_err(|e| e.to_string())?;
         tx.send(&theirs, &[TRANSFER_MAGIC, &out[..n]])
             .map_err(|e| e.to_string())
@@ -211,7 +211,7 @@ fn measure_one(
     // One-way rate: a burst of messages the echo process decodes and
     // counts, then a flush that reports the count.
     let mut one_way = vec![0u8; 256];
-    let n = Msg::Done(ferry_core::wire::Done {
+    let n = Msg::Done(tensorferry_core::wire::Done {
         request_id: "one-way".into(),
         error: None,
         ..Default::default()

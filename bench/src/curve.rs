@@ -14,11 +14,11 @@
 
 use std::time::{Duration, Instant};
 
-use ferry::runtime::{
+use tensorferry::runtime::{
     CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNode, InstanceNodeConfig, NodeError,
     Prealloc,
 };
-use ferry_zmq::{CurveConfig, CurveKeyPair, Guard, ZmqChannel, ZmqConfig};
+use tensorferry_zmq::{CurveConfig, CurveKeyPair, Guard, ZmqChannel, ZmqConfig};
 
 /// Sizes measured by default.
 pub const SIZES: [u64; 2] = [4 << 10, 64 << 20];
@@ -116,7 +116,7 @@ impl Rig {
             let pair = || {
                 CurveKeyPair::generate().map_err(|e| NodeError::Transport {
                     verb: "make a CURVE key pair",
-                    kind: ferry_core::transport::FaultKind::Io,
+                    kind: tensorferry_core::transport::FaultKind::Io,
                     source: Box::new(e),
                 })
             };
@@ -190,7 +190,7 @@ impl Rig {
     fn handoff(
         &self,
         id: &str,
-        spec: &[ferry_core::slots::TensorSpec<'_>],
+        spec: &[tensorferry_core::slots::TensorSpec<'_>],
     ) -> Result<f64, NodeError> {
         let staging = self.sender.stage(id, spec)?;
         let t0 = Instant::now();

@@ -1,6 +1,6 @@
 //! `ferry bench --backend fabric`: hand-offs through the full handshake
 //! over a libfabric provider, against the raw baseline, the same writes
-//! posted through the libfabric layer alone ([`ferry_fabric::baseline`]),
+//! posted through the libfabric layer alone ([`tensorferry_fabric::baseline`]),
 //! in the same run.
 //!
 //! Both keep `window` transfers in flight, as `fi_rma_bw` does, and count
@@ -14,13 +14,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use ferry_fabric::baseline::RawPair;
-use ferry_fabric::FabricConfig;
+use tensorferry_fabric::baseline::RawPair;
+use tensorferry_fabric::FabricConfig;
 
 use crate::handoff::bind;
-use ferry::runtime::telemetry::Telemetry;
-use ferry::runtime::Prealloc;
-use ferry::runtime::{
+use tensorferry::runtime::telemetry::Telemetry;
+use tensorferry::runtime::Prealloc;
+use tensorferry::runtime::{
     CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNode, InstanceNodeConfig, NodeError,
 };
 
@@ -228,7 +228,7 @@ pub fn measure(
         progress(size);
         let slot = size.next_power_of_two().max(1 << 20);
         // The coordinator takes only so many preallocated slots.
-        let most = ferry::runtime::Limits::COORDINATOR.prealloc_per_member as u64;
+        let most = tensorferry::runtime::Limits::COORDINATOR.prealloc_per_member as u64;
         let window = window.clamp(1, (POOL_BUDGET / 2 / slot).clamp(1, most) as usize);
         let rig = rig(config, slot, window, telemetry)
             .map_err(|e| format!("ferry over libfabric: {e}"))?;

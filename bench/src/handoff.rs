@@ -11,10 +11,10 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use ferry_shm::UdsChannel;
+use tensorferry_shm::UdsChannel;
 
-use ferry::runtime::telemetry::Telemetry;
-use ferry::runtime::{
+use tensorferry::runtime::telemetry::Telemetry;
+use tensorferry::runtime::{
     CoordinatorNode, CoordinatorNodeConfig, CopyConfig, DataPlane, InstanceNode,
     InstanceNodeConfig, NodeError, Prealloc,
 };

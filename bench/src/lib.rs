@@ -5,7 +5,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-use ferry_core::slots::{Dtype, TensorSpec};
+use tensorferry_core::slots::{Dtype, TensorSpec};
 
 pub mod control;
 pub mod curve;

@@ -9,17 +9,17 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant as Clock};
 
-use ferry_core::handshake::coordinator::{
+use tensorferry_core::handshake::coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorEvent, CoordinatorStorage, Policy, Timeouts,
 };
-use ferry_core::handshake::instance::{
+use tensorferry_core::handshake::instance::{
     Head, Instance, InstanceConfig, InstanceEvent, InstanceIdentity, InstanceStorage, Prealloc,
     Token,
 };
-use ferry_core::handshake::{Instant, Limits, PeerId};
-use ferry_core::json::RawJson;
-use ferry_core::slots::BuddyConfig;
-use ferry_core::wire::{decode, Manifest, Shape, TensorEntry};
+use tensorferry_core::handshake::{Instant, Limits, PeerId};
+use tensorferry_core::json::RawJson;
+use tensorferry_core::slots::BuddyConfig;
+use tensorferry_core::wire::{decode, Manifest, Shape, TensorEntry};
 
 /// Preallocated slots the coordinator takes from each instance (the
 /// runtime's default limit).

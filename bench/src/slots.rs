@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_core::slots::{Buddy, BuddyConfig, BuddyError, SlotHandle};
+use tensorferry_core::slots::{Buddy, BuddyConfig, BuddyError, SlotHandle};
 
 const MIB: u64 = 1 << 20;
 

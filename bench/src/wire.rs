@@ -4,8 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_core::json::JsonStr;
-use ferry_core::wire::{decode, DecodeError, Manifest, Msg, Push, Shape, Staged, TensorEntry};
+use tensorferry_core::json::JsonStr;
+use tensorferry_core::wire::{
+    decode, DecodeError, Manifest, Msg, Push, Shape, Staged, TensorEntry,
+};
 
 /// The four tensors of a typical text-to-video hand-off, laid out at
 /// 512-byte-aligned offsets, as in `bench/python/wire_seed.py`.

@@ -1,5 +1,5 @@
 //! One hand-off of a request from an encoder to a denoiser, as the control
-//! messages that carry it: each built with ferry-core's types, encoded into a
+//! messages that carry it: each built with tensorferry-core's types, encoded into a
 //! caller buffer exactly as the seed's Python would encode it, framed as
 //! `[b"__transfer__", json]`, then read back by the receiving side.
 //!
@@ -7,8 +7,8 @@
 
 use std::process::ExitCode;
 
-use ferry::core::json::RawJson;
-use ferry::core::wire::*;
+use tensorferry::core::json::RawJson;
+use tensorferry::core::wire::*;
 
 /// Encodes `msg` into `buf` and frames it; returns the frames.
 fn frame<'b>(msg: &Msg<'_>, buf: &'b mut [u8]) -> Result<[&'b [u8]; 2], BufferTooSmall> {

@@ -13,5 +13,5 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    ferry_cli::pipeline::main(ferry_cli::pipeline::PipelineArgs::parse(), &[])
+    tensorferry_cli::pipeline::main(tensorferry_cli::pipeline::PipelineArgs::parse(), &[])
 }

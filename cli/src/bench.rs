@@ -42,7 +42,7 @@ pub(crate) struct BenchHandoff {
     /// The data plane to measure hand-offs over (`fabric`: against the raw
     /// libfabric baseline in the same run).
     #[command(flatten)]
-    data_plane: ferry_cli::pipeline::DataPlaneArgs,
+    data_plane: tensorferry_cli::pipeline::DataPlaneArgs,
     /// Transfers in flight at once (fabric).
     #[arg(long, default_value_t = 8)]
     window: usize,
@@ -55,8 +55,14 @@ pub(crate) struct BenchHandoff {
 /// The benchmark's metrics endpoint, if asked for; says where on stderr.
 pub(crate) fn bench_metrics(
     args: &BenchHandoff,
-) -> Result<(ferry::runtime::telemetry::Telemetry, Option<MetricsServer>), String> {
-    let telemetry = ferry::runtime::telemetry::Telemetry::new();
+) -> Result<
+    (
+        tensorferry::runtime::telemetry::Telemetry,
+        Option<MetricsServer>,
+    ),
+    String,
+> {
+    let telemetry = tensorferry::runtime::telemetry::Telemetry::new();
     let Some(listen) = &args.metrics_listen else {
         return Ok((telemetry, None));
     };
@@ -96,7 +102,7 @@ pub(crate) fn rounded(x: f64, digits: i32) -> f64 {
 }
 
 pub(crate) fn bench_control(args: &BenchHandoff) -> Result<(), String> {
-    let rows = ferry_bench::control::measure(duration(args.seconds)?, &["bench-echo"])?;
+    let rows = tensorferry_bench::control::measure(duration(args.seconds)?, &["bench-echo"])?;
     if args.json {
         let report: serde_json::Map<String, serde_json::Value> = rows
             .iter()
@@ -129,12 +135,12 @@ pub(crate) fn bench_control(args: &BenchHandoff) -> Result<(), String> {
 
 pub(crate) fn bench_curve(args: &BenchHandoff) -> Result<(), String> {
     let sizes = if args.sizes.is_empty() {
-        ferry_bench::curve::SIZES.to_vec()
+        tensorferry_bench::curve::SIZES.to_vec()
     } else {
         args.sizes.clone()
     };
     let tty = io::stderr().is_terminal();
-    let report = ferry_bench::curve::measure(&sizes, duration(args.seconds)?, |size| {
+    let report = tensorferry_bench::curve::measure(&sizes, duration(args.seconds)?, |size| {
         if tty {
             eprint!("\r{:>8} ...", human(size));
         }
@@ -143,7 +149,7 @@ pub(crate) fn bench_curve(args: &BenchHandoff) -> Result<(), String> {
     if tty {
         eprint!("\r{:40}\r", "");
     }
-    let row = |p: &ferry_bench::curve::Pair| {
+    let row = |p: &tensorferry_bench::curve::Pair| {
         json!({
             "n": p.n,
             "plain_p50_us": rounded(p.plain_p50_us, 2),
@@ -174,7 +180,7 @@ pub(crate) fn bench_curve(args: &BenchHandoff) -> Result<(), String> {
         "{:>18} {:>6} {:>12} {:>12} {:>12} {:>12} {:>7}",
         "", "n", "plain p50 µs", "plain p99 µs", "CURVE p50 µs", "CURVE p99 µs", "ratio"
     );
-    let line = |name: String, p: &ferry_bench::curve::Pair| {
+    let line = |name: String, p: &tensorferry_bench::curve::Pair| {
         println!(
             "{name:>18} {:>6} {:>12.1} {:>12.1} {:>12.1} {:>12.1} {:>7.2}",
             p.n,
@@ -198,24 +204,25 @@ pub(crate) fn bench_curve(args: &BenchHandoff) -> Result<(), String> {
 pub(crate) fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
     let per_size = duration(args.seconds)?;
     let sizes = if args.sizes.is_empty() {
-        ferry_bench::handoff::SIZES.to_vec()
+        tensorferry_bench::handoff::SIZES.to_vec()
     } else {
         args.sizes.clone()
     };
-    let mut copy = ferry::runtime::CopyConfig::default();
+    let mut copy = tensorferry::runtime::CopyConfig::default();
     if let Some(t) = args.copy_threads {
         copy.threads = t.max(1);
     }
     let mut last = (0, 0);
     let tty = io::stderr().is_terminal();
     let (telemetry, _metrics) = bench_metrics(args)?;
-    let rows = ferry_bench::handoff::measure(&sizes, per_size, copy, &telemetry, |size, done| {
-        if tty && (size, done / 10) != last {
-            last = (size, done / 10);
-            eprint!("\r{:>8}: {done:>5} hand-offs", human(size));
-        }
-    })
-    .map_err(|e| format!("hand-off benchmark: {e}"))?;
+    let rows =
+        tensorferry_bench::handoff::measure(&sizes, per_size, copy, &telemetry, |size, done| {
+            if tty && (size, done / 10) != last {
+                last = (size, done / 10);
+                eprint!("\r{:>8}: {done:>5} hand-offs", human(size));
+            }
+        })
+        .map_err(|e| format!("hand-off benchmark: {e}"))?;
     if tty {
         eprint!("\r{:40}\r", "");
     }
@@ -263,16 +270,16 @@ pub(crate) fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
 #[cfg(feature = "fabric")]
 pub(crate) fn bench_fabric(
     args: &BenchHandoff,
-    config: &ferry_fabric::FabricConfig,
+    config: &tensorferry_fabric::FabricConfig,
 ) -> Result<(), String> {
     let sizes = if args.sizes.is_empty() {
-        ferry_bench::fabric::SIZES.to_vec()
+        tensorferry_bench::fabric::SIZES.to_vec()
     } else {
         args.sizes.clone()
     };
     let tty = io::stderr().is_terminal();
     let (telemetry, _metrics) = bench_metrics(args)?;
-    let report = ferry_bench::fabric::measure(
+    let report = tensorferry_bench::fabric::measure(
         config,
         &sizes,
         args.window,
@@ -407,7 +414,7 @@ pub(crate) fn print_rates(format: Format, rates: &[(&str, f64)], unit: &str, per
 }
 
 pub(crate) fn bench_slots(args: &BenchSlots) -> Result<(), String> {
-    let rates = ferry_bench::slots::measure(duration(args.seconds)?)
+    let rates = tensorferry_bench::slots::measure(duration(args.seconds)?)
         .map_err(|e| format!("slot allocator: {e}"))?;
     print_rates(args.format, &rates, "ops", "ns/op");
     Ok(())
@@ -416,15 +423,18 @@ pub(crate) fn bench_slots(args: &BenchSlots) -> Result<(), String> {
 pub(crate) fn bench_handshake(args: &BenchSlots) -> Result<(), String> {
     let d = duration(args.seconds)?;
     let rates = [
-        ("fast_path", ferry_bench::handshake::measure(d, true)?),
-        ("slow_path", ferry_bench::handshake::measure(d, false)?),
+        ("fast_path", tensorferry_bench::handshake::measure(d, true)?),
+        (
+            "slow_path",
+            tensorferry_bench::handshake::measure(d, false)?,
+        ),
     ];
     print_rates(args.format, &rates, "hand-offs", "ns/hand-off");
     Ok(())
 }
 
 pub(crate) fn bench_scale(args: &BenchScale) -> Result<(), String> {
-    use ferry_bench::scale::{measure, ROWS};
+    use tensorferry_bench::scale::{measure, ROWS};
     let d = duration(args.seconds)?;
     let rows = ROWS
         .iter()
@@ -457,7 +467,7 @@ pub(crate) fn bench_scale(args: &BenchScale) -> Result<(), String> {
                 })
             })
             .collect();
-        let limits = ferry_core::handshake::Limits::default();
+        let limits = tensorferry_core::handshake::Limits::default();
         let report = json!({
             "limits": {
                 "requests": limits.requests,
@@ -578,7 +588,7 @@ pub(crate) fn run(b: Bench) -> Result<(), String> {
             Ok(other) if other.name() == "verbs" => Err(
                 "ferry bench does not measure the verbs data plane yet (no NIC to calibrate it on); \
                  time `ferry pipeline --control zmq --backend verbs --device <dev>` instead, and \
-                 `cargo bench -p ferry-verbs --features sim --bench bookkeeping` for its CPU cost"
+                 `cargo bench -p tensorferry-verbs --features sim --bench bookkeeping` for its CPU cost"
                     .into(),
             ),
             Ok(other) => Err(format!(

@@ -37,7 +37,7 @@ fn libfabric() -> Value {
 
 #[cfg(feature = "fabric")]
 fn libfabric() -> Value {
-    use ferry_fabric::listing;
+    use tensorferry_fabric::listing;
     let offered = match listing::offered() {
         Ok(list) => Value::Array(
             list.into_iter()
@@ -68,7 +68,7 @@ fn libfabric() -> Value {
         "offered": offered,
         "ferry": ferry,
         "auto": auto,
-        "auto_order": ferry_fabric::provider::AUTO_ORDER,
+        "auto_order": tensorferry_fabric::provider::AUTO_ORDER,
     })
 }
 
@@ -79,10 +79,11 @@ fn verbs(_args: &DevicesArgs) -> Value {
 
 #[cfg(feature = "verbs")]
 fn verbs(args: &DevicesArgs) -> Value {
-    use ferry_verbs::report;
-    let choice = args
-        .gid_index
-        .map_or(ferry_verbs::GidChoice::Auto, ferry_verbs::GidChoice::Index);
+    use tensorferry_verbs::report;
+    let choice = args.gid_index.map_or(
+        tensorferry_verbs::GidChoice::Auto,
+        tensorferry_verbs::GidChoice::Index,
+    );
     let mut out = match report::host(args.ib_port, choice) {
         Ok(devices) if devices.is_empty() => {
             json!({"devices": [], "why": "libibverbs lists no RDMA device on this host"})
@@ -100,7 +101,7 @@ fn verbs(args: &DevicesArgs) -> Value {
     };
     #[cfg(feature = "verbs-sim")]
     if args.verbs_sim {
-        let dev = ferry_verbs::sim::SimDevice::new([127, 0, 0, 1], 1 << 30);
+        let dev = tensorferry_verbs::sim::SimDevice::new([127, 0, 0, 1], 1 << 30);
         out["stand_in"] = port_json(&report::describe(&dev, choice));
     }
     #[cfg(not(feature = "verbs-sim"))]
@@ -111,9 +112,9 @@ fn verbs(args: &DevicesArgs) -> Value {
 }
 
 #[cfg(feature = "verbs")]
-fn port_json(r: &ferry_verbs::report::PortReport) -> Value {
-    use ferry_verbs::device::{GidKind, LinkLayer};
-    use ferry_verbs::gid::gid_text;
+fn port_json(r: &tensorferry_verbs::report::PortReport) -> Value {
+    use tensorferry_verbs::device::{GidKind, LinkLayer};
+    use tensorferry_verbs::gid::gid_text;
     let kind = |k: GidKind| match k {
         GidKind::InfiniBand => "IB".to_owned(),
         GidKind::RoceV1 => "RoCE v1".to_owned(),

@@ -5,11 +5,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use ferry::runtime::DataPlane;
-use ferry_bench::wire::{self as wire_bench, Rate};
-use ferry_cli::metrics_http::MetricsServer;
-use ferry_cli::wire_text::{canon_line, pretty};
 use serde_json::json;
+use tensorferry::runtime::DataPlane;
+use tensorferry_bench::wire::{self as wire_bench, Rate};
+use tensorferry_cli::metrics_http::MetricsServer;
+use tensorferry_cli::wire_text::{canon_line, pretty};
 
 mod bench;
 use bench::Bench;
@@ -29,15 +29,15 @@ enum Command {
     Wire(WireCommand),
     /// Run the pipeline example: a coordinator, an encoder, denoisers and a
     /// decoder as separate processes on the shared-memory loopback.
-    Pipeline(ferry_cli::pipeline::PipelineArgs),
+    Pipeline(tensorferry_cli::pipeline::PipelineArgs),
     /// Run a coordinator as a standalone process or service (reports
     /// events as JSON lines on stdout; runs until SIGTERM or SIGINT, then
     /// drains).
-    Coordinator(ferry_cli::pipeline::CoordinatorArgs),
+    Coordinator(tensorferry_cli::pipeline::CoordinatorArgs),
     /// Run an instance as a standalone process or service, with the
     /// pipeline's workload for its role (runs until SIGTERM or SIGINT,
     /// then drains).
-    Instance(ferry_cli::pipeline::InstanceCliArgs),
+    Instance(tensorferry_cli::pipeline::InstanceCliArgs),
     /// The echo side of `ferry bench --control zmq`.
     #[command(hide = true)]
     BenchEcho {
@@ -65,7 +65,7 @@ enum Command {
     /// What this host offers the data planes and what ferry would choose:
     /// libfabric providers and their domains, RDMA devices, ports and GID
     /// tables (or why there are none).
-    Devices(ferry_cli::devices::DevicesArgs),
+    Devices(tensorferry_cli::devices::DevicesArgs),
 }
 
 #[derive(Subcommand)]
@@ -109,10 +109,10 @@ fn duration(seconds: f64) -> Result<Duration, String> {
 /// `ferry keygen`: a key pair written as certificates; their paths and the
 /// public key printed.
 fn keygen(name: &str, dir: &std::path::Path) -> Result<(), String> {
-    let pair = ferry_zmq::CurveKeyPair::generate()
+    let pair = tensorferry_zmq::CurveKeyPair::generate()
         .map_err(|e| format!("keygen: this libzmq cannot make CURVE keys: {e}"))?;
-    let (public, secret) =
-        ferry_zmq::write_certificates(dir, name, &pair).map_err(|e| format!("keygen: {e}"))?;
+    let (public, secret) = tensorferry_zmq::write_certificates(dir, name, &pair)
+        .map_err(|e| format!("keygen: {e}"))?;
     println!(
         "{}",
         json!({
@@ -126,23 +126,24 @@ fn keygen(name: &str, dir: &std::path::Path) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    ferry_cli::pipeline::init_tracing();
+    tensorferry_cli::pipeline::init_tracing();
     let result = match cli.command {
-        Command::Pipeline(args) => return ferry_cli::pipeline::main(args, &["pipeline"]),
-        Command::Coordinator(args) => return ferry_cli::pipeline::coordinator_main(&args),
-        Command::Instance(args) => return ferry_cli::pipeline::instance_main(&args),
+        Command::Pipeline(args) => return tensorferry_cli::pipeline::main(args, &["pipeline"]),
+        Command::Coordinator(args) => return tensorferry_cli::pipeline::coordinator_main(&args),
+        Command::Instance(args) => return tensorferry_cli::pipeline::instance_main(&args),
         Command::Devices(args) => {
-            let report = ferry_cli::devices::report(&args);
+            let report = tensorferry_cli::devices::report(&args);
             if args.json {
                 println!("{report}");
             } else {
-                print!("{}", ferry_cli::devices::text(&report));
+                print!("{}", tensorferry_cli::devices::text(&report));
             }
             Ok(())
         }
         Command::Keygen { name, dir } => keygen(&name, &dir),
         Command::BenchEcho { listen, reply_to } => {
-            ferry_bench::control::echo(&listen, &reply_to).map_err(|e| format!("bench echo: {e}"))
+            tensorferry_bench::control::echo(&listen, &reply_to)
+                .map_err(|e| format!("bench echo: {e}"))
         }
         Command::Wire(WireCommand::Canon) => {
             lines(|_, line, out| canon_line(line, out)).map_err(|e| format!("stdin/stdout: {e}"))

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use ferry::runtime::telemetry::prometheus_client::encoding::{prometheus_text, text};
-use ferry::runtime::telemetry::Telemetry;
+use tensorferry::runtime::telemetry::prometheus_client::encoding::{prometheus_text, text};
+use tensorferry::runtime::telemetry::Telemetry;
 
 /// `Content-Type` of OpenMetrics text.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -130,7 +130,7 @@ fn serve(server: &tiny_http::Server, telemetry: &Telemetry, ready: &Readiness) {
 
 fn answer(
     request: &tiny_http::Request,
-    registry: &ferry::runtime::telemetry::prometheus_client::registry::Registry,
+    registry: &tensorferry::runtime::telemetry::prometheus_client::registry::Registry,
     ready: &Readiness,
 ) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
     let plain = |code: u16, body: &str| {

@@ -3,15 +3,15 @@
 
 use std::fmt::Write as _;
 
-use ferry_core::json::{JsonStr, RawJson};
-use ferry_core::wire::{decode, DecodeError, Manifest, Msg, SlotList};
+use tensorferry_core::json::{JsonStr, RawJson};
+use tensorferry_core::wire::{decode, DecodeError, Manifest, Msg, SlotList};
 
 /// Appends to `out` the canonical encoding of `payload` (what the seed's
 /// Python writes for the decoded message), or `error: <reason>`.
 ///
 /// ```
 /// let mut out = Vec::new();
-/// ferry_cli::wire_text::canon_line(br#"{"msg_type":"transfer_done","request_id":"r\u00e9"}"#, &mut out);
+/// tensorferry_cli::wire_text::canon_line(br#"{"msg_type":"transfer_done","request_id":"r\u00e9"}"#, &mut out);
 /// assert_eq!(out, br#"{"msg_type":"transfer_done","request_id":"r\u00e9","error":null}"#);
 /// ```
 pub fn canon_line(payload: &[u8], out: &mut Vec<u8>) {

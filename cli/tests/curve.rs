@@ -93,7 +93,7 @@ fn instance(role: &str, coordinator: &str, endpoint: &str, extra: &[String]) -> 
 /// (knowing the server's public key `server`, from its certificate).
 fn unlisted(ctx: &zmq::Context, to: &str, server: &Path) -> zmq::Socket {
     let mine = zmq::CurveKeyPair::new().unwrap();
-    let server = ferry_zmq::read_public_key(server).unwrap();
+    let server = tensorferry_zmq::read_public_key(server).unwrap();
     let s = ctx.socket(zmq::PUSH).unwrap();
     s.set_sndhwm(100_000).unwrap();
     s.set_linger(0).unwrap();

@@ -37,7 +37,7 @@ fn num(json: &str, key: &str) -> u64 {
 
 /// Shared-memory objects the run at `pid` left behind.
 fn leftovers(pid: u32) -> Vec<String> {
-    let prefix = format!("{}-pl{pid}-", ferry_shm::prefix());
+    let prefix = format!("{}-pl{pid}-", tensorferry_shm::prefix());
     std::fs::read_dir("/dev/shm")
         .unwrap()
         .flatten()

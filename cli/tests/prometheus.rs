@@ -133,7 +133,7 @@ fn target(line: &str) -> String {
 
 /// The upper bounds ferry's latency histograms use, in seconds.
 fn bounds() -> Vec<f64> {
-    ferry::runtime::telemetry::latency_buckets().collect()
+    tensorferry::runtime::telemetry::latency_buckets().collect()
 }
 
 #[test]

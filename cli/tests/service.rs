@@ -209,7 +209,11 @@ impl Scene {
         std::fs::create_dir_all(&dir).unwrap();
         Self {
             dir,
-            prefix: format!("{}-t{}-{tag}", ferry_shm::prefix(), std::process::id()),
+            prefix: format!(
+                "{}-t{}-{tag}",
+                tensorferry_shm::prefix(),
+                std::process::id()
+            ),
         }
     }
 
@@ -266,7 +270,7 @@ impl Scene {
 
 impl Drop for Scene {
     fn drop(&mut self) {
-        ferry_shm::clean_stale_with_prefix(&self.prefix);
+        tensorferry_shm::clean_stale_with_prefix(&self.prefix);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

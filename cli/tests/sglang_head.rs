@@ -20,7 +20,7 @@ fn python() -> PathBuf {
         .unwrap_or_else(|| {
             let home =
                 std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-            home.join(".cache/ferry/sglang-0.5.23/bin/python")
+            home.join(".cache/tensorferry/sglang-0.5.23/bin/python")
         });
     assert!(
         path.exists(),
@@ -33,7 +33,11 @@ fn python() -> PathBuf {
 
 /// Runs the harness with `args`; returns its JSON result.
 fn run(tag: &str, args: &[&str]) -> (serde_json::Value, String) {
-    let prefix = format!("{}-sg{}-{tag}", ferry_shm::prefix(), std::process::id());
+    let prefix = format!(
+        "{}-sg{}-{tag}",
+        tensorferry_shm::prefix(),
+        std::process::id()
+    );
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sglang/head_run.py");
     let out = Command::new(python())
         .arg(script)
@@ -79,7 +83,7 @@ fn thirty_two_requests_complete_through_sglangs_head_with_every_byte_checked() {
     assert_eq!(r["head"]["denoiser_peers"], 2, "{r}");
     // Every process unlinked its pool.
     assert_eq!(
-        ferry_shm::clean_stale_with_prefix(&prefix),
+        tensorferry_shm::clean_stale_with_prefix(&prefix),
         Vec::<String>::new()
     );
 }
@@ -106,6 +110,6 @@ fn a_denoiser_killed_mid_run_fails_only_its_requests_and_the_rest_leak_nothing()
     assert!(failed > 0 && ok > 8, "{r}");
     // The survivors hold nothing (the harness checked their summaries);
     // only the killed process's pool is left, and it is removed here.
-    let left = ferry_shm::clean_stale_with_prefix(&prefix);
+    let left = tensorferry_shm::clean_stale_with_prefix(&prefix);
     assert_eq!(left.len(), 1, "{left:?}");
 }

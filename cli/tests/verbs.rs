@@ -16,27 +16,27 @@ use common::scenarios;
 
 fn device() -> String {
     #[cfg(feature = "verbs")]
-    return ferry_verbs::require_test_device();
+    return tensorferry_verbs::require_test_device();
     #[cfg(not(feature = "verbs"))]
     panic!("the verbs device tests cannot run: this ferry was built without the `verbs` feature");
 }
 
 #[test]
-#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p ferry-cli --test verbs -- --ignored"]
+#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p tensorferry-cli --test verbs -- --ignored"]
 fn verbs_hands_off_random_sizes_byte_exact() {
     let dev = device();
     scenarios::hand_off("verbs", &["--backend", "verbs", "--device", &dev], 1000, 2);
 }
 
 #[test]
-#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p ferry-cli --test verbs -- --ignored"]
+#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p tensorferry-cli --test verbs -- --ignored"]
 fn verbs_receiver_killed_mid_run_fails_only_its_requests() {
     let dev = device();
     scenarios::kill_a_receiver("verbs-kill", &["--backend", "verbs", "--device", &dev]);
 }
 
 #[test]
-#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p ferry-cli --test verbs -- --ignored"]
+#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p tensorferry-cli --test verbs -- --ignored"]
 fn the_pipeline_runs_over_verbs_and_survives_a_killed_denoiser() {
     let dev = device();
     let plane = ["--backend", "verbs", "--device", &dev];

@@ -1,4 +1,4 @@
-//! ferry-core: the allocation-free heart of ferry.
+//! tensorferry-core: the allocation-free heart of ferry.
 //!
 //! This crate is `#![no_std]` and, without its `alloc` feature, never
 //! allocates. It holds what every ferry process shares regardless of

@@ -1,8 +1,8 @@
 //! Every malformed payload gets a typed error that names the field and the
 //! reason, and never a panic.
 
-use ferry_core::json::{JsonErrorKind as J, JsonType, MAX_DEPTH};
-use ferry_core::wire::{decode, DecodeError, DecodeErrorKind as K, Msg};
+use tensorferry_core::json::{JsonErrorKind as J, JsonType, MAX_DEPTH};
+use tensorferry_core::wire::{decode, DecodeError, DecodeErrorKind as K, Msg};
 
 fn err(payload: &str) -> DecodeError {
     match decode(payload.as_bytes()) {
@@ -353,7 +353,7 @@ fn duplicate_keys_keep_the_last_value_like_python() {
     let m = decode(br#"{"msg_type":"transfer_done","request_id":5,"request_id":"r2"}"#).unwrap();
     assert_eq!(m.request_id().unwrap(), "r2");
     let m = decode(br#"{"msg_type":"transfer_teleport","msg_type":"transfer_abort"}"#).unwrap();
-    assert_eq!(m.msg_type(), ferry_core::wire::MsgType::Abort);
+    assert_eq!(m.msg_type(), tensorferry_core::wire::MsgType::Abort);
 }
 
 #[test]

@@ -2,8 +2,8 @@
 //! use. Thousands of random operation sequences; after every step the
 //! allocator must agree with the model exactly.
 
-use ferry_core::slots::{Buddy, BuddyConfig, BuddyError, SlotHandle};
 use proptest::prelude::*;
+use tensorferry_core::slots::{Buddy, BuddyConfig, BuddyError, SlotHandle};
 
 #[derive(Clone, Debug)]
 enum Op {

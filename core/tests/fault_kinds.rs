@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use ferry_core::transport::FaultKind;
+use tensorferry_core::transport::FaultKind;
 
 #[test]
 fn names_and_codes_are_distinct_and_round_trip() {
@@ -34,7 +34,7 @@ fn every_errno_kind_is_in_the_table() {
 
 #[test]
 fn a_sources_bounds_are_checked_against_its_region_in_one_place() {
-    use ferry_core::transport::{Region, RegionError};
+    use tensorferry_core::transport::{Region, RegionError};
     let r = Region {
         id: 3,
         addr: 0x1000,
@@ -54,14 +54,17 @@ fn a_sources_bounds_are_checked_against_its_region_in_one_place() {
     );
     // An end past u64::MAX is out of bounds, not a wrap.
     assert!(r.check_source(u64::MAX, 2).is_err());
-    assert_eq!(past.kind(), ferry_core::transport::FaultKind::OutOfBounds);
+    assert_eq!(
+        past.kind(),
+        tensorferry_core::transport::FaultKind::OutOfBounds
+    );
     assert_eq!(
         RegionError::Unknown(9).kind(),
-        ferry_core::transport::FaultKind::OutOfBounds
+        tensorferry_core::transport::FaultKind::OutOfBounds
     );
     assert_eq!(
         RegionError::TooMany { max: 16 }.kind(),
-        ferry_core::transport::FaultKind::Registration
+        tensorferry_core::transport::FaultKind::Registration
     );
     assert!(past.to_string().contains("outside region 3"));
 }

@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 
-use ferry_core::wire::{decode, Manifest, Msg, Ready, Register, SlotList, Staged, TensorEntry};
+use tensorferry_core::wire::{
+    decode, Manifest, Msg, Ready, Register, SlotList, Staged, TensorEntry,
+};
 
 fn lines(name: &str) -> Vec<Vec<u8>> {
     let path: PathBuf = [
@@ -66,14 +68,14 @@ fn fast_path_agrees_with_the_reference_decoder() {
     for line in lines("canonical.jsonl").iter().chain(&lines("loose.jsonl")) {
         assert_eq!(
             decode(line),
-            ferry_core::wire::decode_reference(line),
+            tensorferry_core::wire::decode_reference(line),
             "{}",
             show(line)
         );
         let text = std::str::from_utf8(line).unwrap();
         assert_eq!(
-            ferry_core::json::RawJson::parse(text),
-            ferry_core::json::RawJson::parse_precise(text)
+            tensorferry_core::json::RawJson::parse(text),
+            tensorferry_core::json::RawJson::parse_precise(text)
         );
     }
 }
@@ -81,7 +83,7 @@ fn fast_path_agrees_with_the_reference_decoder() {
 #[test]
 fn every_message_type_is_covered() {
     let vectors = lines("canonical.jsonl");
-    for ty in ferry_core::wire::MsgType::ALL {
+    for ty in tensorferry_core::wire::MsgType::ALL {
         let n = vectors
             .iter()
             .filter(|l| decode(l).map(|m| m.msg_type() == ty).unwrap_or(false))
@@ -167,8 +169,8 @@ fn typed_manifest_and_slots_rebuild_the_same_bytes() {
 
 /// Encodes in sglang 0.5.23's dialect, nested JSON as Python re-emits it.
 fn encode_sglang(msg: &Msg<'_>) -> Vec<u8> {
-    use ferry_core::json::Sink;
-    use ferry_core::wire::{Dialect, Style};
+    use tensorferry_core::json::Sink;
+    use tensorferry_core::wire::{Dialect, Style};
     let mut counter = Sink::new(&mut []);
     msg.write_dialect(&mut counter, Style::Canonical, Dialect::Sglang);
     let mut buf = vec![0u8; counter.len()];
@@ -218,7 +220,7 @@ fn sglang_0_5_23_vectors_reencode_byte_identically_in_its_dialect() {
 /// the head's Python appends it, whatever the object's spelling.
 #[test]
 fn the_prealloc_slot_id_is_appended_inside_the_scalar_fields() {
-    use ferry_core::json::RawJson;
+    use tensorferry_core::json::RawJson;
     for (scalars, verbatim, canonical) in [
         (
             "{}",

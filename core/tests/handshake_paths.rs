@@ -10,15 +10,15 @@ mod paths;
 
 use std::time::Duration;
 
-use ferry_core::handshake::coordinator::*;
-use ferry_core::handshake::instance::*;
-use ferry_core::handshake::{Ignored, Instant, PeerId, REASON_LEN};
-use ferry_core::json::RawJson;
-use ferry_core::slots::BuddyConfig;
-use ferry_core::transport::{Incoming, Landed, WriteTag};
-use ferry_core::wire::{decode, Manifest, Msg, MsgType, TensorEntry};
 use harness::{blob, incoming};
 use paths::*;
+use tensorferry_core::handshake::coordinator::*;
+use tensorferry_core::handshake::instance::*;
+use tensorferry_core::handshake::{Ignored, Instant, PeerId, REASON_LEN};
+use tensorferry_core::json::RawJson;
+use tensorferry_core::slots::BuddyConfig;
+use tensorferry_core::transport::{Incoming, Landed, WriteTag};
+use tensorferry_core::wire::{decode, Manifest, Msg, MsgType, TensorEntry};
 
 #[test]
 fn fast_path_uses_a_preallocated_slot() {

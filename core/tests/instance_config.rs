@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use ferry_core::handshake::instance::{Head, InstanceConfig, Prealloc, SGLANG_HEAD_TIMEOUT};
+use tensorferry_core::handshake::instance::{Head, InstanceConfig, Prealloc, SGLANG_HEAD_TIMEOUT};
 
 #[test]
 fn under_sglang_outlasts_the_heads_one_timeout_and_changes_nothing_else() {

@@ -1,9 +1,9 @@
 //! Property tests: encode → decode → encode is the identity on bytes and on
 //! values, for every message type and arbitrary field values.
 
-use ferry_core::json::RawJson;
-use ferry_core::wire::*;
 use proptest::prelude::*;
+use tensorferry_core::json::RawJson;
+use tensorferry_core::wire::*;
 
 /// A tensor entry's owned parts: field, list index, offset, shape, dtype.
 type OwnedEntry = (String, Option<u64>, u64, Vec<u64>, String);

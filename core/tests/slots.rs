@@ -1,8 +1,10 @@
 //! Tensor layout, dtypes, preallocated slots and capacity counters.
 
-use ferry_core::json::JsonStr;
-use ferry_core::slots::*;
-use ferry_core::wire::{decode, Manifest, Msg, PreallocatedSlot, Shape, SlotList, TensorEntry};
+use tensorferry_core::json::JsonStr;
+use tensorferry_core::slots::*;
+use tensorferry_core::wire::{
+    decode, Manifest, Msg, PreallocatedSlot, Shape, SlotList, TensorEntry,
+};
 
 #[test]
 fn every_dtype_sglang_names_with_its_size() {
@@ -103,7 +105,7 @@ fn layout_aligns_every_tensor_and_counts_the_padding() {
         Err(LayoutError::OutOfSlot { index: 4, .. })
     ));
     // Wire round trip: the encoded manifest decodes to the same entries.
-    let msg = Msg::Ready(ferry_core::wire::Ready {
+    let msg = Msg::Ready(tensorferry_core::wire::Ready {
         request_id: "r".into(),
         manifest: m,
         ..Default::default()

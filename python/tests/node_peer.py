@@ -1,4 +1,4 @@
-"""An encoder instance in its own process (ferry.Instance): stages and
+"""An encoder instance in its own process (tensorferry.Instance): stages and
 commits ``count`` requests of deterministic tensors (the test regenerates
 them to check every byte), then reports what became of them as one JSON
 line on stdout."""
@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-import ferry
+import tensorferry
 
 
 def tensors(i: int) -> dict:
@@ -30,7 +30,7 @@ def tensors(i: int) -> dict:
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
-    inst = ferry.Instance(
+    inst = tensorferry.Instance(
         "encoder",
         coordinator=spec["coordinator"],
         endpoint=spec["endpoint"],

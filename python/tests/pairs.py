@@ -6,7 +6,7 @@ import hashlib
 
 import numpy as np
 
-import ferry
+import tensorferry
 
 MiB = 1 << 20
 
@@ -27,7 +27,7 @@ def open_pair(backend, peer_factory, peer_size=24 * MiB, src_size=20 * MiB, torc
     both engines."""
     name, options = backend
     options = {**options, **extra}
-    eng = ferry.TransferEngine(name, **options)
+    eng = tensorferry.TransferEngine(name, **options)
     src = pattern(src_size, 1)
     eng.register_buffer(src.ctypes.data, src.nbytes)
     peer = peer_factory(name, options)

@@ -1,4 +1,4 @@
-"""A peer process for the tests: opens a ferry.TransferEngine, allocates and
+"""A peer process for the tests: opens a tensorferry.TransferEngine, allocates and
 registers memory of its own (numpy or torch), and answers the test's
 commands (JSON lines on stdin, one JSON reply line each on stdout). It makes
 no engine call to receive: peers write into and read from its memory on
@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-import ferry
+import tensorferry
 from pairs import pattern
 from procs import reply
 
@@ -41,7 +41,7 @@ def watch(engine, bufs, n: int, name: str, seconds: float) -> list:
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
-    engine = ferry.TransferEngine(spec["backend"], **spec.get("options", {}))
+    engine = tensorferry.TransferEngine(spec["backend"], **spec.get("options", {}))
     bufs = {}
     keep = {}
 
@@ -95,7 +95,7 @@ def main() -> None:
                 return
             else:
                 reply(error=f"unknown op {op}")
-        except ferry.FerryError as e:
+        except tensorferry.FerryError as e:
             reply(ferry_error=str(e), kind=e.kind)
 
 

@@ -1,6 +1,6 @@
 """One role of sglang 0.5.23 in its own process: sglang's own
 DiffusionTransferManager, TransferTensorBuffer, BuddyAllocator and codec,
-unmodified, on ferry's engine (``ferry.sglang.use``). Imported by the test
+unmodified, on ferry's engine (``tensorferry.sglang.use``). Imported by the test
 for the receiving role, run as a script for the sending one (commands as
 JSON lines on stdin, replies on stdout).
 
@@ -18,7 +18,7 @@ import types
 
 import torch
 
-import ferry.sglang
+import tensorferry.sglang
 from procs import reply
 
 ROLE_POOL = 64 << 20
@@ -38,7 +38,7 @@ def cpu_only_torch() -> types.ModuleType:
 
 def manager(role: str, backend: str, options: dict):
     """sglang's transfer manager for ``role``, on ferry's engine."""
-    ferry.sglang.use(backend, **options)
+    tensorferry.sglang.use(backend, **options)
     from sglang.multimodal_gen.runtime.disaggregation.transport import buffer as buffer_mod
     from sglang.multimodal_gen.runtime.disaggregation.transport import engine as engine_mod
     from sglang.multimodal_gen.runtime.disaggregation.transport.manager import DiffusionTransferManager

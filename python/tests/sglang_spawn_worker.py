@@ -46,7 +46,7 @@ def _transfer(factory) -> dict:
 def probe() -> dict:
     """What sglang's scheduler gets from ``create_transfer_engine`` here."""
     report = {
-        "hook_at_start": "_ferry_sglang" in sys.modules,
+        "hook_at_start": "_tensorferry_sglang" in sys.modules,
         "ferry_at_start": "ferry" in sys.modules,
         "sglang_at_start": "sglang" in sys.modules,
     }
@@ -67,17 +67,17 @@ def probe() -> dict:
     factory = scheduler_mixin.create_transfer_engine
     report["factory_module"] = factory.__module__
     report["same_factory_as_engine_module"] = factory is engine_module.create_transfer_engine
-    report["ferry_native_before_engine"] = "ferry._native" in sys.modules
+    report["ferry_native_before_engine"] = "tensorferry._native" in sys.modules
     try:
         engine = factory(hostname="127.0.0.1", gpu_id=0, ib_device=None)
     except Exception as e:  # noqa: BLE001 - reported to the test
         report["create_error"] = _failure(e)
         return report
-    import ferry
+    import tensorferry
 
     report["class"] = f"{type(engine).__module__}.{type(engine).__name__}"
     report["is_sglang_engine"] = isinstance(engine, engine_module.BaseTransferEngine)
-    report["is_ferry_engine"] = isinstance(getattr(engine, "ferry", None), ferry.TransferEngine)
+    report["is_ferry_engine"] = isinstance(getattr(engine, "ferry", None), tensorferry.TransferEngine)
     report["backend"] = engine.ferry.backend
     report["session_id"] = engine.session_id
     report["supports_gpu_direct"] = engine.supports_gpu_direct

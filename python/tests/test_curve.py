@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ferry
+import tensorferry
 
 zmq = pytest.importorskip("zmq")
 auth = pytest.importorskip("zmq.auth")
@@ -59,16 +59,16 @@ def forge(ctx, endpoint: str) -> int:
 
 
 def test_nodes_hand_off_over_curve_and_a_keyless_stranger_changes_nothing(keys):
-    co = ferry.Coordinator(
+    co = tensorferry.Coordinator(
         endpoints=["tcp://127.0.0.1:*", "tcp://127.0.0.1:*", "tcp://127.0.0.1:*"],
         curve_key=keys / "coordinator" / "coordinator.key_secret",
         curve_peers=keys / "instances",
         allow_from=["127.0.0.1"],
     )
-    enc = ferry.Instance("encoder", coordinator=co.endpoint_of("encoder"), endpoint="tcp://127.0.0.1:*",
+    enc = tensorferry.Instance("encoder", coordinator=co.endpoint_of("encoder"), endpoint="tcp://127.0.0.1:*",
                          allow_from=["127.0.0.1"], **curve_of(keys, "encoder"))
-    den = ferry.Instance("denoiser", coordinator=co.endpoint_of("denoiser"), endpoint="tcp://127.0.0.1:*",
-                         prealloc=ferry.Prealloc(2, 1 << 20), **curve_of(keys, "denoiser"))
+    den = tensorferry.Instance("denoiser", coordinator=co.endpoint_of("denoiser"), endpoint="tcp://127.0.0.1:*",
+                         prealloc=tensorferry.Prealloc(2, 1 << 20), **curve_of(keys, "denoiser"))
     enc.wait_registered(10)
     den.wait_registered(10)
     # What the nodes had set aside before the stranger came (a registration
@@ -86,7 +86,7 @@ def test_nodes_hand_off_over_curve_and_a_keyless_stranger_changes_nothing(keys):
         with d:
             assert d.request_id == f"r-{i}" and d.scalar_fields == {"i": i}
             assert np.array_equal(d.tensors["x"], np.arange(4096, dtype=np.uint16) * (i + 1))
-        assert enc.next_outcome(10) == ferry.Outcome(f"r-{i}", True, "")
+        assert enc.next_outcome(10) == tensorferry.Outcome(f"r-{i}", True, "")
     for _ in range(100):
         if co.stats()["delivered"] == 8:
             break
@@ -104,16 +104,16 @@ def test_nodes_hand_off_over_curve_and_a_keyless_stranger_changes_nothing(keys):
 def test_curve_is_refused_where_it_cannot_apply(keys):
     # sglang's head speaks plain ZeroMQ.
     with pytest.raises(ValueError, match="sglang's head"):
-        ferry.Instance("decoder", coordinator="tcp://127.0.0.1:1", endpoint="tcp://127.0.0.1:*",
+        tensorferry.Instance("decoder", coordinator="tcp://127.0.0.1:1", endpoint="tcp://127.0.0.1:*",
                        head="sglang", **curve_of(keys, "encoder"))
     # An instance admits one key: its coordinator's, which it connects with.
     with pytest.raises(ValueError, match="one CURVE key"):
-        ferry.Instance("encoder", coordinator="tcp://127.0.0.1:1", endpoint="tcp://127.0.0.1:*",
+        tensorferry.Instance("encoder", coordinator="tcp://127.0.0.1:1", endpoint="tcp://127.0.0.1:*",
                        curve_key=keys / "instances" / "encoder.key_secret", curve_peers=keys / "instances")
     with pytest.raises(ValueError, match="go together"):
-        ferry.Coordinator(endpoints=["tcp://127.0.0.1:*"], pipeline=["encoder"],
+        tensorferry.Coordinator(endpoints=["tcp://127.0.0.1:*"], pipeline=["encoder"],
                           curve_key=keys / "coordinator" / "coordinator.key_secret")
     # A public certificate is no key pair: the file and what is wrong are named.
     with pytest.raises(ValueError, match=r"coordinator\.key: no `secret-key`"):
-        ferry.Coordinator(endpoints=["tcp://127.0.0.1:*"], pipeline=["encoder"],
+        tensorferry.Coordinator(endpoints=["tcp://127.0.0.1:*"], pipeline=["encoder"],
                           curve_key=keys / "coordinator" / "coordinator.key", curve_peers=keys / "instances")

@@ -1,4 +1,4 @@
-"""ferry.TransferEngine between two Python processes, on every backend:
+"""tensorferry.TransferEngine between two Python processes, on every backend:
 bytes checked by hash in the receiving process, batches, threads, and each
 failure returning a negative code with its reason."""
 
@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-import ferry
+import tensorferry
 from pairs import MiB, open_pair, sha
 
 
@@ -47,7 +47,7 @@ def test_batches_land_byte_for_byte(backend, peer_factory):
 
 def test_both_processes_hand_tensors_to_each_other(backend, peer_factory):
     name, options = backend
-    eng = ferry.TransferEngine(name, **options)
+    eng = tensorferry.TransferEngine(name, **options)
     mine = np.zeros(8 * MiB, dtype=np.uint8)
     eng.register_buffer(mine.ctypes.data, mine.nbytes)
     peer = peer_factory(name, options)
@@ -87,7 +87,7 @@ def test_many_threads_write_at_once(backend, peer_factory):
 def test_failures_return_negative_with_the_reason(backend, peer_factory):
     name, options = backend
     eng, src, peer, base, session = open_pair(backend, peer_factory, peer_size=MiB)
-    codes = ferry.ERROR_CODES
+    codes = tensorferry.ERROR_CODES
 
     def fails(rc: int, code: str, *words: str) -> None:
         assert rc == codes[code], (rc, eng.last_error)
@@ -122,7 +122,7 @@ def test_failures_return_negative_with_the_reason(backend, peer_factory):
 
 def test_local_names_each_destination_failure(peer_factory):
     eng, src, peer, base, session = open_pair(("local", {}), peer_factory, peer_size=MiB)
-    codes = ferry.ERROR_CODES
+    codes = tensorferry.ERROR_CODES
     assert eng.transfer_sync(session, src.ctypes.data, base + MiB - 8, 16) == codes["out_of_bounds"]
     assert "outside every region peer" in eng.last_error
     garbled = session.replace("local:", "locl:")
@@ -144,7 +144,7 @@ def test_local_names_each_destination_failure(peer_factory):
 
 def test_torch_tensors_are_registered_where_they_lie(peer_factory):
     torch = pytest.importorskip("torch")
-    eng = ferry.TransferEngine("local")
+    eng = tensorferry.TransferEngine("local")
     t = torch.arange(0, 4 * MiB, dtype=torch.int32)
     eng.register_buffer(t.data_ptr(), t.numel() * t.element_size())
     peer = peer_factory("local", {})
@@ -158,7 +158,7 @@ def test_a_threads_reason_is_its_own_and_ends_with_it():
     """Each thread reads only its own last failure, and the engine keeps
     nothing for threads that ended: many short-lived threads, each failing
     once, leave no table behind."""
-    with ferry.TransferEngine("local") as eng:
+    with tensorferry.TransferEngine("local") as eng:
         src = np.zeros(64, dtype=np.uint8)
         eng.register_buffer(src.ctypes.data, src.nbytes)
         native = eng._engine
@@ -192,38 +192,38 @@ def test_a_threads_reason_is_its_own_and_ends_with_it():
 
 
 def test_a_closed_engine_refuses_everything():
-    with ferry.TransferEngine("local") as eng:
+    with tensorferry.TransferEngine("local") as eng:
         a = np.zeros(4096, dtype=np.uint8)
         eng.register_buffer(a.ctypes.data, a.nbytes)
-        with pytest.raises(ferry.FerryError, match="overlaps") as e:
+        with pytest.raises(tensorferry.FerryError, match="overlaps") as e:
             eng.register_buffer(a.ctypes.data + 8, 8)
-        assert e.value.kind == "registration" and isinstance(e.value, ferry.RegistrationError)
-        with pytest.raises(ferry.FerryError, match="no registered region starts there"):
+        assert e.value.kind == "registration" and isinstance(e.value, tensorferry.RegistrationError)
+        with pytest.raises(tensorferry.FerryError, match="no registered region starts there"):
             eng.deregister_buffer(a.ctypes.data + 1)
-    with pytest.raises(ferry.FerryError, match="closed") as e:
+    with pytest.raises(tensorferry.FerryError, match="closed") as e:
         eng.register_buffer(a.ctypes.data, a.nbytes)
-    assert isinstance(e.value, ferry.ClosedError) and e.value.kind == "closed"
+    assert isinstance(e.value, tensorferry.ClosedError) and e.value.kind == "closed"
     assert eng.transfer_sync("x", a.ctypes.data, 0, 1) < 0
     assert "closed" in eng.last_error
 
 
 def test_bad_backends_and_options_are_named():
     with pytest.raises(TypeError, match='"bogus" is not one the local backend takes'):
-        ferry.TransferEngine("local", bogus=1)
+        tensorferry.TransferEngine("local", bogus=1)
     with pytest.raises(ValueError, match="backend \"carrier-pigeon\""):
-        ferry.TransferEngine("carrier-pigeon")
-    assert ferry.TransferEngine("auto").backend in ("local", "verbs")
-    assert ferry.TransferEngine("local").supports_gpu_direct is False
+        tensorferry.TransferEngine("carrier-pigeon")
+    assert tensorferry.TransferEngine("auto").backend in ("local", "verbs")
+    assert tensorferry.TransferEngine("local").supports_gpu_direct is False
 
 
 def test_verbs_without_a_device_fails_when_chosen():
-    import ferry._native
+    import tensorferry._native
 
-    if "verbs" not in ferry._native.backends():
+    if "verbs" not in tensorferry._native.backends():
         pytest.skip("this build has no verbs backend")
     try:
-        eng = ferry.TransferEngine("verbs")
-    except ferry.FerryError as e:
+        eng = tensorferry.TransferEngine("verbs")
+    except tensorferry.FerryError as e:
         assert "RDMA device" in str(e)
     else:
         # A host with a NIC opens it.
@@ -234,18 +234,18 @@ def test_verbs_without_a_device_fails_when_chosen():
 def test_import_needs_no_libfabric():
     """The main module links no libfabric, and without the plugin the fabric
     backend fails when chosen, saying how to get it."""
-    import ferry._native
+    import tensorferry._native
 
-    needed = subprocess.run(["readelf", "-d", ferry._native.__file__], capture_output=True, text=True, check=True).stdout
+    needed = subprocess.run(["readelf", "-d", tensorferry._native.__file__], capture_output=True, text=True, check=True).stdout
     assert "NEEDED" in needed and "libfabric" not in needed
     code = (
-        "import sys; sys.modules['ferry_fabric'] = None; sys.modules['ferry_fabric._native'] = None\n"
-        "import ferry\n"
-        "assert 'fabric' not in ferry.backends(), ferry.backends()\n"
-        "ferry.TransferEngine('local').close()\n"
+        "import sys; sys.modules['tensorferry_fabric'] = None; sys.modules['tensorferry_fabric._native'] = None\n"
+        "import tensorferry\n"
+        "assert 'fabric' not in tensorferry.backends(), tensorferry.backends()\n"
+        "tensorferry.TransferEngine('local').close()\n"
         "try:\n"
-        "    ferry.TransferEngine('fabric')\n"
-        "except ferry.FerryError as e:\n"
+        "    tensorferry.TransferEngine('fabric')\n"
+        "except tensorferry.FerryError as e:\n"
         "    assert 'pip install ./python/fabric' in str(e), e\n"
         "    print('refused')\n"
     )

@@ -1,4 +1,4 @@
-"""ferry.TransferEngine's transfers by handle, reads and notifications,
+"""tensorferry.TransferEngine's transfers by handle, reads and notifications,
 between two Python processes on every backend: handles posted from many
 threads, their states and waits, releasing and timing out, notifications
 checked against the receiver's memory the moment they arrive and in order
@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-import ferry
+import tensorferry
 from pairs import MiB, open_pair, pattern, sha
 
 #: The fabric backends with their data plane's own write timeout out of
@@ -85,7 +85,7 @@ def test_handles_from_many_threads_land_byte_for_byte(backend, peer_factory):
 def test_wait_returns_once_done_and_release_is_idempotent(backend, peer_factory):
     eng, src, peer, base, session = open_pair(backend, peer_factory)
     t = eng.post_write(session, [src.ctypes.data], [base], [16 * MiB], timeout=120)
-    assert isinstance(t, ferry.Transfer)
+    assert isinstance(t, tensorferry.Transfer)
     assert t.wait() is True
     assert t.state == "done" and "done" in repr(t) and "write" in repr(t)
     t.release()
@@ -105,24 +105,24 @@ def test_wait_returns_once_done_and_release_is_idempotent(backend, peer_factory)
 def test_post_refusals_raise_by_kind(peer_factory):
     eng, src, peer, base, session = open_pair(("local", {}), peer_factory, peer_size=MiB)
     other = np.ones(64, dtype=np.uint8)
-    with pytest.raises(ferry.OutOfBoundsError, match="outside every region this engine registered"):
+    with pytest.raises(tensorferry.OutOfBoundsError, match="outside every region this engine registered"):
         eng.post_write(session, [other.ctypes.data], [base], [64])
-    with pytest.raises(ferry.FerryIOError, match="a batch of 2 sources, 1 destinations and 1 lengths"):
+    with pytest.raises(tensorferry.FerryIOError, match="a batch of 2 sources, 1 destinations and 1 lengths"):
         eng.post_write(session, [src.ctypes.data, src.ctypes.data], [base], [1])
-    with pytest.raises(ferry.OutOfBoundsError, match="read of 64 bytes into"):
+    with pytest.raises(tensorferry.OutOfBoundsError, match="read of 64 bytes into"):
         eng.post_read(session, [other.ctypes.data], [base], [64])
-    assert eng.read_sync(session, other.ctypes.data, base, 64) == ferry.ERROR_CODES["out_of_bounds"]
+    assert eng.read_sync(session, other.ctypes.data, base, 64) == tensorferry.ERROR_CODES["out_of_bounds"]
     assert "read of 64 bytes into" in eng.last_error
     with pytest.raises(ValueError, match="timeout"):
         eng.post_write(session, [src.ctypes.data], [base], [64], timeout=-1)
     # Nothing moved.
     assert peer.ask(op="sha", name="pool")["sha"] == sha(np.zeros(MiB, dtype=np.uint8))
     eng.close()
-    with pytest.raises(ferry.ClosedError):
+    with pytest.raises(tensorferry.ClosedError):
         eng.post_write(session, [src.ctypes.data], [base], [64])
-    with pytest.raises(ferry.ClosedError):
+    with pytest.raises(tensorferry.ClosedError):
         eng.notify(session, b"x")
-    with pytest.raises(ferry.ClosedError):
+    with pytest.raises(tensorferry.ClosedError):
         eng.get_notifications()
 
 
@@ -132,18 +132,18 @@ def test_a_failed_transfer_raises_from_wait(peer_factory):
     # plane refuses it when it makes the write.
     try:
         t = eng.post_write(session, [src.ctypes.data], [base + MiB - 8], [16])
-    except ferry.OutOfBoundsError:
+    except tensorferry.OutOfBoundsError:
         pass
     else:
-        with pytest.raises(ferry.OutOfBoundsError):
+        with pytest.raises(tensorferry.OutOfBoundsError):
             t.wait()
         assert t.state == "failed"
         t.release()
         assert t.state == "failed"
-        with pytest.raises(ferry.OutOfBoundsError):
+        with pytest.raises(tensorferry.OutOfBoundsError):
             t.wait(0)
     peer.kill()
-    with pytest.raises(ferry.PeerGoneError):
+    with pytest.raises(tensorferry.PeerGoneError):
         eng.post_write(session, [src.ctypes.data], [base], [16]).wait()
     eng.close()
 
@@ -187,13 +187,13 @@ def test_a_stalled_transfer_waits_times_out_releases_and_closes(backend_id, peer
         waiter.join()
         assert seen == [("closed", "released before it finished")], seen
         assert t.state == "failed"
-        with pytest.raises(ferry.ClosedError, match="released before it finished"):
+        with pytest.raises(tensorferry.ClosedError, match="released before it finished"):
             t.wait()
         t.release()
 
         # Its own timeout.
         t = eng.post_write(session, [src.ctypes.data], [base], [4 * MiB], timeout=0.3)
-        with pytest.raises(ferry.FerryTimeoutError) as e:
+        with pytest.raises(tensorferry.FerryTimeoutError) as e:
             t.wait()
         assert e.value.kind == "timeout" and t.state == "failed"
         t.release()
@@ -203,7 +203,7 @@ def test_a_stalled_transfer_waits_times_out_releases_and_closes(backend_id, peer
         assert t.wait(0) is False
         eng.close()
         assert t.state == "failed"
-        with pytest.raises(ferry.ClosedError, match="its engine was closed"):
+        with pytest.raises(tensorferry.ClosedError, match="its engine was closed"):
             t.wait()
     finally:
         os.kill(peer.proc.pid, signal.SIGCONT)
@@ -213,7 +213,7 @@ def test_a_stalled_transfer_waits_times_out_releases_and_closes(backend_id, peer
 def _outcome(t):
     try:
         return ("returned", t.wait())
-    except ferry.FerryError as e:
+    except tensorferry.FerryError as e:
         return (e.kind, "released before it finished" if "released before it finished" in str(e) else str(e))
 
 
@@ -258,8 +258,8 @@ def test_notifications_alone_both_ways(backend, peer_factory):
     naming its sender; reading them does not wait."""
     eng, src, peer, base, session = open_pair(backend, peer_factory, peer_size=MiB)
     assert eng.get_notifications() == []
-    assert ferry.MAX_NOTIFICATION == 4096
-    longest = bytes(pattern(ferry.MAX_NOTIFICATION, 9))
+    assert tensorferry.MAX_NOTIFICATION == 4096
+    longest = bytes(pattern(tensorferry.MAX_NOTIFICATION, 9))
     out = [f"to the peer {i}".encode() for i in range(100)] + [longest, b""]
     peer.tell(op="watch", n=len(out), seconds=120)
     for m in out:
@@ -282,18 +282,18 @@ def test_notifications_alone_both_ways(backend, peer_factory):
 
 def test_notification_limits_and_sessions_without_an_inbox(peer_factory):
     eng, src, peer, base, session = open_pair(("local", {}), peer_factory, peer_size=MiB)
-    too_long = b"x" * (ferry.MAX_NOTIFICATION + 1)
-    with pytest.raises(ferry.TooLargeError, match="4097 bytes; the most is 4096"):
+    too_long = b"x" * (tensorferry.MAX_NOTIFICATION + 1)
+    with pytest.raises(tensorferry.TooLargeError, match="4097 bytes; the most is 4096"):
         eng.notify(session, too_long)
-    with pytest.raises(ferry.TooLargeError):
+    with pytest.raises(tensorferry.TooLargeError):
         eng.post_write(session, [src.ctypes.data], [base], [64], notify=too_long)
     # A data plane's session id alone (a ferry node's has no inbox):
     # transfers reach it, notifications do not.
     assert "|tcp://" in session
     bare = session.rsplit("|", 1)[0]
-    with pytest.raises(ferry.UnknownPeerError, match="names no notification endpoint"):
+    with pytest.raises(tensorferry.UnknownPeerError, match="names no notification endpoint"):
         eng.notify(bare, b"hello")
-    with pytest.raises(ferry.UnknownPeerError, match="names no notification endpoint"):
+    with pytest.raises(tensorferry.UnknownPeerError, match="names no notification endpoint"):
         eng.post_write(bare, [src.ctypes.data], [base], [64], notify=b"hello")
     # Refused whole: nothing was written.
     assert peer.ask(op="sha", name="pool")["sha"] == sha(np.zeros(MiB, dtype=np.uint8))
@@ -307,10 +307,10 @@ def test_notification_limits_and_sessions_without_an_inbox(peer_factory):
 
 
 def test_notify_host_names_the_inbox():
-    with ferry.TransferEngine("local", notify_host="127.0.0.1") as eng:
+    with tensorferry.TransferEngine("local", notify_host="127.0.0.1") as eng:
         assert eng.session_id.rsplit("|", 1)[1].startswith("tcp://127.0.0.1:")
-    with pytest.raises(ferry.FerryError, match="bind the notification inbox"):
-        ferry.TransferEngine("local", notify_host="192.0.2.250")
+    with pytest.raises(tensorferry.FerryError, match="bind the notification inbox"):
+        tensorferry.TransferEngine("local", notify_host="192.0.2.250")
 
 
 def test_reads_return_the_peers_bytes(backend, peer_factory):
@@ -318,7 +318,7 @@ def test_reads_return_the_peers_bytes(backend, peer_factory):
     bytes here without a call by the peer; a read's notification reaches
     the peer once the bytes are here."""
     name, options = backend
-    eng = ferry.TransferEngine(name, **options)
+    eng = tensorferry.TransferEngine(name, **options)
     here = np.zeros(8 * MiB, dtype=np.uint8)
     eng.register_buffer(here.ctypes.data, here.nbytes)
     peer = peer_factory(name, options)

@@ -1,5 +1,5 @@
 """ferry's exceptions and names as Python users expect them: one class per
-kind under ``ferry.FerryError`` (a timeout is also a ``TimeoutError``), the
+kind under ``tensorferry.FerryError`` (a timeout is also a ``TimeoutError``), the
 kinds and codes from the Rust core's one table, keyword-only constructors,
 the native classes named as the Python ones, ``stats()`` typed."""
 
@@ -9,8 +9,8 @@ import warnings
 
 import pytest
 
-import ferry
-from ferry import _errors, _native
+import tensorferry
+from tensorferry import _errors, _native
 
 
 @pytest.fixture
@@ -26,25 +26,25 @@ def test_every_kind_of_the_native_table_has_its_class():
     for kind in _native.ERROR_KINDS:
         e = _errors.error_for(f"it failed ({kind})", kind)
         assert type(e) is _errors.ERROR_CLASSES[kind] and e.kind == kind
-        assert isinstance(e, ferry.FerryError) and isinstance(e, RuntimeError)
+        assert isinstance(e, tensorferry.FerryError) and isinstance(e, RuntimeError)
         assert str(e) == f"it failed ({kind})"
         # Every class is exported by ferry under its own name, and says so.
         assert getattr(ferry, type(e).__name__) is type(e) and type(e).__module__ == "ferry"
         assert pickle.loads(pickle.dumps(e)).args == e.args
     # A kind this package does not know still raises a FerryError with it.
     e = _errors.error_for("from a newer module", "newfangled")
-    assert type(e) is ferry.FerryError and e.kind == "newfangled"
+    assert type(e) is tensorferry.FerryError and e.kind == "newfangled"
 
 
 def test_the_codes_are_the_cores():
-    assert ferry.ERROR_CODES == dict(_native.FAULT_CODES)
-    assert set(ferry.ERROR_CODES) <= set(_native.ERROR_KINDS)
+    assert tensorferry.ERROR_CODES == dict(_native.FAULT_CODES)
+    assert set(tensorferry.ERROR_CODES) <= set(_native.ERROR_KINDS)
     # sglang's contract: 0 is success, every failure negative, -1 the catch-all.
-    assert all(code < 0 for code in ferry.ERROR_CODES.values())
-    assert len(set(ferry.ERROR_CODES.values())) == len(ferry.ERROR_CODES)
-    assert ferry.ERROR_CODES["io"] == -1
+    assert all(code < 0 for code in tensorferry.ERROR_CODES.values())
+    assert len(set(tensorferry.ERROR_CODES.values())) == len(tensorferry.ERROR_CODES)
+    assert tensorferry.ERROR_CODES["io"] == -1
     # The values this package always had.
-    assert ferry.ERROR_CODES == {
+    assert tensorferry.ERROR_CODES == {
         "io": -1, "unknown_peer": -2, "out_of_bounds": -3, "peer_gone": -4,
         "timeout": -5, "too_large": -6, "registration": -7,
     }
@@ -57,30 +57,30 @@ def test_builtin_families_catch_their_kinds():
         raise _errors.error_for("gone", "peer_gone")
     with pytest.raises(OSError):
         raise _errors.error_for("errno 5", "io")
-    assert isinstance(ferry.FerryTimeoutError("x"), ferry.FerryError)
-    assert not isinstance(ferry.RefusedError("x"), OSError)
+    assert isinstance(tensorferry.FerryTimeoutError("x"), tensorferry.FerryError)
+    assert not isinstance(tensorferry.RefusedError("x"), OSError)
     # The old spelling still makes a FerryError of a kind.
-    assert ferry.FerryError("x", "timeout").kind == "timeout"
+    assert tensorferry.FerryError("x", "timeout").kind == "timeout"
 
 
 def test_an_unanswered_registration_is_a_timeout(ipc):
     # Nobody listens at the coordinator's endpoint.
-    inst = ferry.Instance("encoder", coordinator=ipc("nobody"), endpoint=ipc("enc"))
+    inst = tensorferry.Instance("encoder", coordinator=ipc("nobody"), endpoint=ipc("enc"))
     try:
         with pytest.raises(TimeoutError, match="not registered") as e:
             inst.wait_registered(0.3)
-        assert isinstance(e.value, ferry.FerryTimeoutError) and e.value.kind == "timeout"
+        assert isinstance(e.value, tensorferry.FerryTimeoutError) and e.value.kind == "timeout"
     finally:
         inst.close()
 
 
 def test_constructors_take_keywords_only(ipc):
     with pytest.raises(TypeError):
-        ferry.Instance("encoder", ipc("co"), ipc("enc"))
+        tensorferry.Instance("encoder", ipc("co"), ipc("enc"))
     with pytest.raises(TypeError):
-        ferry.Coordinator([ipc("a"), ipc("b"), ipc("c")])
+        tensorferry.Coordinator([ipc("a"), ipc("b"), ipc("c")])
     with pytest.raises(TypeError):
-        ferry.Coordinator([ipc("a")], ["encoder"])
+        tensorferry.Coordinator([ipc("a")], ["encoder"])
     with pytest.raises(TypeError):
         _native.InstanceNode("encoder", ipc("co"), ipc("enc"))
     with pytest.raises(TypeError):
@@ -95,15 +95,15 @@ def test_native_classes_have_the_python_names():
 
 
 def test_stats_have_the_typed_keys(ipc):
-    co = ferry.Coordinator(endpoints=[ipc("e"), ipc("d"), ipc("x")])
-    enc = ferry.Instance("encoder", coordinator=co.endpoint_of("encoder"), endpoint=ipc("enc"))
+    co = tensorferry.Coordinator(endpoints=[ipc("e"), ipc("d"), ipc("x")])
+    enc = tensorferry.Instance("encoder", coordinator=co.endpoint_of("encoder"), endpoint=ipc("enc"))
     try:
         enc.wait_registered(10)
         stats = enc.stats()
-        assert set(stats) == set(ferry.InstanceStats.__annotations__)
+        assert set(stats) == set(tensorferry.InstanceStats.__annotations__)
         assert all(isinstance(v, int) for v in stats.values())
         figures = co.stats()
-        assert set(figures) == set(ferry.CoordinatorStats.__annotations__)
+        assert set(figures) == set(tensorferry.CoordinatorStats.__annotations__)
         assert figures["members"] == 1
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

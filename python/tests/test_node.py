@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ferry
+import tensorferry
 
 HERE = Path(__file__).resolve().parent
 torch = pytest.importorskip("torch")
@@ -36,7 +36,7 @@ def ipc():
 
 @pytest.fixture
 def coordinator(ipc):
-    co = ferry.Coordinator(endpoints=[ipc("co-encoder"), ipc("co-denoiser"), ipc("co-decoder")])
+    co = tensorferry.Coordinator(endpoints=[ipc("co-encoder"), ipc("co-denoiser"), ipc("co-decoder")])
     yield co
     co.close()
 
@@ -53,8 +53,8 @@ def same(got, want) -> bool:
 def test_an_encoder_process_hands_requests_to_this_denoiser(backend, coordinator, ipc):
     _, name, options = backend
     count = 12
-    den = ferry.Instance("denoiser", coordinator=coordinator.endpoint_of("denoiser"), endpoint=ipc("den"), backend=name,
-                         prealloc=ferry.Prealloc(2, 1 << 20), **options)
+    den = tensorferry.Instance("denoiser", coordinator=coordinator.endpoint_of("denoiser"), endpoint=ipc("den"), backend=name,
+                         prealloc=tensorferry.Prealloc(2, 1 << 20), **options)
     den.wait_registered(10)
     spec = {"coordinator": coordinator.endpoint_of("encoder"), "endpoint": ipc("enc"), "backend": name,
             "options": options, "count": count}
@@ -94,8 +94,8 @@ def test_an_encoder_process_hands_requests_to_this_denoiser(backend, coordinator
 
 
 def pair(coordinator, ipc, **den_options):
-    enc = ferry.Instance("encoder", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("enc"))
-    den = ferry.Instance("denoiser", coordinator=coordinator.endpoint_of("denoiser"), endpoint=ipc("den"), **den_options)
+    enc = tensorferry.Instance("encoder", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("enc"))
+    den = tensorferry.Instance("denoiser", coordinator=coordinator.endpoint_of("denoiser"), endpoint=ipc("den"), **den_options)
     enc.wait_registered(10)
     den.wait_registered(10)
     return enc, den
@@ -113,7 +113,7 @@ def test_views_cannot_outlive_their_slot(coordinator, ipc):
         st.commit({"k": 1})
     del x
     st.commit({"k": 1})
-    with pytest.raises(ferry.FerryError, match="committed or given back already"):
+    with pytest.raises(tensorferry.FerryError, match="committed or given back already"):
         st.commit()
     d = den.recv(10)
     assert d is not None and d.scalar_fields == {"k": 1}
@@ -136,9 +136,9 @@ def test_views_cannot_outlive_their_slot(coordinator, ipc):
     # The slot is gone: no new view of it.
     with pytest.raises(BufferError, match="was released"):
         memoryview(buf)
-    with pytest.raises(ferry.FerryError, match="released already"):
+    with pytest.raises(tensorferry.FerryError, match="released already"):
         d.release()
-    assert enc.next_outcome(10) == ferry.Outcome("r1", True, "")
+    assert enc.next_outcome(10) == tensorferry.Outcome("r1", True, "")
     enc.close()
     den.close()
 
@@ -175,31 +175,31 @@ def test_with_blocks_release_fail_and_give_back(coordinator, ipc):
 
 
 def test_refusals_and_bad_arguments_are_named(coordinator, ipc):
-    odd = ferry.Instance("overlord", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("odd"))
-    with pytest.raises(ferry.FerryError, match="unknown role") as refused:
+    odd = tensorferry.Instance("overlord", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("odd"))
+    with pytest.raises(tensorferry.FerryError, match="unknown role") as refused:
         odd.wait_registered(10)
-    assert isinstance(refused.value, ferry.RefusedError) and refused.value.kind == "refused"
+    assert isinstance(refused.value, tensorferry.RefusedError) and refused.value.kind == "refused"
     odd.close()
     with pytest.raises(ValueError, match="one endpoint per role"):
-        ferry.Coordinator(endpoints=[ipc("only")])
-    enc = ferry.Instance("encoder", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("enc"))
+        tensorferry.Coordinator(endpoints=[ipc("only")])
+    enc = tensorferry.Instance("encoder", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("enc"))
     with pytest.raises(ValueError, match="unknown dtype"):
         enc.stage("r", {"x": ((4,), "float128")})
     for name in ("local", "shm"):
         with pytest.raises(TypeError, match='takes no option "provider"'):
-            ferry.Instance("encoder", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("enc2"),
+            tensorferry.Instance("encoder", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("enc2"),
                            backend=name, provider="tcp")
     # One vocabulary: "local" is the same-host plane of the engine and of a
     # node (a node's is pools in shared memory, which it also calls "shm").
     with pytest.raises(ValueError, match=r'node backend "carrier-pigeon".*local \(or shm\)'):
-        ferry.Instance("encoder", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("enc3"),
+        tensorferry.Instance("encoder", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("enc3"),
                        backend="carrier-pigeon")
     with pytest.raises(ValueError, match='backend "shm".*same-host plane is "local"'):
-        ferry.TransferEngine("shm")
+        tensorferry.TransferEngine("shm")
     enc.close()
-    with pytest.raises(ferry.FerryError, match="closed") as closed:
+    with pytest.raises(tensorferry.FerryError, match="closed") as closed:
         enc.stats()
-    assert isinstance(closed.value, ferry.ClosedError) and closed.value.kind == "closed"
+    assert isinstance(closed.value, tensorferry.ClosedError) and closed.value.kind == "closed"
 
 
 def test_work_items_and_frames_pass_through(ipc):
@@ -208,7 +208,7 @@ def test_work_items_and_frames_pass_through(ipc):
     head = ctx.socket(zmq.PULL)
     head_ep = ipc("head")
     head.bind(head_ep)
-    inst = ferry.Instance("decoder", coordinator=head_ep, endpoint=ipc("dec"), head="sglang")
+    inst = tensorferry.Instance("decoder", coordinator=head_ep, endpoint=ipc("dec"), head="sglang")
     # sglang's head never acknowledges: the registration counts once sent.
     inst.wait_registered(10)
     frames = head.recv_multipart()
@@ -228,7 +228,7 @@ def test_work_items_and_frames_pass_through(ipc):
 
 def test_a_denoiser_forwards_to_the_decoder(coordinator, ipc):
     enc, den = pair(coordinator, ipc)
-    dec = ferry.Instance("decoder", coordinator=coordinator.endpoint_of("decoder"), endpoint=ipc("dec"))
+    dec = tensorferry.Instance("decoder", coordinator=coordinator.endpoint_of("decoder"), endpoint=ipc("dec"))
     dec.wait_registered(10)
     with enc.stage("r", {"latents": np.arange(64, dtype=np.float32)}) as st:
         st.commit({"step": 0})

@@ -1,4 +1,4 @@
-"""sglang 0.5.23's own transfer code on ferry.TransferEngine, across two
+"""sglang 0.5.23's own transfer code on tensorferry.TransferEngine, across two
 processes: an encoder stages a request's tensors into its pool, a denoiser
 allocates a receive slot in its own, the encoder pushes
 (``DiffusionTransferManager.push_to_peer``, which calls ``transfer_sync``),

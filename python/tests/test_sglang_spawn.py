@@ -1,5 +1,5 @@
 """``FERRY_SGLANG`` switches sglang 0.5.23 onto ferry in the processes
-sglang's launcher spawns, where ``ferry.sglang.use()`` in the launcher
+sglang's launcher spawns, where ``tensorferry.sglang.use()`` in the launcher
 cannot reach (issue 29, item 4).
 
 A worker is started as ``launch_server._start_scheduler_processes`` starts
@@ -12,7 +12,7 @@ a wrong value, an error naming the variable, raised by the factory and not
 by the import. A fresh interpreter with the variable unset imports neither
 ferry nor sglang.
 
-These run against the installed wheel: its ``ferry_sglang.pth`` is what
+These run against the installed wheel: its ``tensorferry_sglang.pth`` is what
 reads the variable.
 """
 
@@ -29,8 +29,8 @@ import pytest
 if os.environ.get("FERRY_REQUIRE_SGLANG") != "1":
     pytest.importorskip("sglang.multimodal_gen.runtime.disaggregation.transport.engine")
 
-import ferry  # noqa: E402
-import ferry.sglang  # noqa: E402
+import tensorferry  # noqa: E402
+import tensorferry.sglang  # noqa: E402
 import sglang_spawn_worker  # noqa: E402
 from sglang.multimodal_gen.runtime.disaggregation.transport import engine as engine_module  # noqa: E402
 
@@ -87,10 +87,10 @@ def test_a_spawned_worker_gets_ferrys_engine_from_the_environment(monkeypatch, c
     assert report["hook_at_start"] and not report["ferry_at_start"] and not report["sglang_at_start"]
     # scheduler_mixin bound ferry's factory: the engine module was patched
     # before scheduler_mixin's `from ... import create_transfer_engine` ran.
-    assert report["factory_module"] == "ferry.sglang"
+    assert report["factory_module"] == "tensorferry.sglang"
     assert report["same_factory_as_engine_module"]
     assert report.get("create_error") is None, report
-    assert report["class"] == "ferry.sglang.FerryDiffusionEngine"
+    assert report["class"] == "tensorferry.sglang.FerryDiffusionEngine"
     assert report["is_sglang_engine"] and report["is_ferry_engine"]
     assert report["backend"] == "local"
     assert report["session_id"]
@@ -120,7 +120,7 @@ def test_without_the_variable_a_spawned_worker_gets_sglangs_own_factory(monkeypa
 def test_a_wrong_backend_fails_at_engine_creation_naming_the_variable(monkeypatch):
     report = spawn_worker(monkeypatch, FERRY_SGLANG="nonsense")
     # Importing sglang went through; creating the engine did not.
-    assert report["factory_module"] == "ferry.sglang"
+    assert report["factory_module"] == "tensorferry.sglang"
     error = report["create_error"]
     assert error["type"] == "ValueError", error
     assert "FERRY_SGLANG='nonsense'" in error["message"]
@@ -141,11 +141,11 @@ def fresh_interpreter(code: str, **env) -> str:
 
 
 def test_the_pth_is_installed_and_imports_nothing_unless_the_variable_is_set():
-    pth = Path(ferry.__file__).resolve().parent.parent / "ferry_sglang.pth"
+    pth = Path(tensorferry.__file__).resolve().parent.parent / "tensorferry_sglang.pth"
     assert pth.is_file(), f"{pth} is missing: build the wheel and pip install it"
     modules = "import sys; import site; print('sglang' in sys.modules, 'ferry' in sys.modules"
     assert fresh_interpreter(modules + ")") == "False False"
-    hooked = modules + ", '_ferry_sglang' in sys.modules, type(sys.meta_path[0]).__name__)"
+    hooked = modules + ", '_tensorferry_sglang' in sys.modules, type(sys.meta_path[0]).__name__)"
     assert fresh_interpreter(hooked, FERRY_SGLANG="local") == "False False True _Finder"
     # An empty value is unset.
     assert fresh_interpreter(hooked, FERRY_SGLANG="").startswith("False False False ")
@@ -156,7 +156,7 @@ def restored_factory(monkeypatch):
     """sglang's engine module (in this process), its factory put back after
     the test."""
     monkeypatch.setattr(engine_module, "create_transfer_engine", engine_module.create_transfer_engine)
-    users = [sys.modules[name] for name in ferry.sglang._USERS if name in sys.modules]
+    users = [sys.modules[name] for name in tensorferry.sglang._USERS if name in sys.modules]
     for user in users:
         monkeypatch.setattr(user, "create_transfer_engine", user.create_transfer_engine)
     return engine_module
@@ -174,7 +174,7 @@ def restored_factory(monkeypatch):
 )
 def test_wrong_options_fail_at_engine_creation_naming_the_variable(restored_factory, options, kind, mentions):
     environ = {"FERRY_SGLANG": "local", "FERRY_SGLANG_OPTIONS": options}
-    ferry.sglang.use_environment(restored_factory, environ)  # does not raise
+    tensorferry.sglang.use_environment(restored_factory, environ)  # does not raise
     with pytest.raises(kind) as raised:
         restored_factory.create_transfer_engine(hostname="127.0.0.1", gpu_id=0)
     assert "FERRY_SGLANG_OPTIONS" in str(raised.value)
@@ -183,7 +183,7 @@ def test_wrong_options_fail_at_engine_creation_naming_the_variable(restored_fact
 
 def test_options_from_the_environment_reach_the_engine(restored_factory):
     environ = {"FERRY_SGLANG": "local", "FERRY_SGLANG_OPTIONS": json.dumps({"timeout": 5, "threads": 2})}
-    ferry.sglang.use_environment(restored_factory, environ)
+    tensorferry.sglang.use_environment(restored_factory, environ)
     engine = restored_factory.create_transfer_engine(hostname="127.0.0.1", gpu_id=0)
     assert isinstance(engine, restored_factory.BaseTransferEngine)
     assert engine.ferry.backend == "local" and engine.session_id
@@ -191,15 +191,15 @@ def test_options_from_the_environment_reach_the_engine(restored_factory):
 
 
 def test_the_hook_patches_an_engine_module_already_imported(restored_factory, monkeypatch):
-    import _ferry_sglang
+    import _tensorferry_sglang
 
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.setenv("FERRY_SGLANG", "local")
     monkeypatch.delenv("FERRY_SGLANG_OPTIONS", raising=False)
-    _ferry_sglang.install()
-    _ferry_sglang.install()  # once is enough; twice changes nothing
-    assert sum(isinstance(f, _ferry_sglang._Finder) for f in sys.meta_path) == 1
-    assert restored_factory.create_transfer_engine.__module__ == "ferry.sglang"
+    _tensorferry_sglang.install()
+    _tensorferry_sglang.install()  # once is enough; twice changes nothing
+    assert sum(isinstance(f, _tensorferry_sglang._Finder) for f in sys.meta_path) == 1
+    assert restored_factory.create_transfer_engine.__module__ == "tensorferry.sglang"
     engine = restored_factory.create_transfer_engine()
     assert engine.ferry.backend == "local"
     engine.ferry.close()
@@ -208,12 +208,12 @@ def test_the_hook_patches_an_engine_module_already_imported(restored_factory, mo
 def test_a_ferry_that_cannot_load_leaves_a_factory_naming_the_variable(monkeypatch, capfd):
     import types
 
-    import _ferry_sglang
+    import _tensorferry_sglang
 
     monkeypatch.setenv("FERRY_SGLANG", "local")
-    monkeypatch.setitem(sys.modules, "ferry.sglang", None)  # importing it raises ImportError
+    monkeypatch.setitem(sys.modules, "tensorferry.sglang", None)  # importing it raises ImportError
     module = types.ModuleType("stand_in_for_sglangs_engine_module")
-    _ferry_sglang._patch(module)  # does not raise
+    _tensorferry_sglang._patch(module)  # does not raise
     with pytest.raises(RuntimeError, match="FERRY_SGLANG=local is set, but ferry's sglang engine cannot be loaded"):
         module.create_transfer_engine()
     assert "FERRY_SGLANG=local is set" in capfd.readouterr().err

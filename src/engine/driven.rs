@@ -16,7 +16,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{Fault, FaultKind, ReadOp, Region, Transport, WriteOp, WriteTag};
+use tensorferry_core::transport::{Fault, FaultKind, ReadOp, Region, Transport, WriteOp, WriteTag};
 
 use super::notify::{self, Notification, Notifier};
 use super::table::{Chores, Failure, Id, Peer, Table, TransferState};

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use ferry_core::transport::{Fault, FaultKind};
-use ferry_local::LocalError;
+use tensorferry_core::transport::{Fault, FaultKind};
+use tensorferry_local::LocalError;
 
 /// An engine's error: what failed, with the peer, address or call.
 #[derive(Debug, thiserror::Error)]

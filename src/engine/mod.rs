@@ -30,14 +30,14 @@
 //! ended. The data plane ends everything in flight with that peer, so
 //! other transfers with the same peer fail too. One exception: libfabric
 //! ends posted operations only with `FI_AV_REMOVE_CLEANUP=1` in the
-//! environment (off by default, see `ferry_fabric::ofi::AV_REMOVE_CLEANUP`);
+//! environment (off by default, see `tensorferry_fabric::ofi::AV_REMOVE_CLEANUP`);
 //! without it a timed-out fabric transfer's chunks already posted may
 //! still move.
 //!
-//! Every backend is a data plane behind ferry-core's `Transport` seam,
+//! Every backend is a data plane behind tensorferry-core's `Transport` seam,
 //! driven the same way (`driven`):
 //! * [`Backend::Local`]: processes on one host, any memory, by
-//!   cross-memory attach ([`ferry_local::LocalTransport`]).
+//!   cross-memory attach ([`tensorferry_local::LocalTransport`]).
 //! * `Backend::Fabric` (feature `fabric`): ferry's libfabric data plane,
 //!   delivery-complete writes.
 //! * `Backend::Verbs` (feature `verbs`): RC queue pairs on an RDMA NIC.
@@ -59,8 +59,8 @@ mod table;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::Transport;
-pub use ferry_local::{LocalConfig, LocalError, Op};
+use tensorferry_core::transport::Transport;
+pub use tensorferry_local::{LocalConfig, LocalError, Op};
 
 pub use error::EngineError;
 pub use notify::{Notification, MAX_NOTIFICATION};
@@ -79,10 +79,10 @@ pub enum Backend {
     /// writes whatever `delivery` says (a write's completion must mean its
     /// bytes are at the peer).
     #[cfg(feature = "fabric")]
-    Fabric(ferry_fabric::FabricConfig),
+    Fabric(tensorferry_fabric::FabricConfig),
     /// ferry's ibverbs data plane.
     #[cfg(feature = "verbs")]
-    Verbs(ferry_verbs::VerbsConfig),
+    Verbs(tensorferry_verbs::VerbsConfig),
 }
 
 impl Backend {
@@ -91,9 +91,9 @@ impl Backend {
     /// reaches processes on this host only).
     pub fn auto() -> Self {
         #[cfg(feature = "verbs")]
-        if let Ok(names) = ferry_verbs::device_names() {
+        if let Ok(names) = tensorferry_verbs::device_names() {
             if let Some(first) = names.into_iter().next() {
-                return Self::Verbs(ferry_verbs::VerbsConfig::new(first));
+                return Self::Verbs(tensorferry_verbs::VerbsConfig::new(first));
             }
         }
         Self::Local(LocalConfig::default())
@@ -201,21 +201,21 @@ impl TransferEngine {
         let name = backend.name();
         match backend {
             Backend::Local(config) => {
-                let t = ferry_local::LocalTransport::open(config)?;
+                let t = tensorferry_local::LocalTransport::open(config)?;
                 let host = options.notify_host.unwrap_or_else(|| "127.0.0.1".into());
                 Self::start(t, name, &host)
             }
             #[cfg(feature = "fabric")]
             Backend::Fabric(mut config) => {
-                config.delivery = ferry_fabric::DeliveryMode::Complete;
-                let t = ferry_fabric::FabricTransport::open(&config)
+                config.delivery = tensorferry_fabric::DeliveryMode::Complete;
+                let t = tensorferry_fabric::FabricTransport::open(&config)
                     .map_err(|e| EngineError::transport("open the libfabric transport", &e))?;
                 let host = options.notify_host.unwrap_or_else(notify::this_host);
                 Self::start(t, name, &host)
             }
             #[cfg(feature = "verbs")]
             Backend::Verbs(config) => {
-                let t = ferry_verbs::VerbsTransport::open(&config)
+                let t = tensorferry_verbs::VerbsTransport::open(&config)
                     .map_err(|e| EngineError::transport("open the verbs transport", &e))?;
                 let host = options.notify_host.unwrap_or_else(notify::this_host);
                 Self::start(t, name, &host)
@@ -225,7 +225,7 @@ impl TransferEngine {
 
     /// An engine over an embedder's own data plane (or one of ferry's set
     /// up by hand), named `name`. The transport's completions must mean
-    /// delivery ([`ferry_core::transport::Capabilities::delivery_complete`]):
+    /// delivery ([`tensorferry_core::transport::Capabilities::delivery_complete`]):
     /// the engine counts no arrivals. Notifications bind on
     /// `options.notify_host` (default: loopback).
     pub fn over<T>(
@@ -242,7 +242,7 @@ impl TransferEngine {
                 message: format!(
                     "the {name} data plane's completions do not mean delivery; the engine needs them to"
                 ),
-                kind: ferry_core::transport::FaultKind::Io,
+                kind: tensorferry_core::transport::FaultKind::Io,
             });
         }
         let host = options.notify_host.unwrap_or_else(|| "127.0.0.1".into());
@@ -472,7 +472,7 @@ impl Transfer {
             .unwrap_or(EngineError::Transport {
                 verb: "transfer",
                 message: "the transfer is gone".into(),
-                kind: ferry_core::transport::FaultKind::Io,
+                kind: tensorferry_core::transport::FaultKind::Io,
             })
     }
 

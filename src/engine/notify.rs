@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use ferry_core::transport::FaultKind;
+use tensorferry_core::transport::FaultKind;
 
 use super::EngineError;
 

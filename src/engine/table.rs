@@ -12,7 +12,7 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::FaultKind;
+use tensorferry_core::transport::FaultKind;
 
 use super::EngineError;
 

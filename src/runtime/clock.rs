@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant as StdInstant};
 
-use ferry_core::handshake::Instant;
+use tensorferry_core::handshake::Instant;
 
 /// A monotonic clock with a per-node epoch.
 #[derive(Clone, Copy, Debug)]

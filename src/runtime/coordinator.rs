@@ -1,4 +1,4 @@
-//! A coordinator node: ferry-core's `Coordinator` driven over a control
+//! A coordinator node: tensorferry-core's `Coordinator` driven over a control
 //! channel by one thread.
 //!
 //! Peers are named by their endpoint: the channel says who sent each
@@ -13,15 +13,15 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ferry_core::handshake::coordinator::{
+use tensorferry_core::handshake::coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorEvent, CoordinatorStats, CoordinatorStorage,
     Unhandled,
 };
-use ferry_core::handshake::{Instant, Limits, PeerId};
-use ferry_core::transport::{
+use tensorferry_core::handshake::{Instant, Limits, PeerId};
+use tensorferry_core::transport::{
     ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, FaultKind,
 };
-use ferry_core::wire::TRANSFER_MAGIC;
+use tensorferry_core::wire::TRANSFER_MAGIC;
 use tracing::{debug, info, warn};
 
 use super::clock::Clock;
@@ -59,7 +59,7 @@ pub struct CoordinatorNodeConfig {
     /// channels that cannot name a message's sender (ZeroMQ): the endpoint
     /// a message arrives at tells its sender's role, and its content the
     /// sender. Empty when the channel names senders. Each at most
-    /// [`NAME_LEN`](ferry_core::handshake::NAME_LEN) (128) bytes, as every
+    /// [`NAME_LEN`](tensorferry_core::handshake::NAME_LEN) (128) bytes, as every
     /// endpoint the coordinator keeps.
     pub result_endpoints: Vec<String>,
     /// The endpoints that may register: with any, every other

@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use ferry_core::handshake::coordinator::ConfigError;
-use ferry_core::handshake::instance::InstanceError;
-use ferry_core::handshake::LimitsError;
-use ferry_core::json::JsonError;
-use ferry_core::slots::{BuddyError, LayoutError};
+use tensorferry_core::handshake::coordinator::ConfigError;
+use tensorferry_core::handshake::instance::InstanceError;
+use tensorferry_core::handshake::LimitsError;
+use tensorferry_core::json::JsonError;
+use tensorferry_core::slots::{BuddyError, LayoutError};
 
 /// Why a node could not start or a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +40,7 @@ pub enum NodeError {
         /// What was being done.
         verb: &'static str,
         /// What kind of failure it is, as the backend says.
-        kind: ferry_core::transport::FaultKind,
+        kind: tensorferry_core::transport::FaultKind,
         /// The backend's error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
@@ -95,7 +95,7 @@ pub enum NodeError {
         /// The endpoint.
         to: String,
         /// What kind of failure it is (the coordinator gone, a full queue).
-        kind: ferry_core::transport::FaultKind,
+        kind: tensorferry_core::transport::FaultKind,
         /// The channel's error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
@@ -105,7 +105,7 @@ impl NodeError {
     /// A backend's failure while doing `verb`, with its kind.
     pub fn transport<E>(verb: &'static str, e: E) -> Self
     where
-        E: ferry_core::transport::Fault + Send + Sync + 'static,
+        E: tensorferry_core::transport::Fault + Send + Sync + 'static,
     {
         Self::Transport {
             verb,

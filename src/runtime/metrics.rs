@@ -75,9 +75,9 @@ impl Metrics {
         from: &str,
         via: &str,
         payload: &'a [u8],
-    ) -> Option<ferry_core::wire::Msg<'a>> {
+    ) -> Option<tensorferry_core::wire::Msg<'a>> {
         Self::add(&self.messages_in, 1);
-        match ferry_core::wire::decode(payload) {
+        match tensorferry_core::wire::decode(payload) {
             Ok(m) => Some(m),
             Err(e) => {
                 self.malformed(from, via, &e);
@@ -87,7 +87,7 @@ impl Metrics {
     }
 
     /// Counts (and logs, sparingly) a transfer message that did not decode.
-    pub(crate) fn malformed(&self, from: &str, via: &str, e: &ferry_core::wire::DecodeError) {
+    pub(crate) fn malformed(&self, from: &str, via: &str, e: &tensorferry_core::wire::DecodeError) {
         let n = self.bad_frames.fetch_add(1, Ordering::Relaxed);
         // The first ten, then one in a thousand: a peer that sends
         // garbage costs a counter, not the log.

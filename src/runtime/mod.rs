@@ -1,4 +1,4 @@
-//! The std runtime: ferry-core's state machines driven over a control
+//! The std runtime: tensorferry-core's state machines driven over a control
 //! channel and a data plane, each by a progress thread, with the API a
 //! serving runtime embeds.
 //!
@@ -25,10 +25,6 @@ pub mod telemetry;
 pub use clock::Clock;
 pub use coordinator::{Admission, CoordinatorNode, CoordinatorNodeConfig, CoordinatorSnapshot};
 pub use error::NodeError;
-pub use ferry_core::handshake::coordinator::{CoordinatorConfig, Policy, Timeouts};
-pub use ferry_core::handshake::instance::{Head, InstanceConfig, Prealloc, SGLANG_HEAD_TIMEOUT};
-/// The table sizes of a node's state machine.
-pub use ferry_core::handshake::Limits;
 pub use instance::{
     Delivery, Frame, GuardError, InstanceNode, InstanceNodeConfig, NodeStats, Outcome, Staging,
     TensorView, MAX_TENSORS,
@@ -36,3 +32,9 @@ pub use instance::{
 pub use memory::PoolOwner;
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use plane::{AnyTransport, CopyConfig, DataPlane, PlaneError};
+pub use tensorferry_core::handshake::coordinator::{CoordinatorConfig, Policy, Timeouts};
+pub use tensorferry_core::handshake::instance::{
+    Head, InstanceConfig, Prealloc, SGLANG_HEAD_TIMEOUT,
+};
+/// The table sizes of a node's state machine.
+pub use tensorferry_core::handshake::Limits;

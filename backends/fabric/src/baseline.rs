@@ -9,14 +9,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_fabric_sys as sys;
+use tensorferry_fabric_sys as sys;
 
 use crate::error::{FabricError, OpKind};
 use crate::mr::MrPolicy;
 use crate::ofi::{Av, Cq, Domain, Endpoint, Fabric, Info, MemoryRegion};
 use crate::provider::DeliveryMode;
 use crate::transport::{find, FabricConfig};
-use ferry_hostmem::HostPool;
+use tensorferry_hostmem::HostPool;
 
 /// One side: its objects, pool and registration.
 struct Side {

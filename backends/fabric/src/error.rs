@@ -1,7 +1,7 @@
 //! The backend's errors: each names the libfabric call, the provider's own
 //! text for the error and, where the error concerns one peer, that peer.
 
-use ferry_core::transport::{Fault, FaultKind, RegionError};
+use tensorferry_core::transport::{Fault, FaultKind, RegionError};
 
 /// Which way a transfer goes, for the errors that name one: a write into
 /// a peer's memory or a read from it.
@@ -339,8 +339,8 @@ mod tests {
     /// must be the same numbers for that to hold.
     #[test]
     fn libfabric_errnos_are_the_ones_the_core_classifies() {
-        use ferry_core::transport::errno as e;
-        use ferry_fabric_sys as sys;
+        use tensorferry_core::transport::errno as e;
+        use tensorferry_fabric_sys as sys;
         let pairs = [
             (sys::FI_ECONNREFUSED, e::ECONNREFUSED),
             (sys::FI_ECONNRESET, e::ECONNRESET),

@@ -4,7 +4,7 @@
 //! `efa` on AWS, `verbs;ofi_rxm` on InfiniBand and RoCE NICs, and
 //! `tcp;ofi_rxm` and `shm`, which run on any Linux host.
 //!
-//! - [`FabricTransport`] implements ferry-core's `Transport`; its session
+//! - [`FabricTransport`] implements tensorferry-core's `Transport`; its session
 //!   id ([`Session`]) carries the endpoint address and the pool's key,
 //!   base and length.
 //! - Delivery is made sure of before a receiver reads: with
@@ -36,8 +36,8 @@ pub mod session;
 mod transport;
 
 pub use error::{Call, FabricError, OpKind};
-pub use ferry_hostmem::HostPool;
 pub use mr::MrPolicy;
 pub use provider::{DeliveryMode, Hints, Provider};
 pub use session::{RemoteRegion, Session, MAX_REGIONS};
+pub use tensorferry_hostmem::HostPool;
 pub use transport::{FabricConfig, FabricTransport, Opened};

@@ -2,7 +2,7 @@
 //! the key, how a peer addresses the pool, whether local buffers need a
 //! descriptor and whether a region must be bound to the endpoint.
 
-use ferry_fabric_sys as sys;
+use tensorferry_fabric_sys as sys;
 
 use crate::provider::MR_MODES;
 

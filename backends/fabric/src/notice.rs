@@ -14,7 +14,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{Landed, WriteTag};
+use tensorferry_core::transport::{Landed, WriteTag};
 
 /// How a notice is packed into remote CQ data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use ferry_fabric_sys as sys;
+use tensorferry_fabric_sys as sys;
 
 /// Providers `auto` tries, fastest first. `shm` is left out: it reaches only
 /// processes on the same host, so picking it silently would break the first

@@ -15,7 +15,7 @@ fn main() {
         Err(e) => {
             // The one thing a user must do by hand; say what it is.
             panic!(
-                "ferry-fabric-sys needs libfabric 1.17 or newer with its headers \
+                "tensorferry-fabric-sys needs libfabric 1.17 or newer with its headers \
                  (Debian: apt-get install libfabric-dev pkg-config): {e}"
             );
         }

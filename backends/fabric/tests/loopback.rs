@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use std::collections::HashMap;
 
-use ferry_core::transport::{Fault, FaultKind, ReadOp, Region, Transport, WriteOp, WriteTag};
-use ferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
+use tensorferry_core::transport::{Fault, FaultKind, ReadOp, Region, Transport, WriteOp, WriteTag};
+use tensorferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
 
 fn config(provider: &str, delivery: DeliveryMode) -> FabricConfig {
     // Before this test's first libfabric call: removing a peer ends its
@@ -55,7 +55,7 @@ fn wait_completion(
     t: &mut FabricTransport,
     cookie: u64,
     within: Duration,
-) -> Option<Result<(), ferry_fabric::FabricError>> {
+) -> Option<Result<(), tensorferry_fabric::FabricError>> {
     let end = Instant::now() + within;
     while Instant::now() < end {
         if let Some(c) = t.poll_completion() {
@@ -74,7 +74,7 @@ fn wait_completion(
 fn reach(
     t: &mut FabricTransport,
     cookie: u64,
-    post: impl Fn(&mut FabricTransport) -> Result<(), ferry_fabric::FabricError>,
+    post: impl Fn(&mut FabricTransport) -> Result<(), tensorferry_fabric::FabricError>,
 ) {
     for attempt in 1.. {
         post(t).expect("post");
@@ -456,7 +456,7 @@ fn several_regions(provider: &str, delivery: DeliveryMode) {
         )
     };
     assert_ne!(rb1.id, rb2.id);
-    let listed = ferry_fabric::Session::parse(b.session_id()).expect("own session parses");
+    let listed = tensorferry_fabric::Session::parse(b.session_id()).expect("own session parses");
     assert_eq!(listed.regions.len(), 2, "{}", b.session_id());
 
     // From the sender's pool into the application's buffer, and from the
@@ -499,7 +499,7 @@ fn several_regions(provider: &str, delivery: DeliveryMode) {
         b.deregister(rb2).unwrap_err().kind(),
         FaultKind::OutOfBounds
     );
-    let listed = ferry_fabric::Session::parse(b.session_id()).expect("own session parses");
+    let listed = tensorferry_fabric::Session::parse(b.session_id()).expect("own session parses");
     assert_eq!(listed.regions.len(), 1);
     let session = b.session_id().to_owned();
     let e = a

@@ -9,7 +9,7 @@
 use std::fmt;
 use std::io;
 
-use ferry_hostmem::Copier;
+use tensorferry_hostmem::Copier;
 
 /// One range to copy: `len` bytes from `src` to `dst`. For a write `src`
 /// is in this process and `dst` in the peer; for a read, the other way.

@@ -3,7 +3,7 @@
 
 use std::io;
 
-use ferry_core::transport::{Fault, FaultKind};
+use tensorferry_core::transport::{Fault, FaultKind};
 
 use crate::copy::Direction;
 

@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 pub use copy::{Direction, Op};
 pub use error::LocalError;
-use ferry_hostmem::Copier;
 pub use table::MAX_REGIONS;
+use tensorferry_hostmem::Copier;
 pub use transport::LocalTransport;
 
 use peer::Peer;

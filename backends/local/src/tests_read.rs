@@ -8,7 +8,7 @@
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ChildStdout, Command, Stdio};
 
-use ferry_core::transport::{Fault, FaultKind, ReadOp, Region, Transport, WriteOp, WriteTag};
+use tensorferry_core::transport::{Fault, FaultKind, ReadOp, Region, Transport, WriteOp, WriteTag};
 
 use super::*;
 

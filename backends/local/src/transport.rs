@@ -1,5 +1,5 @@
 //! The local engine as a data plane of ferry's seam: [`LocalTransport`]
-//! implements `ferry_core::transport::Transport`, so that whatever drives a
+//! implements `tensorferry_core::transport::Transport`, so that whatever drives a
 //! transport (a node's progress loop, the transfer engine, a test's fault
 //! injector) drives this one as it drives the others.
 //!
@@ -18,8 +18,8 @@
 
 use std::collections::VecDeque;
 
-use ferry_core::transport::{Capabilities, Completion, ReadOp, Region, Transport, WriteOp};
-use ferry_hostmem::EventFd;
+use tensorferry_core::transport::{Capabilities, Completion, ReadOp, Region, Transport, WriteOp};
+use tensorferry_hostmem::EventFd;
 
 use crate::{Direction, LocalConfig, LocalEngine, LocalError, Op};
 
@@ -252,7 +252,7 @@ impl Transport for LocalTransport {
 
 #[cfg(test)]
 mod tests {
-    use ferry_core::transport::{Fault, FaultKind, WriteTag};
+    use tensorferry_core::transport::{Fault, FaultKind, WriteTag};
 
     use super::*;
 

@@ -3,7 +3,7 @@
 
 use std::io;
 
-use ferry_core::transport::{Fault, FaultKind, RegionError};
+use tensorferry_core::transport::{Fault, FaultKind, RegionError};
 
 /// A shared-memory pool or transport error.
 #[derive(Debug, thiserror::Error)]

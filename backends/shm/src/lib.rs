@@ -1,15 +1,15 @@
-//! ferry-shm: the shared-memory loopback backend, for processes on one
+//! tensorferry-shm: the shared-memory loopback backend, for processes on one
 //! host and for tests.
 //!
 //! * [`ShmPool`]: a pool in a POSIX shared-memory object, mapped into its
 //!   owner, unlinked when the owner drops it; [`clean_stale`] removes the
 //!   objects of processes that died without dropping theirs.
-//! * [`ShmTransport`]: ferry-core's `Transport`. A session id names the
+//! * [`ShmTransport`]: tensorferry-core's `Transport`. A session id names the
 //!   object and the owner's base address, so a peer maps the object once
 //!   and turns the protocol's `dest_addr` into an offset; a write is a
 //!   bounds-checked `memcpy` into that mapping, split across the threads
-//!   of a `ferry_hostmem::Copier` when large.
-//! * [`UdsChannel`]: ferry-core's `ControlChannel` over Unix
+//!   of a `tensorferry_hostmem::Copier` when large.
+//! * [`UdsChannel`]: tensorferry-core's `ControlChannel` over Unix
 //!   `SOCK_SEQPACKET` sockets (message boundaries, the peer's endpoint, and
 //!   a closed connection reported as the peer gone).
 //! * [`MemChannel`]: an in-process control channel for tests.

@@ -5,7 +5,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend, Incoming};
+use tensorferry_core::transport::{
+    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Incoming,
+};
 
 use crate::error::MemError;
 

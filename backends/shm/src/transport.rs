@@ -1,12 +1,12 @@
-//! ferry-core's `Transport` over shared memory: a write is a bounds-checked
+//! tensorferry-core's `Transport` over shared memory: a write is a bounds-checked
 //! copy into a cached mapping of the peer's pool object.
 
 use std::collections::{HashMap, VecDeque};
 
-use ferry_core::transport::{
+use tensorferry_core::transport::{
     Capabilities, Completion, ReadOp, Region, RegionError, Transport, WriteOp,
 };
-use ferry_hostmem::Copier;
+use tensorferry_hostmem::Copier;
 
 use crate::error::ShmError;
 use crate::guard::Guard;
@@ -72,7 +72,7 @@ impl ShmTransport {
     ///
     /// The pool stays mapped, at this address, for as long as the
     /// transport lives and is released only by its drop: ferry's runtime
-    /// relies on it (`ferry::runtime::PoolOwner`), so no method may unmap
+    /// relies on it (`tensorferry::runtime::PoolOwner`), so no method may unmap
     /// or replace it.
     pub fn pool_ptr(&self) -> *mut u8 {
         self.pool.as_ptr()
@@ -309,7 +309,7 @@ impl Transport for ShmTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_core::transport::WriteTag;
+    use tensorferry_core::transport::WriteTag;
 
     fn pair() -> (ShmTransport, Region, ShmTransport) {
         let mut a = ShmTransport::new(1 << 20, 2, 64 << 10).unwrap();
@@ -348,7 +348,7 @@ mod tests {
 
     #[test]
     fn a_peer_that_shrinks_its_pool_gets_a_typed_error_not_sigbus() {
-        use ferry_core::transport::{Fault, FaultKind};
+        use tensorferry_core::transport::{Fault, FaultKind};
         let (mut a, region, b) = pair();
         let s = b.session_id().to_owned();
         let base = b.pool_ptr() as u64;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use ferry_core::transport::{Fault, FaultKind, RegionError};
+use tensorferry_core::transport::{Fault, FaultKind, RegionError};
 
 use crate::device::{RdmaOp, Verb};
 use crate::status::WcStatus;
@@ -199,7 +199,7 @@ pub enum VerbsError {
         /// The peer's side channel, if one.
         peer: Option<String>,
         /// The guard's error.
-        source: ferry_zmq::ZmqError,
+        source: tensorferry_zmq::ZmqError,
     },
     /// The OS refused something (a thread, a mapping, an eventfd).
     #[error("{what}: {source}")]
@@ -324,7 +324,7 @@ mod tests {
     /// The core classifies by Linux's errno numbers; they must be libc's.
     #[test]
     fn the_cores_errno_numbers_are_libcs() {
-        use ferry_core::transport::errno as e;
+        use tensorferry_core::transport::errno as e;
         let pairs = [
             (libc::ECONNREFUSED, e::ECONNREFUSED),
             (libc::ECONNRESET, e::ECONNRESET),

@@ -2,7 +2,7 @@
 //! one-sided RDMA WRITE into the peer's registered regions and RDMA READ
 //! from them, on InfiniBand and RoCE NICs.
 //!
-//! - [`VerbsTransport`] implements ferry-core's `Transport`. Its session id
+//! - [`VerbsTransport`] implements tensorferry-core's `Transport`. Its session id
 //!   ([`Session`]) names the endpoint of its side channel, a ZeroMQ socket
 //!   where it answers connection exchanges ([`exchange`]).
 //! - The first write to (or read from) a peer exchanges QP number, LID,
@@ -28,7 +28,7 @@
 //!   has, when every work request before it has completed, flushed or
 //!   done, and none reads or writes memory any more.
 //! - The side channel is guarded as the control channel is
-//!   ([`ferry_zmq::Guard`]): `allow_from` and, with the node's CURVE key,
+//!   ([`tensorferry_zmq::Guard`]): `allow_from` and, with the node's CURVE key,
 //!   a CURVE server admitting only `writers`, whose public key travels in
 //!   the session id ([`VerbsConfig`]). A peer admitted there may write
 //!   into the registered regions and read them.

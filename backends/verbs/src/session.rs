@@ -17,7 +17,7 @@
 
 use std::fmt;
 
-use ferry_zmq::{CurvePublicKey, KEY_TEXT_LEN};
+use tensorferry_zmq::{CurvePublicKey, KEY_TEXT_LEN};
 
 use crate::error::VerbsError;
 

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ferry_zmq::{CurvePublicKey, Guard, ZapHandler};
+use tensorferry_zmq::{CurvePublicKey, Guard, ZapHandler};
 
 use crate::conn::ConnBook;
 use crate::device::Device;

@@ -28,7 +28,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use ferry_hostmem::EventFd;
+use tensorferry_hostmem::EventFd;
 
 use crate::attrs::QpStep;
 use crate::device::{

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use ferry_core::transport::FaultKind;
+use tensorferry_core::transport::FaultKind;
 
 /// A work completion's status, as `ibv_poll_cq` returned it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -6,9 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{Region, Transport, WriteOp, WriteTag};
-use ferry_hostmem::HostPool;
-use ferry_zmq::CurveKeyPair;
+use tensorferry_core::transport::{Region, Transport, WriteOp, WriteTag};
+use tensorferry_hostmem::HostPool;
+use tensorferry_zmq::CurveKeyPair;
 
 use crate::error::VerbsError;
 use crate::exchange::{QpInfo, Request};
@@ -102,7 +102,7 @@ fn request_for(target: &Node) -> Vec<u8> {
 /// two seconds.
 fn stranger(
     endpoint: &str,
-    key: Option<(CurveKeyPair, ferry_zmq::CurvePublicKey)>,
+    key: Option<(CurveKeyPair, tensorferry_zmq::CurvePublicKey)>,
     request: Vec<u8>,
 ) -> Option<Vec<u8>> {
     let endpoint = endpoint.to_owned();
@@ -111,9 +111,9 @@ fn stranger(
         let s = ctx.socket(zmq::DEALER).unwrap();
         s.set_linger(0).unwrap();
         if let Some((mine, server)) = key {
-            let guard = ferry_zmq::Guard {
+            let guard = tensorferry_zmq::Guard {
                 allow: Vec::new(),
-                curve: Some(ferry_zmq::CurveConfig {
+                curve: Some(tensorferry_zmq::CurveConfig {
                     key: mine,
                     peers: Vec::new(),
                 }),

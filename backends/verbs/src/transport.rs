@@ -1,4 +1,4 @@
-//! [`VerbsTransport`]: ferry-core's `Transport` over RC queue pairs.
+//! [`VerbsTransport`]: tensorferry-core's `Transport` over RC queue pairs.
 //!
 //! One device port, one protection domain, one completion queue and one
 //! registered pool per transport. The first write to (or read from) a peer
@@ -16,11 +16,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{
+use tensorferry_core::transport::{
     Capabilities, Completion, ReadOp, Region, RegionError, Transport, WriteOp,
 };
-use ferry_hostmem::HostPool;
-use ferry_zmq::{CurveConfig, CurveKeyPair, CurvePublicKey, Guard, ZapHandler};
+use tensorferry_hostmem::HostPool;
+use tensorferry_zmq::{CurveConfig, CurveKeyPair, CurvePublicKey, Guard, ZapHandler};
 
 use crate::conn::{ConnBook, ConnLimits, ConnState, RegisteredRegion, FLUSH_WAIT};
 use crate::device::{Device, PortInfo, RdmaOp};
@@ -415,7 +415,7 @@ impl<D: Device> VerbsTransport<D> {
     ///
     /// The pool stays mapped, at this address, for as long as the
     /// transport lives and is released only by its drop: ferry's runtime
-    /// relies on it (`ferry::runtime::PoolOwner`), so no method may unmap
+    /// relies on it (`tensorferry::runtime::PoolOwner`), so no method may unmap
     /// or replace it.
     pub fn pool_ptr(&self) -> *mut u8 {
         self.pool

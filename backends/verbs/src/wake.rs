@@ -4,7 +4,7 @@
 //! eventfd the side channel signals when it finishes writes itself (a
 //! refused or failed connection), so that neither waits for a poll.
 //!
-//! Named `WakeSet`, not `Wake`, so as not to be read as ferry-core's `Wake`
+//! Named `WakeSet`, not `Wake`, so as not to be read as tensorferry-core's `Wake`
 //! trait.
 #![allow(unsafe_code)]
 
@@ -12,7 +12,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use ferry_hostmem::EventFd;
+use tensorferry_hostmem::EventFd;
 
 use crate::error::VerbsError;
 

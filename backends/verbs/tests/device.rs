@@ -6,13 +6,13 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{
+use tensorferry_core::transport::{
     Completion, Fault, FaultKind, ReadOp, Region, Transport, WriteOp, WriteTag,
 };
-use ferry_verbs::{VerbsConfig, VerbsError, VerbsTransport};
+use tensorferry_verbs::{VerbsConfig, VerbsError, VerbsTransport};
 
 fn device() -> String {
-    ferry_verbs::require_test_device()
+    tensorferry_verbs::require_test_device()
 }
 
 struct Node {
@@ -24,7 +24,8 @@ fn open(dev: &str) -> Node {
     let mut c = VerbsConfig::new(dev);
     c.write_timeout = Duration::from_secs(3);
     if let Ok(i) = std::env::var("FERRY_GID_INDEX") {
-        c.gid = ferry_verbs::GidChoice::Index(i.parse().expect("FERRY_GID_INDEX is a number"));
+        c.gid =
+            tensorferry_verbs::GidChoice::Index(i.parse().expect("FERRY_GID_INDEX is a number"));
     }
     c.listen = std::env::var("FERRY_VERBS_LISTEN").ok();
     let mut t = VerbsTransport::with_pool(&c, 64 << 20).expect("open the device");
@@ -55,7 +56,7 @@ fn wait(t: &mut VerbsTransport, n: usize) -> Vec<Completion<VerbsError>> {
 }
 
 #[test]
-#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p ferry-verbs --test device -- --ignored"]
+#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p tensorferry-verbs --test device -- --ignored"]
 fn random_writes_through_the_nic_arrive_byte_exact() {
     let dev = device();
     let mut a = open(&dev);
@@ -117,7 +118,7 @@ fn random_writes_through_the_nic_arrive_byte_exact() {
 }
 
 #[test]
-#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p ferry-verbs --test device -- --ignored"]
+#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p tensorferry-verbs --test device -- --ignored"]
 fn a_peer_that_goes_away_fails_its_writes_in_time() {
     let dev = device();
     let mut a = open(&dev);
@@ -156,7 +157,7 @@ fn a_peer_that_goes_away_fails_its_writes_in_time() {
 }
 
 #[test]
-#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p ferry-verbs --test device -- --ignored"]
+#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p tensorferry-verbs --test device -- --ignored"]
 fn random_reads_mixed_with_writes_through_the_nic_arrive_byte_exact() {
     let dev = device();
     let mut a = open(&dev);

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{mpsc, Arc};
 
-use ferry_core::transport::ControlChannel;
+use tensorferry_core::transport::ControlChannel;
 
 use crate::config::ZmqConfig;
 use crate::error::{sys, ZmqError};

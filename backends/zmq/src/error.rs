@@ -1,6 +1,6 @@
 //! The channel's error, and the mapping of ZeroMQ's errors onto it.
 
-use ferry_core::transport::{Fault, FaultKind};
+use tensorferry_core::transport::{Fault, FaultKind};
 
 /// A ZeroMQ control-channel error.
 #[derive(Debug, thiserror::Error)]

@@ -1,4 +1,4 @@
-//! ferry-zmq: ferry-core's `ControlChannel` over ZeroMQ, with sglang's
+//! tensorferry-zmq: tensorferry-core's `ControlChannel` over ZeroMQ, with sglang's
 //! socket layout and framing.
 //!
 //! Every process binds PULL sockets where it receives (an instance: its
@@ -14,9 +14,9 @@
 //! restarted), the receiving side reports the peer [`ChannelEvent::Gone`],
 //! and ZeroMQ reconnects by itself when the peer comes back.
 //!
-//! [`Incoming::from`]: ferry_core::transport::Incoming::from
-//! [`Incoming::via`]: ferry_core::transport::Incoming::via
-//! [`ChannelEvent::Gone`]: ferry_core::transport::ChannelEvent::Gone
+//! [`Incoming::from`]: tensorferry_core::transport::Incoming::from
+//! [`Incoming::via`]: tensorferry_core::transport::Incoming::via
+//! [`ChannelEvent::Gone`]: tensorferry_core::transport::ChannelEvent::Gone
 //!
 //! Queues are bounded on purpose (high-water marks), a send that finds the
 //! queue full fails after a short timeout instead of blocking the caller,

@@ -5,8 +5,8 @@ use std::os::fd::RawFd;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{ChannelEvent, ControlRecv, Incoming};
-use ferry_core::wire::{Msg, TRANSFER_MAGIC};
+use tensorferry_core::transport::{ChannelEvent, ControlRecv, Incoming};
+use tensorferry_core::wire::{Msg, TRANSFER_MAGIC};
 
 use crate::curve::CurvePublicKey;
 use crate::error::{sys, ZmqError};
@@ -348,7 +348,7 @@ fn learn(keys: &ServerKeys, user: &str, magic: &[u8], payload: &[u8]) {
         return;
     }
     let (Ok(Msg::Register(r)), Ok(key)) = (
-        ferry_core::wire::decode(payload),
+        tensorferry_core::wire::decode(payload),
         CurvePublicKey::from_z85(user),
     ) else {
         return;

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use ferry_core::transport::ControlSend;
+use tensorferry_core::transport::ControlSend;
 
 use crate::config::{millis, ZmqConfig};
 use crate::curve::CurvePublicKey;

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
+use tensorferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
 
 use crate::{ZmqChannel, ZmqConfig, ZmqReceiver};
 

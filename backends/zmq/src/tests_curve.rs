@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use ferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
+use tensorferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
 
 use crate::{
     CurveConfig, CurveKeyPair, Guard, ZmqChannel, ZmqConfig, ZmqError, ZmqReceiver, ZmqSender,

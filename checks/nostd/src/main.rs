@@ -1,4 +1,4 @@
-//! Links ferry-core into a binary that has neither `std` nor an allocator,
+//! Links tensorferry-core into a binary that has neither `std` nor an allocator,
 //! then decodes, walks and re-encodes a message to prove the code paths are
 //! really linked. Exit status 0 means every check held.
 #![no_std]
@@ -6,8 +6,8 @@
 
 use core::panic::PanicInfo;
 
-use ferry_core::slots::{Buddy, BuddyConfig};
-use ferry_core::wire::{decode, Msg};
+use tensorferry_core::slots::{Buddy, BuddyConfig};
+use tensorferry_core::wire::{decode, Msg};
 
 // The C runtime (crt1.o) calls `main`; libc provides memcpy and friends.
 #[link(name = "c")]

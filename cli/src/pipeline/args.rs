@@ -328,7 +328,7 @@ pub struct DataPlaneArgs {
     pub verbs_listen: Option<String>,
     /// Any option of the chosen data plane, `KEY=VALUE` (repeatable; over
     /// the flags above): what a data plane takes that no flag names
-    /// (see `ferry::runtime::DataPlane::parse`).
+    /// (see `tensorferry::runtime::DataPlane::parse`).
     #[arg(long = "plane-option", value_name = "KEY=VALUE", value_parser = parse_plane_option)]
     pub plane_options: Vec<(String, String)>,
 }
@@ -409,7 +409,7 @@ impl DataPlaneArgs {
                 .map(|(k, v)| (k.as_str(), v.clone())),
         );
         DataPlane::parse(&self.backend, given).map_err(|e| match e {
-            ferry::runtime::PlaneError::Missing { key: "device", .. } => {
+            tensorferry::runtime::PlaneError::Missing { key: "device", .. } => {
                 "the verbs data plane needs an RDMA device: --device <name> (see `ibv_devices`)"
                     .to_owned()
             }

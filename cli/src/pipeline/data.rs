@@ -2,7 +2,7 @@
 //! request number so that every byte can be checked downstream, and the
 //! denoiser's deterministic transform.
 
-use ferry_core::slots::{Dtype, TensorSpec};
+use tensorferry_core::slots::{Dtype, TensorSpec};
 
 /// Prompt embeddings: [1, 512, 4096] bf16 (4 MiB).
 pub const PROMPT_SHAPE: [u64; 3] = [1, 512, 4096];
@@ -34,7 +34,7 @@ pub fn encoder_tensors() -> [TensorSpec<'static>; 2] {
 }
 
 /// The random workload's one tensor: `dims[0]` bytes of `uint8`.
-pub use ferry_bench::blob;
+pub use tensorferry_bench::blob;
 
 /// What the denoiser sends: the denoised latents.
 pub fn denoiser_tensors() -> [TensorSpec<'static>; 1] {

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use ferry_core::json::RawJson;
+use tensorferry_core::json::RawJson;
 
 use super::data;
 
@@ -154,11 +154,11 @@ fn instance_keys(dir: &Path) -> PathBuf {
 
 /// Makes a key pair for the coordinator and for each of `instances`.
 fn make_keys(dir: &Path, instances: &[String]) -> Result<(), String> {
-    let pair = || ferry_zmq::CurveKeyPair::generate().map_err(|e| format!("CURVE key: {e}"));
-    ferry_zmq::write_certificates(&coordinator_keys(dir), "coordinator", &pair()?)
+    let pair = || tensorferry_zmq::CurveKeyPair::generate().map_err(|e| format!("CURVE key: {e}"));
+    tensorferry_zmq::write_certificates(&coordinator_keys(dir), "coordinator", &pair()?)
         .map_err(|e| e.to_string())?;
     for name in instances {
-        ferry_zmq::write_certificates(&instance_keys(dir), name, &pair()?)
+        tensorferry_zmq::write_certificates(&instance_keys(dir), name, &pair()?)
             .map_err(|e| e.to_string())?;
     }
     Ok(())
@@ -348,7 +348,7 @@ impl Drop for Run {
             }
         }
         // What killed processes left (a no-op after a clean run).
-        ferry_shm::clean_stale_with_prefix(&self.prefix);
+        tensorferry_shm::clean_stale_with_prefix(&self.prefix);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -398,7 +398,7 @@ pub fn launch(args: LaunchArgs) -> Result<Summary, String> {
         tx,
         rx,
         dir,
-        prefix: format!("{}-pl{pid}", ferry_shm::prefix()),
+        prefix: format!("{}-pl{pid}", tensorferry_shm::prefix()),
     };
     let boot = Duration::from_secs(30);
     let listen: Vec<String> = match args.control {
@@ -507,7 +507,7 @@ pub fn launch(args: LaunchArgs) -> Result<Summary, String> {
         std::thread::sleep(QUARANTINE + Duration::from_millis(500));
     }
     let summaries = run.stop_all();
-    let cleaned = ferry_shm::clean_stale_with_prefix(&run.prefix).len();
+    let cleaned = tensorferry_shm::clean_stale_with_prefix(&run.prefix).len();
     let shm_left = shm_objects(&run.prefix);
 
     let mut lat = [Vec::new(), Vec::new()];

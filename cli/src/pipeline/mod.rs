@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use ferry::runtime::{Admission, Head, InstanceNodeConfig, Prealloc};
-use ferry_zmq::{CurveConfig, Guard};
+use tensorferry::runtime::{Admission, Head, InstanceNodeConfig, Prealloc};
+use tensorferry_zmq::{CurveConfig, Guard};
 
 pub use args::{
     CoordinatorArgs, DataPlaneArgs, HeadKind, InstanceCliArgs, LifetimeArgs, PipelineArgs,
@@ -30,8 +30,8 @@ pub use roles::{
 };
 
 /// The coordinator's timeouts with the push timeout set.
-fn timeouts(push: Duration) -> ferry_core::handshake::coordinator::Timeouts {
-    let mut t = ferry::runtime::CoordinatorConfig::FERRY.timeouts;
+fn timeouts(push: Duration) -> tensorferry_core::handshake::coordinator::Timeouts {
+    let mut t = tensorferry::runtime::CoordinatorConfig::FERRY.timeouts;
     t.push = push;
     t
 }

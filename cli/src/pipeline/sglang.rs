@@ -18,8 +18,8 @@
 
 use std::time::Duration;
 
-use ferry::runtime::{Delivery, InstanceNode};
 use serde_json::json;
+use tensorferry::runtime::{Delivery, InstanceNode};
 
 use super::data;
 use super::roles::{emit_json, forward_denoised, stage_with_patience};

@@ -4,13 +4,13 @@
 //! (`--drain-timeout`), fails the rest with a reason the coordinator and the
 //! peers see, and reports how it went in its summary. A second signal cuts
 //! the grace period short. What the node does at each step is decided in
-//! ferry-core (`Instance::drain`, `Instance::leave`, `Coordinator::drain`,
+//! tensorferry-core (`Instance::drain`, `Instance::leave`, `Coordinator::drain`,
 //! `Coordinator::shutdown`); this only keeps the time.
 
 use std::time::{Duration, Instant};
 
-use ferry::runtime::{CoordinatorNode, InstanceNode};
 use serde_json::json;
+use tensorferry::runtime::{CoordinatorNode, InstanceNode};
 
 use super::roles::emit_json;
 use crate::lifetime::{Cause, Lifetime, Stop};
@@ -140,7 +140,7 @@ pub(crate) fn await_registration(
     node: &InstanceNode,
     life: &Lifetime,
     patience: Duration,
-) -> Result<bool, ferry::runtime::NodeError> {
+) -> Result<bool, tensorferry::runtime::NodeError> {
     let end = Instant::now() + patience;
     loop {
         if !life.running() {
@@ -151,9 +151,9 @@ pub(crate) fn await_registration(
             .min(Duration::from_millis(100));
         match node.wait_registered(step) {
             Ok(()) => return Ok(true),
-            Err(ferry::runtime::NodeError::NotRegistered(_)) if Instant::now() < end => {}
-            Err(ferry::runtime::NodeError::NotRegistered(_)) => {
-                return Err(ferry::runtime::NodeError::NotRegistered(patience))
+            Err(tensorferry::runtime::NodeError::NotRegistered(_)) if Instant::now() < end => {}
+            Err(tensorferry::runtime::NodeError::NotRegistered(_)) => {
+                return Err(tensorferry::runtime::NodeError::NotRegistered(patience))
             }
             Err(e) => return Err(e),
         }

@@ -82,7 +82,7 @@ pub fn flood(targets: &[zmq::Socket], session: &str, dest: u64, known: bool) -> 
                 let n = (k % 40) as u64;
                 // The size a push must name to be taken: the forger knows
                 // the workload (its sizes are seeded).
-                let size = ferry_cli::pipeline::data::random_size(3, n, 65536);
+                let size = tensorferry_cli::pipeline::data::random_size(3, n, 65536);
                 let id = if known {
                     format!("encoder-{n}")
                 } else {

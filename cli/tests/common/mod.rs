@@ -47,7 +47,11 @@ impl Procs {
             rx,
             backlog: Vec::new(),
             dir,
-            shm_prefix: format!("{}-t{}-{tag}", ferry_shm::prefix(), std::process::id()),
+            shm_prefix: format!(
+                "{}-t{}-{tag}",
+                tensorferry_shm::prefix(),
+                std::process::id()
+            ),
         }
     }
 
@@ -116,7 +120,7 @@ impl Drop for Procs {
             let _ = p.child.wait();
         }
         // What killed processes left in shared memory.
-        ferry_shm::clean_stale_with_prefix(&self.shm_prefix);
+        tensorferry_shm::clean_stale_with_prefix(&self.shm_prefix);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -191,7 +195,7 @@ impl Procs {
     /// Removes the shared-memory objects of this test's dead processes;
     /// returns how many, and how many of its objects remain.
     pub fn clean_shm(&self) -> (usize, usize) {
-        let cleaned = ferry_shm::clean_stale_with_prefix(&self.shm_prefix).len();
+        let cleaned = tensorferry_shm::clean_stale_with_prefix(&self.shm_prefix).len();
         let left = std::fs::read_dir("/dev/shm")
             .map(|d| {
                 d.flatten()

@@ -5,7 +5,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use ferry_core::slots::{Buddy, BuddyConfig, SlotHandle};
+use tensorferry_core::slots::{Buddy, BuddyConfig, SlotHandle};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]

@@ -4,8 +4,8 @@
 //! (message decoder, value validator) must agree with their references.
 #![no_main]
 
-use ferry_core::json::RawJson;
-use ferry_core::wire::{decode, decode_reference, Msg, Style};
+use tensorferry_core::json::RawJson;
+use tensorferry_core::wire::{decode, decode_reference, Msg, Style};
 use libfuzzer_sys::fuzz_target;
 
 fn encode(msg: &Msg<'_>, style: Style) -> Vec<u8> {

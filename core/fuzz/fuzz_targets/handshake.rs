@@ -13,12 +13,12 @@ mod harness;
 use std::time::Duration;
 
 use arbitrary::Arbitrary;
-use ferry_core::handshake::coordinator::*;
-use ferry_core::handshake::instance::*;
-use ferry_core::handshake::{Instant, Limits, PeerId};
-use ferry_core::json::{JsonStr, RawJson};
-use ferry_core::slots::BuddyConfig;
-use ferry_core::wire::*;
+use tensorferry_core::handshake::coordinator::*;
+use tensorferry_core::handshake::instance::*;
+use tensorferry_core::handshake::{Instant, Limits, PeerId};
+use tensorferry_core::json::{JsonStr, RawJson};
+use tensorferry_core::slots::BuddyConfig;
+use tensorferry_core::wire::*;
 use libfuzzer_sys::fuzz_target;
 
 const IDS: [&str; 4] = ["a", "b", "c", "d"];
@@ -333,7 +333,7 @@ fn instance(role: &'static str, session: &'static str) -> Instance<'static> {
         reserved_timeout: Duration::from_millis(200),
         quarantine: Duration::from_millis(5),
         landing_timeout: Duration::from_millis(10),
-        head: ferry_core::handshake::instance::Head::Ferry,
+        head: tensorferry_core::handshake::instance::Head::Ferry,
         alloc_hold: Duration::from_secs(20),
     };
     harness::instance(Instant(0), &who, &config, &LIMITS)
@@ -375,14 +375,14 @@ fuzz_target!(|ops: Vec<Op>| {
     let mut held: Vec<(usize, Token)> = Vec::new();
     let mut writes: Vec<(usize, Token)> = Vec::new();
     // The tags of the writes posted, newest last.
-    let mut posted: Vec<ferry_core::transport::WriteTag> = Vec::new();
+    let mut posted: Vec<tensorferry_core::transport::WriteTag> = Vec::new();
 
     let mut pump = |coord: &mut Coordinator<'_>,
                     insts: &mut [Instance<'_>; 2],
                     now: Instant,
                     held: &mut Vec<(usize, Token)>,
                     writes: &mut Vec<(usize, Token)>,
-                    posted: &mut Vec<ferry_core::transport::WriteTag>| {
+                    posted: &mut Vec<tensorferry_core::transport::WriteTag>| {
         for _ in 0..64 {
             let mut moved = false;
             // Peers are named by number here (instance `i` is peer `i +
@@ -448,12 +448,12 @@ fuzz_target!(|ops: Vec<Op>| {
                     }
                 };
                 let (magic, payload): (&[u8], &[u8]) = if magic {
-                    (ferry_core::wire::TRANSFER_MAGIC, &payload)
+                    (tensorferry_core::wire::TRANSFER_MAGIC, &payload)
                 } else {
                     // A role's result, or any other message.
                     (&payload, b"")
                 };
-                let m = ferry_core::transport::Incoming {
+                let m = tensorferry_core::transport::Incoming {
                     from: FROM[usize::from(from) % FROM.len()],
                     via: VIA[usize::from(via) % VIA.len()],
                     magic,
@@ -505,7 +505,7 @@ fuzz_target!(|ops: Vec<Op>| {
                     None => (!posted.is_empty()).then(|| posted[usize::from(nth) % posted.len()].0),
                 };
                 if let Some(tag) = tag {
-                    let landed = ferry_core::transport::Landed::low_bits(tag, u32::from(bits));
+                    let landed = tensorferry_core::transport::Landed::low_bits(tag, u32::from(bits));
                     let _ = insts[1].handle_landed(now, landed);
                 }
             }

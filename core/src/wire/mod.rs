@@ -11,7 +11,7 @@
 //! extension fields are written only when they differ from their defaults.
 //!
 //! ```
-//! use ferry_core::wire::{decode, transfer_payload, Msg};
+//! use tensorferry_core::wire::{decode, transfer_payload, Msg};
 //!
 //! let frames: [&[u8]; 2] = [
 //!     b"__transfer__",

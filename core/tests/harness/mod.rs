@@ -12,20 +12,20 @@
 //! on a faulty wire under a virtual clock, the fuzz target feeds whatever it
 //! is given. Used with `mod harness;` by the tests and with
 //! `#[path = "../../tests/harness/mod.rs"] mod harness;` by the fuzz target,
-//! so it depends on nothing but `ferry-core` (with `alloc`) and `std`.
+//! so it depends on nothing but `tensorferry-core` (with `alloc`) and `std`.
 #![allow(dead_code)]
 
-use ferry_core::handshake::coordinator::{
+use tensorferry_core::handshake::coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorEvent, CoordinatorStorage, Unhandled,
 };
-use ferry_core::handshake::instance::{
+use tensorferry_core::handshake::instance::{
     Instance, InstanceConfig, InstanceError, InstanceEvent, InstanceIdentity, InstanceStorage,
     Token, Write,
 };
-use ferry_core::handshake::{Instant, Limits, PeerId};
-use ferry_core::json::RawJson;
-use ferry_core::transport::Incoming;
-use ferry_core::wire::{Manifest, Msg, Shape, TensorEntry, TRANSFER_MAGIC};
+use tensorferry_core::handshake::{Instant, Limits, PeerId};
+use tensorferry_core::json::RawJson;
+use tensorferry_core::transport::Incoming;
+use tensorferry_core::wire::{Manifest, Msg, Shape, TensorEntry, TRANSFER_MAGIC};
 
 // ---- building the machines --------------------------------------------------
 

@@ -6,12 +6,12 @@
 
 use std::time::Duration;
 
-use ferry_core::handshake::coordinator::*;
-use ferry_core::handshake::instance::*;
-use ferry_core::handshake::{Ignored, Instant, Limits, PeerId};
-use ferry_core::json::RawJson;
-use ferry_core::slots::BuddyConfig;
-use ferry_core::wire::{decode, MsgType};
+use tensorferry_core::handshake::coordinator::*;
+use tensorferry_core::handshake::instance::*;
+use tensorferry_core::handshake::{Ignored, Instant, Limits, PeerId};
+use tensorferry_core::json::RawJson;
+use tensorferry_core::slots::BuddyConfig;
+use tensorferry_core::wire::{decode, MsgType};
 
 use crate::harness;
 

@@ -6,10 +6,10 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use ferry_core::handshake::instance::*;
-use ferry_core::handshake::Instant;
-use ferry_core::transport::{Landed, WriteTag};
-use ferry_core::wire::{decode, Msg};
+use tensorferry_core::handshake::instance::*;
+use tensorferry_core::handshake::Instant;
+use tensorferry_core::transport::{Landed, WriteTag};
+use tensorferry_core::wire::{decode, Msg};
 
 use super::output::stage_request;
 use super::{pattern, Forwarding, Sim, COORDINATOR, LANDING, MIN_BLOCK, MS, PER_ROLE, QUARANTINE};

@@ -10,9 +10,9 @@ mod output;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use ferry_core::handshake::coordinator::*;
-use ferry_core::handshake::instance::*;
-use ferry_core::handshake::{Instant, Limits};
+use tensorferry_core::handshake::coordinator::*;
+use tensorferry_core::handshake::instance::*;
+use tensorferry_core::handshake::{Instant, Limits};
 
 use crate::harness;
 use events::{Ev, Queue};

@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use ferry_core::handshake::coordinator::*;
-use ferry_core::handshake::instance::*;
-use ferry_core::handshake::Instant;
-use ferry_core::json::RawJson;
+use tensorferry_core::handshake::coordinator::*;
+use tensorferry_core::handshake::instance::*;
+use tensorferry_core::handshake::Instant;
+use tensorferry_core::json::RawJson;
 
 use super::events::Ev;
 use super::{pool_ptr, Ledger, Node, Sim, MS, PER_ROLE};

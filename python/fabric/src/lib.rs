@@ -1,4 +1,4 @@
-//! `ferry_fabric._native`: the transfer engine on ferry's libfabric data
+//! `tensorferry_fabric._native`: the transfer engine on ferry's libfabric data
 //! plane. It links libfabric, so it is its own module: `ferry` imports it
 //! only when `backend="fabric"` is chosen.
 
@@ -8,5 +8,5 @@ use pyo3::prelude::*;
 #[pymodule]
 #[pyo3(name = "_native")]
 fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    ferry_pyo3::add_to(m)
+    tensorferry_pyo3::add_to(m)
 }

@@ -1,5 +1,5 @@
 //! `ferry._native`: ferry's Python module, with the local and verbs data
-//! planes. The libfabric plugin (`ferry_fabric._native`) is a module of
+//! planes. The libfabric plugin (`tensorferry_fabric._native`) is a module of
 //! its own, so that this one imports on hosts without libfabric.
 
 use pyo3::prelude::*;
@@ -8,5 +8,5 @@ use pyo3::prelude::*;
 #[pymodule]
 #[pyo3(name = "_native")]
 fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    ferry_pyo3::add_to(m)
+    tensorferry_pyo3::add_to(m)
 }

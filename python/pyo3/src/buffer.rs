@@ -49,7 +49,7 @@ unsafe impl Send for Span {}
 unsafe impl Sync for Span {}
 
 /// One tensor's bytes in a slot (see the module's documentation).
-#[pyclass(module = "ferry._native", frozen)]
+#[pyclass(module = "tensorferry._native", frozen)]
 pub struct SlotBuffer {
     span: Span,
     readonly: bool,

@@ -1,13 +1,13 @@
 //! `TransferEngine`: sglang's `BaseTransferEngine` contract over
-//! [`ferry::engine::TransferEngine`], with the engine's transfers by
+//! [`tensorferry::engine::TransferEngine`], with the engine's transfers by
 //! handle (`post_write`, `post_read`), reads, and notifications.
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use ferry::engine::{Direction, EngineError, EngineOptions, Op, TransferEngine};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
+use tensorferry::engine::{Direction, EngineError, EngineOptions, Op, TransferEngine};
 
 use crate::last_error::LastErrors;
 use crate::options;
@@ -21,8 +21,8 @@ fn raise(py: Python<'_>, e: &EngineError) -> PyErr {
 
 /// A transfer engine: register memory, write into and read from peers'
 /// registered memory by session id and address, notify peers (see
-/// `ferry/_native.pyi`).
-#[pyclass(name = "TransferEngine", module = "ferry._native", frozen)]
+/// `tensorferry/_native.pyi`).
+#[pyclass(name = "TransferEngine", module = "tensorferry._native", frozen)]
 pub struct Engine {
     engine: RwLock<Option<Arc<TransferEngine>>>,
     /// Why each thread's last transfer failed, kept by the thread.
@@ -87,7 +87,7 @@ impl Engine {
         dests: &[u64],
         lengths: &[u64],
     ) -> i32 {
-        match ferry::engine::ops_of_lists(sources, dests, lengths) {
+        match tensorferry::engine::ops_of_lists(sources, dests, lengths) {
             Ok(ops) => self.transfer(py, direction, session, &ops),
             Err(e) => self.record(Err(e)),
         }
@@ -287,7 +287,7 @@ impl Engine {
         notify: Option<&[u8]>,
         timeout: Option<f64>,
     ) -> PyResult<PyTransfer> {
-        let ops = ferry::engine::ops_of_lists(&src_addrs, &dst_addrs, &lengths)
+        let ops = tensorferry::engine::ops_of_lists(&src_addrs, &dst_addrs, &lengths)
             .map_err(|e| raise(py, &e))?;
         self.post(py, Direction::Write, dst_session_id, ops, notify, timeout)
     }
@@ -307,7 +307,7 @@ impl Engine {
         notify: Option<&[u8]>,
         timeout: Option<f64>,
     ) -> PyResult<PyTransfer> {
-        let ops = ferry::engine::ops_of_lists(&remote_addrs, &local_addrs, &lengths)
+        let ops = tensorferry::engine::ops_of_lists(&remote_addrs, &local_addrs, &lengths)
             .map_err(|e| raise(py, &e))?;
         self.post(py, Direction::Read, src_session_id, ops, notify, timeout)
     }

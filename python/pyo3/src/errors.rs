@@ -1,5 +1,5 @@
 //! ferry's Python exceptions: every error a call raises is a subclass of
-//! `ferry.FerryError` chosen by its kind (`ferry/_errors.py` defines the
+//! `ferry.FerryError` chosen by its kind (`tensorferry/_errors.py` defines the
 //! classes, so that both extension modules raise the same ones).
 //!
 //! The kinds are the core's fault kinds ([`FaultKind::ALL`], with their
@@ -9,12 +9,12 @@
 //! tables (`FAULT_CODES`, `ERROR_KINDS`); the Python package builds its
 //! codes from them and its tests check its classes against them.
 
-use ferry::runtime::NodeError;
-use ferry_core::handshake::instance::InstanceError;
-use ferry_core::slots::BuddyError;
-use ferry_core::transport::FaultKind;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
+use tensorferry::runtime::NodeError;
+use tensorferry_core::handshake::instance::InstanceError;
+use tensorferry_core::slots::BuddyError;
+use tensorferry_core::transport::FaultKind;
 
 /// What kind of failure a Python exception reports (`FerryError.kind`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,7 +80,7 @@ impl Kind {
 /// Should the Python package be unimportable, a `RuntimeError`.
 pub(crate) fn raise(py: Python<'_>, message: String, kind: Kind) -> PyErr {
     match py
-        .import("ferry._errors")
+        .import("tensorferry._errors")
         .and_then(|m| m.getattr("error_for"))
         .and_then(|f| f.call1((message.clone(), kind.name())))
     {

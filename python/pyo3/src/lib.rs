@@ -1,6 +1,6 @@
 //! The Python classes of ferry's extension modules. The main module
 //! (`ferry._native`, local and verbs) and the libfabric plugin
-//! (`ferry_fabric._native`) both build from this crate, with different
+//! (`tensorferry_fabric._native`) both build from this crate, with different
 //! data planes enabled; the pure-Python package `ferry` on top chooses
 //! between them.
 
@@ -28,7 +28,7 @@ pub fn add_to(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buffer::SlotBuffer>()?;
     m.add_function(wrap_pyfunction!(engine::backends, m)?)?;
     errors::add_tables(m)?;
-    m.add("MAX_NOTIFICATION", ferry::engine::MAX_NOTIFICATION)?;
+    m.add("MAX_NOTIFICATION", tensorferry::engine::MAX_NOTIFICATION)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use ferry::engine::{Backend, LocalConfig};
-use ferry::runtime::{DataPlane, PlaneError};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use tensorferry::engine::{Backend, LocalConfig};
+use tensorferry::runtime::{DataPlane, PlaneError};
 
 /// Options every backend takes.
 pub(crate) struct Common {
@@ -68,9 +68,9 @@ pub(crate) fn parse(
         "fabric" => {
             let provider: String = take(&mut opts, "provider")?.unwrap_or_else(|| "auto".into());
             let provider = provider
-                .parse::<ferry_fabric::Provider>()
+                .parse::<tensorferry_fabric::Provider>()
                 .map_err(|e| PyValueError::new_err(format!("option provider: {e}")))?;
-            Backend::Fabric(ferry_fabric::FabricConfig::new(provider))
+            Backend::Fabric(tensorferry_fabric::FabricConfig::new(provider))
         }
         #[cfg(feature = "verbs")]
         "verbs" => {
@@ -79,7 +79,7 @@ pub(crate) fn parse(
                 None => first_device()
                     .map_err(|why| crate::errors::raise(py, why, crate::errors::Kind::IO))?,
             };
-            Backend::Verbs(ferry_verbs::VerbsConfig::new(device))
+            Backend::Verbs(tensorferry_verbs::VerbsConfig::new(device))
         }
         other => {
             let hint = if other == "shm" {
@@ -123,7 +123,7 @@ pub(crate) fn names() -> Vec<&'static str> {
 
 #[cfg(feature = "verbs")]
 fn first_device() -> Result<String, String> {
-    match ferry_verbs::device_names() {
+    match tensorferry_verbs::device_names() {
         Ok(names) => names
             .into_iter()
             .next()
@@ -165,7 +165,7 @@ fn configure(backend: Backend, opts: &mut Vec<(String, Bound<'_, PyAny>)>) -> Py
                 c.port = p;
             }
             if let Some(g) = take::<u8>(opts, "gid_index")? {
-                c.gid = ferry_verbs::GidChoice::Index(g);
+                c.gid = tensorferry_verbs::GidChoice::Index(g);
             }
             if let Some(l) = take::<String>(opts, "listen")? {
                 c.listen = Some(l);

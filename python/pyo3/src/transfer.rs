@@ -1,5 +1,5 @@
 //! `Transfer`: a handle on a transfer posted by `TransferEngine.post_write`
-//! or `post_read`, over [`ferry::engine::Transfer`].
+//! or `post_read`, over [`tensorferry::engine::Transfer`].
 //!
 //! The handle is shared between the Python object and its engine's list
 //! of handles ([`Handles`]), so that closing the engine ends every
@@ -11,8 +11,8 @@
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, Weak};
 use std::time::{Duration, Instant};
 
-use ferry::engine::{Direction, EngineError, Transfer, TransferState};
 use pyo3::prelude::*;
+use tensorferry::engine::{Direction, EngineError, Transfer, TransferState};
 
 use crate::errors::{self, Kind};
 
@@ -176,8 +176,8 @@ impl Handles {
     }
 }
 
-/// A posted transfer (see `ferry/_native.pyi` and `ferry.Transfer`).
-#[pyclass(name = "Transfer", module = "ferry._native", frozen)]
+/// A posted transfer (see `tensorferry/_native.pyi` and `ferry.Transfer`).
+#[pyclass(name = "Transfer", module = "tensorferry._native", frozen)]
 pub struct PyTransfer {
     handle: Arc<Handle>,
 }
@@ -188,7 +188,7 @@ impl PyTransfer {
         transfer: Transfer,
         direction: Direction,
         session: &str,
-        ops: &[ferry::engine::Op],
+        ops: &[tensorferry::engine::Op],
         handles: &Handles,
     ) -> Self {
         let handle = Arc::new(Handle {

@@ -1,7 +1,7 @@
 //! An instance node's configuration: the core's, extended.
 
 use super::*;
-use ferry_core::handshake::instance::Head;
+use tensorferry_core::handshake::instance::Head;
 
 /// An instance node's configuration: the core's [`InstanceConfig`]
 /// (timeouts, preallocated slots, the head it serves under), extended by
@@ -40,7 +40,7 @@ impl InstanceNodeConfig {
 
     /// Refuses a guard its control channel cannot serve this instance
     /// under (see [`GuardError`]); whoever binds the channel asks.
-    pub fn check_guard(&self, guard: &ferry_zmq::Guard) -> Result<(), GuardError> {
+    pub fn check_guard(&self, guard: &tensorferry_zmq::Guard) -> Result<(), GuardError> {
         let Some(curve) = &guard.curve else {
             return Ok(());
         };
@@ -54,7 +54,7 @@ impl InstanceNodeConfig {
     }
 }
 
-/// Why an instance cannot serve behind a [`Guard`](ferry_zmq::Guard).
+/// Why an instance cannot serve behind a [`Guard`](tensorferry_zmq::Guard).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum GuardError {

@@ -85,7 +85,7 @@ impl Delivery<'_> {
         let manifest = self.manifest();
         manifest.iter().filter_map(move |e| {
             let e = e.ok()?;
-            let len = ferry_core::slots::entry_bytes(&e)?;
+            let len = tensorferry_core::slots::entry_bytes(&e)?;
             let mut name = [0u8; 32];
             let dtype = Dtype::from_name(e.dtype.unescape_into(&mut name).ok()?).ok()?;
             let start = usize::try_from(e.offset).ok()?;
@@ -118,7 +118,7 @@ impl Delivery<'_> {
 
     /// Done with it, but it could not be used: `reason` goes to the
     /// coordinator in `transfer_done.error` (cut at
-    /// [`REASON_LEN`](ferry_core::handshake::REASON_LEN) bytes).
+    /// [`REASON_LEN`](tensorferry_core::handshake::REASON_LEN) bytes).
     pub fn fail(mut self, reason: &str) {
         self.finish(Some(reason));
     }

@@ -1,4 +1,4 @@
-//! An instance node: ferry-core's `Instance` driven over a control channel
+//! An instance node: tensorferry-core's `Instance` driven over a control channel
 //! and a data plane, with the API a serving runtime calls.
 //!
 //! One progress thread receives control messages, hands them to the state
@@ -21,18 +21,18 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
-use ferry_core::handshake::instance::{
+use tensorferry_core::handshake::instance::{
     Instance, InstanceConfig, InstanceEvent, InstanceIdentity, InstanceStats, InstanceStorage,
     Registration, Token, Write,
 };
-use ferry_core::handshake::{Instant, Limits, Reason, RequestId};
-use ferry_core::json::{JsonStr, RawJson};
-use ferry_core::slots::{layout, Dtype, TensorSpec};
-use ferry_core::transport::{
+use tensorferry_core::handshake::{Instant, Limits, Reason, RequestId};
+use tensorferry_core::json::{JsonStr, RawJson};
+use tensorferry_core::slots::{layout, Dtype, TensorSpec};
+use tensorferry_core::transport::{
     ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, FaultKind, Landed, Region,
     Transport, WriteOp,
 };
-use ferry_core::wire::{Manifest, Shape, ShapeIter, TensorEntry, TRANSFER_MAGIC};
+use tensorferry_core::wire::{Manifest, Shape, ShapeIter, TensorEntry, TRANSFER_MAGIC};
 use tracing::{debug, debug_span, info, warn};
 
 use super::clock::Clock;
@@ -318,9 +318,9 @@ impl InstanceNode {
     }
 
     /// Takes no new work from now on, while what is in flight goes on to
-    /// its end ([`Instance::drain`](ferry_core::handshake::instance::Instance::drain)):
+    /// its end ([`Instance::drain`](tensorferry_core::handshake::instance::Instance::drain)):
     /// [`stage`](Self::stage) is refused with
-    /// [`InstanceError::Draining`](ferry_core::handshake::instance::InstanceError::Draining),
+    /// [`InstanceError::Draining`](tensorferry_core::handshake::instance::InstanceError::Draining),
     /// new allocations are refused, and ferry's coordinator stops sending
     /// work here. Keep receiving and releasing until
     /// [`is_drained`](Self::is_drained) (or a grace period ends), then
@@ -340,13 +340,13 @@ impl InstanceNode {
 
     /// True once a drain is over: nothing in progress here, and ferry's
     /// coordinator said nothing more is addressed to this instance
-    /// ([`Instance::is_drained`](ferry_core::handshake::instance::Instance::is_drained)).
+    /// ([`Instance::is_drained`](tensorferry_core::handshake::instance::Instance::is_drained)).
     pub fn is_drained(&self) -> bool {
         self.shared.lock().machine.is_drained()
     }
 
     /// Ends this instance's part in everything, for `reason`
-    /// ([`Instance::leave`](ferry_core::handshake::instance::Instance::leave)):
+    /// ([`Instance::leave`](tensorferry_core::handshake::instance::Instance::leave)):
     /// what is still held fails; writes still posted are let finish (each
     /// reported as usual), and then the coordinator and the peers are told
     /// the instance is gone. Waits up to `timeout` for that (the data

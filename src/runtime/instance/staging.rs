@@ -30,7 +30,7 @@ impl Staging<'_, '_> {
     /// The bytes of tensor `i`, in the order given to `stage`.
     pub fn tensor_mut(&mut self, i: usize) -> Option<&mut [u8]> {
         let e = self.entries[..self.count].get(i)?;
-        let len = ferry_core::slots::entry_bytes(e)?;
+        let len = tensorferry_core::slots::entry_bytes(e)?;
         self.node
             .shared
             .memory
@@ -88,7 +88,7 @@ impl Staging<'_, '_> {
         let scalars = RawJson::parse_object(scalar_fields).map_err(NodeError::ScalarFields)?;
         let (Some(token), Some(received)) = (self.token, delivery.token) else {
             return Err(NodeError::Instance(
-                ferry_core::handshake::instance::InstanceError::StaleToken,
+                tensorferry_core::handshake::instance::InstanceError::StaleToken,
             ));
         };
         let shared = &self.node.shared;

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::AtomicUsize;
 
-use ferry_shm::{MemChannel, MemHub};
+use tensorferry_shm::{MemChannel, MemHub};
 
 use super::*;
 use crate::runtime::DataPlane;

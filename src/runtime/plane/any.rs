@@ -5,7 +5,7 @@
 
 use std::os::fd::RawFd;
 
-use ferry_core::transport::{
+use tensorferry_core::transport::{
     Capabilities, Completion, Fault, FaultKind, Landed, ReadOp, Region, Transport, WriteOp,
 };
 

@@ -1,8 +1,8 @@
-//! The libfabric data plane ([`ferry_fabric::FabricTransport`]): a pool in
+//! The libfabric data plane ([`tensorferry_fabric::FabricTransport`]): a pool in
 //! anonymous host memory, registered with the provider, written into by
 //! peers with RMA writes (EFA, verbs, tcp, shm providers).
 
-use ferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
+use tensorferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
 
 use super::options::{Options, PlaneError};
 use crate::runtime::error::NodeError;

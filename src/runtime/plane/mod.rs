@@ -8,7 +8,7 @@
 //! benchmarks reach every data plane through this type.
 //!
 //! Adding one, `foo` in a crate `ferry-foo` whose transport implements
-//! `ferry_core::transport::Transport` and owns its pool: a module
+//! `tensorferry_core::transport::Transport` and owns its pool: a module
 //! `foo.rs` here (`NAME`, `OPTIONS`, `parse`, `open`, and
 //! `unsafe impl PoolOwner`, with the SAFETY argument from the crate's own
 //! guarantee), its variant and match arms in this file, and the
@@ -24,8 +24,8 @@ mod shm;
 #[cfg(feature = "verbs")]
 mod verbs;
 
-use ferry_core::transport::{ControlChannel, ControlSend, Transport};
-use ferry_shm::UdsChannel;
+use tensorferry_core::transport::{ControlChannel, ControlSend, Transport};
+use tensorferry_shm::UdsChannel;
 
 pub use any::{AnyTransport, AnyTransportError};
 pub use options::PlaneError;
@@ -44,10 +44,10 @@ pub enum DataPlane {
     Shm(CopyConfig),
     /// A libfabric provider (EFA, verbs, tcp, shm).
     #[cfg(feature = "fabric")]
-    Fabric(ferry_fabric::FabricConfig),
+    Fabric(tensorferry_fabric::FabricConfig),
     /// An RDMA device port (ibverbs RC queue pairs).
     #[cfg(feature = "verbs")]
-    Verbs(ferry_verbs::VerbsConfig),
+    Verbs(tensorferry_verbs::VerbsConfig),
 }
 
 impl Default for DataPlane {
@@ -144,7 +144,7 @@ impl DataPlane {
     /// takes its allow-list and, with CURVE, its key (and admits the
     /// plane's `writers`). Shared memory binds nothing, and libfabric's
     /// providers listen on their own, which ZeroMQ's guard cannot reach.
-    pub fn guard(&mut self, guard: &ferry_zmq::Guard) {
+    pub fn guard(&mut self, guard: &tensorferry_zmq::Guard) {
         match self {
             #[cfg(feature = "verbs")]
             Self::Verbs(c) => verbs::guard(c, guard),

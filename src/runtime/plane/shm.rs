@@ -1,7 +1,7 @@
-//! The shared-memory data plane ([`ferry_shm::ShmTransport`]): pools in
+//! The shared-memory data plane ([`tensorferry_shm::ShmTransport`]): pools in
 //! POSIX shared memory, written by peers' processes on the same host.
 
-use ferry_shm::ShmTransport;
+use tensorferry_shm::ShmTransport;
 
 use super::options::{Options, PlaneError};
 use crate::runtime::error::NodeError;

@@ -1,9 +1,9 @@
-//! The ibverbs data plane ([`ferry_verbs::VerbsTransport`]): a pool in
+//! The ibverbs data plane ([`tensorferry_verbs::VerbsTransport`]): a pool in
 //! anonymous host memory, registered with the NIC, written into by peers
 //! with RDMA WRITE over RC queue pairs (InfiniBand, RoCE). (The plane also
 //! reads, for the transfer engine; a node never does.)
 
-use ferry_verbs::{Device, GidChoice, VerbsConfig, VerbsTransport};
+use tensorferry_verbs::{Device, GidChoice, VerbsConfig, VerbsTransport};
 
 use super::options::{Options, PlaneError};
 use crate::runtime::error::NodeError;
@@ -50,7 +50,7 @@ pub(super) fn parse(mut o: Options) -> Result<VerbsConfig, PlaneError> {
         c.write_timeout = t;
     }
     if let Some(path) = o.text("writers") {
-        c.writers = ferry_zmq::read_public_keys(std::path::Path::new(&path))
+        c.writers = tensorferry_zmq::read_public_keys(std::path::Path::new(&path))
             .map_err(|e| o.bad("writers", &path, e.to_string()))?;
     }
     o.finish()?;
@@ -59,7 +59,7 @@ pub(super) fn parse(mut o: Options) -> Result<VerbsConfig, PlaneError> {
 
 /// The node's guard on the side channel: its allow-list, and its CURVE key
 /// (the keys admitted there are the plane's own `writers`).
-pub(super) fn guard(c: &mut VerbsConfig, guard: &ferry_zmq::Guard) {
+pub(super) fn guard(c: &mut VerbsConfig, guard: &tensorferry_zmq::Guard) {
     c.allow_from.clone_from(&guard.allow);
     c.curve_key = guard.curve.as_ref().map(|k| k.key.clone());
 }

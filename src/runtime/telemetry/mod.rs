@@ -12,9 +12,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use ferry_core::handshake::coordinator::{FailReason, LegTiming};
-use ferry_core::handshake::instance::{InstanceStats, SendTiming};
-use ferry_core::transport::FaultKind;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -22,6 +19,9 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
+use tensorferry_core::handshake::coordinator::{FailReason, LegTiming};
+use tensorferry_core::handshake::instance::{InstanceStats, SendTiming};
+use tensorferry_core::transport::FaultKind;
 
 use super::coordinator::CoordinatorSnapshot;
 use super::metrics::{Metrics, MetricsSnapshot};

@@ -3,7 +3,7 @@
 use std::ptr;
 use std::sync::Arc;
 
-use ferry_fabric_sys as sys;
+use tensorferry_fabric_sys as sys;
 
 use super::{check, Av, Domain, ADDR_UNSPEC};
 use crate::error::{Call, FabricError};

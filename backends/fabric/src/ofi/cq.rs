@@ -5,7 +5,7 @@ use std::ffi::CStr;
 use std::ptr;
 use std::sync::Arc;
 
-use ferry_fabric_sys as sys;
+use tensorferry_fabric_sys as sys;
 
 use super::{check, strerror, Cq, Domain};
 use crate::error::{Call, FabricError};

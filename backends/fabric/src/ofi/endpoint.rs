@@ -5,7 +5,7 @@ use std::ffi::c_void;
 use std::ptr;
 use std::sync::Arc;
 
-use ferry_fabric_sys as sys;
+use tensorferry_fabric_sys as sys;
 
 use super::{check, fid_of, Av, Cq, Domain, Endpoint, Info};
 use crate::error::{Call, FabricError};

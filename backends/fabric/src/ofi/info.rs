@@ -4,7 +4,7 @@
 use std::ffi::{CStr, CString};
 use std::ptr::{self, NonNull};
 
-use ferry_fabric_sys as sys;
+use tensorferry_fabric_sys as sys;
 
 use super::{check, strerror, API_VERSION};
 use crate::error::{Call, FabricError};

@@ -1,4 +1,4 @@
-//! The safe layer over `ferry-fabric-sys`: owned `fi_info` lists and RAII
+//! The safe layer over `tensorferry-fabric-sys`: owned `fi_info` lists and RAII
 //! handles for fabric, domain, completion queue, address vector, RDM
 //! endpoint and memory region. Each handle keeps its parents alive (an
 //! `Arc`), so libfabric objects are always closed children first.
@@ -21,7 +21,7 @@ use std::ffi::{c_void, CStr};
 use std::ptr;
 use std::sync::Arc;
 
-use ferry_fabric_sys as sys;
+use tensorferry_fabric_sys as sys;
 
 use crate::error::{Call, FabricError};
 

@@ -6,8 +6,8 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::Completion;
-use ferry_fabric_sys as sys;
+use tensorferry_core::transport::Completion;
+use tensorferry_fabric_sys as sys;
 use tracing::debug;
 
 use crate::error::{FabricError, OpKind};
@@ -111,8 +111,8 @@ impl OpBook {
         }
         if let Some(e) = &ws.error {
             if matches!(
-                ferry_core::transport::Fault::kind(e),
-                ferry_core::transport::FaultKind::PeerGone
+                tensorferry_core::transport::Fault::kind(e),
+                tensorferry_core::transport::FaultKind::PeerGone
             ) {
                 self.evict.push(Arc::clone(&ws.peer));
             }

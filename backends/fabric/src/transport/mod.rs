@@ -22,7 +22,7 @@
 //! Modules: opening (`open`: the configuration, the provider's choice, the
 //! objects and the progress thread), the writes and reads in flight
 //! (`book`), the progress thread (`progress`) and the table of peers
-//! (`peers`); this module holds the transport and ferry-core's
+//! (`peers`); this module holds the transport and tensorferry-core's
 //! `Transport` over it.
 #![allow(unsafe_code)]
 
@@ -37,11 +37,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{
+use tensorferry_core::transport::{
     Capabilities, Completion, Landed, ReadOp, Region, RegionError, Transport, WriteOp,
 };
-use ferry_fabric_sys as sys;
-use ferry_hostmem::HostPool;
+use tensorferry_fabric_sys as sys;
+use tensorferry_hostmem::HostPool;
 
 use crate::error::{FabricError, OpKind};
 use crate::mr::MrPolicy;
@@ -100,7 +100,7 @@ impl FabricTransport {
     ///
     /// The pool stays mapped, at this address, for as long as the
     /// transport lives and is released only by its drop: ferry's runtime
-    /// relies on it (`ferry::runtime::PoolOwner`), so no method may unmap
+    /// relies on it (`tensorferry::runtime::PoolOwner`), so no method may unmap
     /// or replace it.
     pub fn pool_ptr(&self) -> *mut u8 {
         self.pool

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferry_fabric_sys as sys;
-use ferry_hostmem::{EventFd, HostPool};
+use tensorferry_fabric_sys as sys;
+use tensorferry_hostmem::{EventFd, HostPool};
 use tracing::debug;
 
 use super::book::{Contexts, OpBook};
@@ -86,7 +86,7 @@ pub struct Opened {
 }
 impl FabricTransport {
     /// Opens a transport (no pool yet:
-    /// [`register`](ferry_core::transport::Transport::register) one, or use
+    /// [`register`](tensorferry_core::transport::Transport::register) one, or use
     /// [`with_pool`](Self::with_pool)).
     pub fn open(config: &FabricConfig) -> Result<Self, FabricError> {
         let (info, delivery) = find(config)?;

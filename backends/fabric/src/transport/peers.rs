@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use ferry_fabric_sys as sys;
+use tensorferry_fabric_sys as sys;
 use tracing::warn;
 
 use super::FabricTransport;

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use ferry_fabric_sys as sys;
-use ferry_hostmem::EventFd;
+use tensorferry_fabric_sys as sys;
+use tensorferry_hostmem::EventFd;
 use tracing::{debug, warn};
 
 use super::book::{Chunk, Contexts, OpBook};

@@ -2,7 +2,7 @@
 //! headers, and `ferry_fi_*` functions from a C shim wrapping the `static
 //! inline` calls (`fi_domain`, `fi_writemsg`, `fi_cq_read`, ...), which
 //! bindgen cannot bind. Everything here is `unsafe` and undocumented beyond
-//! libfabric's own man pages; `ferry-fabric` is the safe layer.
+//! libfabric's own man pages; `tensorferry-fabric` is the safe layer.
 #![allow(
     non_camel_case_types,
     non_snake_case,

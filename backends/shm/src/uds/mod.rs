@@ -1,4 +1,4 @@
-//! ferry-core's `ControlChannel` for processes on one host: Unix
+//! tensorferry-core's `ControlChannel` for processes on one host: Unix
 //! `SOCK_SEQPACKET` sockets.
 //!
 //! The layout mirrors sglang's ZeroMQ one: every process listens on its own
@@ -26,7 +26,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ferry_core::transport::ControlChannel;
+use tensorferry_core::transport::ControlChannel;
 
 pub use recv::UdsReceiver;
 pub use send::UdsSender;

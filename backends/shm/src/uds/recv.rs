@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{ChannelEvent, ControlRecv, Incoming};
+use tensorferry_core::transport::{ChannelEvent, ControlRecv, Incoming};
 
 use super::socket::{pollfd, sys};
 use super::{HELLO, MESSAGE};

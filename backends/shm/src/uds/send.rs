@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 
-use ferry_core::transport::ControlSend;
+use tensorferry_core::transport::ControlSend;
 
 use super::socket::{connect, path_of, send_packet};
 use super::{HELLO, MESSAGE};

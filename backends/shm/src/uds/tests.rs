@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
+use tensorferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
 
 use super::socket::path_of;
 use super::{UdsChannel, UdsReceiver};
@@ -84,7 +84,7 @@ fn a_readable_wake_descriptor_ends_the_wait_and_messages_still_come() {
     let (mut a_tx, _a_rx) = UdsChannel::bind(&ea).unwrap().split();
     let (_b_tx, mut b_rx) = UdsChannel::bind(&eb).unwrap().split();
     assert!(b_rx.can_wake());
-    let wake = ferry_hostmem::EventFd::new().unwrap();
+    let wake = tensorferry_hostmem::EventFd::new().unwrap();
     let fd = wake.fd();
     let mut buf = vec![0u8; 4096];
     let t = Instant::now();

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use ferry_core::transport::Completion;
+use tensorferry_core::transport::Completion;
 
 use super::{forget, front_op, verb, ConnBook, ConnState, POLL_BATCH};
 use crate::device::{Device, Wc};

@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use ferry_core::transport::Completion;
+use tensorferry_core::transport::Completion;
 
 use super::{front_op, ConnBook, Ending, Outcome, FLUSH_WAIT};
 use crate::attrs::QpStep;

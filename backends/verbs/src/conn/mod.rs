@@ -42,7 +42,7 @@ mod post;
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::Completion;
+use tensorferry_core::transport::Completion;
 
 use crate::chunk::Window;
 use crate::device::{Device, DeviceError, Keys, RdmaOp, RdmaWr, Wc};
@@ -59,7 +59,7 @@ const POLL_BATCH: usize = 64;
 /// error within microseconds; this bounds a device that stopped working.
 pub const FLUSH_WAIT: Duration = Duration::from_secs(1);
 
-/// The limits the connection book keeps to (named apart from ferry-core's
+/// The limits the connection book keeps to (named apart from tensorferry-core's
 /// `handshake::Limits`, which sizes the protocol machines).
 #[derive(Clone, Copy, Debug)]
 pub struct ConnLimits {

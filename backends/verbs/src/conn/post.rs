@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 
-use ferry_core::transport::Completion;
+use tensorferry_core::transport::Completion;
 
 use super::{forget, verb, Conn, ConnBook, ConnState, Signal, Transfer};
 use crate::chunk::{chunk_len, Window};

@@ -6,8 +6,8 @@
 //! caller changes its source and the peer goes on, and none of their bytes
 //! ever lands: their work requests were flushed, not run.
 
-use ferry_core::transport::{Completion, Fault, FaultKind, Transport};
-use ferry_hostmem::HostPool;
+use tensorferry_core::transport::{Completion, Fault, FaultKind, Transport};
+use tensorferry_hostmem::HostPool;
 
 use super::{config, connect, drain, fill, node, release, stall, waiting, Node, ASIDE, LEN};
 use crate::conn::ConnState;

@@ -6,10 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_core::transport::{
+use tensorferry_core::transport::{
     Completion, Fault, FaultKind, ReadOp, Region, RegionError, Transport, WriteOp, WriteTag,
 };
-use ferry_hostmem::HostPool;
+use tensorferry_hostmem::HostPool;
 
 use crate::attrs::QpStep;
 use crate::conn::ConnState;

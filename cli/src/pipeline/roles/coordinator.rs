@@ -14,9 +14,9 @@ pub struct CoordinatorOptions {
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics_listen: Option<String>,
     /// The endpoints that may register, each as its role; empty: any.
-    pub admitted: Vec<ferry::runtime::Admission>,
+    pub admitted: Vec<tensorferry::runtime::Admission>,
     /// Who may connect to its ZeroMQ endpoints (addresses, CURVE keys).
-    pub guard: ferry_zmq::Guard,
+    pub guard: tensorferry_zmq::Guard,
 }
 
 impl Default for CoordinatorOptions {
@@ -26,7 +26,7 @@ impl Default for CoordinatorOptions {
             drain_timeout: DRAIN_TIMEOUT,
             metrics_listen: None,
             admitted: Vec::new(),
-            guard: ferry_zmq::Guard::default(),
+            guard: tensorferry_zmq::Guard::default(),
         }
     }
 }

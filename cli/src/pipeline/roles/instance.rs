@@ -38,7 +38,7 @@ pub struct InstanceArgs {
     pub metrics_listen: Option<String>,
     /// Who may connect to its ZeroMQ endpoints (addresses, CURVE keys);
     /// the data plane was given the same (`DataPlane::guard`).
-    pub guard: ferry_zmq::Guard,
+    pub guard: tensorferry_zmq::Guard,
     /// Stop when stdin closes, as well as on SIGTERM or SIGINT.
     pub exit_on_stdin_close: bool,
     /// How long a stop waits for what is in flight to end before it fails
@@ -67,7 +67,7 @@ pub(super) struct Tally {
 /// a crash), and says which: what a restarted process finds of its
 /// predecessor.
 pub(super) fn remove_stale_pools() {
-    let removed = ferry_shm::clean_stale();
+    let removed = tensorferry_shm::clean_stale();
     if !removed.is_empty() {
         emit_json(&json!({"event": "stale_pools_removed", "objects": removed}));
     }

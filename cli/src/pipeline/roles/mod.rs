@@ -7,24 +7,24 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ferry_core::handshake::coordinator::{CoordinatorEvent, Timeouts};
-use ferry_core::handshake::instance::InstanceError;
-use ferry_core::json::RawJson;
-use ferry_core::transport::ControlChannel;
-use ferry_shm::UdsChannel;
-use ferry_zmq::{ZmqChannel, ZmqConfig};
+use tensorferry_core::handshake::coordinator::{CoordinatorEvent, Timeouts};
+use tensorferry_core::handshake::instance::InstanceError;
+use tensorferry_core::json::RawJson;
+use tensorferry_core::transport::ControlChannel;
+use tensorferry_shm::UdsChannel;
+use tensorferry_zmq::{ZmqChannel, ZmqConfig};
 
 use super::data;
 use super::sglang::{self, SglangRole, SglangTally};
 use super::stopping::{await_registration, stop_coordinator, Ending};
 use crate::lifetime::Lifetime;
-use ferry::runtime::telemetry::Telemetry;
-use ferry::runtime::Prealloc;
-use ferry::runtime::{
+use serde_json::json;
+use tensorferry::runtime::telemetry::Telemetry;
+use tensorferry::runtime::Prealloc;
+use tensorferry::runtime::{
     CoordinatorNode, CoordinatorNodeConfig, Delivery, InstanceNode, InstanceNodeConfig, NodeError,
     Staging,
 };
-use serde_json::json;
 
 use crate::metrics_http::{MetricsServer, Readiness};
 
@@ -50,7 +50,7 @@ pub enum Control {
 }
 
 /// The data plane an instance writes and receives over: the library's.
-pub use ferry::runtime::DataPlane;
+pub use tensorferry::runtime::DataPlane;
 
 /// What an instance sends and what it checks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -26,7 +26,7 @@ pub(super) fn scalars(n: u64) -> String {
 pub(crate) fn stage_with_patience<'n, 'a>(
     node: &'n InstanceNode,
     id: &str,
-    specs: &[ferry_core::slots::TensorSpec<'a>],
+    specs: &[tensorferry_core::slots::TensorSpec<'a>],
     patience: Duration,
     mut while_waiting: impl FnMut() -> bool,
 ) -> Result<Staging<'n, 'a>, NodeError> {
@@ -97,7 +97,7 @@ pub(super) fn encode(
         }
         let id = format!("{}-{n}", args.name);
         let random_spec;
-        let specs: &[ferry_core::slots::TensorSpec<'_>] = match args.workload {
+        let specs: &[tensorferry_core::slots::TensorSpec<'_>] = match args.workload {
             // (The sglang workload's encoder runs in `sglang.rs`.)
             Workload::Pipeline | Workload::Sglang => &pipeline_specs,
             Workload::Random { seed, max_bytes } => {

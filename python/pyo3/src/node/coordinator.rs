@@ -2,18 +2,18 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use ferry::runtime::{CoordinatorNode, CoordinatorNodeConfig, NodeError};
-use ferry_zmq::{ZmqChannel, ZmqConfig};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
+use tensorferry::runtime::{CoordinatorNode, CoordinatorNodeConfig, NodeError};
+use tensorferry_zmq::{ZmqChannel, ZmqConfig};
 
 use super::{close_slot, guard};
 use crate::errors::{node_error, raise, Kind};
 
 /// A running coordinator (see `ferry.Coordinator`).
-#[pyclass(name = "CoordinatorNode", module = "ferry._native", frozen)]
+#[pyclass(name = "CoordinatorNode", module = "tensorferry._native", frozen)]
 pub struct PyCoordinator {
     node: Mutex<Option<CoordinatorNode>>,
     endpoints: Vec<String>,
@@ -44,7 +44,7 @@ impl PyCoordinator {
         let mut settings = CoordinatorNodeConfig::new(&roles);
         settings.admitted = admitted
             .into_iter()
-            .map(|(role, endpoint)| ferry::runtime::Admission { role, endpoint })
+            .map(|(role, endpoint)| tensorferry::runtime::Admission { role, endpoint })
             .collect();
         let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
         let guard = guard(&allow_from, curve_key.as_deref(), curve_peers.as_deref())?;

@@ -3,9 +3,9 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use ferry::runtime::Delivery;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use tensorferry::runtime::Delivery;
 
 use super::{take_slot, Node};
 use crate::buffer::{Exports, SlotBuffer, Span};
@@ -37,7 +37,7 @@ impl DeliveryInner {
 }
 
 /// A received transfer (see `ferry.Delivery`).
-#[pyclass(name = "Delivery", module = "ferry._native", frozen)]
+#[pyclass(name = "Delivery", module = "tensorferry._native", frozen)]
 pub struct PyDelivery {
     pub(super) inner: Mutex<Option<DeliveryInner>>,
     pub(super) tensors: Vec<TensorInfo>,

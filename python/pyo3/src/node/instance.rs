@@ -4,12 +4,12 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use ferry::core::slots::{Dtype, TensorSpec};
-use ferry::runtime::{InstanceNodeConfig, NodeError};
-use ferry_zmq::{ZmqChannel, ZmqConfig};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
+use tensorferry::core::slots::{Dtype, TensorSpec};
+use tensorferry::runtime::{InstanceNodeConfig, NodeError};
+use tensorferry_zmq::{ZmqChannel, ZmqConfig};
 
 use super::delivery::{DeliveryInner, PyDelivery, TensorInfo};
 use super::staging::{PyStaging, StagingInner};
@@ -19,7 +19,7 @@ use crate::errors::{node_error, raise, Kind};
 use crate::options::seconds;
 
 /// A running instance (see `ferry.Instance`).
-#[pyclass(name = "InstanceNode", module = "ferry._native", frozen)]
+#[pyclass(name = "InstanceNode", module = "tensorferry._native", frozen)]
 pub struct PyInstance {
     node: Mutex<Option<Arc<Node>>>,
     role: String,
@@ -59,7 +59,7 @@ impl PyInstance {
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let mut settings = InstanceNodeConfig::new(role, coordinator);
-        settings.config.prealloc = ferry::runtime::Prealloc {
+        settings.config.prealloc = tensorferry::runtime::Prealloc {
             count: prealloc.0,
             size: prealloc.1,
         };
@@ -243,7 +243,7 @@ impl PyInstance {
         let request_id = delivery.id().to_owned();
         let scalar_fields = delivery.scalar_fields().to_owned();
         let manifest = match delivery.manifest() {
-            ferry::core::wire::Manifest::Raw(raw) => raw.as_str().to_owned(),
+            tensorferry::core::wire::Manifest::Raw(raw) => raw.as_str().to_owned(),
             _ => "{}".to_owned(),
         };
         Ok(Some(Py::new(

@@ -1,7 +1,7 @@
 //! ferry's nodes from Python: an instance (stage and commit tensors into
 //! its pool's slots, receive deliveries as zero-copy views, release them)
 //! and a coordinator, over ZeroMQ, on the shared-memory loopback or the
-//! RDMA data planes. The pure-Python layer (`ferry/_node.py`) turns the
+//! RDMA data planes. The pure-Python layer (`tensorferry/_node.py`) turns the
 //! slot buffers into numpy arrays and torch tensors.
 //!
 //! A staging and a delivery borrow their node (`Staging<'n, ..>`,
@@ -22,9 +22,9 @@ mod staging;
 
 use std::sync::{Mutex, PoisonError};
 
-use ferry::runtime::InstanceNode;
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
+use tensorferry::runtime::InstanceNode;
 
 use crate::buffer::Exports;
 use crate::errors::{raise, Kind};
@@ -55,10 +55,10 @@ pub(super) fn guard(
     allow_from: &[String],
     curve_key: Option<&std::path::Path>,
     curve_peers: Option<&std::path::Path>,
-) -> PyResult<ferry_zmq::Guard> {
+) -> PyResult<tensorferry_zmq::Guard> {
     let curve = match (curve_key, curve_peers) {
         (Some(k), Some(p)) => Some(
-            ferry_zmq::CurveConfig::load(k, p)
+            tensorferry_zmq::CurveConfig::load(k, p)
                 .map_err(|e| PyValueError::new_err(format!("CURVE keys: {e}")))?,
         ),
         (None, None) => None,
@@ -68,7 +68,7 @@ pub(super) fn guard(
             ))
         }
     };
-    Ok(ferry_zmq::Guard {
+    Ok(tensorferry_zmq::Guard {
         allow: addresses(allow_from)?,
         curve,
     })

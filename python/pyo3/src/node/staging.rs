@@ -3,9 +3,9 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use ferry::runtime::{NodeError, Staging};
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
+use tensorferry::runtime::{NodeError, Staging};
 
 use super::delivery::{DeliveryInner, PyDelivery};
 use super::{take_slot, Node};
@@ -51,7 +51,7 @@ impl StagingInner {
 }
 
 /// A slot reserved for a request, to fill and commit (see `ferry.Staging`).
-#[pyclass(name = "Staging", module = "ferry._native", frozen)]
+#[pyclass(name = "Staging", module = "tensorferry._native", frozen)]
 pub struct PyStaging {
     pub(super) inner: Mutex<Option<StagingInner>>,
     pub(super) spans: Vec<Span>,

@@ -1,14 +1,14 @@
-"""``ferry.TransferEngine``: sglang's ``BaseTransferEngine`` contract, and
+"""``tensorferry.TransferEngine``: sglang's ``BaseTransferEngine`` contract, and
 what NIXL-style connectors are built on: transfers by handle
-(``ferry.Transfer``), one-sided reads, notifications."""
+(``tensorferry.Transfer``), one-sided reads, notifications."""
 
 from __future__ import annotations
 
 from types import TracebackType
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 
-from ferry import _native
-from ferry._errors import FerryIOError
+from tensorferry import _native
+from tensorferry._errors import FerryIOError
 
 #: What ``transfer_sync`` and ``batch_transfer_sync`` return, by failure
 #: kind (``FerryError.kind``'s names); 0 is success. The core's table
@@ -23,12 +23,12 @@ def _fabric_module() -> Any:
     """The libfabric plugin's extension module, or a ``FerryIOError``
     saying how to install it."""
     try:
-        import ferry_fabric._native as fabric
+        import tensorferry_fabric._native as fabric
     except ImportError as e:
         raise FerryIOError(
             "the fabric backend is ferry's libfabric plugin, which cannot be "
             f"imported here ({e}); install it with `pip install ./python/fabric` "
-            "from ferry's repository (it needs libfabric 1.17 or later)"
+            "from tensorferry's repository (it needs libfabric 1.17 or later)"
         ) from e
     return fabric
 
@@ -38,8 +38,8 @@ class TransferEngine:
 
     ``backend``: ``"local"`` (processes on this host, any memory they
     registered, by cross-memory attach; the same-host plane, which
-    ``ferry.Instance`` names ``"local"`` too), ``"fabric"`` (ferry's libfabric data
-    plane; needs the ``ferry-fabric`` plugin), ``"verbs"`` (an RDMA NIC), or
+    ``tensorferry.Instance`` names ``"local"`` too), ``"fabric"`` (ferry's libfabric data
+    plane; needs the ``tensorferry-fabric`` plugin), ``"verbs"`` (an RDMA NIC), or
     ``"auto"`` (verbs when the host has an RDMA device, else local).
 
     Options (keywords): ``timeout`` (seconds a transfer may take, 30: past
@@ -54,7 +54,7 @@ class TransferEngine:
     ``write_timeout``. An option the backend does not take raises
     ``TypeError``.
 
-    Errors are ``ferry.FerryError`` subclasses by kind (a closed engine's
+    Errors are ``tensorferry.FerryError`` subclasses by kind (a closed engine's
     calls raise ``ClosedError``); the ``*_sync`` calls return codes instead.
     Every method may be called from many threads at once; transfers release
     the GIL while they run. A process that only receives makes no calls

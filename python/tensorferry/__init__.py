@@ -1,22 +1,22 @@
 """ferry: tensor transfer for disaggregated diffusion serving.
 
-``ferry.TransferEngine`` is a transfer engine with the names of sglang's
-``BaseTransferEngine``, and transfers by handle (``ferry.Transfer``),
-one-sided reads and notifications for NIXL-style connectors; ``ferry.sglang.use()`` makes sglang run on it (or,
+``tensorferry.TransferEngine`` is a transfer engine with the names of sglang's
+``BaseTransferEngine``, and transfers by handle (``tensorferry.Transfer``),
+one-sided reads and notifications for NIXL-style connectors; ``tensorferry.sglang.use()`` makes sglang run on it (or,
 in every process sglang spawns, ``FERRY_SGLANG=<backend>`` in the
-environment: see ``ferry.sglang``).
-``ferry.Instance`` and ``ferry.Coordinator`` are ferry's nodes: stage
+environment: see ``tensorferry.sglang``).
+``tensorferry.Instance`` and ``tensorferry.Coordinator`` are ferry's nodes: stage
 tensors into slots of a pool and commit them, receive deliveries as
 zero-copy views and release them.
 
 Both name their data planes alike: ``"local"`` (this host), ``"fabric"``
-(libfabric, with the ``ferry-fabric`` plugin) and ``"verbs"`` (an RDMA NIC).
-Every error is a ``ferry.FerryError``, of a subclass by kind (``.kind``):
+(libfabric, with the ``tensorferry-fabric`` plugin) and ``"verbs"`` (an RDMA NIC).
+Every error is a ``tensorferry.FerryError``, of a subclass by kind (``.kind``):
 ``PeerGoneError``, ``FerryTimeoutError`` (also a ``TimeoutError``),
-``RefusedError``... (see ``ferry._errors``).
+``RefusedError``... (see ``tensorferry._errors``).
 """
 
-from ferry._errors import (
+from tensorferry._errors import (
     ClosedError,
     DrainingError,
     FerryError,
@@ -30,19 +30,19 @@ from ferry._errors import (
     TooLargeError,
     UnknownPeerError,
 )
-from ferry._engine import ERROR_CODES, MAX_NOTIFICATION, Transfer, TransferEngine
-from ferry._native import __version__
-from ferry._node import Coordinator, Delivery, Instance, Outcome, Prealloc, Staging
-from ferry._stats import CoordinatorStats, InstanceStats
+from tensorferry._engine import ERROR_CODES, MAX_NOTIFICATION, Transfer, TransferEngine
+from tensorferry._native import __version__
+from tensorferry._node import Coordinator, Delivery, Instance, Outcome, Prealloc, Staging
+from tensorferry._stats import CoordinatorStats, InstanceStats
 
 
 def backends() -> list:
     """The backends ``TransferEngine`` can open in this installation."""
-    from ferry import _native
+    from tensorferry import _native
 
     names = list(_native.backends())
     try:
-        import ferry_fabric  # noqa: F401
+        import tensorferry_fabric  # noqa: F401
 
         names.append("fabric")
     except ImportError:

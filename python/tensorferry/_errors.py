@@ -2,10 +2,10 @@
 
 Every error of a ferry call is a ``FerryError``, of the subclass of its
 kind; ``kind`` carries the kind's name. The kinds are the core's fault
-kinds (``ferry._native.FAULT_CODES``: the same names and codes in every
+kinds (``tensorferry._native.FAULT_CODES``: the same names and codes in every
 layer) and the kinds of the calls around the data plane (``refused``,
 ``draining``, ``no_room`` from a node, ``closed`` from anything closed);
-``ferry._native.ERROR_KINDS`` lists them all, and the tests check this
+``tensorferry._native.ERROR_KINDS`` lists them all, and the tests check this
 module against it.
 
 =====================  ===================  ================================

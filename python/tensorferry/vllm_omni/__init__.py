@@ -23,11 +23,11 @@ from typing import Any, Dict
 #: The name vLLM-omni's configs give the connector.
 CONNECTOR_NAME = "FerryConnector"
 
-logger = logging.getLogger("ferry.vllm_omni")
+logger = logging.getLogger("tensorferry.vllm_omni")
 
 
 def _create(config: Dict[str, Any]) -> Any:
-    from ferry.vllm_omni._connector import FerryConnector
+    from tensorferry.vllm_omni._connector import FerryConnector
 
     return FerryConnector(config)
 
@@ -50,14 +50,14 @@ def __getattr__(name: str) -> Any:
     # The connector and its buffer type import vLLM-omni and torch: only
     # when asked for.
     if name == "FerryConnector":
-        from ferry.vllm_omni._connector import FerryConnector
+        from tensorferry.vllm_omni._connector import FerryConnector
 
         return FerryConnector
     if name == "FerryBuffer":
-        from ferry.vllm_omni._payload import FerryBuffer
+        from tensorferry.vllm_omni._payload import FerryBuffer
 
         return FerryBuffer
-    raise AttributeError(f"module 'ferry.vllm_omni' has no attribute {name!r}")
+    raise AttributeError(f"module 'tensorferry.vllm_omni' has no attribute {name!r}")
 
 
 __all__ = ["CONNECTOR_NAME", "FerryBuffer", "FerryConnector", "register"]

@@ -1,9 +1,9 @@
 """ferry's import hook for sglang, switched on by ``FERRY_SGLANG``.
 
 Why: sglang 0.5.23 starts its role workers with multiprocessing's *spawn*
-context, so each worker imports sglang afresh and a ``ferry.sglang.use()``
+context, so each worker imports sglang afresh and a ``tensorferry.sglang.use()``
 made in the launcher never reaches them. The environment does. The wheel
-ships ``ferry_sglang.pth`` in site-packages, whose one line imports this
+ships ``tensorferry_sglang.pth`` in site-packages, whose one line imports this
 module and calls ``install()`` only when ``FERRY_SGLANG`` is set (so with
 it unset, no process imports anything of ferry's or sglang's).
 
@@ -11,27 +11,27 @@ it unset, no process imports anything of ferry's or sglang's).
 for sglang's engine module
 (``sglang.multimodal_gen.runtime.disaggregation.transport.engine``): it
 takes the spec the other finders make and wraps its loader, whose
-``exec_module`` runs sglang's module and then has ``ferry.sglang`` point
+``exec_module`` runs sglang's module and then has ``tensorferry.sglang`` point
 its ``create_transfer_engine`` at ferry's engine. So sglang's
 ``scheduler_mixin``, which imports that name from the module, binds
-ferry's factory. Nothing of ferry (``ferry._native`` included) or of
+ferry's factory. Nothing of ferry (``tensorferry._native`` included) or of
 sglang is imported before sglang imports its engine module.
 
 This is a top-level module, not part of the ``ferry`` package, because
-importing ``ferry.anything`` runs ``ferry/__init__.py``, which loads the
+importing ``tensorferry.anything`` runs ``tensorferry/__init__.py``, which loads the
 extension module.
 
 Nothing here raises into the importing process: a ferry that cannot be
 loaded leaves a factory that raises, naming ``FERRY_SGLANG``, when sglang
-creates its engine. The one log line per process (``ferry.sglang``'s
-logger, WARNING) is written by ``ferry.sglang.use_environment``.
+creates its engine. The one log line per process (``tensorferry.sglang``'s
+logger, WARNING) is written by ``tensorferry.sglang.use_environment``.
 """
 
 import sys
 
 #: The module whose ``create_transfer_engine`` is patched.
 ENGINE_MODULE = "sglang.multimodal_gen.runtime.disaggregation.transport.engine"
-#: The variable that switches this on (ferry.sglang.BACKEND_VARIABLE).
+#: The variable that switches this on (tensorferry.sglang.BACKEND_VARIABLE).
 VARIABLE = "FERRY_SGLANG"
 
 
@@ -39,7 +39,7 @@ def _patch(module) -> None:
     """Patches sglang's engine ``module`` as ``FERRY_SGLANG`` says. If
     ferry cannot be loaded, leaves a factory that raises saying so."""
     try:
-        from ferry.sglang import use_environment
+        from tensorferry.sglang import use_environment
 
         use_environment(module)
     except Exception as e:  # noqa: BLE001 - importing sglang must not fail
@@ -120,7 +120,7 @@ class _Finder:
 def install() -> None:
     """Puts the finder first on ``sys.meta_path`` (once per process) and, if
     sglang's engine module is already imported, patches it now. Called by
-    ``ferry_sglang.pth`` when ``FERRY_SGLANG`` is set; never raises."""
+    ``tensorferry_sglang.pth`` when ``FERRY_SGLANG`` is set; never raises."""
     try:
         if not any(isinstance(f, _Finder) for f in sys.meta_path):
             sys.meta_path.insert(0, _Finder())

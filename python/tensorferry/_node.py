@@ -12,9 +12,9 @@ import weakref
 from types import TracebackType
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Type, Union
 
-from ferry import _native
-from ferry._engine import _fabric_module
-from ferry._stats import CoordinatorStats, InstanceStats
+from tensorferry import _native
+from tensorferry._engine import _fabric_module
+from tensorferry._stats import CoordinatorStats, InstanceStats
 
 #: numpy's dtype for each of ferry's (sglang's) dtype names; those numpy
 #: lacks are viewed as unsigned integers of their size (use ``.torch()``
@@ -251,7 +251,7 @@ class Instance:
     ZeroMQ endpoint it registers at, ``endpoint`` the one it binds for the
     coordinator's messages. ``backend``: ``"local"`` (processes on this
     host, through pools in shared memory; ``"shm"``, the CLI's name for it,
-    is taken too), ``"fabric"`` (the ``ferry-fabric`` plugin;
+    is taken too), ``"fabric"`` (the ``tensorferry-fabric`` plugin;
     ``provider=``...) or ``"verbs"`` (``device=``...); ``TransferEngine``
     uses the same names. ``prealloc``: receive slots set aside for the fast
     path (a ``Prealloc`` or a ``(slots, slot_bytes)`` pair).
@@ -266,7 +266,7 @@ class Instance:
     ``writers=`` names the certificates of the instances that may write
     into it.
 
-    Errors are ``ferry.FerryError`` subclasses: ``RefusedError`` when the
+    Errors are ``tensorferry.FerryError`` subclasses: ``RefusedError`` when the
     coordinator refuses the registration, ``FerryTimeoutError`` (a
     ``TimeoutError``) when it does not answer, ``NoRoomError`` when the pool
     has no room for a staging, ``ClosedError`` after ``close()``.

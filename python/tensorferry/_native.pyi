@@ -3,7 +3,7 @@
 from types import TracebackType
 from typing import Any, Dict, List, Optional, Tuple, Type, final
 
-from ferry._stats import CoordinatorStats, InstanceStats
+from tensorferry._stats import CoordinatorStats, InstanceStats
 
 __version__: str
 
@@ -23,7 +23,7 @@ def backends() -> List[str]:
 
 @final
 class TransferEngine:
-    """The native engine behind ``ferry.TransferEngine`` (same members)."""
+    """The native engine behind ``tensorferry.TransferEngine`` (same members)."""
 
     def __new__(cls, backend: str = "auto", **options: Any) -> "TransferEngine": ...
     @property
@@ -77,7 +77,7 @@ class TransferEngine:
 
 @final
 class Transfer:
-    """The native handle behind ``ferry.Transfer`` (same members)."""
+    """The native handle behind ``tensorferry.Transfer`` (same members)."""
 
     @property
     def state(self) -> str: ...
@@ -101,7 +101,7 @@ class SlotBuffer:
 
 @final
 class Staging:
-    """A reserved slot (``ferry.Staging`` wraps it)."""
+    """A reserved slot (``tensorferry.Staging`` wraps it)."""
 
     @property
     def request_id(self) -> str: ...
@@ -116,7 +116,7 @@ class Staging:
 
 @final
 class Delivery:
-    """A delivery (``ferry.Delivery`` wraps it)."""
+    """A delivery (``tensorferry.Delivery`` wraps it)."""
 
     @property
     def request_id(self) -> str: ...
@@ -134,7 +134,7 @@ class Delivery:
 
 @final
 class InstanceNode:
-    """An instance (``ferry.Instance`` wraps it)."""
+    """An instance (``tensorferry.Instance`` wraps it)."""
 
     def __new__(
         cls,
@@ -172,7 +172,7 @@ class InstanceNode:
 
 @final
 class CoordinatorNode:
-    """A coordinator (``ferry.Coordinator`` wraps it)."""
+    """A coordinator (``tensorferry.Coordinator`` wraps it)."""
 
     def __new__(
         cls,

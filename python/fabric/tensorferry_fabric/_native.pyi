@@ -1,7 +1,7 @@
-"""ferry's libfabric plugin (Rust): the same classes as ``ferry._native``,
+"""ferry's libfabric plugin (Rust): the same classes as ``tensorferry._native``,
 built with the libfabric data plane. Use it through ``ferry``."""
 
-from ferry._native import (
+from tensorferry._native import (
     ERROR_KINDS as ERROR_KINDS,
     FAULT_CODES as FAULT_CODES,
     CoordinatorNode as CoordinatorNode,

@@ -23,12 +23,12 @@ from vllm_omni.distributed.omni_connectors.connectors.base import OmniConnectorB
 from vllm_omni.distributed.omni_connectors.utils.initialization import compute_connector_zmq_port
 from vllm_omni.distributed.omni_connectors.utils.serialization import OmniSerializer
 
-import ferry
-from ferry.vllm_omni import _control as control
-from ferry.vllm_omni import _payload as payload
-from ferry.vllm_omni._pool import Pool
+import tensorferry
+from tensorferry.vllm_omni import _control as control
+from tensorferry.vllm_omni import _payload as payload
+from tensorferry.vllm_omni._pool import Pool
 
-logger = logging.getLogger("ferry.vllm_omni")
+logger = logging.getLogger("tensorferry.vllm_omni")
 
 #: The protocol of the metadata ``put`` returns; a receiver refuses others.
 METADATA_FORMAT = 1
@@ -83,7 +83,7 @@ class _Get:
     size: int = 0
     header: int = 0
     data: int = 0
-    transfer: Optional["ferry.Transfer"] = None
+    transfer: Optional["tensorferry.Transfer"] = None
     read_of: Optional[Tuple[str, int, int]] = None
     regrant: Optional[control.Granted] = None
     touched: float = 0.0
@@ -109,7 +109,7 @@ class FerryConnector(OmniConnectorBase):
     ``claim_timeout`` (seconds a sender may take
     to answer a claim, 5), ``buffer_ttl_seconds`` (how long a sent payload
     no receiver claimed is kept, 300), ``engine_options`` (keywords for
-    ``ferry.TransferEngine``: ``provider`` for fabric, ...).
+    ``tensorferry.TransferEngine``: ``provider`` for fabric, ...).
 
     ``get`` never waits for the sender: it returns None until the payload
     has arrived (on the local plane, the call that posts the read makes its
@@ -127,7 +127,7 @@ class FerryConnector(OmniConnectorBase):
         self._listener: Optional[threading.Thread] = None
         self._stop = threading.Event()
         self._ctx: Optional[zmq.Context] = None
-        self._engine: Optional[ferry.TransferEngine] = None
+        self._engine: Optional[tensorferry.TransferEngine] = None
         self._pool: Optional[Pool] = None
         self._clients: Dict[str, zmq.Socket] = {}
         self._lock = threading.Lock()
@@ -172,7 +172,7 @@ class FerryConnector(OmniConnectorBase):
         self.buffer_ttl = float(self.config.get("buffer_ttl_seconds", 300.0))
         options = dict(self.config.get("engine_options") or {})
 
-        self._engine = ferry.TransferEngine(self.backend_name, **options)
+        self._engine = tensorferry.TransferEngine(self.backend_name, **options)
         self._pool = Pool(self._engine, pool_size)
         self._ctx = zmq.Context()
         host = self.config.get("host")
@@ -358,7 +358,7 @@ class FerryConnector(OmniConnectorBase):
             if transfer is not None:
                 try:
                     transfer.wait(min(remaining, 1.0))
-                except ferry.FerryError:
+                except tensorferry.FerryError:
                     pass  # the next get() reports it
                 continue
             time.sleep(min(pause, remaining))
@@ -719,7 +719,7 @@ class FerryConnector(OmniConnectorBase):
                         break
                 try:
                     running.wait(max(0.0, until - time.monotonic()))
-                except ferry.FerryError:
+                except tensorferry.FerryError:
                     pass  # failed: final all the same
 
     def _sweep(self, now: float, force: bool = False) -> None:
@@ -963,7 +963,7 @@ class FerryConnector(OmniConnectorBase):
             raise RuntimeError("FerryConnector: closed")
         return self._pool
 
-    def _live_engine(self) -> "ferry.TransferEngine":
+    def _live_engine(self) -> "tensorferry.TransferEngine":
         if self._engine is None:
             raise RuntimeError("FerryConnector: closed")
         return self._engine
@@ -995,10 +995,10 @@ def _inbox_host(session_id: str) -> str:
     return host.strip("[]") or "127.0.0.1"
 
 
-def _failure(transfer: "ferry.Transfer") -> str:
+def _failure(transfer: "tensorferry.Transfer") -> str:
     try:
         transfer.wait(0)
-    except ferry.FerryError as e:
+    except tensorferry.FerryError as e:
         return str(e)
     return "unknown"
 

@@ -8,14 +8,14 @@ at a factory that answers with a ferry engine makes the roles move their
 tensors through ferry instead of Mooncake, with sglang's files unmodified.
 There are two ways to get there, and both go through ``patch()`` below:
 
-* ``ferry.sglang.use(backend, **options)``: code that runs in the process
+* ``tensorferry.sglang.use(backend, **options)``: code that runs in the process
   that creates the engine calls it.
 * Configuration: ``FERRY_SGLANG=<backend>`` (and ``FERRY_SGLANG_OPTIONS``,
   a JSON object of options) in the environment. sglang starts its role
   workers with multiprocessing's *spawn* context, so a call made in the
   launcher never reaches them; the variables do, since children inherit the
-  environment. The wheel's ``ferry_sglang.pth`` installs an import hook
-  (``_ferry_sglang``, a top-level module of the wheel) in every interpreter
+  environment. The wheel's ``tensorferry_sglang.pth`` installs an import hook
+  (``_tensorferry_sglang``, a top-level module of the wheel) in every interpreter
   that starts with ``FERRY_SGLANG`` set, and the hook calls
   ``use_environment()`` when sglang imports its engine module.
 """
@@ -30,7 +30,7 @@ import sys
 from types import ModuleType
 from typing import Any, Callable, Mapping, Optional, Tuple
 
-from ferry._engine import TransferEngine
+from tensorferry._engine import TransferEngine
 
 #: The sglang release this was tested against.
 TESTED_SGLANG = "0.5.23"
@@ -39,19 +39,19 @@ TESTED_SGLANG = "0.5.23"
 BACKEND_VARIABLE = "FERRY_SGLANG"
 #: The environment variable holding the engine's options, a JSON object.
 OPTIONS_VARIABLE = "FERRY_SGLANG_OPTIONS"
-#: The backend names ``ferry.TransferEngine`` takes.
+#: The backend names ``tensorferry.TransferEngine`` takes.
 BACKENDS = ("local", "fabric", "verbs", "auto")
 
 _ENGINE_MODULE = "sglang.multimodal_gen.runtime.disaggregation.transport.engine"
 _USERS = ("sglang.multimodal_gen.runtime.disaggregation.scheduler_mixin",)
 
-_log = logging.getLogger("ferry.sglang")
+_log = logging.getLogger("tensorferry.sglang")
 _announced = False
 
 
 def engine_class(engine_module: Optional[ModuleType] = None) -> type:
     """A subclass of sglang's ``BaseTransferEngine`` that runs on a
-    ``ferry.TransferEngine`` (for code that checks the type).
+    ``tensorferry.TransferEngine`` (for code that checks the type).
 
     ``engine_module`` is sglang's engine module (imported when not given)."""
     if engine_module is None:
@@ -59,13 +59,13 @@ def engine_class(engine_module: Optional[ModuleType] = None) -> type:
     base = engine_module.BaseTransferEngine
 
     class FerryDiffusionEngine(base):  # type: ignore[misc, valid-type]
-        """sglang's engine interface over ``ferry.TransferEngine``."""
+        """sglang's engine interface over ``tensorferry.TransferEngine``."""
 
         def __init__(self, engine: TransferEngine) -> None:
             """Wraps ``engine``, which stays reachable as ``self.ferry``."""
             self.ferry = engine
 
-        # Each member is ferry.TransferEngine's of the same name.
+        # Each member is tensorferry.TransferEngine's of the same name.
         @property
         def supports_gpu_direct(self) -> bool:
             """False: host memory."""
@@ -139,7 +139,7 @@ def patch(engine_module: ModuleType, open_engine: Callable[[Optional[str]], Tran
 
 def use(backend: str = "auto", **options: Any) -> None:
     """Makes sglang's ``create_transfer_engine`` return a ferry engine on
-    ``backend`` (with ``options``, as ``ferry.TransferEngine`` takes them),
+    ``backend`` (with ``options``, as ``tensorferry.TransferEngine`` takes them),
     in this process.
 
     sglang's ``ib_device`` argument, when given, becomes the verbs device
@@ -148,7 +148,7 @@ def use(backend: str = "auto", **options: Any) -> None:
     ``FERRY_SGLANG`` instead (see ``use_environment``).
     """
     engine_module = importlib.import_module(_ENGINE_MODULE)
-    patch(engine_module, _opener(backend, options), f"ferry's engine on {backend!r} (ferry.sglang.use)")
+    patch(engine_module, _opener(backend, options), f"ferry's engine on {backend!r} (tensorferry.sglang.use)")
 
 
 def settings(environ: Mapping[str, str] = os.environ) -> Tuple[str, dict]:
@@ -171,7 +171,7 @@ def settings(environ: Mapping[str, str] = os.environ) -> Tuple[str, dict]:
         raise ValueError(f"{OPTIONS_VARIABLE} is not JSON ({e}): {raw!r}") from None
     if not isinstance(options, dict):
         raise ValueError(
-            f"{OPTIONS_VARIABLE} must be a JSON object of ferry.TransferEngine's options, "
+            f"{OPTIONS_VARIABLE} must be a JSON object of tensorferry.TransferEngine's options, "
             f'such as {{"timeout": 10}}; it is {raw!r}'
         )
     return backend, options
@@ -224,7 +224,7 @@ def use_environment(engine_module: Optional[ModuleType] = None, environ: Mapping
 
     Never raises on wrong settings: the factory raises them, naming the
     variable, when sglang first creates an engine. Logs one line per
-    process, at WARNING on the ``ferry.sglang`` logger so that it shows
+    process, at WARNING on the ``tensorferry.sglang`` logger so that it shows
     before sglang configures logging (Python's last-resort handler prints
     WARNING and above to stderr) and after (sglang's handler on the root
     logger, at INFO by default): what sglang's factory will do.

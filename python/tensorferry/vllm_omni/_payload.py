@@ -28,7 +28,7 @@ import msgspec
 import numpy as np
 import torch
 
-from ferry.vllm_omni._pool import LeasedArray
+from tensorferry.vllm_omni._pool import LeasedArray
 
 LEAF_ALIGN = 64
 # numpy's limit; a peer's shape with more is refused, not raised on.

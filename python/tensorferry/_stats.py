@@ -7,7 +7,7 @@ from typing import TypedDict
 
 
 class InstanceStats(TypedDict):
-    """``ferry.Instance.stats()``: counters since the instance started,
+    """``tensorferry.Instance.stats()``: counters since the instance started,
     and gauges now."""
 
     #: Requests staged and committed.
@@ -54,7 +54,7 @@ class InstanceStats(TypedDict):
 
 
 class CoordinatorStats(TypedDict):
-    """``ferry.Coordinator.stats()``: its figures now."""
+    """``tensorferry.Coordinator.stats()``: its figures now."""
 
     #: Instances registered now.
     members: int

@@ -1,9 +1,0 @@
-"""ferry's libfabric plugin: the engine behind ``ferry.TransferEngine(backend="fabric")``.
-
-It is a module of its own because it links libfabric, which ``import ferry``
-must not need. Use it through ``ferry``; this package has no API of its own.
-"""
-
-from ferry_fabric._native import TransferEngine, backends, __version__
-
-__all__ = ["TransferEngine", "backends", "__version__"]
