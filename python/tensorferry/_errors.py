@@ -142,7 +142,7 @@ ERROR_CLASSES: Dict[str, Type[FerryError]] = {
 
 # Shown (in tracebacks, reprs and pickles) as where users find them.
 for _cls in (FerryError, *ERROR_CLASSES.values()):
-    _cls.__module__ = "ferry"
+    _cls.__module__ = "tensorferry"
 del _cls
 
 

@@ -29,7 +29,7 @@ def test_every_kind_of_the_native_table_has_its_class():
         assert isinstance(e, tensorferry.FerryError) and isinstance(e, RuntimeError)
         assert str(e) == f"it failed ({kind})"
         # Every class is exported by ferry under its own name, and says so.
-        assert getattr(ferry, type(e).__name__) is type(e) and type(e).__module__ == "ferry"
+        assert getattr(tensorferry, type(e).__name__) is type(e) and type(e).__module__ == "tensorferry"
         assert pickle.loads(pickle.dumps(e)).args == e.args
     # A kind this package does not know still raises a FerryError with it.
     e = _errors.error_for("from a newer module", "newfangled")

@@ -143,7 +143,7 @@ def fresh_interpreter(code: str, **env) -> str:
 def test_the_pth_is_installed_and_imports_nothing_unless_the_variable_is_set():
     pth = Path(tensorferry.__file__).resolve().parent.parent / "tensorferry_sglang.pth"
     assert pth.is_file(), f"{pth} is missing: build the wheel and pip install it"
-    modules = "import sys; import site; print('sglang' in sys.modules, 'ferry' in sys.modules"
+    modules = "import sys; import site; print('sglang' in sys.modules, 'tensorferry' in sys.modules"
     assert fresh_interpreter(modules + ")") == "False False"
     hooked = modules + ", '_tensorferry_sglang' in sys.modules, type(sys.meta_path[0]).__name__)"
     assert fresh_interpreter(hooked, FERRY_SGLANG="local") == "False False True _Finder"
