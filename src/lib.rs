@@ -26,3 +26,14 @@ pub mod runtime;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The book's chapters with Rust code (docs/src/), run as doc tests as the
+/// README is: "The protocol" (the wire codec).
+#[cfg(doctest)]
+#[doc = include_str!("../docs/src/protocol.md")]
+pub struct BookProtocolDoctests;
+
+/// "Embedding from Rust" (the runtime's nodes, the transfer engine).
+#[cfg(doctest)]
+#[doc = include_str!("../docs/src/rust.md")]
+pub struct BookRustDoctests;
