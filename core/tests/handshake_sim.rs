@@ -37,6 +37,8 @@
 mod harness;
 mod sim;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use sim::{run, Faults, Outcome, Rng, MS, POOL};
 
 fn env(name: &str, default: u64) -> u64 {
@@ -46,17 +48,67 @@ fn env(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-#[test]
-fn without_faults_every_request_is_delivered_intact() {
-    let seeds = env("FERRY_SIM_SEEDS", 10_000);
-    let requests = env("FERRY_SIM_REQUESTS", 1_000) as usize;
+/// The seeds to run: all of `0..FERRY_SIM_SEEDS`, or the one
+/// `FERRY_SIM_ONLY` names.
+fn seeds(at_least: u64) -> Vec<u64> {
+    let seeds = env("FERRY_SIM_SEEDS", 10_000).max(at_least);
     let only: Option<u64> = std::env::var("FERRY_SIM_ONLY")
         .ok()
         .and_then(|v| v.parse().ok());
-    for seed in 0..seeds.max(1) {
-        if only.is_some_and(|o| o != seed) {
-            continue;
-        }
+    (0..seeds)
+        .filter(|s| only.is_none_or(|o| o == *s))
+        .collect()
+}
+
+/// Runs `one` for every seed on every core (the seeds are independent
+/// worlds, so the whole run takes a core's share of the time), and sums
+/// their outcomes. A seed's failed assertion fails the test with its
+/// message.
+fn on_all_cores(seeds: &[u64], one: impl Fn(u64) -> Outcome + Sync) -> Outcome {
+    let next = AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let partials: Vec<Outcome> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut sum = Outcome::default();
+                    while let Some(&seed) = seeds.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        add(&mut sum, one(seed));
+                    }
+                    sum
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    let mut totals = Outcome::default();
+    for p in partials {
+        add(&mut totals, p);
+    }
+    totals
+}
+
+fn add(totals: &mut Outcome, o: Outcome) {
+    totals.staged += o.staged;
+    totals.delivered += o.delivered;
+    totals.failed += o.failed;
+    totals.verified += o.verified;
+    totals.never_landed += o.never_landed;
+    for (k, v) in o.reasons {
+        *totals.reasons.entry(k).or_default() += v;
+    }
+}
+
+#[test]
+fn without_faults_every_request_is_delivered_intact() {
+    let requests = env("FERRY_SIM_REQUESTS", 1_000) as usize;
+    on_all_cores(&seeds(1), |seed| {
         // Every third seed on a data plane that reports arrivals.
         let faults = Faults {
             notify: seed % 3 == 2,
@@ -67,22 +119,15 @@ fn without_faults_every_request_is_delivered_intact() {
         // Each encoder request is delivered to a denoiser and forwarded.
         assert_eq!(o.delivered, o.staged, "seed {seed}: {o:?}");
         assert_eq!(o.verified, o.staged, "seed {seed}: {o:?}");
-    }
+        o
+    });
 }
 
 #[test]
 fn under_faults_every_request_ends_and_nothing_leaks() {
-    let seeds = env("FERRY_SIM_SEEDS", 10_000);
     let requests = env("FERRY_SIM_REQUESTS", 1_000) as usize;
-    let mut totals = Outcome::default();
-    let mut ran = 0u64;
-    let only: Option<u64> = std::env::var("FERRY_SIM_ONLY")
-        .ok()
-        .and_then(|v| v.parse().ok());
-    for seed in 0..seeds {
-        if only.is_some_and(|o| o != seed) {
-            continue;
-        }
+    let seeds = seeds(0);
+    let totals = on_all_cores(&seeds, |seed| {
         let mut rng = Rng(seed ^ 0xABCDEF);
         let faults = Faults {
             loss: [0.0, 0.01, 0.05][rng.below(3) as usize],
@@ -97,22 +142,13 @@ fn under_faults_every_request_ends_and_nothing_leaks() {
         let pool = if seed % 2 == 0 { POOL } else { POOL / 8 };
         // Twice the requests of the fault-free runs: under faults about
         // half fail before they are forwarded.
-        let o = run(1_000_000 + seed, 2 * requests, faults, pool);
-        ran += 1;
-        totals.staged += o.staged;
-        totals.delivered += o.delivered;
-        totals.failed += o.failed;
-        totals.verified += o.verified;
-        totals.never_landed += o.never_landed;
-        for (k, v) in o.reasons {
-            *totals.reasons.entry(k).or_default() += v;
-        }
-    }
-    println!("{seeds} seeds under faults: {totals:?}");
+        run(1_000_000 + seed, 2 * requests, faults, pool)
+    });
+    println!("{} seeds under faults: {totals:?}", seeds.len());
     assert!(totals.delivered > 0 && totals.failed > 0, "{totals:?}");
     // The notifying data plane's faults were met: transfers refused for
     // bytes that never came, or came after the landing limit.
-    if ran >= 30 {
+    if seeds.len() >= 30 {
         assert!(totals.never_landed > 0, "{totals:?}");
     }
 }

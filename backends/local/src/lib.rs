@@ -9,7 +9,7 @@
 //! in the peer's memory, and the peer took no part. A read is the mirror
 //! ([`LocalEngine::read`], `process_vm_readv`): its source is checked
 //! against the peer's table, its destination against this engine's
-//! regions. See the README for the permissions this needs.
+//! regions. See docs/src/data-planes.md ("Cross-memory attach") for the permissions this needs.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -90,7 +90,7 @@ pub fn flood(targets: &[zmq::Socket], session: &str, dest: u64, known: bool) -> 
                 };
                 // A ready for an unknown id names no slot of the instance
                 // (one that names a preallocated slot is an attack the
-                // allow-list must stop: see the README's trust model).
+                // allow-list must stop: see the trust model in docs/src/operating.md).
                 let slot = if known { 0 } else { 12345 };
                 for msg in [
                     serde_json::json!({"msg_type": "transfer_alloc", "request_id": ghost, "data_size": 1 << 20, "source_role": "encoder"}),

@@ -417,7 +417,7 @@ impl Sim {
     fn stage(&mut self, i: usize) {
         let id = format!("s{}-r{}", self.seed, self.ledger.staged_count);
         let len = 1 + self.rng.below(12 * MIN_BLOCK) as usize;
-        let data: Vec<u8> = (0..len).map(|k| pattern(&id, k)).collect();
+        let data = pattern(&id, len);
         if self.nodes[i].inst.is_some() {
             self.ledger.staged_at.insert((id.clone(), 0), self.now);
             stage_request(

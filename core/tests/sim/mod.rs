@@ -197,11 +197,22 @@ pub fn run(seed: u64, requests: usize, faults: Faults, pool: u64) -> Outcome {
     sim.finish()
 }
 
-fn pattern(id: &str, i: usize) -> u8 {
+/// A request's bytes: a function of its id (hashed once; hashing it for
+/// every byte cost most of the simulation's time).
+fn pattern(id: &str, len: usize) -> Vec<u8> {
     let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
     });
-    (h >> (i % 8 * 8)) as u8 ^ (i as u8)
+    // Byte i depends on i mod 256 only: one period, repeated.
+    let period: Vec<u8> = (0..256)
+        .map(|i| (h >> (i % 8 * 8)) as u8 ^ (i as u8))
+        .collect();
+    let mut data = Vec::with_capacity(len);
+    while data.len() < len {
+        let take = (len - data.len()).min(period.len());
+        data.extend_from_slice(&period[..take]);
+    }
+    data
 }
 
 fn ns(d: Duration) -> u64 {

@@ -33,7 +33,7 @@ pub fn add_to(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// With `FERRY_LOG` set (`info`, `ferry=debug`, ...), the runtime's logs go
+/// With `FERRY_LOG` set (`info`, `tensorferry=debug`, ...), the runtime's logs go
 /// to stderr; without it, nowhere. The first module imported installs it.
 fn log_to_stderr() {
     let Ok(filter) = std::env::var("FERRY_LOG") else {
