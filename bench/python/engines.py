@@ -285,7 +285,7 @@ class Initiator:
 
 
 def available(engine: str) -> bool:
-    module = {"ferry": "ferry", "nixl": "nixl._api", "mooncake": "mooncake.engine"}[engine]
+    module = {"ferry": "tensorferry", "nixl": "nixl._api", "mooncake": "mooncake.engine"}[engine]
     try:
         __import__(module)
         return True

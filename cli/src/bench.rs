@@ -588,7 +588,7 @@ pub(crate) fn run(b: Bench) -> Result<(), String> {
             Ok(other) if other.name() == "verbs" => Err(
                 "ferry bench does not measure the verbs data plane yet (no NIC to calibrate it on); \
                  time `ferry pipeline --control zmq --backend verbs --device <dev>` instead, and \
-                 `cargo bench -p tensorferry-verbs --features sim --bench bookkeeping` for its CPU cost"
+                 `cargo bench -p tensorferry-bench --bench bookkeeping` for its CPU cost"
                     .into(),
             ),
             Ok(other) => Err(format!(

@@ -20,7 +20,7 @@ fn python() -> PathBuf {
         .unwrap_or_else(|| {
             let home =
                 std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-            home.join(".cache/tensorferry/sglang-0.5.23/bin/python")
+            home.join(".cache/ferry/sglang-0.5.23/bin/python")
         });
     assert!(
         path.exists(),

@@ -47,7 +47,7 @@ def probe() -> dict:
     """What sglang's scheduler gets from ``create_transfer_engine`` here."""
     report = {
         "hook_at_start": "_tensorferry_sglang" in sys.modules,
-        "ferry_at_start": "ferry" in sys.modules,
+        "ferry_at_start": "tensorferry" in sys.modules,
         "sglang_at_start": "sglang" in sys.modules,
     }
     from sglang.multimodal_gen.runtime.platforms import initialize_current_platform

@@ -31,6 +31,10 @@ if not WHEELS:
         raise RuntimeError("FERRY_REQUIRE_WHEELS=1 but FERRY_WHEELS_DIR is not set (scripts/wheels build DIR)")
     pytest.skip("FERRY_WHEELS_DIR is not set (scripts/wheels build DIR)", allow_module_level=True)
 
+# One xdist worker takes every test here (`--dist loadgroup`), so that the
+# module's venv is made once.
+pytestmark = pytest.mark.xdist_group("wheels")
+
 HERE = Path(__file__).resolve().parent
 TREE = HERE.parent.parent
 MiB = 1 << 20

@@ -56,7 +56,7 @@ fn wait(t: &mut VerbsTransport, n: usize) -> Vec<Completion<VerbsError>> {
 }
 
 #[test]
-#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p tensorferry-verbs --test device -- --ignored"]
+#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release -p tensorferry-verbs --test device -- --ignored"]
 fn random_writes_through_the_nic_arrive_byte_exact() {
     let dev = device();
     let mut a = open(&dev);
@@ -118,7 +118,7 @@ fn random_writes_through_the_nic_arrive_byte_exact() {
 }
 
 #[test]
-#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p tensorferry-verbs --test device -- --ignored"]
+#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release -p tensorferry-verbs --test device -- --ignored"]
 fn a_peer_that_goes_away_fails_its_writes_in_time() {
     let dev = device();
     let mut a = open(&dev);
@@ -157,7 +157,7 @@ fn a_peer_that_goes_away_fails_its_writes_in_time() {
 }
 
 #[test]
-#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release --features verbs -p tensorferry-verbs --test device -- --ignored"]
+#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release -p tensorferry-verbs --test device -- --ignored"]
 fn random_reads_mixed_with_writes_through_the_nic_arrive_byte_exact() {
     let dev = device();
     let mut a = open(&dev);

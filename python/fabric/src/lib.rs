@@ -1,5 +1,5 @@
 //! `tensorferry_fabric._native`: the transfer engine on ferry's libfabric data
-//! plane. It links libfabric, so it is its own module: `ferry` imports it
+//! plane. It links libfabric, so it is its own module: `tensorferry` imports it
 //! only when `backend="fabric"` is chosen.
 
 use pyo3::prelude::*;

@@ -1,4 +1,4 @@
-//! `ferry._native`: ferry's Python module, with the local and verbs data
+//! `tensorferry._native`: ferry's Python module, with the local and verbs data
 //! planes. The libfabric plugin (`tensorferry_fabric._native`) is a module of
 //! its own, so that this one imports on hosts without libfabric.
 

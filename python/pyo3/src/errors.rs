@@ -1,5 +1,5 @@
 //! ferry's Python exceptions: every error a call raises is a subclass of
-//! `ferry.FerryError` chosen by its kind (`tensorferry/_errors.py` defines the
+//! `tensorferry.FerryError` chosen by its kind (`tensorferry/_errors.py` defines the
 //! classes, so that both extension modules raise the same ones).
 //!
 //! The kinds are the core's fault kinds ([`FaultKind::ALL`], with their

@@ -176,7 +176,7 @@ impl Handles {
     }
 }
 
-/// A posted transfer (see `tensorferry/_native.pyi` and `ferry.Transfer`).
+/// A posted transfer (see `tensorferry/_native.pyi` and `tensorferry.Transfer`).
 #[pyclass(name = "Transfer", module = "tensorferry._native", frozen)]
 pub struct PyTransfer {
     handle: Arc<Handle>,

@@ -2,7 +2,7 @@
 moves stage payloads through ferry's transfer engine.
 
 Installing ferry's wheel into vLLM-omni's environment is all it takes:
-the wheel's ``vllm.general_plugins`` entry point (``ferry``) runs
+the wheel's ``vllm.general_plugins`` entry point (``tensorferry``; vLLM's ``VLLM_PLUGINS`` allow-list goes by that name) runs
 ``register()`` in every process vLLM and vLLM-omni start, which adds
 ``FerryConnector`` to vLLM-omni's connector factory. A stage config then
 names it::
