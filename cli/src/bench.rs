@@ -342,10 +342,10 @@ pub(crate) fn bench_fabric(
 #[derive(Subcommand)]
 pub(crate) enum BenchCommand {
     /// Encode+decode rate of `transfer_staged` (4-tensor manifest) and
-    /// `transfer_push`; compare with `bench/vs_python.sh wire`.
+    /// `transfer_push`; compare with `bench/python/vs_python.sh wire`.
     Wire(BenchWire),
     /// Slot allocator operations per second (1 GiB pool, 1 MiB blocks,
-    /// 1..64 MiB requests); compare with `bench/vs_python.sh slots`.
+    /// 1..64 MiB requests); compare with `bench/python/vs_python.sh slots`.
     Slots(BenchSlots),
     /// Control-plane hand-offs per second through a coordinator and two
     /// instances in one process (every message encoded and decoded, no

@@ -7,7 +7,7 @@
 //! slots): what a serving runtime that keeps its own pools and protocol
 //! asks of a data plane. It has sglang's `BaseTransferEngine` contract
 //! ([`write`](TransferEngine::write), the Python module's
-//! `ferry.TransferEngine`), and what NIXL-style connectors are built on:
+//! `tensorferry.TransferEngine`), and what NIXL-style connectors are built on:
 //! * **transfers with handles**: [`post_write`](TransferEngine::post_write)
 //!   and [`post_read`](TransferEngine::post_read) return a [`Transfer`] to
 //!   poll ([`Transfer::state`]), wait on ([`Transfer::wait`]) or release;

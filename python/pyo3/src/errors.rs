@@ -75,8 +75,8 @@ impl Kind {
     }
 }
 
-/// The Python exception for a ferry error: the `ferry.FerryError`
-/// subclass of `kind`, made by `ferry._errors.error_for(message, kind)`.
+/// The Python exception for a ferry error: the `tensorferry.FerryError`
+/// subclass of `kind`, made by `tensorferry._errors.error_for(message, kind)`.
 /// Should the Python package be unimportable, a `RuntimeError`.
 pub(crate) fn raise(py: Python<'_>, message: String, kind: Kind) -> PyErr {
     match py

@@ -1,5 +1,5 @@
 //! The Python classes of ferry's extension modules. The main module
-//! (`ferry._native`, local and verbs) and the libfabric plugin
+//! (`tensorferry._native`, local and verbs) and the libfabric plugin
 //! (`tensorferry_fabric._native`) both build from this crate, with different
 //! data planes enabled; the pure-Python package `ferry` on top chooses
 //! between them.

@@ -181,7 +181,7 @@ fn configure(backend: Backend, opts: &mut Vec<(String, Bound<'_, PyAny>)>) -> Py
 }
 
 /// Reads a node's `backend` (`local`, also `shm`; `fabric`; `verbs`) and
-/// its options (`ferry.Instance(backend=..., **options)`) into the
+/// its options (`tensorferry.Instance(backend=..., **options)`) into the
 /// library's data plane: every option goes to [`DataPlane::parse`] as
 /// text, which names the one it cannot take.
 pub(crate) fn data_plane(

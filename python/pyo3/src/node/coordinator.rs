@@ -1,4 +1,4 @@
-//! `CoordinatorNode`: a running coordinator (see `ferry.Coordinator`).
+//! `CoordinatorNode`: a running coordinator (see `tensorferry.Coordinator`).
 
 use std::sync::{Mutex, PoisonError};
 
@@ -12,7 +12,7 @@ use tensorferry_zmq::{ZmqChannel, ZmqConfig};
 use super::{close_slot, guard};
 use crate::errors::{node_error, raise, Kind};
 
-/// A running coordinator (see `ferry.Coordinator`).
+/// A running coordinator (see `tensorferry.Coordinator`).
 #[pyclass(name = "CoordinatorNode", module = "tensorferry._native", frozen)]
 pub struct PyCoordinator {
     node: Mutex<Option<CoordinatorNode>>,
@@ -70,7 +70,7 @@ impl PyCoordinator {
         self.endpoints.clone()
     }
 
-    /// Its figures now (see `ferry.CoordinatorStats`).
+    /// Its figures now (see `tensorferry.CoordinatorStats`).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let guard = self.node.lock().unwrap_or_else(PoisonError::into_inner);
         let node = guard

@@ -1,5 +1,5 @@
 //! `Delivery`: a transfer received into an instance's pool (see
-//! `ferry.Delivery`).
+//! `tensorferry.Delivery`).
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -36,7 +36,7 @@ impl DeliveryInner {
     }
 }
 
-/// A received transfer (see `ferry.Delivery`).
+/// A received transfer (see `tensorferry.Delivery`).
 #[pyclass(name = "Delivery", module = "tensorferry._native", frozen)]
 pub struct PyDelivery {
     pub(super) inner: Mutex<Option<DeliveryInner>>,

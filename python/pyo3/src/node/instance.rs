@@ -1,4 +1,4 @@
-//! `InstanceNode`: a running instance (see `ferry.Instance`): it stages
+//! `InstanceNode`: a running instance (see `tensorferry.Instance`): it stages
 //! requests into [`PyStaging`]s and receives [`PyDelivery`]s.
 #![allow(unsafe_code)]
 
@@ -18,7 +18,7 @@ use crate::buffer::{Exports, Span};
 use crate::errors::{node_error, raise, Kind};
 use crate::options::seconds;
 
-/// A running instance (see `ferry.Instance`).
+/// A running instance (see `tensorferry.Instance`).
 #[pyclass(name = "InstanceNode", module = "tensorferry._native", frozen)]
 pub struct PyInstance {
     node: Mutex<Option<Arc<Node>>>,
@@ -302,7 +302,7 @@ impl PyInstance {
             .map_err(|e| node_error(py, &e))
     }
 
-    /// The node's counters and gauges (see `ferry.InstanceStats`).
+    /// The node's counters and gauges (see `tensorferry.InstanceStats`).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.node(py)?.stats();
         let d = PyDict::new(py);

@@ -1,5 +1,5 @@
 //! `Staging`: a slot reserved for a request, to fill and commit (see
-//! `ferry.Staging`).
+//! `tensorferry.Staging`).
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -50,7 +50,7 @@ impl StagingInner {
     }
 }
 
-/// A slot reserved for a request, to fill and commit (see `ferry.Staging`).
+/// A slot reserved for a request, to fill and commit (see `tensorferry.Staging`).
 #[pyclass(name = "Staging", module = "tensorferry._native", frozen)]
 pub struct PyStaging {
     pub(super) inner: Mutex<Option<StagingInner>>,
