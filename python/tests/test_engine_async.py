@@ -31,6 +31,27 @@ def settle(transfers, seconds=120):
             return states
 
 
+def stop(pid: int) -> None:
+    """Stops a process and returns once every one of its threads is stopped:
+    kill() only marks the stop, and on a loaded machine a thread of the
+    peer's may still run for a while (long enough to place a write)."""
+    os.kill(pid, signal.SIGSTOP)
+    end = time.monotonic() + 60
+    while True:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat") as f:
+                    # The state follows the command's closing parenthesis.
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:  # a thread that ended meanwhile
+                pass
+        if all(state in ("T", "t") for state in states):
+            return
+        assert time.monotonic() < end, f"process {pid} did not stop: {states}"
+        time.sleep(0.001)
+
+
 def note(i: int, off: int, data: np.ndarray) -> bytes:
     """A notification naming where `data` was written, for the peer to
     check its memory against when the notification arrives."""
@@ -162,7 +183,7 @@ def test_a_stalled_transfer_waits_times_out_releases_and_closes(backend_id, peer
     backend = (name, {**options, **PATIENT})
     eng, src, peer, base, session = open_pair(backend, peer_factory, peer_size=8 * MiB)
     assert eng.transfer_sync(session, src.ctypes.data, base, 4096) == 0, eng.last_error
-    os.kill(peer.proc.pid, signal.SIGSTOP)
+    stop(peer.proc.pid)
     try:
         t = eng.post_write(session, [src.ctypes.data], [base], [4 * MiB], timeout=600)
         assert t.state == "pending"
