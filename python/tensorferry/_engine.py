@@ -27,8 +27,9 @@ def _fabric_module() -> Any:
     except ImportError as e:
         raise FerryIOError(
             "the fabric backend is ferry's libfabric plugin, which cannot be "
-            f"imported here ({e}); install it with `pip install ./python/fabric` "
-            "from tensorferry's repository (it needs libfabric 1.17 or later)"
+            f"imported here ({e}); install it with `pip install tensorferry-fabric` "
+            "(its wheel carries libfabric), or `pip install ./python/fabric` from "
+            "tensorferry's repository against the host's libfabric (1.17 or later)"
         ) from e
     return fabric
 
