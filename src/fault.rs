@@ -307,6 +307,7 @@ impl<C: ControlChannel> ControlChannel for FaultyChannel<C> {
 struct Held {
     from: String,
     via: String,
+    user: String,
     magic: Vec<u8>,
     payload: Vec<u8>,
 }
@@ -344,6 +345,7 @@ impl<R: ControlRecv> ControlRecv for FaultyReceiver<R> {
                     return Ok(Some(ChannelEvent::Message(Incoming {
                         from: &self.current.from,
                         via: &self.current.via,
+                        user: &self.current.user,
                         magic: &self.current.magic,
                         payload: &self.current.payload,
                     })));
@@ -359,6 +361,7 @@ impl<R: ControlRecv> ControlRecv for FaultyReceiver<R> {
                 Some(ChannelEvent::Message(m)) => Some(Ok(Held {
                     from: m.from.to_owned(),
                     via: m.via.to_owned(),
+                    user: m.user.to_owned(),
                     magic: m.magic.to_vec(),
                     payload: m.payload.to_vec(),
                 })),

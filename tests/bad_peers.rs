@@ -12,6 +12,7 @@ use tensorferry_core::slots::{Dtype, TensorSpec};
 use tensorferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
 use tensorferry_core::wire::{decode, Msg, Push, RegisterAck, TRANSFER_MAGIC};
 use tensorferry_shm::{UdsChannel, UdsReceiver, UdsSender};
+use tensorferry_zmq::zmq;
 
 /// The next transfer message, as (sender, JSON text).
 fn next(rx: &mut UdsReceiver) -> (String, String) {

@@ -81,16 +81,26 @@ fn local_engines_write_into_each_others_memory() {
 fn fabric_engines_write_into_each_others_memory() {
     // tcp;ofi_rxm on loopback needs its interface named.
     std::env::set_var("FI_TCP_IFACE", "lo");
-    // Removing a peer ends its writes (tensorferry-fabric's AV_REMOVE_CLEANUP),
-    // set before this process first uses libfabric.
-    std::env::set_var("FI_AV_REMOVE_CLEANUP", "1");
-    for provider in ["tcp;ofi_rxm", "shm"] {
-        check(|| {
-            let mut c = tensorferry_fabric::FabricConfig::new(provider.parse().unwrap());
-            c.write_timeout = Duration::from_secs(2);
-            Backend::Fabric(c)
-        });
-    }
+    check(|| {
+        let mut c = tensorferry_fabric::FabricConfig::new("tcp;ofi_rxm".parse().unwrap());
+        c.write_timeout = Duration::from_secs(2);
+        Backend::Fabric(c)
+    });
+}
+
+/// libfabric 1.17's shm cannot end an operation a peer has taken: the
+/// engine, whose calls return only once nothing of theirs moves, refuses
+/// it and names what would serve.
+#[cfg(feature = "fabric")]
+#[test]
+fn the_engine_refuses_a_provider_that_cannot_end_a_peers_operations() {
+    let c = tensorferry_fabric::FabricConfig::new("shm".parse().unwrap());
+    let e = TransferEngine::open(Backend::Fabric(c)).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("libfabric shm") && text.contains("local backend"),
+        "{text}"
+    );
 }
 
 /// A write that times out: the engine returns only once the data plane
@@ -105,9 +115,10 @@ fn a_timed_out_fabric_write_reads_its_source_no_more_after_it_returns() {
     use tensorferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
 
     std::env::set_var("FI_TCP_IFACE", "lo");
-    // Removing a peer ends its writes (tensorferry-fabric's AV_REMOVE_CLEANUP),
-    // set before this process first uses libfabric.
-    std::env::set_var("FI_AV_REMOVE_CLEANUP", "1");
+    assert!(
+        std::env::var_os("FI_AV_REMOVE_CLEANUP").is_none(),
+        "the engine needs no libfabric setting to end a write"
+    );
     let len = 16usize << 20;
     let mut receiver_config = FabricConfig::new(Provider::Named("tcp;ofi_rxm".into()));
     receiver_config.delivery = DeliveryMode::Complete;
@@ -185,8 +196,12 @@ fn a_timed_out_local_write_is_made_before_its_call_returns_or_never() {
                 dst: big_dst.as_mut_ptr() as u64,
                 len: big as u64,
             };
+            // The long copies only keep the transport busy: on a loaded
+            // machine one may time out too, which changes nothing here.
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                a.write(&peer, &[op], WAIT).unwrap();
+                if let Err(e) = a.write(&peer, &[op], WAIT) {
+                    assert_eq!(e.kind(), FaultKind::Timeout, "{e}");
+                }
             }
         });
         let small = [Op {

@@ -10,7 +10,7 @@ use tensorferry::runtime::{
     CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNode, InstanceNodeConfig, Prealloc,
 };
 use tensorferry_core::slots::{Dtype, TensorSpec};
-use tensorferry_zmq::{CurveConfig, CurveKeyPair, Guard, ZmqChannel, ZmqConfig};
+use tensorferry_zmq::{zmq, CurveConfig, CurveKeyPair, Guard, ZmqChannel, ZmqConfig};
 
 const SECOND: Duration = Duration::from_secs(1);
 const MAGIC: &[u8] = b"__transfer__";

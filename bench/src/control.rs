@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tensorferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
 use tensorferry_core::wire::{decode, Msg, Push, Pushed, TRANSFER_MAGIC};
-use tensorferry_zmq::{ZmqChannel, ZmqConfig, ZmqError};
+use tensorferry_zmq::{zmq, ZmqChannel, ZmqConfig, ZmqError};
 
 /// The request id that asks the echo process to report how many one-way
 /// messages it got.

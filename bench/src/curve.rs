@@ -10,7 +10,14 @@
 //!   authentication handler's answer);
 //! - a hand-off of each size, from `commit` to the receiver holding it
 //!   (every control message encrypted under CURVE; the bytes themselves
-//!   move through shared memory either way).
+//!   move through shared memory either way);
+//! - two transfer engines on the local plane, unguarded and guarded (an
+//!   allow-list and CURVE on their notification inboxes): a notification's
+//!   round trip, and a write of each size with a notification attached,
+//!   from the post to the peer holding the notification.
+//!
+//! The guarded rigs also take the allow-list (127.0.0.1), so the figures
+//! are of every guard on against none.
 
 use std::time::{Duration, Instant};
 
@@ -18,7 +25,7 @@ use tensorferry::runtime::{
     CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNode, InstanceNodeConfig, NodeError,
     Prealloc,
 };
-use tensorferry_zmq::{CurveConfig, CurveKeyPair, Guard, ZmqChannel, ZmqConfig};
+use tensorferry_zmq::{zmq, CurveConfig, CurveKeyPair, Guard, ZmqChannel, ZmqConfig};
 
 /// Sizes measured by default.
 pub const SIZES: [u64; 2] = [4 << 10, 64 << 20];
@@ -72,6 +79,11 @@ pub struct Report {
     pub handshake: Pair,
     /// A hand-off of each size: (bytes, figures).
     pub handoffs: Vec<(u64, Pair)>,
+    /// Two engines: a notification's round trip.
+    pub notify_round_trip: Pair,
+    /// Two engines: a write of each size with a notification, until the
+    /// peer holds it: (bytes, figures).
+    pub engine_writes: Vec<(u64, Pair)>,
 }
 
 /// The keys of one CURVE rig.
@@ -87,7 +99,11 @@ fn guard(
     peers: &[&CurveKeyPair],
 ) -> Guard {
     Guard {
-        allow: Vec::new(),
+        allow: if keys.is_some() {
+            vec![std::net::IpAddr::from([127, 0, 0, 1])]
+        } else {
+            Vec::new()
+        },
         curve: keys.map(|k| CurveConfig {
             key: key(k).clone(),
             peers: peers.iter().map(|p| *p.public()).collect(),
@@ -268,8 +284,177 @@ pub fn measure(
         let [mut plain, mut curve] = times;
         handoffs.push((size, Pair::of(&mut plain, &mut curve)));
     }
+    drop(rigs);
+    let (notify_round_trip, engine_writes) = measure_engines(sizes, per_size, &mut progress)?;
     Ok(Report {
         handshake,
         handoffs,
+        notify_round_trip,
+        engine_writes,
     })
+}
+
+/// Two transfer engines on the local plane, each admitting the other
+/// (guarded: an allow-list and CURVE on their inboxes), with `len` bytes
+/// registered each.
+struct Engines {
+    a: tensorferry::engine::TransferEngine,
+    b: tensorferry::engine::TransferEngine,
+    a_session: String,
+    b_session: String,
+    // After the engines (fields drop in order): their registrations end
+    // first.
+    src: Vec<u8>,
+    dst: Vec<u8>,
+}
+
+fn engine_error(e: tensorferry::engine::EngineError) -> NodeError {
+    NodeError::Transport {
+        verb: "run a benchmark engine",
+        kind: e.kind(),
+        source: Box::new(e),
+    }
+}
+
+impl Engines {
+    // The engine's `register` is unsafe (it hands memory to peers), and
+    // this rig is the one place the bench crate registers raw memory.
+    #[allow(unsafe_code)]
+    fn new(guarded: bool, len: usize) -> Result<Self, NodeError> {
+        use tensorferry::engine::{Backend, EngineOptions, LocalConfig, TransferEngine};
+        let pair = || {
+            CurveKeyPair::generate().map_err(|e| NodeError::Transport {
+                verb: "make a CURVE key pair",
+                kind: tensorferry_core::transport::FaultKind::Io,
+                source: Box::new(e),
+            })
+        };
+        let (ka, kb) = (pair()?, pair()?);
+        // Before the engines, so that on every early return the engines
+        // (and their registrations) drop before the memory does.
+        let (src, dst) = (vec![1u8; len], vec![0u8; len]);
+        let open = |me: &CurveKeyPair, peer: &CurveKeyPair| {
+            let mut o = EngineOptions::default();
+            o.guard = Some(if guarded {
+                Guard {
+                    allow: vec![std::net::IpAddr::from([127, 0, 0, 1])],
+                    curve: Some(CurveConfig {
+                        key: me.clone(),
+                        peers: vec![*peer.public()],
+                    }),
+                }
+            } else {
+                Guard::default()
+            });
+            TransferEngine::open_with(Backend::Local(LocalConfig::default()), o)
+                .map_err(engine_error)
+        };
+        let (a, b) = (open(&ka, &kb)?, open(&kb, &ka)?);
+        // SAFETY: both vectors outlive the engines' registrations (the
+        // engines drop first, by field order), and `dst` is read by no one
+        // while registered.
+        unsafe {
+            a.register(src.as_ptr() as u64, len as u64)
+                .map_err(engine_error)?;
+            b.register(dst.as_ptr() as u64, len as u64)
+                .map_err(engine_error)?;
+        }
+        Ok(Self {
+            a_session: a.session_id(),
+            b_session: b.session_id(),
+            a,
+            b,
+            src,
+            dst,
+        })
+    }
+
+    /// Waits (spinning: a latency is measured) for one notification at `e`.
+    fn one(e: &tensorferry::engine::TransferEngine) -> Result<(), NodeError> {
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            if !e.notifications().map_err(engine_error)?.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > end {
+                return Err(NodeError::Timeout {
+                    what: "a benchmark notification",
+                    after: Duration::from_secs(30),
+                });
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// A notification from a to b and one back (in ns).
+    fn round_trip(&self) -> Result<f64, NodeError> {
+        let t0 = Instant::now();
+        self.a
+            .notify(&self.b_session, b"ping")
+            .map_err(engine_error)?;
+        Self::one(&self.b)?;
+        self.b
+            .notify(&self.a_session, b"pong")
+            .map_err(engine_error)?;
+        Self::one(&self.a)?;
+        Ok(t0.elapsed().as_nanos() as f64)
+    }
+
+    /// A write of `len` bytes from a into b with a notification, until b
+    /// holds it (in ns).
+    fn write(&self, len: u64) -> Result<f64, NodeError> {
+        let op = tensorferry::engine::Op {
+            src: self.src.as_ptr() as u64,
+            dst: self.dst.as_ptr() as u64,
+            len,
+        };
+        let t0 = Instant::now();
+        self.a
+            .post_write(
+                &self.b_session,
+                &[op],
+                Duration::from_secs(30),
+                Some(b"done"),
+            )
+            .and_then(tensorferry::engine::Transfer::finish)
+            .map_err(engine_error)?;
+        Self::one(&self.b)?;
+        Ok(t0.elapsed().as_nanos() as f64)
+    }
+}
+
+/// The engines' figures, unguarded and guarded in turns: a
+/// notification's round trip, then a write of each of `sizes` with a
+/// notification.
+fn measure_engines(
+    sizes: &[u64],
+    per_size: Duration,
+    progress: &mut impl FnMut(u64),
+) -> Result<(Pair, Vec<(u64, Pair)>), NodeError> {
+    let largest = sizes.iter().copied().max().unwrap_or(4096);
+    let len = usize::try_from(largest).unwrap_or(usize::MAX);
+    let rigs = [Engines::new(false, len)?, Engines::new(true, len)?];
+    let run = |f: &dyn Fn(&Engines) -> Result<f64, NodeError>| {
+        let mut times = [Vec::new(), Vec::new()];
+        let start = Instant::now();
+        let mut i = 0usize;
+        while i < 5_000 && (i < 7 || start.elapsed() < per_size) {
+            for r in [i % 2, 1 - i % 2] {
+                let took = f(&rigs[r])?;
+                if i >= 2 {
+                    times[r].push(took);
+                }
+            }
+            i += 1;
+        }
+        let [mut plain, mut guarded] = times;
+        Ok::<_, NodeError>(Pair::of(&mut plain, &mut guarded))
+    };
+    let round_trip = run(&|r: &Engines| r.round_trip())?;
+    let mut writes = Vec::new();
+    for &size in sizes {
+        progress(size);
+        writes.push((size, run(&|r: &Engines| r.write(size))?));
+    }
+    Ok((round_trip, writes))
 }

@@ -143,6 +143,7 @@ fn instance(
         pool_ptr: 0x7f00_0000_0000,
         pool_size: POOL.pool_size,
         delivery_complete: true,
+        write_lifetime: Duration::ZERO,
     };
     let config = InstanceConfig {
         min_block: POOL.min_block,
@@ -154,6 +155,7 @@ fn instance(
         staged_timeout: TIMEOUT,
         reserved_timeout: TIMEOUT,
         quarantine: TIMEOUT,
+        message_delay: Duration::ZERO,
         landing_timeout: TIMEOUT,
         head: Head::Ferry,
         alloc_hold: TIMEOUT,
@@ -193,6 +195,8 @@ impl World {
             retry_backoff: Duration::from_millis(1),
             max_attempts: 3,
             quarantine: TIMEOUT,
+            message_delay: Duration::ZERO,
+            max_write_lifetime: CoordinatorConfig::FERRY.max_write_lifetime,
             late_done_wait: TIMEOUT,
         };
         let limits = Limits::default();

@@ -60,6 +60,7 @@ fn main() -> ExitCode {
                 pool_size: 1 << 30,
                 work_endpoint: "ipc:///tmp/ferry-denoiser-0".into(),
                 preallocated_slots: SlotList::Slots(&slots),
+                write_lifetime_ms: 0,
             }),
         ),
         (

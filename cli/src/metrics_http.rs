@@ -9,6 +9,10 @@
 //! One thread answers requests one at a time: a scrape encodes a few
 //! kilobytes from atomics and short locks, so it never waits on a
 //! hand-off, and no hand-off waits on it.
+//!
+//! It speaks plain HTTP, outside `--allow-from` and CURVE (Prometheus and
+//! a kubelet's probes speak nothing else), so it listens where the
+//! operator says, and on loopback when given a port alone.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -61,8 +65,22 @@ impl std::fmt::Debug for MetricsServer {
     }
 }
 
+/// The address `--metrics-listen` names: `host:port`, or a port alone,
+/// which is loopback's (port 0 picks a free one).
+pub fn listen_address(listen: &str) -> Result<SocketAddr, String> {
+    if let Ok(port) = listen.trim().parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    listen.parse().map_err(|e| {
+        format!(
+            "--metrics-listen {listen:?} is not an address:port or a port (e.g. 127.0.0.1:9464, or 9464 for loopback): {e}"
+        )
+    })
+}
+
 impl MetricsServer {
-    /// Listens at `listen` (`host:port`; port 0 picks a free one) and
+    /// Listens at `listen` (`host:port`, or a port alone on loopback;
+    /// port 0 picks a free one) and
     /// serves `telemetry`; `/readyz` always answers ready.
     pub fn start(listen: &str, telemetry: Telemetry) -> Result<Self, String> {
         let ready = Readiness::new();
@@ -77,9 +95,7 @@ impl MetricsServer {
         telemetry: Telemetry,
         ready: Readiness,
     ) -> Result<Self, String> {
-        let wanted: SocketAddr = listen.parse().map_err(|e| {
-            format!("--metrics-listen {listen:?} is not an address:port (e.g. 127.0.0.1:9464): {e}")
-        })?;
+        let wanted = listen_address(listen)?;
         let server = tiny_http::Server::http(wanted)
             .map_err(|e| format!("cannot serve metrics at {wanted}: {e}"))?;
         let addr = server
@@ -182,5 +198,26 @@ fn typed<R: std::io::Read>(response: tiny_http::Response<R>, kind: &str) -> tiny
     match tiny_http::Header::from_bytes(&b"Content-Type"[..], kind.as_bytes()) {
         Ok(h) => response.with_header(h),
         Err(()) => response,
+    }
+}
+
+#[cfg(test)]
+mod listen_tests {
+    use super::*;
+
+    #[test]
+    fn a_port_alone_is_loopbacks_and_an_address_is_as_given() {
+        assert_eq!(
+            listen_address("9464").unwrap().to_string(),
+            "127.0.0.1:9464"
+        );
+        assert_eq!(listen_address("0").unwrap().to_string(), "127.0.0.1:0");
+        assert_eq!(
+            listen_address("0.0.0.0:9464").unwrap().to_string(),
+            "0.0.0.0:9464"
+        );
+        assert_eq!(listen_address("[::1]:1").unwrap().to_string(), "[::1]:1");
+        let e = listen_address("metrics:9464").unwrap_err();
+        assert!(e.contains("9464 for loopback"), "{e}");
     }
 }

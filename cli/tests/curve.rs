@@ -5,12 +5,14 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::flood::{aim, await_handoffs, flood, forger, written_at_the_top};
 use common::{coordinator_with, ferry, num, Procs};
 use serde_json::Value;
+use tensorferry_zmq::zmq;
 
 /// `ferry keygen NAME --dir DIR`: its report.
 fn keygen(dir: &Path, name: &str) -> Value {
@@ -194,6 +196,10 @@ fn keys_from_pyzmq_and_from_ferry_keygen_work_in_both() {
         made.success(),
         "this test needs python3 with pyzmq (scripts/test installs it)"
     );
+    // pyzmq writes the secret certificate with the process's umask; ferry
+    // takes a secret only its owner may read, as the book tells users.
+    let secret = dir.join("coordinator").join("coordinator.key_secret");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
     let report = keygen(&dir.join("instances"), "denoiser");
     let read = Command::new("python3")
         .args([

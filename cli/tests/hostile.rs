@@ -13,6 +13,7 @@ use std::time::Duration;
 use common::flood::{aim, await_handoffs, flood, forger, written_at_the_top, MAGIC};
 use common::{coordinator, coordinator_with, ferry, named_instance, num, result_endpoints, Procs};
 use serde_json::Value;
+use tensorferry_zmq::zmq;
 
 /// A random-workload instance (small requests), at `endpoint`.
 fn random(

@@ -97,7 +97,7 @@ fn python_instances_on_the_seed_hand_off_through_a_ferry_coordinator() {
             .args([&results[0], &results[2]])
             .arg(&p.dir),
     );
-    let summary = p.wait_for(py, "\"event\": \"summary\"", 120);
+    let summary = p.wait_for(py, "\"event\": \"summary\"", 150);
     // The Python decoder checked every byte the ferry denoiser wrote and
     // returned each result as sglang's tensor multipart, which ended the
     // request at the ferry coordinator.

@@ -54,3 +54,60 @@ fn ferrys_defaults_serve_ferrys_coordinator() {
     assert!(c.staged_timeout > Duration::from_secs(32));
     assert_eq!(c.pool(1 << 30).min_block, c.min_block);
 }
+
+#[test]
+fn the_quarantine_is_derived_from_the_data_planes_write_lifetime() {
+    let c = InstanceConfig::FERRY;
+    // A plane whose writes are made within the call (shared memory): the
+    // default stands.
+    assert_eq!(c.quarantine_for(Duration::ZERO).quarantine, c.quarantine);
+    // verbs' default: a 5 s write timeout and a second to end the queue
+    // pair; a push may come a message delay late.
+    let verbs = Duration::from_secs(6);
+    let q = c.quarantine_for(verbs).quarantine;
+    assert_eq!(q, verbs + c.message_delay);
+    assert_eq!(c.quarantine_needed(verbs), q);
+    // Never shortened, and saturating.
+    let long = InstanceConfig {
+        quarantine: Duration::from_secs(60),
+        ..c
+    };
+    assert_eq!(
+        long.quarantine_for(verbs).quarantine,
+        Duration::from_secs(60)
+    );
+    assert_eq!(c.quarantine_for(Duration::MAX).quarantine, Duration::MAX);
+}
+
+#[test]
+fn an_instance_whose_quarantine_a_write_may_outlive_refuses_to_start() {
+    use tensorferry_core::handshake::instance::{
+        Instance, InstanceError, InstanceIdentity, InstanceStorage,
+    };
+    use tensorferry_core::handshake::{Instant, Limits};
+    let who = InstanceIdentity {
+        role: "denoiser",
+        session_id: "s",
+        work_endpoint: "tcp://den:1",
+        pool_ptr: 0x1000,
+        pool_size: 1 << 24,
+        delivery_complete: true,
+        write_lifetime: Duration::from_secs(6),
+    };
+    let start = |config: &InstanceConfig| {
+        let storage =
+            InstanceStorage::owned(&Limits::INSTANCE, &config.pool(who.pool_size), 0).unwrap();
+        Instance::new(Instant(0), &who, config, storage).map(|_| ())
+    };
+    let short = InstanceConfig::FERRY;
+    let err = start(&short).unwrap_err();
+    assert_eq!(
+        err,
+        InstanceError::QuarantineTooShort {
+            quarantine: Duration::from_secs(1),
+            needed: Duration::from_secs(7),
+        }
+    );
+    assert!(err.to_string().contains("next tenant"), "{err}");
+    start(&short.quarantine_for(who.write_lifetime)).unwrap();
+}

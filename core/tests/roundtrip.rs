@@ -2,7 +2,7 @@
 //! values, for every message type and arbitrary field values.
 
 use proptest::prelude::*;
-use tensorferry_core::json::RawJson;
+use tensorferry_core::json::{RawJson, Sink};
 use tensorferry_core::wire::*;
 
 /// A tensor entry's owned parts: field, list index, offset, shape, dtype.
@@ -124,6 +124,7 @@ fn build<'a>(o: &'a Owned, entries: &'a [TensorEntry<'a>]) -> Msg<'a> {
             pool_size: n1,
             work_endpoint: s(2),
             preallocated_slots: SlotList::Slots(&o.slots),
+            write_lifetime_ms: n2,
         }),
         MsgType::RegisterAck => Msg::RegisterAck(RegisterAck {
             session_id: s(0),
@@ -205,6 +206,40 @@ fn enc(m: &Msg<'_>, style: Style) -> Vec<u8> {
     .unwrap();
     assert_eq!(n, buf.len());
     buf
+}
+
+/// `m` as `dialect` writes it.
+fn enc_dialect(m: &Msg<'_>, dialect: Dialect) -> String {
+    let mut counter = Sink::new(&mut []);
+    m.write_dialect(&mut counter, Style::Verbatim, dialect);
+    let mut buf = vec![0u8; counter.len()];
+    let mut sink = Sink::new(&mut buf);
+    m.write_dialect(&mut sink, Style::Verbatim, dialect);
+    let n = sink.finish().unwrap();
+    String::from_utf8(buf[..n].to_vec()).unwrap()
+}
+
+#[test]
+fn a_registrations_write_lifetime_goes_to_ferrys_coordinator_only_and_only_when_set() {
+    let reg = |ms| {
+        Msg::Register(Register {
+            role: JsonStr::plain("denoiser"),
+            session_id: JsonStr::plain("s"),
+            work_endpoint: JsonStr::plain("tcp://d:1"),
+            write_lifetime_ms: ms,
+            ..Register::default()
+        })
+    };
+    let seed = enc_dialect(&reg(6000), Dialect::Seed);
+    assert!(seed.ends_with(r#","write_lifetime_ms":6000}"#), "{seed}");
+    match decode(seed.as_bytes()).unwrap() {
+        Msg::Register(r) => assert_eq!(r.write_lifetime_ms, 6000),
+        other => panic!("{other:?}"),
+    }
+    // Unset, the registration is the seed's own bytes; to sglang's head
+    // (which has no use for it) it is never written.
+    assert!(!enc_dialect(&reg(0), Dialect::Seed).contains("write_lifetime_ms"));
+    assert!(!enc_dialect(&reg(6000), Dialect::Sglang).contains("write_lifetime_ms"));
 }
 
 proptest! {

@@ -31,7 +31,7 @@ from tensorferry._errors import (
     UnknownPeerError,
 )
 from tensorferry._engine import ERROR_CODES, MAX_NOTIFICATION, Transfer, TransferEngine
-from tensorferry._native import __version__
+from tensorferry._native import END_GRACE, Guard, __version__
 from tensorferry._node import Coordinator, Delivery, Instance, Outcome, Prealloc, Staging
 from tensorferry._stats import CoordinatorStats, InstanceStats
 
@@ -56,10 +56,12 @@ __all__ = [
     "CoordinatorStats",
     "Delivery",
     "DrainingError",
+    "END_GRACE",
     "ERROR_CODES",
     "FerryError",
     "FerryIOError",
     "FerryTimeoutError",
+    "Guard",
     "Instance",
     "MAX_NOTIFICATION",
     "InstanceStats",

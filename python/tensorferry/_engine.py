@@ -45,13 +45,27 @@ class TransferEngine:
 
     Options (keywords): ``timeout`` (seconds a transfer may take, 30: past
     it its operations are ended, and the call returns once they have, so
-    that no byte of it moves after any return; ``post_write`` and
-    ``post_read`` may name their own); ``notify_host`` (the address of this
-    host peers send notifications to: loopback for ``local``, else the
-    first IPv4 address of an interface that is up);
-    local: ``threads``, ``parallel_min``; fabric: ``provider`` (``"tcp"``,
-    ``"shm"``, ``"efa"``, ``"verbs;ofi_rxm"``, ...), ``source``, ``max_chunk``,
-    ``write_timeout``; verbs: ``device``, ``port``, ``gid_index``, ``listen``,
+    that no byte of it moves after any return; a data plane that cannot
+    end them returns, at most ``tensorferry.END_GRACE`` seconds later,
+    ``NotEnded`` as a timeout, with their memory kept in use;
+    ``post_write`` and ``post_read`` may name their own); ``notify_host``
+    (the address of this host peers send notifications to: loopback for
+    ``local``, else the first IPv4 address of an interface that is up);
+    who may reach the engine's endpoints (its notification inbox, and the
+    verbs side channel): ``allow_from`` (IP addresses, a list or a
+    comma-separated string), ``curve_key`` (this process's secret CURVE
+    certificate, mode 0600) and ``curve_peers`` (the public certificates of
+    the engines admitted: a directory of ``*.key`` files, or one); for a
+    part not given (the allow-list; CURVE's key and peers, a pair),
+    ``FERRY_ALLOW_FROM``, or ``FERRY_CURVE_KEY`` and ``FERRY_CURVE_PEERS``
+    (as a deployment sets them once for every ferry object of a
+    process). With CURVE a notification's sender is the
+    key it came with: one naming another engine's session is dropped.
+    local: ``threads``, ``parallel_min``; fabric: ``provider``
+    (``"tcp"``, ``"efa"``, ``"verbs;ofi_rxm"``, ...: libfabric's ``shm``
+    is refused, as it cannot end an operation a peer has taken; use
+    ``"local"`` on one host), ``source``, ``max_chunk``, ``write_timeout``;
+    verbs: ``device``, ``port``, ``gid_index``, ``listen``,
     ``write_timeout``. An option the backend does not take raises
     ``TypeError``.
 

@@ -18,6 +18,11 @@ ERROR_KINDS: Tuple[str, ...]
 #: The longest notification, in bytes.
 MAX_NOTIFICATION: int
 
+#: Seconds past a transfer's deadline (or its release) its data plane is
+#: given to end its operations: a synchronous call returns by then at the
+#: latest (``tensorferry::engine::END_GRACE``).
+END_GRACE: float
+
 def backends() -> List[str]:
     """The backends this module can open."""
 
@@ -74,6 +79,41 @@ class TransferEngine:
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> bool: ...
+
+@final
+class Guard:
+    """Who may connect to a socket, and with which keys: ``allow_from``,
+    ``curve_key``, ``curve_peers`` as ``TransferEngine`` takes them (for
+    a part not given, the allow-list or CURVE's key and peers, the
+    environment's ``FERRY_ALLOW_FROM``, or ``FERRY_CURVE_KEY`` and
+    ``FERRY_CURVE_PEERS``). For sockets pyzmq opens
+    (vLLM-omni's connector): their authentication handler asks
+    ``verdict``, ferry's own handler's answer."""
+
+    def __new__(
+        cls,
+        *,
+        allow_from: Optional[Any] = None,
+        curve_key: Optional[Any] = None,
+        curve_peers: Optional[Any] = None,
+    ) -> "Guard": ...
+    @property
+    def enforces(self) -> bool: ...
+    @property
+    def allow_from(self) -> List[str]: ...
+    @property
+    def curve(self) -> bool: ...
+    @property
+    def public_key(self) -> Optional[str]: ...
+    @property
+    def secret_key(self) -> Optional[str]: ...
+    @property
+    def peers(self) -> List[str]: ...
+    def admits_key(self, key: str) -> bool: ...
+    def domain(self, endpoint: str) -> Optional[str]: ...
+    def verdict(
+        self, domain: str, address: str, mechanism: bytes, credentials: bytes
+    ) -> Tuple[bool, str]: ...
 
 @final
 class Transfer:

@@ -15,7 +15,6 @@ os.environ.setdefault("FI_TCP_IFACE", "lo")
 BACKENDS = [
     ("local", "local", {}),
     ("fabric-tcp", "fabric", {"provider": "tcp;ofi_rxm", "write_timeout": 2.0}),
-    ("fabric-shm", "fabric", {"provider": "shm", "write_timeout": 2.0}),
 ]
 
 

@@ -28,6 +28,9 @@ def keys():
         auth.create_certificates(root / "coordinator", "coordinator")
         for name in ("encoder", "denoiser"):
             auth.create_certificates(root / "instances", name)
+        # ferry takes a secret certificate only if no one else may read it.
+        for secret in root.glob("*/*.key_secret"):
+            secret.chmod(0o600)
         yield root
 
 
@@ -110,7 +113,7 @@ def test_curve_is_refused_where_it_cannot_apply(keys):
     with pytest.raises(ValueError, match="one CURVE key"):
         tensorferry.Instance("encoder", coordinator="tcp://127.0.0.1:1", endpoint="tcp://127.0.0.1:*",
                        curve_key=keys / "instances" / "encoder.key_secret", curve_peers=keys / "instances")
-    with pytest.raises(ValueError, match="go together"):
+    with pytest.raises(ValueError, match="curve_key is set without curve_peers"):
         tensorferry.Coordinator(endpoints=["tcp://127.0.0.1:*"], pipeline=["encoder"],
                           curve_key=keys / "coordinator" / "coordinator.key_secret")
     # A public certificate is no key pair: the file and what is wrong are named.

@@ -374,3 +374,46 @@ def test_reads_return_the_peers_bytes(backend, peer_factory):
     assert eng.last_error
     assert sha(here) == before
     eng.close()
+
+
+def test_close_ends_another_threads_sync_transfer_and_returns_after_it(peer_factory):
+    """A thread blocked in ``transfer_sync`` against a stopped peer: closing
+    the engine from another thread ends that transfer, and ``close()``
+    returns only once the blocked call has returned (so that no byte of it
+    moves after ``close()``), long before the call's own timeout."""
+    from conftest import BACKENDS
+
+    name, options = next((b[1], b[2]) for b in BACKENDS if b[0] == "fabric-tcp")
+    backend = (name, {**options, **PATIENT, "timeout": 600})
+    eng, src, peer, base, session = open_pair(backend, peer_factory, peer_size=8 * MiB)
+    assert eng.transfer_sync(session, src.ctypes.data, base, 4096) == 0, eng.last_error
+    stop(peer.proc.pid)
+    try:
+        outcome = []
+        started = threading.Event()
+
+        def blocked() -> None:
+            started.set()
+            rc = eng.transfer_sync(session, src.ctypes.data, base, 4 * MiB)
+            outcome.append((rc, time.monotonic()))
+
+        t = threading.Thread(target=blocked)
+        t.start()
+        assert started.wait(60)
+        # Blocked in the call: it has not returned.
+        time.sleep(0.5)
+        assert outcome == []
+        start = time.monotonic()
+        eng.close()
+        closed = time.monotonic()
+        # The call had returned by the time close() did, failed as closed.
+        assert len(outcome) == 1, "close() returned before the blocked call did"
+        rc, returned = outcome[0]
+        assert returned <= closed
+        assert rc == tensorferry.ERROR_CODES["io"], rc
+        assert closed - start < 60, "close() waited for the call's own timeout"
+        t.join(30)
+        assert not t.is_alive()
+    finally:
+        os.kill(peer.proc.pid, signal.SIGCONT)
+    assert peer.ask(op="session")["session"] == session

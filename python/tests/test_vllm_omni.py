@@ -6,24 +6,34 @@ parsing and factory.
 
 Needs ``FERRY_VLLM_OMNI_PYTHON`` (that environment's python, ferry's wheel
 installed in it); skipped without it, unless ``FERRY_REQUIRE_VLLM_OMNI=1``
-(as scripts/test sets), which makes its absence a failure."""
+(as scripts/test sets), which makes its absence a failure.
+
+The claim socket is spoken to directly too (``Claimant``: a DEALER of this
+process, in its own pyzmq context, as a receiver's or a stranger's)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
+import zmq
 
 from procs import LineProcess
+from tensorferry.vllm_omni import _control as control
 
 PYTHON = os.environ.get("FERRY_VLLM_OMNI_PYTHON")
 if not PYTHON:
     if os.environ.get("FERRY_REQUIRE_VLLM_OMNI") == "1":
         raise RuntimeError("FERRY_REQUIRE_VLLM_OMNI=1 but FERRY_VLLM_OMNI_PYTHON is not set (scripts/vllm-omni-env)")
     pytest.skip("FERRY_VLLM_OMNI_PYTHON is not set (scripts/vllm-omni-env)", allow_module_level=True)
+
+# One worker runs them, with test_vllm_omni_guard.py's (scripts/test runs
+# pytest-xdist): each module's stages start once, and no two workers
+# import vLLM at once on a small machine.
+pytestmark = pytest.mark.xdist_group("vllm-omni")
 
 #: Every answer comes within this (vLLM's import takes ~15 s of it).
 ANSWER_WITHIN = 180.0
@@ -87,10 +97,58 @@ class Stages:
 @pytest.fixture(scope="module")
 def pair():
     """A sender (stage 0) and a receiver (stage 1) the tests share; the
-    receiver gives up on a silent sender after a second."""
+    receiver gives up on a silent sender after a second. The sender admits
+    only 127.0.0.1 (``allow_from``), so that every claim here passes its
+    authentication handler (``fabric_pair`` is unguarded)."""
     made = Stages()
-    yield made("sender"), made("receiver", claim_timeout=1.0)
+    yield made("sender", allow_from="127.0.0.1"), made("receiver", claim_timeout=1.0)
     made.close()
+
+
+def key_of(put_key: str) -> str:
+    """The key a sender holds a payload under (vLLM-omni's ``_make_key``
+    of stages 0 and 1): what a claim names."""
+    return f"{put_key}@0_1"
+
+
+class Claimant:
+    """A connection to a sender's claim socket from this process: a DEALER,
+    from ``source`` (an address of this host; by default the kernel's
+    choice, 127.0.0.1), a CURVE client when given ``curve`` (server key,
+    public key, secret key; Z85)."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        port: int,
+        *,
+        source: Optional[str] = None,
+        curve: Optional[Tuple[bytes, bytes, bytes]] = None,
+    ) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            self.sock.curve_serverkey, self.sock.curve_publickey, self.sock.curve_secretkey = curve
+        # libzmq's "source;destination" form binds the connection's end.
+        self.sock.connect(f"tcp://{source}:0;127.0.0.1:{port}" if source else f"tcp://127.0.0.1:{port}")
+
+    def claim(self, key: str, claim: int, window_ms: int) -> None:
+        self.sock.send_multipart(control.encode(control.CLAIM, control.Claim(key, claim, window_ms)))
+
+    def end(self, verb: bytes, key: str, claim: int) -> None:
+        self.sock.send_multipart(control.encode(verb, control.Ended(key, claim)))
+
+    def answer(self, within: float) -> Optional[Tuple[bytes, Any]]:
+        """The next answer, decoded, or None if none comes within ``within``
+        seconds."""
+        if not self.sock.poll(int(within * 1000)):
+            return None
+        decoded = control.decode(self.sock.recv_multipart())
+        assert decoded is not None, "the sender answered with a malformed message"
+        return decoded
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
 
 
 #: The libfabric plane over TCP: its reads run while ``get`` returns, so a
@@ -194,21 +252,159 @@ def test_an_abandoned_get_holds_nothing_and_the_payload_stays_for_a_later_get(pa
     sender.health_until("the sender holds nothing", nothing_held)
 
 
-def test_a_stale_grant_in_the_metadata_is_read_again_from_the_claims_grant(pair):
+def test_a_grant_of_the_metadatas_region_is_read_and_one_of_another_region_is_refused(pair):
     sender, receiver = pair
-    # Payloads 2 and 386 are raw blocks of one size: the second put under
-    # the same key replaces the first, whose metadata names a region that
-    # is no longer the payload's. The read made from it is thrown away and
-    # the grant's region read instead.
+    # Payloads 2 and 386 are raw blocks of one size. Put again after a
+    # cleanup, the second lands in the first's region (regions are taken
+    # first fit): the first's metadata names the region the grant names,
+    # of a later put. The read made early from the metadata is thrown away
+    # and the grant's read again, and the receiver gets what the key holds.
     first = sender.ask(op="put", i=2, key="stale")
+    sender.ask(op="cleanup", key="stale")
     second = sender.ask(op="put", i=386, key="stale")
     assert first["size"] == second["size"]
-    assert first["meta"]["grant"][1] != second["meta"]["grant"][1], "the two puts are in two regions"
-    wasted = receiver.ask(op="health")["early_reads_wasted"]
+    assert first["meta"]["grant"][1] == second["meta"]["grant"][1], "the second put reuses the first's region"
+    assert first["meta"]["grant"][5] != second["meta"]["grant"][5], "of another generation"
+    before = receiver.ask(op="health")
     got = receiver.ask(op="get", i=386, key="stale", meta=first["meta"])
     assert got["ok"], got
     h = receiver.health_until("the receiver holds nothing", nothing_held)
-    assert h["early_reads_wasted"] == wasted + 1, h
+    assert h["early_reads_wasted"] == before["early_reads_wasted"] + 1, h
+    assert h["grants_refused"] == before["grants_refused"], h
+
+    # A put that replaces another still held lands in another region: the
+    # grant then names a region the older metadata did not, which the
+    # receiver does not read (a socket at the sender's address is no proof
+    # of being the sender); the newer metadata's get reads it.
+    third = sender.ask(op="put", i=2, key="replaced")
+    fourth = sender.ask(op="put", i=386, key="replaced")
+    assert third["meta"]["grant"][1] != fourth["meta"]["grant"][1], "the two puts are in two regions"
+    assert receiver.ask(op="poll", i=386, key="replaced", meta=third["meta"])["outcome"] == "failed"
+    h = receiver.ask(op="health")
+    assert h["grants_refused"] == before["grants_refused"] + 1, h
+    assert "but the put's metadata named" in h["last_error"], h
+    got = receiver.ask(op="get", i=386, key="replaced", meta=fourth["meta"])
+    assert got["ok"], got
+    receiver.health_until("the receiver holds nothing", nothing_held)
+    sender.health_until("the sender holds nothing", nothing_held)
+
+
+def test_a_grant_from_a_socket_that_is_not_the_sender_is_not_read(pair):
+    sender, receiver = pair
+    # A ROUTER of this process at another port stands for whoever binds
+    # where a put's metadata says its sender is: it answers the claim with
+    # a grant of another payload of the same size at the real sender (its
+    # session is in any metadata), which the receiver must not read.
+    put = sender.ask(op="put", i=2, key="asked")
+    other = sender.ask(op="put", i=386, key="secret")
+    assert put["size"] == other["size"]
+    ctx = zmq.Context()
+    fake = ctx.socket(zmq.ROUTER)
+    fake.setsockopt(zmq.LINGER, 0)
+    port = fake.bind_to_random_port("tcp://127.0.0.1")
+    before = receiver.ask(op="health")
+    receiver.tell(op="poll", i=2, key="asked", meta={**put["meta"], "source_port": port}, within=30)
+    assert fake.poll(30_000), "the receiver's claim did not come"
+    routing, verb, body = fake.recv_multipart()
+    claim = control.decode([verb, body])
+    assert claim is not None and claim[0] == control.CLAIM, claim
+    session, addr, size, header, data, gen = other["meta"]["grant"]
+    granted = control.Granted(claim[1].claim, session, addr, size, header, data, gen)
+    fake.send_multipart([routing, *control.encode(control.GRANTED, granted)])
+    assert receiver.read()["outcome"] == "failed"
+    h = receiver.ask(op="health")
+    assert h["grants_refused"] == before["grants_refused"] + 1 and h["gets"] == before["gets"], h
+    assert f"at {addr:#x}, but the put's metadata named" in h["last_error"], h
+    # The receiver released the claim (to the fake), and read nothing of
+    # it: both payloads are still there, whole, for the real sender.
+    assert fake.poll(5_000), "the refused grant was not released"
+    assert control.decode(fake.recv_multipart()[1:])[0] == control.RELEASE
+    fake.close(linger=0)
+    ctx.term()
+    for i, key, meta in ((2, "asked", put["meta"]), (386, "secret", other["meta"])):
+        got = receiver.ask(op="get", i=i, key=key, meta=meta)
+        assert got["ok"], got
+    receiver.health_until("the receiver holds nothing", nothing_held)
+    sender.health_until("the sender holds nothing", nothing_held)
+
+
+def test_only_a_claims_owner_ends_it_and_asking_again_does_not_lengthen_it(pair):
+    sender, receiver = pair
+    # Without CURVE a claim's owner is its connection: two connections of
+    # this process, "owner" holding a claim, "other" knowing its key and
+    # claim id (as anyone who sees the traffic does).
+    put = sender.ask(op="put", i=9, key="owned")
+    port = sender.ask(op="health")["zmq_port"]
+    key = key_of("owned")
+    ctx = zmq.Context()
+    owner, other = Claimant(ctx, port), Claimant(ctx, port)
+    try:
+        claim = 0x5EC0DE
+        owner.claim(key, claim, 1500)
+        verb, granted = owner.answer(10)
+        granted_at = time.monotonic()
+        assert verb == control.GRANTED and [granted.session, granted.addr] == put["meta"]["grant"][:2], granted
+        before = sender.ask(op="health")
+        assert before["sends_claimed"] == 1, before
+        # The other's done and release of that claim change nothing, and
+        # its claim with the same id is busy.
+        other.end(control.DONE, key, claim)
+        other.end(control.RELEASE, key, claim)
+        other.claim(key, claim, 600_000)
+        verb, refused = other.answer(10)
+        assert verb == control.BUSY and refused.claim == claim
+        h = sender.ask(op="health")
+        assert h["foreign_ends"] == before["foreign_ends"] + 2, h
+        assert h["sends_claimed"] == 1 and h["sends_held"] == 1, h
+        # The owner asking again for a 600 s window gets the same grant,
+        # and the claim still ends with its first window (1.5 s, and the
+        # sender's grace of 1 s).
+        owner.claim(key, claim, 600_000)
+        verb, again = owner.answer(10)
+        assert verb == control.GRANTED and again == granted
+        h = sender.health_until("the claim ends with its first window", lambda h: h["sends_claimed"] == 0, within=20)
+        assert time.monotonic() - granted_at < 10, "the claim outlived its first window"
+        assert h["expired_claims"] == before["expired_claims"] + 1 and h["sends_held"] == 1, h
+    finally:
+        owner.close()
+        other.close()
+        ctx.term()
+    # The payload is whole: the receiver reads it.
+    got = receiver.ask(op="get", i=9, key="owned", meta=put["meta"])
+    assert got["ok"], got
+    receiver.health_until("the receiver holds nothing", nothing_held)
+    sender.health_until("the sender holds nothing", nothing_held)
+
+
+def test_the_allow_list_refuses_an_address_not_on_it(pair):
+    sender, receiver = pair
+    put = sender.ask(op="put", i=10, key="listed")
+    before = sender.ask(op="health")
+    assert before["guard"] == {"curve": False, "allow_from": ["127.0.0.1"]}, before
+    port = before["zmq_port"]
+    ctx = zmq.Context()
+    # From 127.0.0.2 (loopback too, but not on the list): refused before
+    # its claim is read; from 127.0.0.1 the same claim is granted.
+    outside, inside = Claimant(ctx, port, source="127.0.0.2"), Claimant(ctx, port, source="127.0.0.1")
+    try:
+        outside.claim(key_of("listed"), 1, 600_000)
+        outside.end(control.DONE, key_of("listed"), 1)
+        assert outside.answer(2) is None, "a claim from 127.0.0.2 was answered"
+        h = sender.ask(op="health")
+        assert h["connections_refused"] > before["connections_refused"], h
+        assert h["sends_claimed"] == 0 and h["sends_held"] == 1, h
+        inside.claim(key_of("listed"), 2, 5_000)
+        verb, _ = inside.answer(10)
+        assert verb == control.GRANTED
+        inside.end(control.RELEASE, key_of("listed"), 2)
+        sender.health_until("the claim is released", lambda h: h["sends_claimed"] == 0)
+    finally:
+        outside.close()
+        inside.close()
+        ctx.term()
+    got = receiver.ask(op="get", i=10, key="listed", meta=put["meta"])
+    assert got["ok"], got
+    receiver.health_until("the receiver holds nothing", nothing_held)
     sender.health_until("the sender holds nothing", nothing_held)
 
 

@@ -42,7 +42,6 @@ MiB = 1 << 20
 BACKENDS = [
     ("local", "local", {}),
     ("fabric-tcp", "fabric", {"provider": "tcp;ofi_rxm", "write_timeout": 10.0}),
-    ("fabric-shm", "fabric", {"provider": "shm", "write_timeout": 10.0}),
 ]
 
 
@@ -184,3 +183,23 @@ def test_installed_wheels_transfer_between_two_processes(venv, name, backend, op
             # process cannot remove its own.
             for leftover in Path("/dev/shm").glob(f"{proc.pid}:*"):
                 leftover.unlink(missing_ok=True)
+
+
+def test_the_installed_engine_opens_libfabric_shm_and_refuses_it_naming_the_local_backend(venv):
+    """The plugin's bundled libfabric opens its shm provider, and the engine
+    refuses it (shm cannot end an operation a peer has taken), naming what
+    serves instead."""
+    root, python, run = venv
+    script = (
+        "import tensorferry\n"
+        "try:\n"
+        "    tensorferry.TransferEngine('fabric', provider='shm')\n"
+        "except tensorferry.FerryError as e:\n"
+        "    print(e)\n"
+        "else:\n"
+        "    raise SystemExit('opened')\n"
+    )
+    out = subprocess.run([str(python), "-I", "-c", script], cwd=run, env=clean_env(), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out
+    assert "libfabric shm" in out.stdout and "local backend" in out.stdout, out.stdout

@@ -75,6 +75,34 @@ pub enum EngineError {
     /// The engine was closed.
     #[error("the transfer engine is closed")]
     Closed,
+    /// A transfer whose operations the data plane could not end in time:
+    /// bytes of it may still move, so the memory it uses stays in use
+    /// (deregistering it fails) until they end.
+    #[error(
+        "transfer with {session}: {pending} of {total} operations could not be ended {grace:?} past its deadline (the data plane cannot end them now); bytes of it may still move, and the memory it uses stays registered until they end"
+    )]
+    NotEnded {
+        /// The peer's session id.
+        session: String,
+        /// Operations not ended.
+        pending: usize,
+        /// Operations in the transfer.
+        total: usize,
+        /// The grace it was given.
+        grace: Duration,
+    },
+    /// The guard's settings (given, or from the environment) name no
+    /// guard.
+    #[error("the engine's guard: {0}")]
+    Guard(#[from] tensorferry_zmq::GuardError),
+    /// The data plane cannot do what the engine guarantees.
+    #[error("the {plane} data plane cannot serve the transfer engine: {why}")]
+    Unsuitable {
+        /// The data plane.
+        plane: String,
+        /// What it lacks, and what would serve.
+        why: String,
+    },
 }
 
 impl EngineError {
@@ -87,8 +115,10 @@ impl EngineError {
                 FaultKind::OutOfBounds
             }
             Self::NotRegistered { .. } => FaultKind::Registration,
-            Self::Timeout { .. } => FaultKind::Timeout,
-            Self::BatchShape { .. } | Self::Closed => FaultKind::Io,
+            Self::Timeout { .. } | Self::NotEnded { .. } => FaultKind::Timeout,
+            Self::BatchShape { .. } | Self::Closed | Self::Guard(_) | Self::Unsuitable { .. } => {
+                FaultKind::Io
+            }
         }
     }
 

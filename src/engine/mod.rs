@@ -22,17 +22,30 @@
 //!
 //! **What a transfer guarantees.** Once a transfer is final (done, failed,
 //! or ended because its deadline passed), and once
-//! [`Transfer::release`] returns, no byte of it moves any more: its
-//! sources may be reused and its destinations trusted. Past its deadline
+//! [`Transfer::release`] returns, no byte of it moves in this process's
+//! memory any more: its sources may be reused and a read's destinations
+//! trusted. (A failed write's bytes that had already reached the peer's
+//! host, in its kernel's socket buffer over libfabric `tcp`, may still be
+//! placed when a stalled peer resumes: a failed write's destination holds
+//! nothing to trust, and a peer that deregisters it gets no byte after
+//! its `deregister` returns.) Past its deadline
 //! the data plane ends the operations still running (a verbs queue pair
 //! flushed, a local write not yet made dropped, a libfabric peer's
 //! connection torn down) and the transfer becomes final once they have
 //! ended. The data plane ends everything in flight with that peer, so
-//! other transfers with the same peer fail too. One exception: libfabric
-//! ends posted operations only with `FI_AV_REMOVE_CLEANUP=1` in the
-//! environment (off by default, see `tensorferry_fabric::ofi::AV_REMOVE_CLEANUP`);
-//! without it a timed-out fabric transfer's chunks already posted may
-//! still move.
+//! other transfers with the same peer fail too (libfabric resets its
+//! endpoint to do so, and posts this side's operations with other peers
+//! again; other peers' operations into this process under way then fail
+//! at those peers, as over a broken connection). A data
+//! plane that cannot end them has until [`END_GRACE`] past the deadline:
+//! then the call returns [`EngineError::NotEnded`], the memory kept in
+//! use. The engine refuses a data plane that cannot end a peer's
+//! operations at all (libfabric 1.17's `shm`).
+//!
+//! **Who may reach it** is [`EngineOptions::guard`]: an allow-list and
+//! CURVE keys on its notification inbox and its verbs side channel, by
+//! default the guard the environment names (`FERRY_ALLOW_FROM`,
+//! `FERRY_CURVE_KEY`, `FERRY_CURVE_PEERS`).
 //!
 //! Every backend is a data plane behind tensorferry-core's `Transport` seam,
 //! driven the same way (`driven`):
@@ -121,6 +134,17 @@ pub struct EngineOptions {
     /// the others, the first IPv4 address of an interface that is up and
     /// not loopback (loopback if there is none).
     pub notify_host: Option<String>,
+    /// Who may reach the engine's endpoints (its notification inbox, and
+    /// the verbs data plane's side channel): an allow-list of addresses
+    /// and, with CURVE, the keys admitted, which are also the only
+    /// senders of notifications it believes (see
+    /// [`notifications`](TransferEngine::notifications)). `None`: the
+    /// guard the environment names (`FERRY_ALLOW_FROM`,
+    /// `FERRY_CURVE_KEY`, `FERRY_CURVE_PEERS`, as a deployment sets them
+    /// once for every ferry object of a process; none set: no guard).
+    /// `Some(Guard::default())` guards nothing, whatever the environment
+    /// says.
+    pub guard: Option<tensorferry_zmq::Guard>,
 }
 
 /// Which way a transfer moves bytes.
@@ -164,11 +188,29 @@ fn peer_of(session: &str) -> Peer {
     }
 }
 
+/// How long past a transfer's deadline (or its release, if earlier) the
+/// data plane is given to end its operations: `Transfer::finish`,
+/// `write` and `read` return by then at the latest, with
+/// [`EngineError::NotEnded`] if the data plane could not end them (its
+/// memory then stays in use). The planes end theirs well within it: the
+/// local plane at once, verbs within a second (its queue pair flushed or
+/// destroyed), libfabric within a second (its endpoint reset).
+pub const END_GRACE: Duration = Duration::from_secs(5);
+
 /// A deadline `timeout` from now (far off when it overflows).
 fn deadline(timeout: Duration) -> Instant {
     let now = Instant::now();
-    now.checked_add(timeout)
-        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
+    now.checked_add(timeout).unwrap_or_else(|| now + FAR)
+}
+
+/// What "never" is in a deadline that would overflow.
+const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// When a transfer due by `deadline` must be final by: the deadline plus
+/// [`END_GRACE`] (the deadline itself, when that would overflow: it is
+/// far off then).
+fn limit_of(deadline: Instant) -> Instant {
+    deadline.checked_add(END_GRACE).unwrap_or(deadline)
 }
 
 /// A transfer engine (see the module's documentation).
@@ -199,26 +241,38 @@ impl TransferEngine {
     /// Opens an engine on `backend`, set up as `options` say.
     pub fn open_with(backend: Backend, options: EngineOptions) -> Result<Self, EngineError> {
         let name = backend.name();
+        let guard = match options.guard {
+            Some(g) => g,
+            None => tensorferry_zmq::Guard::from_env()?,
+        };
         match backend {
             Backend::Local(config) => {
                 let t = tensorferry_local::LocalTransport::open(config)?;
                 let host = options.notify_host.unwrap_or_else(|| "127.0.0.1".into());
-                Self::start(t, name, &host)
+                Self::start(t, name, &host, &guard)
             }
             #[cfg(feature = "fabric")]
             Backend::Fabric(mut config) => {
                 config.delivery = tensorferry_fabric::DeliveryMode::Complete;
                 let t = tensorferry_fabric::FabricTransport::open(&config)
                     .map_err(|e| EngineError::transport("open the libfabric transport", &e))?;
+                if !t.opened().ends_operations {
+                    return Err(EngineError::Unsuitable {
+                        plane: format!("libfabric {}", t.opened().provider),
+                        why: "it cannot end an operation a peer has taken (libfabric 1.17's shm: a peer copies its bytes in its own time), so a transfer given up could still move bytes after its call returned; between processes on one host use the local backend, across hosts libfabric's tcp;ofi_rxm (or verbs)".into(),
+                    });
+                }
                 let host = options.notify_host.unwrap_or_else(notify::this_host);
-                Self::start(t, name, &host)
+                Self::start(t, name, &host, &guard)
             }
             #[cfg(feature = "verbs")]
-            Backend::Verbs(config) => {
+            Backend::Verbs(mut config) => {
+                // The side channel takes the engine's guard.
+                config.take_engine_guard(&guard);
                 let t = tensorferry_verbs::VerbsTransport::open(&config)
                     .map_err(|e| EngineError::transport("open the verbs transport", &e))?;
                 let host = options.notify_host.unwrap_or_else(notify::this_host);
-                Self::start(t, name, &host)
+                Self::start(t, name, &host, &guard)
             }
         }
     }
@@ -245,16 +299,25 @@ impl TransferEngine {
                 kind: tensorferry_core::transport::FaultKind::Io,
             });
         }
+        let guard = match options.guard {
+            Some(g) => g,
+            None => tensorferry_zmq::Guard::from_env()?,
+        };
         let host = options.notify_host.unwrap_or_else(|| "127.0.0.1".into());
-        Self::start(transport, name, &host)
+        Self::start(transport, name, &host, &guard)
     }
 
-    fn start<T>(transport: T, name: &'static str, host: &str) -> Result<Self, EngineError>
+    fn start<T>(
+        transport: T,
+        name: &'static str,
+        host: &str,
+        guard: &tensorferry_zmq::Guard,
+    ) -> Result<Self, EngineError>
     where
         T: Transport + Send + 'static,
     {
         Ok(Self {
-            inner: Arc::new(Driven::start(transport, host)?),
+            inner: Arc::new(Driven::start(transport, host, guard)?),
             backend: name,
             last_peer: std::sync::Mutex::new(None),
         })
@@ -399,11 +462,21 @@ impl TransferEngine {
     }
 
     /// Every notification that has arrived since the last call, in order
-    /// per sender; does not wait.
+    /// per sender; does not wait. Under CURVE (see [`EngineOptions::guard`])
+    /// a notification's `from` is a session id whose inbox key is the key
+    /// its connection was admitted with: one naming another is dropped
+    /// ([`forged_notifications`](Self::forged_notifications)). Without
+    /// CURVE, `from` is what the sender wrote.
     pub fn notifications(&self) -> Result<Vec<Notification>, EngineError> {
         let mut got = Vec::new();
         self.inner.notifications(&mut got)?;
         Ok(got)
+    }
+
+    /// Notifications dropped so far because, under CURVE, they named a
+    /// sender other than the key they came with.
+    pub fn forged_notifications(&self) -> u64 {
+        self.inner.forged_notifications()
     }
 }
 
@@ -455,8 +528,9 @@ impl Transfer {
     }
 
     /// Waits at most `within` for it to become final; returns
-    /// `Ok(Done)`, `Ok(Pending)` (still running: its own deadline has not
-    /// come), or its failure.
+    /// `Ok(Done)`, `Ok(Pending)` (still running: its deadline has not come,
+    /// or its operations, ended at the deadline, have not ended yet: at
+    /// most [`END_GRACE`] later), or its failure.
     pub fn wait(&self, within: Duration) -> Result<TransferState, EngineError> {
         let until = deadline(within);
         match self.inner.wait(self.id, Some(until)) {

@@ -113,6 +113,10 @@ pub(crate) struct Attached {
 #[derive(Debug)]
 struct Live {
     peer: Arc<Peer>,
+    /// Where its operations' memory of this process lies: from the lowest
+    /// address to the end of the highest (a deregistration waits for the
+    /// transfers whose span meets the region).
+    span: (u64, u64),
     total: u32,
     /// Operations not completed: all of them until the poster says how
     /// many it posted ([`Table::posted`]), since a collector may hand in
@@ -120,6 +124,7 @@ struct Live {
     pending: u32,
     failure: Option<Failure>,
     started: Instant,
+    deadline: Instant,
     /// Its operations were ended (its deadline passed, or it was released
     /// unfinished): their completions are on their way.
     ended: bool,
@@ -177,6 +182,7 @@ impl Table {
     pub fn open(
         &mut self,
         peer: Arc<Peer>,
+        span: (u64, u64),
         total: u32,
         deadline: Instant,
         notify: Option<Vec<u8>>,
@@ -192,10 +198,12 @@ impl Table {
         s.gen = s.gen.wrapping_add(1);
         s.live = Some(Live {
             peer,
+            span,
             total,
             pending: total,
             failure: None,
             started: Instant::now(),
+            deadline,
             ended: false,
             sending: false,
             notify,
@@ -308,6 +316,47 @@ impl Table {
         }
     }
 
+    /// When the transfer must be final by: its deadline, or `ended` if it
+    /// was ended earlier (released unfinished), plus the time the data
+    /// plane is given to end its operations ([`super::END_GRACE`]).
+    pub fn limit(&mut self, id: Id, ended: Option<Instant>) -> Option<Instant> {
+        let t = self.live(id)?;
+        let from = ended.map_or(t.deadline, |e| e.min(t.deadline));
+        Some(super::limit_of(from))
+    }
+
+    /// A transfer not final whose memory of this process may lie in
+    /// `[addr, addr + len)`, and when it must be final by (see
+    /// [`limit`](Self::limit)). Reads every transfer: a deregistration's
+    /// cost, not a message's.
+    pub fn touching(&self, addr: u64, len: u64) -> Option<(Id, Instant)> {
+        let end = addr.saturating_add(len);
+        self.slots.iter().enumerate().find_map(|(slot, s)| {
+            let t = s.live.as_ref()?;
+            let (lo, hi) = t.span;
+            (t.state() == TransferState::Pending && lo < end && addr < hi).then(|| {
+                (
+                    Id {
+                        slot: slot as u32,
+                        gen: s.gen,
+                    },
+                    super::limit_of(t.deadline),
+                )
+            })
+        })
+    }
+
+    /// The session id of the transfer's peer.
+    pub fn session(&mut self, id: Id) -> Option<String> {
+        self.live(id).map(|t| t.peer.session.clone())
+    }
+
+    /// Operations of the transfer not yet completed.
+    pub fn pending(&mut self, id: Id) -> Option<(usize, usize)> {
+        self.live(id)
+            .map(|t| (t.pending as usize, t.total as usize))
+    }
+
     /// Where a transfer stands (`None`: no such transfer).
     pub fn state(&mut self, id: Id) -> Option<TransferState> {
         self.live(id).map(|t| t.state())
@@ -398,7 +447,7 @@ mod tests {
     fn a_transfer_is_done_when_its_last_operation_completes() {
         let mut t = Table::default();
         let far = Instant::now() + Duration::from_secs(60);
-        let id = t.open(peer(), 3, far, None);
+        let id = t.open(peer(), (0, 0), 3, far, None);
         let mut c = Chores::default();
         t.posted(id, 3, None, &mut c);
         t.complete(id.cookie(), Ok(()), &mut c);
@@ -412,7 +461,7 @@ mod tests {
         assert_eq!(t.state(id), None);
         // The slot is reused under a new generation: a late completion
         // with the old cookie touches nothing.
-        let again = t.open(peer(), 1, far, None);
+        let again = t.open(peer(), (0, 0), 1, far, None);
         assert_eq!(again.slot, id.slot);
         assert_ne!(again.gen, id.gen);
         t.posted(again, 1, None, &mut c);
@@ -424,7 +473,7 @@ mod tests {
     fn completions_that_come_before_the_poster_is_back_are_counted() {
         let mut t = Table::default();
         let far = Instant::now() + Duration::from_secs(60);
-        let id = t.open(peer(), 3, far, None);
+        let id = t.open(peer(), (0, 0), 3, far, None);
         let mut c = Chores::default();
         // Two posted, both completed by a collector, then the third
         // refused.
@@ -434,7 +483,7 @@ mod tests {
         t.posted(id, 2, Some(op_failure()), &mut c);
         assert_eq!(t.state(id), Some(TransferState::Failed));
         // All three posted and completed before the poster is back.
-        let id = t.open(peer(), 3, far, None);
+        let id = t.open(peer(), (0, 0), 3, far, None);
         for _ in 0..3 {
             t.complete(id.cookie(), Ok(()), &mut c);
         }
@@ -446,7 +495,7 @@ mod tests {
     fn a_transfer_ended_while_it_is_posted_is_ended_again_once_posted() {
         let mut t = Table::default();
         let now = Instant::now();
-        let id = t.open(peer(), 2, now, None);
+        let id = t.open(peer(), (0, 0), 2, now, None);
         let mut c = Chores::default();
         t.expire(now, &mut c);
         assert_eq!(c.end.len(), 1);
@@ -466,7 +515,7 @@ mod tests {
     fn a_failed_operation_fails_the_transfer_and_drops_its_notification() {
         let mut t = Table::default();
         let far = Instant::now() + Duration::from_secs(60);
-        let id = t.open(peer(), 2, far, Some(b"hi".to_vec()));
+        let id = t.open(peer(), (0, 0), 2, far, Some(b"hi".to_vec()));
         let mut c = Chores::default();
         t.posted(id, 2, None, &mut c);
         t.complete(id.cookie(), Err(op_failure()), &mut c);
@@ -480,7 +529,7 @@ mod tests {
     fn a_notification_is_sent_before_the_transfer_is_final() {
         let mut t = Table::default();
         let far = Instant::now() + Duration::from_secs(60);
-        let id = t.open(peer(), 1, far, Some(b"hi".to_vec()));
+        let id = t.open(peer(), (0, 0), 1, far, Some(b"hi".to_vec()));
         let mut c = Chores::default();
         t.posted(id, 1, None, &mut c);
         t.complete(id.cookie(), Ok(()), &mut c);
@@ -494,8 +543,8 @@ mod tests {
     fn an_expired_transfer_is_ended_once_and_fails_with_a_timeout() {
         let mut t = Table::default();
         let now = Instant::now();
-        let id = t.open(peer(), 2, now, None);
-        let later = t.open(peer(), 1, now + Duration::from_secs(60), None);
+        let id = t.open(peer(), (0, 0), 2, now, None);
+        let later = t.open(peer(), (0, 0), 1, now + Duration::from_secs(60), None);
         let mut c = Chores::default();
         t.posted(id, 2, None, &mut c);
         t.posted(later, 1, None, &mut c);
@@ -516,7 +565,7 @@ mod tests {
     fn a_transfer_released_unfinished_is_freed_when_its_operations_complete() {
         let mut t = Table::default();
         let far = Instant::now() + Duration::from_secs(60);
-        let id = t.open(peer(), 1, far, Some(b"late".to_vec()));
+        let id = t.open(peer(), (0, 0), 1, far, Some(b"late".to_vec()));
         let mut c = Chores::default();
         t.posted(id, 1, None, &mut c);
         t.release(id);
@@ -532,7 +581,7 @@ mod tests {
         let far = Instant::now() + Duration::from_secs(60);
         let mut c = Chores::default();
         for _ in 0..10_000 {
-            let id = t.open(peer(), 1, far, None);
+            let id = t.open(peer(), (0, 0), 1, far, None);
             t.posted(id, 1, None, &mut c);
             t.complete(id.cookie(), Ok(()), &mut c);
             t.release(id);

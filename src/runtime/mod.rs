@@ -24,7 +24,7 @@ pub mod telemetry;
 
 pub use clock::Clock;
 pub use coordinator::{Admission, CoordinatorNode, CoordinatorNodeConfig, CoordinatorSnapshot};
-pub use error::NodeError;
+pub use error::{ErrorKind, NodeError};
 pub use instance::{
     Delivery, Frame, GuardError, InstanceNode, InstanceNodeConfig, NodeStats, Outcome, Staging,
     TensorView, MAX_TENSORS,

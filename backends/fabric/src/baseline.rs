@@ -29,11 +29,18 @@ struct Side {
     pool: HostPool,
 }
 
-fn side(info: &Info, pool_len: usize, key: u64) -> Result<Side, FabricError> {
-    let mr_policy =
-        MrPolicy::from_mode(info.mr_mode()).map_err(|what| FabricError::Unsupported {
+fn side(info: &Info, pool_len: usize) -> Result<Side, FabricError> {
+    let mr_policy = MrPolicy::from_mode(info.mr_mode(), info.mr_key_size()).map_err(|what| {
+        FabricError::Unsupported {
             provider: info.provider(),
             what,
+        }
+    })?;
+    let key = mr_policy
+        .requested_key()
+        .map_err(|source| FabricError::Os {
+            what: "draw a memory key",
+            source,
         })?;
     let fabric = Fabric::open(info)?;
     let domain = Domain::open(&fabric, info)?;
@@ -47,16 +54,7 @@ fn side(info: &Info, pool_len: usize, key: u64) -> Result<Side, FabricError> {
     let ep = mr_policy.endpoint.then_some(&endpoint);
     // SAFETY: the pool is mapped until `Side` drops, after the region
     // (field order).
-    let mr = unsafe {
-        MemoryRegion::register(
-            &domain,
-            ep,
-            pool.ptr(),
-            pool.len(),
-            mr_policy.requested_key(key),
-            false,
-        )?
-    };
+    let mr = unsafe { MemoryRegion::register(&domain, ep, pool.ptr(), pool.len(), key, false)? };
     Ok(Side {
         mr,
         endpoint,
@@ -94,11 +92,11 @@ impl RawPair {
     /// `pool_len` bytes.
     pub fn open(config: &FabricConfig, pool_len: usize) -> Result<Self, FabricError> {
         let (info, delivery) = find(config)?;
-        let virt_addr = MrPolicy::from_mode(info.mr_mode())
+        let virt_addr = MrPolicy::from_mode(info.mr_mode(), info.mr_key_size())
             .map(|p| p.virt_addr)
             .unwrap_or(false);
-        let sender = side(&info, pool_len, 1)?;
-        let receiver = Arc::new(side(&info, pool_len, 2)?);
+        let sender = side(&info, pool_len)?;
+        let receiver = Arc::new(side(&info, pool_len)?);
         let dest = sender
             ._av
             .insert(receiver.endpoint.name(), "baseline receiver")?;

@@ -154,10 +154,13 @@ pub enum FabricError {
         /// The peer's session id.
         peer: String,
     },
-    /// Writes to or reads from a peer that the provider did not end in
-    /// time after the peer's connection was closed: they may still move
-    /// bytes, so their memory stays in use until their completions come.
-    #[error("{ops} writes to or reads from {peer} still with the provider {waited:?} after their connection was closed")]
+    /// Writes to or reads from a peer that could not be ended: the
+    /// progress thread stayed inside a provider call (libfabric 1.17's
+    /// shm spins on the lock of a peer that died holding it), so the
+    /// endpoint could not be reset under them. They may still move bytes:
+    /// their memory stays in use (and registered) until their completions
+    /// come.
+    #[error("{ops} writes to or reads from {peer} could not be ended after {waited:?}: {why}; their memory stays in use until the provider ends them")]
     NotEnded {
         /// The peer's session id.
         peer: String,
@@ -165,6 +168,21 @@ pub enum FabricError {
         ops: usize,
         /// How long was waited.
         waited: std::time::Duration,
+        /// Why they could not be ended.
+        why: &'static str,
+    },
+    /// A write or read was posted to a peer when the endpoint was reset
+    /// to end another peer's operations, and (where its receiver counts
+    /// each chunk's remote CQ data, so that a chunk cannot be sent twice)
+    /// could not be posted again.
+    #[error("{op} {peer} ended unfinished: the endpoint was reset to end another peer's operations ({why})")]
+    Reset {
+        /// A write or a read.
+        op: OpKind,
+        /// The peer's session id.
+        peer: String,
+        /// Why the endpoint was reset.
+        why: &'static str,
     },
     /// The transport's progress thread could not be started, or memory for
     /// the pool could not be mapped.
@@ -282,6 +300,7 @@ impl Fault for FabricError {
             Self::Timeout { .. } | Self::Cancelled { .. } | Self::NotEnded { .. } => {
                 FaultKind::Timeout
             }
+            Self::Reset { .. } => FaultKind::Io,
         }
     }
 }

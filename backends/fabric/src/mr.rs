@@ -24,12 +24,14 @@ pub struct MrPolicy {
     /// `FI_MR_ALLOCATED`: only allocated (mapped) memory can be registered;
     /// pools always are.
     pub allocated: bool,
+    /// Bytes of a key the provider takes (its domain's `mr_key_size`).
+    pub key_size: usize,
 }
 
 impl MrPolicy {
     /// The rules for the `mr_mode` a provider returned. Modes ferry did not
     /// ask for (and so cannot honour) are an error naming them.
-    pub fn from_mode(mr_mode: i32) -> Result<Self, String> {
+    pub fn from_mode(mr_mode: i32, key_size: usize) -> Result<Self, String> {
         let bits = mr_mode as u32;
         let unknown = bits & !MR_MODES;
         if unknown != 0 {
@@ -43,17 +45,29 @@ impl MrPolicy {
             local: bits & sys::FI_MR_LOCAL != 0,
             endpoint: bits & sys::FI_MR_ENDPOINT != 0,
             allocated: bits & sys::FI_MR_ALLOCATED != 0,
+            key_size,
         })
     }
 
-    /// The key to request for the `n`th registration of this process (keys
-    /// are per domain; any distinct value works), or 0 where the provider
-    /// assigns it.
-    pub fn requested_key(&self, n: u64) -> u64 {
+    /// The key to request for a new registration, or 0 where the provider
+    /// assigns it: random, as wide as the provider takes (64 bits on `tcp`
+    /// and `shm`), never 0. Over `tcp` a key is all a host that reaches the
+    /// provider's port needs to write into or read from the region it
+    /// names (the provider's listener answers anyone, and regions are
+    /// addressed by offset), so it must not be guessable; it travels only
+    /// in the session id. A key already taken is refused by the provider
+    /// (`FI_ENOKEY`), and the caller asks again.
+    pub fn requested_key(&self) -> Result<u64, std::io::Error> {
         if self.prov_key {
-            0
-        } else {
-            n
+            return Ok(0);
+        }
+        let bits = (self.key_size.clamp(1, 8) * 8) as u32;
+        let mask = u64::MAX >> (64 - bits);
+        loop {
+            let key = random_u64()? & mask;
+            if key != 0 {
+                return Ok(key);
+            }
         }
     }
 
@@ -68,32 +82,69 @@ impl MrPolicy {
     }
 }
 
+/// Eight bytes from the kernel's random source.
+#[allow(unsafe_code)]
+fn random_u64() -> Result<u64, std::io::Error> {
+    let mut b = [0u8; 8];
+    let mut got = 0;
+    while got < b.len() {
+        // SAFETY: getrandom writes at most the given length into the
+        // buffer we own, from `got` on.
+        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        got += n as usize;
+    }
+    Ok(u64::from_ne_bytes(b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn each_mode_bit_maps_to_its_rule() {
-        let none = MrPolicy::from_mode(0).unwrap();
+        let none = MrPolicy::from_mode(0, 8).unwrap();
         assert!(!none.prov_key && !none.virt_addr && !none.local && !none.endpoint);
-        assert_eq!(none.requested_key(7), 7);
 
         // What EFA and verbs return: local, virt_addr, allocated, prov_key.
         let efa = MrPolicy::from_mode(
             (sys::FI_MR_LOCAL | sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY)
                 as i32,
+            8,
         )
         .unwrap();
         assert!(efa.prov_key && efa.virt_addr && efa.local && efa.allocated);
         assert!(!efa.endpoint);
-        assert_eq!(efa.requested_key(7), 0);
+        assert_eq!(efa.requested_key().unwrap(), 0);
 
-        let cxi = MrPolicy::from_mode(sys::FI_MR_ENDPOINT as i32).unwrap();
+        let cxi = MrPolicy::from_mode(sys::FI_MR_ENDPOINT as i32, 8).unwrap();
         assert!(cxi.endpoint && !cxi.prov_key);
 
-        let raw = MrPolicy::from_mode((sys::FI_MR_RAW | sys::FI_MR_LOCAL) as i32).unwrap_err();
+        let raw = MrPolicy::from_mode((sys::FI_MR_RAW | sys::FI_MR_LOCAL) as i32, 8).unwrap_err();
         assert!(raw.contains("0x8"), "{raw}");
-        assert!(MrPolicy::from_mode(sys::FI_MR_HMEM as i32).is_err());
+        assert!(MrPolicy::from_mode(sys::FI_MR_HMEM as i32, 8).is_err());
+    }
+
+    #[test]
+    fn requested_keys_are_random_nonzero_and_as_wide_as_the_provider_takes() {
+        let wide = MrPolicy::from_mode(0, 8).unwrap();
+        let keys: std::collections::HashSet<u64> =
+            (0..1000).map(|_| wide.requested_key().unwrap()).collect();
+        assert_eq!(keys.len(), 1000, "no two alike");
+        assert!(!keys.contains(&0));
+        // Most use the upper half of the 64 bits.
+        assert!(keys.iter().filter(|&&k| k > u64::MAX / 2).count() > 400);
+        let narrow = MrPolicy::from_mode(0, 4).unwrap();
+        assert!((0..1000).all(|_| {
+            let k = narrow.requested_key().unwrap();
+            k != 0 && k <= u64::from(u32::MAX)
+        }));
     }
 
     #[test]

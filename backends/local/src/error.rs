@@ -2,6 +2,7 @@
 //! session id) or the address, and the errno where there is one.
 
 use std::io;
+use std::time::Duration;
 
 use tensorferry_core::transport::{Fault, FaultKind};
 
@@ -148,6 +149,25 @@ pub enum LocalError {
         /// The address.
         addr: u64,
     },
+    /// `deregister` gave up waiting for peers still copying into or out of
+    /// this engine's memory: the region is out of the table, but its
+    /// memory is still the engine's (keep it mapped, and deregister it
+    /// again).
+    #[error(
+        "deregister {len} bytes at {addr:#x}: peers' copies were still running after {waited:?} (processes {pids:?}, {unnamed} unnamed); the region stays the engine's: keep its memory mapped and deregister it again"
+    )]
+    PeerInside {
+        /// The region's first byte.
+        addr: u64,
+        /// Its length.
+        len: u64,
+        /// How long it waited.
+        waited: Duration,
+        /// The processes still inside.
+        pids: Vec<u32>,
+        /// Copies of writers without a place of their own.
+        unnamed: u64,
+    },
     /// The peer's table kept changing while it was read.
     #[error("peer session {session}: its region table did not hold still to be read")]
     TableBusy {
@@ -173,7 +193,7 @@ impl Fault for LocalError {
             | Self::ReadDestOutOfBounds { .. }
             | Self::Partial { .. } => FaultKind::OutOfBounds,
             Self::Register { .. } | Self::NotRegistered { .. } => FaultKind::Registration,
-            Self::Cancelled { .. } => FaultKind::Timeout,
+            Self::Cancelled { .. } | Self::PeerInside { .. } => FaultKind::Timeout,
         }
     }
 }

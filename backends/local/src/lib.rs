@@ -22,7 +22,7 @@ mod transport;
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 pub use copy::{Direction, Op};
@@ -33,7 +33,7 @@ pub use transport::LocalTransport;
 
 use peer::Peer;
 use session::Session;
-use table::{Lookup, Table};
+use table::{Lookup, Occupancy, Table};
 
 /// Peers remembered before the cache is emptied (a process that writes to
 /// ever new peers should not keep every dead one's descriptors).
@@ -48,9 +48,10 @@ pub struct LocalConfig {
     /// Writes and reads (or batches) of at least this many bytes are
     /// spread over the threads.
     pub parallel_min: u64,
-    /// How long `deregister` and drop wait for peers' writes and reads
-    /// still inside this engine's table (a peer killed mid-copy never
-    /// leaves).
+    /// How long `deregister` waits for peers' writes and reads still
+    /// inside this engine's table before it fails, leaving the region
+    /// registered (a peer that died mid-copy is not waited for; one that
+    /// is stopped is).
     pub drain_wait: Duration,
 }
 
@@ -76,6 +77,11 @@ pub struct LocalEngine {
     table_fd: OwnedFd,
     /// This engine's regions, `(base, len)`, sorted by base.
     regions: RwLock<Vec<(u64, u64)>>,
+    /// Regions taken out of the table whose deregistration has not ended:
+    /// a peer's copy that may touch them was still running when it gave
+    /// up waiting. Their memory stays the engine's until a `deregister`
+    /// of them returns `Ok`.
+    retiring: Mutex<Vec<(u64, u64)>>,
     peers: RwLock<HashMap<String, Arc<Peer>>>,
     copier: Copier,
     config: LocalConfig,
@@ -116,6 +122,7 @@ impl LocalEngine {
             table,
             table_fd,
             regions: RwLock::new(Vec::new()),
+            retiring: Mutex::new(Vec::new()),
             peers: RwLock::new(HashMap::new()),
             copier,
             config,
@@ -139,13 +146,15 @@ impl LocalEngine {
     /// from them from now on, and this engine may write from them and read
     /// into them.
     ///
+    /// # Safety
     /// The memory is the caller's: it must stay mapped until
-    /// [`deregister`](Self::deregister) returns, and it may change under
-    /// any reference the caller holds while registered. Writes into memory
-    /// that is not mapped fail with an error at the writer (the kernel
-    /// checks every address), so a wrong range cannot corrupt this
-    /// process beyond the range itself.
-    pub fn register(&self, addr: u64, len: u64) -> Result<(), LocalError> {
+    /// [`deregister`](Self::deregister) returns `Ok` (or the engine is
+    /// dropped), and the caller must expect it to change at any time
+    /// while registered: no reference that assumes its bytes do not
+    /// change may be held over it. Writes into memory that is not mapped
+    /// fail with an error at the writer (the kernel checks every address).
+    #[allow(unsafe_code)]
+    pub unsafe fn register(&self, addr: u64, len: u64) -> Result<(), LocalError> {
         let bad = |why| LocalError::Register { addr, len, why };
         if len == 0 {
             return Err(bad("the region is empty"));
@@ -160,6 +169,14 @@ impl LocalEngine {
         if regions.iter().any(|&(b, l)| addr < b + l && b < end) {
             return Err(bad("it overlaps a region registered already"));
         }
+        if lock(&self.retiring)
+            .iter()
+            .any(|&(b, l)| addr < b + l && b < end)
+        {
+            return Err(bad(
+                "it overlaps a region whose deregistration has not ended (a peer's copy may still touch it)",
+            ));
+        }
         let at = regions.partition_point(|&(b, _)| b < addr);
         regions.insert(at, (addr, len));
         self.table.publish(&regions);
@@ -167,34 +184,57 @@ impl LocalEngine {
     }
 
     /// Ends the registration of the region that starts at `addr`. When it
-    /// returns, no peer's write into the region or read from it is still
-    /// running (unless a peer stayed inside the table longer than
-    /// [`LocalConfig::drain_wait`], which is logged).
+    /// returns `Ok`, no peer's write into the region or read from it is
+    /// still running, and none can start: the memory is the caller's
+    /// again. A peer still copying after [`LocalConfig::drain_wait`] (one
+    /// that is stopped; one that died, its process id perhaps given to
+    /// another process since, is not waited for) fails it with
+    /// [`LocalError::PeerInside`]: the region is out of the table (no new
+    /// copy reaches it) but stays this engine's, its memory must stay
+    /// mapped, and `deregister` may be called again.
     pub fn deregister(&self, addr: u64) -> Result<(), LocalError> {
-        let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
-        let at = regions
-            .iter()
-            .position(|&(b, _)| b == addr)
-            .ok_or(LocalError::NotRegistered { addr })?;
-        regions.remove(at);
-        self.table.publish(&regions);
-        drop(regions);
-        self.drain();
+        let region = {
+            let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
+            let mut retiring = lock(&self.retiring);
+            match retiring.iter().find(|&&(b, _)| b == addr) {
+                Some(&r) => r,
+                None => {
+                    let at = regions
+                        .iter()
+                        .position(|&(b, _)| b == addr)
+                        .ok_or(LocalError::NotRegistered { addr })?;
+                    let r = regions.remove(at);
+                    self.table.publish(&regions);
+                    retiring.push(r);
+                    r
+                }
+            }
+        };
+        self.drain(self.config.drain_wait)
+            .map_err(|(pids, unnamed)| LocalError::PeerInside {
+                addr: region.0,
+                len: region.1,
+                waited: self.config.drain_wait,
+                pids,
+                unnamed,
+            })?;
+        lock(&self.retiring).retain(|&r| r != region);
         Ok(())
     }
 
-    /// Waits until no peer's write or read is inside this engine's table.
-    fn drain(&self) {
-        let deadline = Instant::now() + self.config.drain_wait;
+    /// Waits at most `wait` until no peer's write or read is inside this
+    /// engine's table; `Err`: the processes still inside, and the copies
+    /// of unnamed ones.
+    fn drain(&self, wait: Duration) -> Result<(), (Vec<u32>, u64)> {
+        let deadline = Instant::now() + wait;
         let mut pause = Duration::from_micros(1);
-        while !self.table.quiescent() {
-            if Instant::now() >= deadline {
-                tracing::warn!(
-                    session = %self.session,
-                    waited = ?self.config.drain_wait,
-                    "a peer's write into or read from this engine did not finish (its process may have died mid-copy); going on"
-                );
-                return;
+        loop {
+            match self.table.inside() {
+                Occupancy::Quiet => return Ok(()),
+                Occupancy::Writers { pids, unnamed } if Instant::now() >= deadline => {
+                    return Err((pids, unnamed))
+                }
+                Occupancy::Writers { .. } => {}
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(1));
@@ -235,12 +275,12 @@ impl LocalEngine {
                 why: format!("its process {} exited", peer.pid),
             });
         }
-        let inside = peer.table.enter();
+        let inside = peer.table.enter(peer.lease.as_ref());
         let ranges = ops
             .iter()
             .filter(|o| o.len > 0)
             .map(|o| (dir.remote(o), o.len));
-        match inside.check(ranges) {
+        match peer.table.check(&inside, ranges) {
             Lookup::Inside => {}
             Lookup::Outside(addr, len) => {
                 let session = session.to_owned();
@@ -372,10 +412,36 @@ impl LocalEngine {
 }
 
 impl Drop for LocalEngine {
+    /// Closes the table, then waits until no peer copies into or out of a
+    /// region still registered (or whose deregistration failed): the
+    /// caller may free that memory once the engine is gone. A peer that
+    /// stays inside (a stopped process) is waited for, said every
+    /// `drain_wait`; one that died is not.
     fn drop(&mut self) {
         self.table.close();
-        self.drain();
+        let held = !self
+            .regions
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+            || !lock(&self.retiring).is_empty();
+        if !held {
+            return;
+        }
+        while let Err((pids, unnamed)) = self.drain(self.config.drain_wait) {
+            tracing::warn!(
+                session = %self.session,
+                ?pids,
+                unnamed,
+                waited = ?self.config.drain_wait,
+                "a peer's copy into or out of this engine's memory is still running; the engine waits for it before its memory is given back"
+            );
+        }
     }
+}
+
+fn lock<X>(m: &Mutex<X>) -> std::sync::MutexGuard<'_, X> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A nonce no other engine on the host is likely to have: the clock, the

@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use crate::error::{hint, LocalError};
 use crate::session::Session;
-use crate::table::Table;
+use crate::table::{Lease, Table};
 
 /// An attached peer.
 pub(crate) struct Peer {
@@ -19,6 +19,19 @@ pub(crate) struct Peer {
     pidfd: OwnedFd,
     /// Its region table.
     pub table: Table,
+    /// This process's place in that table, to count its copies in (so
+    /// that the peer can tell, should this process die mid-copy, that
+    /// nothing of it still runs); `None`: every place was taken.
+    pub lease: Option<Lease>,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        // No copy of this process's is inside: each holds the peer.
+        if let Some(lease) = self.lease.take() {
+            self.table.release(lease);
+        }
+    }
 }
 
 impl Peer {
@@ -68,11 +81,13 @@ impl Peer {
             session: text.to_owned(),
             why,
         })?;
+        let lease = table.lease();
         Ok(Self {
             text: text.to_owned(),
             pid: session.pid,
             pidfd,
             table,
+            lease,
         })
     }
 

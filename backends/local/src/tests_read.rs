@@ -45,7 +45,7 @@ fn peer_process() {
     }
     let e = engine();
     let memory: Vec<u8> = (0..PEER_LEN).map(peer_byte).collect();
-    e.register(addr(&memory), PEER_LEN as u64).unwrap();
+    crate::tests::reg(&e, addr(&memory), PEER_LEN as u64).unwrap();
     println!(
         "{PEER_LINE} {} {} {}",
         e.session_id(),
@@ -114,7 +114,7 @@ fn reads_from_another_process_land_byte_for_byte_and_fail_once_it_exits() {
     let (mut peer, session, base) = spawn_peer();
     let a = engine();
     let mut sink = vec![0u8; PEER_LEN];
-    a.register(addr(&sink), PEER_LEN as u64).unwrap();
+    crate::tests::reg(&a, addr(&sink), PEER_LEN as u64).unwrap();
     let want: Vec<u8> = (0..PEER_LEN).map(peer_byte).collect();
     // Large: spread over the copy threads.
     a.read(&session, &[op(base, addr(&sink), PEER_LEN as u64)])
@@ -151,7 +151,7 @@ fn reads_from_another_process_land_byte_for_byte_and_fail_once_it_exits() {
     assert!(matches!(e, LocalError::PeerGone { .. }), "{e}");
     assert_eq!(e.kind(), FaultKind::PeerGone);
     let b = engine();
-    b.register(addr(&sink), PEER_LEN as u64).unwrap();
+    crate::tests::reg(&b, addr(&sink), PEER_LEN as u64).unwrap();
     let e = b.read(&session, &[op(base, addr(&sink), 64)]).unwrap_err();
     assert_eq!(e.kind(), FaultKind::PeerGone, "{e}");
     assert!(sink.iter().all(|&b| b == 0));
@@ -162,8 +162,8 @@ fn reads_in_one_process_are_checked_on_both_sides() {
     let (a, b) = (engine(), engine());
     let theirs: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 1) as u8).collect();
     let mine = vec![0u8; 4096];
-    a.register(addr(&mine), 4096).unwrap();
-    b.register(addr(&theirs), 4096).unwrap();
+    crate::tests::reg(&a, addr(&mine), 4096).unwrap();
+    crate::tests::reg(&b, addr(&theirs), 4096).unwrap();
     // Zero bytes: nothing checked, nothing copied, as for a write.
     a.read(b.session_id(), &[op(0, 0, 0)]).unwrap();
     a.read(b.session_id(), &[op(addr(&theirs), addr(&mine), 4096)])

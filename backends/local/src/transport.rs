@@ -136,6 +136,8 @@ impl Transport for LocalTransport {
             // into `process_vm_writev`'s iovec limit).
             max_write: u64::MAX,
             delivery_complete: true,
+            // Made within the poll that takes it up, by this process.
+            write_lifetime: std::time::Duration::ZERO,
         }
     }
 
@@ -145,7 +147,8 @@ impl Transport for LocalTransport {
             addr: addr as u64,
             len: len as u64,
         };
-        self.engine.register(region.addr, region.len)?;
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.engine.register(region.addr, region.len) }?;
         self.next_id = self.next_id.wrapping_add(1).max(1);
         self.regions.push(region);
         Ok(region)

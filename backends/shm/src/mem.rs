@@ -160,6 +160,8 @@ impl ControlRecv for MemReceiver {
         Ok(Some(ChannelEvent::Message(Incoming {
             from: &self.from,
             via: &self.me,
+            // In-process: no one to authenticate.
+            user: "",
             magic: m,
             payload: p,
         })))

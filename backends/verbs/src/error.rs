@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use tensorferry_core::transport::{Fault, FaultKind, RegionError};
+use tensorferry_zmq::zmq;
 
 use crate::device::{RdmaOp, Verb};
 use crate::status::WcStatus;

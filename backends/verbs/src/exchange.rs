@@ -21,7 +21,9 @@ use crate::error::VerbsError;
 pub const VERSION: u32 = 3;
 
 /// Largest exchange message accepted (a reply listing the most regions
-/// fits).
+/// fits). The side channel's sockets refuse larger frames before reading
+/// them (libzmq's MAXMSGSIZE, with room for CURVE's box), dropping the
+/// connection that sent one; decoding checks it again.
 pub const MAX_MESSAGE: usize = 16384;
 
 /// Most regions a reply lists (and a transport registers).

@@ -32,6 +32,16 @@
 //!   a CURVE server admitting only `writers`, whose public key travels in
 //!   the session id ([`VerbsConfig`]). A peer admitted there may write
 //!   into the registered regions and read them.
+//! - The side channel bounds what a peer can make it hold or do: frames
+//!   larger than an exchange message drop their connection (libzmq's
+//!   MAXMSGSIZE) and few requests queue per connection. Each request is
+//!   bound to the requester its connection proves (under CURVE its key,
+//!   and the writer session it names must carry that key; without CURVE
+//!   its IP address, over `ipc://` the connection): a target keeps the
+//!   queue pairs it accepted by requester and writer session, so a request
+//!   never replaces another requester's, and drops for room only the
+//!   oldest of the same requester (`max_per_writer`) or, at
+//!   `max_writers` in all, of the requester holding the most.
 //! - Verbs are reached through the [`Device`] trait: [`IbvDevice`] over
 //!   `sideway` (which loads libibverbs at run time), and in tests a
 //!   software stand-in that runs the same connection logic without a NIC.

@@ -4,6 +4,14 @@
 //!
 //! Callers wake it through an inproc PUSH/PULL pair when a write creates a
 //! connection; otherwise it sleeps in `zmq_poll`.
+//!
+//! What arrives is bounded before it is read: every socket refuses frames
+//! larger than an exchange message ([`MAX_FRAME`], libzmq's MAXMSGSIZE,
+//! which drops the connection that sends one rather than buffer it), and
+//! the ROUTER queues few requests per connection ([`ROUTER_RCVHWM`]). Each
+//! request is answered for the requester its connection proves
+//! ([`Requester`]: under CURVE its key, else its address), not for the
+//! writer session it names.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,9 +19,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tensorferry_zmq::{CurvePublicKey, Guard, ZapHandler};
+use tensorferry_zmq::{zmq, CurvePublicKey, Guard, ZapHandler};
 
-use crate::conn::ConnBook;
+use crate::conn::{ConnBook, Requester};
 use crate::device::Device;
 use crate::error::VerbsError;
 use crate::exchange::MAX_MESSAGE;
@@ -23,6 +31,19 @@ use crate::wake::WakeSet;
 /// How long the thread sleeps when nothing happens (it also checks the
 /// stop flag this often).
 const IDLE: Duration = Duration::from_millis(100);
+
+/// The largest frame the side channel's sockets take (their MAXMSGSIZE):
+/// an exchange message, and room for CURVE's box around it, which libzmq
+/// counts too (its MESSAGE command, nonce, MAC and flags: 33 bytes).
+/// libzmq drops the connection of a peer that sends a larger one instead
+/// of receiving it; the exchange still checks [`MAX_MESSAGE`] itself.
+pub(crate) const MAX_FRAME: i64 = MAX_MESSAGE as i64 + 64;
+
+/// Requests the ROUTER queues per connection (its RCVHWM): past it libzmq
+/// stops reading that connection until the thread catches up, so one
+/// connection holds at most this many frames of [`MAX_FRAME`] (about a
+/// MiB) in memory. A writer sends one request per connection.
+pub(crate) const ROUTER_RCVHWM: i32 = 64;
 
 pub(crate) fn lock<D: Device>(book: &Mutex<ConnBook<D>>) -> MutexGuard<'_, ConnBook<D>> {
     // A panic elsewhere poisons the lock; the book stays consistent
@@ -86,6 +107,8 @@ pub struct SideChannel {
     pub wake: zmq::Socket,
     /// How the router is guarded and the requests' sockets connect.
     pub guard: Guard,
+    /// The router is bound on `tcp://` (its peers have addresses).
+    pub tcp: bool,
     /// The keys of the side channels this transport connects to.
     pub server_keys: Arc<ServerKeys>,
     /// The router's authentication handler, if it enforces anything:
@@ -159,7 +182,7 @@ fn run<D: Device>(side: SideChannel, book: &Mutex<ConnBook<D>>, news: &WakeSet, 
             while side.wake.recv_bytes(zmq::DONTWAIT).is_ok() {}
         }
         if ready[0] {
-            answer_requests(&side.router, book, &mut buf);
+            answer_requests(&side, book);
         }
         for (i, (id, s)) in dealers.iter().enumerate() {
             if !ready[2 + i] {
@@ -198,6 +221,9 @@ fn request(side: &SideChannel, endpoint: &str, bytes: &[u8]) -> Result<zmq::Sock
     let s = side.ctx.socket(zmq::DEALER).map_err(failed)?;
     s.set_linger(0).map_err(failed)?;
     s.set_ipv6(true).map_err(failed)?;
+    // A reply larger than any exchange message drops the connection (the
+    // request then times out) rather than be received whole.
+    s.set_maxmsgsize(MAX_FRAME).map_err(failed)?;
     side.guard
         .client(&s, endpoint, side.server_keys.of(endpoint).as_ref())
         .map_err(|source| VerbsError::Guard {
@@ -209,7 +235,36 @@ fn request(side: &SideChannel, endpoint: &str, bytes: &[u8]) -> Result<zmq::Sock
     Ok(s)
 }
 
-fn answer_requests<D: Device>(router: &zmq::Socket, book: &Mutex<ConnBook<D>>, buf: &mut [u8]) {
+/// Who sent `msg` (a request's frame), as its connection proves it: under
+/// CURVE, the key the ZAP handler named it by ("User-Id"); without, over
+/// TCP, the peer's address ("Peer-Address"); otherwise the connection's
+/// routing id (over `ipc://` libzmq names every peer `localhost`, which
+/// would make every process on the host one requester, free to replace
+/// another's queue pair). `Err`: a CURVE connection without a key, which
+/// the handler never admits.
+fn requester(
+    msg: &zmq::Message,
+    routing_id: &[u8],
+    curve: bool,
+    tcp: bool,
+) -> Result<Requester, String> {
+    if curve {
+        let user = msg.gets("User-Id").unwrap_or_default();
+        return CurvePublicKey::from_z85(user)
+            .map(Requester::Key)
+            .map_err(|e| format!("the connection carries no CURVE key ({e})"));
+    }
+    match msg.gets("Peer-Address") {
+        Some(a) if tcp && !a.is_empty() => Ok(Requester::Address(a.to_owned())),
+        _ => Ok(Requester::Connection(routing_id.to_vec())),
+    }
+}
+
+fn answer_requests<D: Device>(side: &SideChannel, book: &Mutex<ConnBook<D>>) {
+    let router = &side.router;
+    let curve = side.guard.curve.is_some();
+    let tcp = side.tcp;
+    let mut msg = zmq::Message::new();
     loop {
         let identity = match router.recv_bytes(zmq::DONTWAIT) {
             Ok(id) => id,
@@ -222,31 +277,38 @@ fn answer_requests<D: Device>(router: &zmq::Socket, book: &Mutex<ConnBook<D>>, b
         if !router.get_rcvmore().unwrap_or(false) {
             continue;
         }
-        let n = match router.recv_into(buf, zmq::DONTWAIT) {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::warn!(error = %e, "verbs side channel: receive failed");
-                return;
-            }
-        };
+        // Into a message, for the metadata of the connection it came over.
+        if let Err(e) = router.recv(&mut msg, zmq::DONTWAIT) {
+            tracing::warn!(error = %e, "verbs side channel: receive failed");
+            return;
+        }
         // Anything past a second frame is not ours; drain it.
         while router.get_rcvmore().unwrap_or(false) {
             if router.recv_bytes(zmq::DONTWAIT).is_err() {
                 break;
             }
         }
-        let from = format!("side-channel peer {}", hex(&identity));
-        let reply = if n > MAX_MESSAGE {
-            crate::exchange::Reply::Refuse {
-                why: format!("request of {n} bytes, at most {MAX_MESSAGE}"),
+        let who = requester(&msg, &identity, curve, tcp);
+        let n = msg.len();
+        let reply = match &who {
+            Err(why) => {
+                tracing::warn!(why = %why, "verbs side channel: a request from no known requester refused");
+                crate::exchange::Reply::Refuse { why: why.clone() }
             }
-        } else {
-            lock(book).on_request(&buf[..n], &from)
+            // libzmq's MAXMSGSIZE keeps these out; checked all the same.
+            Ok(_) if n > MAX_MESSAGE => crate::exchange::Reply::Refuse {
+                why: format!("request of {n} bytes, at most {MAX_MESSAGE}"),
+            },
+            Ok(who) => lock(book).on_request(&msg, who),
         };
         let bytes = reply.encode();
         let frames: [&[u8]; 2] = [&identity, &bytes];
         if let Err(e) = router.send_multipart(frames, zmq::DONTWAIT) {
-            tracing::warn!(error = %e, peer = %from, "verbs side channel: reply not sent");
+            let peer = match &who {
+                Ok(w) => w.to_string(),
+                Err(_) => format!("on connection {}", hex(&identity)),
+            };
+            tracing::warn!(error = %e, peer = %peer, "verbs side channel: reply not sent");
         }
     }
 }

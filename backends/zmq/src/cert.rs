@@ -131,9 +131,11 @@ pub fn read_public_key(path: &Path) -> Result<CurvePublicKey, CertError> {
     CurvePublicKey::from_z85(&text).map_err(|e| key_error(path, "public-key", line, e))
 }
 
-/// The key pair of the secret certificate at `path`. A file others may
-/// read is used, and said so (pyzmq writes its secret files with the
-/// process's umask; `ferry keygen` writes them 0600).
+/// The key pair of the secret certificate at `path`. A file others than
+/// its owner may read is refused: a secret key others can read is no
+/// longer this process's alone (pyzmq writes its secret files with the
+/// process's umask, so `chmod 600` them; `ferry keygen` writes them
+/// 0600).
 pub fn read_key_pair(path: &Path) -> Result<CurveKeyPair, CertError> {
     let keys = read(path)?;
     let missing = |what: &str| CertError {
@@ -148,14 +150,20 @@ pub fn read_key_pair(path: &Path) -> Result<CurveKeyPair, CertError> {
     CurvePublicKey::from_z85(&public).map_err(|e| key_error(path, "public-key", pl, e))?;
     let pair = CurveKeyPair::from_z85(&public, &secret)
         .map_err(|e| key_error(path, "secret-key", sl, e))?;
-    if let Ok(meta) = std::fs::metadata(path) {
-        if meta.permissions().mode() & 0o077 != 0 {
-            tracing::warn!(
-                file = %path.display(),
-                mode = format!("{:o}", meta.permissions().mode() & 0o777),
-                "the secret CURVE certificate can be read by others than its owner (chmod 600 it)"
-            );
-        }
+    let meta = std::fs::metadata(path).map_err(|e| CertError {
+        path: path.to_owned(),
+        line: None,
+        why: e.to_string(),
+    })?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(CertError {
+            path: path.to_owned(),
+            line: None,
+            why: format!(
+                "a secret certificate others than its owner may read (mode {mode:o}) is not used: chmod 600 it"
+            ),
+        });
     }
     Ok(pair)
 }
@@ -345,6 +353,14 @@ curve
         assert_eq!(mode, 0o600);
         assert_eq!(read_key_pair(&secret).unwrap(), pair);
         assert_eq!(read_public_key(&public).unwrap(), *pair.public());
+        // A secret file others may read is refused, and says the fix.
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let e = read_key_pair(&secret).unwrap_err();
+        assert!(
+            e.why.contains("mode 640") && e.why.contains("chmod 600"),
+            "{e}"
+        );
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
         // Never overwritten.
         let e = write_certificates(&d, "coordinator", &pair).unwrap_err();
         assert!(e.why.contains("exists already"), "{e}");

@@ -12,6 +12,7 @@ use crate::guard::Guard;
 use crate::learn::ServerKeys;
 use crate::recv::ZmqReceiver;
 use crate::send::ZmqSender;
+use crate::zmq;
 
 /// A control channel: PULL sockets bound where it receives, PUSH sockets
 /// to where it sends.

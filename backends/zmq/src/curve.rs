@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use crate::zmq;
+
 /// Z85's alphabet: the character of each value 0..85.
 const Z85: &[u8; 85] =
     b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";

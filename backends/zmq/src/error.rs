@@ -2,6 +2,8 @@
 
 use tensorferry_core::transport::{Fault, FaultKind};
 
+use crate::zmq;
+
 /// A ZeroMQ control-channel error.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -62,12 +64,24 @@ pub enum ZmqError {
         /// The peer's endpoint.
         endpoint: String,
     },
+    /// CURVE keys were given, and the libzmq this program is linked with
+    /// has no CURVE (`zmq_has("curve")` is false), so no socket could use
+    /// them.
+    #[error(
+        "CURVE keys were given, and this program's libzmq was built without CURVE \
+         (zmq_has(\"curve\") is false): build it with tensorferry-zmq-sys's libzmq, which \
+         has CURVE (a [patch] or build that swaps in another libzmq must link libsodium), \
+         or run without CURVE keys"
+    )]
+    NoCurve,
 }
 
 impl Fault for ZmqError {
     fn kind(&self) -> FaultKind {
         match self {
-            Self::Sys { .. } | Self::Malformed { .. } | Self::NoKey { .. } => FaultKind::Io,
+            Self::Sys { .. } | Self::Malformed { .. } | Self::NoKey { .. } | Self::NoCurve => {
+                FaultKind::Io
+            }
             Self::NoServerKey { .. } => FaultKind::UnknownPeer,
             Self::Timeout { .. } => FaultKind::Timeout,
             Self::TooLarge { .. } => FaultKind::TooLarge,

@@ -26,15 +26,19 @@
 //! [`CurveConfig`], CurveZMQ between ferry processes (every bound socket a
 //! CURVE server admitting listed keys, every connection a CURVE client),
 //! enforced by a ZAP handler per context ([`ZapHandler`]); the verbs data
-//! plane's side channel takes the same guard. Keys come from certificate
-//! files in czmq's and pyzmq's format ([`CurveConfig::load`],
-//! [`write_certificates`]).
+//! plane's side channel and the transfer engine's notification inbox take
+//! the same guard. Keys come from certificate files in czmq's and pyzmq's
+//! format ([`CurveConfig::load`], [`write_certificates`]); a guard's
+//! settings, given or from the environment a deployment sets once per
+//! machine ([`GuardSettings`], [`Guard::from_env`]), are read in one place.
 //!
 //! Modules: [`ZmqChannel`] binds (`channel`), [`ZmqSender`] connects and
 //! sends (`send`), [`ZmqReceiver`] receives and watches peers (`recv`);
 //! [`ZmqConfig`] and [`ZmqError`] beside them; the guard (`guard`), its
 //! handler (`zap`), keys (`curve`), certificates (`cert`) and the server
-//! keys a channel learns (`learn`).
+//! keys a channel learns (`learn`). [`zmq`] is the safe API over libzmq
+//! (built with CURVE by `tensorferry-zmq-sys`) that all of them, and the
+//! rest of ferry, use.
 
 mod cert;
 mod channel;
@@ -45,7 +49,9 @@ mod guard;
 mod learn;
 mod recv;
 mod send;
+mod settings;
 mod zap;
+pub mod zmq;
 
 pub use cert::{read_key_pair, read_public_key, read_public_keys, write_certificates, CertError};
 pub use channel::ZmqChannel;
@@ -55,6 +61,7 @@ pub use error::ZmqError;
 pub use guard::Guard;
 pub use recv::{remove_ipc_file, ZmqReceiver};
 pub use send::ZmqSender;
+pub use settings::{GuardError, GuardSettings, ALLOW_FROM_VAR, CURVE_KEY_VAR, CURVE_PEERS_VAR};
 pub use zap::ZapHandler;
 
 #[cfg(test)]

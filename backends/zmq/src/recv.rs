@@ -12,6 +12,7 @@ use crate::curve::CurvePublicKey;
 use crate::error::{sys, ZmqError};
 use crate::learn::ServerKeys;
 use crate::zap::ZapHandler;
+use crate::zmq;
 
 /// How far a sender's connection to a peer got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -321,6 +322,11 @@ impl ZmqReceiver {
                 // The monitor stays: the socket reconnects by itself, and a
                 // later loss of the same peer is reported again.
                 self.gone.clone_from(&self.monitors[i].0);
+                // Its key goes with its connection: whoever registers the
+                // endpoint next is learnt (see `learn.rs`).
+                if let Some(keys) = &self.keys {
+                    keys.forget(&self.gone);
+                }
                 Some(ChannelEvent::Gone { from: &self.gone })
             }
             Got::Message(i, magic, end) => {
@@ -328,6 +334,9 @@ impl ZmqReceiver {
                 Some(ChannelEvent::Message(Incoming {
                     from: "",
                     via: &self.pulls[i].0,
+                    // With CURVE, the key its connection was admitted with
+                    // (empty without).
+                    user: &self.user,
                     magic: m,
                     payload: p,
                 }))

@@ -13,6 +13,7 @@ use crate::curve::CurvePublicKey;
 use crate::error::{sys, ZmqError};
 use crate::guard::Guard;
 use crate::learn::ServerKeys;
+use crate::zmq;
 
 /// Names monitor endpoints uniquely in the process.
 static MONITORS: AtomicU64 = AtomicU64::new(0);

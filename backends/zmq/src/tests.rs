@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use tensorferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
 
-use crate::{ZmqChannel, ZmqConfig, ZmqReceiver};
+use crate::{zmq, ZmqChannel, ZmqConfig, ZmqReceiver};
 
 fn next(rx: &mut ZmqReceiver, buf: &mut [u8]) -> (String, Vec<u8>, Vec<u8>) {
     for _ in 0..100 {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tensorferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
 
 use crate::{
-    CurveConfig, CurveKeyPair, Guard, ZmqChannel, ZmqConfig, ZmqError, ZmqReceiver, ZmqSender,
+    zmq, CurveConfig, CurveKeyPair, Guard, ZmqChannel, ZmqConfig, ZmqError, ZmqReceiver, ZmqSender,
 };
 
 const MAGIC: &[u8] = b"__transfer__";
@@ -205,6 +205,13 @@ fn a_key_pair_from_a_pyzmq_certificate_serves_a_curve_handshake() {
     let client = CurveKeyPair::generate().unwrap();
     let client_dir = dir.join("clients");
     crate::write_certificates(&client_dir, "client", &client).unwrap();
+    // pyzmq writes it with the process's umask: as written, others may
+    // read it, and it is refused until it is the owner's alone.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let refused = CurveConfig::load(&secret, &client_dir).unwrap_err();
+    assert!(refused.why.contains("chmod 600"), "{refused}");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
     let server = CurveConfig::load(&secret, &client_dir).unwrap();
     assert_eq!(server.peers, vec![*client.public()]);
     let ctx = zmq::Context::new();

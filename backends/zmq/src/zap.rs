@@ -22,6 +22,7 @@ use std::thread::JoinHandle;
 
 use crate::curve::CurvePublicKey;
 use crate::error::{sys, ZmqError};
+use crate::zmq;
 
 /// Where libzmq sends its authentication requests, in each context.
 const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
@@ -153,8 +154,10 @@ pub(crate) fn verdict(
         user = key.to_z85();
     }
     if tcp && !policy.allow.is_empty() {
-        match address.parse::<IpAddr>() {
-            Ok(ip) if policy.allow.contains(&ip) => {}
+        // A dual-stack socket reports an IPv4 peer as `::ffff:a.b.c.d`:
+        // that is the IPv4 address the list names.
+        match address.parse::<IpAddr>().map(|ip| ip.to_canonical()) {
+            Ok(ip) if policy.allow.iter().any(|a| a.to_canonical() == ip) => {}
             Ok(_) => return Verdict::no("address not on the allow-list"),
             Err(_) => return Verdict::no("no IP address to check"),
         }
@@ -232,6 +235,9 @@ mod tests {
         assert_eq!(v("::1"), "200");
         assert_eq!(v("127.0.0.1"), "400");
         assert_eq!(v(""), "400");
+        // An IPv4 peer on a dual-stack socket is its IPv4 address.
+        assert_eq!(v("::ffff:127.0.0.2"), "200");
+        assert_eq!(v("::ffff:127.0.0.1"), "400");
         let none = allow(&[]);
         assert_eq!(
             verdict(&none, DOMAIN.as_bytes(), "127.0.0.1", b"NULL", b"").code,

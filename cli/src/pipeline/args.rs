@@ -54,9 +54,10 @@ pub struct PipelineArgs {
     #[arg(long, value_enum, default_value_t = Control::Uds)]
     pub control: Control,
     /// Serve each process's Prometheus metrics over HTTP: the coordinator
-    /// at this address:port, the instances at the ports after it (port 0:
-    /// each picks a free one); where each is served is printed as it
-    /// starts.
+    /// at this address:port (a port alone: on loopback), the instances at
+    /// the ports after it (port 0: each picks a free one); where each is
+    /// served is printed as it starts. Plain HTTP, outside --allow-from
+    /// and CURVE: keep it on loopback or a monitoring network.
     #[arg(long, env = "FERRY_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
     /// Run the processes' ZeroMQ control plane (and the verbs side
@@ -137,9 +138,11 @@ pub struct ServiceArgs {
     /// instance's is its coordinator's (exactly one key).
     #[arg(long, env = "FERRY_CURVE_PEERS", requires = "curve_key")]
     pub curve_peers: Option<std::path::PathBuf>,
-    /// Serve Prometheus metrics over HTTP at this address:port (port 0
-    /// picks a free one; the process prints `{"event":"metrics","url":...}`),
-    /// with the probes `/healthz` and `/readyz` beside them.
+    /// Serve Prometheus metrics over HTTP at this address:port, or at a
+    /// port alone on loopback (port 0 picks a free one; the process prints
+    /// `{"event":"metrics","url":...}`), with the probes `/healthz` and
+    /// `/readyz` beside them. Plain HTTP, outside --allow-from and CURVE:
+    /// keep it on loopback or a monitoring network.
     #[arg(long, env = "FERRY_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
     /// How the process stops.

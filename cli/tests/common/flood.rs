@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use tensorferry_zmq::zmq;
 
 use super::{num, Procs};
 

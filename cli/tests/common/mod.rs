@@ -105,11 +105,29 @@ impl Procs {
         }
     }
 
+    /// The process id of process `i`.
+    pub fn pid(&self, i: usize) -> u32 {
+        self.procs[i].child.id()
+    }
+
     /// Closes the stdin of process `i` (it finishes) and returns its
-    /// summary line.
+    /// summary line, once the process has exited (so that what it removes
+    /// on its way out, its pools among them, is gone).
     pub fn finish(&mut self, i: usize) -> String {
         drop(self.procs[i].stdin.take());
-        self.wait_for(i, "\"event\":\"summary\"", 30)
+        let summary = self.wait_for(i, "\"event\":\"summary\"", 30);
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.procs[i].child.try_wait() {
+                Ok(Some(_)) => return summary,
+                Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(10)),
+                Ok(None) => panic!(
+                    "{} did not exit within 30 s of its summary",
+                    self.procs[i].name
+                ),
+                Err(e) => panic!("waiting for {}: {e}", self.procs[i].name),
+            }
+        }
     }
 }
 

@@ -107,6 +107,9 @@ enum Op {
     Incoming {
         from: u8,
         via: u8,
+        /// The identity the channel authenticated the sender as (one of a
+        /// few keys, or none).
+        user: u8,
         msg: FMsg,
         raw: Option<Vec<u8>>,
         magic: bool,
@@ -190,6 +193,7 @@ fn encode(m: &FMsg, buf: &mut Vec<u8>) {
                 "tcp://other"
             }),
             preallocated_slots: SlotList::Slots(if *prealloc { &slots } else { &[] }),
+            write_lifetime_ms: u64::from(*role),
         }),
         FMsg::Staged {
             id: i,
@@ -321,6 +325,7 @@ fn instance(role: &'static str, session: &'static str) -> Instance<'static> {
         // The denoiser's data plane reports arrivals; the encoder's
         // completions mean delivery.
         delivery_complete: role != "denoiser",
+        write_lifetime: Duration::ZERO,
     };
     let config = InstanceConfig {
         min_block: POOL.min_block,
@@ -332,6 +337,7 @@ fn instance(role: &'static str, session: &'static str) -> Instance<'static> {
         staged_timeout: Duration::from_millis(200),
         reserved_timeout: Duration::from_millis(200),
         quarantine: Duration::from_millis(5),
+        message_delay: Duration::ZERO,
         landing_timeout: Duration::from_millis(10),
         head: tensorferry_core::handshake::instance::Head::Ferry,
         alloc_hold: Duration::from_secs(20),
@@ -352,6 +358,8 @@ fuzz_target!(|ops: Vec<Op>| {
         retry_backoff: Duration::from_millis(1),
         max_attempts: 3,
         quarantine: Duration::from_millis(5),
+        message_delay: Duration::ZERO,
+        max_write_lifetime: CoordinatorConfig::FERRY.max_write_lifetime,
         late_done_wait: Duration::from_millis(30),
     };
     let limits = Limits {
@@ -434,12 +442,14 @@ fuzz_target!(|ops: Vec<Op>| {
             Op::Incoming {
                 from,
                 via,
+                user,
                 msg,
                 raw,
                 magic,
             } => {
                 const FROM: [&str; 5] = ["", "tcp://enc", "tcp://den", "tcp://x:1", "tcp://x:2"];
                 const VIA: [&str; 3] = ["tcp://c:enc", "tcp://c:den", "tcp://c:other"];
+                const USER: [&str; 3] = ["", "key-a", "key-b"];
                 let payload = match raw {
                     Some(r) => r,
                     None => {
@@ -456,6 +466,7 @@ fuzz_target!(|ops: Vec<Op>| {
                 let m = tensorferry_core::transport::Incoming {
                     from: FROM[usize::from(from) % FROM.len()],
                     via: VIA[usize::from(via) % VIA.len()],
+                    user: USER[usize::from(user) % USER.len()],
                     magic,
                     payload,
                 };

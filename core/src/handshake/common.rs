@@ -409,6 +409,11 @@ pub enum Ignored {
     /// has none at all, or, against a secret hash key, none its index can
     /// reach).
     PeerTableFull,
+    /// The message came on a connection authenticated as someone other
+    /// than the instance it speaks for registered as (another CURVE key),
+    /// or a registration would take over an endpoint registered under
+    /// another key.
+    WrongKey,
 }
 
 impl fmt::Display for Ignored {
@@ -428,6 +433,9 @@ impl fmt::Display for Ignored {
             Self::Left => f.write_str("the instance left"),
             Self::NotAdmitted => f.write_str("endpoint not admitted for its role"),
             Self::PeerTableFull => f.write_str("no place in the peer table"),
+            Self::WrongKey => f.write_str(
+                "message from a connection whose key is not the one its instance registered with",
+            ),
         }
     }
 }

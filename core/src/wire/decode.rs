@@ -17,7 +17,7 @@ use super::value::{read_val, resolve_key, At};
 use crate::json::{JsonError, JsonErrorKind, JsonStr, Lexer, RawJson};
 
 /// Every top-level field name of every message type.
-const KEYS: [&str; 25] = [
+const KEYS: [&str; 26] = [
     "msg_type",
     "request_id",
     "data_size",
@@ -43,6 +43,7 @@ const KEYS: [&str; 25] = [
     "receiver_session_id",
     "staged_for_decoder",
     "draining",
+    "write_lifetime_ms",
 ];
 
 /// Index of each known key in [`KEYS`].
@@ -73,6 +74,7 @@ enum Key {
     ReceiverSessionId,
     StagedForDecoder,
     Draining,
+    WriteLifetimeMs,
 }
 
 impl Key {
@@ -113,6 +115,7 @@ fn key_index(key: JsonStr<'_>) -> Option<Key> {
         "receiver_session_id" => Key::ReceiverSessionId,
         "staged_for_decoder" => Key::StagedForDecoder,
         "draining" => Key::Draining,
+        "write_lifetime_ms" => Key::WriteLifetimeMs,
         _ => return None,
     })
 }
@@ -258,6 +261,7 @@ fn build<'a>(f: &Fields<'a>) -> Result<Msg<'a>, DecodeError> {
             pool_size: f.u64(Key::PoolSize)?,
             work_endpoint: f.str(Key::WorkEndpoint)?,
             preallocated_slots: f.slots()?,
+            write_lifetime_ms: f.u64(Key::WriteLifetimeMs)?,
         }),
         MsgType::RegisterAck => Msg::RegisterAck(RegisterAck {
             session_id: f.str(Key::SessionId)?,

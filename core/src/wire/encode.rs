@@ -263,6 +263,9 @@ impl Msg<'_> {
                 e.u64(key!("pool_size"), m.pool_size);
                 e.str(key!("work_endpoint"), m.work_endpoint);
                 e.slots(&m.preallocated_slots);
+                if e.dialect == Dialect::Seed && m.write_lifetime_ms != 0 {
+                    e.u64(key!("write_lifetime_ms"), m.write_lifetime_ms);
+                }
             }
             Msg::RegisterAck(m) => {
                 e.str(key!("session_id"), m.session_id);

@@ -179,6 +179,7 @@ fn assign<'a>(msg: &mut Msg<'a>, key: &str, v: V<'a>) -> Option<()> {
             "pool_size" => m.pool_size = n(v)?,
             "work_endpoint" => m.work_endpoint = s(v)?,
             "preallocated_slots" => m.preallocated_slots = SlotList::Raw(arr(v)?),
+            "write_lifetime_ms" => m.write_lifetime_ms = n(v)?,
             _ => {}
         },
         Msg::RegisterAck(m) => match key {

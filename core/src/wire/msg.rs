@@ -116,6 +116,12 @@ pub struct Register<'a> {
     pub work_endpoint: JsonStr<'a>,
     /// Receive slots the instance set aside in advance.
     pub preallocated_slots: SlotList<'a>,
+    /// ferry's addition: how long after it is posted a write of this
+    /// instance's may still land, in milliseconds (its data plane's write
+    /// lifetime). ferry's coordinator keeps a preallocated slot a failed
+    /// write may still land in out of use for at least this long. Written
+    /// only when non-zero, and only to ferry's coordinator.
+    pub write_lifetime_ms: u64,
 }
 
 /// `transfer_register_ack`: the coordinator's answer to a registration.

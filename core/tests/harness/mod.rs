@@ -62,6 +62,7 @@ pub fn instance(
 pub fn incoming<'a>(from: &'a str, via: &'a str, payload: &'a [u8]) -> Incoming<'a> {
     Incoming {
         from,
+        user: "",
         via,
         magic: TRANSFER_MAGIC,
         payload,

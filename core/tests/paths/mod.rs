@@ -58,6 +58,8 @@ pub const COORDINATOR: CoordinatorConfig = CoordinatorConfig {
     retry_backoff: Duration::from_millis(1),
     max_attempts: 3,
     quarantine: Duration::from_millis(5),
+    message_delay: Duration::ZERO,
+    max_write_lifetime: CoordinatorConfig::FERRY.max_write_lifetime,
     late_done_wait: Duration::from_millis(50),
 };
 
@@ -99,6 +101,20 @@ pub fn instance_under(
     pool: BuddyConfig,
     landing: Option<Duration>,
 ) -> Instance<'static> {
+    instance_writing(head, role, session, endpoint, pool, landing, Duration::ZERO)
+}
+
+/// An instance whose data plane's writes may land up to `write_lifetime`
+/// after they are posted (its quarantine covers them).
+pub fn instance_writing(
+    head: Head,
+    role: &'static str,
+    session: &'static str,
+    endpoint: &'static str,
+    pool: BuddyConfig,
+    landing: Option<Duration>,
+    write_lifetime: Duration,
+) -> Instance<'static> {
     let who = InstanceIdentity {
         role,
         session_id: session,
@@ -106,6 +122,7 @@ pub fn instance_under(
         pool_ptr: POOL_PTR,
         pool_size: pool.pool_size,
         delivery_complete: landing.is_none(),
+        write_lifetime,
     };
     let config = InstanceConfig {
         min_block: pool.min_block,
@@ -116,7 +133,8 @@ pub fn instance_under(
         register_retry: Duration::from_millis(5),
         staged_timeout: Duration::from_millis(100),
         reserved_timeout: Duration::from_millis(100),
-        quarantine: Duration::from_millis(5),
+        quarantine: Duration::from_millis(5).max(write_lifetime),
+        message_delay: Duration::ZERO,
         landing_timeout: landing.unwrap_or(Duration::from_millis(100)),
         head,
         alloc_hold: Duration::from_millis(50),

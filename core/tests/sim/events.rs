@@ -12,7 +12,9 @@ use tensorferry_core::transport::{Landed, WriteTag};
 use tensorferry_core::wire::{decode, Msg};
 
 use super::output::stage_request;
-use super::{pattern, Forwarding, Sim, COORDINATOR, LANDING, MIN_BLOCK, MS, PER_ROLE, QUARANTINE};
+use super::{
+    pattern, Forwarding, Sim, COORDINATOR, LANDING, LATE_ARRIVAL, MIN_BLOCK, MS, PER_ROLE,
+};
 use crate::harness;
 
 #[derive(Debug)]
@@ -37,6 +39,8 @@ pub(super) enum Ev {
         offset: u64,
         data: Vec<u8>,
         tag: WriteTag,
+        /// It took long to land ([`super::Faults::late_write`]).
+        late: bool,
     },
     /// On a notifying data plane: a write's bytes arrive, after the
     /// sender's completion.
@@ -162,8 +166,12 @@ impl Sim {
                 offset,
                 data,
                 tag,
+                late,
             } => {
                 let ok = self.write_lands(id, to, to_inc, offset, data, tag);
+                if ok && late && self.nodes[from].inc != inc {
+                    self.ledger.out.late_after_crash += 1;
+                }
                 self.write_completes(from, inc, token, ok);
             }
             Ev::Arrive {
@@ -258,7 +266,7 @@ impl Sim {
             // (maybe much later, maybe never).
             if live && !self.rng.chance(self.faults.lost_land) {
                 let delay = if self.rng.chance(self.faults.late_land) {
-                    LANDING / 2 + self.rng.below(LANDING / 2 + QUARANTINE / 2)
+                    LANDING / 2 + self.rng.below(LATE_ARRIVAL - LANDING / 2)
                 } else {
                     self.rng.below(MS)
                 };

@@ -37,9 +37,20 @@ const SGLANG_HEAD: Duration = Duration::from_millis(100);
 pub const MS: u64 = 1_000_000;
 
 /// How long a receiver on a notifying data plane waits for a write to land
-/// after `transfer_ready`, and how long its slots sit out a quarantine.
+/// after `transfer_ready`, and how long its slots sit out a quarantine at
+/// least (longer where the data plane's write lifetime needs it: see
+/// [`InstanceConfig::quarantine_for`]).
 const LANDING: u64 = 30 * MS;
 const QUARANTINE: u64 = 40 * MS;
+
+/// How long after it is posted a write may complete, at most, as the
+/// simulated data plane tells its instances.
+pub const WRITE_LIFE: u64 = 15 * MS;
+
+/// On a notifying data plane: how long after its completion a write's
+/// bytes may still arrive (past the receiver's landing limit, into its
+/// quarantine). Its write lifetime is both.
+const LATE_ARRIVAL: u64 = LANDING + QUARANTINE / 2;
 
 /// Where the instances send the coordinator their messages.
 const COORDINATOR: &str = "tcp://coordinator:5555";
@@ -58,6 +69,16 @@ pub struct Faults {
     pub late_land: f64,
     /// There: the chance that they never arrive.
     pub lost_land: f64,
+    /// The chance that a write takes long to land: up to `write_life`
+    /// after it was posted, long after its request may have failed.
+    pub late_write: f64,
+    /// The chance that a write's sender crashes just after posting it
+    /// (the write goes on without it, as an RDMA NIC's does).
+    pub drop_sender: f64,
+    /// How late a write may land at most: the data plane's write
+    /// lifetime ([`WRITE_LIFE`], what the instances are told), or longer
+    /// for a plane that understates it.
+    pub write_life: u64,
 }
 
 impl Faults {
@@ -70,6 +91,9 @@ impl Faults {
         notify: false,
         late_land: 0.0,
         lost_land: 0.0,
+        late_write: 0.0,
+        drop_sender: 0.0,
+        write_life: WRITE_LIFE,
     };
 }
 
@@ -101,6 +125,8 @@ pub struct Outcome {
     pub verified: usize,
     /// Transfers refused because their write was not seen to land in time.
     pub never_landed: u64,
+    /// Late writes that landed after their sender had crashed.
+    pub late_after_crash: usize,
 }
 
 /// One leg of a request: its id and the role index of the leg's sender
@@ -128,6 +154,9 @@ struct Plane {
     pool: u64,
     /// The instance's landing limit, where the data plane reports arrivals.
     landing: Option<Duration>,
+    /// How long after it is posted a write may still land, as the plane
+    /// tells its instances (their quarantine covers it).
+    write_lifetime: Duration,
 }
 
 /// One instance's place: its current incarnation (none while it is down)
@@ -247,6 +276,8 @@ impl Sim {
             retry_backoff: Duration::from_millis(5),
             max_attempts: 4,
             quarantine: Duration::from_nanos(QUARANTINE),
+            message_delay: Duration::from_nanos(faults.max_delay),
+            max_write_lifetime: CoordinatorConfig::FERRY.max_write_lifetime,
             late_done_wait: Duration::from_millis(200),
         };
         let bound = ns(timeouts.queued)
@@ -268,6 +299,11 @@ impl Sim {
         let plane = Plane {
             pool,
             landing: faults.notify.then_some(Duration::from_nanos(LANDING)),
+            write_lifetime: Duration::from_nanos(if faults.notify {
+                WRITE_LIFE + LATE_ARRIVAL
+            } else {
+                WRITE_LIFE
+            }),
         };
         let mut sim = Sim {
             seed,
@@ -364,7 +400,11 @@ impl Sim {
     /// plane, serving under the head the seed gives its role; and its
     /// data-plane session.
     fn start_instance(&self, i: usize, inc: u32) -> (Instance<'static>, String) {
-        let Plane { pool, landing } = self.plane;
+        let Plane {
+            pool,
+            landing,
+            write_lifetime,
+        } = self.plane;
         let session = format!("sess-{i}-{inc}");
         let who = InstanceIdentity {
             role: self.roles[i],
@@ -373,6 +413,7 @@ impl Sim {
             pool_ptr: pool_ptr(i, inc),
             pool_size: pool,
             delivery_complete: landing.is_none(),
+            write_lifetime,
         };
         let ferry = InstanceConfig {
             min_block: MIN_BLOCK,
@@ -381,10 +422,13 @@ impl Sim {
             staged_timeout: Duration::from_millis(1500),
             reserved_timeout: Duration::from_millis(1500),
             quarantine: Duration::from_nanos(QUARANTINE),
+            message_delay: Duration::from_nanos(self.faults.max_delay),
             landing_timeout: landing.unwrap_or(Duration::from_millis(100)),
             head: Head::Ferry,
             alloc_hold: Duration::from_millis(100),
-        };
+        }
+        // Derived from the data plane's write lifetime, as the runtime's.
+        .quarantine_for(write_lifetime);
         // Under sglang's head, the policy the runtime uses, for a head whose
         // one timeout is `SGLANG_HEAD`: a held ALLOC outlives the
         // coordinator's alloc timeout and more (its patience under faults).

@@ -179,7 +179,16 @@ impl Sim {
             .iter()
             .position(|n| n.inst.is_some() && n.session == w.dest_session.as_str());
         let data = self.nodes[i].pool[w.local_offset as usize..][..w.len as usize].to_vec();
-        let at = self.now + 1 + self.rng.below(3 * MS);
+        let late = self.rng.chance(self.faults.late_write);
+        let at = if late {
+            let life = self.faults.write_life;
+            self.now + life / 2 + self.rng.below(life / 2)
+        } else {
+            self.now + 1 + self.rng.below(3 * MS)
+        };
+        if self.rng.chance(self.faults.drop_sender) {
+            self.queue.push(self.now + 1, Ev::Crash { i });
+        }
         let (to, to_inc, offset) = match target {
             Some(t) => (
                 t,
@@ -198,6 +207,7 @@ impl Sim {
             offset,
             data,
             tag: w.tag,
+            late,
         };
         self.queue.push(at, land);
     }

@@ -63,17 +63,35 @@ impl Engine {
     }
 
     /// A synchronous transfer, as sglang's calls return it: 0, or the
-    /// failure's code (its reason kept for `last_error`).
+    /// failure's code (its reason kept for `last_error`). It is posted and
+    /// kept with the engine's handles, so that closing the engine from
+    /// another thread ends it, and waited for here.
     fn transfer(&self, py: Python<'_>, direction: Direction, session: &str, ops: &[Op]) -> i32 {
         let engine = match self.get(py) {
             Ok(e) => e,
             Err(_) => return self.record(Err(EngineError::Closed)),
         };
         let timeout = self.timeout;
-        let outcome = py.detach(|| match direction {
-            Direction::Write => engine.write(session, ops, timeout),
-            Direction::Read => engine.read(session, ops, timeout),
-        });
+        let posted = py.detach(|| engine.post(direction, session, ops, timeout, None));
+        let transfer = match posted {
+            Ok(t) => t,
+            Err(e) => return self.record(Err(e)),
+        };
+        let handle = PyTransfer::new(transfer, direction, session, ops, &self.handles);
+        // Kept before this look, closed after: `close` either ended it
+        // with the others or left it to be ended here.
+        if self.is_closed() {
+            handle.release_closed(py);
+        }
+        // A timeout too long to add is never reached: so is its bound.
+        let now = std::time::Instant::now();
+        let bound = now
+            .checked_add(timeout)
+            .and_then(|d| d.checked_add(tensorferry::engine::END_GRACE))
+            .unwrap_or_else(|| now + std::time::Duration::from_secs(100 * 365 * 24 * 3600));
+        let h = handle.handle();
+        let outcome = py.detach(|| h.finish(bound));
+        drop(engine);
         self.record(outcome)
     }
 
@@ -130,6 +148,7 @@ impl Engine {
         let name = chosen.name();
         let mut opened = EngineOptions::default();
         opened.notify_host = common.notify_host;
+        opened.guard = Some(common.guard);
         let engine = py
             .detach(|| TransferEngine::open_with(chosen, opened))
             .map_err(|e| raise(py, &e))?;
@@ -335,9 +354,12 @@ impl Engine {
         )
     }
 
-    /// Closes the engine: transfers still pending are ended (once it
-    /// returns no byte of them moves), its registrations end, and later
-    /// calls fail.
+    /// Closes the engine: transfers still pending are ended, synchronous
+    /// calls of other threads among them, and it returns once every call
+    /// other threads were making on it has returned (each is bounded:
+    /// a transfer by its deadline and the engine's grace, a notification
+    /// by its send timeout), so that once it returns no byte of any of
+    /// them moves. Its registrations end, and later calls fail.
     fn close(&self, py: Python<'_>) {
         let engine = self
             .engine
@@ -347,7 +369,13 @@ impl Engine {
         let handles = &self.handles;
         py.detach(move || {
             handles.release_all();
-            drop(engine);
+            if let Some(engine) = engine {
+                // Each call holds the engine until it returns.
+                while Arc::strong_count(&engine) > 1 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                drop(engine);
+            }
         });
     }
 

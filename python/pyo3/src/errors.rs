@@ -4,81 +4,25 @@
 //!
 //! The kinds are the core's fault kinds ([`FaultKind::ALL`], with their
 //! names and the codes sglang's `transfer_sync` returns), followed by the
-//! kinds of the calls around the data plane ([`NODE_KINDS`]: a node's
-//! refusals, a closed engine or node). The module exports both
+//! kinds of the calls around the data plane ([`ErrorKind::OWN`]: a node's
+//! refusals, a closed engine or node); the runtime's [`NodeError::kind`]
+//! decides which a node's error is. The module exports both
 //! tables (`FAULT_CODES`, `ERROR_KINDS`); the Python package builds its
 //! codes from them and its tests check its classes against them.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use tensorferry::runtime::NodeError;
-use tensorferry_core::handshake::instance::InstanceError;
-use tensorferry_core::slots::BuddyError;
+use tensorferry::runtime::{ErrorKind, NodeError};
 use tensorferry_core::transport::FaultKind;
 
-/// What kind of failure a Python exception reports (`FerryError.kind`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// A data plane's kind of failure (the core's table).
-    Fault(FaultKind),
-    /// The coordinator refused the instance's registration.
-    Refused,
-    /// The instance drains or has left: it takes no new request.
-    Draining,
-    /// The engine, node, staging or delivery is closed or used up.
-    Closed,
-    /// The pool or the request table has no room now (try again later).
-    NoRoom,
-}
-
-/// The kinds beside the core's fault kinds: a node's (refused, draining,
-/// no room) and any closed object's (an engine's too).
-pub(crate) const NODE_KINDS: [Kind; 4] =
-    [Kind::Refused, Kind::Draining, Kind::Closed, Kind::NoRoom];
-
-impl Kind {
-    /// An i/o error (the core's catch-all).
-    pub(crate) const IO: Kind = Kind::Fault(FaultKind::Io);
-
-    /// Its name, as `FerryError.kind` carries it.
-    pub(crate) const fn name(self) -> &'static str {
-        match self {
-            Kind::Fault(k) => k.as_name(),
-            Kind::Refused => "refused",
-            Kind::Draining => "draining",
-            Kind::Closed => "closed",
-            Kind::NoRoom => "no_room",
-        }
-    }
-
-    /// The kind of a node's error.
-    pub(crate) fn of_node(e: &NodeError) -> Kind {
-        match e {
-            NodeError::Refused { .. } => Kind::Refused,
-            NodeError::NotRegistered(_) | NodeError::Timeout { .. } => {
-                Kind::Fault(FaultKind::Timeout)
-            }
-            NodeError::Instance(i) => match i {
-                InstanceError::Draining => Kind::Draining,
-                InstanceError::TableFull | InstanceError::Pool(BuddyError::OutOfSpace { .. }) => {
-                    Kind::NoRoom
-                }
-                InstanceError::TooLarge | InstanceError::Pool(BuddyError::TooLarge { .. }) => {
-                    Kind::Fault(FaultKind::TooLarge)
-                }
-                _ => Kind::IO,
-            },
-            NodeError::Send { kind, .. } | NodeError::Transport { kind, .. } => Kind::Fault(*kind),
-            NodeError::Stopped => Kind::Closed,
-            _ => Kind::IO,
-        }
-    }
-}
+/// An i/o error (the core's catch-all).
+#[cfg(feature = "verbs")]
+pub(crate) const IO: ErrorKind = ErrorKind::Fault(FaultKind::Io);
 
 /// The Python exception for a ferry error: the `tensorferry.FerryError`
 /// subclass of `kind`, made by `tensorferry._errors.error_for(message, kind)`.
 /// Should the Python package be unimportable, a `RuntimeError`.
-pub(crate) fn raise(py: Python<'_>, message: String, kind: Kind) -> PyErr {
+pub(crate) fn raise(py: Python<'_>, message: String, kind: ErrorKind) -> PyErr {
     match py
         .import("tensorferry._errors")
         .and_then(|m| m.getattr("error_for"))
@@ -91,7 +35,7 @@ pub(crate) fn raise(py: Python<'_>, message: String, kind: Kind) -> PyErr {
 
 /// The Python exception for a node's error.
 pub(crate) fn node_error(py: Python<'_>, e: &NodeError) -> PyErr {
-    raise(py, e.to_string(), Kind::of_node(e))
+    raise(py, e.to_string(), e.kind())
 }
 
 /// Adds the tables to the module: `FAULT_CODES` (each fault kind's name
@@ -106,9 +50,9 @@ pub(crate) fn add_tables(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FAULT_CODES", codes)?;
     let names = FaultKind::ALL
         .into_iter()
-        .map(Kind::Fault)
-        .chain(NODE_KINDS)
-        .map(Kind::name)
+        .map(ErrorKind::Fault)
+        .chain(ErrorKind::OWN)
+        .map(ErrorKind::name)
         .collect::<Vec<_>>();
     m.add("ERROR_KINDS", PyTuple::new(py, names)?)?;
     Ok(())

@@ -7,6 +7,7 @@
 mod buffer;
 mod engine;
 mod errors;
+mod guard;
 mod last_error;
 mod node;
 mod options;
@@ -26,9 +27,11 @@ pub fn add_to(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<node::PyDelivery>()?;
     m.add_class::<node::PyCoordinator>()?;
     m.add_class::<buffer::SlotBuffer>()?;
+    m.add_class::<guard::PyGuard>()?;
     m.add_function(wrap_pyfunction!(engine::backends, m)?)?;
     errors::add_tables(m)?;
     m.add("MAX_NOTIFICATION", tensorferry::engine::MAX_NOTIFICATION)?;
+    m.add("END_GRACE", tensorferry::engine::END_GRACE.as_secs_f64())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -18,6 +18,10 @@ pub(crate) struct Common {
     /// The address of this host peers send notifications to
     /// (`EngineOptions::notify_host`; `None`: the engine's default).
     pub notify_host: Option<String>,
+    /// Who may reach the engine's endpoints: `allow_from`, `curve_key`
+    /// and `curve_peers`, with the environment's for the parts not given
+    /// (the allow-list; CURVE's key and peers).
+    pub guard: tensorferry_zmq::Guard,
 }
 
 /// Takes `key` out of `options`, converted, if present.
@@ -61,6 +65,13 @@ pub(crate) fn parse(
         None => Duration::from_secs(30),
     };
     let notify_host = take::<String>(&mut opts, "notify_host")?;
+    let allow_from = match opts.iter().position(|(k, _)| k == "allow_from") {
+        Some(at) => crate::guard::addresses(Some(&opts.remove(at).1))?,
+        None => Vec::new(),
+    };
+    let curve_key = take::<std::path::PathBuf>(&mut opts, "curve_key")?;
+    let curve_peers = take::<std::path::PathBuf>(&mut opts, "curve_peers")?;
+    let guard = crate::guard::guard(allow_from, curve_key, curve_peers)?;
     let chosen = match backend {
         "auto" => Backend::auto(),
         "local" => Backend::Local(LocalConfig::default()),
@@ -77,7 +88,7 @@ pub(crate) fn parse(
             let device = match take::<String>(&mut opts, "device")? {
                 Some(d) => d,
                 None => first_device()
-                    .map_err(|why| crate::errors::raise(py, why, crate::errors::Kind::IO))?,
+                    .map_err(|why| crate::errors::raise(py, why, crate::errors::IO))?,
             };
             Backend::Verbs(tensorferry_verbs::VerbsConfig::new(device))
         }
@@ -105,6 +116,7 @@ pub(crate) fn parse(
         Common {
             timeout,
             notify_host,
+            guard,
         },
     ))
 }
@@ -209,7 +221,7 @@ pub(crate) fn data_plane(
     #[cfg(feature = "verbs")]
     if backend == "verbs" && !given.iter().any(|(k, _)| k == "device") {
         let device =
-            first_device().map_err(|why| crate::errors::raise(py, why, crate::errors::Kind::IO))?;
+            first_device().map_err(|why| crate::errors::raise(py, why, crate::errors::IO))?;
         given.push(("device".to_owned(), device));
     }
     let _ = py;

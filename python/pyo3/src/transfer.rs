@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use pyo3::prelude::*;
 use tensorferry::engine::{Direction, EngineError, Transfer, TransferState};
 
-use crate::errors::{self, Kind};
+use crate::errors;
+use tensorferry::runtime::ErrorKind;
 
 /// How long one wait holds the handle before it lets a `release()` from
 /// another thread in (a release waits at most this long for waiters).
@@ -24,7 +25,7 @@ const SLICE: Duration = Duration::from_millis(50);
 #[derive(Clone, Debug)]
 pub(crate) struct Failure {
     message: String,
-    kind: Kind,
+    kind: ErrorKind,
 }
 
 impl Failure {
@@ -32,8 +33,8 @@ impl Failure {
     /// every other's its fault kind).
     pub(crate) fn of(e: &EngineError) -> Self {
         let kind = match e {
-            EngineError::Closed => Kind::Closed,
-            e => Kind::Fault(e.kind()),
+            EngineError::Closed => ErrorKind::Closed,
+            e => ErrorKind::Fault(e.kind()),
         };
         Self {
             message: e.to_string(),
@@ -124,13 +125,41 @@ impl Handle {
                     self.what(),
                     self.session
                 ),
-                kind: Kind::Closed,
+                kind: ErrorKind::Closed,
             }),
             Err(e) => Err(Failure::of(&e)),
         };
         // Dropping the transfer releases it: it returns once its data
         // plane has ended what was still running.
         *slot = Slot::Released(outcome);
+    }
+
+    /// A synchronous call's end: waits until the transfer is final, or
+    /// `bound` has passed, in slices (so that closing the engine, which
+    /// releases it meanwhile, is not held up), then finishes it (which
+    /// the engine bounds by its deadline and grace). A transfer the
+    /// closing engine released is `Closed`.
+    pub(crate) fn finish(&self, bound: Instant) -> Result<(), EngineError> {
+        loop {
+            {
+                let slot = self.read();
+                let t = match &*slot {
+                    Slot::Live(t) => t,
+                    Slot::Released(_) => return Err(EngineError::Closed),
+                };
+                if matches!(t.wait(SLICE), Ok(TransferState::Pending)) && Instant::now() < bound {
+                    continue;
+                }
+            }
+            let taken = std::mem::replace(
+                &mut *self.slot.write().unwrap_or_else(PoisonError::into_inner),
+                Slot::Released(Ok(())),
+            );
+            return match taken {
+                Slot::Live(t) => t.finish(),
+                Slot::Released(_) => Err(EngineError::Closed),
+            };
+        }
     }
 
     fn what(&self) -> &'static str {
@@ -200,6 +229,11 @@ impl PyTransfer {
         });
         handles.add(&handle);
         Self { handle }
+    }
+
+    /// Its handle, shared with its engine's list.
+    pub(crate) fn handle(&self) -> &Arc<Handle> {
+        &self.handle
     }
 
     /// Ends it as a closed engine's (posted while the engine closed).

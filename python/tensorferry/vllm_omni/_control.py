@@ -14,6 +14,20 @@ while the region was still the payload's.
 reads while its claim travels; it uses those bytes only if the grant
 names the same put.
 
+Whose claim: the connection's authenticated identity, never a name in a
+message. Under CURVE that is the key the claimant connected with (the
+"User-Id" libzmq attaches to its messages), else the connection itself.
+A claim held by one owner is ``busy`` to any other, whatever claim id it
+sends; ``done`` and ``release`` from anyone but the owner are ignored;
+the owner asking again for its claim gets the same grant with the same
+end (a window is never lengthened). Who may connect at all is ferry's
+guard's to say (``_zap``), before a message is read.
+
+What a receiver believes: a grant names an engine and an address to read.
+The receiver reads it only if it names the engine and address the put's
+metadata named (when it names them), and, under CURVE, an engine whose
+key (in its session id) is the sender key it connected to.
+
 Frames over ZeroMQ (the receiver's DEALER to the sender's ROUTER): a verb,
 then a msgpack array. Everything that arrives is checked: a frame that
 does not decode as its verb's message is dropped."""
@@ -24,8 +38,13 @@ from typing import List, Optional, Tuple, Type, Union
 
 import msgspec
 
+#: The protocol of the metadata ``put`` returns; a receiver refuses others.
+METADATA_FORMAT = 1
 #: The longest claim window a sender grants, and a receiver asks for (ms).
 MAX_WINDOW_MS = 600_000
+#: A sender keeps a claimed region this long past the claim's window, for a
+#: done that is on its way (s).
+CLAIM_GRACE = 1.0
 
 CLAIM = b"claim"
 GRANTED = b"granted"

@@ -135,6 +135,28 @@ def connector(role: str, extra: Dict[str, Any]) -> Any:
     return OmniConnectorFactory.create_connector(ConnectorSpec(name=spec["name"], extra=spec["extra"]))
 
 
+def receive(conn: Any, cmd: Dict[str, Any], key: str) -> Dict[str, Any]:
+    """As vLLM-omni's receive thread: polls get() until it answers (an
+    exception it raises is the answer, as its type and message)."""
+    start = time.monotonic()
+    result = None
+    try:
+        while result is None and time.monotonic() - start < cmd.get("within", 60):
+            result = conn.get("0", "1", key, cmd["meta"])
+    except Exception as e:
+        return {"ok": False, "why": str(e), "raised": type(e).__name__}
+    if result is None:
+        why = conn.health()["last_error"] or "nothing within the time"
+        conn.abandon_get(key)  # as vLLM-omni does when it gives up
+        return {"ok": False, "why": why}
+    got, size = result
+    why = same(got, payload(cmd["i"]))
+    if hasattr(got, "release"):
+        got.release()
+    del got, result
+    return {"ok": why is None, "why": why, "size": size}
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     spec = json.loads(sys.argv[1])
@@ -150,22 +172,23 @@ def main() -> None:
             ok, size, meta = conn.put("0", "1", key, data)
             say({"ok": ok, "size": size, "meta": meta})
         elif op == "get":
-            # As vLLM-omni's receive thread: poll get() until it answers.
-            start = time.monotonic()
-            result = None
-            while result is None and time.monotonic() - start < cmd.get("within", 60):
-                result = conn.get("0", "1", key, cmd["meta"])
-            if result is None:
-                why = conn.health()["last_error"] or "nothing within the time"
-                conn.abandon_get(key)  # as vLLM-omni does when it gives up
-                say({"ok": False, "why": why})
+            say(receive(conn, cmd, key))
+        elif op == "make":
+            # Another connector in this process, from its own extra,
+            # through vLLM-omni's factory as the first: what making it
+            # raises, else (with "meta") what its get returns; then closed.
+            try:
+                other = connector(cmd.get("role", "receiver"), {"backend": "local", **cmd["extra"]})
+            except Exception as e:
+                say({"made": False, "raised": type(e).__name__, "why": str(e)})
                 continue
-            got, size = result
-            why = same(got, payload(cmd["i"]))
-            if hasattr(got, "release"):
-                got.release()
-            del got, result
-            say({"ok": why is None, "why": why, "size": size})
+            try:
+                answer: Dict[str, Any] = {"made": True, "health": other.health()}
+                if "meta" in cmd:
+                    answer["get"] = receive(other, cmd, key)
+            finally:
+                other.close()
+            say(answer)
         elif op == "get_by_deadline":
             start = time.monotonic()
             result = conn.get_with_deadline("0", "1", key, cmd["meta"], deadline=start + cmd["seconds"])
@@ -217,6 +240,8 @@ def main() -> None:
             say({"ok": True})
         elif op == "health":
             say(conn.health())
+        elif op == "info":
+            say(conn.get_connection_info())
         elif op == "exit":
             conn.close()
             say({"closed": conn.health()["status"]})

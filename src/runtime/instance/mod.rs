@@ -133,6 +133,8 @@ pub struct InstanceNode {
     thread: Option<JoinHandle<Box<dyn Send>>>,
     session: String,
     endpoint: String,
+    /// The quarantine the machine runs with (see [`Self::quarantine`]).
+    quarantine: Duration,
 }
 
 impl std::fmt::Debug for InstanceNode {
@@ -184,7 +186,12 @@ impl InstanceNode {
         let (tx, rx) = channel.split();
         let session = transport.session_id().to_owned();
         let endpoint = rx.local_endpoint().to_owned();
-        let config = &settings.config;
+        let caps = transport.capabilities();
+        // The quarantine covers the data plane's write lifetime: a write
+        // of a request that failed may land that late, and must not land
+        // in the slot's next tenant.
+        let config = &settings.config.quarantine_for(caps.write_lifetime);
+        let quarantine = config.quarantine;
         settings.limits.check()?;
         let pool = config.pool(memory.len() as u64);
         let storage = InstanceStorage::owned(&settings.limits, &pool, config.prealloc.count)
@@ -196,7 +203,8 @@ impl InstanceNode {
             work_endpoint: &endpoint,
             pool_ptr: memory.base() as u64,
             pool_size: pool.pool_size,
-            delivery_complete: transport.capabilities().delivery_complete,
+            delivery_complete: caps.delivery_complete,
+            write_lifetime: caps.write_lifetime,
         };
         let machine = Instance::new(clock.now(), &who, config, storage)?;
         let n = settings.limits.requests.max(1);
@@ -276,7 +284,16 @@ impl InstanceNode {
             thread: Some(thread),
             session,
             endpoint,
+            quarantine,
         })
+    }
+
+    /// How long a slot of a failed request stays out of use before it is
+    /// free again: the configured quarantine, raised where it is shorter
+    /// to cover the data plane's write lifetime (a write of the failed
+    /// request may land that late).
+    pub fn quarantine(&self) -> Duration {
+        self.quarantine
     }
 
     /// The data-plane session id peers write to.

@@ -88,6 +88,20 @@ impl Cq {
         }
     }
 
+    /// Reads the next error entry, with libfabric's text for its error
+    /// number only: the provider's own text is asked of the endpoint the
+    /// entry came from, which must not be done once that is closed (rxm
+    /// asks its closed connection's queue, and crashes).
+    pub fn read_err_of_closed(&self) -> Option<(sys::fi_cq_err_entry, String)> {
+        let mut e = sys::fi_cq_err_entry::default();
+        // SAFETY: `e` is a valid error entry to fill; flags 0.
+        let n = unsafe { sys::ferry_fi_cq_readerr(self.ptr, &mut e, 0) };
+        if n <= 0 {
+            return None;
+        }
+        Some((e, strerror(e.err)))
+    }
+
     /// Reads the next error entry, with the provider's text for it.
     pub fn read_err(&self) -> Option<(sys::fi_cq_err_entry, String)> {
         let mut e = sys::fi_cq_err_entry::default();

@@ -97,6 +97,39 @@ impl Info {
             .ok_or_else(no_data)
     }
 
+    /// A copy of this entry (the list's first) bound to `addr`, an
+    /// endpoint's name in the entry's address format: what reopens an
+    /// endpoint at the address it had, so that peers reach it by the same
+    /// session id.
+    pub fn at_source(&self, addr: &[u8]) -> Result<Self, FabricError> {
+        let no_memory = || FabricError::Call {
+            call: Call::AllocInfo,
+            errno: sys::FI_ENOMEM as i32,
+            text: strerror(sys::FI_ENOMEM as i32),
+            peer: None,
+        };
+        // SAFETY: a live entry; fi_dupinfo copies that entry alone (its
+        // `next` is null) into memory the copy owns, or returns null.
+        let dup =
+            NonNull::new(unsafe { sys::fi_dupinfo(self.ptr.as_ptr()) }).ok_or_else(no_memory)?;
+        let copy = Self { ptr: dup };
+        // SAFETY: `copy` owns its entry; its source address is malloc'd
+        // (fi_freeinfo frees it), so the old one is freed and the new one
+        // malloc'd, `addr.len()` bytes, before the entry is used.
+        unsafe {
+            let i = &mut *dup.as_ptr();
+            let to = libc::malloc(addr.len().max(1));
+            if to.is_null() {
+                return Err(no_memory());
+            }
+            ptr::copy_nonoverlapping(addr.as_ptr(), to.cast::<u8>(), addr.len());
+            libc::free(i.src_addr);
+            i.src_addr = to;
+            i.src_addrlen = addr.len();
+        }
+        Ok(copy)
+    }
+
     /// Every endpoint type of every provider libfabric offers on this host
     /// (`fi_getinfo` without hints), as `fi_info -l` lists them.
     pub fn all() -> Result<Self, FabricError> {
@@ -187,6 +220,11 @@ impl Info {
     /// The memory-registration modes the provider requires.
     pub fn mr_mode(&self) -> i32 {
         self.domain_attr().mr_mode
+    }
+
+    /// Bytes of a memory key the domain takes.
+    pub fn mr_key_size(&self) -> usize {
+        self.domain_attr().mr_key_size
     }
 
     /// Bytes of remote CQ data a write may carry.

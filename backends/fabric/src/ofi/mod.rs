@@ -33,27 +33,6 @@ pub const API_VERSION: u32 = sys::fi_version(1, 17);
 /// `FI_ADDR_UNSPEC`, a cast in C.
 pub const ADDR_UNSPEC: sys::fi_addr_t = u64::MAX;
 
-/// The libfabric setting that makes removing a peer from an address
-/// vector close the provider's hidden connection to it (rxm's), ending the
-/// writes and reads posted to it: with it on, a write or read that is
-/// timed out or cancelled is reported only once the provider has ended it
-/// (a completion is final). ferry leaves it off by default: libfabric
-/// 1.17's rxm crashed removing a peer whose link had been cut with it on
-/// (`cli/tests/netns.rs`). Off, such a write or read is reported when it
-/// is ended, and its chunks already posted may still move: a write's
-/// source may still be read, and a read's destination still written.
-pub const AV_REMOVE_CLEANUP: &str = "FI_AV_REMOVE_CLEANUP";
-
-/// True if [`AV_REMOVE_CLEANUP`] is on, as libfabric reads it.
-pub fn av_remove_cleanup() -> bool {
-    std::env::var(AV_REMOVE_CLEANUP).is_ok_and(|v| {
-        matches!(
-            v.to_ascii_lowercase().as_str(),
-            "1" | "true" | "yes" | "on" | "y"
-        )
-    })
-}
-
 /// `fi_strerror`'s text for a positive error number.
 pub fn strerror(errno: i32) -> String {
     // SAFETY: fi_strerror returns a pointer to a static, NUL-terminated

@@ -27,16 +27,16 @@ pub(super) struct OpState {
     pub(super) posted: Instant,
     pub(super) deadline: Instant,
     /// Given up (timed out or cancelled): its chunks still queued are not
-    /// posted, and it completes, failed, once those posted have completed.
+    /// posted, and it completes, failed, once those posted have completed
+    /// or the endpoint was reset under them (`reset`).
     pub(super) ended: bool,
-    /// Reported already, at its end, without waiting for its chunks
-    /// posted (where completions cannot be made final).
-    pub(super) reported: bool,
 }
 
 /// One chunk waiting to be posted: the queue was full (`-FI_EAGAIN`, which
 /// is also what a peer that cannot be reached yet answers) or every context
-/// was in use.
+/// was in use. A posted chunk is kept with its context, so that one a
+/// reset of the endpoint cut short can be posted again.
+#[derive(Clone, Copy)]
 pub(super) struct Chunk {
     /// The op's slot.
     pub(super) op: u32,
@@ -63,6 +63,8 @@ pub(super) struct OpBook {
     pub(super) free_ctx: Vec<u32>,
     /// Context index → op slot (`u32::MAX`: the context is free).
     pub(super) ctx_owner: Vec<u32>,
+    /// Context index → the chunk posted with it.
+    pub(super) ctx_chunk: Vec<Option<Chunk>>,
     pub(super) ops: Vec<Option<OpState>>,
     pub(super) free_ops: Vec<u32>,
     pub(super) done: VecDeque<Completion<FabricError>>,
@@ -73,10 +75,6 @@ pub(super) struct OpBook {
     pub(super) evict: Vec<Arc<str>>,
     /// Held by a test: the progress thread stops driving the queue.
     pub(super) held: bool,
-    /// Removing a peer from the address vector ends its writes and reads
-    /// (`FI_AV_REMOVE_CLEANUP` on), so an ended op is reported once its
-    /// chunks posted have completed; otherwise it is reported when it ends.
-    pub(super) final_completions: bool,
     /// A completion or notice arrived since the wake descriptor was last
     /// signalled.
     pub(super) news: bool,
@@ -106,9 +104,6 @@ impl OpBook {
             return;
         };
         self.free_ops.push(w);
-        if ws.reported {
-            return;
-        }
         if let Some(e) = &ws.error {
             if matches!(
                 tensorferry_core::transport::Fault::kind(e),
@@ -175,14 +170,13 @@ impl OpBook {
             .filter(|(_, ws)| !ws.ended)
     }
 
-    /// Gives op `w` up: its queued chunks are dropped, its peer is to be
-    /// removed from the address vector (which closes the provider's
-    /// connection, so that the chunks posted end too, flushed or done),
-    /// and it completes with `error` (unless it failed already) once the
-    /// chunks posted have completed. Reporting it earlier would let its
-    /// caller reuse the memory while a chunk may still move: a write's
-    /// source still read (and its peer's destination still written), a
-    /// read's destination still written.
+    /// Gives op `w` up: its queued chunks are dropped, and it completes
+    /// with `error` (unless it failed already) once the chunks posted have
+    /// completed, or were cut short by a reset of the endpoint (which the
+    /// transport makes where they do not complete at once). Reporting it
+    /// earlier would let its caller reuse the memory while a chunk may
+    /// still move: a write's source still read, a read's destination
+    /// still written.
     fn end(&mut self, w: u32, error: impl FnOnce(OpKind, &str) -> FabricError) {
         let Some(Some(ws)) = self.ops.get_mut(w as usize) else {
             return;
@@ -201,24 +195,79 @@ impl OpBook {
         if !self.evict.contains(&peer) {
             self.evict.push(peer);
         }
-        if !self.final_completions {
-            // Nothing would end its chunks posted: waiting for them could
-            // be forever (a cut link), so it is reported now, and they may
-            // still move (said in the crate's documentation).
-            if let Some(Some(ws)) = self.ops.get_mut(w as usize) {
-                if ws.in_flight > 0 {
-                    ws.reported = true;
-                    let cookie = ws.cookie;
-                    let result = Err(ws.error.take().unwrap_or(FabricError::Cancelled {
-                        op: ws.kind,
-                        peer: ws.peer.to_string(),
-                    }));
-                    self.done.push_back(Completion { cookie, result });
-                    self.news = true;
+        self.finish_if_done(w);
+    }
+
+    /// True if an op that was given up still has chunks posted: only a
+    /// reset of the endpoint ends those for sure.
+    pub(super) fn ended_in_flight(&self) -> bool {
+        self.ops
+            .iter()
+            .flatten()
+            .any(|ws| ws.ended && ws.in_flight > 0)
+    }
+
+    /// The chunks posted from local region `region`, and the peers they
+    /// go to or come from.
+    pub(super) fn posted_from(&self, region: u32) -> (usize, Vec<Arc<str>>) {
+        let mut peers: Vec<Arc<str>> = Vec::new();
+        let mut n = 0;
+        for c in self
+            .ctx_chunk
+            .iter()
+            .flatten()
+            .filter(|c| c.region == region)
+        {
+            n += 1;
+            if let Some(Some(ws)) = self.ops.get(c.op as usize) {
+                if !peers.contains(&ws.peer) {
+                    peers.push(Arc::clone(&ws.peer));
                 }
             }
         }
-        self.finish_if_done(w);
+        (n, peers)
+    }
+
+    /// The endpoint the chunks posted went through is closed (nothing of
+    /// theirs moves any more, and their completions, read since, will not
+    /// come): frees their contexts. Chunks of ops given up complete them
+    /// with their error; the others are queued to be posted again where
+    /// `again` (a chunk written or read twice leaves the same bytes), else
+    /// fail their op with `cut`.
+    pub(super) fn cut_posted(&mut self, again: bool, cut: impl Fn(OpKind, &str) -> FabricError) {
+        for i in 0..self.ctx_owner.len() as u32 {
+            self.cut_one(i, again, &cut);
+        }
+    }
+
+    /// The chunk posted with context `i` was cut short (see
+    /// [`cut_posted`](Self::cut_posted)); nothing if the context is free.
+    pub(super) fn cut_one(
+        &mut self,
+        i: u32,
+        again: bool,
+        cut: impl Fn(OpKind, &str) -> FabricError,
+    ) {
+        let chunk = self.ctx_chunk.get(i as usize).copied().flatten();
+        let Some(w) = self.release_ctx(i) else {
+            return;
+        };
+        let Some(Some(ws)) = self.ops.get_mut(w as usize) else {
+            return;
+        };
+        ws.in_flight = ws.in_flight.saturating_sub(1);
+        match chunk {
+            Some(c) if again && !ws.ended && ws.error.is_none() => {
+                ws.queued += 1;
+                self.backlog.push_front(c);
+            }
+            _ => {
+                if ws.error.is_none() {
+                    ws.error = Some(cut(ws.kind, &ws.peer));
+                }
+                self.finish_if_done(w);
+            }
+        }
     }
 
     /// Frees context `i` and returns the op slot that held it, or `None`
@@ -231,6 +280,9 @@ impl OpBook {
         let w = std::mem::replace(owner, u32::MAX);
         if w == u32::MAX {
             return None;
+        }
+        if let Some(c) = self.ctx_chunk.get_mut(i as usize) {
+            *c = None;
         }
         self.free_ctx.push(i);
         Some(w)
@@ -280,13 +332,13 @@ mod tests {
             backlog: VecDeque::new(),
             free_ctx: (0..contexts).rev().collect(),
             ctx_owner: vec![u32::MAX; contexts as usize],
+            ctx_chunk: vec![None; contexts as usize],
             ops: Vec::new(),
             free_ops: Vec::new(),
             done: VecDeque::new(),
             notices: NoticeBook::new(NoticeFormat::new(true), Duration::from_secs(1), 16),
             evict: Vec::new(),
             held: false,
-            final_completions: true,
             news: false,
         }
     }

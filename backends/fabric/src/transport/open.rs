@@ -37,14 +37,14 @@ pub struct FabricConfig {
     /// Chunks in flight at once (each needs an operation context).
     pub max_outstanding: usize,
     /// A write or read that neither completes nor fails within this is
-    /// ended: its peer is dropped from the address vector (closing rxm's
-    /// connection to it where `FI_AV_REMOVE_CLEANUP` is on, see
-    /// [`crate::ofi::AV_REMOVE_CLEANUP`]), and it is reported failed once
-    /// the provider has ended its chunks, so that a write's source is
-    /// never read, and a read's destination never written, afterwards.
-    /// Over `tcp`, bytes of a write the peer's kernel had already received
-    /// may still be placed when the peer next drives its queue. Keep it
-    /// below the coordinator's push timeout (10 s by default).
+    /// ended: its chunks still queued are dropped, those posted are ended
+    /// (by a reset of the endpoint where the provider does not end them at
+    /// once), and it is reported failed only then, so that a write's
+    /// source is never read, and a read's destination never written,
+    /// afterwards. Over `tcp`, bytes of a write the peer's kernel had
+    /// already received may still be placed when the peer next drives its
+    /// queue. Keep it below the coordinator's push timeout (10 s by
+    /// default).
     pub write_timeout: Duration,
 }
 
@@ -83,6 +83,12 @@ pub struct Opened {
     pub reads: bool,
     /// True if the progress thread can sleep in `fi_cq_sread`.
     pub waitable_cq: bool,
+    /// True if the transport can end an operation a peer has taken (it
+    /// resets its endpoint under it): the providers over rxm. Elsewhere
+    /// (libfabric 1.17's `shm`) such an operation ends only when the peer
+    /// ends it, and is not reported before; a caller that must be able to
+    /// give up on a peer (the transfer engine) refuses such a provider.
+    pub ends_operations: bool,
 }
 impl FabricTransport {
     /// Opens a transport (no pool yet:
@@ -97,10 +103,21 @@ impl FabricTransport {
                 what: "does not grant FI_THREAD_SAFE".into(),
             });
         }
-        let mr = MrPolicy::from_mode(info.mr_mode()).map_err(|what| FabricError::Unsupported {
-            provider: provider.clone(),
-            what,
+        let mr = MrPolicy::from_mode(info.mr_mode(), info.mr_key_size()).map_err(|what| {
+            FabricError::Unsupported {
+                provider: provider.clone(),
+                what,
+            }
         })?;
+        if !mr.prov_key && mr.key_size < 8 {
+            // Its keys are all that stands between a host that reaches the
+            // provider and the regions: fewer bits are easier to guess.
+            tracing::warn!(
+                %provider,
+                key_bytes = mr.key_size,
+                "this provider's memory keys are narrower than 64 bits: a host that reaches it guesses one sooner"
+            );
+        }
         let cq_data_size = info.cq_data_size();
         if delivery == DeliveryMode::Notify && cq_data_size < 4 {
             return Err(FabricError::Unsupported {
@@ -117,11 +134,13 @@ impl FabricTransport {
         let fabric = Fabric::open(&info)?;
         let domain = Domain::open(&fabric, &info)?;
         let outstanding = config.max_outstanding.clamp(1, 1 << 16);
-        let cq = Cq::open(&domain, (2 * outstanding).max(1024))?;
+        let cq_size = (2 * outstanding).max(1024);
+        let cq = Cq::open(&domain, cq_size)?;
         let av = Av::open(&domain)?;
         let endpoint = Endpoint::open(&domain, &info, &cq, &av)?;
         let notice_format = NoticeFormat::new(cq_data_size >= 8);
         let reads = info.caps() & READ_CAPS == READ_CAPS;
+        let ends_operations = super::reset::resettable(&provider);
         let opened = Opened {
             provider,
             fabric: info.fabric_name(),
@@ -131,25 +150,30 @@ impl FabricTransport {
             chunk,
             reads,
             waitable_cq: cq.waitable(),
+            ends_operations,
         };
         let wake = EventFd::new().map_err(|source| FabricError::Os {
             what: "create the wake eventfd",
             source,
         })?;
+        let endpoint_name = endpoint.name().to_vec();
         let shared = Arc::new(Shared {
             wake,
-            cq,
+            cq: std::sync::RwLock::new(cq),
+            endpoint: std::sync::RwLock::new(Some(endpoint)),
+            pause: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
             book: Mutex::new(OpBook {
                 backlog: VecDeque::with_capacity(outstanding),
                 free_ctx: (0..outstanding as u32).rev().collect(),
                 ctx_owner: vec![u32::MAX; outstanding],
+                ctx_chunk: vec![None; outstanding],
                 ops: Vec::with_capacity(outstanding),
                 free_ops: Vec::new(),
                 done: VecDeque::with_capacity(outstanding),
                 notices: NoticeBook::new(notice_format, Duration::from_secs(120), 1 << 16),
                 evict: Vec::new(),
                 held: false,
-                final_completions: crate::ofi::av_remove_cleanup(),
                 news: false,
             }),
             stop: AtomicBool::new(false),
@@ -163,10 +187,9 @@ impl FabricTransport {
         });
         let thread = {
             let shared = Arc::clone(&shared);
-            let endpoint = Arc::clone(&endpoint);
             std::thread::Builder::new()
                 .name("ferry-fabric".into())
-                .spawn(move || shared.run(&endpoint))
+                .spawn(move || shared.run())
                 .map_err(|source| FabricError::Os {
                     what: "start the progress thread",
                     source,
@@ -177,7 +200,7 @@ impl FabricTransport {
             next_region: 1,
             thread: Some(thread),
             shared,
-            endpoint,
+            endpoint_name,
             av,
             domain,
             pool: None,
@@ -186,11 +209,12 @@ impl FabricTransport {
             session: String::new(),
             notice_format,
             cq_data_size,
-            next_key: 1,
             write_timeout: config.write_timeout,
             stuck_reported: false,
+            reset_failed: None,
+            cq_size,
             next_sweep: Instant::now(),
-            _info: info,
+            info,
         };
         t.session = t.session_text();
         debug!(opened = ?t.opened, "libfabric transport open");

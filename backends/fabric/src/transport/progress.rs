@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use tensorferry_fabric_sys as sys;
@@ -19,7 +19,17 @@ use crate::ofi::{Cq, Endpoint};
 
 /// What the runtime's thread and the progress thread share.
 pub(super) struct Shared {
-    pub(super) cq: Arc<Cq>,
+    /// The completion queue (a reset replaces it with the endpoint: 1.17's
+    /// rxm leaves a queue whose endpoint closed unusable).
+    pub(super) cq: RwLock<Arc<Cq>>,
+    /// The endpoint chunks are posted through: taken out (and closed)
+    /// while the transport resets it, when nothing is posted.
+    pub(super) endpoint: RwLock<Option<Arc<Endpoint>>>,
+    /// Asked of the progress thread: stop at the top of its loop (reading
+    /// nothing, posting nothing) until it is cleared.
+    pub(super) pause: AtomicBool,
+    /// The progress thread's answer: it is stopped there.
+    pub(super) paused: AtomicBool,
     /// Signalled by the progress thread when completions or notices
     /// arrive, so that the runtime can sleep on it with its control
     /// channel: readable while the runtime has news to collect.
@@ -38,12 +48,22 @@ impl Shared {
         self.book.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The completion queue in use.
+    pub(super) fn cq(&self) -> Arc<Cq> {
+        Arc::clone(&self.cq.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
     /// Posts what the backlog holds, in order, as far as contexts and the
     /// provider's queue allow; returns true if chunks remain. The book is
     /// not held while a chunk is posted: a provider may spin inside the
     /// call (shm waits for its peer's queue lock), and completions must go
     /// on being recorded meanwhile.
-    pub(super) fn drain(&self, endpoint: &Endpoint) -> bool {
+    pub(super) fn drain(&self) -> bool {
+        let slot = self.endpoint.read().unwrap_or_else(PoisonError::into_inner);
+        let Some(endpoint) = slot.as_deref() else {
+            // Being reset: the backlog waits for the new endpoint.
+            return !self.lock().backlog.is_empty();
+        };
         let mut tries = self.lock().backlog.len();
         while tries > 0 {
             tries -= 1;
@@ -72,6 +92,7 @@ impl Shared {
                     break;
                 };
                 book.ctx_owner[ctx as usize] = c.op;
+                book.ctx_chunk[ctx as usize] = Some(c);
                 if let Some(ws) = book.ops.get_mut(c.op as usize).and_then(Option::as_mut) {
                     ws.queued -= 1;
                     ws.in_flight += 1;
@@ -114,6 +135,7 @@ impl Shared {
             // Not posted, so no completion comes: undo.
             let mut book = self.lock();
             book.ctx_owner[ctx as usize] = u32::MAX;
+            book.ctx_chunk[ctx as usize] = None;
             book.free_ctx.push(ctx);
             let w = c.op;
             let Some(ws) = book.ops.get_mut(w as usize).and_then(Option::as_mut) else {
@@ -159,7 +181,7 @@ impl Shared {
         }
     }
 
-    fn handle(&self, entries: &[sys::fi_cq_data_entry]) {
+    pub(super) fn handle(&self, entries: &[sys::fi_cq_data_entry]) {
         let now = Instant::now();
         let mut book = self.lock();
         for e in entries {
@@ -180,7 +202,7 @@ impl Shared {
         }
     }
 
-    fn handle_error(&self, e: &sys::fi_cq_err_entry, text: String) {
+    pub(super) fn handle_error(&self, e: &sys::fi_cq_err_entry, text: String) {
         let mut book = self.lock();
         let Some(i) = self.contexts.index(e.op_context) else {
             warn!(errno = e.err, prov_errno = e.prov_errno, %text, "completion error for no op of ours");
@@ -215,7 +237,7 @@ impl Shared {
     /// Write deadlines are kept by the runtime's side
     /// (`FabricTransport::poll_completion`), which goes on even when a
     /// provider call here never returns.
-    pub(super) fn run(&self, endpoint: &Endpoint) {
+    pub(super) fn run(&self) {
         let mut buf = [sys::fi_cq_data_entry::default(); 64];
         let mut last_work = Instant::now();
         let mut last_prune = Instant::now();
@@ -225,6 +247,12 @@ impl Shared {
         while !self.stop.load(Ordering::Acquire) {
             self.beat
                 .store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
+            if self.pause.load(Ordering::Acquire) {
+                self.paused.store(true, Ordering::Release);
+                std::thread::sleep(Duration::from_micros(100));
+                continue;
+            }
+            self.paused.store(false, Ordering::Release);
             let now = Instant::now();
             let (held, news, queued) = {
                 let mut book = self.lock();
@@ -242,16 +270,17 @@ impl Shared {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
-            let backlog = queued && self.drain(endpoint);
+            let backlog = queued && self.drain();
             let idle = now.duration_since(last_work) >= spin;
-            let r = if idle && self.cq.waitable() && !backlog {
-                self.cq.sread(&mut buf, 5)
+            let cq = self.cq();
+            let r = if idle && cq.waitable() && !backlog {
+                cq.sread(&mut buf, 5)
             } else {
-                self.cq.read(&mut buf)
+                cq.read(&mut buf)
             };
             match r {
                 Ok(0) => {
-                    if idle && (backlog || !self.cq.waitable()) {
+                    if idle && (backlog || !cq.waitable()) {
                         std::thread::sleep(Duration::from_micros(20));
                     } else {
                         std::hint::spin_loop();
@@ -264,7 +293,7 @@ impl Shared {
                 }
                 Err(errno) if errno == sys::FI_EAVAIL as i32 => {
                     last_work = Instant::now();
-                    if let Some((e, text)) = self.cq.read_err() {
+                    if let Some((e, text)) = cq.read_err() {
                         self.handle_error(&e, text);
                     }
                 }

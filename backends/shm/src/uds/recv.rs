@@ -252,6 +252,8 @@ impl UdsReceiver {
                 Some(ChannelEvent::Message(Incoming {
                     from: &self.conns[i].from,
                     via: &self.me,
+                    // The socket file's permissions guard who connects.
+                    user: "",
                     magic: &head[2..2 + magic_len],
                     payload,
                 }))

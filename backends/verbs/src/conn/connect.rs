@@ -1,17 +1,20 @@
 //! Connection set-up, both sides of the exchange: a writer's (or
 //! reader's) connections from wanted to ready (queue pair, request,
-//! reply), a target's answer to a writer's request, and the closing of a
-//! connection (for room, or once it ended). Each end's queue pair answers
+//! reply), a target's answer to a writer's request (its queue pair kept
+//! under the requester the side channel's connection proves, see
+//! `inbound`), and the closing of a connection (for room, or once it
+//! ended). Each end's queue pair answers
 //! as many RDMA READs at once as its device allows (up to
 //! `attrs::RD_ATOMIC`), says so in the exchange, and keeps no more
 //! outstanding than the other end answers.
 
-use super::{verb, Conn, ConnBook, ConnState, Ending, Outgoing};
+use super::{verb, Conn, ConnBook, ConnState, Ending, Outgoing, Requester};
 use crate::attrs;
 use crate::device::{Device, DeviceError};
 use crate::error::VerbsError;
 use crate::exchange::{QpInfo, RegionInfo, Reply, Request};
 use crate::gid::gid_text;
+use crate::session::Session;
 
 impl<D: Device> ConnBook<D> {
     /// A fresh 24-bit PSN (per connection, never the same twice in a row).
@@ -200,13 +203,48 @@ impl<D: Device> ConnBook<D> {
         self.fail_conn(conn_id, e);
     }
 
-    /// Answers a writer's request: a queue pair walked to RTS toward it,
-    /// and our registered regions.
-    pub fn on_request(&mut self, bytes: &[u8], from: &str) -> Reply {
-        let req = match Request::decode(bytes, from) {
+    /// Answers a writer's request, which came from `who` (as its
+    /// side-channel connection proves): a queue pair walked to RTS toward
+    /// it, and our registered regions.
+    ///
+    /// The queue pair is kept under `who` and the writer session the
+    /// request names (`from`): a request from another requester never
+    /// replaces or drops it, whatever session it names; one from the same
+    /// requester naming the same session replaces it (a writer
+    /// reconnecting). Under CURVE a request must name a session of the
+    /// key its connection authenticated with (a writer's session id
+    /// carries its key), or it is refused.
+    pub fn on_request(&mut self, bytes: &[u8], who: &Requester) -> Reply {
+        let peer = format!("side-channel peer {who}");
+        let req = match Request::decode(bytes, &peer) {
             Ok(r) => r,
             Err(e) => return Reply::Refuse { why: e.to_string() },
         };
+        if let Requester::Key(key) = who {
+            // `decode` checked that `from` parses; a session that does not
+            // is refused all the same.
+            let named = Session::parse(&req.from).ok().and_then(|s| s.key);
+            if named != Some(*key) {
+                self.forged += 1;
+                let n = self.forged;
+                // The first ten, then one in a thousand: a flood of them
+                // costs a counter, not the log.
+                if n <= 10 || n % 1000 == 0 {
+                    tracing::warn!(
+                        peer = %peer,
+                        from = %req.from,
+                        refused = n,
+                        "verbs side channel: a request named a writer session of another key; refused"
+                    );
+                }
+                return Reply::Refuse {
+                    why: format!(
+                        "the request names the writer session {}, which does not carry the CURVE key its connection authenticated with ({key})",
+                        req.from
+                    ),
+                };
+            }
+        }
         if req.to != self.incarnation {
             return Reply::Refuse {
                 why: format!(
@@ -220,22 +258,23 @@ impl<D: Device> ConnBook<D> {
                 why: "no memory is registered yet".into(),
             };
         }
-        // A writer that reconnects replaces its old queue pair.
-        if self.inbound.remove(&req.from).is_some() {
-            self.inbound_order.retain(|w| *w != req.from);
-        }
-        while self.inbound.len() >= self.limits.max_writers.max(1) {
-            let Some(oldest) = self.inbound_order.pop_front() else {
-                break;
-            };
-            tracing::info!(writer = %oldest, "verbs: oldest accepted connection dropped to make room");
-            self.inbound.remove(&oldest);
+        // A writer that reconnects replaces its old queue pair (only its
+        // own requester's entry is looked at).
+        drop(self.inbound.remove(who, &req.from));
+        let per = self.limits.max_per_writer;
+        for d in self.inbound.make_room(who, per, self.limits.max_writers) {
+            // Dropping a requester's own for its newest is routine (and a
+            // flood of requests makes many): only another's is news.
+            if d.who == *who {
+                tracing::debug!(writer = %d.from, requester = %d.who, "verbs: the requester's oldest accepted connection dropped for its newest");
+            } else {
+                tracing::info!(writer = %d.from, requester = %d.who, "verbs: accepted connection of the requester holding the most dropped to make room");
+            }
         }
         match self.accept(&req) {
             Ok((qp, info)) => {
-                self.inbound.insert(req.from.clone(), qp);
-                self.inbound_order.push_back(req.from.clone());
-                tracing::debug!(writer = %req.from, "verbs connection accepted");
+                self.inbound.insert(who, req.from.clone(), qp);
+                tracing::debug!(writer = %req.from, requester = %who, "verbs connection accepted");
                 Reply::Accept {
                     qp: info,
                     regions: self
@@ -250,10 +289,27 @@ impl<D: Device> ConnBook<D> {
                 }
             }
             Err(e) => {
-                tracing::warn!(writer = %req.from, error = %e, "verbs connection refused");
+                tracing::warn!(writer = %req.from, requester = %who, error = %e, "verbs connection refused");
                 Reply::Refuse { why: e.to_string() }
             }
         }
+    }
+
+    /// Requests refused because they named a writer session whose key is
+    /// not the one their connection authenticated with (under CURVE).
+    pub fn forged_requests(&self) -> u64 {
+        self.forged
+    }
+
+    /// Queue pairs accepted from writers and kept.
+    pub fn accepted(&self) -> usize {
+        self.inbound.len()
+    }
+
+    /// Queue pairs accepted from `who` and kept.
+    #[cfg(test)]
+    pub fn accepted_from(&self, who: &Requester) -> usize {
+        self.inbound.count(who)
     }
 
     pub(super) fn accept(&mut self, req: &Request) -> Result<(D::Qp, QpInfo), VerbsError> {

@@ -30,13 +30,15 @@
 //!
 //! Modules: the connections' set-up on both sides of the exchange
 //! (`connect`), transfers going out (`post`), completions and deadlines
-//! (`complete`), ending connections (`end`), and the hasher of the book's
-//! maps (`id_hash`).
+//! (`complete`), ending connections (`end`), the queue pairs accepted
+//! from writers, each kept under who asked for it (`inbound`), and the
+//! hasher of the book's maps (`id_hash`).
 
 mod complete;
 mod connect;
 mod end;
 mod id_hash;
+mod inbound;
 mod post;
 
 use std::collections::{HashMap, VecDeque};
@@ -50,6 +52,8 @@ use crate::error::VerbsError;
 use crate::exchange::{QpInfo, RegionInfo};
 use crate::session::Session;
 use id_hash::IdHash;
+use inbound::Inbound;
+pub use inbound::Requester;
 
 /// Completions polled per call.
 const POLL_BATCH: usize = 64;
@@ -72,12 +76,19 @@ pub struct ConnLimits {
     pub write_timeout: Duration,
     /// An exchange not answered after this fails the connection.
     pub connect_timeout: Duration,
-    /// Accepted queue pairs kept at most (one per writer session). A
-    /// target cannot tell a writer that died from one that is idle
-    /// (nothing reaches it either way), so beyond this the oldest accepted
-    /// queue pair is destroyed; a writer still using it sees its next
-    /// write fail and reconnects.
+    /// Accepted queue pairs kept at most, of every requester together
+    /// (one per writer session and requester). A target cannot tell a
+    /// writer that died from one that is idle (nothing reaches it either
+    /// way), so beyond this one is destroyed: the oldest of the requester
+    /// holding the most. A writer still using it sees its next write fail
+    /// and reconnects. (A writer keeps at most as many connections of its
+    /// own.)
     pub max_writers: usize,
+    /// Accepted queue pairs kept at most for one requester (one CURVE key,
+    /// or without CURVE one address): beyond this its own oldest is
+    /// destroyed, so that requests from one peer never cost another its
+    /// queue pairs.
+    pub max_per_writer: usize,
 }
 
 /// Where a connection is.
@@ -203,9 +214,12 @@ pub struct Outgoing {
 pub struct ConnBook<D: Device> {
     // Queue pairs go before the device (and its registration) on drop.
     conns: HashMap<u32, Conn<D::Qp>, IdHash>,
-    inbound: HashMap<String, D::Qp>,
-    /// Writer sessions in the order they were accepted.
-    inbound_order: VecDeque<String>,
+    /// The queue pairs accepted from writers, by requester and writer
+    /// session.
+    inbound: Inbound<D::Qp>,
+    /// Requests refused because their `from` named a session whose key is
+    /// not the one their connection authenticated with.
+    forged: u64,
     /// The device.
     pub device: D,
     by_peer: HashMap<String, u32>,
@@ -265,8 +279,8 @@ impl<D: Device> ConnBook<D> {
         let cq_capacity = device.cq_capacity().max(2);
         Self {
             conns: HashMap::default(),
-            inbound: HashMap::new(),
-            inbound_order: VecDeque::new(),
+            inbound: Inbound::default(),
+            forged: 0,
             device,
             by_peer: HashMap::new(),
             transfers: HashMap::default(),

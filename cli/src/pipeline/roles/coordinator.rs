@@ -2,6 +2,7 @@
 //! stop, drained.
 
 use super::*;
+use tensorferry_zmq::zmq;
 
 /// What a coordinator process is told besides its endpoints.
 #[derive(Clone, Debug)]

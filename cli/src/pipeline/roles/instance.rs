@@ -2,6 +2,7 @@
 //! plane, and its run (the pipeline's workload, or sglang's) until a stop.
 
 use super::*;
+use tensorferry_zmq::zmq;
 
 /// One instance process's settings.
 #[derive(Clone, Debug)]
@@ -235,6 +236,7 @@ pub(super) fn start_serving(
         "name": args.name,
         "pid": std::process::id(),
         "session_id": node.session_id(),
+        "quarantine_ms": node.quarantine().as_millis() as u64,
     }));
     Ok(metrics)
 }

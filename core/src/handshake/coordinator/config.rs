@@ -46,8 +46,18 @@ pub struct CoordinatorConfig {
     /// Dispatch attempts before a request fails.
     pub max_attempts: u32,
     /// How long a preallocated slot of a request that failed mid-write
-    /// stays out of use.
+    /// stays out of use, at least: the coordinator keeps it out longer
+    /// where the failed request's sender's writes may land later (its
+    /// `write_lifetime_ms` plus [`message_delay`](Self::message_delay)).
     pub quarantine: Duration,
+    /// The longest a control message may take to arrive: a
+    /// `transfer_push` delivered this late is written this late, after its
+    /// request may have failed.
+    pub message_delay: Duration,
+    /// The longest write lifetime (`write_lifetime_ms`) a registration may
+    /// state: one beyond it is refused, so that no instance parks the
+    /// receivers' slots for longer than the operator allows.
+    pub max_write_lifetime: Duration,
     /// How long a preallocated slot of a request that failed while its
     /// receiver held the data waits for the receiver's late
     /// `transfer_done` before it is reused anyway.
@@ -76,6 +86,8 @@ impl CoordinatorConfig {
         retry_backoff: Duration::from_millis(20),
         max_attempts: 50,
         quarantine: Duration::from_secs(1),
+        message_delay: Duration::from_secs(1),
+        max_write_lifetime: Duration::from_secs(120),
         late_done_wait: Duration::from_secs(5),
     };
 }

@@ -50,6 +50,19 @@ impl<'s> Coordinator<'s> {
         }
     }
 
+    /// How long a preallocated slot a failed write of `sender`'s may
+    /// still land in is parked: the configured quarantine, or longer where
+    /// its writes may land later (a sender already gone: the longest any
+    /// registration may state).
+    pub(super) fn quarantine(&self, sender: MemberRef) -> Duration {
+        let lifetime = self
+            .member(sender)
+            .map_or(self.config.max_write_lifetime, |m| m.write_lifetime);
+        self.config
+            .quarantine
+            .max(lifetime.saturating_add(self.config.message_delay))
+    }
+
     /// Fails transfer `i`: aborts to everyone involved, capacity back,
     /// preallocated slot parked, record gone.
     pub(super) fn fail(&mut self, now: Instant, i: usize, reason: FailReason) {
@@ -75,7 +88,7 @@ impl<'s> Coordinator<'s> {
                 let wait = if held {
                     self.config.late_done_wait
                 } else {
-                    self.config.quarantine
+                    self.quarantine(t.sender)
                 };
                 // No room to park: keep the slot taken rather than risk a
                 // write landing in a reused slot. It comes back when the

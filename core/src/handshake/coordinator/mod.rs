@@ -51,6 +51,8 @@ pub use config::{ConfigError, CoordinatorConfig, Policy, Timeouts};
 mod endings;
 mod fail;
 pub use fail::FailReason;
+mod lookups;
+use lookups::member_of;
 mod output;
 mod peers;
 mod queue;
@@ -84,6 +86,10 @@ pub struct Member {
     role: usize,
     session: Name,
     endpoint: Name,
+    /// Who the control channel authenticated its registration as (empty:
+    /// a channel that authenticates no one); its later messages must come
+    /// as the same.
+    user: Name,
     pool_ptr: u64,
     pool_size: u64,
     prealloc: PreallocTable<MAX_PREALLOC_PER_MEMBER>,
@@ -98,6 +104,11 @@ pub struct Member {
     draining: bool,
     /// It was told nothing is addressed to it any more (its drain's end).
     drain_told: bool,
+    /// How late its writes may land after they are posted (its
+    /// registration's `write_lifetime_ms`): a preallocated slot a failed
+    /// write of its may still land in is parked this long at least, plus
+    /// the message delay.
+    write_lifetime: Duration,
 }
 
 impl Record for Member {
@@ -503,8 +514,23 @@ impl<'s> Coordinator<'s> {
     /// Handles a message from `from`. `Err` says why it was ignored; it
     /// changed nothing.
     pub fn handle(&mut self, now: Instant, from: PeerId, msg: &Msg<'_>) -> Result<(), Ignored> {
+        self.handle_as(now, from, "", msg)
+    }
+
+    /// [`handle`](Self::handle) of a message whose connection the channel
+    /// authenticated as `user` (empty: as no one). A registration is bound
+    /// to its `user`; any other message is taken only from the `user` its
+    /// sender registered as.
+    fn handle_as(
+        &mut self,
+        now: Instant,
+        from: PeerId,
+        user: &str,
+        msg: &Msg<'_>,
+    ) -> Result<(), Ignored> {
         let r = match msg {
-            Msg::Register(m) => self.on_register(now, from, m),
+            Msg::Register(m) => self.on_register(now, from, user, m),
+            _ if !user.is_empty() && !self.spoken_for_by(from, user) => Err(Ignored::WrongKey),
             Msg::Staged(m) => self.on_staged(now, from, m),
             Msg::Allocated(m) => self.on_allocated(now, from, m),
             Msg::AllocReject(m) => self.on_reject(now, from, m),
@@ -518,101 +544,4 @@ impl<'s> Coordinator<'s> {
         }
         r
     }
-
-    // ---- lookups -----------------------------------------------------------
-
-    fn member_of_peer(&self, peer: PeerId) -> Option<usize> {
-        member_of(&self.members, peer)
-    }
-
-    fn member(&self, r: MemberRef) -> Option<&Member> {
-        self.members.get(r.index).filter(|m| m.epoch == r.epoch)
-    }
-
-    fn member_mut(
-        &mut self,
-        r: MemberRef,
-    ) -> Option<super::tables::table::RecordMut<'_, 's, Member>> {
-        self.members.get_mut(r.index).filter(|m| m.epoch == r.epoch)
-    }
-
-    /// The hash a request id is indexed by, if it can be held at all.
-    fn id_hash(&self, id: JsonStr<'_>) -> Option<u64> {
-        self.transfers
-            .key()
-            .json::<{ crate::handshake::ID_LEN }>(id, NS_ID)
-    }
-
-    /// The transfer of request `id` whose sender or receiver (as
-    /// `from_sender` says) is `from`. One request has a transfer per leg,
-    /// and an instance takes part in a leg on one side only, so at most one
-    /// matches; failing that, any transfer of `id` (to say why it is not
-    /// `from`'s).
-    fn transfer_of(&self, id: JsonStr<'_>, from: PeerId, from_sender: bool) -> Option<usize> {
-        let hash = self.id_hash(id)?;
-        let from_peer = |t: &Transfer| {
-            let who = if from_sender {
-                Some(t.sender)
-            } else {
-                t.receiver
-            };
-            who.and_then(|r| self.member(r))
-                .is_some_and(|m| m.peer == from)
-        };
-        self.transfers
-            .find(hash, |t| t.id.eq_json(id) && from_peer(t))
-            .or_else(|| self.transfers.find(hash, |t| t.id.eq_json(id)))
-    }
-
-    /// True if request `id` is one the coordinator carries through the
-    /// pipeline: its leg before `role`'s is live or just ended, so a leg
-    /// staged by `role` is its next (a forward). A draining coordinator
-    /// still takes those, so that what is in flight reaches its end.
-    fn carries(&self, id: JsonStr<'_>, role: usize) -> bool {
-        let Some(prev) = role.checked_sub(1) else {
-            return false;
-        };
-        let live = self.id_hash(id).is_some_and(|h| {
-            self.transfers
-                .find(h, |t| t.id.eq_json(id) && t.sender_role == prev)
-                .is_some()
-        });
-        live || self.finished.contains(id, Leg::FromRole(prev))
-    }
-
-    /// The transfer `id` if it is in `phase` and `from` is its receiver (or
-    /// sender, if `from_sender`).
-    fn expect(
-        &self,
-        id: JsonStr<'_>,
-        from: PeerId,
-        from_sender: bool,
-        phase: fn(&Phase) -> bool,
-    ) -> Result<usize, Ignored> {
-        let i = self
-            .transfer_of(id, from, from_sender)
-            .ok_or(Ignored::UnknownRequest)?;
-        let t = self.transfers.get(i).ok_or(Ignored::UnknownRequest)?;
-        let who = if from_sender {
-            Some(t.sender)
-        } else {
-            t.receiver
-        };
-        let member = who.and_then(|r| self.member(r)).ok_or(Ignored::WrongPeer)?;
-        if member.peer != from {
-            return Err(Ignored::WrongPeer);
-        }
-        if !phase(&t.phase) {
-            return Err(Ignored::WrongState);
-        }
-        Ok(i)
-    }
-}
-
-/// The place of `peer`'s member record, if it is a member: a free function
-/// over the table, so that a caller holding another of the machine's
-/// tables mutably can ask too.
-fn member_of(members: &Table<'_, Member>, peer: PeerId) -> Option<usize> {
-    let hash = members.key().number(u64::from(peer.0), NS_PEER);
-    members.find(hash, |m| m.peer == peer)
 }

@@ -225,7 +225,13 @@ impl Coordinator<'_> {
                 why,
             })?
             .ok_or(Unhandled::UnknownSender)?;
-        self.handle(now, peer, &decoded)
+        if msg.user.len() > crate::handshake::NAME_LEN {
+            return Err(Unhandled::Ignored {
+                peer,
+                why: Ignored::TooLong("user"),
+            });
+        }
+        self.handle_as(now, peer, msg.user, &decoded)
             .map_err(|why| Unhandled::Ignored { peer, why })?;
         Ok(peer)
     }
@@ -259,7 +265,7 @@ impl Coordinator<'_> {
                     .role_endpoints
                     .iter()
                     .position(|e| e.as_ref().is_some_and(|e| e.as_str() == msg.via));
-                return Ok(self.sender_of(decoded, role));
+                return Ok(self.sender_among(decoded, role, msg.user));
             }
         };
         let Self { peers, members, .. } = self;

@@ -8,8 +8,10 @@ impl<'s> Coordinator<'s> {
         &mut self,
         now: Instant,
         from: PeerId,
+        user: &str,
         m: &Register<'_>,
     ) -> Result<(), Ignored> {
+        let user = Name::new(user).map_err(|_| Ignored::TooLong("user"))?;
         let session = Name::from_json(m.session_id).map_err(|_| Ignored::TooLong("session_id"))?;
         let endpoint =
             Name::from_json(m.work_endpoint).map_err(|_| Ignored::TooLong("work_endpoint"))?;
@@ -52,6 +54,13 @@ impl<'s> Coordinator<'s> {
         if m.pool_ptr.checked_add(m.pool_size).is_none() {
             return refuse(self, "pool_ptr + pool_size overflows 64 bits");
         }
+        let write_lifetime = Duration::from_millis(m.write_lifetime_ms);
+        if write_lifetime > self.config.max_write_lifetime {
+            return refuse(
+                self,
+                "write_lifetime_ms beyond the coordinator's max_write_lifetime",
+            );
+        }
         let prealloc = match PreallocTable::<MAX_PREALLOC_PER_MEMBER>::from_registration(
             &m.preallocated_slots,
             m.pool_ptr,
@@ -71,6 +80,19 @@ impl<'s> Coordinator<'s> {
             })
             .or_else(|| self.member_of_peer(from));
         if let Some(i) = existing {
+            // An endpoint registered under one key is not taken over under
+            // another: the answer would go to the instance that holds it,
+            // so none is sent. Once the first is gone (its connection
+            // lost, or deregistered) the endpoint is free again.
+            if self.members.get(i).is_some_and(|x| x.user != user) {
+                self.stats.refused += 1;
+                self.event(CoordinatorEvent::Refused {
+                    peer: from,
+                    reason: "the endpoint is registered under another key",
+                    acked: false,
+                });
+                return Err(Ignored::WrongKey);
+            }
             let same = self
                 .members
                 .get(i)
@@ -104,6 +126,7 @@ impl<'s> Coordinator<'s> {
             role,
             session,
             endpoint,
+            user,
             pool_ptr: m.pool_ptr,
             pool_size: m.pool_size,
             prealloc,
@@ -113,6 +136,7 @@ impl<'s> Coordinator<'s> {
             counted_taken: 0,
             draining: false,
             drain_told: false,
+            write_lifetime,
         };
         // Indexed three ways, or not at all.
         let indexed = match self.members.insert(member) {
@@ -255,15 +279,28 @@ impl<'s> Coordinator<'s> {
     /// delivered (or of a failed one whose slot waits for it).
     /// `transfer_register` has no sender yet: `None`.
     pub fn sender_of(&self, msg: &Msg<'_>, role: Option<usize>) -> Option<PeerId> {
+        self.sender_among(msg, role, "")
+    }
+
+    /// [`sender_of`](Self::sender_of) among the members registered as
+    /// `user` (every member, where `user` is empty): a message the channel
+    /// authenticated is never pinned on another key's instance.
+    pub(super) fn sender_among(
+        &self,
+        msg: &Msg<'_>,
+        role: Option<usize>,
+        user: &str,
+    ) -> Option<PeerId> {
+        let as_user = |m: &Member| user.is_empty() || m.user.as_str() == user;
         let by_session = |session: JsonStr<'_>| {
             let hash = self
                 .members
                 .key()
                 .json::<{ crate::handshake::NAME_LEN }>(session, NS_SESSION)?;
             let i = self.sessions.find(hash, |i| {
-                self.members
-                    .get(i)
-                    .is_some_and(|m| m.session.eq_json(session) && role.is_none_or(|r| r == m.role))
+                self.members.get(i).is_some_and(|m| {
+                    m.session.eq_json(session) && role.is_none_or(|r| r == m.role) && as_user(m)
+                })
             })?;
             self.members.get(i).map(|m| m.peer)
         };
@@ -280,7 +317,7 @@ impl<'s> Coordinator<'s> {
                 if role.is_some_and(|r| r != who_role) {
                     return None;
                 }
-                self.member(who).map(|m| m.peer)
+                self.member(who).filter(|m| as_user(m)).map(|m| m.peer)
             };
             let i = self
                 .transfers
@@ -296,8 +333,11 @@ impl<'s> Coordinator<'s> {
             Msg::Done(m) => leg(m.request_id, Phase::Ready, true).or_else(|| {
                 let held_by = |p: &Parked| {
                     let m2 = self.member(p.member)?;
-                    (p.held && p.id.eq_json(m.request_id) && role.is_none_or(|r| r == m2.role))
-                        .then_some(m2.peer)
+                    (p.held
+                        && p.id.eq_json(m.request_id)
+                        && role.is_none_or(|r| r == m2.role)
+                        && as_user(m2))
+                    .then_some(m2.peer)
                 };
                 let p = self
                     .parked

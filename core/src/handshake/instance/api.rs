@@ -133,6 +133,15 @@ pub enum InstanceError {
     /// The instance drains or has left ([`Instance::drain`]): it takes no
     /// new request.
     Draining,
+    /// The quarantine is shorter than a write may take to land
+    /// ([`InstanceConfig::quarantine_needed`]): a failed request's write
+    /// could land in the slot's next tenant.
+    QuarantineTooShort {
+        /// The quarantine configured.
+        quarantine: Duration,
+        /// What the data plane's write lifetime and the message delay need.
+        needed: Duration,
+    },
 }
 
 impl fmt::Display for InstanceError {
@@ -153,6 +162,10 @@ impl fmt::Display for InstanceError {
                 write!(f, "a request table holds at most {max} requests")
             }
             Self::Draining => f.write_str("the instance drains: it takes no new request"),
+            Self::QuarantineTooShort { quarantine, needed } => write!(
+                f,
+                "a quarantine of {quarantine:?} is shorter than a write may take to land ({needed:?}: the data plane's write lifetime plus the message delay); a failed request's write could land in the slot's next tenant"
+            ),
         }
     }
 }

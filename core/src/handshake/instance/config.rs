@@ -73,6 +73,14 @@ pub struct InstanceIdentity<'a> {
     /// handed to the application only once its write landed
     /// ([`InstanceConfig::landing_timeout`]).
     pub delivery_complete: bool,
+    /// How long after it is posted a write into this pool may still land
+    /// (the data plane's `Capabilities::write_lifetime`: its write timeout
+    /// and the time to end a write). The senders of a deployment share
+    /// the data plane and its settings, so this bounds their writes too:
+    /// a slot a failed request's write may still land in sits out at
+    /// least this plus [`InstanceConfig::message_delay`]
+    /// ([`InstanceConfig::quarantine`], checked when the instance starts).
+    pub write_lifetime: Duration,
 }
 
 /// How an instance behaves: its pool's grain, its preallocated slots, its
@@ -94,7 +102,15 @@ pub struct InstanceConfig {
     /// must exceed the coordinator's push timeout.
     pub reserved_timeout: Duration,
     /// How long a slot a write may still be landing in stays out of use.
+    /// It must cover the data plane's write lifetime plus
+    /// [`message_delay`](Self::message_delay)
+    /// ([`quarantine_for`](Self::quarantine_for) sets it so, and the
+    /// instance refuses to start where it does not).
     pub quarantine: Duration,
+    /// The longest a control message may take to arrive. A
+    /// `transfer_push` delivered this late is written this late, after its
+    /// request may have failed; the quarantine covers it.
+    pub message_delay: Duration,
     /// Where the data plane's completions do not mean delivery
     /// ([`InstanceIdentity::delivery_complete`] false): how long a transfer
     /// announced ready may wait for its write's arrival before it is
@@ -125,6 +141,7 @@ impl InstanceConfig {
         staged_timeout: Duration::from_secs(60),
         reserved_timeout: Duration::from_secs(20),
         quarantine: Duration::from_secs(1),
+        message_delay: Duration::from_secs(1),
         landing_timeout: Duration::from_secs(10),
         head: Head::Ferry,
         alloc_hold: Duration::from_secs(20),
@@ -146,6 +163,24 @@ impl InstanceConfig {
             staged_timeout: beyond,
             reserved_timeout: beyond,
             alloc_hold: head_timeout,
+            ..self
+        }
+    }
+
+    /// The quarantine a data plane whose writes may land up to
+    /// `write_lifetime` after they are posted needs: that, plus
+    /// [`message_delay`](Self::message_delay).
+    pub fn quarantine_needed(&self, write_lifetime: Duration) -> Duration {
+        write_lifetime.saturating_add(self.message_delay)
+    }
+
+    /// This configuration with its quarantine raised, where it is shorter,
+    /// to what a data plane whose writes may land up to `write_lifetime`
+    /// after they are posted needs ([`quarantine_needed`](Self::quarantine_needed)):
+    /// the runtime derives it so from the data plane it opened.
+    pub fn quarantine_for(self, write_lifetime: Duration) -> Self {
+        Self {
+            quarantine: self.quarantine.max(self.quarantine_needed(write_lifetime)),
             ..self
         }
     }

@@ -295,6 +295,9 @@ pub struct Instance<'s> {
     endpoint: Name,
     pool_ptr: u64,
     pool_size: u64,
+    /// Its data plane's write lifetime in milliseconds, as its
+    /// registration tells ferry's coordinator.
+    write_lifetime_ms: u64,
     config: InstanceConfig,
     /// How long a transfer announced ready waits for its write's arrival
     /// (`None`: the data plane's completions mean delivery).
@@ -374,6 +377,13 @@ impl<'s> Instance<'s> {
         config: &InstanceConfig,
         mut s: InstanceStorage<'s>,
     ) -> Result<Self, InstanceError> {
+        let needed = config.quarantine_needed(who.write_lifetime);
+        if config.quarantine < needed {
+            return Err(InstanceError::QuarantineTooShort {
+                quarantine: config.quarantine,
+                needed,
+            });
+        }
         let mut pool = Buddy::new(config.pool(who.pool_size), s.tree, s.generations)
             .map_err(InstanceError::Config)?;
         let Prealloc { count, size } = config.prealloc;
@@ -419,6 +429,9 @@ impl<'s> Instance<'s> {
             endpoint: name(who.work_endpoint)?,
             pool_ptr: who.pool_ptr,
             pool_size: who.pool_size,
+            // Rounded up: the coordinator must not take it for shorter.
+            write_lifetime_ms: u64::try_from(who.write_lifetime.as_nanos().div_ceil(1_000_000))
+                .unwrap_or(u64::MAX),
             config: *config,
             // Where a completion does not mean delivery, each received
             // transfer is held until the data plane says its bytes landed.

@@ -31,6 +31,7 @@ impl<'s> Instance<'s> {
                 pool_size: self.pool_size,
                 work_endpoint: self.endpoint.as_json(),
                 preallocated_slots: SlotList::Slots(&self.prealloc),
+                write_lifetime_ms: self.write_lifetime_ms,
             })
             .write_dialect(&mut sink, Style::Verbatim, dialect);
             let r = sink.finish();

@@ -82,6 +82,8 @@ impl World {
             retry_backoff: Duration::from_millis(1),
             max_attempts: 3,
             quarantine: timeout,
+            message_delay: timeout,
+            max_write_lifetime: CoordinatorConfig::FERRY.max_write_lifetime,
             late_done_wait: timeout,
         };
         let mut storage = CoordinatorStorage::owned(&LIMITS);
@@ -96,6 +98,7 @@ impl World {
                 pool_ptr: 0x10_0000,
                 pool_size: POOL.pool_size,
                 delivery_complete: true,
+                write_lifetime: core::time::Duration::ZERO,
             };
             let config = InstanceConfig {
                 min_block: POOL.min_block,
@@ -104,6 +107,7 @@ impl World {
                 staged_timeout: timeout,
                 reserved_timeout: timeout,
                 quarantine: timeout,
+                message_delay: timeout,
                 landing_timeout: timeout,
                 head: Head::Ferry,
                 alloc_hold: timeout,

@@ -7,10 +7,11 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
 use tensorferry::runtime::{CoordinatorNode, CoordinatorNodeConfig, NodeError};
-use tensorferry_zmq::{ZmqChannel, ZmqConfig};
+use tensorferry_zmq::{zmq, ZmqChannel, ZmqConfig};
 
-use super::{close_slot, guard};
-use crate::errors::{node_error, raise, Kind};
+use super::close_slot;
+use crate::errors::{node_error, raise};
+use tensorferry::runtime::ErrorKind;
 
 /// A running coordinator (see `tensorferry.Coordinator`).
 #[pyclass(name = "CoordinatorNode", module = "tensorferry._native", frozen)]
@@ -47,7 +48,8 @@ impl PyCoordinator {
             .map(|(role, endpoint)| tensorferry::runtime::Admission { role, endpoint })
             .collect();
         let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
-        let guard = guard(&allow_from, curve_key.as_deref(), curve_peers.as_deref())?;
+        // The keywords, and the environment's for the parts not given.
+        let guard = crate::guard::guard(allow_from, curve_key, curve_peers)?;
         let (node, bound) = py
             .detach(|| {
                 let ctx = zmq::Context::new();
@@ -75,7 +77,7 @@ impl PyCoordinator {
         let guard = self.node.lock().unwrap_or_else(PoisonError::into_inner);
         let node = guard
             .as_ref()
-            .ok_or_else(|| raise(py, "the coordinator is closed".into(), Kind::Closed))?;
+            .ok_or_else(|| raise(py, "the coordinator is closed".into(), ErrorKind::Closed))?;
         let s = node.snapshot();
         let d = PyDict::new(py);
         d.set_item("members", s.members)?;

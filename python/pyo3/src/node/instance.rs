@@ -9,14 +9,15 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use tensorferry::core::slots::{Dtype, TensorSpec};
 use tensorferry::runtime::{InstanceNodeConfig, NodeError};
-use tensorferry_zmq::{ZmqChannel, ZmqConfig};
+use tensorferry_zmq::{zmq, ZmqChannel, ZmqConfig};
 
 use super::delivery::{DeliveryInner, PyDelivery, TensorInfo};
 use super::staging::{PyStaging, StagingInner};
-use super::{close_slot, guard, Node};
+use super::{close_slot, Node};
 use crate::buffer::{Exports, Span};
-use crate::errors::{node_error, raise, Kind};
+use crate::errors::{node_error, raise};
 use crate::options::seconds;
+use tensorferry::runtime::ErrorKind;
 
 /// A running instance (see `tensorferry.Instance`).
 #[pyclass(name = "InstanceNode", module = "tensorferry._native", frozen)]
@@ -31,7 +32,7 @@ impl PyInstance {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
-            .ok_or_else(|| raise(py, "the instance is closed".into(), Kind::Closed))
+            .ok_or_else(|| raise(py, "the instance is closed".into(), ErrorKind::Closed))
     }
 }
 
@@ -76,7 +77,8 @@ impl PyInstance {
         let pool = usize::try_from(pool_bytes)
             .map_err(|_| PyValueError::new_err("pool_bytes does not fit this machine"))?;
         let mut plane = crate::options::data_plane(py, backend, options)?;
-        let guard = guard(&allow_from, curve_key.as_deref(), curve_peers.as_deref())?;
+        // The keywords, and the environment's for the parts not given.
+        let guard = crate::guard::guard(allow_from, curve_key, curve_peers)?;
         settings
             .check_guard(&guard)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;

@@ -22,12 +22,13 @@ mod staging;
 
 use std::sync::{Mutex, PoisonError};
 
-use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use tensorferry::runtime::InstanceNode;
 
 use crate::buffer::Exports;
-use crate::errors::{raise, Kind};
+use crate::errors::raise;
+use tensorferry::runtime::ErrorKind;
 
 pub use coordinator::PyCoordinator;
 pub use delivery::PyDelivery;
@@ -35,44 +36,6 @@ pub use instance::PyInstance;
 pub use staging::PyStaging;
 
 type Node = InstanceNode;
-
-/// `allow_from`'s addresses, parsed.
-pub(super) fn addresses(allow_from: &[String]) -> PyResult<Vec<std::net::IpAddr>> {
-    allow_from
-        .iter()
-        .map(|a| {
-            a.parse().map_err(|_| {
-                PyValueError::new_err(format!("allow_from: {a:?} is not an IP address"))
-            })
-        })
-        .collect()
-}
-
-/// The guard of a node's endpoints: `allow_from`'s addresses and, with
-/// both `curve_key` (a secret certificate) and `curve_peers` (the public
-/// certificates admitted: a directory of `*.key` files, or one), CURVE.
-pub(super) fn guard(
-    allow_from: &[String],
-    curve_key: Option<&std::path::Path>,
-    curve_peers: Option<&std::path::Path>,
-) -> PyResult<tensorferry_zmq::Guard> {
-    let curve = match (curve_key, curve_peers) {
-        (Some(k), Some(p)) => Some(
-            tensorferry_zmq::CurveConfig::load(k, p)
-                .map_err(|e| PyValueError::new_err(format!("CURVE keys: {e}")))?,
-        ),
-        (None, None) => None,
-        _ => {
-            return Err(PyValueError::new_err(
-                "curve_key and curve_peers go together",
-            ))
-        }
-    };
-    Ok(tensorferry_zmq::Guard {
-        allow: addresses(allow_from)?,
-        curve,
-    })
-}
 
 /// Takes a staging's or a delivery's handle out of `inner` to `verb` it,
 /// refusing while views of its slot are alive, and closes the slot to new
@@ -99,7 +62,7 @@ pub(super) fn take_slot<T>(
             raise(
                 py,
                 format!("request {request_id} was {done} already"),
-                Kind::Closed,
+                ErrorKind::Closed,
             )
         })?;
     exports.close();

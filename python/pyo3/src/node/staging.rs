@@ -10,7 +10,8 @@ use tensorferry::runtime::{NodeError, Staging};
 use super::delivery::{DeliveryInner, PyDelivery};
 use super::{take_slot, Node};
 use crate::buffer::{Exports, SlotBuffer, Span};
-use crate::errors::{node_error, raise, Kind};
+use crate::errors::{node_error, raise};
+use tensorferry::runtime::ErrorKind;
 
 pub(super) struct StagingInner {
     // Dropped first: it borrows the fields after it.
@@ -131,7 +132,7 @@ impl PyStaging {
                     "request {} was committed or given back already",
                     self.request_id
                 ),
-                Kind::Closed,
+                ErrorKind::Closed,
             ));
         }
         let received = delivery.take(py, "forward")?;

@@ -1,0 +1,232 @@
+//! Registrations: what is refused and how it is said (unknown roles, bad
+//! slots, overflowing pools, write lifetimes past the limit, too many
+//! preallocated slots, endpoints not admitted), a sender's write lifetime
+//! at work, and pipelines the coordinator refuses.
+
+use std::time::Duration;
+
+use crate::paths::{self, *};
+use tensorferry_core::handshake::coordinator::*;
+use tensorferry_core::handshake::instance::*;
+use tensorferry_core::handshake::{Ignored, Instant, PeerId};
+use tensorferry_core::wire::{decode, Msg};
+
+/// The ack the coordinator sends to a registration, if any.
+fn answer_to(
+    c: &mut Coordinator<'static>,
+    peer: u32,
+    reg: &[u8],
+) -> (Result<(), Ignored>, Option<String>) {
+    let r = c.handle(Instant(0), PeerId(peer), &decode(reg).unwrap());
+    let mut buf = vec![0u8; 1024];
+    let ack = c
+        .poll_transmit(&mut buf)
+        .map(|t| String::from_utf8(buf[..t.unwrap().len].to_vec()).unwrap());
+    (r, ack)
+}
+
+fn refusals(c: &mut Coordinator<'static>) -> Vec<(&'static str, bool)> {
+    std::iter::from_fn(|| c.poll_event())
+        .filter_map(|e| match e {
+            CoordinatorEvent::Refused { reason, acked, .. } => Some((reason, acked)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn unknown_roles_and_bad_slots_are_refused_at_registration() {
+    let mut w = World::new(
+        coordinator(8),
+        vec![instance("painter", "p-0", "tcp://p:1")],
+    );
+    assert!(!w.insts[0].is_registered());
+    assert!(w.inst_events.contains(&(0, InstanceEvent::Refused)));
+    let reg = br#"{"msg_type":"transfer_register","role":"denoiser","session_id":"d","pool_ptr":4096,"pool_size":8192,"work_endpoint":"tcp://d:1","preallocated_slots":[{"offset":4096,"size":8192,"slot_id":0,"addr":8192}]}"#;
+    assert_eq!(
+        w.coord.handle(w.now, PeerId(5), &decode(reg).unwrap()),
+        Ok(())
+    );
+    let mut buf = vec![0u8; 1024];
+    let t = w.coord.poll_transmit(&mut buf).unwrap().unwrap();
+    let Msg::RegisterAck(ack) = decode(&buf[..t.len]).unwrap() else {
+        panic!()
+    };
+    assert!(!ack.accepted);
+    assert_eq!(ack.error.unwrap(), "bad preallocated_slots");
+    assert_eq!(w.coord.members(), 0);
+}
+
+#[test]
+fn a_pool_whose_end_overflows_is_refused_with_the_reason() {
+    let mut c = coordinator(8);
+    let reg = br#"{"msg_type":"transfer_register","role":"denoiser","session_id":"d","pool_ptr":18446744073709547520,"pool_size":16777216,"work_endpoint":"tcp://d:1"}"#;
+    let (r, ack) = answer_to(&mut c, 1, reg);
+    assert_eq!(r, Ok(()));
+    let ack = ack.expect("an answer");
+    assert!(ack.contains(r#""accepted":false"#), "{ack}");
+    assert!(ack.contains("overflows"), "{ack}");
+    assert_eq!(c.members(), 0);
+    assert_eq!(
+        refusals(&mut c),
+        [("pool_ptr + pool_size overflows 64 bits", true)]
+    );
+    // An unknown role is refused the same way, and said.
+    let reg = br#"{"msg_type":"transfer_register","role":"overlord","session_id":"o","pool_ptr":4096,"pool_size":4096,"work_endpoint":"tcp://o:1"}"#;
+    let (_, ack) = answer_to(&mut c, 2, reg);
+    assert!(ack.unwrap().contains("unknown role"));
+    assert_eq!(refusals(&mut c), [("unknown role", true)]);
+    assert_eq!(c.stats().refused, 2);
+}
+
+/// No registration parks the receivers' slots for longer than the
+/// operator allows: a write lifetime past `max_write_lifetime` is refused,
+/// said; one at it is taken.
+#[test]
+fn a_registration_stating_a_write_lifetime_past_the_limit_is_refused() {
+    let mut c = coordinator(8);
+    let max = paths::COORDINATOR.max_write_lifetime.as_millis();
+    let reg = |ms: u128, ep: &str| {
+        format!(
+            r#"{{"msg_type":"transfer_register","role":"denoiser","session_id":"s-{ep}","pool_ptr":4096,"pool_size":65536,"work_endpoint":"{ep}","write_lifetime_ms":{ms}}}"#
+        )
+    };
+    let (r, ack) = answer_to(&mut c, 1, reg(max + 1, "tcp://d:1").as_bytes());
+    assert_eq!(r, Ok(()));
+    let ack = ack.expect("an answer");
+    assert!(ack.contains(r#""accepted":false"#), "{ack}");
+    assert!(ack.contains("max_write_lifetime"), "{ack}");
+    assert_eq!(c.members(), 0);
+    let (r, ack) = answer_to(&mut c, 2, reg(max, "tcp://d:2").as_bytes());
+    assert_eq!(r, Ok(()));
+    assert!(ack.unwrap().contains(r#""accepted":true"#));
+    assert_eq!(c.members(), 1);
+}
+
+/// A failed write's slot is parked for its own sender's write lifetime:
+/// one sender whose writes may land late does not hold the slots of
+/// another's failures out of use.
+#[test]
+fn a_failed_writes_slot_is_parked_for_its_senders_write_lifetime() {
+    let insts = vec![
+        instance("encoder", "enc-0", "tcp://enc:1"),
+        instance("denoiser", "den-0", "tcp://den:1"),
+        paths::instance_writing(
+            Head::Ferry,
+            "encoder",
+            "enc-slow",
+            "tcp://enc:2",
+            POOL,
+            None,
+            Duration::from_millis(40),
+        ),
+    ];
+    let mut w = World::new(coordinator(8), insts);
+    assert!(w.insts.iter().all(Instance::is_registered));
+    w.writes = None;
+    // The prompt sender's failure: its slot back after the 5 ms quarantine.
+    w.stage(0, "quick", 6 * KIB);
+    w.advance(11);
+    assert_eq!(w.failed(), vec![FailReason::PushTimeout]);
+    assert_eq!(w.coord.prealloc_taken(), 1);
+    w.advance(6);
+    assert_eq!(
+        w.coord.prealloc_taken(),
+        0,
+        "parked past its sender's lifetime"
+    );
+    // The slow sender's: parked for its 40 ms.
+    w.stage(2, "slow", 6 * KIB);
+    w.advance(11);
+    assert_eq!(w.failed().len(), 2);
+    w.advance(30);
+    assert_eq!(
+        w.coord.prealloc_taken(),
+        1,
+        "reused within its sender's lifetime"
+    );
+    w.advance(11);
+    assert_eq!(w.coord.prealloc_taken(), 0);
+}
+
+#[test]
+fn with_an_admission_list_only_its_endpoints_register_as_their_roles() {
+    let mut c = coordinator(8);
+    c.admit("denoiser", "tcp://d:1").unwrap();
+    assert_eq!(
+        c.admit("painter", "tcp://p:1"),
+        Err(ConfigError::UnknownRole)
+    );
+    let reg = |role: &str, ep: &str| {
+        format!(
+            r#"{{"msg_type":"transfer_register","role":"{role}","session_id":"s-{ep}","pool_ptr":4096,"pool_size":65536,"work_endpoint":"{ep}"}}"#
+        )
+    };
+    // A stranger: dropped unanswered, and said.
+    let (r, ack) = answer_to(&mut c, 1, reg("denoiser", "tcp://ghost:1").as_bytes());
+    assert_eq!((r, ack), (Err(Ignored::NotAdmitted), None));
+    // An admitted endpoint under another role: the same.
+    let (r, ack) = answer_to(&mut c, 2, reg("encoder", "tcp://d:1").as_bytes());
+    assert_eq!((r, ack), (Err(Ignored::NotAdmitted), None));
+    assert_eq!(
+        refusals(&mut c),
+        [
+            ("the endpoint is not admitted for this role", false),
+            ("the endpoint is not admitted for this role", false)
+        ]
+    );
+    assert_eq!(c.members(), 0);
+    // The admitted endpoint as its role.
+    let (r, ack) = answer_to(&mut c, 3, reg("denoiser", "tcp://d:1").as_bytes());
+    assert_eq!(r, Ok(()));
+    assert!(ack.unwrap().contains(r#""accepted":true"#));
+    assert_eq!(c.members(), 1);
+}
+
+#[test]
+fn a_registration_with_more_preallocated_slots_than_the_limit_is_refused() {
+    let mut c = coordinator(8);
+    let slots = |n: u64| {
+        (0..n)
+            .map(|i| {
+                let off = i * 8192;
+                format!(
+                    r#"{{"offset":{off},"size":8192,"slot_id":{i},"addr":{}}}"#,
+                    4096 + off
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let reg = |ep: &str, n: u64| {
+        format!(
+            r#"{{"msg_type":"transfer_register","role":"denoiser","session_id":"s-{ep}","pool_ptr":4096,"pool_size":1048576,"work_endpoint":"{ep}","preallocated_slots":[{}]}}"#,
+            slots(n)
+        )
+    };
+    // As many as the limit: taken.
+    let n = LIMITS.prealloc_per_member as u64;
+    let (r, ack) = answer_to(&mut c, 1, reg("tcp://d:1", n).as_bytes());
+    assert_eq!(r, Ok(()));
+    assert!(ack.unwrap().contains(r#""accepted":true"#));
+    // One more: refused, and said why.
+    let (_, ack) = answer_to(&mut c, 2, reg("tcp://d:2", n + 1).as_bytes());
+    let ack = ack.unwrap();
+    assert!(ack.contains(r#""accepted":false"#), "{ack}");
+    assert!(
+        ack.contains("more preallocated_slots than the coordinator takes"),
+        "{ack}"
+    );
+    assert_eq!(c.members(), 1);
+}
+
+#[test]
+fn a_pipeline_that_names_a_role_twice_is_refused() {
+    let storage = CoordinatorStorage::owned(&LIMITS);
+    let r = Coordinator::new(
+        &["encoder", "denoiser", "encoder"],
+        CoordinatorConfig::FERRY,
+        storage,
+    );
+    assert_eq!(r.err(), Some(ConfigError::Pipeline));
+}

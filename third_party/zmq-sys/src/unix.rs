@@ -1,1 +1,0 @@
-pub use std::os::unix::io::RawFd;
