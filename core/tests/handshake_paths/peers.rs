@@ -406,3 +406,45 @@ fn a_members_connection_closing_fails_its_transfers_at_once() {
     w.pump();
     assert_eq!(w.failed(), [FailReason::PeerGone]);
 }
+
+/// Over a channel that names its senders and authenticates them too, a
+/// message from a member's endpoint under another key is not the
+/// member's: the check by key stands on its own, not only through the
+/// lookup by content that channels naming no sender go through.
+#[test]
+fn a_named_sender_speaking_under_another_key_is_not_the_member() {
+    let mut coord = coordinator(8);
+    let reg = register_json("denoiser", "tcp://den:1");
+    let from_den = |user| Incoming {
+        user,
+        ..incoming("tcp://den:1", "", reg.as_bytes())
+    };
+    coord
+        .handle_incoming(Instant(0), &from_den("key-of-the-denoiser"))
+        .unwrap();
+    assert_eq!(coord.members(), 1);
+    let leave = r#"{"msg_type":"transfer_deregister","session_id":"s-tcp://den:1","draining":false,"reason":"forged"}"#;
+    let forged = Incoming {
+        user: "key-of-another",
+        ..incoming("tcp://den:1", "", leave.as_bytes())
+    };
+    let r = coord.handle_incoming(Instant(0), &forged);
+    assert!(
+        matches!(
+            r,
+            Err(Unhandled::Ignored {
+                why: Ignored::WrongKey,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(coord.members(), 1, "the member stays");
+    // Its own key is heard.
+    let own = Incoming {
+        user: "key-of-the-denoiser",
+        ..forged
+    };
+    coord.handle_incoming(Instant(0), &own).unwrap();
+    assert_eq!(coord.members(), 0);
+}
