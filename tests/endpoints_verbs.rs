@@ -11,6 +11,9 @@
 //! delivered, and the hand-offs and transfers all complete byte-exact.
 #![cfg(feature = "verbs-sim")]
 
+#[path = "common/client.rs"]
+mod client;
+
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -109,19 +112,7 @@ fn answered(
     let message = message.to_vec();
     std::thread::spawn(move || {
         let ctx = zmq::Context::new();
-        let s = ctx.socket(zmq::DEALER).unwrap();
-        s.set_linger(0).unwrap();
-        if let Some((mine, server)) = key {
-            let g = Guard {
-                allow: Vec::new(),
-                curve: Some(CurveConfig {
-                    key: mine,
-                    peers: Vec::new(),
-                }),
-            };
-            g.client(&s, &to, Some(&server)).unwrap();
-        }
-        s.connect(&to).unwrap();
+        let s = client::connect(&ctx, zmq::DEALER, &to, key, 0);
         s.send(&message[..], 0).unwrap();
         s.poll(zmq::POLLIN, 1000).unwrap() > 0
     })
@@ -141,19 +132,7 @@ fn notify_as(
     let claimed = claimed.to_owned();
     std::thread::spawn(move || {
         let ctx = zmq::Context::new();
-        let s = ctx.socket(zmq::DEALER).unwrap();
-        s.set_linger(500).unwrap();
-        if let Some((mine, server)) = key {
-            let g = Guard {
-                allow: Vec::new(),
-                curve: Some(CurveConfig {
-                    key: mine,
-                    peers: Vec::new(),
-                }),
-            };
-            g.client(&s, &to, Some(&server)).unwrap();
-        }
-        s.connect(&to).unwrap();
+        let s = client::connect(&ctx, zmq::DEALER, &to, key, 500);
         for _ in 0..20 {
             let _ = s.send_multipart([claimed.as_bytes(), b"done:forged"], zmq::DONTWAIT);
             std::thread::sleep(Duration::from_millis(20));

@@ -4,6 +4,9 @@
 //! contexts of their own (no key, or a key nobody admitted) at every
 //! endpoint the nodes bind, the verbs side channel included.
 
+#[path = "common/client.rs"]
+mod client;
+
 use std::time::Duration;
 
 use tensorferry::runtime::{
@@ -109,19 +112,7 @@ fn forge(endpoint: &str, key: Option<(&CurveKeyPair, &CurveKeyPair)>) -> usize {
     let key = key.map(|(mine, server)| (mine.clone(), *server.public()));
     std::thread::spawn(move || {
         let ctx = zmq::Context::new();
-        let s = ctx.socket(zmq::PUSH).unwrap();
-        s.set_linger(0).unwrap();
-        if let Some((mine, server)) = key {
-            let g = Guard {
-                allow: Vec::new(),
-                curve: Some(CurveConfig {
-                    key: mine,
-                    peers: Vec::new(),
-                }),
-            };
-            g.client(&s, &endpoint, Some(&server)).unwrap();
-        }
-        s.connect(&endpoint).unwrap();
+        let s = client::connect(&ctx, zmq::PUSH, &endpoint, key, 0);
         let mut sent = 0;
         let start = std::time::Instant::now();
         while start.elapsed() < SECOND {
@@ -237,19 +228,7 @@ fn the_verbs_side_channel_answers_admitted_writers_only() {
         let key = key.map(|s| (s.clone(), *k.denoiser.public()));
         let answered = std::thread::spawn(move || {
             let ctx = zmq::Context::new();
-            let s = ctx.socket(zmq::DEALER).unwrap();
-            s.set_linger(0).unwrap();
-            if let Some((mine, server)) = key {
-                let g = Guard {
-                    allow: Vec::new(),
-                    curve: Some(CurveConfig {
-                        key: mine,
-                        peers: Vec::new(),
-                    }),
-                };
-                g.client(&s, &endpoint, Some(&server)).unwrap();
-            }
-            s.connect(&endpoint).unwrap();
+            let s = client::connect(&ctx, zmq::DEALER, &endpoint, key, 0);
             s.send(&br#"{"v":2,"from":"x","to":"0","qp":{}}"#[..], 0)
                 .unwrap();
             s.poll(zmq::POLLIN, 1000).unwrap() > 0
