@@ -114,3 +114,17 @@ pub fn flood(targets: &[zmq::Socket], session: &str, dest: u64, known: bool) -> 
     }
     sent
 }
+
+/// Ends the denoiser `d`, the encoder `e` and the coordinator `c` of a run
+/// of `n` hand-offs under forged or strangers' traffic, and checks that
+/// none of it reached a state machine: every hand-off verified, nothing
+/// ignored or dropped as malformed anywhere.
+pub fn finish_untouched(p: &mut Procs, d: usize, e: usize, c: usize, n: u64) {
+    let s = p.finish(d);
+    assert_eq!((num(&s, "verified"), num(&s, "mismatches")), (n, 0), "{s}");
+    assert_eq!((num(&s, "ignored"), num(&s, "bad_frames")), (0, 0), "{s}");
+    let s = p.finish(e);
+    assert_eq!((num(&s, "ignored"), num(&s, "bad_frames")), (0, 0), "{s}");
+    let s = p.finish(c);
+    assert_eq!(num(&s, "ignored"), 0, "{s}");
+}
