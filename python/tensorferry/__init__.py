@@ -32,7 +32,7 @@ from tensorferry._errors import (
 )
 from tensorferry._engine import ERROR_CODES, MAX_NOTIFICATION, Transfer, TransferEngine
 from tensorferry._native import END_GRACE, Guard, __version__
-from tensorferry._node import Coordinator, Delivery, Instance, Outcome, Prealloc, Staging
+from tensorferry._node import Admission, Coordinator, Delivery, Instance, Outcome, Prealloc, Staging
 from tensorferry._stats import CoordinatorStats, InstanceStats
 
 
@@ -51,6 +51,7 @@ def backends() -> list:
 
 
 __all__ = [
+    "Admission",
     "ClosedError",
     "Coordinator",
     "CoordinatorStats",

@@ -59,6 +59,22 @@ class Prealloc(NamedTuple):
     slot_bytes: int
 
 
+class Admission(NamedTuple):
+    """An instance a coordinator lets register: its role and its work
+    endpoint (``Coordinator(admitted=...)`` takes these or ``(role,
+    endpoint)`` pairs)."""
+
+    role: str
+    endpoint: str
+
+
+def _admission(i: int, a: Any) -> Admission:
+    """Entry ``i`` of a coordinator's ``admitted``, checked."""
+    if isinstance(a, (str, bytes)) or not isinstance(a, Sequence) or len(a) != 2:
+        raise TypeError(f"admitted[{i}]: expected (role, endpoint), got {a!r}")
+    return Admission(*a)
+
+
 class Outcome(NamedTuple):
     """What became of a request this instance staged."""
 
@@ -82,7 +98,12 @@ def _spec_of(value: Any) -> Tuple[List[int], str]:
     return [int(d) for d in value.shape], _dtype_name(value.dtype)
 
 
-def _views(native: Any, specs: Iterable[Tuple[str, Optional[int], str, Sequence[int]]], torch: bool) -> Dict[str, Any]:
+# A tensor of a slot, as the native layer takes and gives it: field, list
+# index (None for a plain field), shape, dtype.
+_NativeSpec = Tuple[str, Optional[int], List[int], str]
+
+
+def _views(native: Any, specs: Iterable[_NativeSpec], torch: bool) -> Dict[str, Any]:
     """One view per tensor of the slot, grouped by field (list-valued
     fields become lists ordered by their index).
 
@@ -97,7 +118,7 @@ def _views(native: Any, specs: Iterable[Tuple[str, Optional[int], str, Sequence[
     if torch:
         import torch as _torch
     out: Dict[str, Any] = {}
-    for i, (field, index, dtype, shape) in enumerate(specs):
+    for i, (field, index, shape, dtype) in enumerate(specs):
         view: Any = np.frombuffer(native.buffer(i), dtype=NUMPY_DTYPES[dtype]).reshape(list(shape))
         if torch:
             view = _torch.from_dlpack(view)
@@ -120,7 +141,7 @@ class _Slot:
     """What a staging and a delivery share: a request's slot and its
     tensors' views."""
 
-    def __init__(self, native: Any, specs: List[Tuple[str, Optional[int], str, List[int]]]) -> None:
+    def __init__(self, native: Any, specs: List[_NativeSpec]) -> None:
         self._native = native
         self._specs = specs
         self._tensors: Optional[Dict[str, Any]] = None
@@ -340,7 +361,7 @@ class Instance:
         copied in), or a list of those for a list-valued field. Raises
         ``NoRoomError`` when the pool has no room now, ``DrainingError``
         once the instance drains."""
-        specs: List[Tuple[str, Optional[int], List[int], str]] = []
+        specs: List[_NativeSpec] = []
         sources: List[Any] = []
         for field, value in tensors.items():
             items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
@@ -349,7 +370,7 @@ class Instance:
                 specs.append((field, index, shape, dtype))
                 sources.append(None if isinstance(item, tuple) else item)
         native = self._node.stage(request_id, specs)
-        staging = Staging(native, [(f, i, d, s) for f, i, s, d in specs])
+        staging = Staging(native, specs)
         if any(src is not None for src in sources):
             views = _views(native, staging._specs, torch=False)
             flat = [v for value in views.values() for v in (value if isinstance(value, list) else [value])]
@@ -427,8 +448,10 @@ class Coordinator:
     It binds ``endpoints``, one per role, in pipeline order (as sglang's
     head does: a PULL socket cannot name a message's sender, so the
     endpoint a message arrives at tells its role); each instance gives its
-    role's endpoint as its ``coordinator``. ``admitted``: ``(role, work
-    endpoint)`` pairs allowed to register (any, when empty);
+    role's endpoint as its ``coordinator``. ``admitted``: the instances
+    allowed to register (``Admission`` or ``(role, work endpoint)`` pairs;
+    any, when empty; one not listed is not answered, and its
+    ``wait_registered`` times out);
     ``allow_from``: the IP addresses that may connect over tcp (any, when
     empty); ``curve_key`` (its secret certificate) with ``curve_peers``
     (a directory of the instances' public certificates, or one) runs its
@@ -448,7 +471,7 @@ class Coordinator:
         self._node = _native.CoordinatorNode(
             endpoints=list(endpoints),
             pipeline=self._pipeline,
-            admitted=[(role, endpoint) for role, endpoint in admitted],
+            admitted=[_admission(i, a) for i, a in enumerate(admitted)],
             allow_from=list(allow_from),
             **_curve(curve_key, curve_peers),
         )

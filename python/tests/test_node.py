@@ -202,6 +202,35 @@ def test_refusals_and_bad_arguments_are_named(coordinator, ipc):
     assert isinstance(closed.value, tensorferry.ClosedError) and closed.value.kind == "closed"
 
 
+def test_a_coordinator_admits_only_the_instances_it_names(ipc):
+    listed = ipc("den-listed")
+    co = tensorferry.Coordinator(endpoints=[ipc("a-encoder"), ipc("a-denoiser"), ipc("a-decoder")],
+                                 admitted=[tensorferry.Admission(role="denoiser", endpoint=listed),
+                                           ("encoder", ipc("enc-listed"))])
+    try:
+        den = tensorferry.Instance("denoiser", coordinator=co.endpoint_of("denoiser"), endpoint=listed)
+        den.wait_registered(10)
+        den.close()
+        # The right role at another endpoint, and a listed endpoint under
+        # another role: neither registers. Neither is answered either (the
+        # answer would go to an endpoint nobody vouched for): the coordinator
+        # drops the registration, and the instance's wait runs out.
+        for role, endpoint in (("denoiser", ipc("den-other")), ("decoder", ipc("enc-listed"))):
+            ignored = co.stats()["ignored"]
+            odd = tensorferry.Instance(role, coordinator=co.endpoint_of(role), endpoint=endpoint)
+            with pytest.raises(tensorferry.FerryTimeoutError):
+                odd.wait_registered(1)
+            assert not odd.is_registered
+            assert co.stats()["ignored"] > ignored
+            assert co.stats()["members"] == 0
+            odd.close()
+    finally:
+        co.close()
+    with pytest.raises(TypeError, match=r"admitted\[0\]: expected \(role, endpoint\)"):
+        tensorferry.Coordinator(endpoints=[ipc("b-encoder"), ipc("b-denoiser"), ipc("b-decoder")],
+                                admitted=[("denoiser",)])
+
+
 def test_work_items_and_frames_pass_through(ipc):
     zmq = pytest.importorskip("zmq")
     ctx = zmq.Context()

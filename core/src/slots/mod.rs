@@ -8,7 +8,8 @@
 //!   against its slot;
 //! * [`PreallocTable`]: a receiver's preallocated receive slots, recycled at
 //!   their original size;
-//! * [`Capacity`]: the per-instance counter the coordinator dispatches by.
+//! * [`Capacity`]: the per-instance counter the coordinator dispatches by;
+//! * [`PoolRange`]: where a slot lies in its pool.
 //!
 //! All storage is fixed by const generics or handed in by the caller.
 
@@ -17,6 +18,7 @@ mod capacity;
 mod dtype;
 mod layout;
 mod prealloc;
+mod range;
 
 pub use buddy::{Buddy, BuddyConfig, BuddyError, BuddyStats, Failures, Fragmentation, SlotHandle};
 pub use capacity::{Capacity, CapacityError, CapacityTicket};
@@ -26,3 +28,4 @@ pub use layout::{
     TENSOR_ALIGN,
 };
 pub use prealloc::{PreallocError, PreallocTable};
+pub use range::PoolRange;

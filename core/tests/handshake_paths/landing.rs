@@ -37,7 +37,7 @@ macro_rules! gated_world {
 /// for: its request id and the address of its slot.
 fn awaited(w: &World<'_>, id: &str) -> WriteTag {
     assert_eq!(w.insts[1].awaiting_landing(), 1);
-    let (offset, _) = w.insts[1].slot_for(id).unwrap();
+    let offset = w.insts[1].slot_for(id).unwrap().offset;
     WriteTag::of(id, POOL_PTR + offset)
 }
 
@@ -137,13 +137,13 @@ fn a_write_that_never_lands_is_refused_after_its_slot_sat_out_a_quarantine() {
     gated_world!(w, 3);
     w.stage(0, "lost", 6 * KIB);
     let tag = awaited(&w, "lost");
-    let (offset, _) = w.insts[1].slot_for("lost").unwrap();
+    let offset = w.insts[1].slot_for("lost").unwrap().offset;
     // The landing limit passes: nothing is handed over, nothing reported
     // yet, and the slot stays held (the bytes may still come).
     w.advance(3);
     assert!(w.received(1).is_empty());
     assert_eq!(w.sent(MsgType::Done), 0);
-    assert_eq!(w.insts[1].slot_for("lost").map(|s| s.0), Some(offset));
+    assert_eq!(w.insts[1].slot_for("lost").map(|s| s.offset), Some(offset));
     assert_eq!(w.insts[1].stats().never_landed, 1);
     assert_eq!(w.insts[1].prealloc_in_use(), 1);
     assert_eq!(w.coord.prealloc_taken(), 1);

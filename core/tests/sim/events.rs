@@ -8,6 +8,7 @@ use std::collections::BinaryHeap;
 
 use tensorferry_core::handshake::instance::*;
 use tensorferry_core::handshake::Instant;
+use tensorferry_core::slots::PoolRange;
 use tensorferry_core::transport::{Landed, WriteTag};
 use tensorferry_core::wire::{decode, Msg};
 
@@ -349,7 +350,7 @@ impl Sim {
             .coord
             .peer_at(endpoint)
             .and_then(|peer| self.coord.prealloc_for(id, peer));
-        let inside = |(o, s): (u64, u64)| offset >= o && offset + data.len() as u64 <= o + s;
+        let inside = |r: PoolRange| r.contains(offset, data.len() as u64);
         assert!(
             inst.slot_for(id).is_some_and(inside) || prealloc.is_some_and(inside),
             "seed {seed}: write for {id} lands at {offset} of instance {endpoint}, outside any slot reserved for it"

@@ -198,6 +198,14 @@ impl OpBook {
         self.finish_if_done(w);
     }
 
+    /// True if an op to `peer` still has chunks queued or posted.
+    pub(super) fn busy_with(&self, peer: &str) -> bool {
+        self.ops
+            .iter()
+            .flatten()
+            .any(|ws| *ws.peer == *peer && (ws.queued > 0 || ws.in_flight > 0))
+    }
+
     /// True if an op that was given up still has chunks posted: only a
     /// reset of the endpoint ends those for sure.
     pub(super) fn ended_in_flight(&self) -> bool {

@@ -60,6 +60,12 @@ pub use open::{FabricConfig, Opened};
 /// How often late writes and reads are looked for.
 const SWEEP: Duration = Duration::from_millis(5);
 
+/// How long a cancel over a provider that cannot be reset waits for the
+/// operations the provider has done already to be reported (the caller's
+/// thread waits: a node's progress thread, which makes no other progress
+/// meanwhile).
+const SETTLE: Duration = Duration::from_secs(1);
+
 /// A libfabric data plane.
 pub struct FabricTransport {
     // Field order is drop order: the regions close before the endpoint
@@ -434,8 +440,8 @@ impl Transport for FabricTransport {
     /// count remote CQ data, fail with a retryable error). When it
     /// returns `Ok`, none of them moves a byte any more and each one's
     /// completion is queued. Where the provider cannot be reset (`shm`),
-    /// those it has done are waited for (up to a second) and one a peer
-    /// has taken and not ended is `NotEnded`, its memory held.
+    /// those it has done are waited for (up to [`SETTLE`]) and the ones a
+    /// peer has taken and not ended are `NotEnded`, their memory held.
     fn cancel_transfers(&mut self, session: &str) -> Result<(), FabricError> {
         let mine = self.shared.lock().cancel(session);
         self.evict_dead();
@@ -455,13 +461,19 @@ impl Transport for FabricTransport {
             // shm a read is copied inside the call that posts it) is
             // reported by the progress thread in moments, later on a busy
             // host; that is waited for, bounded, before the rest is named.
-            while held(self) > 0 && start.elapsed() < reset::GRACE {
+            while held(self) > 0 && start.elapsed() < SETTLE {
                 self.shared.cq().signal();
                 std::thread::sleep(Duration::from_micros(200));
             }
-            if held(self) == 0 {
-                return Ok(());
-            }
+            return match held(self) {
+                0 => Ok(()),
+                left => Err(FabricError::NotEnded {
+                    peer: session.to_owned(),
+                    ops: left,
+                    waited: start.elapsed(),
+                    why: reset::CANNOT_END,
+                }),
+            };
         }
         self.reset("a caller stopped waiting for a peer's writes or reads")?;
         match held(self) {

@@ -24,14 +24,26 @@ pub(super) struct Peer {
 impl FabricTransport {
     /// Removes the peers whose writes failed or timed out, so that their
     /// connection closes and the next write reconnects. Only this thread
-    /// touches the peer table and the address vector.
+    /// touches the peer table and the address vector. A peer with an op
+    /// still queued or posted keeps its address until they end: the
+    /// progress thread posts their chunks by it, and a chunk posted to an
+    /// address removed from the vector is undefined in libfabric (1.17's
+    /// rxm crashes on it). Only this thread queues chunks, so a peer found
+    /// idle here stays idle until it is removed.
     pub(super) fn evict_dead(&mut self) {
         let evict = {
             let mut book = self.shared.lock();
             if book.evict.is_empty() {
                 return;
             }
-            std::mem::take(&mut book.evict)
+            let all = std::mem::take(&mut book.evict);
+            let (idle, busy): (Vec<_>, Vec<_>) = all.into_iter().partition(|p| !book.busy_with(p));
+            for p in busy {
+                if !book.evict.contains(&p) {
+                    book.evict.push(p);
+                }
+            }
+            idle
         };
         for name in evict {
             if let Some(p) = self.peers.remove(&*name) {

@@ -61,6 +61,10 @@ pub(crate) fn places_in_software(provider: &str) -> bool {
 pub(super) const DEREGISTERED: &str =
     "a region was deregistered while a peer's write into it may be under way";
 
+/// Why an operation over a provider that cannot be reset is not ended.
+pub(super) const CANNOT_END: &str =
+    "this provider cannot end an operation a peer has taken (only those over rxm can be reset)";
+
 /// How long a reset may take, at most: the progress thread's stop, the
 /// endpoint's close and its reopening.
 pub(super) const GRACE: Duration = Duration::from_secs(1);
@@ -79,11 +83,7 @@ impl FabricTransport {
     /// endpoint could not be opened again.
     pub(super) fn reset(&mut self, why: &'static str) -> Result<(), FabricError> {
         if !resettable(&self.opened.provider) {
-            return Err(self.not_ended(
-                why,
-                Duration::ZERO,
-                "this provider cannot end an operation a peer has taken (only those over rxm can be reset)",
-            ));
+            return Err(self.not_ended(why, Duration::ZERO, CANNOT_END));
         }
         if self.opened.mr.endpoint {
             return Err(self.not_ended(

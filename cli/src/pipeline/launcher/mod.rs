@@ -143,13 +143,20 @@ pub fn launch(args: LaunchArgs) -> Result<Summary, String> {
     // Each receiver says the quarantine it runs with (raised to cover its
     // data plane's write lifetime): the longest is waited out after
     // failures, before slots are counted.
-    let quarantine = run
-        .expect(&receivers, "registered", boot)?
-        .iter()
-        .filter_map(|line| RawJson::parse_object(line).ok())
-        .map(|obj| Duration::from_millis(num(obj, "quarantine_ms")))
-        .max()
-        .unwrap_or_default();
+    let mut quarantine = Duration::ZERO;
+    for (j, line) in run.expect(&receivers, "registered", boot)? {
+        let ms = RawJson::parse_object(&line)
+            .ok()
+            .and_then(|obj| get(obj, "quarantine_ms"))
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| {
+                format!(
+                    "{}: its registered line names no quarantine_ms: {line}",
+                    run.procs[j].name
+                )
+            })?;
+        quarantine = quarantine.max(Duration::from_millis(ms));
+    }
     let start = Instant::now();
     let enc = run.instance("encoder", "encoder")?;
 

@@ -101,13 +101,14 @@ impl Run {
         format!("ipc://{}/{name}.sock", self.dir.display())
     }
 
-    /// Waits for `event` from each of `procs`.
+    /// Waits for `event` from each of `procs`; returns the line each of
+    /// them reported it in, in the order they came.
     pub(super) fn expect(
         &self,
         procs: &[usize],
         event: &str,
         within: Duration,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<(usize, String)>, String> {
         let end = Instant::now() + within;
         let mut waiting: Vec<usize> = procs.to_vec();
         let mut lines = Vec::with_capacity(procs.len());
@@ -115,9 +116,9 @@ impl Run {
         while !waiting.is_empty() {
             let left = end.saturating_duration_since(Instant::now());
             match self.rx.recv_timeout(left) {
-                Ok((j, line)) if line.contains(&tag) => {
+                Ok((j, line)) if line.contains(&tag) && waiting.contains(&j) => {
                     waiting.retain(|&w| w != j);
-                    lines.push(line);
+                    lines.push((j, line));
                 }
                 Ok((j, line)) if line.contains(r#""event":"metrics""#) => self.metrics_at(j, &line),
                 Ok((j, line)) if line.contains(r#""event":"error""#) => {

@@ -236,7 +236,7 @@ pub(super) fn start_serving(
         "name": args.name,
         "pid": std::process::id(),
         "session_id": node.session_id(),
-        "quarantine_ms": node.quarantine().as_millis() as u64,
+        "quarantine_ms": u64::try_from(node.quarantine().as_millis()).unwrap_or(u64::MAX),
     }));
     Ok(metrics)
 }

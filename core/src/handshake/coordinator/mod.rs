@@ -35,7 +35,7 @@ use super::tables::table::{Record, Table};
 use super::tables::{HashKey, TableStorage};
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
 use crate::managed::ManagedSlice;
-use crate::slots::{Capacity, CapacityTicket, PreallocTable};
+use crate::slots::{Capacity, CapacityTicket, PoolRange, PreallocTable};
 use crate::wire::{
     Abort, Alloc, AllocReject, Allocated, Deregister, Done, Manifest, Msg, Push, Pushed, Ready,
     Register, RegisterAck, Staged,
@@ -482,14 +482,14 @@ impl<'s> Coordinator<'s> {
     }
 
     /// The preallocated slot of `receiver` assigned (or parked) for
-    /// request `id`: its offset and size in the receiver's pool. One request
-    /// has a transfer per leg, each to another receiver, so the pair names
-    /// one slot.
-    pub fn prealloc_for(&self, id: &str, receiver: PeerId) -> Option<(u64, u64)> {
+    /// request `id`: where it lies in the receiver's pool. One request has
+    /// a transfer per leg, each to another receiver, so the pair names one
+    /// slot.
+    pub fn prealloc_for(&self, id: &str, receiver: PeerId) -> Option<PoolRange> {
         let slot = |r: MemberRef, slot_id: u64| {
             let m = self.member(r).filter(|m| m.peer == receiver)?;
             let (s, _) = m.prealloc.get(slot_id)?;
-            Some((s.offset, s.size))
+            Some(PoolRange::new(s.offset, s.size))
         };
         let hash = self.transfers.key().bytes(id.as_bytes(), NS_ID);
         let live = self

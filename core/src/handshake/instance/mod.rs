@@ -32,7 +32,7 @@ use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
 use crate::managed::ManagedSlice;
 #[cfg(feature = "alloc")]
 use crate::slots::BuddyConfig;
-use crate::slots::{check_manifest, Buddy, BuddyError, SlotHandle};
+use crate::slots::{check_manifest, Buddy, BuddyError, PoolRange, SlotHandle};
 use crate::transport::{Landed, WriteTag};
 use crate::wire::{
     AllocReject, Allocated, Deregister, Done, Manifest, Msg, PreallocatedSlot, Pushed, Register,
@@ -513,16 +513,16 @@ impl<'s> Instance<'s> {
             + self.prealloc_index.probes()
     }
 
-    /// The pool range (offset, size) this instance holds for request `id`,
-    /// if any: a reserved, received or quarantined slot.
-    pub fn slot_for(&self, id: &str) -> Option<(u64, u64)> {
+    /// The pool range this instance holds for request `id`, if any: a
+    /// reserved, received or quarantined slot.
+    pub fn slot_for(&self, id: &str) -> Option<PoolRange> {
         let hash = self.requests.key().bytes(id.as_bytes(), NS_ID);
         let i = self
             .requests
             .find(hash, |r| r.id.as_str() == id && r.kind.side() == Side::Recv)?;
         let r = self.requests.get(i)?;
         let held = match &r.kind {
-            Kind::Reserved { slot } => return Some((slot.offset(), slot.size())),
+            Kind::Reserved { slot } => return Some(PoolRange::new(slot.offset(), slot.size())),
             Kind::AllocHeld { .. } => return None,
             Kind::Landing { held, .. }
             | Kind::Delivered { held, .. }
@@ -530,8 +530,11 @@ impl<'s> Instance<'s> {
             _ => return None,
         };
         match held {
-            Held::Pool(h) => Some((h.offset(), h.size())),
-            Held::Prealloc(i) => self.prealloc.get(*i).map(|s| (s.offset, s.size)),
+            Held::Pool(h) => Some(PoolRange::new(h.offset(), h.size())),
+            Held::Prealloc(i) => self
+                .prealloc
+                .get(*i)
+                .map(|s| PoolRange::new(s.offset, s.size)),
         }
     }
 

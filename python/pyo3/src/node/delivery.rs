@@ -80,12 +80,12 @@ impl PyDelivery {
         &self.manifest
     }
 
-    /// The tensors: `(field, list_index, dtype, shape)` each, in manifest
-    /// order.
-    fn specs(&self) -> Vec<(String, Option<u64>, &'static str, Vec<u64>)> {
+    /// The tensors: `(field, list_index, shape, dtype)` each (the order
+    /// `InstanceNode.stage` takes), in manifest order.
+    fn specs(&self) -> Vec<(String, Option<u64>, Vec<u64>, &'static str)> {
         self.tensors
             .iter()
-            .map(|t| (t.field.clone(), t.list_index, t.dtype, t.shape.clone()))
+            .map(|t| (t.field.clone(), t.list_index, t.shape.clone(), t.dtype))
             .collect()
     }
 
