@@ -440,7 +440,7 @@ impl Transport for FabricTransport {
     /// count remote CQ data, fail with a retryable error). When it
     /// returns `Ok`, none of them moves a byte any more and each one's
     /// completion is queued. Where the provider cannot be reset (`shm`),
-    /// those it has done are waited for (up to [`SETTLE`]) and the ones a
+    /// those it has done are waited for (up to a second) and the ones a
     /// peer has taken and not ended are `NotEnded`, their memory held.
     fn cancel_transfers(&mut self, session: &str) -> Result<(), FabricError> {
         let mine = self.shared.lock().cancel(session);
