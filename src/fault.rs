@@ -7,13 +7,13 @@
 //! its seed.
 
 use std::collections::{HashMap, VecDeque};
+use std::ffi::c_int;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::runtime::PoolOwner;
 use tensorferry_core::transport::{
     Capabilities, ChannelEvent, Completion, ControlChannel, ControlRecv, Fault, FaultKind,
-    Incoming, Landed, ReadOp, Region, Transport, WriteOp, WriteTag,
+    Incoming, Landed, PoolOwner, ReadOp, Region, Transport, WriteOp, WriteTag,
 };
 
 /// Probabilities (0 to 1) and delays of the faults to inject.
@@ -335,6 +335,7 @@ impl<R: ControlRecv> ControlRecv for FaultyReceiver<R> {
         &'b mut self,
         buf: &'b mut [u8],
         wait: Duration,
+        wake: Option<c_int>,
     ) -> Result<Option<ChannelEvent<'b>>, R::Error> {
         let deadline = Instant::now() + wait;
         loop {
@@ -355,7 +356,7 @@ impl<R: ControlRecv> ControlRecv for FaultyReceiver<R> {
             let next_due = self.held.iter().map(|(d, _)| *d).min();
             let until = next_due.map_or(deadline, |d| d.min(deadline));
             let left = until.saturating_duration_since(now);
-            let got = match self.inner.recv(buf, left)? {
+            let got = match self.inner.recv(buf, left, wake)? {
                 None => None,
                 Some(ChannelEvent::Gone { from }) => Some(Err(from.to_owned())),
                 Some(ChannelEvent::Message(m)) => Some(Ok(Held {
@@ -368,6 +369,9 @@ impl<R: ControlRecv> ControlRecv for FaultyReceiver<R> {
             };
             match got {
                 None if Instant::now() >= deadline => return Ok(None),
+                // Woken (or bounded by a channel that cannot watch the
+                // descriptor) before anything held is due.
+                None if wake.is_some() && Instant::now() < until => return Ok(None),
                 None => continue,
                 Some(Err(from)) => {
                     self.current.from = from;

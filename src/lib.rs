@@ -9,9 +9,9 @@
 //! re-exported here as [`core`]. The `ferry` command, its pipeline and its
 //! benchmarks are applications of this crate (`cli/`, `bench/`).
 // Unsafe code only where the runtime views registered pool memory
-// (`runtime::memory`, `runtime::instance`) and where a data plane promises
-// that its transport owns its pool (`PoolOwner` in `runtime::plane` and
-// `fault`), each with its SAFETY argument.
+// (`runtime::memory`, `runtime::instance`) and where a wrapper forwards
+// the transport's promise that it owns its pool (`PoolOwner` in
+// `runtime::plane::any` and `fault`), each with its SAFETY argument.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

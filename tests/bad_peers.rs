@@ -19,7 +19,7 @@ fn next(rx: &mut UdsReceiver) -> (String, String) {
     let mut buf = vec![0u8; 1 << 16];
     for _ in 0..100 {
         if let Some(ChannelEvent::Message(m)) =
-            rx.recv(&mut buf, Duration::from_millis(50)).unwrap()
+            rx.recv(&mut buf, Duration::from_millis(50), None).unwrap()
         {
             assert_eq!(m.magic, TRANSFER_MAGIC);
             return (

@@ -55,7 +55,8 @@ pub fn echo(listen: &str, reply_to: &str) -> Result<(), ZmqError> {
     let mut out = vec![0u8; 4096];
     let mut counted = 0u64;
     loop {
-        let Some(ChannelEvent::Message(m)) = rx.recv(&mut buf, Duration::from_secs(60))? else {
+        let Some(ChannelEvent::Message(m)) = rx.recv(&mut buf, Duration::from_secs(60), None)?
+        else {
             continue;
         };
         if m.magic != TRANSFER_MAGIC {
@@ -113,7 +114,7 @@ fn reply(
 ) -> Result<Option<String>, ZmqError> {
     let end = Instant::now() + within;
     while Instant::now() < end {
-        if let Some(ChannelEvent::Message(m)) = rx.recv(buf, Duration::from_millis(100))? {
+        if let Some(ChannelEvent::Message(m)) = rx.recv(buf, Duration::from_millis(100), None)? {
             if let Ok(Msg::Pushed(p)) = decode(m.payload) {
                 return Ok(Some(p.request_id.raw().to_owned()));
             }

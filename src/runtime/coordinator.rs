@@ -318,7 +318,7 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
             ..
         } = self;
         let m = &shared.probe.metrics;
-        let msg = match rx.recv(buf, wait) {
+        let msg = match rx.recv(buf, wait, None) {
             Ok(Some(ChannelEvent::Message(msg))) => msg,
             Ok(Some(ChannelEvent::Gone { from })) => {
                 if machine.handle_gone(clock.now(), from) {

@@ -1,25 +1,7 @@
 //! The one seam where the runtime touches registered pool memory: views of
-//! slots as byte slices, over a pool whose owner the node keeps.
+//! slots as byte slices, over a pool whose owner the node keeps (a
+//! [`PoolOwner`](tensorferry_core::transport::PoolOwner)).
 #![allow(unsafe_code)]
-
-/// A data plane that owns the memory of its pool: a node takes its view of
-/// the pool from the transport it keeps, so that the memory lives exactly
-/// as long as the node does.
-///
-/// # Safety
-/// Implementors promise that `pool_ptr()..pool_ptr() + pool_len()` is
-/// mapped, readable and writable, and the same range at every call, for as
-/// long as the value lives, whatever of its methods (its `Transport`
-/// methods included) are called and wherever it is moved: the mapping is
-/// owned by the value and released only when it is dropped. A wrapper that
-/// owns the transport it forwards to may promise what that transport
-/// promised.
-pub unsafe trait PoolOwner {
-    /// The pool's first byte.
-    fn pool_ptr(&self) -> *mut u8;
-    /// Its length in bytes.
-    fn pool_len(&self) -> usize;
-}
 
 /// A registered pool as this process maps it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

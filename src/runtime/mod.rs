@@ -29,7 +29,6 @@ pub use instance::{
     Delivery, Frame, GuardError, InstanceNode, InstanceNodeConfig, NodeStats, Outcome, Staging,
     TensorView, MAX_TENSORS,
 };
-pub use memory::PoolOwner;
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use plane::{AnyTransport, CopyConfig, DataPlane, PlaneError};
 pub use tensorferry_core::handshake::coordinator::{CoordinatorConfig, Policy, Timeouts};
@@ -38,3 +37,4 @@ pub use tensorferry_core::handshake::instance::{
 };
 /// The table sizes of a node's state machine.
 pub use tensorferry_core::handshake::Limits;
+pub use tensorferry_core::transport::PoolOwner;

@@ -2,11 +2,12 @@
 //! of one process: endpoints are names in a shared hub.
 
 use std::collections::{HashMap, VecDeque};
+use std::ffi::c_int;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use tensorferry_core::transport::{
-    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Incoming,
+    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Incoming, WAKE_POLL,
 };
 
 use crate::error::MemError;
@@ -125,7 +126,14 @@ impl ControlRecv for MemReceiver {
         &'b mut self,
         buf: &'b mut [u8],
         wait: Duration,
+        wake: Option<c_int>,
     ) -> Result<Option<ChannelEvent<'b>>, MemError> {
+        // A condition variable cannot watch a descriptor.
+        let wait = if wake.is_some() {
+            wait.min(WAKE_POLL)
+        } else {
+            wait
+        };
         let deadline = Instant::now() + wait;
         let mut queues = self.hub.lock();
         let (from, magic, payload) = loop {

@@ -247,21 +247,9 @@ impl ControlRecv for ZmqReceiver {
         &'b mut self,
         buf: &'b mut [u8],
         wait: Duration,
+        wake: Option<RawFd>,
     ) -> Result<Option<ChannelEvent<'b>>, ZmqError> {
-        self.receive(buf, wait, None)
-    }
-
-    fn can_wake(&self) -> bool {
-        true
-    }
-
-    fn recv_or_wake<'b>(
-        &'b mut self,
-        buf: &'b mut [u8],
-        wait: Duration,
-        wake: RawFd,
-    ) -> Result<Option<ChannelEvent<'b>>, ZmqError> {
-        self.receive(buf, wait, Some(wake))
+        self.receive(buf, wait, wake)
     }
 }
 

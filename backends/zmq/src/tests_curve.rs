@@ -34,7 +34,9 @@ fn drain(rx: &mut ZmqReceiver, rounds: usize) -> Vec<Vec<u8>> {
     let mut buf = vec![0u8; 4096];
     let mut got = Vec::new();
     for _ in 0..rounds {
-        if let Ok(Some(ChannelEvent::Message(m))) = rx.recv(&mut buf, Duration::from_millis(50)) {
+        if let Ok(Some(ChannelEvent::Message(m))) =
+            rx.recv(&mut buf, Duration::from_millis(50), None)
+        {
             got.push(m.payload.to_vec());
         }
     }
@@ -44,7 +46,7 @@ fn drain(rx: &mut ZmqReceiver, rounds: usize) -> Vec<Vec<u8>> {
 fn next(rx: &mut ZmqReceiver) -> Vec<u8> {
     let mut buf = vec![0u8; 4096];
     for _ in 0..200 {
-        match rx.recv(&mut buf, Duration::from_millis(50)) {
+        match rx.recv(&mut buf, Duration::from_millis(50), None) {
             Ok(Some(ChannelEvent::Message(m))) => return m.payload.to_vec(),
             Ok(_) => {}
             Err(e) => panic!("{e}"),

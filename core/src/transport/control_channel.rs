@@ -2,6 +2,7 @@
 //! receiving side ([`ControlRecv`]) and what that receives, and the
 //! channel as one value that splits into both ([`ControlChannel`]).
 
+use core::ffi::c_int;
 use core::time::Duration;
 
 use super::Fault;
@@ -57,6 +58,11 @@ pub trait ControlSend {
     fn send(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), Self::Error>;
 }
 
+/// How long a channel that cannot watch a wake descriptor may block in
+/// [`ControlRecv::recv`] when it is given one: short enough that the
+/// caller's data plane, polled between receives, loses no more than this.
+pub const WAKE_POLL: Duration = Duration::from_micros(100);
+
 /// The receiving side of a control channel.
 pub trait ControlRecv {
     /// Its errors.
@@ -68,35 +74,20 @@ pub trait ControlRecv {
     /// Receives the next message into `buf`, waiting at most `wait` for one
     /// (zero: do not wait). `Ok(None)`: nothing arrived in time. An error
     /// concerns one message or peer; the channel goes on working.
+    ///
+    /// `wake`, when given, is a file descriptor (a data plane's
+    /// `Transport::wake_fd`) that ends the wait early: the call returns
+    /// `Ok(None)` as soon as it is readable, so that one thread waits on
+    /// both. A channel that cannot watch a descriptor (one built on a
+    /// condition variable, say) waits at most [`WAKE_POLL`] whenever it is
+    /// given one instead, so that its caller polls the data plane that
+    /// often.
     fn recv<'b>(
         &'b mut self,
         buf: &'b mut [u8],
         wait: Duration,
+        wake: Option<c_int>,
     ) -> Result<Option<ChannelEvent<'b>>, Self::Error>;
-
-    /// True if [`recv_or_wake`](Self::recv_or_wake) wakes on its
-    /// descriptor (the default: it does not).
-    #[cfg(feature = "std")]
-    fn can_wake(&self) -> bool {
-        false
-    }
-
-    /// Like [`recv`](Self::recv), and also returns `Ok(None)` as soon as
-    /// `wake` (a data plane's
-    /// [`Transport::wake_fd`](super::Transport::wake_fd)) is readable, so
-    /// that one thread waits on both. Channels whose
-    /// [`can_wake`](Self::can_wake) is false wait as `recv` does (the
-    /// default), and their callers must bound `wait`.
-    #[cfg(feature = "std")]
-    fn recv_or_wake<'b>(
-        &'b mut self,
-        buf: &'b mut [u8],
-        wait: Duration,
-        wake: std::os::fd::RawFd,
-    ) -> Result<Option<ChannelEvent<'b>>, Self::Error> {
-        let _ = wake;
-        self.recv(buf, wait)
-    }
 }
 
 /// A control channel as one value that splits into its sending and

@@ -3,9 +3,12 @@
 //! poll their completions) and the control channel ([`ControlSend`] and
 //! [`ControlRecv`]: send and receive the protocol's two-frame messages).
 //! They are separate so that any control plane pairs with any data plane.
-//! These three traits, and [`Fault`] for their errors, are all an embedder
-//! implements; how a caller waits on them (file descriptors) is a set of
-//! default methods that exist only with the `std` feature, so that the
+//! These three traits are what an embedder implements, with [`Fault`] (one
+//! method) on their errors; a transport a node receives into also owns its
+//! pool and says so with the unsafe [`PoolOwner`], declared here beside
+//! `Transport` and implemented next to each pool. How a caller waits on
+//! both at once is a descriptor: the data plane's (`Transport::wake_fd`,
+//! with the `std` feature) handed to [`ControlRecv::recv`], so that the
 //! no_std core holds no blocking contract.
 //!
 //! Both contracts are allocation-free: writes are named by a caller cookie,
@@ -15,16 +18,20 @@
 //! backend.
 //!
 //! Modules: the failures' kinds (`fault`) and the errno values they are
-//! read from ([`errno`]), the data plane (`data_plane`) and the control
-//! channel (`control_channel`).
+//! read from ([`errno`]), the data plane (`data_plane`), the pool's
+//! owner (`pool_owner`) and the control channel (`control_channel`).
 
 mod control_channel;
 mod data_plane;
 pub mod errno;
 mod fault;
+mod pool_owner;
 
-pub use control_channel::{ChannelEvent, ControlChannel, ControlRecv, ControlSend, Incoming};
+pub use control_channel::{
+    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Incoming, WAKE_POLL,
+};
 pub use data_plane::{
     Capabilities, Completion, Landed, ReadOp, Region, RegionError, Transport, WriteOp, WriteTag,
 };
 pub use fault::{Fault, FaultKind};
+pub use pool_owner::PoolOwner;

@@ -37,9 +37,10 @@ use tracing::{debug, debug_span, info, warn};
 
 use super::clock::Clock;
 use super::error::NodeError;
-use super::memory::{PoolMemory, PoolOwner};
+use super::memory::PoolMemory;
 use super::metrics::{Metrics, MetricsSnapshot};
 use super::telemetry::{InstanceGauges, InstanceProbe};
+use tensorferry_core::transport::PoolOwner;
 
 mod config;
 mod delivery;
@@ -245,10 +246,7 @@ impl InstanceNode {
             arrived: Vec::with_capacity(n),
             wake: None,
         };
-        progress.wake = progress
-            .transport
-            .wake_fd()
-            .filter(|_| progress.rx.can_wake());
+        progress.wake = progress.transport.wake_fd();
         let thread = std::thread::Builder::new()
             .name(format!("ferry-{}", settings.role))
             .spawn(move || {

@@ -57,10 +57,7 @@ where
     fn receive(&mut self, wait: Duration) {
         let shared = &*self.shared;
         let m = &shared.probe.metrics;
-        let got = match self.wake {
-            Some(fd) => self.rx.recv_or_wake(&mut self.buf, wait, fd),
-            None => self.rx.recv(&mut self.buf, wait),
-        };
+        let got = self.rx.recv(&mut self.buf, wait, self.wake);
         match got {
             Ok(Some(ChannelEvent::Message(msg))) => {
                 if msg.magic != TRANSFER_MAGIC {

@@ -9,7 +9,7 @@ use tensorferry_core::transport::{
     Capabilities, Completion, Fault, FaultKind, Landed, ReadOp, Region, Transport, WriteOp,
 };
 
-use crate::runtime::memory::PoolOwner;
+use tensorferry_core::transport::PoolOwner;
 
 /// A failure of the transport inside an [`AnyTransport`]: its kind, and
 /// the transport's own error.

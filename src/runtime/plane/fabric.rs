@@ -6,7 +6,6 @@ use tensorferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
 
 use super::options::{Options, PlaneError};
 use crate::runtime::error::NodeError;
-use crate::runtime::memory::PoolOwner;
 
 /// Its name.
 pub(super) const NAME: &str = "fabric";
@@ -53,19 +52,4 @@ pub(super) fn open(config: &FabricConfig, pool_len: usize) -> Result<FabricTrans
         .map_err(|e| NodeError::transport("open libfabric transport", e))?;
     tracing::info!(opened = ?t.opened(), "libfabric data plane");
     Ok(t)
-}
-
-// SAFETY: the pool is a `HostPool` the transport owns as a field (set by
-// `with_pool`, never taken out): mapped at creation, the same range for its
-// life, unmapped when the transport drops (after its registration, as its
-// fields drop in order); moving the transport does not move the mapping.
-#[allow(unsafe_code)]
-unsafe impl PoolOwner for FabricTransport {
-    fn pool_ptr(&self) -> *mut u8 {
-        FabricTransport::pool_ptr(self)
-    }
-
-    fn pool_len(&self) -> usize {
-        FabricTransport::pool_len(self)
-    }
 }

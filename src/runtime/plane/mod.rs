@@ -2,16 +2,16 @@
 //! reads their options, and starts an instance on one.
 //!
 //! Each data plane is a module here (its name, its options, how its
-//! transport opens, and its transport's [`PoolOwner`] promise) and a
+//! transport opens; its crate's transport makes the [`PoolOwner`]
+//! promise next to its pool) and a
 //! variant of [`DataPlane`]; the CLI (`--backend NAME --plane-option
 //! KEY=VALUE`), the Python module (`backend=NAME, **options`) and the
 //! benchmarks reach every data plane through this type.
 //!
 //! Adding one, `foo` in a crate `ferry-foo` whose transport implements
 //! `tensorferry_core::transport::Transport` and owns its pool: a module
-//! `foo.rs` here (`NAME`, `OPTIONS`, `parse`, `open`, and
-//! `unsafe impl PoolOwner`, with the SAFETY argument from the crate's own
-//! guarantee), its variant and match arms in this file, and the
+//! `foo.rs` here (`NAME`, `OPTIONS`, `parse`, `open`; the crate's
+//! transport implements `PoolOwner` beside its pool), its variant and match arms in this file, and the
 //! dependency (with a feature, if it is optional) in the root
 //! `Cargo.toml`, forwarded by the `Cargo.toml`s of `cli/`,
 //! `python/pyo3/` and `bench/` if they are to build it.
@@ -33,8 +33,8 @@ pub use shm::CopyConfig;
 
 use super::error::NodeError;
 use super::instance::{InstanceNode, InstanceNodeConfig};
-use super::memory::PoolOwner;
 use options::Options;
+use tensorferry_core::transport::PoolOwner;
 
 /// A data plane an instance writes and receives over, with its settings.
 #[derive(Clone, Debug)]

@@ -5,7 +5,6 @@ use tensorferry_shm::ShmTransport;
 
 use super::options::{Options, PlaneError};
 use crate::runtime::error::NodeError;
-use crate::runtime::memory::PoolOwner;
 
 /// Its name.
 pub(super) const NAME: &str = "shm";
@@ -48,19 +47,4 @@ pub(super) fn parse(mut o: Options) -> Result<CopyConfig, PlaneError> {
 pub(super) fn open(copy: &CopyConfig, pool_len: usize) -> Result<ShmTransport, NodeError> {
     ShmTransport::new(pool_len, copy.threads, copy.split_at)
         .map_err(|e| NodeError::transport("create pool", e))
-}
-
-// SAFETY: the pool is a `ShmPool` the transport owns as a field: mapped at
-// creation, the same range for its life, unmapped only in its drop;
-// moving the transport does not move the mapping, and none of its
-// methods unmaps it.
-#[allow(unsafe_code)]
-unsafe impl PoolOwner for ShmTransport {
-    fn pool_ptr(&self) -> *mut u8 {
-        ShmTransport::pool_ptr(self)
-    }
-
-    fn pool_len(&self) -> usize {
-        ShmTransport::pool_len(self)
-    }
 }

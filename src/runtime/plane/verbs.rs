@@ -3,11 +3,10 @@
 //! with RDMA WRITE over RC queue pairs (InfiniBand, RoCE). (The plane also
 //! reads, for the transfer engine; a node never does.)
 
-use tensorferry_verbs::{Device, GidChoice, VerbsConfig, VerbsTransport};
+use tensorferry_verbs::{GidChoice, VerbsConfig, VerbsTransport};
 
 use super::options::{Options, PlaneError};
 use crate::runtime::error::NodeError;
-use crate::runtime::memory::PoolOwner;
 
 /// Its name.
 pub(super) const NAME: &str = "verbs";
@@ -69,20 +68,4 @@ pub(super) fn guard(c: &mut VerbsConfig, guard: &tensorferry_zmq::Guard) {
 pub(super) fn open(config: &VerbsConfig, pool_len: usize) -> Result<VerbsTransport, NodeError> {
     VerbsTransport::with_pool(config, pool_len)
         .map_err(|e| NodeError::transport("open verbs transport", e))
-}
-
-// SAFETY: the pool, when there is one, is a `HostPool` the transport owns
-// as a field (set by `with_pool` or `with_device_and_pool`, never taken
-// out): mapped at creation, the same range for its life, unmapped when
-// the transport drops; moving the transport does not move the mapping.
-// Without a pool the range is empty, which the node refuses.
-#[allow(unsafe_code)]
-unsafe impl<D: Device> PoolOwner for VerbsTransport<D> {
-    fn pool_ptr(&self) -> *mut u8 {
-        VerbsTransport::pool_ptr(self)
-    }
-
-    fn pool_len(&self) -> usize {
-        VerbsTransport::pool_len(self)
-    }
 }

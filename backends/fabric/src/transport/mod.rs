@@ -41,7 +41,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tensorferry_core::transport::{
-    Capabilities, Completion, Landed, ReadOp, Region, RegionError, Transport, WriteOp,
+    Capabilities, Completion, Landed, PoolOwner, ReadOp, Region, RegionError, Transport, WriteOp,
 };
 use tensorferry_fabric_sys as sys;
 use tensorferry_hostmem::HostPool;
@@ -112,7 +112,7 @@ impl FabricTransport {
     ///
     /// The pool stays mapped, at this address, for as long as the
     /// transport lives and is released only by its drop: ferry's runtime
-    /// relies on it (`tensorferry::runtime::PoolOwner`), so no method may unmap
+    /// relies on it (its [`PoolOwner`] promise), so no method may unmap
     /// or replace it.
     pub fn pool_ptr(&self) -> *mut u8 {
         self.pool
@@ -202,6 +202,22 @@ impl FabricTransport {
                 Err(e)
             }
         }
+    }
+}
+
+// SAFETY: the pool is a `HostPool` the transport owns as a field (set by
+// `with_pool`, never taken out): mapped at creation, the same range for its
+// life, unmapped when the transport drops (after its registration, as its
+// fields drop in order); moving the transport does not move the mapping.
+// Without a pool the range is empty, which a node refuses.
+#[allow(unsafe_code)]
+unsafe impl PoolOwner for FabricTransport {
+    fn pool_ptr(&self) -> *mut u8 {
+        FabricTransport::pool_ptr(self)
+    }
+
+    fn pool_len(&self) -> usize {
+        FabricTransport::pool_len(self)
     }
 }
 

@@ -8,7 +8,7 @@ mod peers;
 use std::collections::{HashMap, VecDeque};
 
 use tensorferry_core::transport::{
-    Capabilities, Completion, ReadOp, Region, RegionError, Transport, WriteOp,
+    Capabilities, Completion, PoolOwner, ReadOp, Region, RegionError, Transport, WriteOp,
 };
 use tensorferry_hostmem::Copier;
 
@@ -71,7 +71,7 @@ impl ShmTransport {
     ///
     /// The pool stays mapped, at this address, for as long as the
     /// transport lives and is released only by its drop: ferry's runtime
-    /// relies on it (`tensorferry::runtime::PoolOwner`), so no method may unmap
+    /// relies on it (its [`PoolOwner`] promise), so no method may unmap
     /// or replace it.
     pub fn pool_ptr(&self) -> *mut u8 {
         self.pool.as_ptr()
@@ -85,6 +85,21 @@ impl ShmTransport {
     /// Threads a large write uses.
     pub fn copy_threads(&self) -> usize {
         self.copier.threads()
+    }
+}
+
+// SAFETY: the pool is a `ShmPool` the transport owns as a field: mapped at
+// creation, the same range for its life, unmapped only in its drop;
+// moving the transport does not move the mapping, and none of its
+// methods unmaps it.
+#[allow(unsafe_code)]
+unsafe impl PoolOwner for ShmTransport {
+    fn pool_ptr(&self) -> *mut u8 {
+        ShmTransport::pool_ptr(self)
+    }
+
+    fn pool_len(&self) -> usize {
+        ShmTransport::pool_len(self)
     }
 }
 

@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tensorferry_core::transport::{
-    Capabilities, Completion, ReadOp, Region, RegionError, Transport, WriteOp,
+    Capabilities, Completion, PoolOwner, ReadOp, Region, RegionError, Transport, WriteOp,
 };
 use tensorferry_hostmem::HostPool;
 use tensorferry_zmq::{zmq, CurvePublicKey, ZapHandler};
@@ -119,7 +119,7 @@ impl<D: Device> VerbsTransport<D> {
     ///
     /// The pool stays mapped, at this address, for as long as the
     /// transport lives and is released only by its drop: ferry's runtime
-    /// relies on it (`tensorferry::runtime::PoolOwner`), so no method may unmap
+    /// relies on it (its [`PoolOwner`] promise), so no method may unmap
     /// or replace it.
     pub fn pool_ptr(&self) -> *mut u8 {
         self.pool
@@ -251,6 +251,22 @@ impl<D: Device> VerbsTransport<D> {
     /// Runs `f` on the device (tests drive their stand-in through this).
     pub fn with_device_mut<R>(&self, f: impl FnOnce(&mut D) -> R) -> R {
         f(&mut self.book().device)
+    }
+}
+
+// SAFETY: the pool, when there is one, is a `HostPool` the transport owns
+// as a field (set by `with_pool` or `with_device_and_pool`, never taken
+// out): mapped at creation, the same range for its life, unmapped when
+// the transport drops; moving the transport does not move the mapping.
+// Without a pool the range is empty, which a node refuses.
+#[allow(unsafe_code)]
+unsafe impl<D: Device> PoolOwner for VerbsTransport<D> {
+    fn pool_ptr(&self) -> *mut u8 {
+        VerbsTransport::pool_ptr(self)
+    }
+
+    fn pool_len(&self) -> usize {
+        VerbsTransport::pool_len(self)
     }
 }
 
