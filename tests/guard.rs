@@ -189,6 +189,63 @@ fn instances_hand_off_over_curve_and_strangers_reach_no_endpoint() {
     assert_saw_nothing(&coord, &[&enc, &den], &before);
 }
 
+/// An admitted instance speaking for another: the encoder's key, from a
+/// socket of its own, tells the coordinator that the denoiser leaves. The
+/// coordinator took the denoiser's registration on the denoiser's key and
+/// takes its messages only from that key: the forgery is ignored, the
+/// denoiser stays, and hand-offs go on.
+#[test]
+fn an_admitted_instance_cannot_speak_for_another() {
+    let k = keys();
+    let (coord, results) = coordinator(&k);
+    let start = |role: &str, key: &CurveKeyPair| {
+        let ch = channel(&guard(key, &[&k.coordinator]), &["tcp://127.0.0.1:*"]);
+        let node = DataPlane::default()
+            .start_instance(&settings(role, &results), 16 << 20, ch)
+            .unwrap();
+        node.wait_registered(10 * SECOND).unwrap();
+        node
+    };
+    let enc = start("encoder", &k.encoder);
+    let den = start("denoiser", &k.denoiser);
+    assert_eq!(coord.snapshot().members, 2);
+    let ignored_before = coord.snapshot().metrics.ignored;
+    let leave = format!(
+        r#"{{"msg_type":"transfer_deregister","session_id":"{}","draining":false,"reason":"forged"}}"#,
+        den.session_id()
+    );
+    let ctx = zmq::Context::new();
+    for ep in &results {
+        let s = client::connect(
+            &ctx,
+            zmq::PUSH,
+            ep,
+            Some((k.encoder.clone(), *k.coordinator.public())),
+            1000,
+        );
+        s.send_multipart([MAGIC, leave.as_bytes()], 0).unwrap();
+    }
+    // Both forgeries arrive (the key is admitted): ignored, or acted on.
+    let deadline = std::time::Instant::now() + 10 * SECOND;
+    loop {
+        let now = coord.snapshot();
+        assert_eq!(now.members, 2, "the denoiser stays: {now:?}");
+        if now.metrics.ignored >= ignored_before + 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the forgeries never reached the coordinator: {now:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for i in 0..5u8 {
+        send(&enc, &format!("r-{i}"), i);
+        check(&den, &format!("r-{i}"), i);
+        assert!(enc.next_outcome(10 * SECOND).unwrap().sent);
+    }
+}
+
 /// The verbs data plane on its stand-in device under CURVE: each side
 /// channel a CURVE server whose key travels in the session id, admitting
 /// the writers named; a stranger's connection request gets no answer.
