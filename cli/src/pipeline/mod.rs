@@ -143,6 +143,12 @@ pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
     if Head::from(head) == Head::Sglang {
         settings = settings.under_sglang(head_timeout);
     }
+    if let Some(p) = args
+        .prealloc
+        .or_else(|| roles::role_prealloc(&settings.role))
+    {
+        settings.config.prealloc = p;
+    }
     if let Err(e) = settings.check_guard(&guard) {
         eprintln!("ferry instance: {e}");
         return ExitCode::from(2);
@@ -165,7 +171,6 @@ pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
         window: args.window.max(1),
         control: args.control,
         pool_mib: args.pool_mib,
-        prealloc: args.prealloc,
         pace: Duration::from_millis(args.pace_ms),
         hold: Duration::from_millis(args.hold_ms),
         metrics_listen: args.service.metrics_listen.clone(),
@@ -210,15 +215,18 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
                 }
             };
             data_plane.guard(&guard);
+            let mut settings = InstanceNodeConfig::new(role, &args.coordinator);
+            if let Some(p) = roles::role_prealloc(role) {
+                settings.config.prealloc = p;
+            }
             return roles::instance(&roles::InstanceArgs {
-                settings: InstanceNodeConfig::new(role, &args.coordinator),
+                settings,
                 name: args.name.clone(),
                 endpoint: args.endpoint.clone(),
                 requests: args.requests,
                 window: args.window.max(1),
                 control: args.control,
                 pool_mib: 0,
-                prealloc: None,
                 pace: Duration::ZERO,
                 hold: Duration::ZERO,
                 data_plane,

@@ -9,8 +9,8 @@ use tensorferry_zmq::zmq;
 pub struct InstanceArgs {
     /// The node's configuration: its role (`encoder`, `denoiser` or
     /// `decoder`), its coordinator's endpoint, and how it behaves (the
-    /// head it serves under and the timeouts that follow from it). Its
-    /// preallocated slots are the role's unless `prealloc` says.
+    /// head it serves under and the timeouts that follow from it, its
+    /// preallocated slots: [`role_prealloc`] unless the command says).
     pub settings: InstanceNodeConfig,
     /// Its name in reports (`denoiser-1`).
     pub name: String,
@@ -24,8 +24,6 @@ pub struct InstanceArgs {
     pub control: Control,
     /// Pool size in MiB (0: the role's default).
     pub pool_mib: usize,
-    /// Preallocated receive slots (None: the role's default).
-    pub prealloc: Option<Prealloc>,
     /// The encoder's pause between requests.
     pub pace: Duration,
     /// How long a denoiser or decoder works on each request (holding it)
@@ -74,6 +72,16 @@ pub(super) fn remove_stale_pools() {
     }
 }
 
+/// The preallocated receive slots a role gets when the command names none:
+/// four of 16 MiB for the roles that receive; the encoder keeps its
+/// configuration's (none).
+pub fn role_prealloc(role: &str) -> Option<Prealloc> {
+    (role != "encoder").then_some(Prealloc {
+        count: 4,
+        size: 16 << 20,
+    })
+}
+
 /// Runs an instance until it is stopped (SIGTERM, SIGINT, or stdin's end
 /// if asked).
 pub fn instance(args: &InstanceArgs) -> ExitCode {
@@ -82,30 +90,13 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
         Err(code) => return code,
     };
     remove_stale_pools();
-    let mut settings = args.settings.clone();
-    let slot = 16u64 << 20;
+    let settings = &args.settings;
     let mut pool: usize = match settings.role.as_str() {
-        "encoder" => 256 << 20,
-        "denoiser" => {
-            settings.config.prealloc = Prealloc {
-                count: 4,
-                size: slot,
-            };
-            512 << 20
-        }
-        _ => {
-            settings.config.prealloc = Prealloc {
-                count: 4,
-                size: slot,
-            };
-            256 << 20
-        }
+        "denoiser" => 512 << 20,
+        _ => 256 << 20,
     };
-    if let Some(explicit) = args.prealloc {
-        settings.config.prealloc = explicit;
-    }
     if let Workload::Random { max_bytes, .. } = args.workload {
-        match random_pool(&settings, max_bytes, args.pool_mib, pool) {
+        match random_pool(settings, max_bytes, args.pool_mib, pool) {
             Ok(p) => pool = p,
             Err(e) => return fail("pool", e),
         }
@@ -124,14 +115,14 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
             Ok(c) => c,
             Err(code) => return code,
         };
-        return match plane.start_instance(&settings, pool, channel) {
+        return match plane.start_instance(settings, pool, channel) {
             Ok(node) => run_sglang(&node, args, role, &life),
             Err(e) => fail("start instance", e),
         };
     }
     match args.control {
         Control::Uds if !plane.needs_zmq() => {
-            match plane.start_instance_at(&settings, pool, &args.endpoint) {
+            match plane.start_instance_at(settings, pool, &args.endpoint) {
                 Ok(node) => run_instance(&node, args, &life),
                 Err(e) => fail("start instance", e),
             }
@@ -141,7 +132,7 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
                 Ok(c) => c,
                 Err(code) => return code,
             };
-            match plane.start_instance(&settings, pool, channel) {
+            match plane.start_instance(settings, pool, channel) {
                 Ok(node) => run_instance(&node, args, &life),
                 Err(e) => fail("start instance", e),
             }

@@ -35,7 +35,7 @@ mod payload;
 use coordinator::*;
 pub use coordinator::{coordinator, CoordinatorOptions, DRAIN_TIMEOUT};
 use instance::*;
-pub use instance::{instance, InstanceArgs};
+pub use instance::{instance, role_prealloc, InstanceArgs};
 use payload::*;
 pub(crate) use payload::{forward_denoised, stage_with_patience};
 
