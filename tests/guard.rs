@@ -155,20 +155,25 @@ fn assert_saw_nothing(coord: &CoordinatorNode, nodes: &[&InstanceNode], before: 
     }
 }
 
-#[test]
-fn instances_hand_off_over_curve_and_strangers_reach_no_endpoint() {
-    let k = keys();
-    let (coord, results) = coordinator(&k);
+/// An encoder and a denoiser on shared memory, each a CURVE server with
+/// its own key admitting the coordinator's, registered.
+fn instances(k: &Keys, results: &[String]) -> (InstanceNode, InstanceNode) {
     let start = |role: &str, key: &CurveKeyPair| {
         let ch = channel(&guard(key, &[&k.coordinator]), &["tcp://127.0.0.1:*"]);
         let node = DataPlane::default()
-            .start_instance(&settings(role, &results), 16 << 20, ch)
+            .start_instance(&settings(role, results), 16 << 20, ch)
             .unwrap();
         node.wait_registered(10 * SECOND).unwrap();
         node
     };
-    let enc = start("encoder", &k.encoder);
-    let den = start("denoiser", &k.denoiser);
+    (start("encoder", &k.encoder), start("denoiser", &k.denoiser))
+}
+
+#[test]
+fn instances_hand_off_over_curve_and_strangers_reach_no_endpoint() {
+    let k = keys();
+    let (coord, results) = coordinator(&k);
+    let (enc, den) = instances(&k, &results);
     let before = ignored(&coord, &[&enc, &den]);
     let stranger = CurveKeyPair::generate().unwrap();
     let mut targets: Vec<(String, &CurveKeyPair)> = results
@@ -198,16 +203,7 @@ fn instances_hand_off_over_curve_and_strangers_reach_no_endpoint() {
 fn an_admitted_instance_cannot_speak_for_another() {
     let k = keys();
     let (coord, results) = coordinator(&k);
-    let start = |role: &str, key: &CurveKeyPair| {
-        let ch = channel(&guard(key, &[&k.coordinator]), &["tcp://127.0.0.1:*"]);
-        let node = DataPlane::default()
-            .start_instance(&settings(role, &results), 16 << 20, ch)
-            .unwrap();
-        node.wait_registered(10 * SECOND).unwrap();
-        node
-    };
-    let enc = start("encoder", &k.encoder);
-    let den = start("denoiser", &k.denoiser);
+    let (enc, den) = instances(&k, &results);
     assert_eq!(coord.snapshot().members, 2);
     let ignored_before = coord.snapshot().metrics.ignored;
     let leave = format!(
