@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use tensorferry::engine::{EngineOptions, Op, TransferEngine};
+use tensorferry::engine::{EngineConfig, Op, TransferEngine};
 use tensorferry::runtime::{
     CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNode, InstanceNodeConfig, Prealloc,
 };
@@ -149,7 +149,7 @@ fn engine(g: &Guard) -> TransferEngine {
     c.listen = Some("127.0.0.1".into());
     c.take_engine_guard(g);
     let t = VerbsTransport::with_device(SimDevice::new([127, 0, 0, 1], 4096), &c).unwrap();
-    let mut options = EngineOptions::default();
+    let mut options = EngineConfig::default();
     options.guard = Some(g.clone());
     TransferEngine::over(t, "verbs", options).unwrap()
 }

@@ -128,7 +128,7 @@ fn fabric(provider: &str) -> TransferEngine {
     // tcp;ofi_rxm on loopback needs its interface named.
     std::env::set_var("FI_TCP_IFACE", "lo");
     let c = tensorferry_fabric::FabricConfig::new(provider.parse().unwrap());
-    let mut options = tensorferry::engine::EngineOptions::default();
+    let mut options = tensorferry::engine::EngineConfig::default();
     options.notify_host = Some("127.0.0.1".into());
     TransferEngine::open_with(Backend::Fabric(c), options).unwrap()
 }

@@ -321,7 +321,7 @@ impl Engines {
     // this rig is the one place the bench crate registers raw memory.
     #[allow(unsafe_code)]
     fn new(guarded: bool, len: usize) -> Result<Self, NodeError> {
-        use tensorferry::engine::{Backend, EngineOptions, LocalConfig, TransferEngine};
+        use tensorferry::engine::{Backend, EngineConfig, LocalConfig, TransferEngine};
         let pair = || {
             CurveKeyPair::generate().map_err(|e| NodeError::Transport {
                 verb: "make a CURVE key pair",
@@ -334,7 +334,7 @@ impl Engines {
         // (and their registrations) drop before the memory does.
         let (src, dst) = (vec![1u8; len], vec![0u8; len]);
         let open = |me: &CurveKeyPair, peer: &CurveKeyPair| {
-            let mut o = EngineOptions::default();
+            let mut o = EngineConfig::default();
             o.guard = Some(if guarded {
                 Guard {
                     allow: vec![std::net::IpAddr::from([127, 0, 0, 1])],

@@ -42,7 +42,7 @@
 //! use. The engine refuses a data plane that cannot end a peer's
 //! operations at all (libfabric 1.17's `shm`).
 //!
-//! **Who may reach it** is [`EngineOptions::guard`]: an allow-list and
+//! **Who may reach it** is [`EngineConfig::guard`]: an allow-list and
 //! CURVE keys on its notification inbox and its verbs side channel, by
 //! default the guard the environment names (`FERRY_ALLOW_FROM`,
 //! `FERRY_CURVE_KEY`, `FERRY_CURVE_PEERS`).
@@ -127,7 +127,7 @@ impl Backend {
 /// How an engine is set up, beside its data plane.
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
-pub struct EngineOptions {
+pub struct EngineConfig {
     /// The address of this host that peers send notifications to (the
     /// engine's inbox binds there, on a port the system picks). Default:
     /// loopback for the local backend, which reaches this host only; for
@@ -235,11 +235,11 @@ impl std::fmt::Debug for TransferEngine {
 impl TransferEngine {
     /// Opens an engine on `backend`, with no memory registered.
     pub fn open(backend: Backend) -> Result<Self, EngineError> {
-        Self::open_with(backend, EngineOptions::default())
+        Self::open_with(backend, EngineConfig::default())
     }
 
     /// Opens an engine on `backend`, set up as `options` say.
-    pub fn open_with(backend: Backend, options: EngineOptions) -> Result<Self, EngineError> {
+    pub fn open_with(backend: Backend, options: EngineConfig) -> Result<Self, EngineError> {
         let name = backend.name();
         let guard = match options.guard {
             Some(g) => g,
@@ -285,7 +285,7 @@ impl TransferEngine {
     pub fn over<T>(
         transport: T,
         name: &'static str,
-        options: EngineOptions,
+        options: EngineConfig,
     ) -> Result<Self, EngineError>
     where
         T: Transport + Send + 'static,
@@ -462,7 +462,7 @@ impl TransferEngine {
     }
 
     /// Every notification that has arrived since the last call, in order
-    /// per sender; does not wait. Under CURVE (see [`EngineOptions::guard`])
+    /// per sender; does not wait. Under CURVE (see [`EngineConfig::guard`])
     /// a notification's `from` is a session id whose inbox key is the key
     /// its connection was admitted with: one naming another is dropped
     /// ([`forged_notifications`](Self::forged_notifications)). Without

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use tensorferry::engine::{Direction, EngineError, EngineOptions, Op, TransferEngine};
+use tensorferry::engine::{Direction, EngineConfig, EngineError, Op, TransferEngine};
 
 use crate::last_error::LastErrors;
 use crate::options;
@@ -146,7 +146,7 @@ impl Engine {
     fn new(py: Python<'_>, backend: &str, options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let (chosen, common) = options::parse(py, backend, options)?;
         let name = chosen.name();
-        let mut opened = EngineOptions::default();
+        let mut opened = EngineConfig::default();
         opened.notify_host = common.notify_host;
         opened.guard = Some(common.guard);
         let engine = py

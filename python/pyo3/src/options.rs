@@ -16,7 +16,7 @@ pub(crate) struct Common {
     /// names another.
     pub timeout: Duration,
     /// The address of this host peers send notifications to
-    /// (`EngineOptions::notify_host`; `None`: the engine's default).
+    /// (`EngineConfig::notify_host`; `None`: the engine's default).
     pub notify_host: Option<String>,
     /// Who may reach the engine's endpoints: `allow_from`, `curve_key`
     /// and `curve_peers`, with the environment's for the parts not given
