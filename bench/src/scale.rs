@@ -140,6 +140,7 @@ fn instance(
         role,
         session_id: name,
         work_endpoint: name,
+        coordinator: "tcp://coordinator",
         pool_ptr: 0x7f00_0000_0000,
         pool_size: POOL.pool_size,
         delivery_complete: true,

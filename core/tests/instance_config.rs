@@ -89,6 +89,7 @@ fn an_instance_whose_quarantine_a_write_may_outlive_refuses_to_start() {
         role: "denoiser",
         session_id: "s",
         work_endpoint: "tcp://den:1",
+        coordinator: "tcp://coordinator",
         pool_ptr: 0x1000,
         pool_size: 1 << 24,
         delivery_complete: true,

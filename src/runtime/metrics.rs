@@ -66,26 +66,6 @@ metrics! {
 }
 
 impl Metrics {
-    /// Decodes a received transfer message, counting it; a payload that
-    /// does not decode is counted as a bad frame, logged (with its sender
-    /// where the channel names it, and the endpoint it arrived at), and
-    /// `None`.
-    pub(crate) fn decode_transfer<'a>(
-        &self,
-        from: &str,
-        via: &str,
-        payload: &'a [u8],
-    ) -> Option<tensorferry_core::wire::Msg<'a>> {
-        Self::add(&self.messages_in, 1);
-        match tensorferry_core::wire::decode(payload) {
-            Ok(m) => Some(m),
-            Err(e) => {
-                self.malformed(from, via, &e);
-                None
-            }
-        }
-    }
-
     /// Counts (and logs, sparingly) a transfer message that did not decode.
     pub(crate) fn malformed(&self, from: &str, via: &str, e: &tensorferry_core::wire::DecodeError) {
         let n = self.bad_frames.fetch_add(1, Ordering::Relaxed);

@@ -320,6 +320,7 @@ fn instance(role: &'static str, session: &'static str) -> Instance<'static> {
         } else {
             "tcp://enc"
         },
+        coordinator: "tcp://coordinator",
         pool_ptr: 0x1000,
         pool_size: POOL.pool_size,
         // The denoiser's data plane reports arrivals; the encoder's

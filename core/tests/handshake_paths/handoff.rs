@@ -375,6 +375,7 @@ fn most_free_slots_ranks_by_room_when_no_slot_fits_and_by_slots_when_they_do() {
             role,
             session_id: name,
             work_endpoint: endpoint,
+            coordinator: "tcp://coordinator",
             pool_ptr: POOL_PTR,
             pool_size: POOL.pool_size,
             delivery_complete: true,

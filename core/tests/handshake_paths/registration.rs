@@ -230,3 +230,50 @@ fn a_pipeline_that_names_a_role_twice_is_refused() {
     );
     assert_eq!(r.err(), Some(ConfigError::Pipeline));
 }
+
+/// An instance takes messages as its channel delivers them, as the
+/// coordinator does: a frame that is not a transfer message is the
+/// application's, one that does not decode is malformed, and a register
+/// ack registers it; a peer gone under the coordinator's endpoint is the
+/// coordinator lost (it registers anew), any other peer's is no concern.
+#[test]
+fn an_instance_handles_what_its_channel_delivers_and_knows_its_coordinator_gone() {
+    use tensorferry_core::transport::Incoming;
+    use tensorferry_core::wire::TRANSFER_MAGIC;
+    let mut w = World::new(
+        coordinator(8),
+        vec![instance("denoiser", "d-0", "tcp://d:1")],
+    );
+    assert!(w.insts[0].is_registered());
+    let inst = &mut w.insts[0];
+    assert_eq!(inst.coordinator(), "tcp://coordinator");
+    let at = |magic, payload| Incoming {
+        from: "tcp://coordinator",
+        via: "tcp://d:1",
+        user: "",
+        magic,
+        payload,
+    };
+    let item: &[u8] = br#"{"request_id":"r"}"#;
+    assert_eq!(
+        inst.handle_incoming(Instant(1), &at(b"work", item)),
+        Err(InstanceUnhandled::Foreign)
+    );
+    assert!(matches!(
+        inst.handle_incoming(Instant(1), &at(TRANSFER_MAGIC, b"{not json")),
+        Err(InstanceUnhandled::Malformed(_))
+    ));
+    let ack = br#"{"msg_type":"transfer_register_ack","session_id":"d-0","accepted":true}"#;
+    assert_eq!(
+        inst.handle_incoming(Instant(1), &at(TRANSFER_MAGIC, ack)),
+        Err(InstanceUnhandled::Ignored(Ignored::Duplicate)),
+        "registered already: the second ack is a duplicate"
+    );
+    assert!(!inst.handle_gone(Instant(2), "tcp://e:1"));
+    assert!(
+        inst.is_registered(),
+        "another peer's departure changes nothing"
+    );
+    assert!(inst.handle_gone(Instant(2), "tcp://coordinator"));
+    assert_eq!(inst.registration(), Registration::Pending);
+}

@@ -119,6 +119,7 @@ pub fn instance_writing(
         role,
         session_id: session,
         work_endpoint: endpoint,
+        coordinator: "tcp://coordinator",
         pool_ptr: POOL_PTR,
         pool_size: pool.pool_size,
         delivery_complete: landing.is_none(),

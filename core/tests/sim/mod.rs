@@ -410,6 +410,7 @@ impl Sim {
             role: self.roles[i],
             session_id: &session,
             work_endpoint: &self.endpoints[i],
+            coordinator: COORDINATOR,
             pool_ptr: pool_ptr(i, inc),
             pool_size: pool,
             delivery_complete: landing.is_none(),

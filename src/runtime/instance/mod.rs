@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime};
 
 use tensorferry_core::handshake::instance::{
     Instance, InstanceConfig, InstanceEvent, InstanceIdentity, InstanceStats, InstanceStorage,
-    Registration, Token, Write,
+    InstanceUnhandled, Registration, Token, Write,
 };
 use tensorferry_core::handshake::{Instant, Limits, Reason, RequestId};
 use tensorferry_core::json::{JsonStr, RawJson};
@@ -202,6 +202,7 @@ impl InstanceNode {
             role: &settings.role,
             session_id: &session,
             work_endpoint: &endpoint,
+            coordinator: &settings.coordinator,
             pool_ptr: memory.base() as u64,
             pool_size: pool.pool_size,
             delivery_complete: caps.delivery_complete,

@@ -60,43 +60,46 @@ where
         let got = self.rx.recv(&mut self.buf, wait, self.wake);
         match got {
             Ok(Some(ChannelEvent::Message(msg))) => {
-                if msg.magic != TRANSFER_MAGIC {
-                    Metrics::add(&m.non_transfer, 1);
-                    let frame = Frame {
-                        magic: msg.magic.to_vec(),
-                        payload: msg.payload.to_vec(),
-                    };
-                    let mut st = shared.lock();
-                    if st.frames.len() >= FRAMES {
-                        st.frames.pop_front();
-                    }
-                    st.frames.push_back(frame);
-                    drop(st);
-                    shared.changed.notify_all();
-                    return;
-                }
-                let Some(decoded) = m.decode_transfer(msg.from, msg.via, msg.payload) else {
-                    return;
-                };
                 let mut st = shared.lock();
                 let now = shared.clock.now();
-                let r = st.machine.handle(now, &decoded);
+                let r = st.machine.handle_incoming(now, &msg);
+                match r {
+                    Err(InstanceUnhandled::Foreign) => {
+                        Metrics::add(&m.non_transfer, 1);
+                        if st.frames.len() >= FRAMES {
+                            st.frames.pop_front();
+                        }
+                        st.frames.push_back(Frame {
+                            magic: msg.magic.to_vec(),
+                            payload: msg.payload.to_vec(),
+                        });
+                        drop(st);
+                        shared.changed.notify_all();
+                        return;
+                    }
+                    Err(InstanceUnhandled::Malformed(e)) => {
+                        Metrics::add(&m.messages_in, 1);
+                        m.malformed(msg.from, msg.via, &e);
+                        return;
+                    }
+                    Err(InstanceUnhandled::Ignored(why)) => {
+                        Metrics::add(&m.messages_in, 1);
+                        Metrics::add(&m.ignored, 1);
+                        debug!(?why, "message ignored");
+                    }
+                    Ok(()) => Metrics::add(&m.messages_in, 1),
+                }
                 while let Some(w) = st.machine.poll_action() {
                     self.writes.push(w);
-                }
-                if let Err(why) = r {
-                    Metrics::add(&m.ignored, 1);
-                    debug!(msg = ?decoded.msg_type(), ?why, "message ignored");
                 }
                 shared.drive_and_send(st, now);
             }
             Ok(Some(ChannelEvent::Gone { from })) => {
                 let mut st = shared.lock();
-                if from == st.coordinator {
+                let now = shared.clock.now();
+                if shared.peer_gone(&mut st, now, from) {
                     warn!(coordinator = %from, "coordinator gone");
                     Metrics::add(&m.peers_lost, 1);
-                    let now = shared.clock.now();
-                    shared.coordinator_lost(&mut st, now);
                     shared.drive_and_send(st, now);
                 }
             }

@@ -234,6 +234,24 @@ impl Shared {
     pub(super) fn coordinator_lost(&self, st: &mut State, now: Instant) {
         let answered = st.machine.registration() != Registration::Pending;
         st.machine.handle_coordinator_lost(now);
+        self.forget_outbox(st, answered);
+    }
+
+    /// A peer's connection closed: the machine decides whether it was the
+    /// coordinator (true), and if so the outbox goes as in
+    /// [`coordinator_lost`](Self::coordinator_lost).
+    pub(super) fn peer_gone(&self, st: &mut State, now: Instant, from: &str) -> bool {
+        let answered = st.machine.registration() != Registration::Pending;
+        let lost = st.machine.handle_gone(now, from);
+        if lost {
+            self.forget_outbox(st, answered);
+        }
+        lost
+    }
+
+    /// After the coordinator was lost: what was queued for it goes, if the
+    /// machine registers anew (it was answered before).
+    fn forget_outbox(&self, st: &mut State, answered: bool) {
         if answered && st.machine.registration() == Registration::Pending {
             st.outbox.clear();
         }

@@ -63,6 +63,10 @@ pub struct InstanceIdentity<'a> {
     pub session_id: &'a str,
     /// Its work endpoint (where the coordinator sends to it).
     pub work_endpoint: &'a str,
+    /// Its coordinator's endpoint, as its control channel names the
+    /// coordinator: a peer reported gone under this name is the
+    /// coordinator ([`Instance::handle_gone`](super::Instance::handle_gone)).
+    pub coordinator: &'a str,
     /// The pool's base address in this process.
     pub pool_ptr: u64,
     /// The pool's length in bytes.

@@ -47,6 +47,8 @@ pub use api::{
 mod config;
 pub use config::{Head, InstanceConfig, InstanceIdentity, Prealloc, SGLANG_HEAD_TIMEOUT};
 mod forward;
+mod incoming;
+pub use incoming::InstanceUnhandled;
 mod landing;
 mod leave;
 pub use landing::Arrival;
@@ -293,6 +295,7 @@ pub struct Instance<'s> {
     role: Text<64>,
     session: Name,
     endpoint: Name,
+    coordinator: Name,
     pool_ptr: u64,
     pool_size: u64,
     /// Its data plane's write lifetime in milliseconds, as its
@@ -427,6 +430,7 @@ impl<'s> Instance<'s> {
             role: Text::new(who.role).map_err(|_| InstanceError::NameTooLong)?,
             session: name(who.session_id)?,
             endpoint: name(who.work_endpoint)?,
+            coordinator: name(who.coordinator)?,
             pool_ptr: who.pool_ptr,
             pool_size: who.pool_size,
             // Rounded up: the coordinator must not take it for shorter.

@@ -95,6 +95,7 @@ impl World {
                 role,
                 session_id: name,
                 work_endpoint: name,
+                coordinator: "tcp://coordinator",
                 pool_ptr: 0x10_0000,
                 pool_size: POOL.pool_size,
                 delivery_complete: true,
