@@ -24,4 +24,4 @@ pub use common::{
 };
 pub use limits::{Limits, LimitsError};
 pub use ring::Ring;
-pub use tables::{HashKey, TableStorage};
+pub use tables::{HashKey, TableSizes, TableStorage};

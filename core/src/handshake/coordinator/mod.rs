@@ -32,7 +32,7 @@ use super::ring::Ring;
 use super::tables::heap::{HeapEntry, Heaps};
 use super::tables::index::Index;
 use super::tables::table::{Record, Table};
-use super::tables::{HashKey, TableStorage};
+use super::tables::{HashKey, TableSizes, TableStorage};
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
 use crate::managed::ManagedSlice;
 use crate::slots::{Capacity, CapacityTicket, PoolRange, PreallocTable};
@@ -59,7 +59,7 @@ mod queue;
 mod registry;
 mod replies;
 mod storage;
-pub use storage::{peer_table_len, CoordinatorStorage, MAX_PREALLOC_PER_MEMBER};
+pub use storage::{peer_table_len, CoordinatorSizes, CoordinatorStorage, MAX_PREALLOC_PER_MEMBER};
 
 /// What the coordinator's indexes hash: a request id, a peer, a session,
 /// an endpoint.

@@ -58,38 +58,100 @@ pub struct CoordinatorStorage<'s> {
     pub hash_key: HashKey,
 }
 
-#[cfg(feature = "alloc")]
-impl CoordinatorStorage<'static> {
-    /// Tables of their own, sized by `limits`: `requests` transfers (and
-    /// as many bytes of nested JSON each as `nested_per_request`),
-    /// `members` instances, `tombstones` ended legs, and queues that are
-    /// never full; with the `std` feature, a random hash key.
-    pub fn owned(limits: &crate::handshake::Limits) -> Self {
-        use crate::managed::{empty, filled};
+/// The lengths of a [`CoordinatorStorage`]'s slices
+/// ([`CoordinatorStorage::storage_needed`]); a length named here for two
+/// fields is as long for each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoordinatorSizes {
+    /// What `prealloc_per_member` is set to.
+    pub prealloc_per_member: usize,
+    /// `members`.
+    pub members: TableSizes,
+    /// `sessions` and `endpoints`.
+    pub member_index: usize,
+    /// `ranking` and `room_ranking`.
+    pub ranking: usize,
+    /// `ranking_places` and `room_ranking_places`.
+    pub ranking_places: usize,
+    /// `transfers`.
+    pub transfers: TableSizes,
+    /// `nested`.
+    pub nested: usize,
+    /// `transmits` and `events`.
+    pub queue: usize,
+    /// `parked`.
+    pub parked: TableSizes,
+    /// `finished`.
+    pub finished: usize,
+    /// `finished_index`.
+    pub finished_index: usize,
+    /// `admitted`.
+    pub admitted: usize,
+    /// `peers`.
+    pub peers: usize,
+    /// `peer_index`.
+    pub peer_index: usize,
+}
+
+impl CoordinatorStorage<'_> {
+    /// The lengths of the tables a coordinator needs for `limits`:
+    /// `requests` transfers (and as many bytes of nested JSON each as
+    /// `nested_per_request`), `members` instances, `tombstones` ended
+    /// legs, and queues that are never full: what
+    /// [`owned`](CoordinatorStorage::owned) allocates, and what a caller
+    /// that places the tables itself gives.
+    pub fn storage_needed(limits: &crate::handshake::Limits) -> CoordinatorSizes {
         let n = limits.requests.max(1);
         let members = limits.members.max(1);
         let tombstones = limits.tombstones.max(1);
         let per_member = limits.prealloc_per_member.min(MAX_PREALLOC_PER_MEMBER);
-        Self {
+        CoordinatorSizes {
             prealloc_per_member: per_member,
-            members: TableStorage::owned(members, false),
-            sessions: filled(Index::places_for(members), 0),
-            endpoints: filled(Index::places_for(members), 0),
-            ranking: filled(MAX_ROLES * members, (0, 0)),
-            ranking_places: filled(members, 0),
-            room_ranking: filled(MAX_ROLES * members, (0, 0)),
-            room_ranking_places: filled(members, 0),
-            transfers: TableStorage::owned(n, true),
-            nested: filled(n * limits.nested_per_request, 0),
+            members: TableStorage::<Member>::storage_needed(members, false),
+            member_index: Index::places_for(members),
+            ranking: MAX_ROLES * members,
+            ranking_places: members,
+            transfers: TableStorage::<Transfer>::storage_needed(n, true),
+            nested: n * limits.nested_per_request,
             // Two per transfer plus one per member is never full.
-            transmits: empty(2 * n + members + 8),
-            events: empty(2 * n + members + 8),
-            parked: TableStorage::owned(n + members * per_member, true),
-            finished: filled(tombstones, Tombstone::EMPTY),
-            finished_index: filled(Index::places_for(tombstones), 0),
-            admitted: empty(members),
-            peers: filled(peer_table_len(members), PeerSlot::EMPTY),
-            peer_index: filled(Index::places_for(peer_table_len(members)), 0),
+            queue: 2 * n + members + 8,
+            parked: TableStorage::<Parked>::storage_needed(n + members * per_member, true),
+            finished: tombstones,
+            finished_index: Index::places_for(tombstones),
+            admitted: members,
+            peers: peer_table_len(members),
+            peer_index: Index::places_for(peer_table_len(members)),
+        }
+    }
+}
+
+#[cfg(feature = "alloc")]
+impl CoordinatorStorage<'static> {
+    /// Tables of their own, sized by
+    /// [`storage_needed`](CoordinatorStorage::storage_needed); with the
+    /// `std` feature, a random hash key.
+    pub fn owned(limits: &crate::handshake::Limits) -> Self {
+        use crate::managed::{empty, filled};
+        let n = Self::storage_needed(limits);
+        Self {
+            prealloc_per_member: n.prealloc_per_member,
+            members: TableStorage::owned(n.members.records, false),
+            sessions: filled(n.member_index, 0),
+            endpoints: filled(n.member_index, 0),
+            ranking: filled(n.ranking, (0, 0)),
+            ranking_places: filled(n.ranking_places, 0),
+            room_ranking: filled(n.ranking, (0, 0)),
+            room_ranking_places: filled(n.ranking_places, 0),
+            transfers: TableStorage::owned(n.transfers.records, true),
+            nested: filled(n.nested, 0),
+            transmits: empty(n.queue),
+            events: empty(n.queue),
+            parked: TableStorage::owned(n.parked.records, true),
+            finished: filled(n.finished, Tombstone::EMPTY),
+            finished_index: filled(n.finished_index, 0),
+            admitted: empty(n.admitted),
+            peers: filled(n.peers, PeerSlot::EMPTY),
+            peer_index: filled(n.peer_index, 0),
             hash_key: crate::handshake::tables::default_key(),
         }
     }

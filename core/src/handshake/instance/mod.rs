@@ -24,7 +24,7 @@ use super::ring::Ring;
 use super::tables::heap::{HeapEntry, Heaps};
 use super::tables::index::Index;
 use super::tables::table::{Record, Table};
-use super::tables::{HashKey, TableStorage};
+use super::tables::{HashKey, TableSizes, TableStorage};
 #[cfg(feature = "alloc")]
 use super::Limits;
 use super::ID_LEN;
@@ -60,7 +60,7 @@ mod records;
 mod registration;
 mod sender;
 mod storage;
-pub use storage::InstanceStorage;
+pub use storage::{InstanceSizes, InstanceStorage};
 mod time;
 
 /// Where a received transfer's bytes are.

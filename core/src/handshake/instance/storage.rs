@@ -50,44 +50,113 @@ pub struct InstanceStorage<'s> {
     pub hash_key: HashKey,
 }
 
+/// The lengths of an [`InstanceStorage`]'s slices
+/// ([`InstanceStorage::storage_needed`]); a slice named here for two or
+/// three fields is as long for each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InstanceSizes {
+    /// `tree` (see [`Buddy::storage_needed`]).
+    pub tree: usize,
+    /// `generations`.
+    pub generations: usize,
+    /// `requests`.
+    pub requests: TableSizes,
+    /// `nested`.
+    pub nested: usize,
+    /// `prealloc`, `prealloc_use`, `prealloc_timers` and
+    /// `prealloc_timer_places`.
+    pub prealloc: usize,
+    /// `prealloc_index`.
+    pub prealloc_index: usize,
+    /// `transmits`.
+    pub transmits: usize,
+    /// `actions`.
+    pub actions: usize,
+    /// `events`.
+    pub events: usize,
+    /// `tombstones`.
+    pub tombstones: usize,
+    /// `tombstones_index`.
+    pub tombstones_index: usize,
+    /// `arrivals`.
+    pub arrivals: TableSizes,
+    /// `landing_index`.
+    pub landing_index: usize,
+    /// `landing_hashes`.
+    pub landing_hashes: usize,
+    /// `held`.
+    pub held: usize,
+}
+
+impl InstanceStorage<'_> {
+    /// The lengths of the tables an instance needs for `limits`
+    /// (`requests` in flight, each with `nested_per_request` bytes of
+    /// nested JSON, `tombstones` ended requests), a pool of `pool` with
+    /// `prealloc` preallocated slots, and queues that are never full:
+    /// what [`owned`](InstanceStorage::owned) allocates, and what a caller
+    /// that places the tables itself gives.
+    pub fn storage_needed(
+        limits: &crate::handshake::Limits,
+        pool: &crate::slots::BuddyConfig,
+        prealloc: usize,
+    ) -> Result<InstanceSizes, BuddyError> {
+        let (tree, generations) = Buddy::storage_needed(pool)?;
+        let n = limits.requests.max(1);
+        let tombstones = limits.tombstones.max(1);
+        Ok(InstanceSizes {
+            tree,
+            generations,
+            requests: TableStorage::<Request>::storage_needed(n, true),
+            nested: n * limits.nested_per_request,
+            prealloc,
+            prealloc_index: Index::places_for(prealloc),
+            // Per request at most a few messages and events are queued at
+            // once (staged, allocated or reject, pushed, done).
+            transmits: 4 * n + 8,
+            actions: n,
+            events: 4 * n + 8,
+            tombstones,
+            tombstones_index: Index::places_for(tombstones),
+            arrivals: TableStorage::<Arrival>::storage_needed(n, true),
+            landing_index: Index::places_for(n),
+            landing_hashes: n,
+            held: 2 * n,
+        })
+    }
+}
+
 #[cfg(feature = "alloc")]
 impl InstanceStorage<'static> {
-    /// Tables of their own, sized by `limits` (`requests` in flight, each
-    /// with `nested_per_request` bytes of nested JSON, `tombstones` ended
-    /// requests), for a pool of `pool` with `prealloc` preallocated slots,
-    /// and queues that are never full.
+    /// Tables of their own, sized by
+    /// [`storage_needed`](InstanceStorage::storage_needed).
     pub fn owned(limits: &Limits, pool: &BuddyConfig, prealloc: usize) -> Result<Self, BuddyError> {
         use crate::managed::{empty, filled};
-        let (nodes, gens) = Buddy::storage_needed(pool)?;
+        let n = Self::storage_needed(limits, pool, prealloc)?;
         let none = PreallocatedSlot {
             offset: 0,
             size: 0,
             slot_id: 0,
             addr: 0,
         };
-        let n = limits.requests.max(1);
-        let tombstones = limits.tombstones.max(1);
         Ok(Self {
-            tree: filled(nodes, 0),
-            generations: filled(gens, 0),
-            requests: TableStorage::owned(n, true),
-            nested: filled(n * limits.nested_per_request, 0),
-            prealloc: filled(prealloc, none),
-            prealloc_use: filled(prealloc, PreallocUse::FREE),
-            // Per request at most a few messages and events are queued at
-            // once (staged, allocated or reject, pushed, done).
-            transmits: empty(4 * n + 8),
-            actions: empty(n),
-            events: empty(4 * n + 8),
-            tombstones: filled(tombstones, Tombstone::EMPTY),
-            tombstones_index: filled(Index::places_for(tombstones), 0),
-            arrivals: TableStorage::owned(n, true),
-            landing_index: filled(Index::places_for(n), 0),
-            landing_hashes: filled(n, 0),
-            prealloc_index: filled(Index::places_for(prealloc), 0),
-            prealloc_timers: filled(prealloc, (0, 0)),
-            prealloc_timer_places: filled(prealloc, 0),
-            held: empty(2 * n),
+            tree: filled(n.tree, 0),
+            generations: filled(n.generations, 0),
+            requests: TableStorage::owned(n.requests.records, true),
+            nested: filled(n.nested, 0),
+            prealloc: filled(n.prealloc, none),
+            prealloc_use: filled(n.prealloc, PreallocUse::FREE),
+            transmits: empty(n.transmits),
+            actions: empty(n.actions),
+            events: empty(n.events),
+            tombstones: filled(n.tombstones, Tombstone::EMPTY),
+            tombstones_index: filled(n.tombstones_index, 0),
+            arrivals: TableStorage::owned(n.arrivals.records, true),
+            landing_index: filled(n.landing_index, 0),
+            landing_hashes: filled(n.landing_hashes, 0),
+            prealloc_index: filled(n.prealloc_index, 0),
+            prealloc_timers: filled(n.prealloc, (0, 0)),
+            prealloc_timer_places: filled(n.prealloc, 0),
+            held: empty(n.held),
             hash_key: crate::handshake::tables::default_key(),
         })
     }

@@ -13,7 +13,7 @@ mod flood;
 pub use hash::HashKey;
 pub use heap::HeapEntry;
 pub use index::MAX_PROBE;
-pub use table::TableStorage;
+pub use table::{TableSizes, TableStorage};
 
 /// The key of tables a machine owns: random with the `std` feature, the
 /// fixed key without a source of randomness.

@@ -56,6 +56,28 @@ impl<T> TableStorage<'_, T> {
     pub fn index_places(records: usize) -> usize {
         Index::places_for(records)
     }
+
+    /// The lengths a table of `records` records needs, with deadline
+    /// heaps if `timed`.
+    pub fn storage_needed(records: usize, timed: bool) -> TableSizes {
+        TableSizes {
+            records,
+            index: Index::places_for(records),
+            timers: if timed { records } else { 0 },
+        }
+    }
+}
+
+/// The lengths of a [`TableStorage`]'s slices
+/// ([`TableStorage::storage_needed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableSizes {
+    /// `records`, `free` and `hashes`.
+    pub records: usize,
+    /// `index`.
+    pub index: usize,
+    /// `timers` and `timer_places` (zero for an untimed table).
+    pub timers: usize,
 }
 
 #[cfg(feature = "alloc")]
@@ -64,14 +86,14 @@ impl<T> TableStorage<'static, T> {
     /// `timed`.
     pub fn owned(records: usize, timed: bool) -> Self {
         use crate::managed::{empty, filled};
-        let timers = if timed { records } else { 0 };
+        let n = Self::storage_needed(records, timed);
         Self {
-            records: empty(records),
-            free: filled(records, 0),
-            index: filled(Index::places_for(records), 0),
-            hashes: filled(records, 0),
-            timers: filled(timers, (0, 0)),
-            timer_places: filled(timers, 0),
+            records: empty(n.records),
+            free: filled(n.records, 0),
+            index: filled(n.index, 0),
+            hashes: filled(n.records, 0),
+            timers: filled(n.timers, (0, 0)),
+            timer_places: filled(n.timers, 0),
         }
     }
 }
