@@ -11,7 +11,9 @@
 // Unsafe code only where the runtime views registered pool memory
 // (`runtime::memory`, `runtime::instance`) and where a wrapper forwards
 // the transport's promise that it owns its pool (`PoolOwner` in
-// `runtime::plane::any` and `fault`), each with its SAFETY argument.
+// `runtime::plane::any` and `fault`), and where the engine registers
+// its caller's memory with a data plane (`engine`, `engine::driven`),
+// each with its SAFETY argument.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

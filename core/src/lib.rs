@@ -22,7 +22,8 @@
 //! caller buffers, and a buffer that is too small is reported with the size
 //! that would have been needed.
 #![no_std]
-// Unsafe code is denied; `transport` declares (never uses) one unsafe fn.
+// Unsafe code is denied; `transport` declares (never uses) one unsafe fn
+// (`Transport::register`) and one unsafe trait (`PoolOwner`).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -124,6 +124,10 @@ impl Backend {
     }
 }
 
+/// The engine's configuration under its former name.
+#[deprecated(note = "renamed `EngineConfig`")]
+pub type EngineOptions = EngineConfig;
+
 /// How an engine is set up, beside its data plane.
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]

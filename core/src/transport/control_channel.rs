@@ -81,7 +81,8 @@ pub trait ControlRecv {
     /// both. A channel that cannot watch a descriptor (one built on a
     /// condition variable, say) waits at most [`WAKE_POLL`] whenever it is
     /// given one instead, so that its caller polls the data plane that
-    /// often.
+    /// often; one that ignores `wake` delays its caller's completions by
+    /// up to `wait`.
     fn recv<'b>(
         &'b mut self,
         buf: &'b mut [u8],

@@ -235,7 +235,8 @@ impl InstanceNode {
             clock,
             memory,
         });
-        let mut progress = Progress {
+        let wake = transport.wake_fd();
+        let progress = Progress {
             shared: Arc::clone(&shared),
             transport,
             region,
@@ -245,9 +246,8 @@ impl InstanceNode {
             in_flight: 0,
             done: Vec::with_capacity(n),
             arrived: Vec::with_capacity(n),
-            wake: None,
+            wake,
         };
-        progress.wake = progress.transport.wake_fd();
         let thread = std::thread::Builder::new()
             .name(format!("ferry-{}", settings.role))
             .spawn(move || {

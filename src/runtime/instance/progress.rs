@@ -17,7 +17,7 @@ pub(super) struct Progress<T: Transport, R> {
     pub(super) done: Vec<(Token, Result<(), Reason>)>,
     /// The writes the data plane reported landed this turn, reused.
     pub(super) arrived: Vec<Landed>,
-    /// The transport's wake descriptor, if the channel can wait on it too.
+    /// The transport's wake descriptor, if it has one.
     pub(super) wake: Option<i32>,
 }
 
@@ -29,23 +29,27 @@ where
     pub(super) fn run(&mut self) {
         let shared = Arc::clone(&self.shared);
         while !shared.stop.load(Ordering::Relaxed) {
-            let wait = {
+            let (wait, wake) = {
                 let mut st = shared.lock();
                 let now = shared.clock.now();
                 shared.drive(&mut st, now);
                 let next = st.machine.poll_timeout();
-                // Without a wake descriptor, completions and arrivals are
-                // polled for.
-                let quiet = || self.in_flight == 0 && st.machine.awaiting_landing() == 0;
-                let cap = if self.wake.is_some() || quiet() {
+                // The data plane's descriptor is waited on only while a
+                // write or a landing is awaited: a channel that cannot
+                // watch it then returns within `WAKE_POLL`, and an idle
+                // node waits for messages alone. Without a descriptor,
+                // completions and arrivals are polled for.
+                let quiet = self.in_flight == 0 && st.machine.awaiting_landing() == 0;
+                let wake = if quiet { None } else { self.wake };
+                let cap = if wake.is_some() || quiet {
                     MAX_WAIT
                 } else {
                     POLL_WRITES
                 };
-                shared.clock.until(next, cap)
+                (shared.clock.until(next, cap), wake)
             };
             shared.send_queued();
-            self.receive(wait);
+            self.receive(wait, wake);
             self.post_writes();
             // Completions first: reaping clears the wake descriptor, and
             // notices that come after the landing check signal it anew.
@@ -54,10 +58,10 @@ where
         }
     }
 
-    fn receive(&mut self, wait: Duration) {
+    fn receive(&mut self, wait: Duration, wake: Option<i32>) {
         let shared = &*self.shared;
         let m = &shared.probe.metrics;
-        let got = self.rx.recv(&mut self.buf, wait, self.wake);
+        let got = self.rx.recv(&mut self.buf, wait, wake);
         match got {
             Ok(Some(ChannelEvent::Message(msg))) => {
                 let mut st = shared.lock();

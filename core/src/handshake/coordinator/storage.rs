@@ -62,6 +62,7 @@ pub struct CoordinatorStorage<'s> {
 /// ([`CoordinatorStorage::storage_needed`]); a length named here for two
 /// fields is as long for each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CoordinatorSizes {
     /// What `prealloc_per_member` is set to.
     pub prealloc_per_member: usize,

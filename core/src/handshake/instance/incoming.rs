@@ -29,7 +29,14 @@ impl fmt::Display for InstanceUnhandled {
     }
 }
 
-impl core::error::Error for InstanceUnhandled {}
+impl core::error::Error for InstanceUnhandled {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            Self::Malformed(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 impl<'s> Instance<'s> {
     /// Its coordinator's endpoint, as it was told it.

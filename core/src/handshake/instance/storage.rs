@@ -54,6 +54,7 @@ pub struct InstanceStorage<'s> {
 /// ([`InstanceStorage::storage_needed`]); a slice named here for two or
 /// three fields is as long for each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct InstanceSizes {
     /// `tree` (see [`Buddy::storage_needed`]).
     pub tree: usize,

@@ -71,6 +71,7 @@ impl<T> TableStorage<'_, T> {
 /// The lengths of a [`TableStorage`]'s slices
 /// ([`TableStorage::storage_needed`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TableSizes {
     /// `records`, `free` and `hashes`.
     pub records: usize,
