@@ -10,7 +10,7 @@ pub struct InstanceArgs {
     /// The node's configuration: its role (`encoder`, `denoiser` or
     /// `decoder`), its coordinator's endpoint, and how it behaves (the
     /// head it serves under and the timeouts that follow from it, its
-    /// preallocated slots: [`role_prealloc`] unless the command says).
+    /// preallocated slots: `role_prealloc` unless the command says).
     pub settings: InstanceNodeConfig,
     /// Its name in reports (`denoiser-1`).
     pub name: String,
