@@ -398,9 +398,9 @@ fuzz_target!(|ops: Vec<Op>| {
             // 1`), as `Op::ToCoord` names them.
             for (to, bytes) in harness::coordinator_outbox(coord, &mut buf) {
                 moved = true;
-                let msg = decode(&bytes).expect("coordinator output decodes");
+                decode(&bytes).expect("coordinator output decodes");
                 if let Some(inst) = insts.get_mut((to.0 as usize).wrapping_sub(1)) {
-                    let _ = inst.handle(now, &msg);
+                    let _ = harness::deliver_to_instance(inst, now, &bytes);
                 }
             }
             harness::coordinator_events(coord);
@@ -487,8 +487,8 @@ fuzz_target!(|ops: Vec<Op>| {
             }
             Op::ToInst { to, msg } => {
                 encode(&msg, &mut bytes);
-                let m = decode(&bytes).expect("own encoding decodes");
-                let _ = insts[usize::from(to)].handle(now, &m);
+                decode(&bytes).expect("own encoding decodes");
+                let _ = harness::deliver_to_instance(&mut insts[usize::from(to)], now, &bytes);
             }
             Op::Stage { id, size } => {
                 let i = usize::from(id % 2);

@@ -3,7 +3,8 @@
 //! handshake.rs`) share: machines built from their configurations over owned
 //! tables, a message carried from an instance to the coordinator as a
 //! channel that names senders carries it, the coordinator's output routed
-//! back to the instance at the endpoint it names, encoding, and draining a
+//! back to the instance at the endpoint it names and handed over as the
+//! instance's channel delivers it, encoding, and draining a
 //! machine's output and events; and the checks that a drained world holds
 //! nothing.
 //!
@@ -20,7 +21,7 @@ use tensorferry_core::handshake::coordinator::{
 };
 use tensorferry_core::handshake::instance::{
     Instance, InstanceConfig, InstanceError, InstanceEvent, InstanceIdentity, InstanceStorage,
-    Token, Write,
+    InstanceUnhandled, Token, Write,
 };
 use tensorferry_core::handshake::{Instant, Limits, PeerId};
 use tensorferry_core::json::RawJson;
@@ -80,6 +81,19 @@ pub fn deliver(
     payload: &[u8],
 ) -> Result<PeerId, Unhandled> {
     coord.handle_incoming(now, &incoming(from, via, payload))
+}
+
+/// Hands `payload`, sent by the coordinator, to `inst` as its channel
+/// delivers it: from the coordinator's endpoint, arrived at the instance's
+/// own.
+pub fn deliver_to_instance(
+    inst: &mut Instance<'_>,
+    now: Instant,
+    payload: &[u8],
+) -> Result<(), InstanceUnhandled> {
+    let via = inst.work_endpoint().to_owned();
+    let from = inst.coordinator().to_owned();
+    inst.handle_incoming(now, &incoming(&from, &via, payload))
 }
 
 /// Which of the instances at `endpoints` (in order) a transmit to `to` goes

@@ -212,8 +212,10 @@ impl<'s> World<'s> {
                     None => (to.0 as usize).checked_sub(1),
                 };
                 if let Some(inst) = to.and_then(|to| self.insts.get_mut(to)) {
-                    if let Err(e) = inst.handle(self.now, &msg) {
-                        self.ignored.push(e);
+                    match harness::deliver_to_instance(inst, self.now, &bytes) {
+                        Ok(()) => {}
+                        Err(InstanceUnhandled::Ignored(e)) => self.ignored.push(e),
+                        Err(e) => panic!("{msg:?}: {e}"),
                     }
                 }
             }

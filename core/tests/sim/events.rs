@@ -240,8 +240,16 @@ impl Sim {
         let node = &mut self.nodes[to];
         if node.inc == inc {
             if let Some(inst) = node.inst.as_mut() {
-                let msg = decode(bytes).expect("the coordinator sends valid messages");
-                let _ = inst.handle(Instant(self.now), &msg);
+                // As the instance's channel delivers it; the coordinator
+                // sends only what decodes.
+                let r = harness::deliver_to_instance(inst, Instant(self.now), bytes);
+                assert!(
+                    !matches!(
+                        r,
+                        Err(InstanceUnhandled::Malformed(_) | InstanceUnhandled::Foreign)
+                    ),
+                    "{r:?}"
+                );
                 self.touched.push(to);
             }
         }
