@@ -277,3 +277,39 @@ fn an_instance_handles_what_its_channel_delivers_and_knows_its_coordinator_gone(
     assert!(inst.handle_gone(Instant(2), "tcp://coordinator"));
     assert_eq!(inst.registration(), Registration::Pending);
 }
+
+/// A registration resent while the first one's answer was on its way is
+/// answered twice: the second answer is expected (nothing ignored), and an
+/// answer beyond those owed is a duplicate.
+#[test]
+fn the_answer_to_a_resent_registration_is_expected_not_ignored() {
+    use tensorferry_core::transport::Incoming;
+    use tensorferry_core::wire::TRANSFER_MAGIC;
+    let mut inst = instance("denoiser", "d-0", "tcp://d:1");
+    let mut buf = vec![0u8; 4096];
+    let mut registrations = 0;
+    for t in [0, 10] {
+        inst.handle_timeout(Instant(t * paths::MS));
+        while let Some(n) = inst.poll_transmit(&mut buf) {
+            n.unwrap();
+            registrations += 1;
+        }
+    }
+    assert_eq!(registrations, 2, "resent after register_retry");
+    let ack = br#"{"msg_type":"transfer_register_ack","session_id":"d-0","accepted":true}"#;
+    let at = Incoming {
+        from: "tcp://coordinator",
+        via: "tcp://d:1",
+        user: "",
+        magic: TRANSFER_MAGIC,
+        payload: ack,
+    };
+    assert_eq!(inst.handle_incoming(Instant(11 * paths::MS), &at), Ok(()));
+    assert!(inst.is_registered());
+    assert_eq!(inst.handle_incoming(Instant(11 * paths::MS), &at), Ok(()));
+    assert_eq!(inst.stats().ignored, 0);
+    assert_eq!(
+        inst.handle_incoming(Instant(11 * paths::MS), &at),
+        Err(InstanceUnhandled::Ignored(Ignored::Duplicate))
+    );
+}

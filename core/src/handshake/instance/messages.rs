@@ -31,9 +31,15 @@ impl<'s> Instance<'s> {
                 // answers whoever it reached: this endpoint is ours.
                 if !m.session_id.is_empty() && !self.session.eq_json(m.session_id) {
                     Err(Ignored::WrongPeer)
+                } else if self.registered && self.acks_owed > 0 {
+                    // The answer to a registration resent while the first
+                    // one's answer was on its way.
+                    self.acks_owed -= 1;
+                    Ok(())
                 } else if self.registered {
                     Err(Ignored::Duplicate)
                 } else {
+                    self.acks_owed = self.acks_owed.saturating_sub(1);
                     self.registered = m.accepted;
                     self.refused = !m.accepted;
                     self.refusal = match m.error {

@@ -346,6 +346,10 @@ pub struct Instance<'s> {
     left: bool,
     /// A registration went out (answered or not).
     register_sent: bool,
+    /// Registrations sent to this coordinator and not answered yet: an
+    /// ack beyond the first answers one this instance resent, and is
+    /// expected, not a duplicate to count.
+    acks_owed: u32,
     /// Left while a registration went out unanswered: the coordinator
     /// may have taken it, so it hears of the leaving too.
     farewell: Option<Reason>,
@@ -464,6 +468,7 @@ impl<'s> Instance<'s> {
             leaving: None,
             left: false,
             register_sent: false,
+            acks_owed: 0,
             farewell: None,
             refused: false,
             refusal: Reason::EMPTY,

@@ -38,6 +38,7 @@ impl<'s> Instance<'s> {
             if r.is_ok() {
                 self.register_due = false;
                 self.register_sent = true;
+                self.acks_owed = self.acks_owed.saturating_add(1);
                 if self.config.head == Head::Sglang && !self.registered {
                     // That head never answers: sent is as far as it goes.
                     self.registered = true;

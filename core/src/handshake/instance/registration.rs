@@ -21,6 +21,9 @@ impl Instance<'_> {
         }
         self.registered = false;
         self.refused = false;
+        // A new conversation: answers the old one still owed are not
+        // expected any more.
+        self.acks_owed = 0;
         for u in self.prealloc_use.iter_mut() {
             if let Use::Refused { report, .. } = &mut u.0 {
                 *report = None;
