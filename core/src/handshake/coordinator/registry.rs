@@ -98,9 +98,11 @@ impl<'s> Coordinator<'s> {
                 .get(i)
                 .is_some_and(|x| x.session == session && x.peer == from);
             if same {
-                // A retried registration: answer again, change nothing.
+                // A retried registration (its first answer was late): answer
+                // again, change nothing. Handled, not ignored: the instance
+                // expects the answer.
                 self.accept(from, session, role);
-                return Err(Ignored::Duplicate);
+                return Ok(());
             }
         }
         if existing.is_none() && self.members.is_full() {
