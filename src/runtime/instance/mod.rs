@@ -213,7 +213,6 @@ impl InstanceNode {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 machine,
-                coordinator: settings.coordinator.clone(),
                 out: vec![0; 64 * 1024],
                 outbox: Outbox::with_capacity(4 * n, OUTBOX_BYTES),
                 received: VecDeque::with_capacity(n),

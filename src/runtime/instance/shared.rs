@@ -101,8 +101,6 @@ impl Outbox {
 
 pub(super) struct State {
     pub(super) machine: Instance<'static>,
-    /// The coordinator's endpoint.
-    pub(super) coordinator: String,
     /// Encoding buffer for outgoing messages.
     pub(super) out: Vec<u8>,
     /// What the machine sent, waiting for the sender.
@@ -142,7 +140,6 @@ impl Shared {
     pub(super) fn drive(&self, st: &mut State, now: Instant) {
         let State {
             machine,
-            coordinator,
             out,
             outbox,
             received,
@@ -163,10 +160,10 @@ impl Shared {
             woke = true;
             match e {
                 InstanceEvent::Registered => {
-                    info!(coordinator = %coordinator, "registered");
+                    info!(coordinator = %machine.coordinator(), "registered");
                 }
                 InstanceEvent::Refused => {
-                    warn!(coordinator = %coordinator, "registration refused");
+                    warn!(coordinator = %machine.coordinator(), "registration refused");
                 }
                 InstanceEvent::Received(t) => {
                     Metrics::add(&self.probe.metrics.received, 1);
