@@ -1,17 +1,19 @@
 //! ferry: tensor transfer for disaggregated diffusion serving.
 //!
 //! The library to embed: the std runtime ([`runtime`]) that drives
-//! tensorferry-core's state machines over the data planes (shared memory always;
-//! libfabric and ibverbs behind the `fabric` and `verbs` features) and a
-//! ZeroMQ or Unix-socket control channel, and fault injection around any
-//! of them ([`fault`]). The protocol itself (messages, codec, slot
+//! tensorferry-core's state machines over a data plane and a ZeroMQ or
+//! Unix-socket control channel, the transfer engine below it
+//! ([`engine`]), the data planes both run on, named by one type
+//! ([`plane`]: cross-memory attach and shared memory always; libfabric
+//! and ibverbs behind the `fabric` and `verbs` features), and fault
+//! injection around any of them ([`fault`]). The protocol itself (messages, codec, slot
 //! accounting, the handshake state machines) lives in [`tensorferry_core`],
 //! re-exported here as [`core`]. The `ferry` command, its pipeline and its
 //! benchmarks are applications of this crate (`cli/`, `bench/`).
 // Unsafe code only where the runtime views registered pool memory
 // (`runtime::memory`, `runtime::instance`) and where a wrapper forwards
 // the transport's promise that it owns its pool (`PoolOwner` in
-// `runtime::plane::any` and `fault`), and where the engine registers
+// `plane::any` and `fault`), and where the engine registers
 // its caller's memory with a data plane (`engine`, `engine::driven`),
 // each with its SAFETY argument.
 #![deny(unsafe_code)]
@@ -21,6 +23,7 @@ pub use tensorferry_core as core;
 
 pub mod engine;
 pub mod fault;
+pub mod plane;
 pub mod runtime;
 
 /// The README's code, compiled and run as doc tests so that it cannot

@@ -5,18 +5,18 @@
 use std::time::Duration;
 
 use tensorferry::core::transport::FaultKind;
-use tensorferry::engine::{Backend, EngineError, LocalConfig, Op, TransferEngine};
+use tensorferry::engine::{DataPlane, EngineError, LocalConfig, Op, TransferEngine};
 
 const WAIT: Duration = Duration::from_secs(10);
 
-fn pair(backend: impl Fn() -> Backend) -> (TransferEngine, TransferEngine) {
+fn pair(backend: impl Fn() -> DataPlane) -> (TransferEngine, TransferEngine) {
     (
         TransferEngine::open(backend()).unwrap(),
         TransferEngine::open(backend()).unwrap(),
     )
 }
 
-fn check(backend: impl Fn() -> Backend) {
+fn check(backend: impl Fn() -> DataPlane) {
     let (a, b) = pair(backend);
     let src: Vec<u8> = (0..(3u32 << 20)).map(|i| (i % 251) as u8).collect();
     let mut dst = vec![0u8; 4 << 20];
@@ -70,8 +70,8 @@ fn check(backend: impl Fn() -> Backend) {
 
 #[test]
 fn local_engines_write_into_each_others_memory() {
-    check(|| Backend::Local(LocalConfig::default()));
-    let (a, _) = pair(|| Backend::Local(LocalConfig::default()));
+    check(|| DataPlane::Local(LocalConfig::default()));
+    let (a, _) = pair(|| DataPlane::Local(LocalConfig::default()));
     assert_eq!(a.backend(), "local");
     assert!(a.session_id().starts_with("local:"));
 }
@@ -84,7 +84,7 @@ fn fabric_engines_write_into_each_others_memory() {
     check(|| {
         let mut c = tensorferry_fabric::FabricConfig::new("tcp;ofi_rxm".parse().unwrap());
         c.write_timeout = Duration::from_secs(2);
-        Backend::Fabric(c)
+        DataPlane::Fabric(c)
     });
 }
 
@@ -95,7 +95,7 @@ fn fabric_engines_write_into_each_others_memory() {
 #[test]
 fn the_engine_refuses_a_provider_that_cannot_end_a_peers_operations() {
     let c = tensorferry_fabric::FabricConfig::new("shm".parse().unwrap());
-    let e = TransferEngine::open(Backend::Fabric(c)).unwrap_err();
+    let e = TransferEngine::open(DataPlane::Fabric(c)).unwrap_err();
     let text = e.to_string();
     assert!(
         text.contains("libfabric shm") && text.contains("local backend"),
@@ -131,7 +131,7 @@ fn a_timed_out_fabric_write_reads_its_source_no_more_after_it_returns() {
         // after it has placed what it will: the test compares bytes only.
         unsafe { std::slice::from_raw_parts(base, pool_len) }.to_vec()
     };
-    let engine = TransferEngine::open(Backend::Fabric(FabricConfig::new(Provider::Named(
+    let engine = TransferEngine::open(DataPlane::Fabric(FabricConfig::new(Provider::Named(
         "tcp;ofi_rxm".into(),
     ))))
     .unwrap();
@@ -173,7 +173,7 @@ fn a_timed_out_fabric_write_reads_its_source_no_more_after_it_returns() {
 /// never made. A destination reset after each return stays as it was.
 #[test]
 fn a_timed_out_local_write_is_made_before_its_call_returns_or_never() {
-    let (a, b) = pair(|| Backend::Local(LocalConfig::default()));
+    let (a, b) = pair(|| DataPlane::Local(LocalConfig::default()));
     let big = 256usize << 20;
     let big_src = vec![1u8; big];
     let mut big_dst = vec![0u8; big];

@@ -13,7 +13,7 @@ mod whole_api;
 
 use std::time::{Duration, Instant};
 
-use tensorferry::engine::{Backend, LocalConfig, Op, TransferEngine};
+use tensorferry::engine::{DataPlane, LocalConfig, Op, TransferEngine};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -120,7 +120,7 @@ impl Pair {
 // and `b` come first.
 
 fn local() -> TransferEngine {
-    TransferEngine::open(Backend::Local(LocalConfig::default())).unwrap()
+    TransferEngine::open(DataPlane::Local(LocalConfig::default())).unwrap()
 }
 
 #[cfg(feature = "fabric")]
@@ -130,7 +130,7 @@ fn fabric(provider: &str) -> TransferEngine {
     let c = tensorferry_fabric::FabricConfig::new(provider.parse().unwrap());
     let mut options = tensorferry::engine::EngineConfig::default();
     options.notify_host = Some("127.0.0.1".into());
-    TransferEngine::open_with(Backend::Fabric(c), options).unwrap()
+    TransferEngine::open_with(DataPlane::Fabric(c), options).unwrap()
 }
 
 /// The verbs stand-in behind the engine, with its `stall` knob reachable

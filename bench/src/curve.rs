@@ -21,11 +21,10 @@
 
 use std::time::{Duration, Instant};
 
-use tensorferry::runtime::{
-    CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNode, InstanceNodeConfig, NodeError,
-    Prealloc,
-};
-use tensorferry_zmq::{zmq, CurveConfig, CurveKeyPair, Guard, ZmqChannel, ZmqConfig};
+use tensorferry::runtime::{DataPlane, NodeError, Prealloc};
+use tensorferry_zmq::{CurveConfig, CurveKeyPair, Guard};
+
+use crate::rig::{Control, Guards, Pools};
 
 /// Sizes measured by default.
 pub const SIZES: [u64; 2] = [4 << 10, 64 << 20];
@@ -111,19 +110,11 @@ fn guard(
     }
 }
 
-fn channel(guard: &Guard, endpoints: &[&str]) -> Result<ZmqChannel, NodeError> {
-    ZmqChannel::bind_guarded(&zmq::Context::new(), endpoints, ZmqConfig::default(), guard)
-        .map_err(|e| NodeError::transport("bind a benchmark node's endpoints", e))
-}
-
-/// A coordinator, a sender and a receiver over ZeroMQ, plain or CURVE.
-/// Field order is drop order: the instances stop before the coordinator.
+/// A coordinator, a sender and a receiver over ZeroMQ ([`crate::rig`]),
+/// plain or CURVE.
 struct Rig {
-    sender: InstanceNode,
-    receiver: InstanceNode,
-    results: Vec<String>,
+    nodes: crate::rig::Rig,
     keys: Option<Keys>,
-    _coordinator: CoordinatorNode,
 }
 
 impl Rig {
@@ -147,56 +138,32 @@ impl Rig {
         let k = keys.as_ref();
         let admitted: Vec<&CurveKeyPair> =
             k.map(|k| vec![&k.sender, &k.receiver]).unwrap_or_default();
-        let ch = channel(
-            &guard(k, |k| &k.coordinator, &admitted),
-            &["tcp://127.0.0.1:*", "tcp://127.0.0.1:*"],
-        )?;
-        let mut settings = CoordinatorNodeConfig::new(&["sender", "receiver"]);
-        settings.result_endpoints = ch.endpoints();
-        let results = settings.result_endpoints.clone();
-        let coordinator = CoordinatorNode::start(&settings, ch, |_| {})?;
+        let guards = Guards {
+            coordinator: guard(k, |k| &k.coordinator, &admitted),
+            sender: instance_guard(k, |k| &k.sender),
+            receiver: instance_guard(k, |k| &k.receiver),
+        };
         let pool = usize::try_from(2 * slot).unwrap_or(usize::MAX);
-        let sender = start(
-            k,
-            |k| &k.sender,
-            "sender",
-            &results[0],
-            pool,
-            Prealloc::NONE,
-        )?;
-        let receiver = start(
-            k,
-            |k| &k.receiver,
-            "receiver",
-            &results[1],
-            pool,
+        let pools = Pools {
+            sender: pool,
+            receiver: pool,
             // Receive slots set aside: every hand-off takes the fast path.
-            Prealloc {
+            prealloc: Prealloc {
                 count: 2,
                 size: slot,
             },
-        )?;
-        Ok(Self {
-            sender,
-            receiver,
-            results,
-            keys,
-            _coordinator: coordinator,
-        })
+        };
+        let nodes =
+            crate::rig::Rig::start(&DataPlane::default(), Control::Zmq, &guards, pools, None)?;
+        Ok(Self { nodes, keys })
     }
 
     /// Starts a new receiver with a small pool and waits for its
     /// registration: how long that took (in ns).
     fn handshake(&self) -> Result<f64, NodeError> {
+        let guard = instance_guard(self.keys.as_ref(), |k| &k.receiver);
         let t0 = Instant::now();
-        let node = start(
-            self.keys.as_ref(),
-            |k| &k.receiver,
-            "receiver",
-            &self.results[1],
-            1 << 20,
-            Prealloc::NONE,
-        )?;
+        let node = self.nodes.new_receiver(&guard, 1 << 20, Prealloc::NONE)?;
         let took = t0.elapsed();
         drop(node);
         Ok(took.as_nanos() as f64)
@@ -208,10 +175,10 @@ impl Rig {
         id: &str,
         spec: &[tensorferry_core::slots::TensorSpec<'_>],
     ) -> Result<f64, NodeError> {
-        let staging = self.sender.stage(id, spec)?;
+        let staging = self.nodes.sender.stage(id, spec)?;
         let t0 = Instant::now();
         staging.commit("{}")?;
-        let Some(d) = self.receiver.recv(Duration::from_secs(30)) else {
+        let Some(d) = self.nodes.receiver.recv(Duration::from_secs(30)) else {
             return Err(NodeError::Timeout {
                 what: "a benchmark hand-off",
                 after: Duration::from_secs(30),
@@ -219,27 +186,15 @@ impl Rig {
         };
         let took = t0.elapsed();
         d.release();
-        let _ = self.sender.next_outcome(Duration::from_secs(30));
+        let _ = self.nodes.sender.next_outcome(Duration::from_secs(30));
         Ok(took.as_nanos() as f64)
     }
 }
 
-/// An instance of `role` reporting to `coordinator`, registered.
-fn start(
-    keys: Option<&Keys>,
-    key: impl Fn(&Keys) -> &CurveKeyPair,
-    role: &str,
-    coordinator: &str,
-    pool: usize,
-    prealloc: Prealloc,
-) -> Result<InstanceNode, NodeError> {
+/// An instance's guard: its own key, admitting the coordinator's.
+fn instance_guard(keys: Option<&Keys>, key: impl Fn(&Keys) -> &CurveKeyPair) -> Guard {
     let peers: Vec<&CurveKeyPair> = keys.map(|k| vec![&k.coordinator]).unwrap_or_default();
-    let ch = channel(&guard(keys, key, &peers), &["tcp://127.0.0.1:*"])?;
-    let mut s = InstanceNodeConfig::new(role, coordinator);
-    s.config.prealloc = prealloc;
-    let node = DataPlane::default().start_instance(&s, pool, ch)?;
-    node.wait_registered(Duration::from_secs(10))?;
-    Ok(node)
+    guard(keys, key, &peers)
 }
 
 /// Measures both rigs in turns: the handshake, then hand-offs of each of
@@ -321,7 +276,7 @@ impl Engines {
     // this rig is the one place the bench crate registers raw memory.
     #[allow(unsafe_code)]
     fn new(guarded: bool, len: usize) -> Result<Self, NodeError> {
-        use tensorferry::engine::{Backend, EngineConfig, LocalConfig, TransferEngine};
+        use tensorferry::engine::{DataPlane, EngineConfig, LocalConfig, TransferEngine};
         let pair = || {
             CurveKeyPair::generate().map_err(|e| NodeError::Transport {
                 verb: "make a CURVE key pair",
@@ -346,7 +301,7 @@ impl Engines {
             } else {
                 Guard::default()
             });
-            TransferEngine::open_with(Backend::Local(LocalConfig::default()), o)
+            TransferEngine::open_with(DataPlane::Local(LocalConfig::default()), o)
                 .map_err(engine_error)
         };
         let (a, b) = (open(&ka, &kb)?, open(&kb, &ka)?);

@@ -1,28 +1,28 @@
-//! `ferry bench --backend fabric`: hand-offs through the full handshake
-//! over a libfabric provider, against the raw baseline, the same writes
-//! posted through the libfabric layer alone ([`tensorferry_fabric::baseline`]),
-//! in the same run.
+//! `ferry bench --backend fabric --against raw`: hand-offs through the
+//! full handshake over a libfabric provider, against the raw baseline, the
+//! same writes posted through the libfabric layer alone
+//! ([`tensorferry_fabric::baseline`]), in the same run. (Without
+//! `--against raw`, `ferry bench --backend fabric` times hand-offs one at
+//! a time against memcpy, as over any data plane: [`crate::handoff`].)
 //!
 //! Both keep `window` transfers in flight, as `fi_rma_bw` does, and count
 //! a transfer when it is delivered: for ferry, when the receiver holds it
 //! (its `transfer_ready` accepted after the write landed); for the
 //! baseline, at its delivery-complete completion or its notice at the
 //! receiver. A coordinator, a sender and a receiver run as nodes of this
-//! process, over Unix sockets for control.
+//! process ([`crate::rig`]), over ZeroMQ on loopback for control, as
+//! libfabric's nodes talk.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tensorferry_fabric::baseline::RawPair;
 use tensorferry_fabric::FabricConfig;
 
-use crate::handoff::bind;
+use crate::rig::{Control, Guards, Pools, Rig};
 use tensorferry::runtime::telemetry::Telemetry;
-use tensorferry::runtime::Prealloc;
-use tensorferry::runtime::{
-    CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNode, InstanceNodeConfig, NodeError,
-};
+use tensorferry::runtime::{DataPlane, NodeError, Prealloc};
 
 /// Sizes measured by default.
 pub const SIZES: [u64; 6] = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20];
@@ -66,48 +66,34 @@ pub struct Report {
     pub rows: Vec<Row>,
 }
 
-/// Field order is drop order: the instances stop before their
-/// coordinator, which a healthy run's instances must not see go.
-struct Rig {
-    sender: InstanceNode,
-    receiver: Arc<InstanceNode>,
-    _coordinator: CoordinatorNode,
-}
-
+/// ferry's nodes over libfabric with `config`: `window` slots of `slot`
+/// bytes at the sender, and as many set aside at the receiver.
 fn rig(
     config: &FabricConfig,
     slot: u64,
     window: usize,
     telemetry: &Telemetry,
 ) -> Result<Rig, NodeError> {
-    let coordinator = CoordinatorNode::start(
-        &CoordinatorNodeConfig::new(&["sender", "receiver"]),
-        bind("coord")?,
-        |_| {},
-    )?;
-    let pool = usize::try_from(slot * window as u64).unwrap_or(usize::MAX);
-    let s = InstanceNodeConfig::new("sender", coordinator.endpoint());
     let plane = DataPlane::Fabric(config.clone());
-    let sender = plane.start_instance(&s, pool, bind("sender")?)?;
-    let mut r = InstanceNodeConfig::new("receiver", coordinator.endpoint());
-    // A receive slot set aside for each transfer in flight (the fast
-    // path), and as much room again for a slot the coordinator has not
-    // yet seen released.
-    r.config.prealloc = Prealloc {
-        count: window,
-        size: slot,
+    let pool = usize::try_from(slot * window as u64).unwrap_or(usize::MAX);
+    let pools = Pools {
+        sender: pool,
+        // A receive slot set aside for each transfer in flight (the fast
+        // path), and as much room again for a slot the coordinator has
+        // not yet seen released.
+        receiver: 2 * pool,
+        prealloc: Prealloc {
+            count: window,
+            size: slot,
+        },
     };
-    let receiver = plane.start_instance(&r, 2 * pool, bind("receiver")?)?;
-    sender.wait_registered(Duration::from_secs(10))?;
-    receiver.wait_registered(Duration::from_secs(10))?;
-    telemetry.add_coordinator(coordinator.probe(), "coordinator");
-    telemetry.add_instance(sender.probe(), "sender");
-    telemetry.add_instance(receiver.probe(), "receiver");
-    Ok(Rig {
-        _coordinator: coordinator,
-        sender,
-        receiver: Arc::new(receiver),
-    })
+    Rig::start(
+        &plane,
+        Control::of(&plane),
+        &Guards::default(),
+        pools,
+        Some(telemetry),
+    )
 }
 
 /// A count another thread can wait on.
@@ -145,61 +131,66 @@ fn ferry_run(
     time: Duration,
     tag: usize,
 ) -> Result<(u64, f64), NodeError> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let received = Arc::new(Counter::default());
-    let rx = {
-        let (node, stop, received) = (
-            Arc::clone(&rig.receiver),
-            Arc::clone(&stop),
-            Arc::clone(&received),
-        );
-        std::thread::Builder::new()
+    let stop = AtomicBool::new(false);
+    let received = Counter::default();
+    std::thread::scope(|scope| {
+        let rx = std::thread::Builder::new()
             .name("bench-receiver".into())
-            .spawn(move || {
+            .spawn_scoped(scope, || {
                 while !stop.load(Ordering::Relaxed) {
-                    if let Some(d) = node.recv(Duration::from_millis(20)) {
+                    if let Some(d) = rig.receiver.recv(Duration::from_millis(20)) {
                         d.release();
                         received.bump();
                     }
                 }
             })
-            .map_err(NodeError::Thread)?
-    };
+            .map_err(NodeError::Thread)?;
+        let seconds = send(rig, size, window, time, tag, &received);
+        stop.store(true, Ordering::Relaxed);
+        let _ = rx.join();
+        let got = received.get();
+        Ok((got, got as f64 * size as f64 / seconds? / 1e9))
+    })
+}
+
+/// Commits hand-offs of `size` bytes, at most `window` not yet `received`,
+/// for about `time`, then waits for the last to be received: how long
+/// that took, in seconds.
+fn send(
+    rig: &Rig,
+    size: u64,
+    window: usize,
+    time: Duration,
+    tag: usize,
+    received: &Counter,
+) -> Result<f64, NodeError> {
     let shape = [size];
     let spec = [crate::blob(&shape)];
     let start = Instant::now();
     let mut committed = 0u64;
     let mut failed = 0u64;
-    let result = (|| -> Result<(), NodeError> {
-        while start.elapsed() < time {
-            // In flight until the receiver holds it, as for the baseline.
-            while let Some(o) = rig.sender.next_outcome(Duration::ZERO) {
-                failed += u64::from(!o.sent);
-            }
-            if committed - failed >= window as u64 {
-                received.wait_above(committed - failed - window as u64, Duration::from_millis(5));
-                if committed.saturating_sub(received.get() + failed) >= window as u64 {
-                    continue;
-                }
-            }
-            let staging = rig.sender.stage(&format!("f{tag}-{committed}"), &spec)?;
-            staging.commit("{}")?;
-            committed += 1;
+    while start.elapsed() < time {
+        // In flight until the receiver holds it, as for the baseline.
+        while let Some(o) = rig.sender.next_outcome(Duration::ZERO) {
+            failed += u64::from(!o.sent);
         }
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while received.get() + failed < committed && Instant::now() < deadline {
-            if let Some(o) = rig.sender.next_outcome(Duration::from_millis(10)) {
-                failed += u64::from(!o.sent);
+        if committed - failed >= window as u64 {
+            received.wait_above(committed - failed - window as u64, Duration::from_millis(5));
+            if committed.saturating_sub(received.get() + failed) >= window as u64 {
+                continue;
             }
         }
-        Ok(())
-    })();
-    let seconds = start.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    let _ = rx.join();
-    result?;
-    let got = received.get();
-    Ok((got, got as f64 * size as f64 / seconds / 1e9))
+        let staging = rig.sender.stage(&format!("f{tag}-{committed}"), &spec)?;
+        staging.commit("{}")?;
+        committed += 1;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while received.get() + failed < committed && Instant::now() < deadline {
+        if let Some(o) = rig.sender.next_outcome(Duration::from_millis(10)) {
+            failed += u64::from(!o.sent);
+        }
+    }
+    Ok(start.elapsed().as_secs_f64())
 }
 
 /// Alternating rounds per size.

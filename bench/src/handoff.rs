@@ -1,23 +1,22 @@
-//! Hand-offs through the full handshake on the shared-memory loopback, and
-//! single-thread `memcpy` of the same sizes in the same run: `ferry bench`.
+//! Hand-offs through the full handshake over any data plane, and
+//! single-thread `memcpy` of the same sizes in the same run: `ferry bench
+//! [--backend NAME]`.
 //!
-//! A coordinator, a sender and a receiver run as nodes of this process,
-//! over Unix sockets and shared-memory pools, exactly as separate processes
-//! would use them. Each hand-off is timed from `commit` to the receiver
-//! holding the data (the control round trips plus the write); right after
-//! it, the same bytes are copied once by `memcpy` between two private
-//! buffers, so that both figures see the same machine.
+//! A coordinator, a sender and a receiver run as nodes of this process
+//! ([`crate::rig`]), on the data plane given and over the control channel
+//! it pairs with (Unix sockets, or ZeroMQ on loopback for the planes that
+//! need it), exactly as separate processes would use them. Each hand-off
+//! is timed from `commit` to the receiver holding the data (the control
+//! round trips plus the write); right after it, the same bytes are copied
+//! once by `memcpy` between two private buffers, so that both figures see
+//! the same machine.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use tensorferry_shm::UdsChannel;
-
 use tensorferry::runtime::telemetry::Telemetry;
-use tensorferry::runtime::{
-    CoordinatorNode, CoordinatorNodeConfig, CopyConfig, DataPlane, InstanceNode,
-    InstanceNodeConfig, NodeError, Prealloc,
-};
+use tensorferry::runtime::{DataPlane, NodeError, Prealloc};
+
+use crate::rig::{Control, Guards, Pools, Rig};
 
 /// Sizes measured by default: 4 KiB to 256 MiB.
 pub const SIZES: [u64; 7] = [
@@ -54,77 +53,41 @@ impl Row {
     }
 }
 
-/// A fresh `ipc://` endpoint for a benchmark's node.
-pub(crate) fn endpoint(tag: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "ipc://{}/ferry-bench-{}-{n}-{tag}.sock",
-        std::env::temp_dir().display(),
-        std::process::id()
-    )
-}
-
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted.get(i).copied().unwrap_or(f64::NAN)
 }
 
-/// Field order is drop order: the instances stop before their
-/// coordinator, which a healthy run's instances must not see go.
-struct Rig {
-    sender: InstanceNode,
-    receiver: InstanceNode,
-    _coordinator: CoordinatorNode,
-}
-
-/// A Unix-socket control channel at a fresh endpoint.
-pub(crate) fn bind(tag: &str) -> Result<UdsChannel, NodeError> {
-    UdsChannel::bind(&endpoint(tag)).map_err(|e| NodeError::transport("bind control endpoint", e))
-}
-
-fn rig(largest: u64, copy: CopyConfig, telemetry: &Telemetry) -> Result<Rig, NodeError> {
-    let coordinator = CoordinatorNode::start(
-        &CoordinatorNodeConfig::new(&["sender", "receiver"]),
-        bind("coord")?,
-        |_| {},
-    )?;
-    let slot = largest.next_power_of_two().max(1 << 20);
-    let pool = usize::try_from(2 * slot).unwrap_or(usize::MAX);
-    let s = InstanceNodeConfig::new("sender", coordinator.endpoint());
-    let plane = DataPlane::Shm(copy);
-    let sender = plane.start_instance_at(&s, pool, &endpoint("sender"))?;
-    let mut r = InstanceNodeConfig::new("receiver", coordinator.endpoint());
-    // Receive slots set aside: every hand-off takes the fast path.
-    r.config.prealloc = Prealloc {
-        count: 2,
-        size: slot,
-    };
-    let receiver = plane.start_instance_at(&r, pool, &endpoint("receiver"))?;
-    sender.wait_registered(Duration::from_secs(10))?;
-    receiver.wait_registered(Duration::from_secs(10))?;
-    telemetry.add_coordinator(coordinator.probe(), "coordinator");
-    telemetry.add_instance(sender.probe(), "sender");
-    telemetry.add_instance(receiver.probe(), "receiver");
-    Ok(Rig {
-        _coordinator: coordinator,
-        sender,
-        receiver,
-    })
-}
-
-/// Times hand-offs of each size for about `per_size` (at least 5, at most
-/// 10,000 each); `progress(size, done, of)` is told as it goes. The
-/// nodes are added to `telemetry` while they run.
+/// Times hand-offs of each size over `plane` for about `per_size` (at
+/// least 5, at most 10,000 each), the nodes talking over the control
+/// channel the plane pairs with ([`Control::of`]); `progress(size, done)`
+/// is told as it goes. The nodes are added to `telemetry` while they run.
 pub fn measure(
+    plane: &DataPlane,
     sizes: &[u64],
     per_size: Duration,
-    copy: CopyConfig,
     telemetry: &Telemetry,
     mut progress: impl FnMut(u64, usize),
 ) -> Result<Vec<Row>, NodeError> {
     let largest = sizes.iter().copied().max().unwrap_or(4096);
-    let rig = rig(largest, copy, telemetry)?;
+    let slot = largest.next_power_of_two().max(1 << 20);
+    let pool = usize::try_from(2 * slot).unwrap_or(usize::MAX);
+    let pools = Pools {
+        sender: pool,
+        receiver: pool,
+        // Receive slots set aside: every hand-off takes the fast path.
+        prealloc: Prealloc {
+            count: 2,
+            size: slot,
+        },
+    };
+    let rig = Rig::start(
+        plane,
+        Control::of(plane),
+        &Guards::default(),
+        pools,
+        Some(telemetry),
+    )?;
     let mut src = vec![0x5au8; largest as usize];
     let mut dst = vec![0u8; largest as usize];
     // Touch both private buffers once so memcpy pays no page faults.
@@ -180,4 +143,35 @@ pub fn measure(
         });
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_plane_of_one_host_hands_off_by_its_name_over_unix_sockets() {
+        for name in ["shm", "local"] {
+            let none: [(&str, &str); 0] = [];
+            let plane = DataPlane::parse(name, none).unwrap();
+            assert_eq!(Control::of(&plane), Control::Unix, "{name}");
+            let rows = measure(
+                &plane,
+                &[4096, 1 << 20],
+                Duration::from_millis(20),
+                &Telemetry::new(),
+                |_, _| {},
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(rows.len(), 2, "{name}");
+            for (row, size) in rows.iter().zip([4096, 1 << 20]) {
+                assert_eq!(row.size, size, "{name}");
+                assert!(row.iterations >= 5, "{name}: {row:?}");
+                assert!(
+                    row.p50_us > 0.0 && row.p99_us >= row.p50_us,
+                    "{name}: {row:?}"
+                );
+            }
+        }
+    }
 }

@@ -49,7 +49,8 @@ enum Command {
         reply_to: String,
     },
     /// Measure ferry on this machine (no subcommand: hand-offs through
-    /// the full handshake on the shared-memory loopback, against memcpy).
+    /// the full handshake over the data plane `--backend` names, default
+    /// shm, against memcpy; `--against raw`: libfabric against raw writes).
     Bench(Bench),
     /// Make a CURVE key pair: `DIR/NAME.key` (the public certificate, to
     /// give the peers that admit this process: `--curve-peers`) and

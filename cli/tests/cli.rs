@@ -152,3 +152,56 @@ fn bench_runs_hand_offs_and_control_round_trips_between_real_processes() {
     let (_, err, ok) = ferry(&["bench", "--control", "carrier-pigeon"], b"");
     assert!(!ok && err.contains("carrier-pigeon"), "{err}");
 }
+
+#[test]
+fn bench_runs_the_hand_off_rig_over_the_plane_it_is_given() {
+    // Any data plane by its name: the local plane (cross-memory attach)
+    // has no arm of its own in `ferry bench`, and reports its rows, its
+    // name and its control channel.
+    let (out, err, ok) = ferry(
+        &[
+            "bench",
+            "--backend",
+            "local",
+            "--sizes",
+            "4K",
+            "--seconds",
+            "0.2",
+        ],
+        b"",
+    );
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].contains("over the local data plane") && lines[0].contains("Unix sockets"),
+        "{out}"
+    );
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(lines[2].trim_start().starts_with("4 KiB"), "{out}");
+    // --copy-threads is the plane's `threads` option.
+    let (out, err, ok) = ferry(
+        &[
+            "bench",
+            "--backend",
+            "local",
+            "--sizes",
+            "4K",
+            "--seconds",
+            "0.2",
+            "--copy-threads",
+            "2",
+            "--json",
+        ],
+        b"",
+    );
+    assert!(ok, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(report["plane"], "local", "{out}");
+    assert_eq!(report["control"], "unix", "{out}");
+    assert_eq!(report["options"]["threads"], "2", "{out}");
+    let rows = report["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 1, "{out}");
+    assert_eq!(rows[0]["size"], 4096, "{out}");
+    assert!(rows[0]["iterations"].as_u64() > Some(0), "{out}");
+    assert!(rows[0]["gbps"].as_f64() > Some(0.0), "{out}");
+}

@@ -52,6 +52,7 @@ fn bench_compares_hand_offs_with_raw_writes_on_both_providers() {
     for (provider, extra) in [("shm", None), ("tcp;ofi_rxm", Some("127.0.0.1"))] {
         let mut c = common::ferry();
         c.args(["bench", "--backend", "fabric", "--provider", provider])
+            .args(["--against", "raw"])
             .args(["--seconds", "0.4", "--sizes", "4K,1M,64M", "--json"])
             .env("FERRY_LOG", "warn");
         if let Some(src) = extra {
@@ -81,6 +82,31 @@ fn bench_compares_hand_offs_with_raw_writes_on_both_providers() {
             "{provider}: {log}"
         );
     }
+}
+
+#[test]
+fn bench_runs_the_hand_off_rig_over_libfabric_with_zeromq_control() {
+    // Functional only: without `--against raw`, `--backend fabric` runs the
+    // rig every data plane runs (against memcpy), its nodes over ZeroMQ.
+    let out = common::ferry()
+        .args(["bench", "--backend", "fabric", "--provider", "tcp;ofi_rxm"])
+        .args(["--fabric-source", "127.0.0.1"])
+        .args(["--seconds", "0.3", "--sizes", "4K,1M", "--json"])
+        .env("FERRY_LOG", "warn")
+        .output()
+        .expect("ferry runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}{log}");
+    assert!(
+        text.starts_with(r#"{"plane":"fabric","control":"zmq","#),
+        "{text}"
+    );
+    for size in ["4096", "1048576"] {
+        assert!(text.contains(&format!("\"size\":{size},")), "{text}");
+    }
+    assert!(!text.contains("\"iterations\":0,"), "{text}");
+    assert!(!log.contains("ERROR") && !log.contains("WARN"), "{log}");
 }
 
 /// A receiver killed mid-run: the writes to it fail (or time out and its

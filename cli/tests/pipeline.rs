@@ -62,6 +62,23 @@ fn every_request_arrives_and_every_byte_is_checked() {
 }
 
 #[test]
+fn every_request_arrives_over_cross_memory_attach() {
+    // The `local` plane serves nodes too: each pool is its process's own
+    // memory, written by its peers with process_vm_writev.
+    let (ok, line, pid) = pipeline(&["--requests", "16", "--backend", "local"]);
+    assert!(ok, "{line}");
+    assert_eq!(field(&line, "ok"), "true", "{line}");
+    assert_eq!(field(&line, "data_plane"), "cross-memory attach", "{line}");
+    assert_eq!(
+        (num(&line, "delivered"), num(&line, "failed")),
+        (16, 0),
+        "{line}"
+    );
+    assert_eq!(num(&line, "mismatches"), 0);
+    assert!(leftovers(pid).is_empty(), "{:?}", leftovers(pid));
+}
+
+#[test]
 fn a_denoiser_killed_mid_run_fails_only_its_requests() {
     // A push timeout of 2 s bounds how long an interrupted write may hang.
     let (ok, line, pid) = pipeline(&[

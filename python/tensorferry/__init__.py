@@ -9,8 +9,10 @@ environment: see ``tensorferry.sglang``).
 tensors into slots of a pool and commit them, receive deliveries as
 zero-copy views and release them.
 
-Both name their data planes alike: ``"local"`` (this host), ``"fabric"``
-(libfabric, with the ``tensorferry-fabric`` plugin) and ``"verbs"`` (an RDMA NIC).
+Both name their data planes alike: ``"local"`` (this host, by cross-memory
+attach), ``"shm"`` (this host, pools in shared memory: nodes only),
+``"fabric"`` (libfabric, with the ``tensorferry-fabric`` plugin), ``"verbs"``
+(an RDMA NIC) and ``"auto"`` (verbs if the host has a device, else local).
 Every error is a ``tensorferry.FerryError``, of a subclass by kind (``.kind``):
 ``PeerGoneError``, ``FerryTimeoutError`` (also a ``TimeoutError``),
 ``RefusedError``... (see ``tensorferry._errors``).
@@ -37,7 +39,8 @@ from tensorferry._stats import CoordinatorStats, InstanceStats
 
 
 def backends() -> list:
-    """The backends ``TransferEngine`` can open in this installation."""
+    """The data planes this installation has, ``"auto"`` first: a node runs
+    on any of them, ``TransferEngine`` on any but ``"shm"``."""
     from tensorferry import _native
 
     names = list(_native.backends())

@@ -37,9 +37,10 @@ def _fabric_module() -> Any:
 class TransferEngine:
     """A transfer engine, with the names of sglang's ``BaseTransferEngine``.
 
-    ``backend``: ``"local"`` (processes on this host, any memory they
-    registered, by cross-memory attach; the same-host plane, which
-    ``tensorferry.Instance`` names ``"local"`` too), ``"fabric"`` (ferry's libfabric data
+    ``backend`` names its data plane as ``tensorferry.Instance`` and the
+    CLI do: ``"local"`` (processes on this host, any memory they
+    registered, by cross-memory attach; ``"shm"``, pools in shared memory,
+    is a node's only), ``"fabric"`` (ferry's libfabric data
     plane; needs the ``tensorferry-fabric`` plugin), ``"verbs"`` (an RDMA NIC), or
     ``"auto"`` (verbs when the host has an RDMA device, else local).
 
@@ -61,12 +62,13 @@ class TransferEngine:
     (as a deployment sets them once for every ferry object of a
     process). With CURVE a notification's sender is the
     key it came with: one naming another engine's session is dropped.
-    local: ``threads``, ``parallel_min``; fabric: ``provider``
+    local: ``threads``, ``split_at``; fabric: ``provider``
     (``"tcp"``, ``"efa"``, ``"verbs;ofi_rxm"``, ...: libfabric's ``shm``
     is refused, as it cannot end an operation a peer has taken; use
     ``"local"`` on one host), ``source``, ``max_chunk``, ``write_timeout``;
     verbs: ``device``, ``port``, ``gid_index``, ``listen``,
-    ``write_timeout``. An option the backend does not take raises
+    ``max_chunk``, ``write_timeout`` (the same options, read by the same
+    parser, as a node's). An option the backend does not take raises
     ``TypeError``.
 
     Errors are ``tensorferry.FerryError`` subclasses by kind (a closed engine's

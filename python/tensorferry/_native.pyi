@@ -24,7 +24,7 @@ MAX_NOTIFICATION: int
 END_GRACE: float
 
 def backends() -> List[str]:
-    """The backends this module can open."""
+    """The data planes this module has, ``"auto"`` first."""
 
 @final
 class TransferEngine:

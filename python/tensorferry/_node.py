@@ -270,11 +270,13 @@ class Instance:
 
     Every argument but ``role`` is a keyword. ``coordinator`` is the
     ZeroMQ endpoint it registers at, ``endpoint`` the one it binds for the
-    coordinator's messages. ``backend``: ``"local"`` (processes on this
-    host, through pools in shared memory; ``"shm"``, the CLI's name for it,
-    is taken too), ``"fabric"`` (the ``tensorferry-fabric`` plugin;
-    ``provider=``...) or ``"verbs"`` (``device=``...); ``TransferEngine``
-    uses the same names. ``prealloc``: receive slots set aside for the fast
+    coordinator's messages. ``backend`` names its data plane as
+    ``TransferEngine`` and the CLI do: ``"shm"`` (the default: processes
+    on this host, through pools in shared memory), ``"local"``
+    (processes on this host, by cross-memory attach into a pool of the
+    node's own memory), ``"fabric"`` (the ``tensorferry-fabric`` plugin;
+    ``provider=``...), ``"verbs"`` (``device=``...) or ``"auto"`` (verbs
+    when the host has an RDMA device, else local). ``prealloc``: receive slots set aside for the fast
     path (a ``Prealloc`` or a ``(slots, slot_bytes)`` pair).
     ``head="sglang"`` registers with sglang's head, which may take up to
     ``head_timeout`` seconds to answer a request; ``allow_from``: the IP
@@ -299,7 +301,7 @@ class Instance:
         *,
         coordinator: str,
         endpoint: str,
-        backend: str = "local",
+        backend: str = "shm",
         pool_bytes: int = 256 << 20,
         prealloc: Tuple[int, int] = Prealloc(0, 0),
         min_block: int = 1 << 20,

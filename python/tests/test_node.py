@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 import node_peer  # noqa: E402
 
 NODE_BACKENDS = [
+    ("shm", "shm", {}),
     ("local", "local", {}),
     ("fabric-tcp", "fabric", {"provider": "tcp;ofi_rxm"}),
 ]
@@ -189,12 +190,13 @@ def test_refusals_and_bad_arguments_are_named(coordinator, ipc):
         with pytest.raises(TypeError, match='takes no option "provider"'):
             tensorferry.Instance("encoder", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("enc2"),
                            backend=name, provider="tcp")
-    # One vocabulary: "local" is the same-host plane of the engine and of a
-    # node (a node's is pools in shared memory, which it also calls "shm").
-    with pytest.raises(ValueError, match=r'node backend "carrier-pigeon".*local \(or shm\)'):
+    # One vocabulary: a node and the engine name their data planes alike
+    # ("local" is cross-memory attach for both, "shm" shared-memory pools,
+    # which only a node has).
+    with pytest.raises(ValueError, match=r'backend "carrier-pigeon".*auto, local, shm'):
         tensorferry.Instance("encoder", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("enc3"),
                        backend="carrier-pigeon")
-    with pytest.raises(ValueError, match='backend "shm".*same-host plane is "local"'):
+    with pytest.raises(tensorferry.FerryError, match='shm data plane cannot serve the transfer engine.*local data plane'):
         tensorferry.TransferEngine("shm")
     enc.close()
     with pytest.raises(tensorferry.FerryError, match="closed") as closed:

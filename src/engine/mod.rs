@@ -47,13 +47,14 @@
 //! default the guard the environment names (`FERRY_ALLOW_FROM`,
 //! `FERRY_CURVE_KEY`, `FERRY_CURVE_PEERS`).
 //!
-//! Every backend is a data plane behind tensorferry-core's `Transport` seam,
-//! driven the same way (`driven`):
-//! * [`Backend::Local`]: processes on one host, any memory, by
-//!   cross-memory attach ([`tensorferry_local::LocalTransport`]).
-//! * `Backend::Fabric` (feature `fabric`): ferry's libfabric data plane,
+//! It opens on a [`DataPlane`], the type that names every data plane for
+//! engines and nodes alike (see [`crate::plane`]), each behind
+//! tensorferry-core's `Transport` seam and driven the same way (`driven`):
+//! * `local`: processes on one host, any memory, by cross-memory attach
+//!   ([`tensorferry_local::LocalTransport`]).
+//! * `fabric` (feature `fabric`): ferry's libfabric data plane,
 //!   delivery-complete writes.
-//! * `Backend::Verbs` (feature `verbs`): RC queue pairs on an RDMA NIC.
+//! * `verbs` (feature `verbs`): RC queue pairs on an RDMA NIC.
 //!
 //! An embedder's own data plane runs the same way: [`TransferEngine::over`].
 //! All of it is safe to call from many threads at once; a process that
@@ -80,49 +81,15 @@ pub use notify::{Notification, MAX_NOTIFICATION};
 pub use table::TransferState;
 
 use driven::{Driven, Driver};
+pub(crate) use notify::this_host;
 use table::{Id, Peer};
 
-/// Which data plane an engine runs on.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub enum Backend {
-    /// Processes on one host (any memory they registered).
-    Local(LocalConfig),
-    /// ferry's libfabric data plane; the engine asks for delivery-complete
-    /// writes whatever `delivery` says (a write's completion must mean its
-    /// bytes are at the peer).
-    #[cfg(feature = "fabric")]
-    Fabric(tensorferry_fabric::FabricConfig),
-    /// ferry's ibverbs data plane.
-    #[cfg(feature = "verbs")]
-    Verbs(tensorferry_verbs::VerbsConfig),
-}
+pub use crate::plane::DataPlane;
 
-impl Backend {
-    /// The best data plane present: an RDMA NIC's verbs when this build
-    /// has them and the host has a device, else the local engine (which
-    /// reaches processes on this host only).
-    pub fn auto() -> Self {
-        #[cfg(feature = "verbs")]
-        if let Ok(names) = tensorferry_verbs::device_names() {
-            if let Some(first) = names.into_iter().next() {
-                return Self::Verbs(tensorferry_verbs::VerbsConfig::new(first));
-            }
-        }
-        Self::Local(LocalConfig::default())
-    }
-
-    /// Its name: `local`, `fabric` or `verbs`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Local(_) => "local",
-            #[cfg(feature = "fabric")]
-            Self::Fabric(_) => "fabric",
-            #[cfg(feature = "verbs")]
-            Self::Verbs(_) => "verbs",
-        }
-    }
-}
+/// The engine's data plane under its former name: every plane is a
+/// [`DataPlane`] now, for engines and nodes alike.
+#[deprecated(note = "renamed `tensorferry::plane::DataPlane`, which nodes take too")]
+pub type Backend = DataPlane;
 
 /// The engine's configuration under its former name.
 #[deprecated(note = "renamed `EngineConfig`")]
@@ -134,7 +101,7 @@ pub type EngineOptions = EngineConfig;
 pub struct EngineConfig {
     /// The address of this host that peers send notifications to (the
     /// engine's inbox binds there, on a port the system picks). Default:
-    /// loopback for the local backend, which reaches this host only; for
+    /// loopback for a data plane that reaches this host only (`local`); for
     /// the others, the first IPv4 address of an interface that is up and
     /// not loopback (loopback if there is none).
     pub notify_host: Option<String>,
@@ -237,48 +204,17 @@ impl std::fmt::Debug for TransferEngine {
 }
 
 impl TransferEngine {
-    /// Opens an engine on `backend`, with no memory registered.
-    pub fn open(backend: Backend) -> Result<Self, EngineError> {
-        Self::open_with(backend, EngineConfig::default())
+    /// Opens an engine on `plane`, with no memory registered.
+    pub fn open(plane: DataPlane) -> Result<Self, EngineError> {
+        Self::open_with(plane, EngineConfig::default())
     }
 
-    /// Opens an engine on `backend`, set up as `options` say.
-    pub fn open_with(backend: Backend, options: EngineConfig) -> Result<Self, EngineError> {
-        let name = backend.name();
-        let guard = match options.guard {
-            Some(g) => g,
-            None => tensorferry_zmq::Guard::from_env()?,
-        };
-        match backend {
-            Backend::Local(config) => {
-                let t = tensorferry_local::LocalTransport::open(config)?;
-                let host = options.notify_host.unwrap_or_else(|| "127.0.0.1".into());
-                Self::start(t, name, &host, &guard)
-            }
-            #[cfg(feature = "fabric")]
-            Backend::Fabric(mut config) => {
-                config.delivery = tensorferry_fabric::DeliveryMode::Complete;
-                let t = tensorferry_fabric::FabricTransport::open(&config)
-                    .map_err(|e| EngineError::transport("open the libfabric transport", &e))?;
-                if !t.opened().ends_operations {
-                    return Err(EngineError::Unsuitable {
-                        plane: format!("libfabric {}", t.opened().provider),
-                        why: "it cannot end an operation a peer has taken (libfabric 1.17's shm: a peer copies its bytes in its own time), so a transfer given up could still move bytes after its call returned; between processes on one host use the local backend, across hosts libfabric's tcp;ofi_rxm (or verbs)".into(),
-                    });
-                }
-                let host = options.notify_host.unwrap_or_else(notify::this_host);
-                Self::start(t, name, &host, &guard)
-            }
-            #[cfg(feature = "verbs")]
-            Backend::Verbs(mut config) => {
-                // The side channel takes the engine's guard.
-                config.take_engine_guard(&guard);
-                let t = tensorferry_verbs::VerbsTransport::open(&config)
-                    .map_err(|e| EngineError::transport("open the verbs transport", &e))?;
-                let host = options.notify_host.unwrap_or_else(notify::this_host);
-                Self::start(t, name, &host, &guard)
-            }
-        }
+    /// Opens an engine on `plane`, set up as `config` says. Every plane
+    /// but `shm` (whose pools are a node's own) serves an engine; the
+    /// libfabric plane only on a provider that can end a peer's
+    /// operations (not libfabric 1.17's `shm`).
+    pub fn open_with(plane: DataPlane, config: EngineConfig) -> Result<Self, EngineError> {
+        plane.open_engine(config)
     }
 
     /// An engine over an embedder's own data plane (or one of ferry's set
@@ -311,7 +247,7 @@ impl TransferEngine {
         Self::start(transport, name, &host, &guard)
     }
 
-    fn start<T>(
+    pub(crate) fn start<T>(
         transport: T,
         name: &'static str,
         host: &str,

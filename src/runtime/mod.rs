@@ -5,9 +5,10 @@
 //! * [`InstanceNode`]: stage a request's tensors and commit them; receive
 //!   transfers as typed tensor views over the slot; release them.
 //! * [`CoordinatorNode`]: the coordinator, relaying between instances.
-//! * [`DataPlane`]: every data plane an instance runs on (shared memory;
-//!   libfabric with cargo feature `fabric`; ibverbs with `verbs`), named,
-//!   configured and started by one type.
+//! * [`DataPlane`]: every data plane an instance runs on (shared memory,
+//!   cross-memory attach; libfabric with cargo feature `fabric`; ibverbs
+//!   with `verbs`), named, configured and started by one type, the
+//!   engine's too (see [`crate::plane`]).
 //!
 //! Every hand-off is traced (`tracing`, target `ferry`), counted
 //! ([`MetricsSnapshot`]) and timed ([`telemetry`], which also serves it
@@ -19,9 +20,9 @@ mod error;
 mod instance;
 mod memory;
 mod metrics;
-pub mod plane;
 pub mod telemetry;
 
+pub use crate::plane::{AnyTransport, CopyConfig, DataPlane, PlaneError};
 pub use clock::Clock;
 pub use coordinator::{Admission, CoordinatorNode, CoordinatorNodeConfig, CoordinatorSnapshot};
 pub use error::{ErrorKind, NodeError};
@@ -30,7 +31,6 @@ pub use instance::{
     TensorView, MAX_TENSORS,
 };
 pub use metrics::{Metrics, MetricsSnapshot};
-pub use plane::{AnyTransport, CopyConfig, DataPlane, PlaneError};
 pub use tensorferry_core::handshake::coordinator::{CoordinatorConfig, Policy, Timeouts};
 pub use tensorferry_core::handshake::instance::{
     Head, InstanceConfig, Prealloc, SGLANG_HEAD_TIMEOUT,

@@ -47,7 +47,7 @@ pub struct LocalConfig {
     pub threads: usize,
     /// Writes and reads (or batches) of at least this many bytes are
     /// spread over the threads.
-    pub parallel_min: u64,
+    pub split_at: u64,
     /// How long `deregister` waits for peers' writes and reads still
     /// inside this engine's table before it fails, leaving the region
     /// registered (a peer that died mid-copy is not waited for; one that
@@ -60,7 +60,7 @@ impl Default for LocalConfig {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self {
             threads: cores.clamp(1, 4),
-            parallel_min: 8 << 20,
+            split_at: 8 << 20,
             drain_wait: Duration::from_secs(5),
         }
     }
@@ -109,7 +109,7 @@ impl LocalEngine {
             nonce,
         }
         .to_string();
-        let split_at = usize::try_from(config.parallel_min).unwrap_or(usize::MAX);
+        let split_at = usize::try_from(config.split_at).unwrap_or(usize::MAX);
         let copier = Copier::new(config.threads, split_at, "ferry-local").map_err(|source| {
             LocalError::Sys {
                 call: "start the copy threads",

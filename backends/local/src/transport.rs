@@ -18,8 +18,10 @@
 
 use std::collections::VecDeque;
 
-use tensorferry_core::transport::{Capabilities, Completion, ReadOp, Region, Transport, WriteOp};
-use tensorferry_hostmem::EventFd;
+use tensorferry_core::transport::{
+    Capabilities, Completion, PoolOwner, ReadOp, Region, Regions, Transport, WriteOp,
+};
+use tensorferry_hostmem::{EventFd, HostPool};
 
 use crate::{Direction, LocalConfig, LocalEngine, LocalError, Op};
 
@@ -38,14 +40,17 @@ struct Posted {
 pub struct LocalTransport {
     engine: LocalEngine,
     /// Regions registered, by id.
-    regions: Vec<Region>,
-    next_id: u32,
+    regions: Regions<()>,
     posted: Vec<Posted>,
     done: VecDeque<Completion<LocalError>>,
     /// Offered as the wake descriptor, and never signalled: this plane
     /// has no news of its own (its copies are made by the poller), so a
     /// driver that waits on it sleeps rather than polls.
     wake: EventFd,
+    /// A node's pool, if it has one (declared after `engine`, so that it
+    /// is unmapped only once the engine's drop has waited out every
+    /// peer's copy into it).
+    pool: Option<HostPool>,
 }
 
 impl LocalTransport {
@@ -57,12 +62,37 @@ impl LocalTransport {
         })?;
         Ok(Self {
             engine: LocalEngine::open(config)?,
-            regions: Vec::new(),
-            next_id: 1,
+            regions: Regions::new(crate::MAX_REGIONS),
             posted: Vec::new(),
             done: VecDeque::new(),
             wake,
+            pool: None,
         })
+    }
+
+    /// Opens an engine that owns a pool of `pool_len` bytes of anonymous
+    /// memory (not registered yet): what a ferry node receives into and
+    /// stages in over this plane.
+    pub fn with_pool(config: LocalConfig, pool_len: usize) -> Result<Self, LocalError> {
+        let pool = HostPool::new(pool_len).map_err(|source| LocalError::Sys {
+            call: "map the pool",
+            source,
+        })?;
+        let mut t = Self::open(config)?;
+        t.pool = Some(pool);
+        Ok(t)
+    }
+
+    /// The pool's first byte (null without a pool).
+    pub fn pool_ptr(&self) -> *mut u8 {
+        self.pool
+            .as_ref()
+            .map_or(std::ptr::null_mut(), HostPool::ptr)
+    }
+
+    /// The pool's length (0 without a pool).
+    pub fn pool_len(&self) -> usize {
+        self.pool.as_ref().map_or(0, HostPool::len)
     }
 
     /// The engine underneath.
@@ -123,6 +153,23 @@ impl LocalTransport {
     }
 }
 
+// SAFETY: the pool is a `HostPool` the transport owns as a field (set by
+// `with_pool`, never taken out): mapped at creation, the same range for its
+// life, unmapped when the transport drops, after the engine (an earlier
+// field), whose drop waits until no peer copies into a registered region;
+// moving the transport does not move the mapping. Without a pool the range
+// is empty, which a node refuses.
+#[allow(unsafe_code)]
+unsafe impl PoolOwner for LocalTransport {
+    fn pool_ptr(&self) -> *mut u8 {
+        LocalTransport::pool_ptr(self)
+    }
+
+    fn pool_len(&self) -> usize {
+        LocalTransport::pool_len(self)
+    }
+}
+
 impl Transport for LocalTransport {
     type Error = LocalError;
 
@@ -142,30 +189,31 @@ impl Transport for LocalTransport {
     }
 
     unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, LocalError> {
-        let region = Region {
-            id: self.next_id,
-            addr: addr as u64,
-            len: len as u64,
+        let (addr, len) = (addr as u64, len as u64);
+        let full = |_| LocalError::Register {
+            addr,
+            len,
+            why: "this engine holds the most regions it can (256)",
         };
+        // Room first, so that the engine's table and this one hold the
+        // same regions.
+        self.regions.check_room().map_err(full)?;
         // SAFETY: the caller's contract, passed on.
-        unsafe { self.engine.register(region.addr, region.len) }?;
-        self.next_id = self.next_id.wrapping_add(1).max(1);
-        self.regions.push(region);
-        Ok(region)
+        unsafe { self.engine.register(addr, len) }?;
+        self.regions.insert(addr, len, ()).map_err(full)
     }
 
     /// Makes the writes and reads posted so far first, since any of them
     /// may read the region (a write) or write into it (a read), then ends
     /// it.
     fn deregister(&mut self, region: Region) -> Result<(), LocalError> {
-        let at = self
+        let (&r, ()) = self
             .regions
-            .iter()
-            .position(|r| r.id == region.id)
-            .ok_or(LocalError::NotRegistered { addr: region.addr })?;
+            .get(region.id)
+            .map_err(|_| LocalError::NotRegistered { addr: region.addr })?;
         self.make_posted();
-        self.engine.deregister(self.regions[at].addr)?;
-        self.regions.remove(at);
+        self.engine.deregister(r.addr)?;
+        let _ = self.regions.remove(r);
         Ok(())
     }
 
@@ -173,13 +221,10 @@ impl Transport for LocalTransport {
     /// here, against the region, as a write's source is; the peer's side
     /// when the read is made, against the peer's table.
     fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), LocalError> {
-        let region = self
+        let (&region, ()) = self
             .regions
-            .iter()
-            .find(|r| r.id == read.region.id)
-            .copied()
-            .filter(|r| r.check_source(read.local_offset, read.len).is_ok())
-            .ok_or(LocalError::ReadDestOutOfBounds {
+            .source(read.region, read.local_offset, read.len)
+            .map_err(|_| LocalError::ReadDestOutOfBounds {
                 addr: read.region.addr.wrapping_add(read.local_offset),
                 len: read.len,
             })?;
@@ -193,21 +238,13 @@ impl Transport for LocalTransport {
     }
 
     fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), LocalError> {
-        let region = self
+        let (&region, ()) = self
             .regions
-            .iter()
-            .find(|r| r.id == write.region.id)
-            .copied()
-            .ok_or(LocalError::SourceOutOfBounds {
+            .source(write.region, write.local_offset, write.len)
+            .map_err(|_| LocalError::SourceOutOfBounds {
                 addr: write.region.addr.wrapping_add(write.local_offset),
                 len: write.len,
             })?;
-        if region.check_source(write.local_offset, write.len).is_err() {
-            return Err(LocalError::SourceOutOfBounds {
-                addr: region.addr.wrapping_add(write.local_offset),
-                len: write.len,
-            });
-        }
         let op = Op {
             src: region.addr + write.local_offset,
             dst: write.dest_addr,

@@ -1,31 +1,57 @@
-//! Hand-offs through the full handshake, measured over a data plane: the
-//! shared-memory loopback against memcpy (the default), and libfabric
-//! against the same writes posted raw.
+//! Hand-offs through the full handshake, measured over a data plane: over
+//! any plane against memcpy (the default), and over libfabric against the
+//! same writes posted raw (`--against raw`).
 
 use super::*;
+use tensorferry_bench::rig::Control;
+
+/// The data plane the arguments name, `--copy-threads` given to it as its
+/// `threads` option (where it takes one).
+fn plane(args: &BenchHandoff) -> Result<(DataPlane, Vec<(String, String)>), String> {
+    let mut given = args.data_plane.clone();
+    if let Some(t) = args.copy_threads {
+        let name = &given.backend;
+        let takes = DataPlane::options_of(name).unwrap_or(&[]);
+        if !takes.contains(&"threads") {
+            return Err(format!(
+                "--copy-threads: the {name} data plane takes no copy threads (its options: {})",
+                if takes.is_empty() {
+                    "none".to_owned()
+                } else {
+                    takes.join(", ")
+                }
+            ));
+        }
+        if given.plane_options.iter().any(|(k, _)| k == "threads") {
+            return Err("--copy-threads and --plane-option threads=N: give one".into());
+        }
+        given
+            .plane_options
+            .push(("threads".into(), t.max(1).to_string()));
+    }
+    Ok((given.data_plane()?, given.plane_options))
+}
 
 pub(crate) fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
     let per_size = duration(args.seconds)?;
+    let (plane, options) = plane(args)?;
+    let control = Control::of(&plane);
     let sizes = if args.sizes.is_empty() {
         tensorferry_bench::handoff::SIZES.to_vec()
     } else {
         args.sizes.clone()
     };
-    let mut copy = tensorferry::runtime::CopyConfig::default();
-    if let Some(t) = args.copy_threads {
-        copy.threads = t.max(1);
-    }
     let mut last = (0, 0);
     let tty = io::stderr().is_terminal();
     let (telemetry, _metrics) = bench_metrics(args)?;
     let rows =
-        tensorferry_bench::handoff::measure(&sizes, per_size, copy, &telemetry, |size, done| {
+        tensorferry_bench::handoff::measure(&plane, &sizes, per_size, &telemetry, |size, done| {
             if tty && (size, done / 10) != last {
                 last = (size, done / 10);
                 eprint!("\r{:>8}: {done:>5} hand-offs", human(size));
             }
         })
-        .map_err(|e| format!("hand-off benchmark: {e}"))?;
+        .map_err(|e| format!("hand-off benchmark over {}: {e}", plane.name()))?;
     if tty {
         eprint!("\r{:40}\r", "");
     }
@@ -44,12 +70,24 @@ pub(crate) fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
                 })
             })
             .collect();
-        println!("{}", json!({"copy_threads": copy.threads, "rows": rows}));
+        let options: serde_json::Map<String, serde_json::Value> =
+            options.into_iter().map(|(k, v)| (k, json!(v))).collect();
+        println!(
+            "{}",
+            json!({"plane": plane.name(), "control": control.name(), "options": options, "rows": rows})
+        );
         return Ok(());
     }
+    let options: Vec<String> = options.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!(
-        "hand-offs through coordinator + sender + receiver (shared memory, Unix sockets), {} copy thread(s)",
-        copy.threads
+        "hand-offs through coordinator + sender + receiver over the {} data plane{}, control over {}; against single-thread memcpy",
+        plane.name(),
+        if options.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", options.join(", "))
+        },
+        control.describe()
     );
     println!(
         "{:>8} {:>7} {:>10} {:>10} {:>10} {:>12} {:>7}",
@@ -70,11 +108,28 @@ pub(crate) fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
     Ok(())
 }
 
+/// `--against raw`: the libfabric baseline is libfabric's own writes, so
+/// only the fabric data plane has one.
+#[cfg(not(feature = "fabric"))]
+pub(crate) fn bench_raw(_: &BenchHandoff) -> Result<(), String> {
+    Err(
+        "--against raw compares with libfabric's raw writes: build ferry with the `fabric` feature"
+            .into(),
+    )
+}
+
+/// `--against raw`: the libfabric baseline is libfabric's own writes, so
+/// only the fabric data plane has one.
 #[cfg(feature = "fabric")]
-pub(crate) fn bench_fabric(
-    args: &BenchHandoff,
-    config: &tensorferry_fabric::FabricConfig,
-) -> Result<(), String> {
+pub(crate) fn bench_raw(args: &BenchHandoff) -> Result<(), String> {
+    let (plane, _) = plane(args)?;
+    let control = Control::of(&plane);
+    let DataPlane::Fabric(config) = plane else {
+        return Err(format!(
+            "--against raw compares with libfabric's raw writes: it needs --backend fabric, not {}",
+            plane.name()
+        ));
+    };
     let sizes = if args.sizes.is_empty() {
         tensorferry_bench::fabric::SIZES.to_vec()
     } else {
@@ -83,7 +138,7 @@ pub(crate) fn bench_fabric(
     let tty = io::stderr().is_terminal();
     let (telemetry, _metrics) = bench_metrics(args)?;
     let report = tensorferry_bench::fabric::measure(
-        config,
+        &config,
         &sizes,
         args.window,
         duration(args.seconds)?,
@@ -115,13 +170,16 @@ pub(crate) fn bench_fabric(
             .collect();
         println!(
             "{}",
-            json!({"provider": report.provider, "delivery": report.delivery, "rows": rows})
+            json!({"provider": report.provider, "delivery": report.delivery,
+                   "control": control.name(), "rows": rows})
         );
         return Ok(());
     }
     println!(
-        "hand-offs through coordinator + sender + receiver over libfabric {} ({}), against the same writes posted raw",
-        report.provider, report.delivery
+        "hand-offs through coordinator + sender + receiver over libfabric {} ({}), control over {}, against the same writes posted raw",
+        report.provider,
+        report.delivery,
+        control.describe()
     );
     println!(
         "{:>8} {:>6} {:>9} {:>10} {:>10} {:>10} {:>7}",

@@ -12,9 +12,7 @@ mod in_process;
 
 use super::*;
 use control::{bench_control, bench_curve};
-#[cfg(feature = "fabric")]
-use handoff::bench_fabric;
-use handoff::bench_handoff;
+use handoff::{bench_handoff, bench_raw};
 use in_process::{bench_handshake, bench_scale, bench_slots, bench_wire};
 
 #[derive(Args)]
@@ -35,7 +33,9 @@ pub(crate) struct BenchHandoff {
     /// 4K,64K,1M,4M,16M,64M,256M.
     #[arg(long, value_delimiter = ',', value_parser = parse_size)]
     sizes: Vec<u64>,
-    /// Threads a large write is split across (default: up to 4 cores).
+    /// Threads a large write is split across, for a data plane that takes
+    /// them (`shm`, `local`): its `threads` option, as `--plane-option
+    /// threads=N` gives it (default: up to 4 cores).
     #[arg(long)]
     copy_threads: Option<usize>,
     /// Print JSON instead of a table.
@@ -53,11 +53,16 @@ pub(crate) struct BenchHandoff {
     /// memory; prints each ratio.
     #[arg(long)]
     curve: bool,
-    /// The data plane to measure hand-offs over (`fabric`: against the raw
-    /// libfabric baseline in the same run).
+    /// The data plane to measure hand-offs over: whichever `--backend`
+    /// names, with its options; the nodes talk over Unix sockets, or over
+    /// ZeroMQ on tcp://127.0.0.1 for a plane whose nodes need it (fabric,
+    /// verbs), and the table's first line names both.
     #[command(flatten)]
     data_plane: tensorferry_cli::pipeline::DataPlaneArgs,
-    /// Transfers in flight at once (fabric).
+    /// What the hand-offs are compared against, in the same run.
+    #[arg(long, value_enum, default_value_t = Against::Memcpy)]
+    against: Against,
+    /// Transfers in flight at once (`--against raw`).
     #[arg(long, default_value_t = 8)]
     window: usize,
     /// Serve the measured nodes' Prometheus metrics over HTTP at this
@@ -113,6 +118,22 @@ pub(crate) fn human(bytes: u64) -> String {
 pub(crate) fn rounded(x: f64, digits: i32) -> f64 {
     let scale = 10f64.powi(digits);
     (x * scale).round() / scale
+}
+
+/// What `ferry bench` compares hand-offs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Against {
+    /// Single-thread memcpy of the same size, right after each hand-off
+    /// (one at a time, timed from commit to the receiver holding it: p50,
+    /// p99, GB/s); over any data plane, its nodes over Unix sockets, or
+    /// over ZeroMQ on tcp://127.0.0.1 where the plane needs it (fabric,
+    /// verbs).
+    Memcpy,
+    /// The same writes posted raw through libfabric (`--backend fabric`
+    /// only, a build with the `fabric` feature): `--window` transfers in
+    /// flight, ferry's hand-offs and the raw writes in alternating rounds,
+    /// GB/s of each.
+    Raw,
 }
 
 #[derive(Subcommand)]
@@ -174,21 +195,9 @@ pub(crate) fn run(b: Bench) -> Result<(), String> {
     match b.which {
         None if b.handoff.curve => bench_curve(&b.handoff),
         None if b.handoff.control.is_some() => bench_control(&b.handoff),
-        None => match b.handoff.data_plane.data_plane() {
-            Err(e) => Err(e),
-            Ok(DataPlane::Shm(_)) => bench_handoff(&b.handoff),
-            #[cfg(feature = "fabric")]
-            Ok(DataPlane::Fabric(config)) => bench_fabric(&b.handoff, &config),
-            Ok(other) if other.name() == "verbs" => Err(
-                "ferry bench does not measure the verbs data plane yet (no NIC to calibrate it on); \
-                 time `ferry pipeline --control zmq --backend verbs --device <dev>` instead, and \
-                 `cargo bench -p tensorferry-bench --bench bookkeeping` for its CPU cost"
-                    .into(),
-            ),
-            Ok(other) => Err(format!(
-                "ferry bench does not measure the {} data plane",
-                other.name()
-            )),
+        None => match b.handoff.against {
+            Against::Memcpy => bench_handoff(&b.handoff),
+            Against::Raw => bench_raw(&b.handoff),
         },
         Some(BenchCommand::Wire(args)) => bench_wire(&args),
         Some(BenchCommand::Slots(args)) => bench_slots(&args),

@@ -289,9 +289,11 @@ impl From<HeadKind> for Head {
 #[derive(clap::Args, Debug, Clone)]
 pub struct DataPlaneArgs {
     /// The data plane: `shm` (pools in POSIX shared memory, one host),
-    /// `fabric` (libfabric: EFA, verbs, tcp, shm providers; needs the
-    /// `fabric` feature) or `verbs` (ibverbs RC queue pairs on an
-    /// InfiniBand or RoCE NIC; needs the `verbs` feature).
+    /// `local` (cross-memory attach into each node's own pool, one
+    /// host), `fabric` (libfabric: EFA, verbs, tcp, shm providers; needs
+    /// the `fabric` feature), `verbs` (ibverbs RC queue pairs on an
+    /// InfiniBand or RoCE NIC; needs the `verbs` feature) or `auto`
+    /// (verbs on the host's first RDMA device, else `local`).
     #[arg(long, env = "FERRY_BACKEND", default_value = "shm")]
     pub backend: String,
     /// The libfabric provider: `auto` (efa, verbs;ofi_rxm, tcp;ofi_rxm,
@@ -331,7 +333,7 @@ pub struct DataPlaneArgs {
     pub verbs_listen: Option<String>,
     /// Any option of the chosen data plane, `KEY=VALUE` (repeatable; over
     /// the flags above): what a data plane takes that no flag names
-    /// (see `tensorferry::runtime::DataPlane::parse`).
+    /// (see `tensorferry::plane::DataPlane::parse`).
     #[arg(long = "plane-option", value_name = "KEY=VALUE", value_parser = parse_plane_option)]
     pub plane_options: Vec<(String, String)>,
 }

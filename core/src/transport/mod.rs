@@ -19,13 +19,17 @@
 //!
 //! Modules: the failures' kinds (`fault`) and the errno values they are
 //! read from ([`errno`]), the data plane (`data_plane`), the pool's
-//! owner (`pool_owner`) and the control channel (`control_channel`).
+//! owner (`pool_owner`), the registered regions' table every data plane
+//! keeps (`regions`, with the `alloc` feature) and the control channel
+//! (`control_channel`).
 
 mod control_channel;
 mod data_plane;
 pub mod errno;
 mod fault;
 mod pool_owner;
+#[cfg(feature = "alloc")]
+mod regions;
 
 pub use control_channel::{
     ChannelEvent, ControlChannel, ControlRecv, ControlSend, Incoming, WAKE_POLL,
@@ -35,3 +39,5 @@ pub use data_plane::{
 };
 pub use fault::{Fault, FaultKind};
 pub use pool_owner::PoolOwner;
+#[cfg(feature = "alloc")]
+pub use regions::Regions;

@@ -401,7 +401,7 @@ impl Engine {
     }
 }
 
-/// The backends this module can open.
+/// The data planes this module has, `auto` first.
 #[pyfunction]
 pub(crate) fn backends() -> Vec<&'static str> {
     options::names()

@@ -41,7 +41,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tensorferry_core::transport::{
-    Capabilities, Completion, Landed, PoolOwner, ReadOp, Region, RegionError, Transport, WriteOp,
+    Capabilities, Completion, Landed, PoolOwner, ReadOp, Region, Regions, Transport, WriteOp,
 };
 use tensorferry_fabric_sys as sys;
 use tensorferry_hostmem::HostPool;
@@ -50,7 +50,7 @@ use crate::error::FabricError;
 use crate::notice::NoticeFormat;
 use crate::ofi::{Av, Domain, Endpoint, Info, MemoryRegion};
 use crate::provider::DeliveryMode;
-use crate::session::{RemoteRegion, Session, MAX_REGIONS};
+use crate::session::{RemoteRegion, Session};
 use peers::Peer;
 use progress::{stall, Shared, Stall};
 
@@ -71,8 +71,7 @@ pub struct FabricTransport {
     // Field order is drop order: the regions close before the endpoint
     // (in `shared`, with the operation contexts it may still use, and its
     // queue), and all before the domain and the pool.
-    regions: Vec<(Region, MemoryRegion)>,
-    next_region: u32,
+    regions: Regions<MemoryRegion>,
     thread: Option<JoinHandle<()>>,
     shared: Arc<Shared>,
     /// The endpoint's address, as the session id names it (a reset
@@ -243,9 +242,7 @@ impl Transport for FabricTransport {
     }
 
     unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, FabricError> {
-        if self.regions.len() >= MAX_REGIONS {
-            return Err(RegionError::TooMany { max: MAX_REGIONS }.into());
-        }
+        self.regions.check_room()?;
         let ep = self.endpoint_for_regions()?;
         let ep = ep.as_ref();
         // A random key (see `MrPolicy::requested_key`); one the domain
@@ -274,13 +271,7 @@ impl Transport for FabricTransport {
                 other => break other?,
             }
         };
-        let region = Region {
-            id: self.next_region,
-            addr: addr as u64,
-            len: len as u64,
-        };
-        self.next_region += 1;
-        self.regions.push((region, mr));
+        let region = self.regions.insert(addr as u64, len as u64, mr)?;
         // Peers address every region through the session id, so it lists
         // them all; a peer must be given the new one.
         self.session = self.session_text();
@@ -302,11 +293,7 @@ impl Transport for FabricTransport {
     /// as a broken connection does), so that no byte lands in the memory
     /// after the return.
     fn deregister(&mut self, region: Region) -> Result<(), FabricError> {
-        let i = self
-            .regions
-            .iter()
-            .position(|(r, _)| r.id == region.id)
-            .ok_or(RegionError::Unknown(region.id))?;
+        self.regions.get(region.id)?;
         self.shared
             .fail_backlog(region.id, "its local region was deregistered");
         let start = Instant::now();
@@ -353,8 +340,7 @@ impl Transport for FabricTransport {
         // Closing the key first: from here on a peer's write into the
         // region is refused as it arrives; the reset then ends one the
         // provider was already placing.
-        let (_, key) = self.regions.remove(i);
-        drop(key);
+        drop(self.regions.remove(region)?);
         self.session = self.session_text();
         if software {
             self.reset(reset::DEREGISTERED)?;

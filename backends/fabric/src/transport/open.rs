@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tensorferry_core::transport::Regions;
 use tensorferry_fabric_sys as sys;
 use tensorferry_hostmem::{EventFd, HostPool};
 use tracing::debug;
@@ -196,8 +197,7 @@ impl FabricTransport {
                 })?
         };
         let mut t = Self {
-            regions: Vec::new(),
-            next_region: 1,
+            regions: Regions::new(crate::MAX_REGIONS),
             thread: Some(thread),
             shared,
             endpoint_name,

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tensorferry_core::transport::{ReadOp, Region, RegionError, WriteOp};
+use tensorferry_core::transport::{ReadOp, Region, WriteOp};
 use tensorferry_fabric_sys as sys;
 
 use super::book::{Chunk, OpState};
@@ -19,10 +19,8 @@ use crate::provider::DeliveryMode;
 impl FabricTransport {
     /// The registered region `region` names, and its descriptor.
     fn local_region(&self, region: Region) -> Result<(Region, *mut std::ffi::c_void), FabricError> {
-        match self.regions.iter().find(|(r, _)| r.id == region.id) {
-            Some((r, mr)) => Ok((*r, mr.desc())),
-            None => Err(RegionError::Unknown(region.id).into()),
-        }
+        let (r, mr) = self.regions.get(region.id)?;
+        Ok((*r, mr.desc()))
     }
 
     /// Books `op` and queues its `chunks` chunks (`chunk(slot, i)` makes

@@ -8,7 +8,7 @@ mod peers;
 use std::collections::{HashMap, VecDeque};
 
 use tensorferry_core::transport::{
-    Capabilities, Completion, PoolOwner, ReadOp, Region, RegionError, Transport, WriteOp,
+    Capabilities, Completion, PoolOwner, ReadOp, Region, Regions, Transport, WriteOp,
 };
 use tensorferry_hostmem::Copier;
 
@@ -28,8 +28,7 @@ const COMPLETIONS: usize = 64;
 pub struct ShmTransport {
     pool: ShmPool,
     session: String,
-    regions: Vec<Region>,
-    next_region: u32,
+    regions: Regions<()>,
     peers: HashMap<String, Peer>,
     /// The cookies of writes made and not yet polled (every write that is
     /// posted is made, so each completion is a success). Never dropped:
@@ -59,8 +58,7 @@ impl ShmTransport {
         Ok(Self {
             pool,
             session,
-            regions: Vec::new(),
-            next_region: 1,
+            regions: Regions::new(usize::MAX),
             peers: HashMap::new(),
             done: VecDeque::with_capacity(COMPLETIONS),
             copier,
@@ -132,24 +130,11 @@ impl Transport for ShmTransport {
                 len: len as u64,
             });
         }
-        let region = Region {
-            id: self.next_region,
-            addr: start,
-            len: len as u64,
-        };
-        self.next_region += 1;
-        self.regions.push(region);
-        Ok(region)
+        Ok(self.regions.insert(start, len as u64, ())?)
     }
 
     fn deregister(&mut self, region: Region) -> Result<(), ShmError> {
-        let i = self
-            .regions
-            .iter()
-            .position(|r| *r == region)
-            .ok_or(RegionError::Unknown(region.id))?;
-        self.regions.swap_remove(i);
-        Ok(())
+        Ok(self.regions.remove(region)?)
     }
 
     fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), ShmError> {
@@ -162,12 +147,7 @@ impl Transport for ShmTransport {
             cookie,
             ..
         } = *write;
-        let r = *self
-            .regions
-            .iter()
-            .find(|r| r.id == region.id)
-            .ok_or(RegionError::Unknown(region.id))?;
-        r.check_source(local_offset, len)?;
+        let (&r, ()) = self.regions.source(region, local_offset, len)?;
         let src = (r.addr + local_offset) as *const u8;
         let own = dest_session == self.session;
         let (dst_map, base, pool_len) = if own {
@@ -257,7 +237,7 @@ impl Transport for ShmTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tensorferry_core::transport::WriteTag;
+    use tensorferry_core::transport::{RegionError, WriteTag};
 
     fn pair() -> (ShmTransport, Region, ShmTransport) {
         let mut a = ShmTransport::new(1 << 20, 2, 64 << 10).unwrap();

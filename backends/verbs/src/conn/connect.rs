@@ -280,10 +280,10 @@ impl<D: Device> ConnBook<D> {
                     regions: self
                         .regions
                         .iter()
-                        .map(|r| RegionInfo {
+                        .map(|(r, keys)| RegionInfo {
                             addr: r.addr,
                             len: r.len,
-                            rkey: r.keys.rkey,
+                            rkey: keys.rkey,
                         })
                         .collect(),
                 }

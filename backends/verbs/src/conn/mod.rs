@@ -44,7 +44,7 @@ mod post;
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use tensorferry_core::transport::Completion;
+use tensorferry_core::transport::{Completion, Regions};
 
 use crate::chunk::Window;
 use crate::device::{Device, DeviceError, Keys, RdmaOp, RdmaWr, Wc};
@@ -183,20 +183,6 @@ struct Signal {
     completes: Option<u64>,
 }
 
-/// One of this transport's registered regions: what the runtime's
-/// `Region` says, and the keys the device gave it.
-#[derive(Clone, Copy, Debug)]
-pub struct RegisteredRegion {
-    /// Region id handed to the runtime.
-    pub region: u32,
-    /// First byte.
-    pub addr: u64,
-    /// Length.
-    pub len: u64,
-    /// Keys.
-    pub keys: Keys,
-}
-
 /// A request the side channel must send.
 #[derive(Debug)]
 pub struct Outgoing {
@@ -247,7 +233,7 @@ pub struct ConnBook<D: Device> {
     news: bool,
     psn_seed: u64,
     /// The registered regions.
-    pub regions: Vec<RegisteredRegion>,
+    pub regions: Regions<Keys>,
     /// This transport's session id.
     pub me: String,
     /// Our incarnation.
@@ -298,7 +284,7 @@ impl<D: Device> ConnBook<D> {
             arm_failed: false,
             news: false,
             psn_seed: incarnation,
-            regions: Vec::new(),
+            regions: Regions::new(crate::exchange::MAX_REGIONS),
             me,
             incarnation,
             generation: 0,

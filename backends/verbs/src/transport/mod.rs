@@ -22,17 +22,16 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tensorferry_core::transport::{
-    Capabilities, Completion, PoolOwner, ReadOp, Region, RegionError, Transport, WriteOp,
+    Capabilities, Completion, PoolOwner, ReadOp, Region, Transport, WriteOp,
 };
 use tensorferry_hostmem::HostPool;
 use tensorferry_zmq::{zmq, CurvePublicKey, ZapHandler};
 
 #[cfg(test)]
 use crate::conn::Requester;
-use crate::conn::{ConnBook, ConnState, RegisteredRegion, FLUSH_WAIT};
+use crate::conn::{ConnBook, ConnState, FLUSH_WAIT};
 use crate::device::{Device, PortInfo, RdmaOp};
 use crate::error::VerbsError;
-use crate::exchange::MAX_REGIONS;
 use crate::ibv::IbvDevice;
 use crate::session::Session;
 use crate::side::{self, ServerKeys};
@@ -56,8 +55,6 @@ pub struct VerbsTransport<D: Device = IbvDevice> {
     events: Arc<WakeSet>,
     book: Arc<Mutex<ConnBook<D>>>,
     next_sweep: Instant,
-    /// The id the next registered region gets.
-    next_region: u32,
     /// How long a posted write may still land: failed at the write
     /// timeout, its queue pair flushed or destroyed within
     /// `conn::FLUSH_WAIT`.
@@ -216,21 +213,12 @@ impl<D: Device> VerbsTransport<D> {
     ) -> Result<(), VerbsError> {
         let fresh = {
             let mut book = self.book();
-            let local = match book.regions.iter().find(|p| p.region == region.id) {
-                Some(&p) => p,
-                None => return Err(RegionError::Unknown(region.id).into()),
-            };
             // A write's source and a read's destination: the same bounds.
-            Region {
-                id: local.region,
-                addr: local.addr,
-                len: local.len,
-            }
-            .check_source(local_offset, len)?;
+            let (&local, &keys) = book.regions.source(region, local_offset, len)?;
             let fresh = book.post(
                 op,
                 peer,
-                (local.addr + local_offset, local.keys.lkey),
+                (local.addr + local_offset, keys.lkey),
                 len,
                 remote_addr,
                 cookie,
@@ -302,34 +290,25 @@ impl<D: Device> Transport for VerbsTransport<D> {
 
     unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, VerbsError> {
         let mut book = self.book();
-        if book.regions.len() >= MAX_REGIONS {
-            return Err(RegionError::TooMany { max: MAX_REGIONS }.into());
-        }
+        book.regions.check_room()?;
         // SAFETY: the caller's contract: the memory stays mapped until
         // deregistered or the transport dropped.
         let keys = unsafe { book.device.register(addr as u64, len) }.map_err(VerbsError::from)?;
-        let region = Region {
-            id: self.next_region,
-            addr: addr as u64,
-            len: len as u64,
+        let region = match book.regions.insert(addr as u64, len as u64, keys) {
+            Ok(r) => r,
+            Err(e) => {
+                book.device.deregister(keys);
+                return Err(e.into());
+            }
         };
-        book.regions.push(RegisteredRegion {
-            region: region.id,
-            addr: region.addr,
-            len: region.len,
-            keys,
-        });
         drop(book);
-        self.next_region += 1;
         self.regions_changed();
         Ok(region)
     }
 
     fn deregister(&mut self, region: Region) -> Result<(), VerbsError> {
         let mut book = self.book();
-        if !book.regions.iter().any(|p| p.region == region.id) {
-            return Err(RegionError::Unknown(region.id).into());
-        }
+        book.regions.get(region.id)?;
         // Posted work may name the region: its connections end (and
         // reconnect on next use) before the registration goes.
         book.end_all("a registered region was deregistered");
@@ -337,13 +316,8 @@ impl<D: Device> Transport for VerbsTransport<D> {
         self.wait_ended(None);
         let mut book = self.book();
         // Only this caller (`&mut self`) changes the regions.
-        let i = book
-            .regions
-            .iter()
-            .position(|p| p.region == region.id)
-            .ok_or(RegionError::Unknown(region.id))?;
-        let gone = book.regions.remove(i);
-        book.device.deregister(gone.keys);
+        let keys = book.regions.remove(region)?;
+        book.device.deregister(keys);
         drop(book);
         self.regions_changed();
         Ok(())

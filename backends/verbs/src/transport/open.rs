@@ -251,7 +251,6 @@ impl<D: Device> VerbsTransport<D> {
             events,
             book,
             next_sweep: Instant::now(),
-            next_region: 1,
             write_lifetime: config.write_timeout.saturating_add(crate::conn::FLUSH_WAIT),
             server_keys,
             key,

@@ -193,8 +193,12 @@ impl Run {
                 "--curve-peers".to_owned(),
                 coordinator.display().to_string(),
             ]);
-            if plane_flag(&self.args.data_plane, "--backend") == Some("verbs") {
-                // Every instance may write into every other one.
+            let backend = plane_flag(&self.args.data_plane, "--backend").unwrap_or_default();
+            let admits_writers = tensorferry::plane::DataPlane::options_of(backend)
+                .is_some_and(|takes| takes.contains(&"writers"));
+            if admits_writers {
+                // Every instance may write into every other one, on a
+                // data plane that admits writers by key.
                 a.extend([
                     "--plane-option".to_owned(),
                     format!("writers={}", instance_keys(&self.dir).display()),

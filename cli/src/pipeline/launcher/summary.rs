@@ -58,6 +58,7 @@ pub(super) fn data_plane_name(args: &[String]) -> String {
         Some("fabric") => format!("libfabric {}", value("--provider").unwrap_or("auto")),
         Some("verbs") => format!("ibverbs {}", value("--device").unwrap_or("?")),
         None | Some("shm") => "shared-memory loopback".to_owned(),
+        Some("local") => "cross-memory attach".to_owned(),
         // A data plane the summary has no words for goes by its name.
         Some(other) => other.to_owned(),
     }

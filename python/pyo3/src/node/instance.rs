@@ -39,7 +39,7 @@ impl PyInstance {
 #[pymethods]
 impl PyInstance {
     #[new]
-    #[pyo3(signature = (*, role, coordinator, endpoint, backend = "local", pool_bytes = 256 << 20,
+    #[pyo3(signature = (*, role, coordinator, endpoint, backend = "shm", pool_bytes = 256 << 20,
         prealloc = (0, 0), min_block = 1 << 20, head = "ferry", head_timeout = 600.0,
         allow_from = Vec::new(), curve_key = None, curve_peers = None, **options))]
     #[allow(clippy::too_many_arguments)]
