@@ -124,6 +124,7 @@ pub fn json(s: &Summary) -> String {
         .collect();
     serde_json::json!({
         "ok": s.ok(),
+        "data_plane": s.data_plane,
         "requests": s.requests,
         "delivered": s.delivered,
         "failed": s.failed,
