@@ -14,6 +14,8 @@
 //! * `verbs`: an RDMA device port (ibverbs RC queue pairs);
 //! * `auto`: verbs on the host's first RDMA device if this build has the
 //!   plane and the host a device, else `local`.
+//! * `delay` (for tests): another plane whose every write completion is
+//!   held back by a fixed delay; nodes only.
 //!
 //! # Adding a data plane
 //!
@@ -29,6 +31,7 @@
 mod any;
 mod options;
 
+mod delay;
 #[cfg(feature = "fabric")]
 mod fabric;
 mod local;
@@ -41,6 +44,7 @@ use tensorferry_shm::UdsChannel;
 use tensorferry_zmq::Guard;
 
 pub use any::{AnyTransport, AnyTransportError};
+pub use delay::DelayConfig;
 pub use options::PlaneError;
 pub use shm::CopyConfig;
 pub use tensorferry_local::LocalConfig;
@@ -227,6 +231,9 @@ planes! {
     /// An RDMA device port (ibverbs RC queue pairs).
     #[cfg(feature = "verbs")]
     Verbs(tensorferry_verbs::VerbsConfig) by verbs::Verbs,
+    /// For tests: another plane whose every write completion is held
+    /// back by a fixed delay. Nodes only.
+    Delay(DelayConfig) by delay::Delay,
 }
 
 /// The name that picks the best data plane present ([`DataPlane::auto`]).
@@ -276,7 +283,9 @@ impl DataPlane {
     /// * `verbs`: `device` (needed), `port`, `gid_index`, `listen` (the
     ///   side channel's address), `max_chunk`, `write_timeout`, `writers`
     ///   (the CURVE certificates of the instances that may write into
-    ///   this one: a directory of `*.key` files, or one).
+    ///   this one: a directory of `*.key` files, or one);
+    /// * `delay`: `over` (the plane it wraps, with its default options;
+    ///   default `shm`), `delay` (default 1 ms).
     pub fn parse<K, V>(
         name: &str,
         options: impl IntoIterator<Item = (K, V)>,
