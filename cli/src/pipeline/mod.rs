@@ -26,15 +26,8 @@ pub use args::{
 };
 pub use launcher::{json, launch, table, LaunchArgs, Summary};
 pub use roles::{
-    Control, CoordinatorOptions, DataPlane, InstanceArgs, Workload, DRAIN_TIMEOUT, PIPELINE,
+    Control, CoordinatorProcessConfig, DataPlane, InstanceProcessConfig, Workload, DRAIN_TIMEOUT, PIPELINE,
 };
-
-/// The coordinator's timeouts with the push timeout set.
-fn timeouts(push: Duration) -> tensorferry_core::handshake::coordinator::Timeouts {
-    let mut t = tensorferry::runtime::CoordinatorConfig::FERRY.timeouts;
-    t.push = push;
-    t
-}
 
 /// A role as it goes on the wire: sglang's `RoleType.from_string` reads
 /// names case-blind and `denoising` as `denoiser`, and registers the
@@ -77,10 +70,15 @@ pub fn coordinator_main(args: &CoordinatorArgs) -> ExitCode {
         Ok(g) => g,
         Err(code) => return code,
     };
-    let mut t = timeouts(Duration::from_millis(args.push_timeout_ms));
+    let mut process = CoordinatorProcessConfig::new(
+        args.listen.clone(),
+        args.control,
+        Duration::from_millis(args.push_timeout_ms),
+    );
+    let t = &mut process.node.config.timeouts;
     t.alloc = Duration::from_millis(args.alloc_timeout_ms);
     t.done = Duration::from_millis(args.done_timeout_ms);
-    let admitted: Vec<Admission> = [
+    process.node.admitted = [
         ("encoder", &args.encoder_urls),
         ("denoiser", &args.denoiser_urls),
         ("decoder", &args.decoder_urls),
@@ -95,18 +93,11 @@ pub fn coordinator_main(args: &CoordinatorArgs) -> ExitCode {
             })
     })
     .collect();
-    roles::coordinator(
-        &args.listen,
-        args.control,
-        t,
-        &roles::CoordinatorOptions {
-            exit_on_stdin_close: args.service.lifetime.exit_on_stdin_close,
-            drain_timeout: args.service.lifetime.drain_timeout,
-            metrics_listen: args.service.metrics_listen.clone(),
-            admitted,
-            guard,
-        },
-    )
+    process.exit_on_stdin_close = args.service.lifetime.exit_on_stdin_close;
+    process.drain_timeout = args.service.lifetime.drain_timeout;
+    process.metrics_listen = args.service.metrics_listen.clone();
+    process.guard = guard;
+    roles::coordinator(&process)
 }
 
 /// Runs `ferry instance`.
@@ -154,8 +145,8 @@ pub fn instance_main(args: &InstanceCliArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     data_plane.guard(&guard);
-    roles::instance(&InstanceArgs {
-        settings,
+    roles::instance(&InstanceProcessConfig {
+        node: settings,
         data_plane,
         workload: match args.workload {
             WorkloadKind::Pipeline => Workload::Pipeline,
@@ -193,18 +184,15 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
     };
     match args.role.as_deref() {
         Some("coordinator") => {
-            let endpoints: Vec<String> = args.endpoint.split(',').map(str::to_owned).collect();
-            return roles::coordinator(
-                &endpoints,
+            let mut process = CoordinatorProcessConfig::new(
+                args.endpoint.split(',').map(str::to_owned).collect(),
                 args.control,
-                timeouts(Duration::from_millis(args.push_timeout_ms)),
-                &roles::CoordinatorOptions {
-                    exit_on_stdin_close: args.exit_on_stdin_close,
-                    metrics_listen: args.metrics_listen.clone(),
-                    guard,
-                    ..Default::default()
-                },
+                Duration::from_millis(args.push_timeout_ms),
             );
+            process.exit_on_stdin_close = args.exit_on_stdin_close;
+            process.metrics_listen = args.metrics_listen.clone();
+            process.guard = guard;
+            return roles::coordinator(&process);
         }
         Some(role) => {
             let mut data_plane = match args.data_plane.data_plane() {
@@ -219,8 +207,8 @@ pub fn main(args: PipelineArgs, prefix: &[&str]) -> ExitCode {
             if let Some(p) = roles::role_prealloc(role) {
                 settings.config.prealloc = p;
             }
-            return roles::instance(&roles::InstanceArgs {
-                settings,
+            return roles::instance(&roles::InstanceProcessConfig {
+                node: settings,
                 name: args.name.clone(),
                 endpoint: args.endpoint.clone(),
                 requests: args.requests,

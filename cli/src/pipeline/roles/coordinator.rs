@@ -4,9 +4,19 @@
 use super::*;
 use tensorferry_zmq::zmq;
 
-/// What a coordinator process is told besides its endpoints.
+/// A coordinator process: its node's configuration (the pipeline, the
+/// timeouts, who is admitted) extended with where it binds and how the
+/// process lives.
 #[derive(Clone, Debug)]
-pub struct CoordinatorOptions {
+pub struct CoordinatorProcessConfig {
+    /// The node's own configuration (its `result_endpoints` are set from
+    /// the endpoints ZeroMQ binds).
+    pub node: CoordinatorNodeConfig,
+    /// The endpoints it binds: with ZeroMQ one per role of the pipeline
+    /// (in order); over Unix sockets, the first only.
+    pub endpoints: Vec<String>,
+    /// The control channel.
+    pub control: Control,
     /// Stop when stdin closes, as well as on SIGTERM or SIGINT.
     pub exit_on_stdin_close: bool,
     /// How long a stop waits for the transfers in flight to end before it
@@ -14,19 +24,23 @@ pub struct CoordinatorOptions {
     pub drain_timeout: Duration,
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics_listen: Option<String>,
-    /// The endpoints that may register, each as its role; empty: any.
-    pub admitted: Vec<tensorferry::runtime::Admission>,
     /// Who may connect to its ZeroMQ endpoints (addresses, CURVE keys).
     pub guard: tensorferry_zmq::Guard,
 }
 
-impl Default for CoordinatorOptions {
-    fn default() -> Self {
+impl CoordinatorProcessConfig {
+    /// ferry's pipeline at `endpoints` over `control`, with a push timeout
+    /// of `push`, and the defaults of the rest.
+    pub fn new(endpoints: Vec<String>, control: Control, push: Duration) -> Self {
+        let mut node = CoordinatorNodeConfig::new(&PIPELINE);
+        node.config.timeouts.push = push;
         Self {
+            node,
+            endpoints,
+            control,
             exit_on_stdin_close: false,
             drain_timeout: DRAIN_TIMEOUT,
             metrics_listen: None,
-            admitted: Vec::new(),
             guard: tensorferry_zmq::Guard::default(),
         }
     }
@@ -36,36 +50,31 @@ impl Default for CoordinatorOptions {
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Runs the coordinator until it is stopped (SIGTERM, SIGINT, or stdin's
-/// end if asked). With ZeroMQ it binds one result endpoint per role of the
-/// pipeline (in order); over Unix sockets, the first endpoint only.
-pub fn coordinator(
-    endpoints: &[String],
-    control: Control,
-    timeouts: Timeouts,
-    options: &CoordinatorOptions,
-) -> ExitCode {
-    let life = match lifetime(options.exit_on_stdin_close) {
+/// end if asked).
+pub fn coordinator(process: &CoordinatorProcessConfig) -> ExitCode {
+    let life = match lifetime(process.exit_on_stdin_close) {
         Ok(l) => l,
         Err(code) => return code,
     };
     remove_stale_pools();
-    let mut settings = CoordinatorNodeConfig::new(&PIPELINE);
-    settings.config.timeouts = timeouts;
-    settings.admitted = options.admitted.clone();
+    let mut settings = process.node.clone();
     let run = Run {
         life: &life,
-        metrics: options.metrics_listen.as_deref(),
-        drain_timeout: options.drain_timeout,
+        metrics: process.metrics_listen.as_deref(),
+        drain_timeout: process.drain_timeout,
     };
-    match control {
-        Control::Uds => match UdsChannel::bind(&endpoints[0]) {
+    let Some(first) = process.endpoints.first() else {
+        return fail("bind", "no endpoint to bind");
+    };
+    match process.control {
+        Control::Uds => match UdsChannel::bind(first) {
             Ok(c) => run_coordinator(&settings, c, &run),
             Err(e) => fail("bind", e),
         },
         Control::Zmq => {
             let ctx = zmq::Context::new();
-            let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
-            match ZmqChannel::bind_guarded(&ctx, &eps, ZmqConfig::default(), &options.guard) {
+            let eps: Vec<&str> = process.endpoints.iter().map(String::as_str).collect();
+            match ZmqChannel::bind_guarded(&ctx, &eps, ZmqConfig::default(), &process.guard) {
                 Ok(c) => {
                     settings.result_endpoints = c.endpoints();
                     run_coordinator(&settings, c, &run)

@@ -4,14 +4,15 @@
 use super::*;
 use tensorferry_zmq::zmq;
 
-/// One instance process's settings.
+/// An instance process: its node's configuration extended with where it
+/// binds, its data and control planes, and its run.
 #[derive(Clone, Debug)]
-pub struct InstanceArgs {
+pub struct InstanceProcessConfig {
     /// The node's configuration: its role (`encoder`, `denoiser` or
     /// `decoder`), its coordinator's endpoint, and how it behaves (the
     /// head it serves under and the timeouts that follow from it, its
     /// preallocated slots: `role_prealloc` unless the command says).
-    pub settings: InstanceNodeConfig,
+    pub node: InstanceNodeConfig,
     /// Its name in reports (`denoiser-1`).
     pub name: String,
     /// Its own endpoint.
@@ -84,13 +85,13 @@ pub fn role_prealloc(role: &str) -> Option<Prealloc> {
 
 /// Runs an instance until it is stopped (SIGTERM, SIGINT, or stdin's end
 /// if asked).
-pub fn instance(args: &InstanceArgs) -> ExitCode {
+pub fn instance(args: &InstanceProcessConfig) -> ExitCode {
     let life = match lifetime(args.exit_on_stdin_close) {
         Ok(l) => l,
         Err(code) => return code,
     };
     remove_stale_pools();
-    let settings = &args.settings;
+    let settings = &args.node;
     let mut pool: usize = match settings.role.as_str() {
         "denoiser" => 512 << 20,
         _ => 256 << 20,
@@ -107,7 +108,7 @@ pub fn instance(args: &InstanceArgs) -> ExitCode {
     if args.workload == Workload::Sglang {
         // sglang's sockets are ZeroMQ's, and the decoder's output needs
         // a channel that carries any number of frames.
-        let role = match SglangRole::from_name(&args.settings.role) {
+        let role = match SglangRole::from_name(&args.node.role) {
             Ok(r) => r,
             Err(e) => return fail("start instance", e),
         };
@@ -184,7 +185,7 @@ pub(super) fn random_pool(
 }
 
 /// The instance's ZeroMQ channel at its endpoint.
-pub(super) fn bind_zmq(args: &InstanceArgs) -> Result<ZmqChannel, ExitCode> {
+pub(super) fn bind_zmq(args: &InstanceProcessConfig) -> Result<ZmqChannel, ExitCode> {
     if args.control != Control::Zmq && args.data_plane.needs_zmq() {
         return Err(fail(
             "start instance",
@@ -201,7 +202,7 @@ pub(super) fn bind_zmq(args: &InstanceArgs) -> Result<ZmqChannel, ExitCode> {
 /// first.
 pub(super) fn start_serving(
     node: &InstanceNode,
-    args: &InstanceArgs,
+    args: &InstanceProcessConfig,
     life: &Lifetime,
     ready: &Readiness,
 ) -> Result<Option<MetricsServer>, ExitCode> {
@@ -235,7 +236,7 @@ pub(super) fn start_serving(
 /// Runs an instance of the sglang workload until it is stopped.
 pub(super) fn run_sglang(
     node: &InstanceNode,
-    args: &InstanceArgs,
+    args: &InstanceProcessConfig,
     role: SglangRole,
     life: &Lifetime,
 ) -> ExitCode {
@@ -251,7 +252,7 @@ pub(super) fn run_sglang(
     let s = node.stats();
     emit_json(&json!({
         "event": "summary",
-        "role": args.settings.role,
+        "role": args.node.role,
         "name": args.name,
         "work_items": tally.work_items,
         "staged": tally.staged,
@@ -273,7 +274,7 @@ pub(super) fn run_sglang(
     ExitCode::SUCCESS
 }
 
-pub(super) fn run_instance(node: &InstanceNode, args: &InstanceArgs, life: &Lifetime) -> ExitCode {
+pub(super) fn run_instance(node: &InstanceNode, args: &InstanceProcessConfig, life: &Lifetime) -> ExitCode {
     let ready = Readiness::new();
     let _metrics = match start_serving(node, args, life, &ready) {
         Ok(m) => m,
@@ -281,7 +282,7 @@ pub(super) fn run_instance(node: &InstanceNode, args: &InstanceArgs, life: &Life
     };
     let mut ending = Ending::new(life, node, args.drain_timeout, ready);
     let mut tally = Tally::default();
-    let result = match (args.settings.role.as_str(), args.workload) {
+    let result = match (args.node.role.as_str(), args.workload) {
         ("encoder", _) => encode(node, args, &mut ending, &mut tally),
         // The random workload ends at its first receiver.
         ("denoiser", Workload::Pipeline) => serve(
@@ -303,7 +304,7 @@ pub(super) fn run_instance(node: &InstanceNode, args: &InstanceArgs, life: &Life
     };
     if let Err(e) = result {
         ending.leave();
-        return fail(&args.settings.role, e);
+        return fail(&args.node.role, e);
     }
     while ending.keep_going() {
         drain_outcomes(node, &mut tally, Duration::from_millis(20));
@@ -313,7 +314,7 @@ pub(super) fn run_instance(node: &InstanceNode, args: &InstanceArgs, life: &Life
     let s = node.stats();
     emit_json(&json!({
         "event": "summary",
-        "role": args.settings.role,
+        "role": args.node.role,
         "name": args.name,
         "received": tally.received,
         "verified": tally.verified,

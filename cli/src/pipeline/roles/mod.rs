@@ -7,7 +7,7 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tensorferry_core::handshake::coordinator::{CoordinatorEvent, Timeouts};
+use tensorferry_core::handshake::coordinator::CoordinatorEvent;
 use tensorferry_core::handshake::instance::InstanceError;
 use tensorferry_core::json::RawJson;
 use tensorferry_core::transport::ControlChannel;
@@ -33,9 +33,9 @@ mod instance;
 mod payload;
 
 use coordinator::*;
-pub use coordinator::{coordinator, CoordinatorOptions, DRAIN_TIMEOUT};
+pub use coordinator::{coordinator, CoordinatorProcessConfig, DRAIN_TIMEOUT};
 use instance::*;
-pub use instance::{instance, role_prealloc, InstanceArgs};
+pub use instance::{instance, role_prealloc, InstanceProcessConfig};
 use payload::*;
 pub(crate) use payload::{forward_denoised, stage_with_patience};
 

@@ -76,7 +76,7 @@ pub(crate) fn forward_denoised(
 /// until it is asked to stop.
 pub(super) fn encode(
     node: &InstanceNode,
-    args: &InstanceArgs,
+    args: &InstanceProcessConfig,
     ending: &mut Ending<'_>,
     tally: &mut Tally,
 ) -> Result<(), NodeError> {
