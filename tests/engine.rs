@@ -98,7 +98,7 @@ fn the_engine_refuses_a_provider_that_cannot_end_a_peers_operations() {
     let e = TransferEngine::open(DataPlane::Fabric(c)).unwrap_err();
     let text = e.to_string();
     assert!(
-        text.contains("libfabric shm") && text.contains("local backend"),
+        text.contains("libfabric shm") && text.contains("local data plane"),
         "{text}"
     );
 }

@@ -143,16 +143,7 @@ impl Rig {
             sender: instance_guard(k, |k| &k.sender),
             receiver: instance_guard(k, |k| &k.receiver),
         };
-        let pool = usize::try_from(2 * slot).unwrap_or(usize::MAX);
-        let pools = Pools {
-            sender: pool,
-            receiver: pool,
-            // Receive slots set aside: every hand-off takes the fast path.
-            prealloc: Prealloc {
-                count: 2,
-                size: slot,
-            },
-        };
+        let pools = Pools::fast_path(slot);
         let nodes =
             crate::rig::Rig::start(&DataPlane::default(), Control::Zmq, &guards, pools, None)?;
         Ok(Self { nodes, keys })

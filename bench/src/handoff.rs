@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use tensorferry::runtime::telemetry::Telemetry;
-use tensorferry::runtime::{DataPlane, NodeError, Prealloc};
+use tensorferry::runtime::{DataPlane, NodeError};
 
 use crate::rig::{Control, Guards, Pools, Rig};
 
@@ -71,16 +71,7 @@ pub fn measure(
 ) -> Result<Vec<Row>, NodeError> {
     let largest = sizes.iter().copied().max().unwrap_or(4096);
     let slot = largest.next_power_of_two().max(1 << 20);
-    let pool = usize::try_from(2 * slot).unwrap_or(usize::MAX);
-    let pools = Pools {
-        sender: pool,
-        receiver: pool,
-        // Receive slots set aside: every hand-off takes the fast path.
-        prealloc: Prealloc {
-            count: 2,
-            size: slot,
-        },
-    };
+    let pools = Pools::fast_path(slot);
     let rig = Rig::start(
         plane,
         Control::of(plane),

@@ -100,6 +100,22 @@ pub(crate) struct Pools {
     pub prealloc: Prealloc,
 }
 
+impl Pools {
+    /// Pools of two slots of `slot` bytes each, and the receiver's two
+    /// set aside: every hand-off takes the fast path.
+    pub fn fast_path(slot: u64) -> Self {
+        let pool = usize::try_from(2 * slot).unwrap_or(usize::MAX);
+        Self {
+            sender: pool,
+            receiver: pool,
+            prealloc: Prealloc {
+                count: 2,
+                size: slot,
+            },
+        }
+    }
+}
+
 /// A coordinator, a sender and a receiver on one data plane, registered.
 /// Field order is drop order: the instances stop before their
 /// coordinator, which a healthy run's instances must not see go.

@@ -40,6 +40,12 @@ fn a_hand_off_over_the_delay_plane_waits_for_its_held_completion() {
     };
     let denoiser = start("denoiser");
     let encoder = start("encoder");
+    // The plane it wraps is the one named: its session ids are local's.
+    assert!(
+        encoder.session_id().starts_with("local:"),
+        "{}",
+        encoder.session_id()
+    );
     let bytes: Vec<u8> = (0..64 << 10).map(|i| (i % 251) as u8).collect();
     let tensors = [TensorSpec {
         field: "latents",

@@ -40,7 +40,8 @@ from tensorferry._stats import CoordinatorStats, InstanceStats
 
 def backends() -> list:
     """The data planes this installation has, ``"auto"`` first: a node runs
-    on any of them, ``TransferEngine`` on any but ``"shm"``."""
+    on any of them, ``TransferEngine`` on ``"auto"``, ``"local"``,
+    ``"fabric"`` and ``"verbs"``."""
     from tensorferry import _native
 
     names = list(_native.backends())

@@ -182,7 +182,7 @@ class InstanceNode:
         role: str,
         coordinator: str,
         endpoint: str,
-        backend: str = "local",
+        backend: str = "shm",
         pool_bytes: int = ...,
         prealloc: Tuple[int, int] = ...,
         min_block: int = ...,

@@ -213,6 +213,17 @@ def test_bad_backends_and_options_are_named():
     with pytest.raises(ValueError, match="backend \"carrier-pigeon\""):
         tensorferry.TransferEngine("carrier-pigeon")
     assert tensorferry.TransferEngine("auto").backend in ("local", "verbs")
+    # "auto" takes the options of the plane it picks.
+    auto = tensorferry.TransferEngine("auto")
+    if auto.backend == "local":
+        tensorferry.TransferEngine("auto", threads=2, split_at=1 << 20).close()
+    auto.close()
+    with pytest.raises(TypeError, match="option source: expected a string or a number, got NoneType"):
+        tensorferry.TransferEngine("local", source=None)
+    with pytest.raises(TypeError, match="option threads: expected a string or a number, got bool"):
+        tensorferry.TransferEngine("local", threads=True)
+    with pytest.warns(DeprecationWarning, match="split_at"):
+        tensorferry.TransferEngine("local", parallel_min=1 << 20).close()
     assert tensorferry.TransferEngine("local").supports_gpu_direct is False
 
 

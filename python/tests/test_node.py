@@ -56,6 +56,8 @@ def test_an_encoder_process_hands_requests_to_this_denoiser(backend, coordinator
     count = 12
     den = tensorferry.Instance("denoiser", coordinator=coordinator.endpoint_of("denoiser"), endpoint=ipc("den"), backend=name,
                          prealloc=tensorferry.Prealloc(2, 1 << 20), **options)
+    # The plane named is the plane run: its session id says which.
+    assert den.session_id.startswith({"shm": "shm:", "local": "local:"}.get(name, "")), den.session_id
     den.wait_registered(10)
     spec = {"coordinator": coordinator.endpoint_of("encoder"), "endpoint": ipc("enc"), "backend": name,
             "options": options, "count": count}

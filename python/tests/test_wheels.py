@@ -202,4 +202,4 @@ def test_the_installed_engine_opens_libfabric_shm_and_refuses_it_naming_the_loca
     out = subprocess.run([str(python), "-I", "-c", script], cwd=run, env=clean_env(), capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out
-    assert "libfabric shm" in out.stdout and "local backend" in out.stdout, out.stdout
+    assert "libfabric shm" in out.stdout and "local data plane" in out.stdout, out.stdout

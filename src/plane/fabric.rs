@@ -48,6 +48,12 @@ impl Spec for Fabric {
     /// completion must mean its bytes are at the peer), on a provider
     /// that can end a peer's operations.
     fn open_engine(mut config: FabricConfig, _: &Guard) -> Result<FabricTransport, EngineError> {
+        if config.delivery == DeliveryMode::Notify {
+            return Err(EngineError::Unsuitable {
+                plane: Self::NAME.into(),
+                why: "its option delivery=remote-cq-data is a node's: a transfer's completion must mean its bytes are at the peer (delivery-complete, which the engine asks for)".into(),
+            });
+        }
         config.delivery = DeliveryMode::Complete;
         let t = FabricTransport::open(&config)
             .map_err(|e| EngineError::transport("open the libfabric transport", &e))?;

@@ -14,8 +14,8 @@
 //! * `verbs`: an RDMA device port (ibverbs RC queue pairs);
 //! * `auto`: verbs on the host's first RDMA device if this build has the
 //!   plane and the host a device, else `local`.
-//! * `delay` (for tests): another plane whose every write completion is
-//!   held back by a fixed delay; nodes only.
+//! * `delay` (for tests, in debug builds only): another plane whose
+//!   every write completion is held back by a fixed delay; nodes only.
 //!
 //! # Adding a data plane
 //!
@@ -25,12 +25,13 @@
 //! node's guard), and one line in the `planes!` list below, which makes
 //! its [`DataPlane`] variant and every dispatch. If its transport lives in
 //! a crate of its own, that crate is a dependency (with a feature, if
-//! optional) in the root `Cargo.toml`. Nothing else names planes: the
-//! CLI, Python and `ferry bench` reach it by its name and options.
+//! optional) in the root `Cargo.toml`. The CLI, Python and `ferry bench`
+//! name no plane: they reach it by its name and options.
 
 mod any;
 mod options;
 
+#[cfg(debug_assertions)]
 mod delay;
 #[cfg(feature = "fabric")]
 mod fabric;
@@ -44,6 +45,7 @@ use tensorferry_shm::UdsChannel;
 use tensorferry_zmq::Guard;
 
 pub use any::{AnyTransport, AnyTransportError};
+#[cfg(debug_assertions)]
 pub use delay::DelayConfig;
 pub use options::PlaneError;
 pub use shm::CopyConfig;
@@ -107,7 +109,8 @@ macro_rules! planes {
 
         impl DataPlane {
             /// The options the data plane `name` takes, if this build has
-            /// it (`auto` takes none).
+            /// it (`auto` takes those of the plane it picks: see
+            /// [`DataPlane::resolve`]; none are listed for it here).
             pub fn options_of(name: &str) -> Option<&'static [&'static str]> {
                 $($(#[cfg($cfg)])? if name == <$($spec)::+ as Spec>::NAME {
                     return Some(<$($spec)::+ as Spec>::OPTIONS);
@@ -232,7 +235,9 @@ planes! {
     #[cfg(feature = "verbs")]
     Verbs(tensorferry_verbs::VerbsConfig) by verbs::Verbs,
     /// For tests: another plane whose every write completion is held
-    /// back by a fixed delay. Nodes only.
+    /// back by a fixed delay. Nodes only; in debug builds only (what
+    /// tests build), never in a release.
+    #[cfg(debug_assertions)]
     Delay(DelayConfig) by delay::Delay,
 }
 
@@ -284,8 +289,8 @@ impl DataPlane {
     ///   side channel's address), `max_chunk`, `write_timeout`, `writers`
     ///   (the CURVE certificates of the instances that may write into
     ///   this one: a directory of `*.key` files, or one);
-    /// * `delay`: `over` (the plane it wraps, with its default options;
-    ///   default `shm`), `delay` (default 1 ms).
+    /// * `delay` (debug builds): `over` (the plane it wraps, with its
+    ///   default options; default `shm`), `delay` (default 1 ms).
     pub fn parse<K, V>(
         name: &str,
         options: impl IntoIterator<Item = (K, V)>,
@@ -294,13 +299,46 @@ impl DataPlane {
         K: AsRef<str>,
         V: AsRef<str>,
     {
-        let takes = Self::options_of(name).ok_or_else(|| unknown(name))?;
-        let given = Options::new(static_name(name), takes, options);
         if name == AUTO {
-            given.finish()?;
-            return Ok(Self::auto());
+            return Self::parse_auto(options);
         }
-        Self::parse_named(name, given)
+        let takes = Self::options_of(name).ok_or_else(|| unknown(name))?;
+        Self::parse_named(name, Options::new(static_name(name), takes, options))
+    }
+
+    /// The plane [`AUTO`] picks, with `options` read as that plane's
+    /// (verbs on the device it found, unless one is named).
+    fn parse_auto<K, V>(options: impl IntoIterator<Item = (K, V)>) -> Result<Self, PlaneError>
+    where
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let chosen = Self::auto();
+        let name = chosen.name();
+        let takes = Self::options_of(name).unwrap_or(&[]);
+        #[cfg_attr(not(feature = "verbs"), allow(unused_mut))]
+        let mut given: Vec<(String, String)> = options
+            .into_iter()
+            .map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned()))
+            .collect();
+        #[cfg(feature = "verbs")]
+        if let Self::Verbs(c) = &chosen {
+            if !given.iter().any(|(k, _)| k == "device") {
+                given.push(("device".to_owned(), c.device.clone()));
+            }
+        }
+        Self::parse_named(name, Options::new(name, takes, given))
+    }
+
+    /// The name of the plane `name` stands for: what [`AUTO`] picks on
+    /// this host, else `name` itself (for a caller that passes options by
+    /// the plane they will reach).
+    pub fn resolve(name: &str) -> &str {
+        if name == AUTO {
+            Self::auto().name()
+        } else {
+            name
+        }
     }
 
     /// True if it pairs with the ZeroMQ control plane only: every data
@@ -398,12 +436,23 @@ mod tests {
     }
 
     #[test]
-    fn auto_is_a_plane_this_build_has_and_takes_no_options() {
+    fn auto_is_a_plane_this_build_has_and_takes_its_options() {
         let none: [(&str, &str); 0] = [];
         let plane = DataPlane::parse(AUTO, none).unwrap();
         assert!(DataPlane::names().contains(&plane.name()), "{plane:?}");
-        let e = DataPlane::parse(AUTO, [("threads", "2")]).unwrap_err();
-        assert!(e.to_string().contains("takes no option \"threads\""), "{e}");
+        assert_eq!(DataPlane::resolve(AUTO), plane.name());
+        assert_eq!(DataPlane::resolve("shm"), "shm");
+        let e = DataPlane::parse(AUTO, [("colour", "red")]).unwrap_err();
+        let named = format!("the {} data plane takes no option \"colour\"", plane.name());
+        assert!(e.to_string().contains(&named), "{e}");
+        // Without an RDMA device, auto is local, and takes its options.
+        if plane.name() == "local" {
+            let plane = DataPlane::parse(AUTO, [("threads", "2")]).unwrap();
+            let DataPlane::Local(c) = plane else {
+                panic!("not local: {plane:?}");
+            };
+            assert_eq!(c.threads, 2);
+        }
     }
 
     #[test]

@@ -43,6 +43,12 @@ impl Spec for Verbs {
 
     /// The side channel takes the engine's guard.
     fn open_engine(mut config: VerbsConfig, guard: &Guard) -> Result<VerbsTransport, EngineError> {
+        if !config.writers.is_empty() {
+            return Err(EngineError::Unsuitable {
+                plane: Self::NAME.into(),
+                why: "its option writers is a node's: an engine admits the peers its guard names (curve_peers)".into(),
+            });
+        }
         config.take_engine_guard(guard);
         VerbsTransport::open(&config)
             .map_err(|e| EngineError::transport("open the verbs transport", &e))

@@ -226,12 +226,16 @@ impl LocalEngine {
     /// engine's table; `Err`: the processes still inside, and the copies
     /// of unnamed ones.
     fn drain(&self, wait: Duration) -> Result<(), (Vec<u32>, u64)> {
-        let deadline = Instant::now() + wait;
+        // No deadline: a wait too long to add is a wait without end (this
+        // runs in `drop`, which must not panic).
+        let deadline = Instant::now().checked_add(wait);
         let mut pause = Duration::from_micros(1);
         loop {
             match self.table.inside() {
                 Occupancy::Quiet => return Ok(()),
-                Occupancy::Writers { pids, unnamed } if Instant::now() >= deadline => {
+                Occupancy::Writers { pids, unnamed }
+                    if deadline.is_some_and(|d| Instant::now() >= d) =>
+                {
                     return Err((pids, unnamed))
                 }
                 Occupancy::Writers { .. } => {}

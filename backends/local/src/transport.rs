@@ -83,18 +83,6 @@ impl LocalTransport {
         Ok(t)
     }
 
-    /// The pool's first byte (null without a pool).
-    pub fn pool_ptr(&self) -> *mut u8 {
-        self.pool
-            .as_ref()
-            .map_or(std::ptr::null_mut(), HostPool::ptr)
-    }
-
-    /// The pool's length (0 without a pool).
-    pub fn pool_len(&self) -> usize {
-        self.pool.as_ref().map_or(0, HostPool::len)
-    }
-
     /// The engine underneath.
     pub fn engine(&self) -> &LocalEngine {
         &self.engine
@@ -162,11 +150,11 @@ impl LocalTransport {
 #[allow(unsafe_code)]
 unsafe impl PoolOwner for LocalTransport {
     fn pool_ptr(&self) -> *mut u8 {
-        LocalTransport::pool_ptr(self)
+        self.pool.as_ref().map_or(std::ptr::null_mut(), |p| p.ptr())
     }
 
     fn pool_len(&self) -> usize {
-        LocalTransport::pool_len(self)
+        self.pool.as_ref().map_or(0, |p| p.len())
     }
 }
 
@@ -200,7 +188,11 @@ impl Transport for LocalTransport {
         self.regions.check_room().map_err(full)?;
         // SAFETY: the caller's contract, passed on.
         unsafe { self.engine.register(addr, len) }?;
-        self.regions.insert(addr, len, ()).map_err(full)
+        self.regions.insert(addr, len, ()).map_err(|e| {
+            // Not the caller's region after all: out of the engine's too.
+            let _ = self.engine.deregister(addr);
+            full(e)
+        })
     }
 
     /// Makes the writes and reads posted so far first, since any of them

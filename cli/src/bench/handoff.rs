@@ -10,8 +10,9 @@ use tensorferry_bench::rig::Control;
 fn plane(args: &BenchHandoff) -> Result<(DataPlane, Vec<(String, String)>), String> {
     let mut given = args.data_plane.clone();
     if let Some(t) = args.copy_threads {
-        let name = &given.backend;
-        let takes = DataPlane::options_of(name).unwrap_or(&[]);
+        let name = DataPlane::resolve(&given.backend);
+        // A plane this build lacks is named by the parse below.
+        let takes = DataPlane::options_of(name).unwrap_or(&["threads"]);
         if !takes.contains(&"threads") {
             return Err(format!(
                 "--copy-threads: the {name} data plane takes no copy threads (its options: {})",

@@ -401,7 +401,8 @@ impl DataPlaneArgs {
             ("listen", self.verbs_listen.clone()),
         ];
         given.extend(optional.into_iter().filter_map(|(k, v)| Some((k, v?))));
-        let takes = DataPlane::options_of(&self.backend).unwrap_or(&[]);
+        // `auto`'s flags are those of the plane it picks.
+        let takes = DataPlane::options_of(DataPlane::resolve(&self.backend)).unwrap_or(&[]);
         given.retain(|(k, _)| takes.contains(k));
         // Given by name, an option is the data plane's to take or refuse.
         let mut given: Vec<(&str, String)> = given

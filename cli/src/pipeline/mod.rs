@@ -26,7 +26,8 @@ pub use args::{
 };
 pub use launcher::{json, launch, table, LaunchArgs, Summary};
 pub use roles::{
-    Control, CoordinatorProcessConfig, DataPlane, InstanceProcessConfig, Workload, DRAIN_TIMEOUT, PIPELINE,
+    Control, CoordinatorProcessConfig, DataPlane, InstanceProcessConfig, Workload, DRAIN_TIMEOUT,
+    PIPELINE,
 };
 
 /// A role as it goes on the wire: sglang's `RoleType.from_string` reads

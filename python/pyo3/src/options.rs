@@ -101,9 +101,9 @@ fn first_device() -> Result<String, String> {
         Ok(names) => names
             .into_iter()
             .next()
-            .ok_or_else(|| "the verbs backend finds no RDMA device on this host".to_owned()),
+            .ok_or_else(|| "the verbs data plane finds no RDMA device on this host".to_owned()),
         Err(e) => Err(format!(
-            "the verbs backend finds no RDMA device on this host: {e}"
+            "the verbs data plane finds no RDMA device on this host: {e}"
         )),
     }
 }
@@ -125,8 +125,30 @@ pub(crate) fn data_plane(
     plane(py, backend, opts)
 }
 
-/// The data plane `backend` with `opts` applied: each value as text
-/// (`str()` of what is not a string), read by [`DataPlane::parse`].
+/// `v`, the value of option `key`, as the text the library's parser
+/// reads: a string or a path as it is, a number as Python writes it;
+/// anything else (`None`, a bool, a list) is a `TypeError` naming it.
+fn option_text(key: &str, v: &Bound<'_, PyAny>) -> PyResult<String> {
+    use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+    if v.is_instance_of::<PyString>() {
+        return v.extract::<String>();
+    }
+    if (v.is_instance_of::<PyInt>() && !v.is_instance_of::<PyBool>())
+        || v.is_instance_of::<PyFloat>()
+    {
+        return Ok(v.str()?.to_string());
+    }
+    if let Ok(path) = v.extract::<std::path::PathBuf>() {
+        return Ok(path.display().to_string());
+    }
+    Err(PyTypeError::new_err(format!(
+        "option {key}: expected a string or a number, got {}",
+        v.get_type().name()?
+    )))
+}
+
+/// The data plane `backend` with `opts` applied, each as text
+/// ([`option_text`]), read by [`DataPlane::parse`].
 fn plane(
     py: Python<'_>,
     backend: &str,
@@ -134,9 +156,19 @@ fn plane(
 ) -> PyResult<DataPlane> {
     let mut given: Vec<(String, String)> = Vec::with_capacity(opts.len());
     for (key, v) in opts {
-        let value = match v.extract::<String>() {
-            Ok(text) => text,
-            Err(_) => v.str()?.to_string(),
+        let value = option_text(&key, &v)?;
+        // The local plane's copy threshold went by another name.
+        let key = if key == "parallel_min" {
+            let warning = py.get_type::<pyo3::exceptions::PyDeprecationWarning>();
+            PyErr::warn(
+                py,
+                &warning,
+                c"option parallel_min is now split_at (as shared memory's)",
+                1,
+            )?;
+            "split_at".to_owned()
+        } else {
+            key
         };
         given.push((key, value));
     }
@@ -147,7 +179,6 @@ fn plane(
             first_device().map_err(|why| crate::errors::raise(py, why, crate::errors::IO))?;
         given.push(("device".to_owned(), device));
     }
-    let _ = py;
     DataPlane::parse(backend, given).map_err(|e| match e {
         PlaneError::UnknownOption { .. } => PyTypeError::new_err(e.to_string()),
         PlaneError::Unknown { .. } => PyValueError::new_err(format!(

@@ -194,7 +194,8 @@ impl Run {
                 coordinator.display().to_string(),
             ]);
             let backend = plane_flag(&self.args.data_plane, "--backend").unwrap_or_default();
-            let admits_writers = tensorferry::plane::DataPlane::options_of(backend)
+            let plane = tensorferry::plane::DataPlane::resolve(backend);
+            let admits_writers = tensorferry::plane::DataPlane::options_of(plane)
                 .is_some_and(|takes| takes.contains(&"writers"));
             if admits_writers {
                 // Every instance may write into every other one, on a

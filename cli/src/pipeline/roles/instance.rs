@@ -274,7 +274,11 @@ pub(super) fn run_sglang(
     ExitCode::SUCCESS
 }
 
-pub(super) fn run_instance(node: &InstanceNode, args: &InstanceProcessConfig, life: &Lifetime) -> ExitCode {
+pub(super) fn run_instance(
+    node: &InstanceNode,
+    args: &InstanceProcessConfig,
+    life: &Lifetime,
+) -> ExitCode {
     let ready = Readiness::new();
     let _metrics = match start_serving(node, args, life, &ready) {
         Ok(m) => m,
