@@ -14,8 +14,9 @@
 //! * `verbs`: an RDMA device port (ibverbs RC queue pairs);
 //! * `auto`: verbs on the host's first RDMA device if this build has the
 //!   plane and the host a device, else `local`.
-//! * `delay` (for tests, in debug builds only): another plane whose
-//!   every write completion is held back by a fixed delay; nodes only.
+//! * `delay` (for tests): another plane whose every write completion is
+//!   held back by a fixed delay, to see how a deployment fares on a
+//!   slower fabric; nodes only.
 //!
 //! # Adding a data plane
 //!
@@ -31,7 +32,6 @@
 mod any;
 mod options;
 
-#[cfg(debug_assertions)]
 mod delay;
 #[cfg(feature = "fabric")]
 mod fabric;
@@ -45,7 +45,6 @@ use tensorferry_shm::UdsChannel;
 use tensorferry_zmq::Guard;
 
 pub use any::{AnyTransport, AnyTransportError};
-#[cfg(debug_assertions)]
 pub use delay::DelayConfig;
 pub use options::PlaneError;
 pub use shm::CopyConfig;
@@ -235,9 +234,8 @@ planes! {
     #[cfg(feature = "verbs")]
     Verbs(tensorferry_verbs::VerbsConfig) by verbs::Verbs,
     /// For tests: another plane whose every write completion is held
-    /// back by a fixed delay. Nodes only; in debug builds only (what
-    /// tests build), never in a release.
-    #[cfg(debug_assertions)]
+    /// back by a fixed delay (how a deployment fares on a slower fabric).
+    /// Nodes only.
     Delay(DelayConfig) by delay::Delay,
 }
 
@@ -289,8 +287,8 @@ impl DataPlane {
     ///   side channel's address), `max_chunk`, `write_timeout`, `writers`
     ///   (the CURVE certificates of the instances that may write into
     ///   this one: a directory of `*.key` files, or one);
-    /// * `delay` (debug builds): `over` (the plane it wraps, with its
-    ///   default options; default `shm`), `delay` (default 1 ms).
+    /// * `delay`: `over` (the plane it wraps, with its default options;
+    ///   default `shm`), `delay` (default 1 ms).
     pub fn parse<K, V>(
         name: &str,
         options: impl IntoIterator<Item = (K, V)>,

@@ -113,10 +113,6 @@ impl Options {
 
     /// The value of `key` as a duration (`250ms`, `5s`, `100us`, or bare
     /// seconds such as `1.5`), if given.
-    #[cfg_attr(
-        not(any(feature = "fabric", feature = "verbs", debug_assertions)),
-        allow(dead_code)
-    )]
     pub(super) fn duration(&mut self, key: &'static str) -> Result<Option<Duration>, PlaneError> {
         self.text(key)
             .map(|v| parse_duration(&v).map_err(|why| self.bad(key, &v, why.to_owned())))
@@ -147,10 +143,6 @@ impl Options {
 }
 
 /// `250ms`, `5s`, `100us`, or bare seconds (`1.5`).
-#[cfg_attr(
-    not(any(feature = "fabric", feature = "verbs", debug_assertions)),
-    allow(dead_code)
-)]
 fn parse_duration(v: &str) -> Result<Duration, &'static str> {
     let v = v.trim();
     // Nanoseconds per unit.
