@@ -31,8 +31,21 @@ impl Spec for Fabric {
     /// `delivery-complete`, `remote-cq-data`), `source` (an address of
     /// this host), `max_chunk` (bytes; 0: the provider's largest message)
     /// and `write_timeout`.
-    fn parse(o: Options) -> Result<FabricConfig, PlaneError> {
-        parse(o)
+    fn parse(mut o: Options) -> Result<FabricConfig, PlaneError> {
+        let provider = o.parsed::<Provider>("provider")?.unwrap_or(Provider::Auto);
+        let mut c = FabricConfig::new(provider);
+        if let Some(d) = o.parsed::<DeliveryMode>("delivery")? {
+            c.delivery = d;
+        }
+        c.source = o.text("source");
+        if let Some(m) = o.parsed::<u64>("max_chunk")? {
+            c.max_chunk = m;
+        }
+        if let Some(t) = o.duration("write_timeout")? {
+            c.write_timeout = t;
+        }
+        o.finish()?;
+        Ok(c)
     }
 
     /// A transport with a new pool of `pool_len` bytes on the provider
@@ -70,21 +83,4 @@ impl Spec for Fabric {
     fn reaches_other_hosts(c: &FabricConfig) -> bool {
         c.provider != Provider::Named("shm".into())
     }
-}
-
-fn parse(mut o: Options) -> Result<FabricConfig, PlaneError> {
-    let provider = o.parsed::<Provider>("provider")?.unwrap_or(Provider::Auto);
-    let mut c = FabricConfig::new(provider);
-    if let Some(d) = o.parsed::<DeliveryMode>("delivery")? {
-        c.delivery = d;
-    }
-    c.source = o.text("source");
-    if let Some(m) = o.parsed::<u64>("max_chunk")? {
-        c.max_chunk = m;
-    }
-    if let Some(t) = o.duration("write_timeout")? {
-        c.write_timeout = t;
-    }
-    o.finish()?;
-    Ok(c)
 }

@@ -27,12 +27,9 @@ impl Spec for Local {
     /// included) and `split_at` (bytes from which one is split over them).
     fn parse(mut o: Options) -> Result<LocalConfig, PlaneError> {
         let mut c = LocalConfig::default();
-        if let Some(t) = o.parsed::<usize>("threads")? {
-            c.threads = t.max(1);
-        }
-        if let Some(s) = o.parsed::<u64>("split_at")? {
-            c.split_at = s;
-        }
+        let (threads, split_at) = o.copy()?;
+        c.threads = threads.unwrap_or(c.threads);
+        c.split_at = split_at.unwrap_or(c.split_at);
         o.finish()?;
         Ok(c)
     }

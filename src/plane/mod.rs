@@ -454,6 +454,38 @@ mod tests {
     }
 
     #[test]
+    fn the_engine_refuses_what_it_would_ignore_or_cannot_serve() {
+        let open = |plane: DataPlane| {
+            let config = EngineConfig {
+                guard: Some(Guard::default()),
+                ..EngineConfig::default()
+            };
+            TransferEngine::open_with(plane, config)
+                .unwrap_err()
+                .to_string()
+        };
+        let none: [(&str, &str); 0] = [];
+        let e = open(DataPlane::parse("shm", none).unwrap());
+        assert!(
+            e.contains("shm data plane cannot serve") && e.contains("local"),
+            "{e}"
+        );
+        #[cfg(feature = "fabric")]
+        {
+            let plane = DataPlane::parse("fabric", [("delivery", "remote-cq-data")]).unwrap();
+            let e = open(plane);
+            assert!(e.contains("delivery=remote-cq-data is a node's"), "{e}");
+        }
+        #[cfg(feature = "verbs")]
+        {
+            let mut c = tensorferry_verbs::VerbsConfig::new("rxe0");
+            c.writers = vec![tensorferry_zmq::CurvePublicKey([7; 32])];
+            let e = open(DataPlane::Verbs(c));
+            assert!(e.contains("writers is a node's"), "{e}");
+        }
+    }
+
+    #[test]
     fn bad_names_and_options_are_named() {
         let none: [(&str, &str); 0] = [];
         let e = DataPlane::parse("carrier-pigeon", none).unwrap_err();

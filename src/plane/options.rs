@@ -119,6 +119,13 @@ impl Options {
             .transpose()
     }
 
+    /// `threads` (at least 1) and `split_at` (bytes), the copy options
+    /// of the planes of one host, if given.
+    pub(super) fn copy(&mut self) -> Result<(Option<usize>, Option<u64>), PlaneError> {
+        let threads = self.parsed::<usize>("threads")?.map(|t| t.max(1));
+        Ok((threads, self.parsed::<u64>("split_at")?))
+    }
+
     /// An error for `key`'s value `value`.
     pub(super) fn bad(&self, key: &'static str, value: &str, why: String) -> PlaneError {
         PlaneError::BadValue {

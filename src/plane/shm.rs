@@ -39,8 +39,13 @@ impl Spec for Shm {
     type Engine = ShmTransport;
 
     /// Reads `threads` and `split_at` (bytes).
-    fn parse(o: Options) -> Result<CopyConfig, PlaneError> {
-        parse(o)
+    fn parse(mut o: Options) -> Result<CopyConfig, PlaneError> {
+        let mut c = CopyConfig::default();
+        let (threads, split_at) = o.copy()?;
+        c.threads = threads.unwrap_or(c.threads);
+        c.split_at = split_at.map_or(c.split_at, |s| usize::try_from(s).unwrap_or(usize::MAX));
+        o.finish()?;
+        Ok(c)
     }
 
     fn open_node(copy: &CopyConfig, pool_len: usize) -> Result<ShmTransport, NodeError> {
@@ -58,16 +63,4 @@ impl Spec for Shm {
     fn reaches_other_hosts(_: &CopyConfig) -> bool {
         false
     }
-}
-
-fn parse(mut o: Options) -> Result<CopyConfig, PlaneError> {
-    let mut c = CopyConfig::default();
-    if let Some(t) = o.parsed::<usize>("threads")? {
-        c.threads = t.max(1);
-    }
-    if let Some(s) = o.parsed::<usize>("split_at")? {
-        c.split_at = s;
-    }
-    o.finish()?;
-    Ok(c)
 }

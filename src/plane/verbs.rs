@@ -30,8 +30,38 @@ impl Spec for Verbs {
     type NodeError = VerbsError;
     type Engine = VerbsTransport;
 
-    fn parse(o: Options) -> Result<VerbsConfig, PlaneError> {
-        parse(o)
+    /// Reads `device` (needed), `port`, `gid_index` (default: chosen by the
+    /// link), `listen` (the side channel's address), `max_chunk` (bytes; 0:
+    /// the port's largest message), `write_timeout` and `writers` (the CURVE
+    /// certificates, a directory of `*.key` files or one, of the instances
+    /// that may write into this one: with the node's CURVE key, its side
+    /// channel admits those alone).
+    fn parse(mut o: Options) -> Result<VerbsConfig, PlaneError> {
+        let device = o.text("device").ok_or(PlaneError::Missing {
+            plane: Verbs::NAME,
+            key: "device",
+            what: "the RDMA device, such as mlx5_0 or rxe0; see `ibv_devices`",
+        })?;
+        let mut c = VerbsConfig::new(device);
+        if let Some(p) = o.parsed::<u8>("port")? {
+            c.port = p;
+        }
+        if let Some(g) = o.parsed::<u8>("gid_index")? {
+            c.gid = GidChoice::Index(g);
+        }
+        c.listen = o.text("listen");
+        if let Some(m) = o.parsed::<u64>("max_chunk")? {
+            c.max_chunk = (m > 0).then(|| u32::try_from(m).unwrap_or(u32::MAX));
+        }
+        if let Some(t) = o.duration("write_timeout")? {
+            c.write_timeout = t;
+        }
+        if let Some(path) = o.text("writers") {
+            c.writers = tensorferry_zmq::read_public_keys(std::path::Path::new(&path))
+                .map_err(|e| o.bad("writers", &path, e.to_string()))?;
+        }
+        o.finish()?;
+        Ok(c)
     }
 
     /// A transport with a new pool of `pool_len` bytes on the device port
@@ -64,38 +94,4 @@ impl Spec for Verbs {
     fn reaches_other_hosts(_: &VerbsConfig) -> bool {
         true
     }
-}
-
-/// Reads `device` (needed), `port`, `gid_index` (default: chosen by the
-/// link), `listen` (the side channel's address), `max_chunk` (bytes; 0:
-/// the port's largest message), `write_timeout` and `writers` (the CURVE
-/// certificates, a directory of `*.key` files or one, of the instances
-/// that may write into this one: with the node's CURVE key, its side
-/// channel admits those alone).
-pub(super) fn parse(mut o: Options) -> Result<VerbsConfig, PlaneError> {
-    let device = o.text("device").ok_or(PlaneError::Missing {
-        plane: Verbs::NAME,
-        key: "device",
-        what: "the RDMA device, such as mlx5_0 or rxe0; see `ibv_devices`",
-    })?;
-    let mut c = VerbsConfig::new(device);
-    if let Some(p) = o.parsed::<u8>("port")? {
-        c.port = p;
-    }
-    if let Some(g) = o.parsed::<u8>("gid_index")? {
-        c.gid = GidChoice::Index(g);
-    }
-    c.listen = o.text("listen");
-    if let Some(m) = o.parsed::<u64>("max_chunk")? {
-        c.max_chunk = (m > 0).then(|| u32::try_from(m).unwrap_or(u32::MAX));
-    }
-    if let Some(t) = o.duration("write_timeout")? {
-        c.write_timeout = t;
-    }
-    if let Some(path) = o.text("writers") {
-        c.writers = tensorferry_zmq::read_public_keys(std::path::Path::new(&path))
-            .map_err(|e| o.bad("writers", &path, e.to_string()))?;
-    }
-    o.finish()?;
-    Ok(c)
 }
