@@ -451,10 +451,16 @@ fn once_a_target_deregisters_no_byte_of_a_peers_write_lands_in_its_memory() {
     };
     reach(&mut a, 0, |a| a.post_write(&write(0, 8)));
     let mut cut = 0;
-    for attempt in 1..=8u64 {
+    // Eight tries at least, more (up to 24) until one cut a write under
+    // way: on a loaded machine the write may not have begun to land by
+    // the deregistration of the first eight.
+    for attempt in 1..=24u64 {
+        if attempt > 8 && cut > 0 {
+            break;
+        }
         pool_mut(&mut b).fill(0);
         a.post_write(&write(attempt, len as u64)).expect("post");
-        std::thread::sleep(Duration::from_millis(2 * attempt));
+        std::thread::sleep(Duration::from_millis(2 * ((attempt - 1) % 8 + 1)));
         b.deregister(rb).expect("deregister");
         let then = pool(&b).to_vec();
         let outcome = wait_completion(&mut a, attempt, Duration::from_secs(20))
