@@ -30,7 +30,7 @@
 //! the same guard. Keys come from certificate files in czmq's and pyzmq's
 //! format ([`CurveConfig::load`], [`write_certificates`]); a guard's
 //! settings, given or from the environment a deployment sets once per
-//! machine ([`GuardSettings`], [`Guard::from_env`]), are read in one place.
+//! machine ([`GuardConfig`], [`Guard::from_env`]), are read in one place.
 //!
 //! Modules: [`ZmqChannel`] binds (`channel`), [`ZmqSender`] connects and
 //! sends (`send`), [`ZmqReceiver`] receives and watches peers (`recv`);
@@ -46,10 +46,10 @@ mod config;
 mod curve;
 mod error;
 mod guard;
+mod guard_config;
 mod learn;
 mod recv;
 mod send;
-mod settings;
 mod zap;
 pub mod zmq;
 
@@ -59,9 +59,13 @@ pub use config::ZmqConfig;
 pub use curve::{CurveConfig, CurveKeyPair, CurvePublicKey, KeyTextError, KEY_TEXT_LEN};
 pub use error::ZmqError;
 pub use guard::Guard;
+pub use guard_config::{GuardConfig, GuardError, ALLOW_FROM_VAR, CURVE_KEY_VAR, CURVE_PEERS_VAR};
 pub use recv::{remove_ipc_file, ZmqReceiver};
 pub use send::ZmqSender;
-pub use settings::{GuardError, GuardSettings, ALLOW_FROM_VAR, CURVE_KEY_VAR, CURVE_PEERS_VAR};
+
+/// The name [`GuardConfig`] had before the configs took one suffix.
+#[deprecated(since = "0.1.0", note = "renamed to GuardConfig")]
+pub type GuardSettings = GuardConfig;
 pub use zap::ZapHandler;
 
 #[cfg(test)]

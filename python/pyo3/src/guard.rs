@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyString;
-use tensorferry_zmq::GuardSettings;
+use tensorferry_zmq::GuardConfig;
 
 /// The keywords' names, as errors name them.
 const KEYWORDS: [&str; 3] = ["allow_from", "curve_key", "curve_peers"];
@@ -45,7 +45,7 @@ pub(crate) fn guard(
     curve_key: Option<PathBuf>,
     curve_peers: Option<PathBuf>,
 ) -> PyResult<tensorferry_zmq::Guard> {
-    let given = GuardSettings {
+    let given = GuardConfig {
         allow_from,
         curve_key,
         curve_peers,

@@ -50,9 +50,10 @@ pub enum GuardError {
     },
 }
 
-/// A guard's settings, as a caller or the environment gives them.
+/// A guard's configuration (its settings), as a caller or the environment
+/// gives them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GuardSettings {
+pub struct GuardConfig {
     /// The addresses that may connect to `tcp://` endpoints; empty: any.
     pub allow_from: Vec<String>,
     /// This process's secret certificate.
@@ -61,7 +62,7 @@ pub struct GuardSettings {
     pub curve_peers: Option<PathBuf>,
 }
 
-impl GuardSettings {
+impl GuardConfig {
     /// The settings of the environment ([`ALLOW_FROM_VAR`],
     /// [`CURVE_KEY_VAR`], [`CURVE_PEERS_VAR`]); empty ones count as unset.
     pub fn from_env() -> Self {
@@ -175,12 +176,12 @@ fn load(
 }
 
 impl Guard {
-    /// The guard the environment names ([`GuardSettings::from_env`]): what
+    /// The guard the environment names ([`GuardConfig::from_env`]): what
     /// every ferry object of a process takes for what it is not given
-    /// ([`GuardSettings::or_env`]). No
+    /// ([`GuardConfig::or_env`]). No
     /// variable set: a guard that guards nothing.
     pub fn from_env() -> Result<Self, GuardError> {
-        GuardSettings::from_env().guard([ALLOW_FROM_VAR, CURVE_KEY_VAR, CURVE_PEERS_VAR])
+        GuardConfig::from_env().guard([ALLOW_FROM_VAR, CURVE_KEY_VAR, CURVE_PEERS_VAR])
     }
 }
 
@@ -190,25 +191,25 @@ mod tests {
 
     #[test]
     fn settings_name_their_guard_and_say_what_is_wrong() {
-        let none = GuardSettings::default();
+        let none = GuardConfig::default();
         assert!(none.is_empty());
         assert_eq!(none.guard(["a", "k", "p"]).unwrap(), Guard::default());
-        let allow = GuardSettings {
+        let allow = GuardConfig {
             allow_from: vec!["127.0.0.1".into(), " ::1".into()],
-            ..GuardSettings::default()
+            ..GuardConfig::default()
         };
         let g = allow.guard(["a", "k", "p"]).unwrap();
         assert_eq!(g.allow.len(), 2);
         assert!(g.curve.is_none());
-        let bad = GuardSettings {
+        let bad = GuardConfig {
             allow_from: vec!["10.0.0.300".into()],
-            ..GuardSettings::default()
+            ..GuardConfig::default()
         };
         let e = bad.guard(["allow_from", "k", "p"]).unwrap_err().to_string();
         assert!(e.contains("allow_from") && e.contains("10.0.0.300"), "{e}");
-        let half = GuardSettings {
+        let half = GuardConfig {
             curve_key: Some("/x".into()),
-            ..GuardSettings::default()
+            ..GuardConfig::default()
         };
         let e = half
             .guard(["a", CURVE_KEY_VAR, CURVE_PEERS_VAR])
@@ -218,10 +219,10 @@ mod tests {
             e.contains(CURVE_KEY_VAR) && e.contains(CURVE_PEERS_VAR),
             "{e}"
         );
-        let missing = GuardSettings {
+        let missing = GuardConfig {
             curve_key: Some("/nonexistent/k.key_secret".into()),
             curve_peers: Some("/nonexistent/peers".into()),
-            ..GuardSettings::default()
+            ..GuardConfig::default()
         };
         let e = missing
             .guard(["a", "curve_key", "p"])
