@@ -40,7 +40,7 @@ pub(super) enum Ev {
         offset: u64,
         data: Vec<u8>,
         tag: WriteTag,
-        /// It took long to land ([`super::Faults::late_write`]).
+        /// It took long to land ([`FaultPlan::delay_write`](tensorferry_core::fault_plan::FaultPlan::delay_write)).
         late: bool,
     },
     /// On a notifying data plane: a write's bytes arrive, after the
@@ -268,13 +268,13 @@ impl Sim {
         tag: WriteTag,
     ) -> bool {
         let live = self.receiving(to, to_inc);
-        if self.rng.chance(self.faults.write_fail) {
+        if self.rng.chance(self.faults.plan.fail_write) {
             false
         } else if self.faults.notify {
             // The write completes at the sender; its bytes come later
             // (maybe much later, maybe never).
-            if live && !self.rng.chance(self.faults.lost_land) {
-                let delay = if self.rng.chance(self.faults.late_land) {
+            if live && !self.rng.chance(self.faults.plan.lose_notice) {
+                let delay = if self.rng.chance(self.faults.plan.late_notice) {
                     LANDING / 2 + self.rng.below(LATE_ARRIVAL - LANDING / 2)
                 } else {
                     self.rng.below(MS)

@@ -10,6 +10,7 @@ mod output;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use tensorferry_core::fault_plan::FaultPlan;
 use tensorferry_core::handshake::coordinator::*;
 use tensorferry_core::handshake::instance::*;
 use tensorferry_core::handshake::{Instant, Limits};
@@ -55,46 +56,31 @@ const LATE_ARRIVAL: u64 = LANDING + QUARANTINE / 2;
 /// Where the instances send the coordinator their messages.
 const COORDINATOR: &str = "tcp://coordinator:5555";
 
+/// A seed's faults: the core's [`FaultPlan`] (the runtime's fault
+/// injector reads the same), and whether its data plane reports arrivals.
 #[derive(Clone, Copy, Debug)]
 pub struct Faults {
-    pub loss: f64,
-    pub dup: f64,
-    pub max_delay: u64,
-    pub write_fail: f64,
-    pub crash: f64,
+    /// What goes wrong, and how often.
+    pub plan: FaultPlan,
     /// The data plane reports arrivals (completions do not mean delivery).
     pub notify: bool,
-    /// There: the chance that a write's bytes arrive late, up to the
-    /// receiver's landing limit plus most of its quarantine.
-    pub late_land: f64,
-    /// There: the chance that they never arrive.
-    pub lost_land: f64,
-    /// The chance that a write takes long to land: up to `write_life`
-    /// after it was posted, long after its request may have failed.
-    pub late_write: f64,
-    /// The chance that a write's sender crashes just after posting it
-    /// (the write goes on without it, as an RDMA NIC's does).
-    pub drop_sender: f64,
-    /// How late a write may land at most: the data plane's write
-    /// lifetime ([`WRITE_LIFE`], what the instances are told), or longer
-    /// for a plane that understates it.
-    pub write_life: u64,
 }
 
 impl Faults {
+    /// No faults: messages in transit up to 2 ms (so reordered all the
+    /// same), writes within the data plane's write lifetime.
     pub const NONE: Faults = Faults {
-        loss: 0.0,
-        dup: 0.0,
-        max_delay: 2 * MS,
-        write_fail: 0.0,
-        crash: 0.0,
+        plan: FaultPlan {
+            jitter: Duration::from_millis(2),
+            write_lifetime: Duration::from_nanos(WRITE_LIFE),
+            ..FaultPlan::NONE
+        },
         notify: false,
-        late_land: 0.0,
-        lost_land: 0.0,
-        late_write: 0.0,
-        drop_sender: 0.0,
-        write_life: WRITE_LIFE,
     };
+
+    fn max_delay(&self) -> u64 {
+        ns(self.plan.jitter)
+    }
 }
 
 pub struct Rng(pub u64);
@@ -276,7 +262,7 @@ impl Sim {
             retry_backoff: Duration::from_millis(5),
             max_attempts: 4,
             quarantine: Duration::from_nanos(QUARANTINE),
-            message_delay: Duration::from_nanos(faults.max_delay),
+            message_delay: Duration::from_nanos(faults.max_delay()),
             max_write_lifetime: CoordinatorConfig::FERRY.max_write_lifetime,
             late_done_wait: Duration::from_millis(200),
         };
@@ -356,7 +342,7 @@ impl Sim {
             let i = self.rng.below(PER_ROLE as u64) as usize;
             self.queue.push(at, Ev::Stage { i });
         }
-        if self.faults.crash > 0.0 {
+        if self.faults.plan.crash > 0.0 {
             for _ in 0..3 {
                 let at = self.rng.below(1000 * MS);
                 let i = self.rng.below(N as u64) as usize;
@@ -423,7 +409,7 @@ impl Sim {
             staged_timeout: Duration::from_millis(1500),
             reserved_timeout: Duration::from_millis(1500),
             quarantine: Duration::from_nanos(QUARANTINE),
-            message_delay: Duration::from_nanos(self.faults.max_delay),
+            message_delay: Duration::from_nanos(self.faults.max_delay()),
             landing_timeout: landing.unwrap_or(Duration::from_millis(100)),
             head: Head::Ferry,
             alloc_hold: Duration::from_millis(100),

@@ -19,16 +19,16 @@ impl Sim {
     /// twice, always after a random delay (so reordered); `ev` makes the
     /// event of their arrival.
     fn send(&mut self, bytes: Vec<u8>, ev: impl Fn(Vec<u8>) -> Ev) {
-        if self.rng.chance(self.faults.loss) {
+        if self.rng.chance(self.faults.plan.drop) {
             return;
         }
-        let copies = if self.rng.chance(self.faults.dup) {
+        let copies = if self.rng.chance(self.faults.plan.duplicate) {
             2
         } else {
             1
         };
         for _ in 0..copies {
-            let at = self.now + 1 + self.rng.below(self.faults.max_delay);
+            let at = self.now + 1 + self.rng.below(self.faults.max_delay());
             self.queue.push(at, ev(bytes.clone()));
         }
     }
@@ -179,14 +179,14 @@ impl Sim {
             .iter()
             .position(|n| n.inst.is_some() && n.session == w.dest_session.as_str());
         let data = self.nodes[i].pool[w.local_offset as usize..][..w.len as usize].to_vec();
-        let late = self.rng.chance(self.faults.late_write);
+        let late = self.rng.chance(self.faults.plan.delay_write);
         let at = if late {
-            let life = self.faults.write_life;
+            let life = super::ns(self.faults.plan.write_lifetime);
             self.now + life / 2 + self.rng.below(life / 2)
         } else {
             self.now + 1 + self.rng.below(3 * MS)
         };
-        if self.rng.chance(self.faults.drop_sender) {
+        if self.rng.chance(self.faults.plan.crash_after_write) {
             self.queue.push(self.now + 1, Ev::Crash { i });
         }
         let (to, to_inc, offset) = match target {
