@@ -34,13 +34,14 @@
 //! method per job), over the harness the path tests and the fuzz target
 //! share (`harness/`).
 
-mod harness;
+use tensorferry_harness as harness;
 mod sim;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use sim::{run, Faults, Outcome, Rng, POOL, WRITE_LIFE};
+use harness::Rng;
+use sim::{run, Faults, Outcome, POOL, WRITE_LIFE};
 use tensorferry_core::fault_plan::FaultPlan;
 
 fn env(name: &str, default: u64) -> u64 {
