@@ -11,32 +11,50 @@ use tensorferry_core::transport::{Landed, WriteTag};
 use super::output::stage_request;
 use super::{pattern, Forwarding, Sim, LANDING, LATE_ARRIVAL, MIN_BLOCK, MS, PER_ROLE};
 
+/// A write's bytes on their way: for which request, to which
+/// incarnation of which instance, where in its pool, under which tag.
+#[derive(Debug)]
+pub(super) struct Bytes {
+    pub(super) id: String,
+    pub(super) to: usize,
+    pub(super) to_inc: u32,
+    pub(super) offset: u64,
+    pub(super) data: Vec<u8>,
+    pub(super) tag: WriteTag,
+}
+
+impl std::fmt::Display for Bytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Bytes {
+            id,
+            to,
+            to_inc,
+            offset,
+            data,
+            ..
+        } = self;
+        let len = data.len();
+        write!(f, "{id} to inst{to}.{to_inc} @{offset} len {len}")
+    }
+}
+
 #[derive(Debug)]
 pub(super) enum Ev {
+    /// Incarnation `inc` of instance `from` wrote `bytes`: the write
+    /// completes at the sender (and, where completions mean delivery, its
+    /// bytes land).
     WriteLand {
         from: usize,
         inc: u32,
         token: Token,
-        id: String,
-        to: usize,
-        to_inc: u32,
-        offset: u64,
-        data: Vec<u8>,
-        tag: WriteTag,
+        bytes: Bytes,
         /// It took long to land
         /// ([`FaultPlan::delay_write`](tensorferry_core::fault_plan::FaultPlan::delay_write)).
         late: bool,
     },
     /// On a notifying data plane: a write's bytes arrive, after the
     /// sender's completion.
-    Arrive {
-        id: String,
-        to: usize,
-        to_inc: u32,
-        offset: u64,
-        data: Vec<u8>,
-        tag: WriteTag,
-    },
+    Arrive(Bytes),
     Release {
         i: usize,
         inc: u32,
@@ -66,31 +84,10 @@ pub(super) enum Ev {
 /// prints the messages).
 pub(super) fn trace(now: u64, ev: &Ev) {
     match ev {
-        Ev::WriteLand {
-            from,
-            to,
-            to_inc,
-            offset,
-            id,
-            data,
-            ..
-        } => println!(
-            "{:>9} write {id} inst{from} -> inst{to}.{to_inc} @{offset} len {}",
-            now / 1000,
-            data.len()
-        ),
-        Ev::Arrive {
-            to,
-            to_inc,
-            offset,
-            id,
-            data,
-            ..
-        } => println!(
-            "{:>9} bytes of {id} arrive at inst{to}.{to_inc} @{offset} len {}",
-            now / 1000,
-            data.len()
-        ),
+        Ev::WriteLand { from, bytes, .. } => {
+            println!("{:>9} write by inst{from}: {bytes}", now / 1000)
+        }
+        Ev::Arrive(bytes) => println!("{:>9} bytes arrive: {bytes}", now / 1000),
         Ev::Crash { i } => println!("{:>9} crash inst{i}", now / 1000),
         Ev::Restart { i } => println!("{:>9} restart inst{i}", now / 1000),
         Ev::Stop { i } => println!("{:>9} stop inst{i}: drain", now / 1000),
@@ -107,28 +104,16 @@ impl Sim {
                 from,
                 inc,
                 token,
-                id,
-                to,
-                to_inc,
-                offset,
-                data,
-                tag,
+                bytes,
                 late,
             } => {
-                let ok = self.write_lands(id, to, to_inc, offset, data, tag);
+                let ok = self.write_lands(bytes);
                 if ok && late && self.world.incs[from] != inc {
                     self.ledger.out.late_after_crash += 1;
                 }
                 self.write_completes(from, inc, token, ok);
             }
-            Ev::Arrive {
-                id,
-                to,
-                to_inc,
-                offset,
-                data,
-                tag,
-            } => self.bytes_arrive(&id, to, to_inc, offset, &data, tag),
+            Ev::Arrive(bytes) => self.bytes_arrive(&bytes),
             Ev::Release { i, inc, token } => self.release(i, inc, token),
             Ev::Stage { i } => self.stage(i),
             Ev::Crash { i } => self.crash(i),
@@ -147,19 +132,11 @@ impl Sim {
         }
     }
 
-    /// A write to incarnation `to_inc` of instance `to` completes at its
-    /// sender: whether it succeeded. Its bytes land now, or (on a notifying
-    /// data plane) later, late, or never.
-    fn write_lands(
-        &mut self,
-        id: String,
-        to: usize,
-        to_inc: u32,
-        offset: u64,
-        data: Vec<u8>,
-        tag: WriteTag,
-    ) -> bool {
-        let live = self.receiving(to, to_inc);
+    /// A write of `bytes` completes at its sender: whether it succeeded.
+    /// Its bytes land now, or (on a notifying data plane) later, late, or
+    /// never.
+    fn write_lands(&mut self, bytes: Bytes) -> bool {
+        let live = self.receiving(bytes.to, bytes.to_inc);
         if self.world.wire.fails() {
             false
         } else if self.setup.faults.notify {
@@ -167,20 +144,12 @@ impl Sim {
             // (maybe much later, maybe never).
             if live {
                 if let Some(delay) = self.world.wire.arrival(LANDING, LATE_ARRIVAL) {
-                    let arrive = Ev::Arrive {
-                        id,
-                        to,
-                        to_inc,
-                        offset,
-                        data,
-                        tag,
-                    };
-                    self.world.schedule(delay, arrive);
+                    self.world.schedule(delay, Ev::Arrive(bytes));
                 }
             }
             true
         } else if live {
-            self.land(to, &id, offset, &data);
+            self.land(&bytes);
             true
         } else {
             false
@@ -200,19 +169,12 @@ impl Sim {
 
     /// On a notifying data plane, a write's bytes arrive at incarnation
     /// `to_inc` of instance `to`.
-    fn bytes_arrive(
-        &mut self,
-        id: &str,
-        to: usize,
-        to_inc: u32,
-        offset: u64,
-        data: &[u8],
-        tag: WriteTag,
-    ) {
+    fn bytes_arrive(&mut self, bytes: &Bytes) {
+        let Bytes { to, tag, .. } = *bytes;
         // An instance that left is as good as gone: its pool is about to
         // be unmapped.
-        if self.receiving(to, to_inc) {
-            self.land(to, id, offset, data);
+        if self.receiving(to, bytes.to_inc) {
+            self.land(bytes);
             // Its data plane reports the arrival at once, whether or not
             // the transfer_ready came yet, naming it as libfabric's wide
             // notices do: by 40 bits of its tag.
@@ -230,12 +192,19 @@ impl Sim {
         w.incs[i] == inc && w.up[i] && !w.insts[i].is_leaving()
     }
 
-    /// Lands the bytes of a write for `id` at `offset` of instance `to`,
+    /// Lands the `bytes` of a write for `id` at `offset` of instance `to`,
     /// first checking that they lie inside a slot reserved for its
     /// request: by the receiver (reserved, landing, delivered or
     /// quarantined), or (fast path) preallocated and assigned to it by the
     /// coordinator.
-    fn land(&mut self, to: usize, id: &str, offset: u64, data: &[u8]) {
+    fn land(&mut self, bytes: &Bytes) {
+        let Bytes {
+            ref id,
+            to,
+            offset,
+            ref data,
+            ..
+        } = *bytes;
         let (seed, endpoint) = (self.seed, &self.setup.endpoints[to]);
         let node = &mut self.nodes[to];
         let w = &self.world;

@@ -13,7 +13,7 @@ use tensorferry_core::handshake::Instant;
 use tensorferry_core::json::RawJson;
 use tensorferry_core::wire::{decode, Msg};
 
-use super::events::Ev;
+use super::events::{Bytes, Ev};
 use super::{pool_ptr, Ledger, Node, Sim, MS, PER_ROLE};
 use crate::harness::{self, Posting};
 
@@ -154,16 +154,19 @@ impl Sim {
             }
             None => (i, u32::MAX, 0),
         };
-        let land = Ev::WriteLand {
-            from: i,
-            inc,
-            token: w.token,
+        let bytes = Bytes {
             id: w.id.to_string(),
             to,
             to_inc,
             offset,
             data,
             tag: w.tag,
+        };
+        let land = Ev::WriteLand {
+            from: i,
+            inc,
+            token: w.token,
+            bytes,
             late,
         };
         self.world.schedule(after, land);
