@@ -16,28 +16,14 @@ use tensorferry_core::transport::{
     Incoming, Landed, PoolOwner, ReadOp, Region, Transport, WriteOp, WriteTag,
 };
 
-/// Probabilities (0 to 1) and delays of the faults to inject.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct FaultPlan {
-    /// A write fails (nothing is written; its completion is an error).
-    pub fail_write: f64,
-    /// A write's completion is held back by `delay`.
-    pub delay_write: f64,
-    /// A received message is dropped.
-    pub drop: f64,
-    /// A received message is delivered twice.
-    pub duplicate: f64,
-    /// A received message is held back by `delay` (so later ones overtake
-    /// it).
-    pub delay_message: f64,
-    /// A write's arrival notice is lost (between transports sharing
-    /// [`Notices`]): its receiver is never told it landed.
-    pub lose_notice: f64,
-    /// How long delayed writes and messages are held.
-    pub delay: Duration,
-    /// Seed of the fault schedule.
-    pub seed: u64,
-}
+/// What faults to inject: the core's plan, which the simulation's faulty
+/// wire reads too. These wrappers apply its message faults (`drop`,
+/// `duplicate`, `delay_message`, `jitter`) where messages arrive and its
+/// write faults (`fail_write`, `delay_write` held back by `delay`,
+/// `lose_notice`) to the wrapped transport, on the wall clock; the
+/// simulation's alone (`crash`, `crash_after_write`, `late_notice`,
+/// `write_lifetime`) are ignored here.
+pub use tensorferry_core::fault_plan::FaultPlan;
 
 /// A small deterministic generator (xorshift64*).
 #[derive(Clone, Debug)]
@@ -48,12 +34,27 @@ impl Rng {
         Self(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
     }
 
-    fn chance(&mut self, p: f64) -> bool {
+    /// A number in `[0, 1)`.
+    fn fraction(&mut self) -> f64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         let x = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        p > 0.0 && ((x >> 11) as f64 / (1u64 << 53) as f64) < p
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && self.fraction() < p
+    }
+
+    /// A time in `[0, up_to)`; none drawn (so the schedule is as without
+    /// it) where `up_to` is zero.
+    fn below(&mut self, up_to: Duration) -> Duration {
+        if up_to.is_zero() {
+            Duration::ZERO
+        } else {
+            up_to.mul_f64(self.fraction())
+        }
     }
 }
 
@@ -386,13 +387,15 @@ impl<R: ControlRecv> ControlRecv for FaultyReceiver<R> {
                     }
                     let now = Instant::now();
                     if self.rng.chance(self.plan.duplicate) {
-                        self.held.push_back((now, h.clone()));
+                        let due = now + self.rng.below(self.plan.jitter);
+                        self.held.push_back((due, h.clone()));
                     }
-                    let due = if self.rng.chance(self.plan.delay_message) {
-                        now + self.plan.delay
+                    let held = if self.rng.chance(self.plan.delay_message) {
+                        self.plan.delay
                     } else {
-                        now
+                        Duration::ZERO
                     };
+                    let due = now + held + self.rng.below(self.plan.jitter);
                     self.held.push_back((due, h));
                 }
             }

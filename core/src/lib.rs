@@ -16,7 +16,9 @@
 //!   and the control channel's `ControlSend` and `ControlRecv`;
 //! * [`managed`]: the tables the machines keep, borrowed from the caller
 //!   or, with the `alloc` feature, owned (`InstanceStorage::owned`,
-//!   `CoordinatorStorage::owned`, sized by `handshake::Limits`).
+//!   `CoordinatorStorage::owned`, sized by `handshake::Limits`);
+//! * [`fault_plan`]: what faults to inject, one description for the
+//!   runtime's fault injector and the simulation's faulty wire.
 //!
 //! Everything here is sans-IO: bytes come in as slices, bytes go out into
 //! caller buffers, and a buffer that is too small is reported with the size
@@ -32,6 +34,7 @@ extern crate alloc;
 #[cfg(feature = "std")]
 extern crate std;
 
+pub mod fault_plan;
 pub mod handshake;
 pub mod json;
 pub mod managed;

@@ -1,11 +1,11 @@
 //! Each documented path of the handshake, walked step by step with a
 //! coordinator and real instances exchanging encoded messages. The world
 //! they walk in (the machines, and the synchronous pump between them) is in
-//! `paths/`, built over the harness the simulation and the fuzz target
-//! share (`harness/`). The paths themselves are in `handshake_paths/`, one
+//! `paths/`, in the harness's `World` (`tensorferry-harness`, which the
+//! simulation and the fuzz target drive too) over its lossless wire. The paths themselves are in `handshake_paths/`, one
 //! module a topic; what more than one of them uses is here.
 
-mod harness;
+use tensorferry_harness as harness;
 #[macro_use]
 mod paths;
 

@@ -34,12 +34,15 @@
 //! method per job), over the harness the path tests and the fuzz target
 //! share (`harness/`).
 
-mod harness;
+use tensorferry_harness as harness;
 mod sim;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
-use sim::{run, Faults, Outcome, Rng, MS, POOL, WRITE_LIFE};
+use harness::Rng;
+use sim::{run, Faults, Outcome, POOL, WRITE_LIFE};
+use tensorferry_core::fault_plan::FaultPlan;
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -130,18 +133,22 @@ fn under_faults_every_request_ends_and_nothing_leaks() {
     let seeds = seeds(0);
     let totals = on_all_cores(&seeds, |seed| {
         let mut rng = Rng(seed ^ 0xABCDEF);
-        let faults = Faults {
-            loss: [0.0, 0.01, 0.05][rng.below(3) as usize],
-            dup: [0.0, 0.02, 0.1][rng.below(3) as usize],
-            max_delay: [1, 5, 20][rng.below(3) as usize] * MS,
-            write_fail: [0.0, 0.05][rng.below(2) as usize],
+        let plan = FaultPlan {
+            drop: [0.0, 0.01, 0.05][rng.below(3) as usize],
+            duplicate: [0.0, 0.02, 0.1][rng.below(3) as usize],
+            jitter: Duration::from_millis([1, 5, 20][rng.below(3) as usize]),
+            fail_write: [0.0, 0.05][rng.below(2) as usize],
             crash: [0.0, 1.0][rng.below(2) as usize],
+            late_notice: [0.0, 0.05][rng.below(2) as usize],
+            lose_notice: [0.0, 0.02][rng.below(2) as usize],
+            delay_write: [0.0, 0.1][rng.below(2) as usize],
+            crash_after_write: [0.0, 0.05][rng.below(2) as usize],
+            write_lifetime: Duration::from_nanos(WRITE_LIFE),
+            ..FaultPlan::NONE
+        };
+        let faults = Faults {
+            plan,
             notify: seed % 3 == 2,
-            late_land: [0.0, 0.05][rng.below(2) as usize],
-            lost_land: [0.0, 0.02][rng.below(2) as usize],
-            late_write: [0.0, 0.1][rng.below(2) as usize],
-            drop_sender: [0.0, 0.05][rng.below(2) as usize],
-            write_life: WRITE_LIFE,
         };
         let pool = if seed % 2 == 0 { POOL } else { POOL / 8 };
         // Twice the requests of the fault-free runs: under faults about
@@ -168,10 +175,13 @@ fn under_faults_every_request_ends_and_nothing_leaks() {
 fn writes_that_outlive_the_quarantine_are_caught_landing_in_the_next_tenant() {
     let caught = (0..200u64).find_map(|seed| {
         let faults = Faults {
-            late_write: 0.3,
-            drop_sender: 0.1,
-            // Past the coordinator's push timeout and the quarantine.
-            write_life: 300 * MS,
+            plan: FaultPlan {
+                delay_write: 0.3,
+                crash_after_write: 0.1,
+                // Past the coordinator's push timeout and the quarantine.
+                write_lifetime: Duration::from_millis(300),
+                ..Faults::NONE.plan
+            },
             ..Faults::NONE
         };
         let outcome = std::panic::catch_unwind(|| run(2_000_000 + seed, 300, faults, POOL / 8));

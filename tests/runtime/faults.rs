@@ -58,6 +58,7 @@ fn under_injected_faults_every_request_ends_and_no_slot_leaks() {
         lose_notice: 0.0,
         delay: Duration::from_millis(30),
         seed,
+        ..FaultPlan::NONE
     };
     let mut cs = CoordinatorNodeConfig::new(&["encoder", "denoiser"]);
     cs.config.timeouts = Timeouts {

@@ -1,25 +1,27 @@
 //! Arbitrary message sequences, from any peer, fed to a coordinator and two
-//! instances (encoder, denoiser) that also talk to each other, with the
-//! application staging, releasing and completing writes at random. No
-//! panic; and once every application handle is let go and time has run
-//! far enough, nothing is left in flight, held, parked or leaked.
+//! instances (encoder, denoiser) that also talk to each other over the
+//! harness's byte-driven wire (the input's bytes lose, duplicate, delay and
+//! so reorder their messages, and fail, complete or hold their writes),
+//! with the application staging, releasing and completing writes at
+//! random. No panic; and once every application handle is let go and time
+//! has run far enough, nothing is left in flight, held, parked or leaked.
 #![no_main]
 
-// The machines are built, and their output drained, as the path tests and
-// the simulation do.
-#[path = "../../tests/harness/mod.rs"]
-mod harness;
+// The machines are built, and their world run, as the path tests and the
+// simulation do theirs.
+use tensorferry_harness as harness;
 
 use std::time::Duration;
 
 use arbitrary::Arbitrary;
+use libfuzzer_sys::fuzz_target;
 use tensorferry_core::handshake::coordinator::*;
 use tensorferry_core::handshake::instance::*;
 use tensorferry_core::handshake::{Instant, Limits, PeerId};
 use tensorferry_core::json::{JsonStr, RawJson};
 use tensorferry_core::slots::BuddyConfig;
 use tensorferry_core::wire::*;
-use libfuzzer_sys::fuzz_target;
+use tensorferry_harness::{Bytes, World};
 
 const IDS: [&str; 4] = ["a", "b", "c", "d"];
 const SESSIONS: [&str; 4] = ["enc", "den", "x", ""];
@@ -346,7 +348,42 @@ fn instance(role: &'static str, session: &'static str) -> Instance<'static> {
     harness::instance(Instant(0), &who, &config, &LIMITS)
 }
 
-fuzz_target!(|ops: Vec<Op>| {
+/// The operations, and the bytes that choose the fates of the machines'
+/// own messages and writes.
+#[derive(Arbitrary, Debug)]
+struct Input {
+    wire: Vec<u8>,
+    ops: Vec<Op>,
+}
+
+/// What the application holds after the world moved: deliveries to let
+/// go, writes to complete, the tags of the writes posted (newest last).
+#[derive(Default)]
+struct App {
+    held: Vec<(usize, Token)>,
+    writes: Vec<(usize, Token)>,
+    posted: Vec<tensorferry_core::transport::WriteTag>,
+}
+
+impl App {
+    fn take(&mut self, w: &mut World<'_, Bytes>) {
+        for (i, e) in w.inst_events.drain(..) {
+            if let InstanceEvent::Received(t) = e {
+                self.held.push((i, t));
+            }
+        }
+        w.coord_events.clear();
+        for (i, write) in w.pending.drain(..) {
+            self.writes.push((i, write.token));
+            if self.posted.len() == 64 {
+                self.posted.remove(0);
+            }
+            self.posted.push(write.tag);
+        }
+    }
+}
+
+fuzz_target!(|input: Input| {
     let config = CoordinatorConfig {
         policy: Policy::MostFreeSlots,
         capacity_per_instance: 2,
@@ -378,67 +415,21 @@ fuzz_target!(|ops: Vec<Op>| {
     coord
         .set_role_endpoint(ROLES[1], "tcp://c:den")
         .expect("a role of the pipeline");
-    let mut insts = [instance("encoder", "enc"), instance("denoiser", "den")];
-    let mut now = Instant(0);
-    let mut buf = vec![0u8; 8192];
-    let mut held: Vec<(usize, Token)> = Vec::new();
-    let mut writes: Vec<(usize, Token)> = Vec::new();
-    // The tags of the writes posted, newest last.
-    let mut posted: Vec<tensorferry_core::transport::WriteTag> = Vec::new();
-
-    let mut pump = |coord: &mut Coordinator<'_>,
-                    insts: &mut [Instance<'_>; 2],
-                    now: Instant,
-                    held: &mut Vec<(usize, Token)>,
-                    writes: &mut Vec<(usize, Token)>,
-                    posted: &mut Vec<tensorferry_core::transport::WriteTag>| {
-        for _ in 0..64 {
-            let mut moved = false;
-            // Peers are named by number here (instance `i` is peer `i +
-            // 1`), as `Op::ToCoord` names them.
-            for (to, bytes) in harness::coordinator_outbox(coord, &mut buf) {
-                moved = true;
-                decode(&bytes).expect("coordinator output decodes");
-                if let Some(inst) = insts.get_mut((to.0 as usize).wrapping_sub(1)) {
-                    let _ = harness::deliver_to_instance(inst, now, &bytes);
-                }
-            }
-            harness::coordinator_events(coord);
-            for (i, inst) in insts.iter_mut().enumerate() {
-                for bytes in harness::instance_outbox(inst, &mut buf) {
-                    moved = true;
-                    let msg = decode(&bytes).expect("instance output decodes");
-                    let _ = coord.sender_of(&msg, coord.role_of(PeerId(i as u32 + 1)));
-                    let _ = coord.handle(now, PeerId(i as u32 + 1), &msg);
-                }
-                for w in harness::writes(inst) {
-                    writes.push((i, w.token));
-                    if posted.len() == 64 {
-                        posted.remove(0);
-                    }
-                    posted.push(w.tag);
-                }
-                for e in harness::instance_events(inst) {
-                    if let InstanceEvent::Received(t) = e {
-                        held.push((i, t));
-                    }
-                }
-            }
-            if !moved {
-                break;
-            }
-        }
-    };
+    let insts = vec![instance("encoder", "enc"), instance("denoiser", "den")];
+    let mut w = World::with_wire(coord, insts, Bytes::new(input.wire), false);
+    let mut app = App::default();
+    app.take(&mut w);
 
     let mut bytes = Vec::new();
-    for op in ops.into_iter().take(300) {
+    for op in input.ops.into_iter().take(300) {
+        let now = w.now;
         match op {
             Op::ToCoord { from, msg } => {
                 encode(&msg, &mut bytes);
                 let m = decode(&bytes).expect("own encoding decodes");
-                let _ = coord.sender_of(&m, Some(usize::from(from % 4)));
-                let _ = coord.sender_of(&m, None);
-                let _ = coord.handle(now, PeerId(u32::from(from % 4) + 1), &m);
+                let _ = w.coord.sender_of(&m, Some(usize::from(from % 4)));
+                let _ = w.coord.sender_of(&m, None);
+                let _ = w.coord.handle(now, PeerId(u32::from(from % 4) + 1), &m);
             }
             Op::Incoming {
                 from,
@@ -471,6 +462,7 @@ fuzz_target!(|ops: Vec<Op>| {
                     magic,
                     payload,
                 };
+                let coord = &mut w.coord;
                 if let Ok(peer) = coord.handle_incoming(now, &m) {
                     // A named peer is answered at its endpoint.
                     assert_eq!(
@@ -483,87 +475,69 @@ fuzz_target!(|ops: Vec<Op>| {
             }
             Op::Gone { from } => {
                 const FROM: [&str; 4] = ["tcp://enc", "tcp://den", "tcp://x:1", ""];
-                let _ = coord.handle_gone(now, FROM[usize::from(from) % FROM.len()]);
+                let _ = w
+                    .coord
+                    .handle_gone(now, FROM[usize::from(from) % FROM.len()]);
             }
             Op::ToInst { to, msg } => {
                 encode(&msg, &mut bytes);
                 decode(&bytes).expect("own encoding decodes");
-                let _ = harness::deliver_to_instance(&mut insts[usize::from(to)], now, &bytes);
+                let _ = harness::deliver_to_instance(&mut w.insts[usize::from(to)], now, &bytes);
             }
             Op::Stage { id, size } => {
                 let i = usize::from(id % 2);
                 if let Ok((token, _)) =
-                    insts[i].stage(IDS[usize::from(id) % IDS.len()], u64::from(size) + 1)
+                    w.insts[i].stage(IDS[usize::from(id) % IDS.len()], u64::from(size) + 1)
                 {
                     let len = u64::from(size) + 1;
                     let scalars = RawJson::EMPTY_OBJECT;
-                    let _ = harness::commit_blob(&mut insts[i], now, token, len, scalars, None);
+                    let _ = harness::commit_blob(&mut w.insts[i], now, token, len, scalars, None);
                 }
             }
-            Op::Release { nth, error } if !held.is_empty() => {
-                let (i, t) = held.swap_remove(usize::from(nth) % held.len());
-                let _ = insts[i].release(t, error.then_some("app error"));
+            Op::Release { nth, error } if !app.held.is_empty() => {
+                let (i, t) = app.held.swap_remove(usize::from(nth) % app.held.len());
+                let _ = w.insts[i].release(t, error.then_some("app error"));
             }
-            Op::Complete { nth, ok } if !writes.is_empty() => {
-                let (i, t) = writes.swap_remove(usize::from(nth) % writes.len());
-                let _ = insts[i].handle_completion(now, t, if ok { Ok(()) } else { Err("failed") });
+            Op::Complete { nth, ok } if !app.writes.is_empty() => {
+                let (i, t) = app.writes.swap_remove(usize::from(nth) % app.writes.len());
+                let r = if ok { Ok(()) } else { Err("failed") };
+                let _ = w.insts[i].handle_completion(now, t, r);
             }
-            Op::Reregister { who } => insts[usize::from(who)].reregister(now),
-            Op::Drain { who } => insts[usize::from(who)].drain(now),
-            Op::Leave { who } => insts[usize::from(who)].leave(now, "fuzz"),
+            Op::Reregister { who } => w.insts[usize::from(who)].reregister(now),
+            Op::Drain { who } => w.insts[usize::from(who)].drain(now),
+            Op::Leave { who } => w.insts[usize::from(who)].leave(now, "fuzz"),
             Op::Land { nth, bits, bogus } => {
+                let posted = &app.posted;
                 let tag = match bogus {
                     Some(t) => Some(t),
                     None => (!posted.is_empty()).then(|| posted[usize::from(nth) % posted.len()].0),
                 };
                 if let Some(tag) = tag {
-                    let landed = tensorferry_core::transport::Landed::low_bits(tag, u32::from(bits));
-                    let _ = insts[1].handle_landed(now, landed);
+                    let landed =
+                        tensorferry_core::transport::Landed::low_bits(tag, u32::from(bits));
+                    let _ = w.insts[1].handle_landed(now, landed);
                 }
             }
-            Op::Advance { ms } => {
-                now = now + Duration::from_millis(u64::from(ms));
-                coord.handle_timeout(now);
-                for inst in &mut insts {
-                    inst.handle_timeout(now);
-                }
-            }
+            // Messages in transit until then arrive; the timers fire
+            // late, as an event loop's that overslept.
+            Op::Advance { ms } => w.oversleep(now + Duration::from_millis(u64::from(ms))),
             _ => {}
         }
-        pump(
-            &mut coord,
-            &mut insts,
-            now,
-            &mut held,
-            &mut writes,
-            &mut posted,
-        );
+        w.pump();
+        app.take(&mut w);
     }
 
     // Let go of everything, then let time run out every wait.
     for _ in 0..100 {
-        for (i, t) in held.drain(..) {
-            let _ = insts[i].release(t, None);
+        let now = w.now;
+        for (i, t) in app.held.drain(..) {
+            let _ = w.insts[i].release(t, None);
         }
-        for (i, t) in writes.drain(..) {
-            let _ = insts[i].handle_completion(now, t, Ok(()));
+        for (i, t) in app.writes.drain(..) {
+            let _ = w.insts[i].handle_completion(now, t, Ok(()));
         }
-        now = now + Duration::from_millis(20);
-        coord.handle_timeout(now);
-        for inst in &mut insts {
-            inst.handle_timeout(now);
-        }
-        pump(
-            &mut coord,
-            &mut insts,
-            now,
-            &mut held,
-            &mut writes,
-            &mut posted,
-        );
+        w.oversleep(now + Duration::from_millis(20));
+        app.take(&mut w);
     }
-    harness::assert_coordinator_drained(&coord, "coordinator");
-    for (i, inst) in insts.iter().enumerate() {
-        harness::assert_instance_drained(inst, 1, &format!("instance {i}"));
-    }
+    w.assert_drained(1, "fuzz");
 });

@@ -20,7 +20,7 @@ fn failure_texts_reach_the_wire_cut_at_a_character_boundary() {
         "peer gone: fi_writemsg (peer den-0): {} (errno 111)",
         "é".repeat(REASON_LEN)
     );
-    w.writes = Some(Err(Box::leak(long.clone().into_boxed_str())));
+    w.wire.writes = Some(Err(Box::leak(long.clone().into_boxed_str())));
     w.stage(0, "r", 6 * KIB);
     let pushed = error_sent(&w, "transfer_pushed");
     assert!(long.starts_with(&pushed), "{pushed}");
@@ -28,7 +28,7 @@ fn failure_texts_reach_the_wire_cut_at_a_character_boundary() {
     assert_eq!(w.failed(), vec![FailReason::WriteFailed]);
     w.advance(10);
     // The application's reason for failing a received transfer.
-    w.writes = Some(Ok(()));
+    w.wire.writes = Some(Ok(()));
     w.stage(0, "r2", 6 * KIB);
     let [token] = w.received(1)[..] else { panic!() };
     w.insts[1]
@@ -60,7 +60,7 @@ fn re_registration_fails_in_flight_transfers() {
         instance("denoiser", "den-0", "tcp://den:1"),
     ];
     let mut w = World::new(coordinator(8), insts);
-    w.writes = None;
+    w.wire.writes = None;
     w.stage(0, "r", 20 * KIB);
     // The denoiser restarts with a new session on the same endpoint.
     w.insts[1] = instance("denoiser", "den-1", "tcp://den:1");
@@ -75,7 +75,7 @@ fn re_registration_fails_in_flight_transfers() {
     w.insts[i]
         .handle_completion(w.now, write.token, Err("peer gone"))
         .unwrap();
-    w.writes = Some(Ok(()));
+    w.wire.writes = Some(Ok(()));
     // New work flows to the new session.
     w.stage(0, "r2", 6 * KIB);
     let [token] = w.received(1)[..] else { panic!() };
@@ -180,7 +180,7 @@ fn duplicates_and_strangers_change_nothing() {
 #[test]
 fn late_messages_after_an_abort_are_ignored() {
     world!(w, 8);
-    w.drop = vec![MsgType::Allocated];
+    w.wire.drop = vec![MsgType::Allocated];
     w.stage(0, "r", 20 * KIB);
     w.advance(11);
     let late_ready =
@@ -194,7 +194,7 @@ fn late_messages_after_an_abort_are_ignored() {
 #[test]
 fn a_full_transfer_table_is_answered_on_the_wire() {
     world!(w, 1);
-    w.writes = None;
+    w.wire.writes = None;
     w.stage(0, "a", 6 * KIB);
     w.stage(0, "b", 6 * KIB);
     assert_eq!(w.failed(), vec![FailReason::TableFull]);
@@ -228,7 +228,7 @@ fn losing_the_coordinator_ends_what_it_relayed() {
     world!(w, 8);
     // Pushes never arrive: one request waits on the slow path with a slot
     // reserved at the receiver, one on the fast path, one in the queue.
-    w.drop = vec![MsgType::Push];
+    w.wire.drop = vec![MsgType::Push];
     w.stage(0, "c", 20 * KIB);
     w.stage(0, "a", 6 * KIB);
     w.stage(0, "b", 6 * KIB);
@@ -255,7 +255,7 @@ fn losing_the_coordinator_ends_what_it_relayed() {
     // only after its quarantine.
     assert_eq!(w.insts[0].requests_held(), 0);
     assert_eq!(w.insts[1].requests_held(), 1);
-    w.drop.clear();
+    w.wire.drop.clear();
     w.pump();
     assert!(w.insts.iter().all(Instance::is_registered));
     // The coordinator's own timers end its side; then all is clean, and a

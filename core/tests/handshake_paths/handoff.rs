@@ -41,7 +41,7 @@ fn fast_path_uses_a_preallocated_slot() {
 #[test]
 fn each_phase_of_a_hand_off_is_timed_on_the_given_clock() {
     world!(w, 8);
-    w.writes = None;
+    w.wire.writes = None;
     w.stage(0, "r1", 6 * KIB);
     // The push went out at once (fast path); the write takes 3 ms.
     w.advance(3);
@@ -188,7 +188,7 @@ fn a_size_no_pool_can_hold_is_rejected_for_good() {
 #[test]
 fn a_failed_write_fails_the_request() {
     world!(w, 8);
-    w.writes = Some(Err("remote access error"));
+    w.wire.writes = Some(Err("remote access error"));
     w.stage(0, "r", 20 * KIB);
     assert_eq!(w.failed(), vec![FailReason::WriteFailed]);
     assert!(w.inst_events.iter().any(|(i, e)| *i == 0
@@ -221,7 +221,7 @@ fn queue_timeout_without_receivers() {
 #[test]
 fn alloc_timeout() {
     world!(w, 8);
-    w.drop = vec![MsgType::Allocated];
+    w.wire.drop = vec![MsgType::Allocated];
     w.stage(0, "r", 20 * KIB);
     w.advance(11);
     assert_eq!(w.failed(), vec![FailReason::AllocTimeout]);
@@ -232,7 +232,7 @@ fn alloc_timeout() {
 #[test]
 fn push_timeout_and_the_late_completion() {
     world!(w, 8);
-    w.writes = None;
+    w.wire.writes = None;
     w.stage(0, "r", 6 * KIB);
     w.advance(11);
     assert_eq!(w.failed(), vec![FailReason::PushTimeout]);
@@ -283,7 +283,7 @@ fn one_request_id_passes_through_every_leg() {
     // The denoiser forwards the request under the same id while it still
     // holds its input; the second leg's write is slow.
     w.advance(6);
-    w.writes = None;
+    w.wire.writes = None;
     w.stage(1, "r1", 6 * KIB);
     assert_eq!(w.pending.len(), 1);
     // The first leg times out waiting for the denoiser's `transfer_done`.
@@ -332,7 +332,7 @@ fn one_request_id_passes_through_every_leg() {
 #[test]
 fn write_cookies_are_tokens_and_a_stale_one_is_refused() {
     world!(w, 8);
-    w.writes = None;
+    w.wire.writes = None;
     w.stage(0, "r", 6 * KIB);
     let (i, write) = w.pending.pop().unwrap();
     let token = Token::from_cookie(write.token.cookie());
@@ -403,7 +403,7 @@ fn most_free_slots_ranks_by_room_when_no_slot_fits_and_by_slots_when_they_do() {
     let mut w = World::new(coord, insts);
     assert!(w.insts.iter().all(Instance::is_registered));
     // Writes stay pending, so every transfer holds its receiver's room.
-    w.writes = None;
+    w.wire.writes = None;
     let in_use = |w: &World<'_>| {
         let mut v: Vec<(u32, u32)> = w.coord.capacity_in_use().map(|(p, n)| (p.0, n)).collect();
         v.sort_unstable();

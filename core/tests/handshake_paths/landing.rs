@@ -44,7 +44,7 @@ fn awaited(w: &World<'_>, id: &str) -> WriteTag {
 #[test]
 fn a_gated_receiver_hands_over_a_transfer_only_once_its_write_landed() {
     gated_world!(w, 3);
-    w.writes = None;
+    w.wire.writes = None;
     // The fast path (a preallocated slot), then the slow one (too large
     // for those).
     for (n, (id, size)) in [("fast", 6 * KIB), ("slow", 20 * KIB)]
@@ -91,7 +91,7 @@ fn a_gated_receiver_hands_over_a_transfer_only_once_its_write_landed() {
 #[test]
 fn a_write_that_landed_before_its_ready_is_handed_over_when_the_ready_comes() {
     gated_world!(w, 3);
-    w.writes = None;
+    w.wire.writes = None;
     w.stage(0, "early", 6 * KIB);
     let (i, write) = w.pending.pop().unwrap();
     assert!(!w.insts[1].handle_landed(w.now, Landed::of(write.tag)));
@@ -115,7 +115,7 @@ fn a_write_that_landed_before_its_ready_is_handed_over_when_the_ready_comes() {
 #[test]
 fn an_arrival_no_ready_claims_is_forgotten_after_the_landing_limit() {
     gated_world!(w, 3);
-    w.writes = None;
+    w.wire.writes = None;
     w.stage(0, "stale", 6 * KIB);
     let (i, write) = w.pending.pop().unwrap();
     assert!(!w.insts[1].handle_landed(w.now, Landed::of(write.tag)));

@@ -74,7 +74,7 @@ fn a_draining_instance_stages_nothing_new_and_rejects_an_alloc_for_another_recei
     // The coordinator does not hear of den-0's drain (the message is
     // lost), so it still asks den-0 for a slot: den-0 refuses, retryably,
     // and the request goes to den-1.
-    w.drop = vec![MsgType::Deregister];
+    w.wire.drop = vec![MsgType::Deregister];
     w.insts[1].drain(w.now);
     w.pump();
     assert_eq!(
@@ -103,7 +103,7 @@ fn leaving_fails_what_is_held_and_every_peer_hears_it() {
     // den-0 holds "a"; "b" is being written to den-0 when it leaves.
     w.stage(0, "a", 20 * KIB);
     let [held] = w.received(1)[..] else { panic!() };
-    w.writes = None;
+    w.wire.writes = None;
     w.stage(0, "b", 12 * KIB);
     w.stage(0, "c", 12 * KIB);
     let (_, to_den0) = w
@@ -244,7 +244,7 @@ fn a_drain_waits_for_a_fast_path_transfer_it_did_not_know_of() {
     // A fast-path transfer to den-0 is being written when den-0 drains:
     // the coordinator took den-0's preallocated slot, and den-0 has no
     // record of it yet.
-    w.writes = None;
+    w.wire.writes = None;
     w.stage(0, "a", 4 * KIB);
     assert_eq!(w.sent(MsgType::Alloc), 0, "fast path");
     w.insts[1].drain(w.now);
@@ -275,7 +275,7 @@ fn an_instance_that_leaves_unanswered_is_announced_and_registers_no_more() {
     let insts = vec![instance("encoder", "enc-0", "tcp://enc:1")];
     let mut w = World::new(coordinator(8), Vec::new());
     // The coordinator accepts the registration, but its answer is lost.
-    w.drop = vec![MsgType::RegisterAck];
+    w.wire.drop = vec![MsgType::RegisterAck];
     w.insts = insts;
     w.pump();
     assert_eq!(w.coord.members(), 1);
@@ -313,7 +313,7 @@ fn a_draining_coordinator_still_carries_a_request_to_its_end() {
 #[test]
 fn a_sender_leaving_with_a_write_out_reports_it_before_it_says_it_is_gone() {
     let mut w = two_receivers();
-    w.writes = None;
+    w.wire.writes = None;
     w.stage(0, "a", 20 * KIB);
     assert_eq!(w.pending.len(), 1, "the write is posted");
     w.insts[0].leave(w.now, "stopped");

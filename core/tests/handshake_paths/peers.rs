@@ -387,7 +387,7 @@ fn garbage_and_foreign_messages_are_told_apart_and_change_nothing() {
 #[test]
 fn a_members_connection_closing_fails_its_transfers_at_once() {
     world!(w, 4);
-    w.writes = None;
+    w.wire.writes = None;
     w.stage(0, "r-1", 4 * KIB);
     assert_eq!(w.coord.in_flight(), 1);
     assert!(!w.coord.handle_gone(w.now, "tcp://nobody:1"));

@@ -123,7 +123,7 @@ fn a_failed_writes_slot_is_parked_for_its_senders_write_lifetime() {
     ];
     let mut w = World::new(coordinator(8), insts);
     assert!(w.insts.iter().all(Instance::is_registered));
-    w.writes = None;
+    w.wire.writes = None;
     // The prompt sender's failure: its slot back after the 5 ms quarantine.
     w.stage(0, "quick", 6 * KIB);
     w.advance(11);

@@ -1,8 +1,10 @@
-//! The simulated world of `handshake_sim.rs`: what a seed sets up (the
-//! faults, the data plane, how denoisers pass requests on), the [`Sim`]
-//! that runs it, and the checks once it has drained. The event kinds are
-//! handled in [`events`], the machines' output is drained onto the faulty
-//! wire in [`output`].
+//! The simulation of `handshake_sim.rs`: what a seed sets up (the faults,
+//! the data plane, how denoisers pass requests on), the [`Sim`] that runs
+//! it in the harness's [`World`] over its faulty wire, and the checks once
+//! it has drained. The world carries the control messages and fires the
+//! timers; the simulation's own events (its data plane's writes, the
+//! applications, crashes and stops) are handled in [`events`], what the
+//! machines emitted is booked and checked in [`output`].
 
 mod events;
 mod output;
@@ -10,12 +12,13 @@ mod output;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use tensorferry_core::fault_plan::FaultPlan;
 use tensorferry_core::handshake::coordinator::*;
 use tensorferry_core::handshake::instance::*;
 use tensorferry_core::handshake::{Instant, Limits};
 
-use crate::harness;
-use events::{Ev, Queue};
+use crate::harness::{self, Faulty, Rng, World};
+use events::Ev;
 
 pub const ROLES: [&str; 3] = ["encoder", "denoiser", "decoder"];
 pub const PER_ROLE: usize = 2;
@@ -55,63 +58,30 @@ const LATE_ARRIVAL: u64 = LANDING + QUARANTINE / 2;
 /// Where the instances send the coordinator their messages.
 const COORDINATOR: &str = "tcp://coordinator:5555";
 
+/// A seed's faults: the core's [`FaultPlan`] (the runtime's fault
+/// injector reads the same), and whether its data plane reports arrivals.
 #[derive(Clone, Copy, Debug)]
 pub struct Faults {
-    pub loss: f64,
-    pub dup: f64,
-    pub max_delay: u64,
-    pub write_fail: f64,
-    pub crash: f64,
+    /// What goes wrong, and how often.
+    pub plan: FaultPlan,
     /// The data plane reports arrivals (completions do not mean delivery).
     pub notify: bool,
-    /// There: the chance that a write's bytes arrive late, up to the
-    /// receiver's landing limit plus most of its quarantine.
-    pub late_land: f64,
-    /// There: the chance that they never arrive.
-    pub lost_land: f64,
-    /// The chance that a write takes long to land: up to `write_life`
-    /// after it was posted, long after its request may have failed.
-    pub late_write: f64,
-    /// The chance that a write's sender crashes just after posting it
-    /// (the write goes on without it, as an RDMA NIC's does).
-    pub drop_sender: f64,
-    /// How late a write may land at most: the data plane's write
-    /// lifetime ([`WRITE_LIFE`], what the instances are told), or longer
-    /// for a plane that understates it.
-    pub write_life: u64,
 }
 
 impl Faults {
+    /// No faults: messages in transit up to 2 ms (so reordered all the
+    /// same), writes within the data plane's write lifetime.
     pub const NONE: Faults = Faults {
-        loss: 0.0,
-        dup: 0.0,
-        max_delay: 2 * MS,
-        write_fail: 0.0,
-        crash: 0.0,
+        plan: FaultPlan {
+            jitter: Duration::from_millis(2),
+            write_lifetime: Duration::from_nanos(WRITE_LIFE),
+            ..FaultPlan::NONE
+        },
         notify: false,
-        late_land: 0.0,
-        lost_land: 0.0,
-        late_write: 0.0,
-        drop_sender: 0.0,
-        write_life: WRITE_LIFE,
     };
-}
 
-pub struct Rng(pub u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    pub fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p && p > 0.0
+    fn max_delay(&self) -> u64 {
+        ns(self.plan.jitter)
     }
 }
 
@@ -159,14 +129,12 @@ struct Plane {
     write_lifetime: Duration,
 }
 
-/// One instance's place: its current incarnation (none while it is down)
-/// and what the simulation keeps of it.
+/// What the simulation keeps of one instance's place (its machine, its
+/// incarnation and whether it runs are the world's): its pool's bytes, its
+/// data-plane session, what it staged.
 struct Node {
-    inst: Option<Instance<'static>>,
-    inc: u32,
     pool: Vec<u8>,
     session: String,
-    timer: Option<u64>,
     /// The legs this incarnation staged.
     staged: Vec<Leg>,
     /// Its role's index in the pipeline.
@@ -188,33 +156,32 @@ struct Ledger {
     staged_count: usize,
 }
 
-/// A coordinator and `N` instances on a virtual clock, with the seed's
-/// faults between them.
-struct Sim {
-    seed: u64,
-    rng: Rng,
-    trace: bool,
+/// What a seed sets up: its faults, its data plane, how its denoisers
+/// pass requests on, and where its instances are.
+struct Setup {
     faults: Faults,
     forwarding: Forwarding,
     plane: Plane,
+    endpoints: Vec<String>,
+    roles: Vec<&'static str>,
+}
+
+/// A coordinator and `N` instances in the harness's world, on its virtual
+/// clock, with the seed's faults on the wire between them.
+struct Sim {
+    seed: u64,
+    /// The applications' draws (the wire draws its own).
+    rng: Rng,
+    trace: bool,
+    setup: Setup,
     /// A request may live at most this long at the coordinator.
     bound: u64,
     /// And at its sender.
     sender_bound: u64,
-    coord: Coordinator<'static>,
-    coord_timer: Option<u64>,
-    endpoints: Vec<String>,
-    roles: Vec<&'static str>,
+    world: World<'static, Faulty, Ev>,
     nodes: Vec<Node>,
     crashes_left: [u32; N],
-    queue: Queue,
     ledger: Ledger,
-    buf: Vec<u8>,
-    /// The virtual clock: when the event being handled happens.
-    now: u64,
-    /// What the event being handled touched: the coordinator, instances.
-    touched_coord: bool,
-    touched: Vec<usize>,
 }
 
 /// Runs one seed: `requests` requests staged by the encoders, under
@@ -252,7 +219,7 @@ impl Sim {
     /// The seed's world: its coordinator and instances, none of them
     /// started talking yet.
     fn new(seed: u64, faults: Faults, pool: u64) -> Sim {
-        let rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let rng = Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1);
         let trace = std::env::var("FERRY_SIM_TRACE").is_ok_and(|v| v == seed.to_string());
         let forwarding = match seed % 3 {
             0 => Forwarding::NewId,
@@ -276,7 +243,7 @@ impl Sim {
             retry_backoff: Duration::from_millis(5),
             max_attempts: 4,
             quarantine: Duration::from_nanos(QUARANTINE),
-            message_delay: Duration::from_nanos(faults.max_delay),
+            message_delay: Duration::from_nanos(faults.max_delay()),
             max_write_lifetime: CoordinatorConfig::FERRY.max_write_lifetime,
             late_done_wait: Duration::from_millis(200),
         };
@@ -305,101 +272,107 @@ impl Sim {
                 WRITE_LIFE
             }),
         };
-        let mut sim = Sim {
-            seed,
-            rng,
-            trace,
+        let setup = Setup {
             faults,
             forwarding,
             plane,
-            bound,
-            sender_bound: bound.max(1500 * MS) + 10 * MS,
-            coord,
-            coord_timer: None,
             endpoints,
             roles,
-            nodes: Vec::new(),
-            crashes_left: [3u32; N],
-            queue: Queue::default(),
-            ledger: Ledger::default(),
-            buf: vec![0u8; 64 * 1024],
-            now: 0,
-            touched_coord: false,
-            touched: Vec::new(),
         };
+        let mut insts = Vec::new();
+        let mut nodes = Vec::new();
         for i in 0..N {
-            let (inst, session) = sim.start_instance(i, 0);
-            sim.nodes.push(Node {
-                inst: Some(inst),
-                inc: 0,
+            let (inst, session) = setup.instance(i, 0, 0);
+            insts.push(inst);
+            nodes.push(Node {
                 pool: vec![0; POOL as usize],
                 session,
-                timer: None,
                 staged: Vec::new(),
                 role: i / PER_ROLE,
             });
         }
-        sim
+        let plan = FaultPlan {
+            seed,
+            ..faults.plan
+        };
+        let mut world = World::with_wire(coord, insts, Faulty::new(plan), false);
+        world.via = COORDINATOR.to_owned();
+        world.keep_arrivals = true;
+        world.trace = trace;
+        Sim {
+            seed,
+            rng,
+            trace,
+            setup,
+            bound,
+            sender_bound: bound.max(1500 * MS) + 10 * MS,
+            world,
+            nodes,
+            crashes_left: [3u32; N],
+            ledger: Ledger::default(),
+        }
     }
 
     /// What the seed asks for up front: registrations, `requests` staged
     /// at random times, and (under faults) crashes and stops.
     fn schedule(&mut self, requests: usize) {
-        // Each instance starts by sending its registration.
-        for i in 0..N {
-            self.queue.push(0, Ev::InstTimer { i, inc: 0 });
-        }
         // Encoders stage requests at random times over the first second or so.
         for _ in 0..requests {
             // Spread over a second (longer for long runs): queues form, drain.
             let at = self.rng.below(MS * 1000u64.max(requests as u64 / 2));
             let i = self.rng.below(PER_ROLE as u64) as usize;
-            self.queue.push(at, Ev::Stage { i });
+            self.world.schedule_at(at, Ev::Stage { i });
         }
-        if self.faults.crash > 0.0 {
+        if self.setup.faults.plan.crash > 0.0 {
             for _ in 0..3 {
                 let at = self.rng.below(1000 * MS);
                 let i = self.rng.below(N as u64) as usize;
-                self.queue.push(at, Ev::Crash { i });
+                self.world.schedule_at(at, Ev::Crash { i });
             }
             for _ in 0..2 {
                 let at = self.rng.below(1000 * MS);
                 let i = self.rng.below(N as u64) as usize;
-                self.queue.push(at, Ev::Stop { i });
+                self.world.schedule_at(at, Ev::Stop { i });
             }
         }
     }
 
-    /// Handles every event until none is left: each, then the output of
-    /// the machines it touched.
+    /// Runs until nothing is left to happen: each thing that happens in
+    /// the world (a message arriving, timers firing, or one of the
+    /// simulation's events, handled here), then the output of the
+    /// machines it touched, booked and checked.
     fn run(&mut self) {
+        self.book();
         let mut steps = 0u64;
-        while let Some((at, ev)) = self.queue.pop() {
+        while let Some(ev) = self.world.step() {
             steps += 1;
             assert!(
                 steps < 50_000_000,
                 "seed {}: simulation does not settle",
                 self.seed
             );
-            self.now = at;
-            let Some(ev) = ev else { continue };
-            if self.trace {
-                events::trace(self.now, &ev);
+            if let Some(ev) = ev {
+                if self.trace {
+                    events::trace(self.now(), &ev);
+                }
+                self.handle(ev);
             }
-            self.touched_coord = false;
-            self.touched.clear();
-            self.handle(ev);
-            if self.touched_coord {
-                self.drain_coordinator();
-            }
-            self.drain_instances();
+            self.world.drain();
+            self.book();
         }
     }
 
-    /// Instance `i`'s incarnation `inc`, started now with the seed's data
-    /// plane, serving under the head the seed gives its role; and its
+    /// The virtual clock: when what is being handled happens.
+    fn now(&self) -> u64 {
+        self.world.now.0
+    }
+}
+
+impl Setup {
+    /// Instance `i`'s incarnation `inc`, started at `now` with the seed's
+    /// data plane, serving under the head the seed gives its role; and its
     /// data-plane session.
-    fn start_instance(&self, i: usize, inc: u32) -> (Instance<'static>, String) {
+    fn instance(&self, i: usize, inc: u32, now: u64) -> (Instance<'static>, String) {
         let Plane {
             pool,
             landing,
@@ -423,7 +396,7 @@ impl Sim {
             staged_timeout: Duration::from_millis(1500),
             reserved_timeout: Duration::from_millis(1500),
             quarantine: Duration::from_nanos(QUARANTINE),
-            message_delay: Duration::from_nanos(self.faults.max_delay),
+            message_delay: self.faults.plan.jitter,
             landing_timeout: landing.unwrap_or(Duration::from_millis(100)),
             head: Head::Ferry,
             alloc_hold: Duration::from_millis(100),
@@ -444,7 +417,7 @@ impl Sim {
             members: 0,
             prealloc_per_member: 0,
         };
-        let inst = harness::instance(Instant(self.now), &who, &config, &limits);
+        let inst = harness::instance(Instant(now), &who, &config, &limits);
         (inst, session)
     }
 
@@ -455,7 +428,9 @@ impl Sim {
             _ => Head::Ferry,
         }
     }
+}
 
+impl Sim {
     /// The end of the run: every request ended (at the coordinator, once,
     /// or at its sender), nothing in flight, nothing leaked, capacity all
     /// back.
@@ -463,12 +438,15 @@ impl Sim {
         let Sim {
             seed,
             trace,
-            forwarding,
-            coord,
-            nodes,
+            setup,
+            world,
             ledger,
             ..
         } = self;
+        let forwarding = setup.forwarding;
+        let coord = &world.coord;
+        // The coordinator answers only endpoints it was sent from.
+        assert_eq!(world.unaddressed, 0, "seed {seed}");
         let Ledger {
             mut out,
             expected,
@@ -496,11 +474,11 @@ impl Sim {
             );
         }
         // Drained: nothing in flight, nothing leaked, capacity all back.
-        harness::assert_coordinator_drained(&coord, &format!("seed {seed}"));
-        for (i, n) in nodes.iter().enumerate() {
-            let Some(inst) = n.inst.as_ref() else {
+        harness::assert_coordinator_drained(coord, &format!("seed {seed}"));
+        for (i, inst) in world.insts.iter().enumerate() {
+            if !world.up[i] {
                 continue;
-            };
+            }
             out.never_landed += inst.stats().never_landed;
             harness::assert_instance_drained(
                 inst,

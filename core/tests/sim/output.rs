@@ -1,7 +1,9 @@
-//! What [`Sim`] does with the machines' output after each event: the
-//! coordinator's and the instances' messages go on the faulty wire, the
-//! instances' writes onto the data plane, their timers into the queue, and
-//! their events into the ledger (checked against the bounds as they come).
+//! What [`Sim`] makes of what the world's machines emitted after each
+//! step: the messages that reached the coordinator (when each leg was
+//! first seen), the coordinator's events (checked against the bounds as
+//! they come), the writes posted (onto the simulated data plane), and the
+//! instances' events (deliveries released a little later, failed sends
+//! checked against the sender's bound).
 
 use std::time::Duration;
 
@@ -9,55 +11,51 @@ use tensorferry_core::handshake::coordinator::*;
 use tensorferry_core::handshake::instance::*;
 use tensorferry_core::handshake::Instant;
 use tensorferry_core::json::RawJson;
+use tensorferry_core::wire::{decode, Msg};
 
-use super::events::Ev;
+use super::events::{Bytes, Ev};
 use super::{pool_ptr, Ledger, Node, Sim, MS, PER_ROLE};
-use crate::harness;
+use crate::harness::{self, Posting};
 
 impl Sim {
-    /// Puts `bytes` on the wire with the seed's faults: maybe lost, maybe
-    /// twice, always after a random delay (so reordered); `ev` makes the
-    /// event of their arrival.
-    fn send(&mut self, bytes: Vec<u8>, ev: impl Fn(Vec<u8>) -> Ev) {
-        if self.rng.chance(self.faults.loss) {
-            return;
+    /// Books what the last step made the machines emit.
+    pub(super) fn book(&mut self) {
+        for (from, bytes) in std::mem::take(&mut self.world.arrived) {
+            self.arrived(from, &bytes);
         }
-        let copies = if self.rng.chance(self.faults.dup) {
-            2
-        } else {
-            1
-        };
-        for _ in 0..copies {
-            let at = self.now + 1 + self.rng.below(self.faults.max_delay);
-            self.queue.push(at, ev(bytes.clone()));
+        for e in std::mem::take(&mut self.world.coord_events) {
+            self.coordinator_event(e);
+        }
+        for (i, inc, w, p) in std::mem::take(&mut self.world.posted) {
+            self.post(i, inc, w, p);
+        }
+        for (i, e) in std::mem::take(&mut self.world.inst_events) {
+            self.instance_event(i, e);
         }
     }
 
-    /// The coordinator's messages go out, each to the instance at the
-    /// endpoint it names; its events are booked; its timer is set.
-    pub(super) fn drain_coordinator(&mut self) {
-        for (to, bytes) in harness::coordinator_outbox(&mut self.coord, &mut self.buf) {
-            let to = harness::addressee(&self.coord, to, self.endpoints.iter().map(String::as_str))
-                .expect("the coordinator answers only endpoints it was sent from");
-            let inc = self.nodes[to].inc;
-            self.send(bytes, |bytes| Ev::ToInst { to, inc, bytes });
-        }
-        for e in harness::coordinator_events(&mut self.coord) {
-            self.coordinator_event(e);
-        }
-        if let Some(t) = self.coord.poll_timeout() {
-            if self.coord_timer.is_none_or(|c| t.0 < c) {
-                let at = t.0.max(self.now);
-                self.coord_timer = Some(at);
-                self.queue.push(at, Ev::CoordTimer);
-            }
+    /// A message of instance `from` reached the coordinator: a leg staged
+    /// is first seen there now.
+    fn arrived(&mut self, from: usize, bytes: &[u8]) {
+        let msg = decode(bytes).expect("instances send valid messages");
+        let staged = match &msg {
+            Msg::Staged(m) => Some(m.request_id),
+            Msg::Done(d) if d.staged_for_decoder => Some(d.request_id),
+            _ => None,
+        };
+        if let Some(id) = staged {
+            let now = self.now();
+            self.ledger
+                .first_seen
+                .entry((id.to_string(), from / PER_ROLE))
+                .or_insert(now);
         }
     }
 
     /// A leg ended at the coordinator: once, within the bound (and a
     /// delivered one's phases within its life there).
     fn coordinator_event(&mut self, e: CoordinatorEvent) {
-        let (seed, now, bound) = (self.seed, self.now, self.bound);
+        let (seed, now, bound) = (self.seed, self.now(), self.bound);
         let ledger = &mut self.ledger;
         match e {
             CoordinatorEvent::Delivered { id, leg, timing } => {
@@ -104,119 +102,82 @@ impl Sim {
         }
     }
 
-    /// The output of every instance the event touched, in order.
-    pub(super) fn drain_instances(&mut self) {
-        let mut touched = std::mem::take(&mut self.touched);
-        touched.sort_unstable();
-        touched.dedup();
-        for &i in &touched {
-            self.drain_instance(i);
-        }
-        self.touched = touched;
-    }
-
-    /// Instance `i`'s messages go on the wire, its writes onto the data
-    /// plane; its deliveries are released a little later, its failed sends
-    /// checked against the sender's bound; its timer is set.
-    fn drain_instance(&mut self, i: usize) {
-        let inc = self.nodes[i].inc;
-        let Some(inst) = self.nodes[i].inst.as_mut() else {
-            return;
-        };
-        let outbox = harness::instance_outbox(inst, &mut self.buf);
-        let writes = harness::writes(inst);
-        for bytes in outbox {
-            self.send(bytes, |bytes| Ev::ToCoord {
-                from: i,
-                inc,
-                bytes,
-            });
-        }
-        for w in writes {
-            self.post(i, inc, w);
-        }
-        let inst = self.nodes[i].inst.as_mut().unwrap();
-        let mut received = Vec::new();
-        for e in harness::instance_events(inst) {
-            match e {
-                InstanceEvent::Received(token) => received.push(token),
-                InstanceEvent::SendFailed { id, .. } => {
-                    // Ends within the sender's own staged timeout at most.
-                    let key = (id.to_string(), i / PER_ROLE);
-                    if let Some(t0) = self.ledger.staged_at.get(&key) {
-                        assert!(
-                            self.now - t0 <= self.sender_bound,
-                            "seed {}: {id} ended at its sender after {} ms",
-                            self.seed,
-                            (self.now - t0) / MS
-                        );
-                    }
-                    self.ledger.ended_at_sender.insert(key);
+    /// Instance `i`'s deliveries are released a little later; a send that
+    /// failed ended within the sender's bound.
+    fn instance_event(&mut self, i: usize, e: InstanceEvent) {
+        match e {
+            InstanceEvent::Received(token) => {
+                let inc = self.world.incs[i];
+                let after = self.rng.below(5 * MS);
+                self.world.schedule(after, Ev::Release { i, inc, token });
+            }
+            InstanceEvent::SendFailed { id, .. } => {
+                // Ends within the sender's own staged timeout at most.
+                let key = (id.to_string(), i / PER_ROLE);
+                if let Some(t0) = self.ledger.staged_at.get(&key) {
+                    assert!(
+                        self.now() - t0 <= self.sender_bound,
+                        "seed {}: {id} ended at its sender after {} ms",
+                        self.seed,
+                        (self.now() - t0) / MS
+                    );
                 }
-                _ => {}
+                self.ledger.ended_at_sender.insert(key);
             }
-        }
-        for token in received {
-            let at = self.now + self.rng.below(5 * MS);
-            self.queue.push(at, Ev::Release { i, inc, token });
-        }
-        let inst = self.nodes[i].inst.as_ref().unwrap();
-        if let Some(t) = inst.poll_timeout() {
-            if self.nodes[i].timer.is_none_or(|c| t.0 < c) {
-                let at = t.0.max(self.now);
-                self.nodes[i].timer = Some(at);
-                self.queue.push(at, Ev::InstTimer { i, inc });
-            }
+            _ => {}
         }
     }
 
-    /// Incarnation `inc` of instance `i` posts write `w`: it lands a
-    /// little later at the receiver its session names (a dead session
-    /// fails the write).
-    fn post(&mut self, i: usize, inc: u32, w: Write) {
+    /// Incarnation `inc` of instance `i` posted write `w`: it lands when
+    /// the wire said, at the receiver its session names (a dead session
+    /// fails the write); its sender may crash just after.
+    fn post(&mut self, i: usize, inc: u32, w: Write, posting: Posting) {
+        let up = &self.world.up;
         let target = self
             .nodes
             .iter()
-            .position(|n| n.inst.is_some() && n.session == w.dest_session.as_str());
+            .enumerate()
+            .position(|(n, node)| up[n] && node.session == w.dest_session.as_str());
         let data = self.nodes[i].pool[w.local_offset as usize..][..w.len as usize].to_vec();
-        let late = self.rng.chance(self.faults.late_write);
-        let at = if late {
-            let life = self.faults.write_life;
-            self.now + life / 2 + self.rng.below(life / 2)
-        } else {
-            self.now + 1 + self.rng.below(3 * MS)
-        };
-        if self.rng.chance(self.faults.drop_sender) {
-            self.queue.push(self.now + 1, Ev::Crash { i });
+        let Posting {
+            after,
+            late,
+            crash_sender,
+        } = posting;
+        if crash_sender {
+            self.world.schedule(1, Ev::Crash { i });
         }
         let (to, to_inc, offset) = match target {
-            Some(t) => (
-                t,
-                self.nodes[t].inc,
-                w.dest_addr.wrapping_sub(pool_ptr(t, self.nodes[t].inc)),
-            ),
+            Some(t) => {
+                let to_inc = self.world.incs[t];
+                (t, to_inc, w.dest_addr.wrapping_sub(pool_ptr(t, to_inc)))
+            }
             None => (i, u32::MAX, 0),
         };
-        let land = Ev::WriteLand {
-            from: i,
-            inc,
-            token: w.token,
+        let bytes = Bytes {
             id: w.id.to_string(),
             to,
             to_inc,
             offset,
             data,
             tag: w.tag,
+        };
+        let land = Ev::WriteLand {
+            from: i,
+            inc,
+            token: w.token,
+            bytes,
             late,
         };
-        self.queue.push(at, land);
+        self.world.schedule(after, land);
     }
 }
 
-/// Stages `data` as request `id` at `node` (the next leg of the delivery
+/// Stages `data` as request `id` at `inst` (in `node`'s place) (the next leg of the delivery
 /// `forward_of`, if given, which ends with it); false if the instance had no
 /// room.
 pub(super) fn stage_request(
+    inst: &mut Instance<'static>,
     node: &mut Node,
     ledger: &mut Ledger,
     id: &str,
@@ -225,9 +186,6 @@ pub(super) fn stage_request(
     forward_of: Option<Token>,
 ) -> bool {
     let leg = node.role;
-    let Some(inst) = node.inst.as_mut() else {
-        return false;
-    };
     let Ok((token, offset)) = inst.stage(id, data.len() as u64) else {
         return false;
     };

@@ -1,20 +1,11 @@
-//! What the path tests (`handshake_paths.rs`), the simulation
-//! (`handshake_sim.rs`) and the fuzz target (`fuzz/fuzz_targets/
-//! handshake.rs`) share: machines built from their configurations over owned
-//! tables, a message carried from an instance to the coordinator as a
-//! channel that names senders carries it, the coordinator's output routed
-//! back to the instance at the endpoint it names and handed over as the
-//! instance's channel delivers it, encoding, and draining a
-//! machine's output and events; and the checks that a drained world holds
-//! nothing.
+//! The machines and their seams, as every driver of the [`World`] uses
+//! them: coordinators and instances built from their configurations over
+//! owned tables; a message carried as a channel that names senders carries
+//! it, or handed to an instance as its channel delivers it; encoding;
+//! draining a machine's output and events; staging a blob; and the checks
+//! that a drained machine holds nothing.
 //!
-//! Each user keeps its own policy: the path tests pump synchronously and
-//! losslessly (or drop what a test says), the simulation puts every message
-//! on a faulty wire under a virtual clock, the fuzz target feeds whatever it
-//! is given. Used with `mod harness;` by the tests and with
-//! `#[path = "../../tests/harness/mod.rs"] mod harness;` by the fuzz target,
-//! so it depends on nothing but `tensorferry-core` (with `alloc`) and `std`.
-#![allow(dead_code)]
+//! [`World`]: crate::World
 
 use tensorferry_core::handshake::coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorEvent, CoordinatorStorage, Unhandled,
