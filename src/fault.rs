@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tensorferry_core::transport::{
-    Capabilities, ChannelEvent, Completion, ControlChannel, ControlRecv, Fault, FaultKind,
-    Incoming, Landed, PoolOwner, ReadOp, Region, Transport, WriteOp, WriteTag,
+    Capabilities, ChannelEvent, Completion, ControlChannel, ControlRecv, FaultKind, Incoming,
+    Landed, PoolOwner, ReadOp, Region, Transport, WriteOp, WriteTag,
 };
 
 /// Probabilities (0 to 1) and delays of the faults to inject.
@@ -66,15 +66,6 @@ pub enum FaultError<E: std::error::Error + 'static> {
     /// The backend's error.
     #[error(transparent)]
     Inner(#[from] E),
-}
-
-impl<E: Fault + 'static> Fault for FaultError<E> {
-    fn kind(&self) -> FaultKind {
-        match self {
-            Self::Injected => FaultKind::Io,
-            Self::Inner(e) => e.kind(),
-        }
-    }
 }
 
 /// Arrival notices between the faulty transports of one process, standing
@@ -157,6 +148,13 @@ where
     T::Error: 'static,
 {
     type Error = FaultError<T::Error>;
+
+    fn fault_kind(error: &Self::Error) -> FaultKind {
+        match error {
+            FaultError::Injected => FaultKind::Io,
+            FaultError::Inner(e) => T::fault_kind(e),
+        }
+    }
 
     fn session_id(&self) -> &str {
         self.inner.session_id()
@@ -326,6 +324,10 @@ pub struct FaultyReceiver<R> {
 
 impl<R: ControlRecv> ControlRecv for FaultyReceiver<R> {
     type Error = R::Error;
+
+    fn fault_kind(error: &R::Error) -> FaultKind {
+        R::fault_kind(error)
+    }
 
     fn local_endpoint(&self) -> &str {
         self.inner.local_endpoint()
