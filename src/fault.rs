@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tensorferry_core::transport::{
-    Capabilities, ChannelEvent, Completion, ControlChannel, ControlRecv, Fault, FaultKind,
-    Incoming, Landed, PoolOwner, ReadOp, Region, Transport, WriteOp, WriteTag,
+    Capabilities, ChannelEvent, Completion, ControlChannel, ControlRecv, FaultKind, Incoming,
+    Landed, PoolOwner, ReadOp, Region, Transport, WriteOp, WriteTag,
 };
 
 /// What faults to inject: the core's plan, which the simulation's faulty
@@ -67,15 +67,6 @@ pub enum FaultError<E: std::error::Error + 'static> {
     /// The backend's error.
     #[error(transparent)]
     Inner(#[from] E),
-}
-
-impl<E: Fault + 'static> Fault for FaultError<E> {
-    fn kind(&self) -> FaultKind {
-        match self {
-            Self::Injected => FaultKind::Io,
-            Self::Inner(e) => e.kind(),
-        }
-    }
 }
 
 /// Arrival notices between the faulty transports of one process, standing
@@ -158,6 +149,13 @@ where
     T::Error: 'static,
 {
     type Error = FaultError<T::Error>;
+
+    fn fault_kind(error: &Self::Error) -> FaultKind {
+        match error {
+            FaultError::Injected => FaultKind::Io,
+            FaultError::Inner(e) => T::fault_kind(e),
+        }
+    }
 
     fn session_id(&self) -> &str {
         self.inner.session_id()
@@ -327,6 +325,10 @@ pub struct FaultyReceiver<R> {
 
 impl<R: ControlRecv> ControlRecv for FaultyReceiver<R> {
     type Error = R::Error;
+
+    fn fault_kind(error: &R::Error) -> FaultKind {
+        R::fault_kind(error)
+    }
 
     fn local_endpoint(&self) -> &str {
         self.inner.local_endpoint()

@@ -13,7 +13,8 @@
 // Unsafe code only where the runtime views registered pool memory
 // (`runtime::memory`, `runtime::instance`) and where a wrapper forwards
 // the transport's promise that it owns its pool (`PoolOwner` in
-// `plane::any` and `fault`), and where the engine registers
+// `plane::any` and `fault`), where a node pairs a transport that owns no
+// pool with one it maps (`runtime::pool`), and where the engine registers
 // its caller's memory with a data plane (`engine`, `engine::driven`),
 // each with its SAFETY argument.
 #![deny(unsafe_code)]

@@ -142,7 +142,7 @@ mod sim {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     use tensorferry::core::transport::{
-        Capabilities, Completion, ReadOp, Region, Transport, WriteOp,
+        Capabilities, Completion, FaultKind, ReadOp, Region, Transport, WriteOp,
     };
     use tensorferry_verbs::sim::SimDevice;
     use tensorferry_verbs::{VerbsConfig, VerbsError, VerbsTransport};
@@ -161,6 +161,9 @@ mod sim {
 
     impl Transport for Stallable {
         type Error = VerbsError;
+        fn fault_kind(error: &VerbsError) -> FaultKind {
+            error.kind()
+        }
         fn session_id(&self) -> &str {
             self.t.session_id()
         }

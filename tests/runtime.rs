@@ -11,6 +11,8 @@ mod blocked_send;
 mod faults;
 #[path = "runtime/hand_offs.rs"]
 mod hand_offs;
+#[path = "runtime/own_pool.rs"]
+mod own_pool;
 
 use std::time::Duration;
 

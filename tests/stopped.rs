@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::endpoint;
-use tensorferry::core::transport::{Capabilities, Completion, ReadOp, Region, Transport, WriteOp};
+use tensorferry::core::transport::{
+    Capabilities, Completion, FaultKind, ReadOp, Region, Transport, WriteOp,
+};
 use tensorferry::runtime::{
     CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNodeConfig, NodeError, PoolOwner,
 };
@@ -28,6 +30,10 @@ struct PanicsOnWrite<T> {
 
 impl<T: Transport> Transport for PanicsOnWrite<T> {
     type Error = T::Error;
+
+    fn fault_kind(error: &T::Error) -> FaultKind {
+        T::fault_kind(error)
+    }
 
     fn session_id(&self) -> &str {
         self.inner.session_id()

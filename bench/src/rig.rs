@@ -74,7 +74,7 @@ pub(crate) fn endpoint(tag: &str) -> String {
 /// A ZeroMQ control channel bound at `endpoints`, behind `guard`.
 fn zmq_channel(guard: &Guard, endpoints: &[&str]) -> Result<ZmqChannel, NodeError> {
     ZmqChannel::bind_guarded(&zmq::Context::new(), endpoints, ZmqConfig::default(), guard)
-        .map_err(|e| NodeError::transport("bind a benchmark node's endpoints", e))
+        .map_err(|e| NodeError::transport("bind a benchmark node's endpoints", e.kind(), e))
 }
 
 /// What each node's ZeroMQ endpoints are bound behind (none by default;
@@ -144,7 +144,7 @@ impl Rig {
         let (coordinator, reports_to) = match control {
             Control::Unix => {
                 let channel = UdsChannel::bind(&endpoint("coord"))
-                    .map_err(|e| NodeError::transport("bind control endpoint", e))?;
+                    .map_err(|e| NodeError::transport("bind control endpoint", e.kind(), e))?;
                 let node =
                     CoordinatorNode::start(&CoordinatorNodeConfig::new(&ROLES), channel, |_| {})?;
                 let at = node.endpoint().to_owned();

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tensorferry_core::transport::{Fault, FaultKind};
+use tensorferry_core::transport::FaultKind;
 use tensorferry_local::LocalError;
 
 /// An engine's error: what failed, with the peer, address or call.
@@ -122,11 +122,15 @@ impl EngineError {
         }
     }
 
-    pub(crate) fn transport<E: Fault>(verb: &'static str, e: &E) -> Self {
+    pub(crate) fn transport(
+        verb: &'static str,
+        kind: FaultKind,
+        e: &impl std::fmt::Display,
+    ) -> Self {
         Self::Transport {
             verb,
             message: e.to_string(),
-            kind: e.kind(),
+            kind,
         }
     }
 }

@@ -6,7 +6,7 @@
 use std::os::fd::RawFd;
 
 use tensorferry_core::transport::{
-    Capabilities, Completion, Fault, FaultKind, Landed, ReadOp, Region, Transport, WriteOp,
+    Capabilities, Completion, FaultKind, Landed, ReadOp, Region, Transport, WriteOp,
 };
 
 use tensorferry_core::transport::PoolOwner;
@@ -21,16 +21,20 @@ pub struct AnyTransportError {
 }
 
 impl AnyTransportError {
-    fn new<E: Fault + Send + Sync + 'static>(e: E) -> Self {
+    /// An error of the transport `T`, of the kind `T` says it is.
+    fn of<T>(e: T::Error) -> Self
+    where
+        T: Transport,
+        T::Error: Send + Sync + 'static,
+    {
         Self {
-            kind: e.kind(),
+            kind: T::fault_kind(&e),
             source: Box::new(e),
         }
     }
-}
 
-impl Fault for AnyTransportError {
-    fn kind(&self) -> FaultKind {
+    /// What kind of failure this is, as the transport inside said.
+    pub fn kind(&self) -> FaultKind {
         self.kind
     }
 }
@@ -69,30 +73,30 @@ where
 
     unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, AnyTransportError> {
         // SAFETY: the caller's contract, passed on unchanged.
-        unsafe { Transport::register(self, addr, len) }.map_err(AnyTransportError::new)
+        unsafe { Transport::register(self, addr, len) }.map_err(AnyTransportError::of::<T>)
     }
 
     fn deregister(&mut self, region: Region) -> Result<(), AnyTransportError> {
-        Transport::deregister(self, region).map_err(AnyTransportError::new)
+        Transport::deregister(self, region).map_err(AnyTransportError::of::<T>)
     }
 
     fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), AnyTransportError> {
-        Transport::post_write(self, write).map_err(AnyTransportError::new)
+        Transport::post_write(self, write).map_err(AnyTransportError::of::<T>)
     }
 
     fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), AnyTransportError> {
-        Transport::post_read(self, read).map_err(AnyTransportError::new)
+        Transport::post_read(self, read).map_err(AnyTransportError::of::<T>)
     }
 
     fn poll_completion(&mut self) -> Option<Completion<AnyTransportError>> {
         Transport::poll_completion(self).map(|c| Completion {
             cookie: c.cookie,
-            result: c.result.map_err(AnyTransportError::new),
+            result: c.result.map_err(AnyTransportError::of::<T>),
         })
     }
 
     fn cancel_transfers(&mut self, dest_session: &str) -> Result<(), AnyTransportError> {
-        Transport::cancel_transfers(self, dest_session).map_err(AnyTransportError::new)
+        Transport::cancel_transfers(self, dest_session).map_err(AnyTransportError::of::<T>)
     }
 
     fn poll_landed(&mut self) -> Option<Landed> {
@@ -137,6 +141,10 @@ impl AnyTransport {
 
 impl Transport for AnyTransport {
     type Error = AnyTransportError;
+
+    fn fault_kind(error: &AnyTransportError) -> FaultKind {
+        error.kind()
+    }
 
     fn session_id(&self) -> &str {
         self.0.session_id()

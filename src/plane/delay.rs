@@ -77,4 +77,8 @@ impl Spec for Delay {
     fn reaches_other_hosts(config: &DelayConfig) -> bool {
         config.over.reaches_other_hosts()
     }
+
+    fn needs_zmq(config: &DelayConfig) -> bool {
+        config.over.needs_zmq()
+    }
 }

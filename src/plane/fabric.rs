@@ -52,7 +52,7 @@ impl Spec for Fabric {
     /// `config` names.
     fn open_node(config: &FabricConfig, pool_len: usize) -> Result<FabricTransport, NodeError> {
         let t = FabricTransport::with_pool(config, pool_len)
-            .map_err(|e| NodeError::transport("open libfabric transport", e))?;
+            .map_err(|e| NodeError::transport("open libfabric transport", e.kind(), e))?;
         tracing::info!(opened = ?t.opened(), "libfabric data plane");
         Ok(t)
     }
@@ -69,7 +69,7 @@ impl Spec for Fabric {
         }
         config.delivery = DeliveryMode::Complete;
         let t = FabricTransport::open(&config)
-            .map_err(|e| EngineError::transport("open the libfabric transport", &e))?;
+            .map_err(|e| EngineError::transport("open the libfabric transport", e.kind(), &e))?;
         if !t.opened().ends_operations {
             return Err(EngineError::Unsuitable {
                 plane: format!("libfabric {}", t.opened().provider),
@@ -82,5 +82,13 @@ impl Spec for Fabric {
     /// True unless the provider is libfabric's shared-memory one.
     fn reaches_other_hosts(c: &FabricConfig) -> bool {
         c.provider != Provider::Named("shm".into())
+    }
+
+    /// Always, its shm provider included: libfabric's nodes are started
+    /// over ZeroMQ alone (the CLI's pipeline and instances, the launcher,
+    /// the benchmarks), which is the pairing their tests run; one
+    /// provider's reach does not change whom its nodes talk to.
+    fn needs_zmq(_: &FabricConfig) -> bool {
+        true
     }
 }

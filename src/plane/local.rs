@@ -36,7 +36,7 @@ impl Spec for Local {
 
     fn open_node(config: &LocalConfig, pool_len: usize) -> Result<LocalTransport, NodeError> {
         LocalTransport::with_pool(config.clone(), pool_len)
-            .map_err(|e| NodeError::transport("open the local transport", e))
+            .map_err(|e| NodeError::transport("open the local transport", e.kind(), e))
     }
 
     fn open_engine(config: LocalConfig, _: &Guard) -> Result<LocalTransport, EngineError> {

@@ -67,7 +67,7 @@ trait Spec {
     /// Its transport for a node: one that owns the node's pool.
     type Node: Transport<Error = Self::NodeError> + PoolOwner + Send + 'static;
     /// Its node transport's error.
-    type NodeError: tensorferry_core::transport::Fault + Send + Sync + 'static;
+    type NodeError: std::error::Error + Send + Sync + 'static;
     /// Its transport for an engine: registers the application's memory.
     type Engine: Transport + Send + 'static;
 
@@ -89,36 +89,53 @@ trait Spec {
 
     /// True if its peers may be on other hosts.
     fn reaches_other_hosts(config: &Self::Config) -> bool;
+
+    /// True if its nodes pair with the ZeroMQ control plane only (the
+    /// default: if its peers may be on other hosts, which Unix sockets do
+    /// not reach).
+    fn needs_zmq(config: &Self::Config) -> bool {
+        Self::reaches_other_hosts(config)
+    }
 }
 
 /// Declares [`DataPlane`] with a variant per plane, and every dispatch
 /// over it, from one list: `Variant(Config) by module::Spec`, its doc and
 /// its `cfg` first.
 macro_rules! planes {
-    ($($(#[doc = $doc:expr])* $(#[cfg($cfg:meta)])? $variant:ident($config:ty) by $($spec:ident)::+,)+) => {
+    ($($(#[doc = $doc:expr])* $(#[cfg(feature = $feature:literal)])? $variant:ident($config:ty) by $($spec:ident)::+,)+) => {
         /// A data plane with its settings (see the [module](self)).
         #[derive(Clone, Debug)]
         #[non_exhaustive]
         pub enum DataPlane {
-            $($(#[doc = $doc])* $(#[cfg($cfg)])? $variant($config),)+
+            $($(#[doc = $doc])* $(#[cfg(feature = $feature)])? $variant($config),)+
         }
 
         /// The data planes this build has, by name.
-        const NAMES: &[&str] = &[$($(#[cfg($cfg)])? <$($spec)::+ as Spec>::NAME,)+];
+        const NAMES: &[&str] = &[$($(#[cfg(feature = $feature)])? <$($spec)::+ as Spec>::NAME,)+];
+
+        /// The data planes behind a Cargo feature that this build left
+        /// out, by name: a plane behind a feature is named as its feature
+        /// (a test checks it of those built).
+        const LEFT_OUT: &[&str] = &[$($(#[cfg(not(feature = $feature))] $feature,)?)+];
+
+        /// The data planes behind a Cargo feature that this build has, by
+        /// their feature (each is also a name in [`NAMES`]).
+        #[cfg(test)]
+        const FEATURED: &[&str] = &[$($(#[cfg(feature = $feature)] $feature,)?)+];
 
         impl DataPlane {
             /// The options the data plane `name` takes, if this build has
             /// it (`auto` takes those of the plane it picks: see
             /// [`DataPlane::resolve`]; none are listed for it here).
             pub fn options_of(name: &str) -> Option<&'static [&'static str]> {
-                $($(#[cfg($cfg)])? if name == <$($spec)::+ as Spec>::NAME {
+                $($(#[cfg(feature = $feature)])? if name == <$($spec)::+ as Spec>::NAME {
                     return Some(<$($spec)::+ as Spec>::OPTIONS);
                 })+
                 (name == AUTO).then_some(&[])
             }
 
             fn parse_named(name: &str, given: Options) -> Result<Self, PlaneError> {
-                $($(#[cfg($cfg)])? if name == <$($spec)::+ as Spec>::NAME {
+                $($(#[cfg(feature = $feature)])? if name == <$($spec)::+ as Spec>::NAME {
                     return <$($spec)::+ as Spec>::parse(given).map(Self::$variant);
                 })+
                 Err(unknown(name))
@@ -127,14 +144,25 @@ macro_rules! planes {
             /// Its name.
             pub fn name(&self) -> &'static str {
                 match self {
-                    $($(#[cfg($cfg)])? Self::$variant(_) => <$($spec)::+ as Spec>::NAME,)+
+                    $($(#[cfg(feature = $feature)])? Self::$variant(_) => <$($spec)::+ as Spec>::NAME,)+
                 }
             }
 
             /// True if its peers may be on other hosts.
             pub fn reaches_other_hosts(&self) -> bool {
                 match self {
-                    $($(#[cfg($cfg)])? Self::$variant(c) => <$($spec)::+ as Spec>::reaches_other_hosts(c),)+
+                    $($(#[cfg(feature = $feature)])? Self::$variant(c) => <$($spec)::+ as Spec>::reaches_other_hosts(c),)+
+                }
+            }
+
+            /// True if its nodes pair with the ZeroMQ control plane only,
+            /// as each plane decides (its spec's `needs_zmq`): those whose
+            /// peers may be on other hosts, and libfabric whatever its
+            /// provider. A plane of one host pairs with Unix sockets as
+            /// well.
+            pub fn needs_zmq(&self) -> bool {
+                match self {
+                    $($(#[cfg(feature = $feature)])? Self::$variant(c) => <$($spec)::+ as Spec>::needs_zmq(c),)+
                 }
             }
 
@@ -147,7 +175,7 @@ macro_rules! planes {
             /// chapter).
             pub fn guard(&mut self, guard: &Guard) {
                 match self {
-                    $($(#[cfg($cfg)])? Self::$variant(c) => <$($spec)::+ as Spec>::guard(c, guard),)+
+                    $($(#[cfg(feature = $feature)])? Self::$variant(c) => <$($spec)::+ as Spec>::guard(c, guard),)+
                 }
             }
 
@@ -156,7 +184,7 @@ macro_rules! planes {
             /// [`start_instance_with`](Self::start_instance_with)).
             pub fn open(&self, pool_len: usize) -> Result<AnyTransport, NodeError> {
                 Ok(match self {
-                    $($(#[cfg($cfg)])? Self::$variant(c) => {
+                    $($(#[cfg(feature = $feature)])? Self::$variant(c) => {
                         AnyTransport::new(<$($spec)::+ as Spec>::open_node(c, pool_len)?)
                     })+
                 })
@@ -179,7 +207,7 @@ macro_rules! planes {
                 // Each transport by its own type, so that the progress loop
                 // calls it directly.
                 match self {
-                    $($(#[cfg($cfg)])? Self::$variant(c) => InstanceNode::start(
+                    $($(#[cfg(feature = $feature)])? Self::$variant(c) => InstanceNode::start(
                         settings,
                         <$($spec)::+ as Spec>::open_node(c, pool_len)?,
                         channel,
@@ -207,7 +235,7 @@ macro_rules! planes {
                     }
                 });
                 match self {
-                    $($(#[cfg($cfg)])? Self::$variant(c) => TransferEngine::start(
+                    $($(#[cfg(feature = $feature)])? Self::$variant(c) => TransferEngine::start(
                         <$($spec)::+ as Spec>::open_engine(c, &guard)?,
                         name,
                         &host,
@@ -339,19 +367,6 @@ impl DataPlane {
         }
     }
 
-    /// True if it pairs with the ZeroMQ control plane only: every data
-    /// plane that may reach other hosts (a node on one host talks over
-    /// Unix sockets as well).
-    pub fn needs_zmq(&self) -> bool {
-        // libfabric's shm provider is libfabric all the same: its nodes
-        // run where libfabric's do.
-        #[cfg(feature = "fabric")]
-        if matches!(self, Self::Fabric(_)) {
-            return true;
-        }
-        self.reaches_other_hosts()
-    }
-
     /// Starts an instance on this data plane with a new pool of `pool_len`
     /// bytes, listening on a Unix-socket control channel at `endpoint`
     /// (`ipc://<path>`): the default for processes on one host.
@@ -362,7 +377,7 @@ impl DataPlane {
         endpoint: &str,
     ) -> Result<InstanceNode, NodeError> {
         let channel = UdsChannel::bind(endpoint)
-            .map_err(|e| NodeError::transport("bind control endpoint", e))?;
+            .map_err(|e| NodeError::transport("bind control endpoint", e.kind(), e))?;
         self.start_instance(settings, pool_len, channel)
     }
 
@@ -389,20 +404,15 @@ impl DataPlane {
     }
 }
 
-/// The error for a name this build does not have.
+/// The error for a name this build does not have: a plane it left out
+/// (which says the Cargo feature that builds it), or no plane at all.
 fn unknown(name: &str) -> PlaneError {
-    // Named here, not in their modules, so that a build without them can
-    // say how to get them.
-    match name {
-        "fabric" => PlaneError::NotBuilt {
-            name: "fabric",
-            feature: "fabric",
+    match LEFT_OUT.iter().find(|left| **left == name) {
+        Some(feature) => PlaneError::NotBuilt {
+            name: feature,
+            feature,
         },
-        "verbs" => PlaneError::NotBuilt {
-            name: "verbs",
-            feature: "verbs",
-        },
-        _ => PlaneError::Unknown {
+        None => PlaneError::Unknown {
             name: name.to_owned(),
             available: NAMES,
         },
@@ -418,6 +428,31 @@ fn static_name(name: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plane_behind_a_feature_is_named_as_it_and_one_left_out_says_so() {
+        for feature in FEATURED {
+            assert!(NAMES.contains(feature), "{feature} is no plane's name");
+        }
+        for left in LEFT_OUT {
+            let none: [(&str, &str); 0] = [];
+            let e = DataPlane::parse(left, none).unwrap_err();
+            assert_eq!(
+                e,
+                PlaneError::NotBuilt {
+                    name: left,
+                    feature: left
+                }
+            );
+            assert!(e.to_string().contains(&format!("`{left}`")), "{e}");
+        }
+        for plane in ["fabric", "verbs"] {
+            assert!(
+                FEATURED.contains(&plane) != LEFT_OUT.contains(&plane),
+                "{plane}"
+            );
+        }
+    }
 
     #[test]
     fn every_name_parses_to_itself() {

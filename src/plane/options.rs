@@ -17,12 +17,14 @@ pub enum PlaneError {
         /// The names this build knows ([`DataPlane::names`](super::DataPlane::names)).
         available: &'static [&'static str],
     },
-    /// The data plane exists but this build left it out.
-    #[error("this build has no {name} data plane; rebuild with `--features {feature}`")]
+    /// The data plane exists but this build left it out: it is built
+    /// with a Cargo feature of the tensorferry crate (and of ferry's
+    /// command line). Python's modules say what to install instead.
+    #[error("this build has no {name} data plane: build tensorferry (or the ferry command) with the Cargo feature `{feature}`")]
     NotBuilt {
         /// Its name.
         name: &'static str,
-        /// The cargo feature that builds it.
+        /// The Cargo feature that builds it.
         feature: &'static str,
     },
     /// An option the data plane does not take.

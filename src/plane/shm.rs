@@ -50,7 +50,7 @@ impl Spec for Shm {
 
     fn open_node(copy: &CopyConfig, pool_len: usize) -> Result<ShmTransport, NodeError> {
         ShmTransport::new(pool_len, copy.threads, copy.split_at)
-            .map_err(|e| NodeError::transport("create pool", e))
+            .map_err(|e| NodeError::transport("create pool", e.kind(), e))
     }
 
     fn open_engine(_: CopyConfig, _: &Guard) -> Result<ShmTransport, EngineError> {

@@ -68,7 +68,7 @@ impl Spec for Verbs {
     /// `config` names.
     fn open_node(config: &VerbsConfig, pool_len: usize) -> Result<VerbsTransport, NodeError> {
         VerbsTransport::with_pool(config, pool_len)
-            .map_err(|e| NodeError::transport("open verbs transport", e))
+            .map_err(|e| NodeError::transport("open verbs transport", e.kind(), e))
     }
 
     /// The side channel takes the engine's guard.
@@ -81,7 +81,7 @@ impl Spec for Verbs {
         }
         config.take_engine_guard(guard);
         VerbsTransport::open(&config)
-            .map_err(|e| EngineError::transport("open the verbs transport", &e))
+            .map_err(|e| EngineError::transport("open the verbs transport", e.kind(), &e))
     }
 
     /// The node's guard on the side channel: its allow-list, and its

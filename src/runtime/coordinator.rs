@@ -19,7 +19,7 @@ use tensorferry_core::handshake::coordinator::{
 };
 use tensorferry_core::handshake::{Instant, Limits, PeerId};
 use tensorferry_core::transport::{
-    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, FaultKind,
+    ChannelEvent, ControlChannel, ControlRecv, ControlSend, FaultKind,
 };
 use tensorferry_core::wire::TRANSFER_MAGIC;
 use tracing::{debug, info, warn};
@@ -383,7 +383,7 @@ impl<S: ControlSend, R: ControlRecv> Progress<S, R> {
                     Err(e) => {
                         Metrics::add(&shared.probe.metrics.send_errors, 1);
                         warn!(peer = %to, error = %e, "control send failed");
-                        if e.kind() == FaultKind::PeerGone && !lost.contains(&t.to) {
+                        if S::fault_kind(&e) == FaultKind::PeerGone && !lost.contains(&t.to) {
                             lost.push(t.to);
                         }
                     }

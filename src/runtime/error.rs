@@ -49,6 +49,16 @@ pub enum NodeError {
     /// without one).
     #[error("the data plane has no pool of its own")]
     NoPool,
+    /// The pool a node maps for a transport that owns none
+    /// ([`InstanceNode::start_with_pool`](super::InstanceNode::start_with_pool))
+    /// could not be mapped.
+    #[error("mapping a pool of {len} bytes: {source}")]
+    MapPool {
+        /// The pool's length asked for.
+        len: usize,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
     /// The tensors cannot be laid out in a slot.
     #[error("tensor layout: {0}")]
     Layout(LayoutError),
@@ -166,14 +176,15 @@ impl NodeError {
         }
     }
 
-    /// A backend's failure while doing `verb`, with its kind.
-    pub fn transport<E>(verb: &'static str, e: E) -> Self
+    /// A backend's failure while doing `verb`, of the kind its trait's
+    /// `fault_kind` (or its own `kind`) says.
+    pub fn transport<E>(verb: &'static str, kind: FaultKind, e: E) -> Self
     where
-        E: tensorferry_core::transport::Fault + Send + Sync + 'static,
+        E: std::error::Error + Send + Sync + 'static,
     {
         Self::Transport {
             verb,
-            kind: e.kind(),
+            kind,
             source: Box::new(e),
         }
     }

@@ -20,6 +20,7 @@ mod error;
 mod instance;
 mod memory;
 mod metrics;
+mod pool;
 pub mod telemetry;
 
 pub use crate::plane::{AnyTransport, CopyConfig, DataPlane, PlaneError};

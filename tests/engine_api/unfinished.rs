@@ -159,18 +159,12 @@ mod unending {
     use std::time::Duration;
 
     use tensorferry::core::transport::{
-        Capabilities, Completion, Fault, FaultKind, ReadOp, Region, Transport, WriteOp,
+        Capabilities, Completion, FaultKind, ReadOp, Region, Transport, WriteOp,
     };
 
     #[derive(Debug, thiserror::Error)]
     #[error("cannot end it")]
     pub struct CannotEnd;
-
-    impl Fault for CannotEnd {
-        fn kind(&self) -> FaultKind {
-            FaultKind::Timeout
-        }
-    }
 
     pub struct Unending {
         pub finish: Arc<AtomicBool>,
@@ -192,6 +186,9 @@ mod unending {
 
     impl Transport for Unending {
         type Error = CannotEnd;
+        fn fault_kind(_: &CannotEnd) -> FaultKind {
+            FaultKind::Timeout
+        }
         fn session_id(&self) -> &str {
             "unending"
         }

@@ -5,7 +5,7 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use tensorferry::runtime::{DataPlane, InstanceNodeConfig, Prealloc};
-use tensorferry_core::transport::{ControlChannel, ControlSend};
+use tensorferry_core::transport::{ControlChannel, ControlSend, FaultKind};
 use tensorferry_shm::UdsChannel;
 
 use super::{check_bytes, coordinator, instance, send, SECOND};
@@ -69,6 +69,10 @@ struct Gated<S> {
 
 impl<S: ControlSend> ControlSend for Gated<S> {
     type Error = S::Error;
+
+    fn fault_kind(error: &S::Error) -> FaultKind {
+        S::fault_kind(error)
+    }
 
     fn send(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), S::Error> {
         self.gate.pass();

@@ -1,7 +1,7 @@
 //! The backend's errors: each names the libfabric call, the provider's own
 //! text for the error and, where the error concerns one peer, that peer.
 
-use tensorferry_core::transport::{Fault, FaultKind, RegionError};
+use tensorferry_core::transport::{FaultKind, RegionError};
 
 /// Which way a transfer goes, for the errors that name one: a write into
 /// a peer's memory or a read from it.
@@ -282,8 +282,10 @@ fn peer_suffix(peer: &Option<String>) -> String {
         .unwrap_or_default()
 }
 
-impl Fault for FabricError {
-    fn kind(&self) -> FaultKind {
+impl FabricError {
+    /// What kind of failure this is (what its data plane's or channel's
+    /// `fault_kind` says of it).
+    pub fn kind(&self) -> FaultKind {
         match self {
             Self::Call { call, errno, .. } => match call.fault() {
                 Some(kind) => kind,

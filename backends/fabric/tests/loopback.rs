@@ -13,7 +13,7 @@ mod writes;
 
 use std::time::{Duration, Instant};
 
-use tensorferry_core::transport::{Fault, FaultKind, ReadOp, Region, Transport, WriteTag};
+use tensorferry_core::transport::{FaultKind, ReadOp, Region, Transport, WriteTag};
 use tensorferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
 
 fn config(provider: &str, delivery: DeliveryMode) -> FabricConfig {

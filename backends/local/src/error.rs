@@ -4,7 +4,7 @@
 use std::io;
 use std::time::Duration;
 
-use tensorferry_core::transport::{Fault, FaultKind};
+use tensorferry_core::transport::FaultKind;
 
 use crate::copy::Direction;
 
@@ -176,8 +176,10 @@ pub enum LocalError {
     },
 }
 
-impl Fault for LocalError {
-    fn kind(&self) -> FaultKind {
+impl LocalError {
+    /// What kind of failure this is (what its data plane's or channel's
+    /// `fault_kind` says of it).
+    pub fn kind(&self) -> FaultKind {
         match self {
             Self::Sys { .. } => FaultKind::Io,
             Self::BadSession { .. } | Self::OtherHost { .. } => FaultKind::UnknownPeer,

@@ -2,7 +2,7 @@
 //! as between processes (the peer is found by its pid and descriptor).
 
 use super::*;
-use tensorferry_core::transport::{Fault, FaultKind};
+use tensorferry_core::transport::FaultKind;
 
 fn engine() -> LocalEngine {
     LocalEngine::open(LocalConfig::default()).unwrap()

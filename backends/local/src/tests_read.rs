@@ -8,7 +8,7 @@
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ChildStdout, Command, Stdio};
 
-use tensorferry_core::transport::{Fault, FaultKind, ReadOp, Region, Transport, WriteOp, WriteTag};
+use tensorferry_core::transport::{FaultKind, ReadOp, Region, Transport, WriteOp, WriteTag};
 
 use super::*;
 
@@ -310,7 +310,7 @@ fn reads_and_writes_mixed_in_one_batch_complete_each_with_its_own_cookie() {
     let got = outcomes(&mut p.a);
     let kinds: Vec<(u64, Option<FaultKind>)> = got
         .iter()
-        .map(|(c, r)| (*c, r.as_ref().err().map(Fault::kind)))
+        .map(|(c, r)| (*c, r.as_ref().err().map(LocalError::kind)))
         .collect();
     let oob = Some(FaultKind::OutOfBounds);
     assert_eq!(
@@ -391,7 +391,7 @@ fn cancelled_reads_are_never_made_and_complete_as_timed_out() {
     let got = outcomes(&mut p.a);
     let kinds: Vec<(u64, Option<FaultKind>)> = got
         .iter()
-        .map(|(c, r)| (*c, r.as_ref().err().map(Fault::kind)))
+        .map(|(c, r)| (*c, r.as_ref().err().map(LocalError::kind)))
         .collect();
     let timeout = Some(FaultKind::Timeout);
     assert_eq!(

@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 
 use tensorferry_core::transport::{
-    Capabilities, Completion, PoolOwner, ReadOp, Region, Regions, Transport, WriteOp,
+    Capabilities, Completion, FaultKind, PoolOwner, ReadOp, Region, Regions, Transport, WriteOp,
 };
 use tensorferry_hostmem::{EventFd, HostPool};
 
@@ -161,6 +161,10 @@ unsafe impl PoolOwner for LocalTransport {
 impl Transport for LocalTransport {
     type Error = LocalError;
 
+    fn fault_kind(error: &LocalError) -> FaultKind {
+        error.kind()
+    }
+
     fn session_id(&self) -> &str {
         self.engine.session_id()
     }
@@ -284,7 +288,7 @@ impl Transport for LocalTransport {
 
 #[cfg(test)]
 mod tests {
-    use tensorferry_core::transport::{Fault, FaultKind, WriteTag};
+    use tensorferry_core::transport::{FaultKind, WriteTag};
 
     use super::*;
 

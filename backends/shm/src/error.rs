@@ -3,7 +3,7 @@
 
 use std::io;
 
-use tensorferry_core::transport::{Fault, FaultKind, RegionError};
+use tensorferry_core::transport::{FaultKind, RegionError};
 
 /// A shared-memory pool or transport error.
 #[derive(Debug, thiserror::Error)]
@@ -96,8 +96,10 @@ pub enum ShmError {
     },
 }
 
-impl Fault for ShmError {
-    fn kind(&self) -> FaultKind {
+impl ShmError {
+    /// What kind of failure this is (what its data plane's or channel's
+    /// `fault_kind` says of it).
+    pub fn kind(&self) -> FaultKind {
         match self {
             Self::Sys { .. } => FaultKind::Io,
             Self::PeerGone { .. } => FaultKind::PeerGone,
@@ -179,8 +181,10 @@ pub enum UdsError {
     },
 }
 
-impl Fault for UdsError {
-    fn kind(&self) -> FaultKind {
+impl UdsError {
+    /// What kind of failure this is (what its data plane's or channel's
+    /// `fault_kind` says of it).
+    pub fn kind(&self) -> FaultKind {
         match self {
             Self::Sys { .. } | Self::Malformed { .. } | Self::Frames { .. } => FaultKind::Io,
             Self::PeerGone { .. } => FaultKind::PeerGone,
@@ -228,8 +232,10 @@ pub enum MemError {
     },
 }
 
-impl Fault for MemError {
-    fn kind(&self) -> FaultKind {
+impl MemError {
+    /// What kind of failure this is (what its data plane's or channel's
+    /// `fault_kind` says of it).
+    pub fn kind(&self) -> FaultKind {
         match self {
             Self::PeerGone { .. } => FaultKind::PeerGone,
             Self::TooLarge { .. } => FaultKind::TooLarge,

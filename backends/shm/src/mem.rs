@@ -7,7 +7,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use tensorferry_core::transport::{
-    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Incoming, WAKE_POLL,
+    ChannelEvent, ControlChannel, ControlRecv, ControlSend, FaultKind, Incoming, WAKE_POLL,
 };
 
 use crate::error::MemError;
@@ -88,6 +88,10 @@ pub struct MemSender {
 impl ControlSend for MemSender {
     type Error = MemError;
 
+    fn fault_kind(error: &MemError) -> FaultKind {
+        error.kind()
+    }
+
     fn send(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), MemError> {
         let &[magic, payload] = parts else {
             return Err(MemError::Frames {
@@ -117,6 +121,10 @@ pub struct MemReceiver {
 
 impl ControlRecv for MemReceiver {
     type Error = MemError;
+
+    fn fault_kind(error: &MemError) -> FaultKind {
+        error.kind()
+    }
 
     fn local_endpoint(&self) -> &str {
         &self.me

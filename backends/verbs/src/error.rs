@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tensorferry_core::transport::{Fault, FaultKind, RegionError};
+use tensorferry_core::transport::{FaultKind, RegionError};
 use tensorferry_zmq::zmq;
 
 use crate::device::{RdmaOp, Verb};
@@ -262,8 +262,10 @@ pub(crate) fn errno_text(errno: i32) -> String {
     }
 }
 
-impl Fault for VerbsError {
-    fn kind(&self) -> FaultKind {
+impl VerbsError {
+    /// What kind of failure this is (what its data plane's or channel's
+    /// `fault_kind` says of it).
+    pub fn kind(&self) -> FaultKind {
         match self {
             Self::Verb {
                 verb: Verb::RegMr, ..

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use tensorferry_core::transport::{
-    Completion, Fault, FaultKind, ReadOp, Region, Transport, WriteOp, WriteTag,
+    Completion, FaultKind, ReadOp, Region, Transport, WriteOp, WriteTag,
 };
 use tensorferry_verbs::{VerbsConfig, VerbsError, VerbsTransport};
 

@@ -1,6 +1,6 @@
 //! The channel's error, and the mapping of ZeroMQ's errors onto it.
 
-use tensorferry_core::transport::{Fault, FaultKind};
+use tensorferry_core::transport::FaultKind;
 
 use crate::zmq;
 
@@ -76,8 +76,10 @@ pub enum ZmqError {
     NoCurve,
 }
 
-impl Fault for ZmqError {
-    fn kind(&self) -> FaultKind {
+impl ZmqError {
+    /// What kind of failure this is (what its data plane's or channel's
+    /// `fault_kind` says of it).
+    pub fn kind(&self) -> FaultKind {
         match self {
             Self::Sys { .. } | Self::Malformed { .. } | Self::NoKey { .. } | Self::NoCurve => {
                 FaultKind::Io

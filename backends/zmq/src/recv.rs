@@ -5,7 +5,7 @@ use std::os::fd::RawFd;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use tensorferry_core::transport::{ChannelEvent, ControlRecv, Incoming};
+use tensorferry_core::transport::{ChannelEvent, ControlRecv, FaultKind, Incoming};
 use tensorferry_core::wire::{Msg, TRANSFER_MAGIC};
 
 use crate::curve::CurvePublicKey;
@@ -238,6 +238,10 @@ impl ZmqReceiver {
 
 impl ControlRecv for ZmqReceiver {
     type Error = ZmqError;
+
+    fn fault_kind(error: &ZmqError) -> FaultKind {
+        error.kind()
+    }
 
     fn local_endpoint(&self) -> &str {
         &self.pulls[0].0

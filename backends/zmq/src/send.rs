@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use tensorferry_core::transport::ControlSend;
+use tensorferry_core::transport::{ControlSend, FaultKind};
 
 use crate::config::{millis, ZmqConfig};
 use crate::curve::CurvePublicKey;
@@ -111,6 +111,10 @@ impl ZmqSender {
 
 impl ControlSend for ZmqSender {
     type Error = ZmqError;
+
+    fn fault_kind(error: &ZmqError) -> FaultKind {
+        error.kind()
+    }
 
     fn send(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), ZmqError> {
         let full = send_error(to, self.settings.send_timeout);

@@ -5,7 +5,7 @@
 use core::ffi::c_int;
 use core::time::Duration;
 
-use super::Fault;
+use super::FaultKind;
 
 /// A received control message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,7 +46,12 @@ pub enum ChannelEvent<'b> {
 /// The sending side of a control channel.
 pub trait ControlSend {
     /// Its errors.
-    type Error: Fault;
+    type Error: core::error::Error;
+
+    /// What kind of failure `error` is (a peer gone, a message too large,
+    /// ...). A type that is both sides of a channel names the side it
+    /// means: `<C as ControlSend>::fault_kind(e)`.
+    fn fault_kind(error: &Self::Error) -> FaultKind;
 
     /// Sends `parts` as one message to the endpoint `to`: all of them, or
     /// none. The protocol's messages are two frames,
@@ -66,7 +71,10 @@ pub const WAKE_POLL: Duration = Duration::from_micros(100);
 /// The receiving side of a control channel.
 pub trait ControlRecv {
     /// Its errors.
-    type Error: Fault;
+    type Error: core::error::Error;
+
+    /// What kind of failure `error` is (as [`ControlSend::fault_kind`]).
+    fn fault_kind(error: &Self::Error) -> FaultKind;
 
     /// The endpoint peers send to.
     fn local_endpoint(&self) -> &str;

@@ -9,7 +9,7 @@
 use core::fmt;
 use core::time::Duration;
 
-use super::{Fault, FaultKind};
+use super::FaultKind;
 
 /// What a data plane offers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -257,7 +257,11 @@ pub struct Completion<E> {
 /// into a peer's, and one-sided reads the other way.
 pub trait Transport {
     /// Its errors.
-    type Error: Fault;
+    type Error: core::error::Error;
+
+    /// What kind of failure `error` is, so that the runtime acts on it
+    /// (fail one request, drop one peer) without knowing the backend.
+    fn fault_kind(error: &Self::Error) -> FaultKind;
 
     /// The session id peers address this transport by (the protocol's
     /// `session_id`).

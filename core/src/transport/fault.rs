@@ -1,6 +1,6 @@
 //! What kind of failure an error is ([`FaultKind`]), whatever backend
-//! raised it, with the one table of the kinds' names and codes, and the
-//! trait every backend's error implements ([`Fault`]).
+//! raised it, with the one table of the kinds' names and codes. Each of
+//! the three seams' traits says which kind its errors are (`fault_kind`).
 
 use core::fmt;
 
@@ -123,10 +123,4 @@ impl FaultKind {
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.as_name() == name)
     }
-}
-
-/// An error a backend returns: displayable, and of a known kind.
-pub trait Fault: core::error::Error {
-    /// What kind of failure this is.
-    fn kind(&self) -> FaultKind;
 }

@@ -1,6 +1,10 @@
 //! The promise a data plane makes when it owns the pool a node receives
 //! into: the node reads and writes that memory through views it makes
 //! itself, so the memory must live exactly as long as the transport.
+//! Ferry's own planes make it (their pools are shared-memory segments or
+//! registered for RDMA as they are opened); a transport that owns no
+//! pool, an embedder's, does not need to: the runtime maps a pool for it
+//! (`InstanceNode::start_with_pool`).
 // Declaring an unsafe trait is the point of this module: its implementors
 // (next to each pool, in the data planes' crates) make the promise.
 #![allow(unsafe_code)]

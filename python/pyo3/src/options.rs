@@ -185,6 +185,25 @@ fn plane(
             "backend {backend:?} is not in this module (it has: {})",
             names().join(", ")
         )),
+        PlaneError::NotBuilt { name, .. } => PyValueError::new_err(not_built(name)),
         _ => PyValueError::new_err(format!("backend {backend:?}: {e}")),
     })
+}
+
+/// What a Python user installs for the data plane `name` this module was
+/// built without (the library's own message names a Cargo feature, which
+/// means nothing to a wheel's user): libfabric is the `tensorferry-fabric`
+/// plugin, which `tensorferry` imports for `backend="fabric"`; every other
+/// plane is in the `tensorferry` wheel itself.
+fn not_built(name: &str) -> String {
+    if name == "fabric" {
+        "backend \"fabric\" is ferry's libfabric plugin, which this module does not have: \
+         install it with `pip install tensorferry-fabric` (its wheel carries libfabric)"
+            .to_owned()
+    } else {
+        format!(
+            "backend {name:?} is not in this build of tensorferry's module; the tensorferry \
+             wheel from PyPI has it (`pip install --force-reinstall tensorferry`)"
+        )
+    }
 }

@@ -159,7 +159,7 @@ impl<T: Transport + Send + 'static> Driver for Driven<T> {
         // SAFETY: the caller's contract (the memory stays mapped while
         // registered and may be written by peers).
         let region = unsafe { p.transport.register(addr as usize as *mut u8, size) }
-            .map_err(|e| EngineError::transport("register", &e))?;
+            .map_err(|e| EngineError::transport("register", T::fault_kind(&e), &e))?;
         p.regions.push(region);
         Ok(())
     }
@@ -202,7 +202,7 @@ impl<T: Transport + Send + 'static> Driver for Driven<T> {
         let region = p.regions[at];
         p.transport
             .deregister(region)
-            .map_err(|e| EngineError::transport("deregister", &e))?;
+            .map_err(|e| EngineError::transport("deregister", T::fault_kind(&e), &e))?;
         p.regions.remove(at);
         Ok(())
     }
@@ -295,7 +295,11 @@ impl<T: Transport + Send + 'static> Driver for Driven<T> {
                     match outcome {
                         Ok(()) => posted += 1,
                         Err(e) => {
-                            refused = Some(EngineError::transport(direction.post_verb(), &e));
+                            refused = Some(EngineError::transport(
+                                direction.post_verb(),
+                                T::fault_kind(&e),
+                                &e,
+                            ));
                             break;
                         }
                     }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tensorferry_core::transport::{Fault, FaultKind, Region, Transport};
+use tensorferry_core::transport::{FaultKind, Region, Transport};
 
 use crate::engine::notify::Notifier;
 use crate::engine::table::{Chores, Failure, Id, Peer, Table};
@@ -47,10 +47,10 @@ pub(super) fn lock<X>(m: &Mutex<X>) -> MutexGuard<'_, X> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn failure<E: Fault>(verb: &'static str, e: &E) -> Failure {
+fn failure<T: Transport>(verb: &'static str, e: &T::Error) -> Failure {
     Failure::Op {
         verb,
-        kind: e.kind(),
+        kind: T::fault_kind(e),
         message: e.to_string(),
     }
 }
@@ -69,7 +69,7 @@ impl<T: Transport> Shared<T> {
                 let t = table.get_or_insert_with(|| lock(&self.table));
                 t.complete(
                     c.cookie,
-                    c.result.map_err(|e| failure("transfer", &e)),
+                    c.result.map_err(|e| failure::<T>("transfer", &e)),
                     &mut chores,
                 );
             }

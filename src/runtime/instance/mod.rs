@@ -29,8 +29,8 @@ use tensorferry_core::handshake::{Instant, Limits, Reason, RequestId};
 use tensorferry_core::json::{JsonStr, RawJson};
 use tensorferry_core::slots::{layout, Dtype, TensorSpec};
 use tensorferry_core::transport::{
-    ChannelEvent, ControlChannel, ControlRecv, ControlSend, Fault, FaultKind, Landed, Region,
-    Transport, WriteOp,
+    ChannelEvent, ControlChannel, ControlRecv, ControlSend, FaultKind, Landed, Region, Transport,
+    WriteOp,
 };
 use tensorferry_core::wire::{Manifest, Shape, ShapeIter, TensorEntry, TRANSFER_MAGIC};
 use tracing::{debug, debug_span, info, warn};
@@ -151,7 +151,8 @@ impl InstanceNode {
     /// Starts an instance over `transport`, whose own pool the node
     /// receives into and stages in, talking over `channel`. The node keeps
     /// the transport (on its progress thread) until it is dropped, so the
-    /// pool outlives every view of it.
+    /// pool outlives every view of it. A transport that owns no pool
+    /// starts with [`start_with_pool`](Self::start_with_pool).
     pub fn start<T, C>(
         settings: &InstanceNodeConfig,
         transport: T,
@@ -176,7 +177,8 @@ impl InstanceNode {
         // the node, has ended.
         #[allow(unsafe_code)]
         let memory = unsafe { PoolMemory::new(transport.pool_ptr(), transport.pool_len()) };
-        let transport_err = |verb| move |e: T::Error| NodeError::transport(verb, e);
+        let transport_err =
+            |verb| move |e: T::Error| NodeError::transport(verb, T::fault_kind(&e), e);
         // SAFETY: the memory stays mapped while the transport lives (as
         // above), and the transport is dropped with the registration; the
         // node expects peers to write into its receive slots, and hands

@@ -153,9 +153,10 @@ where
             }) {
                 Ok(()) => self.in_flight += 1,
                 Err(e) => {
-                    self.shared.probe.write_failed(e.kind());
+                    let kind = T::fault_kind(&e);
+                    self.shared.probe.write_failed(kind);
                     warn!(id = %w.id, dest = %w.dest_session, error = %e, "write not posted");
-                    self.done.push((w.token, Err(reason(&e))));
+                    self.done.push((w.token, Err(reason(kind, &e))));
                 }
             }
         }
@@ -169,9 +170,10 @@ where
             match c.result {
                 Ok(()) => self.done.push((token, Ok(()))),
                 Err(e) => {
-                    self.shared.probe.write_failed(e.kind());
+                    let kind = T::fault_kind(&e);
+                    self.shared.probe.write_failed(kind);
                     warn!(error = %e, "write failed");
-                    self.done.push((token, Err(reason(&e))));
+                    self.done.push((token, Err(reason(kind, &e))));
                 }
             }
         }
@@ -197,9 +199,9 @@ where
 /// A failed write's reason for the coordinator: its kind, then the data
 /// plane's own text (which names the peer, the call and the errno), cut to
 /// fit, written without allocating.
-fn reason(e: &impl Fault) -> Reason {
+fn reason(kind: FaultKind, e: &impl std::fmt::Display) -> Reason {
     use std::fmt::Write as _;
     let mut r = Reason::EMPTY;
-    let _ = write!(r, "{}: {e}", e.kind());
+    let _ = write!(r, "{kind}: {e}");
     r
 }

@@ -27,7 +27,7 @@ where
 {
     fn send_parts(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), SendFailure> {
         ControlSend::send(self, to, parts).map_err(|e| SendFailure {
-            kind: e.kind(),
+            kind: <S as ControlSend>::fault_kind(&e),
             source: Box::new(e),
         })
     }

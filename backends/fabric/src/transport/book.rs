@@ -105,10 +105,7 @@ impl OpBook {
         };
         self.free_ops.push(w);
         if let Some(e) = &ws.error {
-            if matches!(
-                tensorferry_core::transport::Fault::kind(e),
-                tensorferry_core::transport::FaultKind::PeerGone
-            ) {
+            if matches!(e.kind(), tensorferry_core::transport::FaultKind::PeerGone) {
                 self.evict.push(Arc::clone(&ws.peer));
             }
         }

@@ -41,7 +41,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tensorferry_core::transport::{
-    Capabilities, Completion, Landed, PoolOwner, ReadOp, Region, Regions, Transport, WriteOp,
+    Capabilities, Completion, FaultKind, Landed, PoolOwner, ReadOp, Region, Regions, Transport,
+    WriteOp,
 };
 use tensorferry_fabric_sys as sys;
 use tensorferry_hostmem::HostPool;
@@ -222,6 +223,10 @@ unsafe impl PoolOwner for FabricTransport {
 
 impl Transport for FabricTransport {
     type Error = FabricError;
+
+    fn fault_kind(error: &FabricError) -> FaultKind {
+        error.kind()
+    }
 
     fn session_id(&self) -> &str {
         &self.session

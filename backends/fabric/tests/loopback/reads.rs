@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use tensorferry_core::transport::{Fault, FaultKind, Region, Transport, WriteOp, WriteTag};
+use tensorferry_core::transport::{FaultKind, Region, Transport, WriteOp, WriteTag};
 use tensorferry_fabric::{DeliveryMode, FabricTransport};
 
 use super::{config, fill, open, pool, pool_mut, read_op, wait_completion, wait_landed, Rng};

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use tensorferry_core::transport::{Fault, FaultKind, Region, Transport, WriteOp, WriteTag};
+use tensorferry_core::transport::{FaultKind, Region, Transport, WriteOp, WriteTag};
 use tensorferry_fabric::{DeliveryMode, FabricTransport};
 
 use super::{config, fill, open, pool, pool_mut, reach, read_op, wait_completion};

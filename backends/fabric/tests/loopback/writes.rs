@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tensorferry_core::transport::{Fault, FaultKind, Region, Transport, WriteOp, WriteTag};
+use tensorferry_core::transport::{FaultKind, Region, Transport, WriteOp, WriteTag};
 use tensorferry_fabric::{DeliveryMode, FabricTransport};
 
 use super::{config, open, pool, pool_mut, reach, wait_completion, wait_landed, Rng};

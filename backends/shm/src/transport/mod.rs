@@ -8,7 +8,7 @@ mod peers;
 use std::collections::{HashMap, VecDeque};
 
 use tensorferry_core::transport::{
-    Capabilities, Completion, PoolOwner, ReadOp, Region, Regions, Transport, WriteOp,
+    Capabilities, Completion, FaultKind, PoolOwner, ReadOp, Region, Regions, Transport, WriteOp,
 };
 use tensorferry_hostmem::Copier;
 
@@ -103,6 +103,10 @@ unsafe impl PoolOwner for ShmTransport {
 
 impl Transport for ShmTransport {
     type Error = ShmError;
+
+    fn fault_kind(error: &ShmError) -> FaultKind {
+        error.kind()
+    }
 
     fn session_id(&self) -> &str {
         &self.session
@@ -301,7 +305,7 @@ mod tests {
 
     #[test]
     fn a_peer_that_shrinks_its_pool_gets_a_typed_error_not_sigbus() {
-        use tensorferry_core::transport::{Fault, FaultKind};
+        use tensorferry_core::transport::FaultKind;
         let (mut a, region, b) = pair();
         let s = b.session_id().to_owned();
         let base = b.pool_ptr() as u64;

@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use tensorferry_core::transport::{ChannelEvent, ControlRecv, Incoming};
+use tensorferry_core::transport::{ChannelEvent, ControlRecv, FaultKind, Incoming};
 
 use super::socket::{pollfd, sys};
 use super::{HELLO, MESSAGE};
@@ -141,6 +141,10 @@ impl UdsReceiver {
 
 impl ControlRecv for UdsReceiver {
     type Error = UdsError;
+
+    fn fault_kind(error: &UdsError) -> FaultKind {
+        error.kind()
+    }
 
     fn local_endpoint(&self) -> &str {
         &self.me

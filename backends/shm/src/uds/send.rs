@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 
-use tensorferry_core::transport::ControlSend;
+use tensorferry_core::transport::{ControlSend, FaultKind};
 
 use super::socket::{connect, path_of, send_packet};
 use super::{HELLO, MESSAGE};
@@ -35,6 +35,10 @@ impl UdsSender {
 
 impl ControlSend for UdsSender {
     type Error = UdsError;
+
+    fn fault_kind(error: &UdsError) -> FaultKind {
+        error.kind()
+    }
 
     fn send(&mut self, to: &str, parts: &[&[u8]]) -> Result<(), UdsError> {
         let &[magic, payload] = parts else {

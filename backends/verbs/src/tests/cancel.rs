@@ -6,7 +6,7 @@
 //! caller changes its source and the peer goes on, and none of their bytes
 //! ever lands: their work requests were flushed, not run.
 
-use tensorferry_core::transport::{Completion, Fault, FaultKind, Transport};
+use tensorferry_core::transport::{Completion, FaultKind, Transport};
 use tensorferry_hostmem::HostPool;
 
 use super::{config, connect, drain, fill, node, release, stall, waiting, Node, ASIDE, LEN};
@@ -94,7 +94,7 @@ fn a_write_that_finished_before_the_cancel_completes_as_it_did() {
     let done = drain(&mut a);
     let outcomes: Vec<(u64, Option<FaultKind>)> = done
         .iter()
-        .map(|c| (c.cookie, c.result.as_ref().err().map(Fault::kind)))
+        .map(|c| (c.cookie, c.result.as_ref().err().map(VerbsError::kind)))
         .collect();
     assert_eq!(outcomes, [(2, None), (3, Some(FaultKind::Timeout))]);
     assert_eq!(

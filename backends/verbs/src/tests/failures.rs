@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use tensorferry_core::transport::{Fault, FaultKind, RegionError, Transport, WriteOp, WriteTag};
+use tensorferry_core::transport::{FaultKind, RegionError, Transport, WriteOp, WriteTag};
 use tensorferry_zmq::zmq;
 
 use super::{config, fill, node};

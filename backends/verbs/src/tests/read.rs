@@ -6,7 +6,7 @@
 //! handed out its destination never changes, whatever the peer's memory
 //! then holds.
 
-use tensorferry_core::transport::{Fault, FaultKind, ReadOp, Region, RegionError, Transport};
+use tensorferry_core::transport::{FaultKind, ReadOp, Region, RegionError, Transport};
 
 use super::{connect, drain, fill, node, release, stall, waiting, Node, LEN};
 use crate::attrs::{QpStep, RD_ATOMIC};

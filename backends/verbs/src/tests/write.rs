@@ -3,9 +3,7 @@
 //! typed; several regions are written, a later one reached through the
 //! session id.
 
-use tensorferry_core::transport::{
-    Fault, FaultKind, Region, RegionError, Transport, WriteOp, WriteTag,
-};
+use tensorferry_core::transport::{FaultKind, Region, RegionError, Transport, WriteOp, WriteTag};
 use tensorferry_hostmem::HostPool;
 
 use super::{fill, node, Node};

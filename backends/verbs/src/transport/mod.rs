@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tensorferry_core::transport::{
-    Capabilities, Completion, PoolOwner, ReadOp, Region, Transport, WriteOp,
+    Capabilities, Completion, FaultKind, PoolOwner, ReadOp, Region, Transport, WriteOp,
 };
 use tensorferry_hostmem::HostPool;
 use tensorferry_zmq::{zmq, CurvePublicKey, ZapHandler};
@@ -270,6 +270,10 @@ impl<D: Device> Drop for VerbsTransport<D> {
 
 impl<D: Device> Transport for VerbsTransport<D> {
     type Error = VerbsError;
+
+    fn fault_kind(error: &VerbsError) -> FaultKind {
+        error.kind()
+    }
 
     fn session_id(&self) -> &str {
         &self.session

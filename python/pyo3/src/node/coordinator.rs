@@ -54,7 +54,9 @@ impl PyCoordinator {
             .detach(|| {
                 let ctx = zmq::Context::new();
                 let channel = ZmqChannel::bind_guarded(&ctx, &eps, ZmqConfig::default(), &guard)
-                    .map_err(|e| NodeError::transport("bind the coordinator's endpoints", e))?;
+                    .map_err(|e| {
+                        NodeError::transport("bind the coordinator's endpoints", e.kind(), e)
+                    })?;
                 let bound = channel.endpoints();
                 settings.result_endpoints = bound.clone();
                 CoordinatorNode::start(&settings, channel, |_| {}).map(|n| (n, bound))

@@ -88,7 +88,7 @@ impl PyInstance {
                 let ctx = zmq::Context::new();
                 let channel =
                     ZmqChannel::bind_guarded(&ctx, &[endpoint], ZmqConfig::default(), &guard)
-                        .map_err(|e| NodeError::transport("bind the work endpoint", e))?;
+                        .map_err(|e| NodeError::transport("bind the work endpoint", e.kind(), e))?;
                 plane.start_instance(&settings, pool, channel)
             })
             .map_err(|e| node_error(py, &e))?;
