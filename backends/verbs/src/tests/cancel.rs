@@ -16,6 +16,16 @@ use crate::error::VerbsError;
 use crate::sim::SimDevice;
 use crate::transport::VerbsTransport;
 
+/// A node connected to a peer, the first `LEN` bytes of its pool filled
+/// from `pattern`.
+fn connected_pair(pattern: u64) -> (Node, Node) {
+    let mut a = node();
+    let b = node();
+    connect(&mut a, &b, 1);
+    fill(&mut a.bytes_mut()[..LEN as usize], pattern);
+    (a, b)
+}
+
 /// The peer goes on; the caller has reused its source. Nothing of the
 /// ended writes may land in `to`'s first `LEN` bytes.
 fn release_and_check_untouched(a: &mut Node, to: &Node) {
@@ -82,10 +92,7 @@ fn cancelled_writes_are_flushed_unrun_and_never_touch_their_memory_again() {
 
 #[test]
 fn a_write_that_finished_before_the_cancel_completes_as_it_did() {
-    let mut a = node();
-    let b = node();
-    connect(&mut a, &b, 1);
-    fill(&mut a.bytes_mut()[..LEN as usize], 2);
+    let (mut a, b) = connected_pair(2);
     // Executed and acknowledged; its completion waits in the CQ.
     a.write(0, 4096, &b, ASIDE, 2).unwrap();
     stall(&a, true);
@@ -106,10 +113,7 @@ fn a_write_that_finished_before_the_cancel_completes_as_it_did() {
 
 #[test]
 fn a_write_past_its_write_timeout_is_flushed_before_it_fails() {
-    let mut a = node();
-    let b = node();
-    connect(&mut a, &b, 1);
-    fill(&mut a.bytes_mut()[..LEN as usize], 3);
+    let (mut a, b) = connected_pair(3);
     stall(&a, true);
     a.write(0, LEN, &b, 0, 2).unwrap();
     a.write(0, 10, &b, ASIDE + 4096, 3).unwrap();
@@ -187,10 +191,7 @@ fn assert_cancelled(done: &[Completion<VerbsError>], cookie: u64) {
 /// ends cancelled with nothing of it landing, and the next write connects
 /// anew.
 fn cancel_while_posts_are_refused(pattern: u64, errno: i32, after_cancel: impl FnOnce(&mut Node)) {
-    let mut a = node();
-    let b = node();
-    connect(&mut a, &b, 1);
-    fill(&mut a.bytes_mut()[..LEN as usize], pattern);
+    let (mut a, b) = connected_pair(pattern);
     stall(&a, true);
     a.write(0, LEN, &b, 0, 2).unwrap();
     a.t.with_device_mut(|d| d.post_in_error_errno = Some(errno));
