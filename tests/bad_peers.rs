@@ -3,12 +3,13 @@
 //! the instance answers on the wire.
 
 mod common;
+#[path = "common/tensors.rs"]
+mod tensors;
 
 use std::time::Duration;
 
 use common::endpoint;
 use tensorferry::runtime::{DataPlane, InstanceNode, InstanceNodeConfig};
-use tensorferry_core::slots::{Dtype, TensorSpec};
 use tensorferry_core::transport::{ChannelEvent, ControlChannel, ControlRecv, ControlSend};
 use tensorferry_core::wire::{decode, Msg, Push, RegisterAck, TRANSFER_MAGIC};
 use tensorferry_shm::{UdsChannel, UdsReceiver, UdsSender};
@@ -66,15 +67,7 @@ fn registered_instance(tx: &mut UdsSender, rx: &mut UdsReceiver) -> (InstanceNod
 }
 
 fn stage(node: &tensorferry::runtime::InstanceNode, id: &str) {
-    let shape = [4096u64];
-    let spec = [TensorSpec {
-        field: "x",
-        list_index: None,
-        shape: &shape,
-        dtype: Dtype::UInt8,
-        byte_len: 4096,
-    }];
-    node.stage(id, &spec).unwrap().commit("{}").unwrap();
+    tensors::stage_bytes(node, id, "x", 4096, |_| 0);
 }
 
 #[test]

@@ -13,90 +13,28 @@
 
 #[path = "common/client.rs"]
 mod client;
+#[path = "common/listeners.rs"]
+mod listeners;
+#[path = "common/tensors.rs"]
+mod tensors;
 
-use std::collections::HashSet;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use client::guard;
 use tensorferry::engine::{EngineConfig, Op, TransferEngine};
 use tensorferry::runtime::{
     CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNode, InstanceNodeConfig, Prealloc,
 };
-use tensorferry_core::slots::{Dtype, TensorSpec};
 use tensorferry_verbs::sim::SimDevice;
 use tensorferry_verbs::{Session, VerbsConfig, VerbsTransport};
-use tensorferry_zmq::{zmq, CurveConfig, CurveKeyPair, Guard, ZmqChannel, ZmqConfig};
+use tensorferry_zmq::{zmq, CurveKeyPair, Guard, ZmqChannel, ZmqConfig};
 
 const SECOND: Duration = Duration::from_secs(1);
-
-/// The book's endpoint table: (process, endpoint) of each row.
-fn book() -> HashSet<(String, String)> {
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src/operating.md"),
-    )
-    .unwrap();
-    let table = text
-        .split("### Endpoints the processes open")
-        .nth(1)
-        .expect("the book has its endpoint table");
-    let name = |cell: &str| cell.split('`').nth(1).map(str::to_owned);
-    table
-        .lines()
-        .skip_while(|l| !l.starts_with('|'))
-        .take_while(|l| l.starts_with('|'))
-        .filter_map(|line| {
-            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-            Some((name(cells.get(1)?)?, name(cells.get(2)?)?))
-        })
-        .collect()
-}
-
-/// The TCP sockets this process listens on (from /proc/self/net).
-fn listening() -> Vec<SocketAddr> {
-    let mine: HashSet<u64> = std::fs::read_dir("/proc/self/fd")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| std::fs::read_link(e.path()).ok())
-        .filter_map(|l| {
-            let l = l.to_string_lossy().into_owned();
-            l.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
-        })
-        .collect();
-    let mut out = Vec::new();
-    for table in ["tcp", "tcp6"] {
-        let text = std::fs::read_to_string(format!("/proc/self/net/{table}")).unwrap_or_default();
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() > 9 && f[3] == "0A" && mine.contains(&f[9].parse().unwrap_or(0)) {
-                let (ip, port) = f[1].split_once(':').unwrap();
-                let port = u16::from_str_radix(port, 16).unwrap();
-                let ip: std::net::IpAddr = if ip.len() == 8 {
-                    std::net::Ipv4Addr::from(u32::from_str_radix(ip, 16).unwrap().to_ne_bytes())
-                        .into()
-                } else {
-                    std::net::Ipv6Addr::UNSPECIFIED.into()
-                };
-                out.push(SocketAddr::new(ip, port));
-            }
-        }
-    }
-    out
-}
 
 /// The port of a `tcp://host:port` endpoint.
 fn port_of(endpoint: &str) -> u16 {
     endpoint.rsplit(':').next().unwrap().parse().unwrap()
-}
-
-fn guard(key: &CurveKeyPair, peers: &[&CurveKeyPair]) -> Guard {
-    Guard {
-        allow: vec!["127.0.0.1".parse().unwrap()],
-        curve: Some(CurveConfig {
-            key: key.clone(),
-            peers: peers.iter().map(|p| *p.public()).collect(),
-        }),
-    }
 }
 
 /// A DEALER to `endpoint`, from `source` (an address of this host), with
@@ -156,7 +94,7 @@ fn engine(g: &Guard) -> TransferEngine {
 
 #[test]
 fn over_the_verbs_stand_in_strangers_are_refused_at_every_endpoint_the_book_names() {
-    let book = book();
+    let book = listeners::book(Path::new(env!("CARGO_MANIFEST_DIR")));
     let [coordinator, encoder, denoiser, a_key, b_key, other] =
         [(); 6].map(|()| CurveKeyPair::generate().unwrap());
 
@@ -226,7 +164,7 @@ fn over_the_verbs_stand_in_strangers_are_refused_at_every_endpoint_the_book_name
         let side = Session::parse(plane).unwrap();
         known.push((port_of(&side.endpoint), "TransferEngine", "side"));
     }
-    let open = listening();
+    let (open, _) = listeners::listening(std::process::id());
     for addr in &open {
         let Some((_, process, endpoint)) = known.iter().find(|(p, ..)| *p == addr.port()) else {
             panic!("this process listens on {addr}, which the book's endpoint table does not name");
@@ -314,18 +252,8 @@ fn over_the_verbs_stand_in_strangers_are_refused_at_every_endpoint_the_book_name
     // The peers go on: hand-offs between the instances, a transfer with a
     // notification between the engines, byte-exact.
     for i in 0..10u8 {
-        let shape = [40_000u64];
-        let spec = [TensorSpec {
-            field: "latents",
-            list_index: None,
-            shape: &shape,
-            dtype: Dtype::UInt8,
-            byte_len: 40_000,
-        }];
         let id = format!("v-{i}");
-        let mut staging = enc.stage(&id, &spec).unwrap();
-        staging.tensor_mut(0).unwrap().fill(i);
-        staging.commit("{}").unwrap();
+        tensors::stage_bytes(&enc, &id, "latents", 40_000, |_| i);
         let d = den.recv(10 * SECOND).expect("a delivery");
         assert_eq!(d.id(), id);
         assert!(d.tensors().next().unwrap().bytes.iter().all(|&b| b == i));

@@ -6,27 +6,19 @@
 
 #[path = "common/client.rs"]
 mod client;
+#[path = "common/tensors.rs"]
+mod tensors;
 
 use std::time::Duration;
 
+use client::guard;
 use tensorferry::runtime::{
     CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNode, InstanceNodeConfig, Prealloc,
 };
-use tensorferry_core::slots::{Dtype, TensorSpec};
-use tensorferry_zmq::{zmq, CurveConfig, CurveKeyPair, Guard, ZmqChannel, ZmqConfig};
+use tensorferry_zmq::{zmq, CurveKeyPair, Guard, ZmqChannel, ZmqConfig};
 
 const SECOND: Duration = Duration::from_secs(1);
 const MAGIC: &[u8] = b"__transfer__";
-
-fn guard(key: &CurveKeyPair, peers: &[&CurveKeyPair]) -> Guard {
-    Guard {
-        allow: vec!["127.0.0.1".parse().unwrap()],
-        curve: Some(CurveConfig {
-            key: key.clone(),
-            peers: peers.iter().map(|p| *p.public()).collect(),
-        }),
-    }
-}
 
 fn channel(guard: &Guard, endpoints: &[&str]) -> ZmqChannel {
     ZmqChannel::bind_guarded(&zmq::Context::new(), endpoints, ZmqConfig::default(), guard).unwrap()
@@ -74,20 +66,9 @@ fn settings(role: &str, results: &[String]) -> InstanceNodeConfig {
 
 /// Stages request `id`, one tensor of 40,000 bytes from `seed`.
 fn send(node: &InstanceNode, id: &str, seed: u8) {
-    let shape = [40_000u64];
-    let spec = [TensorSpec {
-        field: "latents",
-        list_index: None,
-        shape: &shape,
-        dtype: Dtype::UInt8,
-        byte_len: 40_000,
-    }];
-    let mut staging = node.stage(id, &spec).unwrap();
-    let t = staging.tensor_mut(0).unwrap();
-    for (i, b) in t.iter_mut().enumerate() {
-        *b = (i as u8).wrapping_mul(31).wrapping_add(seed);
-    }
-    staging.commit("{}").unwrap();
+    tensors::stage_bytes(node, id, "latents", 40_000, |i| {
+        (i as u8).wrapping_mul(31).wrapping_add(seed)
+    });
 }
 
 fn check(node: &InstanceNode, id: &str, seed: u8) {

@@ -26,6 +26,14 @@ use tensorferry_shm::UdsChannel;
 
 const SECOND: Duration = Duration::from_secs(1);
 
+/// `count` preallocated receive slots of 1 MiB each.
+fn mib_slots(count: usize) -> Prealloc {
+    Prealloc {
+        count,
+        size: 1 << 20,
+    }
+}
+
 fn coordinator(pipeline: &[&str]) -> CoordinatorNode {
     coordinator_with(CoordinatorNodeConfig::new(pipeline))
 }

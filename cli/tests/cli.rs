@@ -60,32 +60,17 @@ fn canon_reports_bad_lines_and_keeps_going() {
         lines[0],
         r#"{"msg_type":"transfer_done","request_id":"a","error":null}"#
     );
-    assert!(lines[1].starts_with("error: invalid JSON"), "{}", lines[1]);
-    assert!(
-        lines[2].starts_with("error: field `dest_addr`: negative"),
-        "{}",
-        lines[2]
-    );
-    assert!(
-        lines[3].starts_with("error: invalid JSON: not valid UTF-8"),
-        "{}",
-        lines[3]
-    );
-    assert!(
-        lines[4].starts_with("error: invalid JSON: unexpected end"),
-        "{}",
-        lines[4]
-    );
-    assert!(
-        lines[5].starts_with("error: field `data_size`: integer larger"),
-        "{}",
-        lines[5]
-    );
-    assert!(
-        lines[6].starts_with("error: field `msg_type`: missing"),
-        "{}",
-        lines[6]
-    );
+    let errors = [
+        "error: invalid JSON",
+        "error: field `dest_addr`: negative",
+        "error: invalid JSON: not valid UTF-8",
+        "error: invalid JSON: unexpected end",
+        "error: field `data_size`: integer larger",
+        "error: field `msg_type`: missing",
+    ];
+    for (line, error) in lines[1..7].iter().zip(errors) {
+        assert!(line.starts_with(error), "{line}");
+    }
     assert_eq!(
         lines[7],
         r#"{"msg_type":"transfer_done","request_id":"b","error":null}"#
@@ -158,18 +143,13 @@ fn bench_runs_the_hand_off_rig_over_the_plane_it_is_given() {
     // Any data plane by its name: the local plane (cross-memory attach)
     // has no arm of its own in `ferry bench`, and reports its rows, its
     // name and its control channel.
-    let (out, err, ok) = ferry(
-        &[
-            "bench",
-            "--backend",
-            "local",
-            "--sizes",
-            "4K",
-            "--seconds",
-            "0.2",
-        ],
-        b"",
-    );
+    let bench = |extra: &[&str]| {
+        let mut args = vec!["bench", "--backend", "local", "--sizes", "4K"];
+        args.extend(["--seconds", "0.2"]);
+        args.extend(extra);
+        ferry(&args, b"")
+    };
+    let (out, err, ok) = bench(&[]);
     assert!(ok, "{err}");
     let lines: Vec<&str> = out.lines().collect();
     assert!(
@@ -179,21 +159,7 @@ fn bench_runs_the_hand_off_rig_over_the_plane_it_is_given() {
     assert_eq!(lines.len(), 3, "{out}");
     assert!(lines[2].trim_start().starts_with("4 KiB"), "{out}");
     // --copy-threads is the plane's `threads` option.
-    let (out, err, ok) = ferry(
-        &[
-            "bench",
-            "--backend",
-            "local",
-            "--sizes",
-            "4K",
-            "--seconds",
-            "0.2",
-            "--copy-threads",
-            "2",
-            "--json",
-        ],
-        b"",
-    );
+    let (out, err, ok) = bench(&["--copy-threads", "2", "--json"]);
     assert!(ok, "{err}");
     let report: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(report["plane"], "local", "{out}");

@@ -6,88 +6,24 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use common::flood::{aim, await_handoffs, finish_untouched, flood, forger, written_at_the_top};
-use common::{coordinator_with, ferry, Procs};
+use common::flood::{aim, finish_untouched, flood_through_handoffs, forger, written_at_the_top};
+use common::keys::{curve, keygen, keys};
+use common::{coordinator_with, ferry, free_port, instance_at, Procs, SMALL_RANDOM};
 use serde_json::Value;
 use tensorferry_zmq::zmq;
 
-/// `ferry keygen NAME --dir DIR`: its report.
-fn keygen(dir: &Path, name: &str) -> Value {
-    let out = ferry()
-        .args(["keygen", name, "--dir"])
-        .arg(dir)
-        .output()
-        .expect("ferry runs");
-    assert!(out.status.success(), "{out:?}");
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 /// A free TCP endpoint on 127.0.0.1.
 fn tcp() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    format!("tcp://{}", l.local_addr().unwrap())
-}
-
-/// Keys for a coordinator (`<dir>/coordinator/`) and the instances named
-/// (`<dir>/instances/`).
-fn keys(p: &Procs, instances: &[&str]) -> PathBuf {
-    let dir = p.dir.join("keys");
-    keygen(&dir.join("coordinator"), "coordinator");
-    for name in instances {
-        keygen(&dir.join("instances"), name);
-    }
-    dir
-}
-
-fn coordinator_curve(keys: &Path) -> Vec<String> {
-    vec![
-        "--curve-key".into(),
-        keys.join("coordinator/coordinator.key_secret")
-            .display()
-            .to_string(),
-        "--curve-peers".into(),
-        keys.join("instances").display().to_string(),
-    ]
-}
-
-fn instance_curve(keys: &Path, name: &str) -> Vec<String> {
-    vec![
-        "--curve-key".into(),
-        keys.join(format!("instances/{name}.key_secret"))
-            .display()
-            .to_string(),
-        "--curve-peers".into(),
-        keys.join("coordinator/coordinator.key")
-            .display()
-            .to_string(),
-    ]
+    common::tcp(free_port())
 }
 
 /// `ferry instance` over ZeroMQ with the random workload, at `endpoint`.
 fn instance(role: &str, coordinator: &str, endpoint: &str, extra: &[String]) -> Command {
-    let mut c = ferry();
-    c.args([
-        "instance",
-        "--control",
-        "zmq",
-        "--role",
-        role,
-        "--name",
-        role,
-    ])
-    .args(["--coordinator", coordinator, "--endpoint", endpoint])
-    .args([
-        "--workload",
-        "random",
-        "--seed",
-        "3",
-        "--max-bytes",
-        "65536",
-    ])
-    .args(extra);
+    let mut c = instance_at(role, role, coordinator, endpoint);
+    c.args(SMALL_RANDOM).args(extra);
     c
 }
 
@@ -113,16 +49,16 @@ fn unlisted(ctx: &zmq::Context, to: &str, server: &Path) -> zmq::Socket {
 #[test]
 fn a_flood_from_an_allowed_address_without_an_admitted_key_changes_nothing() {
     let mut p = Procs::new("curve-flood");
-    let keys = keys(&p, &["encoder", "denoiser"]);
+    let keys = keys(p.dir.join("keys"), &["encoder", "denoiser"]);
     let results: Vec<String> = (0..3).map(|_| tcp()).collect();
     let allow = ["--allow-from".to_owned(), "127.0.0.1".to_owned()];
     let mut extra = allow.to_vec();
-    extra.extend(coordinator_curve(&keys));
+    extra.extend(curve(&keys, "coordinator"));
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let c = coordinator_with(&mut p, &results, &extra);
     let den_ep = tcp();
     let mut den_args = allow.to_vec();
-    den_args.extend(instance_curve(&keys, "denoiser"));
+    den_args.extend(curve(&keys, "denoiser"));
     let d = p.spawn(
         "denoiser",
         &mut instance("denoiser", &results[1], &den_ep, &den_args),
@@ -131,7 +67,7 @@ fn a_flood_from_an_allowed_address_without_an_admitted_key_changes_nothing() {
     let (session, dest) = aim(&registered);
     let enc_ep = tcp();
     let mut enc_args = allow.to_vec();
-    enc_args.extend(instance_curve(&keys, "encoder"));
+    enc_args.extend(curve(&keys, "encoder"));
     enc_args.extend(["--requests", "200", "--window", "2", "--pace-ms", "5"].map(str::to_owned));
     let e = p.spawn(
         "encoder",
@@ -156,10 +92,7 @@ fn a_flood_from_an_allowed_address_without_an_admitted_key_changes_nothing() {
         targets.push(forger(&ctx, to));
         targets.push(unlisted(&ctx, to, &server));
     }
-    let forged = flood(&targets, &session, dest, true);
-    assert!(forged > 1000, "only {forged} forged messages sent");
-    await_handoffs(&mut p, e, c, 200);
-    drop(targets);
+    flood_through_handoffs(&mut p, targets, &session, dest, true, e, c, 200);
     // None of it reached a state machine: nothing was ignored or dropped
     // as malformed, and every byte the denoiser got was the encoder's.
     assert_eq!(written_at_the_top(&p, &registered), 0);
@@ -205,17 +138,12 @@ fn keys_from_pyzmq_and_from_ferry_keygen_work_in_both() {
         format!("{} True", report["public_key"].as_str().unwrap())
     );
     let results: Vec<String> = (0..3).map(|_| tcp()).collect();
-    let extra = coordinator_curve(&dir);
+    let extra = curve(&dir, "coordinator");
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let c = coordinator_with(&mut p, &results, &extra);
     let d = p.spawn(
         "denoiser",
-        &mut instance(
-            "denoiser",
-            &results[1],
-            &tcp(),
-            &instance_curve(&dir, "denoiser"),
-        ),
+        &mut instance("denoiser", &results[1], &tcp(), &curve(&dir, "denoiser")),
     );
     p.wait_for(d, "\"event\":\"registered\"", 30);
     p.wait_for(c, "\"event\":\"registered\"", 30);
@@ -224,7 +152,7 @@ fn keys_from_pyzmq_and_from_ferry_keygen_work_in_both() {
 #[test]
 fn curve_is_refused_where_it_cannot_apply() {
     let p = Procs::new("curve-refused");
-    let keys = keys(&p, &["decoder", "encoder"]);
+    let keys = keys(p.dir.join("keys"), &["decoder", "encoder"]);
     let run = |extra: &[String]| {
         let out = instance("decoder", "tcp://127.0.0.1:1", "tcp://127.0.0.1:0", extra)
             .output()
@@ -232,7 +160,7 @@ fn curve_is_refused_where_it_cannot_apply() {
         assert_eq!(out.status.code(), Some(2), "{out:?}");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
-    let mine = instance_curve(&keys, "decoder");
+    let mine = curve(&keys, "decoder");
     // Under sglang's head, which speaks plain ZeroMQ.
     let mut a = mine.clone();
     a.extend(["--head".into(), "sglang".into()]);

@@ -11,128 +11,19 @@
 #![cfg_attr(not(feature = "fabric"), allow(unused_mut, unused_variables))]
 
 mod common;
+#[path = "../../tests/common/listeners.rs"]
+mod listeners;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
 
 use common::flood::{aim, await_handoffs, finish_untouched, flood, MAGIC};
-use common::{coordinator_with, ferry, num, Procs};
+use common::keys::{curve, keys};
+use common::{coordinator_with, free_port, instance_at, num, tcp, Procs, SMALL_RANDOM};
+use listeners::{book, listening, proc_address};
 use serde_json::Value;
 use tensorferry_zmq::zmq;
-
-/// The book's endpoint table: each row's process (as the table names it,
-/// without its data plane) and endpoint.
-fn book() -> HashSet<(String, String)> {
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/src/operating.md"),
-    )
-    .unwrap();
-    let table = text
-        .split("### Endpoints the processes open")
-        .nth(1)
-        .expect("the book has its endpoint table");
-    let mut rows = HashSet::new();
-    for line in table.lines().skip_while(|l| !l.starts_with('|')) {
-        if !line.starts_with('|') {
-            break;
-        }
-        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-        let (Some(process), Some(endpoint)) = (cells.get(1), cells.get(2)) else {
-            continue;
-        };
-        let name = |cell: &str| {
-            cell.split('`')
-                .nth(1)
-                .map(str::to_owned)
-                .unwrap_or_default()
-        };
-        let (process, endpoint) = (name(process), name(endpoint));
-        if !process.is_empty() && !endpoint.is_empty() {
-            rows.insert((process, endpoint));
-        }
-    }
-    assert!(
-        rows.len() >= 10,
-        "the endpoint table has {} rows",
-        rows.len()
-    );
-    rows
-}
-
-/// The inodes of the sockets process `pid` holds.
-fn socket_inodes(pid: u32) -> HashSet<u64> {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .flatten()
-        .filter_map(|e| std::fs::read_link(e.path()).ok())
-        .filter_map(|l| {
-            let l = l.to_string_lossy().into_owned();
-            l.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
-        })
-        .collect()
-}
-
-/// An address as /proc/net/tcp{,6} writes it (hex, in the host's order).
-fn proc_address(hex: &str) -> Option<SocketAddr> {
-    let (ip, port) = hex.split_once(':')?;
-    let port = u16::from_str_radix(port, 16).ok()?;
-    let ip: std::net::IpAddr = match ip.len() {
-        8 => {
-            // The address's bytes, read as a host-order u32.
-            let v = u32::from_str_radix(ip, 16).ok()?;
-            std::net::Ipv4Addr::from(v.to_ne_bytes()).into()
-        }
-        32 => {
-            let mut b = [0u8; 16];
-            for (i, w) in b.chunks_mut(4).enumerate() {
-                let v = u32::from_str_radix(&ip[i * 8..i * 8 + 8], 16).ok()?;
-                w.copy_from_slice(&v.to_ne_bytes());
-            }
-            std::net::Ipv6Addr::from(b).into()
-        }
-        _ => return None,
-    };
-    Some(SocketAddr::new(ip, port))
-}
-
-/// Every socket process `pid` listens on: TCP (v4 and v6) by address, and
-/// Unix ones by path.
-fn listening(pid: u32) -> (Vec<SocketAddr>, Vec<String>) {
-    let mine = socket_inodes(pid);
-    let mut tcp = Vec::new();
-    for table in ["tcp", "tcp6"] {
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            // local_address rem_address st ... inode (the 10th field)
-            if f.len() > 9 && f[3] == "0A" {
-                let inode: u64 = f[9].parse().unwrap_or(0);
-                if mine.contains(&inode) {
-                    tcp.push(proc_address(f[1]).unwrap());
-                }
-            }
-        }
-    }
-    let mut unix = Vec::new();
-    if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/unix")) {
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            // Num RefCount Protocol Flags Type St Inode Path; a listening
-            // socket has __SO_ACCEPTCON (0x10000) in its flags.
-            if f.len() >= 7 {
-                let flags = u32::from_str_radix(f[3], 16).unwrap_or(0);
-                let inode: u64 = f[6].parse().unwrap_or(0);
-                if flags & 0x10000 != 0 && mine.contains(&inode) {
-                    unix.push(f.get(7).map_or_else(String::new, |p| (*p).to_owned()));
-                }
-            }
-        }
-    }
-    (tcp, unix)
-}
 
 /// Checks that every socket `pid` listens on is named: `known` maps a
 /// port to the endpoint the book calls it, for the book's `process`.
@@ -163,29 +54,6 @@ fn only_what_the_book_names(
         );
     }
     tcp
-}
-
-/// `ferry keygen NAME --dir DIR`.
-fn keygen(dir: &Path, name: &str) {
-    let out = ferry()
-        .args(["keygen", name, "--dir"])
-        .arg(dir)
-        .output()
-        .expect("ferry runs");
-    assert!(out.status.success(), "{out:?}");
-}
-
-/// A free TCP port on 127.0.0.1.
-fn port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn tcp(port: u16) -> String {
-    format!("tcp://127.0.0.1:{port}")
 }
 
 /// The port of a `{"event":"metrics","url":...}` line.
@@ -261,38 +129,9 @@ impl Plane {
         match self {
             Self::Shm => vec![],
             #[cfg(feature = "fabric")]
-            Self::FabricTcp => vec![
-                "--backend",
-                "fabric",
-                "--provider",
-                "tcp;ofi_rxm",
-                "--fabric-source",
-                "127.0.0.1",
-            ],
+            Self::FabricTcp => common::FABRIC_TCP.to_vec(),
         }
     }
-}
-
-/// The `--curve-key`/`--curve-peers` arguments of `name` (the coordinator
-/// admits the instances, each instance its coordinator).
-fn curve(keys: &Path, name: &str) -> Vec<String> {
-    let (key, peers) = if name == "coordinator" {
-        (
-            keys.join("coordinator/coordinator.key_secret"),
-            keys.join("instances"),
-        )
-    } else {
-        (
-            keys.join(format!("instances/{name}.key_secret")),
-            keys.join("coordinator/coordinator.key"),
-        )
-    };
-    vec![
-        "--curve-key".into(),
-        key.display().to_string(),
-        "--curve-peers".into(),
-        peers.display().to_string(),
-    ]
 }
 
 fn strs(v: &[String]) -> Vec<&str> {
@@ -400,16 +239,13 @@ fn guess_keys(session: &str) -> usize {
 /// A coordinator and an encoder and a denoiser on `plane`, with CURVE and
 /// an allow-list; strangers at every endpoint while 200 requests hand off.
 fn strangers_are_refused_at_every_endpoint(plane: Plane) {
-    let book = book();
+    let book = book(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
     let mut p = Procs::new(&format!("endpoints-{plane:?}"));
-    let keys = p.dir.join("keys");
-    keygen(&keys.join("coordinator"), "coordinator");
-    keygen(&keys.join("instances"), "encoder");
-    keygen(&keys.join("instances"), "denoiser");
+    let keys = keys(p.dir.join("keys"), &["encoder", "denoiser"]);
     let allow = vec!["--allow-from".to_owned(), "127.0.0.1".to_owned()];
     let metrics = vec!["--metrics-listen".to_owned(), "0".to_owned()];
 
-    let result_ports: Vec<u16> = (0..3).map(|_| port()).collect();
+    let result_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let results: Vec<String> = result_ports.iter().map(|&p| tcp(p)).collect();
     let mut extra = allow.clone();
     extra.extend(curve(&keys, "coordinator"));
@@ -418,37 +254,17 @@ fn strangers_are_refused_at_every_endpoint(plane: Plane) {
     let c_metrics = metrics_port(&p.wait_for(c, "\"event\":\"metrics\"", 30));
 
     let instance = |role: &'static str, ep: u16, more: &[&str]| {
-        let mut cmd = ferry();
-        cmd.args([
-            "instance",
-            "--control",
-            "zmq",
-            "--role",
-            role,
-            "--name",
-            role,
-        ])
-        .args([
-            "--coordinator",
-            &results[if role == "encoder" { 0 } else { 1 }],
-        ])
-        .args(["--endpoint", &tcp(ep)])
-        .args([
-            "--workload",
-            "random",
-            "--seed",
-            "3",
-            "--max-bytes",
-            "65536",
-        ])
-        .args(strs(&allow))
-        .args(strs(&curve(&keys, role)))
-        .args(strs(&metrics))
-        .args(plane.args())
-        .args(more);
+        let coordinator = &results[if role == "encoder" { 0 } else { 1 }];
+        let mut cmd = instance_at(role, role, coordinator, &tcp(ep));
+        cmd.args(SMALL_RANDOM)
+            .args(strs(&allow))
+            .args(strs(&curve(&keys, role)))
+            .args(strs(&metrics))
+            .args(plane.args())
+            .args(more);
         cmd
     };
-    let den_port = port();
+    let den_port = free_port();
     let d = p.spawn("denoiser", &mut instance("denoiser", den_port, &[]));
     let d_metrics = metrics_port(&p.wait_for(d, "\"event\":\"metrics\"", 30));
     let registered = p.wait_for(d, "\"event\":\"registered\"", 30);
@@ -457,7 +273,7 @@ fn strangers_are_refused_at_every_endpoint(plane: Plane) {
         .as_str()
         .unwrap()
         .to_owned();
-    let enc_port = port();
+    let enc_port = free_port();
     let e = p.spawn(
         "encoder",
         &mut instance(

@@ -11,9 +11,12 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::flood::{
-    aim, await_handoffs, finish_untouched, flood, forger, written_at_the_top, MAGIC,
+    aim, finish_untouched, flood_through_handoffs, forger, written_at_the_top, MAGIC,
 };
-use common::{coordinator, coordinator_with, ferry, named_instance, num, result_endpoints, Procs};
+use common::{
+    coordinator, coordinator_with, free_port, instance_at, named_instance, num, result_endpoints,
+    tcp, Procs, SMALL_RANDOM,
+};
 use serde_json::Value;
 use tensorferry_zmq::zmq;
 
@@ -25,16 +28,19 @@ fn random(
     coordinator: &str,
     extra: &[&str],
 ) -> std::process::Command {
-    let mut args = vec![
-        "--workload",
-        "random",
-        "--seed",
-        "3",
-        "--max-bytes",
-        "65536",
-    ];
-    args.extend_from_slice(extra);
-    named_instance(p, role, name, coordinator, &args)
+    let mut c = named_instance(p, role, name, coordinator, &SMALL_RANDOM);
+    c.args(extra);
+    c
+}
+
+/// A coordinator at `results`, ready, and a random-workload denoiser
+/// registered with it: their indices and the denoiser's `registered` line.
+fn with_a_denoiser(p: &mut Procs, results: &[String]) -> (usize, usize, String) {
+    let c = coordinator(p, results);
+    let mut cmd = random(p, "denoiser", "denoiser", &results[1], &[]);
+    let d = p.spawn("denoiser", &mut cmd);
+    let registered = p.wait_for(d, "\"event\":\"registered\"", 30);
+    (c, d, registered)
 }
 
 fn send(s: &zmq::Socket, payload: &str) {
@@ -45,34 +51,11 @@ fn send(s: &zmq::Socket, payload: &str) {
 fn request_ids_with_quotes_backslashes_and_newlines_stay_inside_their_json_strings() {
     let mut p = Procs::new("json");
     let results = result_endpoints(&p, "c");
-    let c = coordinator(&mut p, &results);
-    let d = p.spawn(
-        "denoiser",
-        &mut random(&p, "denoiser", "denoiser", &results[1], &[]),
-    );
-    p.wait_for(d, "\"event\":\"registered\"", 30);
+    let (c, d, _) = with_a_denoiser(&mut p, &results);
     // The encoder's name goes into every request id it makes.
     let name = "e\"vil\\\n\",\"event\":\"forged";
-    let mut cmd = ferry();
-    cmd.args([
-        "instance",
-        "--control",
-        "zmq",
-        "--role",
-        "encoder",
-        "--name",
-        name,
-    ])
-    .args(["--coordinator", &results[0], "--endpoint", &p.ep("enc")])
-    .args([
-        "--workload",
-        "random",
-        "--seed",
-        "3",
-        "--max-bytes",
-        "65536",
-    ])
-    .args(["--requests", "3"]);
+    let mut cmd = instance_at("encoder", name, &results[0], &p.ep("enc"));
+    cmd.args(SMALL_RANDOM).args(["--requests", "3"]);
     let e = p.spawn("encoder", &mut cmd);
     let encoded = p.wait_for(e, "\"event\":\"encoded\"", 60);
     let encoded: Value = serde_json::from_str(&encoded).unwrap();
@@ -167,38 +150,17 @@ fn an_admission_list_drops_other_endpoints_and_a_ghost_endpoint_is_dropped_too()
     );
     p.kill(stranger);
     // The admitted one registers.
-    let mut cmd = ferry();
-    cmd.args([
-        "instance",
-        "--control",
-        "zmq",
-        "--role",
-        "denoiser",
-        "--name",
+    let d = p.spawn(
         "good",
-    ])
-    .args(["--coordinator", &results[1], "--endpoint", &good])
-    .args([
-        "--workload",
-        "random",
-        "--seed",
-        "3",
-        "--max-bytes",
-        "65536",
-    ]);
-    let d = p.spawn("good", &mut cmd);
+        &mut random(&p, "denoiser", "good", &results[1], &[]),
+    );
     p.wait_for(d, "\"event\":\"registered\"", 30);
     p.wait_for(c, "\"event\":\"registered\"", 30);
 
     // Without a list: a registration naming an endpoint nobody serves is
     // found out and dropped, so it takes no hand-off.
     let results = result_endpoints(&p, "open");
-    let open = coordinator(&mut p, &results);
-    let d = p.spawn(
-        "denoiser",
-        &mut random(&p, "denoiser", "denoiser", &results[1], &[]),
-    );
-    p.wait_for(d, "\"event\":\"registered\"", 30);
+    let (open, _, _) = with_a_denoiser(&mut p, &results);
     p.wait_for(open, "\"event\":\"registered\"", 30);
     let ctx = zmq::Context::new();
     let to_coordinator = forger(&ctx, &results[1]);
@@ -240,33 +202,10 @@ fn an_admission_list_drops_other_endpoints_and_a_ghost_endpoint_is_dropped_too()
 fn an_encoder_restarted_under_its_old_name_is_told_its_ids_are_taken() {
     let mut p = Procs::new("dupname");
     let results = result_endpoints(&p, "c");
-    let _c = coordinator(&mut p, &results);
-    let d = p.spawn(
-        "denoiser",
-        &mut random(&p, "denoiser", "denoiser", &results[1], &[]),
-    );
-    p.wait_for(d, "\"event\":\"registered\"", 30);
+    let (_c, _, _) = with_a_denoiser(&mut p, &results);
     let run = |p: &mut Procs, label: &'static str| {
-        let mut cmd = ferry();
-        cmd.args([
-            "instance",
-            "--control",
-            "zmq",
-            "--role",
-            "encoder",
-            "--name",
-            "enc",
-        ])
-        .args(["--coordinator", &results[0], "--endpoint", &p.ep(label)])
-        .args([
-            "--workload",
-            "random",
-            "--seed",
-            "3",
-            "--max-bytes",
-            "65536",
-        ])
-        .args(["--requests", "3"]);
+        let mut cmd = instance_at("encoder", "enc", &results[0], &p.ep(label));
+        cmd.args(SMALL_RANDOM).args(["--requests", "3"]);
         let e = p.spawn(label, &mut cmd);
         let encoded = p.wait_for(e, "\"event\":\"encoded\"", 60);
         p.kill(e);
@@ -295,64 +234,20 @@ fn an_encoder_restarted_under_its_old_name_is_told_its_ids_are_taken() {
 #[test]
 fn a_flood_of_forged_messages_from_outside_the_allow_list_changes_nothing() {
     let mut p = Procs::new("flood");
-    let port = |_: ()| {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
-    let results: Vec<String> = (0..3)
-        .map(|_| format!("tcp://127.0.0.1:{}", port(())))
-        .collect();
+    let results: Vec<String> = (0..3).map(|_| tcp(free_port())).collect();
     let allow = ["--allow-from", "127.0.0.1"];
     let c = coordinator_with(&mut p, &results, &allow);
-    let den_ep = format!("tcp://127.0.0.1:{}", port(()));
-    let mut cmd = ferry();
-    cmd.args([
-        "instance",
-        "--control",
-        "zmq",
-        "--role",
-        "denoiser",
-        "--name",
-        "denoiser",
-    ])
-    .args(["--coordinator", &results[1], "--endpoint", &den_ep])
-    .args([
-        "--workload",
-        "random",
-        "--seed",
-        "3",
-        "--max-bytes",
-        "65536",
-    ])
-    .args(allow);
+    let den_ep = tcp(free_port());
+    let mut cmd = instance_at("denoiser", "denoiser", &results[1], &den_ep);
+    cmd.args(SMALL_RANDOM).args(allow);
     let d = p.spawn("denoiser", &mut cmd);
     let registered = p.wait_for(d, "\"event\":\"registered\"", 30);
     let (session, dest) = aim(&registered);
-    let enc_ep = format!("tcp://127.0.0.1:{}", port(()));
-    let mut cmd = ferry();
-    cmd.args([
-        "instance",
-        "--control",
-        "zmq",
-        "--role",
-        "encoder",
-        "--name",
-        "encoder",
-    ])
-    .args(["--coordinator", &results[0], "--endpoint", &enc_ep])
-    .args([
-        "--workload",
-        "random",
-        "--seed",
-        "3",
-        "--max-bytes",
-        "65536",
-    ])
-    .args(["--requests", "200", "--window", "2", "--pace-ms", "5"])
-    .args(allow);
+    let enc_ep = tcp(free_port());
+    let mut cmd = instance_at("encoder", "encoder", &results[0], &enc_ep);
+    cmd.args(SMALL_RANDOM)
+        .args(["--requests", "200", "--window", "2", "--pace-ms", "5"])
+        .args(allow);
     let e = p.spawn("encoder", &mut cmd);
 
     // From 127.0.0.2, at the denoiser's work endpoint, the encoder's, and
@@ -369,10 +264,7 @@ fn a_flood_of_forged_messages_from_outside_the_allow_list_changes_nothing() {
         .chain(&results)
         .map(|t| from_outside(t))
         .collect();
-    let forged = flood(&targets, &session, dest, true);
-    assert!(forged > 1000, "only {forged} forged messages sent");
-    await_handoffs(&mut p, e, c, 200);
-    drop(targets);
+    flood_through_handoffs(&mut p, targets, &session, dest, true, e, c, 200);
     // None of it reached a state machine: nothing was ignored or dropped
     // as malformed, and every byte the denoiser got was the encoder's.
     assert_eq!(written_at_the_top(&p, &registered), 0);
@@ -383,12 +275,7 @@ fn a_flood_of_forged_messages_from_outside_the_allow_list_changes_nothing() {
 fn a_flood_of_forged_messages_for_unknown_ids_costs_only_counters() {
     let mut p = Procs::new("flood-in");
     let results = result_endpoints(&p, "c");
-    let c = coordinator(&mut p, &results);
-    let d = p.spawn(
-        "denoiser",
-        &mut random(&p, "denoiser", "denoiser", &results[1], &[]),
-    );
-    let registered = p.wait_for(d, "\"event\":\"registered\"", 30);
+    let (c, d, registered) = with_a_denoiser(&mut p, &results);
     let (session, dest) = aim(&registered);
     let e = p.spawn(
         "encoder",
@@ -408,10 +295,7 @@ fn a_flood_of_forged_messages_for_unknown_ids_costs_only_counters() {
         .chain(&results)
         .map(|t| forger(&ctx, t))
         .collect();
-    let forged = flood(&targets, &session, dest, false);
-    assert!(forged > 1000, "only {forged} forged messages sent");
-    await_handoffs(&mut p, e, c, 200);
-    drop(targets);
+    flood_through_handoffs(&mut p, targets, &session, dest, false, e, c, 200);
     assert_eq!(written_at_the_top(&p, &registered), 0);
     let s = p.finish(d);
     // Every byte the denoiser handed over was the encoder's; the forgeries

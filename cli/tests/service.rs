@@ -368,17 +368,7 @@ fn a_pipeline_of_services_on_shm_stops_by_sigterm_mid_run() {
 #[cfg(feature = "fabric")]
 #[test]
 fn a_pipeline_of_services_on_libfabric_tcp_stops_by_sigterm_mid_run() {
-    stop_mid_run(
-        "svc-tcp",
-        &[
-            "--backend",
-            "fabric",
-            "--provider",
-            "tcp;ofi_rxm",
-            "--fabric-source",
-            "127.0.0.1",
-        ],
-    );
+    stop_mid_run("svc-tcp", &common::FABRIC_TCP);
 }
 
 /// A stop that cannot drain: the encoder's requests wait for a receiver

@@ -1,14 +1,26 @@
-"""What the engine tests share: byte patterns, their hashes, and an engine
-in this process paired with a peer process (tests/peer.py) that registered
-memory of its own."""
+"""What the engine tests share: byte patterns, their hashes, work in many
+threads at once, and an engine in this process paired with a peer process
+(tests/peer.py) that registered memory of its own."""
 
 import hashlib
+import threading
+from typing import Callable, Iterable
 
 import numpy as np
 
 import tensorferry
 
 MiB = 1 << 20
+
+
+def in_threads(work: Callable[[int], None], args: Iterable[int]) -> None:
+    """Runs ``work(arg)`` for each of ``args``, each in a thread of its
+    own, all at once, and returns once every one has."""
+    threads = [threading.Thread(target=work, args=(a,)) for a in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def sha(a: np.ndarray) -> str:

@@ -2,6 +2,7 @@
 lines on stdin and answer each with one JSON line on stdout."""
 
 import json
+import os
 import selectors
 import subprocess
 import sys
@@ -9,6 +10,20 @@ from pathlib import Path
 from typing import Optional
 
 HERE = Path(__file__).resolve().parent
+
+
+def required_setting(name: str, require: str, how: str) -> str:
+    """The environment's ``name``, which a test module needs (``how``: how
+    to make it). Without it the module is skipped, unless the
+    environment's ``require`` is ``1``: then its absence is a failure."""
+    value = os.environ.get(name)
+    if not value:
+        if os.environ.get(require) == "1":
+            raise RuntimeError(f"{require}=1 but {name} is not set ({how})")
+        import pytest
+
+        pytest.skip(f"{name} is not set ({how})", allow_module_level=True)
+    return value
 
 
 def reply(**fields) -> None:

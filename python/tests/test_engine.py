@@ -4,14 +4,13 @@ failure returning a negative code with its reason."""
 
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 import pytest
 
 import tensorferry
-from pairs import MiB, open_pair, sha
+from pairs import MiB, in_threads, open_pair, sha
 
 
 def test_single_writes_land_byte_for_byte(backend, peer_factory):
@@ -74,11 +73,7 @@ def test_many_threads_write_at_once(backend, peer_factory):
                 failures.append((t, i, rc, eng.last_error))
             expect[dst:dst + n] = src[off:off + n]
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(worker, range(8))
     assert failures == []
     assert peer.ask(op="sha", name="pool")["sha"] == sha(expect)
     eng.close()
@@ -169,11 +164,7 @@ def test_a_threads_reason_is_its_own_and_ends_with_it():
             seen.append((i, rc, eng.last_error))
 
         for wave in range(4):
-            threads = [threading.Thread(target=fail_once, args=(64 * wave + i,)) for i in range(64)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            in_threads(fail_once, range(64 * wave, 64 * wave + 64))
         assert len(seen) == 256
         for i, rc, reason in seen:
             assert rc < 0 and f"nonsense-{i}" in (reason or ""), (i, rc, reason)

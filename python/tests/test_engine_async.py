@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tensorferry
-from pairs import MiB, open_pair, pattern, sha
+from pairs import MiB, in_threads, open_pair, pattern, sha
 
 #: The fabric backends with their data plane's own write timeout out of
 #: the way, so that the engine's (the call's) is what ends a transfer.
@@ -86,11 +86,7 @@ def test_handles_from_many_threads_land_byte_for_byte(backend, peer_factory):
         except Exception as e:  # reported by the main thread
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(worker, range(4))
     assert errors == []
     every = [h for t in sorted(handles) for h in handles[t]]
     assert len(every) == 32

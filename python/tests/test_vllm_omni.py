@@ -21,14 +21,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 import zmq
 
-from procs import LineProcess
+from procs import LineProcess, required_setting
 from tensorferry.vllm_omni import _control as control
 
-PYTHON = os.environ.get("FERRY_VLLM_OMNI_PYTHON")
-if not PYTHON:
-    if os.environ.get("FERRY_REQUIRE_VLLM_OMNI") == "1":
-        raise RuntimeError("FERRY_REQUIRE_VLLM_OMNI=1 but FERRY_VLLM_OMNI_PYTHON is not set (scripts/vllm-omni-env)")
-    pytest.skip("FERRY_VLLM_OMNI_PYTHON is not set (scripts/vllm-omni-env)", allow_module_level=True)
+PYTHON = required_setting("FERRY_VLLM_OMNI_PYTHON", "FERRY_REQUIRE_VLLM_OMNI", "scripts/vllm-omni-env")
 
 # One worker runs them, with test_vllm_omni_guard.py's (scripts/test runs
 # pytest-xdist): each module's stages start once, and no two workers
@@ -176,6 +172,32 @@ def nothing_held(h: Dict[str, Any]) -> bool:
     return h["pool_used"] == 0 and h["sends_held"] == 0 and h["gets_pending"] == 0
 
 
+def get_whole(receiver: Stage, **cmd: Any) -> Dict[str, Any]:
+    """The receiver's ``get`` of ``cmd``, which must succeed."""
+    got = receiver.ask(op="get", **cmd)
+    assert got["ok"], got
+    return got
+
+
+def all_freed(sender: Stage, receiver: Stage) -> None:
+    """Waits until the receiver, and then the sender, hold nothing."""
+    receiver.health_until("the receiver holds nothing", nothing_held)
+    sender.health_until("the sender holds nothing", nothing_held)
+
+
+def grant_falsely(fake: zmq.Socket, receiver: Stage, session: str, grant: List[Any]) -> None:
+    """Answers the receiver's claim, which comes to ``fake`` (a ROUTER),
+    with a grant of ``session``'s region ``grant`` (address, size, header,
+    data, generation): the receiver must not read it, so its poll fails."""
+    assert fake.poll(30_000), "the receiver's claim did not come"
+    routing, verb, body = fake.recv_multipart()
+    claim = control.decode([verb, body])
+    assert claim is not None and claim[0] == control.CLAIM, claim
+    granted = control.Granted(claim[1].claim, session, *grant)
+    fake.send_multipart([routing, *control.encode(control.GRANTED, granted)])
+    assert receiver.read()["outcome"] == "failed"
+
+
 def test_two_hundred_payloads_arrive_byte_exact_and_nothing_stays_held(pair):
     sender, receiver = pair
     total = 0
@@ -203,8 +225,7 @@ def test_a_passed_deadline_returns_none_and_holds_nothing_after_abandon(pair):
     receiver.health_until("the abandoned receive holds nothing", nothing_held)
     # Put afterwards, it arrives.
     put = sender.ask(op="put", i=3)
-    got = receiver.ask(op="get", i=3, meta=put["meta"])
-    assert got["ok"], got
+    get_whole(receiver, i=3, meta=put["meta"])
 
     # A deadline that passes while a 64 MiB read may run: whatever the
     # deadline caught, the receive keeps its memory and a later get
@@ -213,10 +234,8 @@ def test_a_passed_deadline_returns_none_and_holds_nothing_after_abandon(pair):
     early = receiver.ask(op="get_by_deadline", i=BIG[0], meta=put["meta"], seconds=0.0005)
     assert early["outcome"] in ("none", "data"), early
     if early["outcome"] == "none":
-        got = receiver.ask(op="get", i=BIG[0], meta=put["meta"])
-        assert got["ok"], got
-    receiver.health_until("the receiver holds nothing", nothing_held)
-    sender.health_until("the sender holds nothing", nothing_held)
+        get_whole(receiver, i=BIG[0], meta=put["meta"])
+    all_freed(sender, receiver)
 
 
 def test_an_abandoned_get_holds_nothing_and_the_payload_stays_for_a_later_get(pair, fabric_pair):
@@ -235,10 +254,8 @@ def test_an_abandoned_get_holds_nothing_and_the_payload_stays_for_a_later_get(pa
     # The sender got the release: the payload is unclaimed and still
     # there, and a new get reads it whole.
     sender.health_until("the claim is released", lambda h: h["sends_claimed"] == 0 and h["sends_held"] == 1)
-    got = receiver.ask(op="get", i=BIG[1], key=key, meta=put["meta"])
-    assert got["ok"], got
-    receiver.health_until("the receiver holds nothing", nothing_held)
-    sender.health_until("the sender holds nothing", nothing_held)
+    get_whole(receiver, i=BIG[1], key=key, meta=put["meta"])
+    all_freed(sender, receiver)
     sender, receiver = pair
     # A claim not yet answered, abandoned at once.
     put = sender.ask(op="put", i=5)
@@ -246,10 +263,8 @@ def test_an_abandoned_get_holds_nothing_and_the_payload_stays_for_a_later_get(pa
     receiver.ask(op="abandon", key="req-5")
     receiver.health_until("the abandoned receive holds nothing", nothing_held)
     if not once["got"]:  # (the first call may have been answered at once)
-        got = receiver.ask(op="get", i=5, meta=put["meta"])
-        assert got["ok"], got
-    receiver.health_until("the receiver holds nothing", nothing_held)
-    sender.health_until("the sender holds nothing", nothing_held)
+        get_whole(receiver, i=5, meta=put["meta"])
+    all_freed(sender, receiver)
 
 
 def test_a_grant_of_the_metadatas_region_is_read_and_one_of_another_region_is_refused(pair):
@@ -266,8 +281,7 @@ def test_a_grant_of_the_metadatas_region_is_read_and_one_of_another_region_is_re
     assert first["meta"]["grant"][1] == second["meta"]["grant"][1], "the second put reuses the first's region"
     assert first["meta"]["grant"][5] != second["meta"]["grant"][5], "of another generation"
     before = receiver.ask(op="health")
-    got = receiver.ask(op="get", i=386, key="stale", meta=first["meta"])
-    assert got["ok"], got
+    get_whole(receiver, i=386, key="stale", meta=first["meta"])
     h = receiver.health_until("the receiver holds nothing", nothing_held)
     assert h["early_reads_wasted"] == before["early_reads_wasted"] + 1, h
     assert h["grants_refused"] == before["grants_refused"], h
@@ -283,10 +297,8 @@ def test_a_grant_of_the_metadatas_region_is_read_and_one_of_another_region_is_re
     h = receiver.ask(op="health")
     assert h["grants_refused"] == before["grants_refused"] + 1, h
     assert "but the put's metadata named" in h["last_error"], h
-    got = receiver.ask(op="get", i=386, key="replaced", meta=fourth["meta"])
-    assert got["ok"], got
-    receiver.health_until("the receiver holds nothing", nothing_held)
-    sender.health_until("the sender holds nothing", nothing_held)
+    get_whole(receiver, i=386, key="replaced", meta=fourth["meta"])
+    all_freed(sender, receiver)
 
 
 def test_a_grant_from_a_socket_that_is_not_the_sender_is_not_read(pair):
@@ -304,14 +316,8 @@ def test_a_grant_from_a_socket_that_is_not_the_sender_is_not_read(pair):
     port = fake.bind_to_random_port("tcp://127.0.0.1")
     before = receiver.ask(op="health")
     receiver.tell(op="poll", i=2, key="asked", meta={**put["meta"], "source_port": port}, within=30)
-    assert fake.poll(30_000), "the receiver's claim did not come"
-    routing, verb, body = fake.recv_multipart()
-    claim = control.decode([verb, body])
-    assert claim is not None and claim[0] == control.CLAIM, claim
-    session, addr, size, header, data, gen = other["meta"]["grant"]
-    granted = control.Granted(claim[1].claim, session, addr, size, header, data, gen)
-    fake.send_multipart([routing, *control.encode(control.GRANTED, granted)])
-    assert receiver.read()["outcome"] == "failed"
+    session, addr, *_ = other["meta"]["grant"]
+    grant_falsely(fake, receiver, session, other["meta"]["grant"][1:])
     h = receiver.ask(op="health")
     assert h["grants_refused"] == before["grants_refused"] + 1 and h["gets"] == before["gets"], h
     assert f"at {addr:#x}, but the put's metadata named" in h["last_error"], h
@@ -322,10 +328,8 @@ def test_a_grant_from_a_socket_that_is_not_the_sender_is_not_read(pair):
     fake.close(linger=0)
     ctx.term()
     for i, key, meta in ((2, "asked", put["meta"]), (386, "secret", other["meta"])):
-        got = receiver.ask(op="get", i=i, key=key, meta=meta)
-        assert got["ok"], got
-    receiver.health_until("the receiver holds nothing", nothing_held)
-    sender.health_until("the sender holds nothing", nothing_held)
+        get_whole(receiver, i=i, key=key, meta=meta)
+    all_freed(sender, receiver)
 
 
 def test_only_a_claims_owner_ends_it_and_asking_again_does_not_lengthen_it(pair):
@@ -370,10 +374,8 @@ def test_only_a_claims_owner_ends_it_and_asking_again_does_not_lengthen_it(pair)
         other.close()
         ctx.term()
     # The payload is whole: the receiver reads it.
-    got = receiver.ask(op="get", i=9, key="owned", meta=put["meta"])
-    assert got["ok"], got
-    receiver.health_until("the receiver holds nothing", nothing_held)
-    sender.health_until("the sender holds nothing", nothing_held)
+    get_whole(receiver, i=9, key="owned", meta=put["meta"])
+    all_freed(sender, receiver)
 
 
 def test_the_allow_list_refuses_an_address_not_on_it(pair):
@@ -402,10 +404,8 @@ def test_the_allow_list_refuses_an_address_not_on_it(pair):
         outside.close()
         inside.close()
         ctx.term()
-    got = receiver.ask(op="get", i=10, key="listed", meta=put["meta"])
-    assert got["ok"], got
-    receiver.health_until("the receiver holds nothing", nothing_held)
-    sender.health_until("the sender holds nothing", nothing_held)
+    get_whole(receiver, i=10, key="listed", meta=put["meta"])
+    all_freed(sender, receiver)
 
 
 def test_a_sender_killed_mid_get_is_reported_and_the_receiver_holds_nothing(fabric_pair, stages):

@@ -23,7 +23,7 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
-from test_vllm_omni import Claimant, Stages, key_of, nothing_held
+from test_vllm_omni import Claimant, Stages, all_freed, get_whole, grant_falsely, key_of, nothing_held
 from tensorferry.vllm_omni import _control as control
 
 # One worker runs them all, with test_vllm_omni.py's (scripts/test runs
@@ -114,8 +114,7 @@ def test_stages_hand_off_payloads_byte_exact_over_curve(curve_pair, keys):
     # receiver claims from the one key it admits.
     put = sender.ask(op="put", i=30, key="addressed")
     meta = {"source_host": put["meta"]["source_host"], "source_port": put["meta"]["source_port"]}
-    got = receiver.ask(op="get", i=30, key="addressed", meta=meta)
-    assert got["ok"], got
+    get_whole(receiver, i=30, key="addressed", meta=meta)
     sender.health_until("the sender frees every payload read", nothing_held)
     h = receiver.health_until("the receiver frees every payload", nothing_held)
     assert h["gets"] >= 25 and h["errors"] == 0 and h["grants_refused"] == 0, h
@@ -152,10 +151,8 @@ def test_strangers_are_refused_before_their_claims_are_read(curve_pair, keys):
     # connects again).
     assert h["connections_refused"] >= before["connections_refused"] + 2, h
     assert h["sends_held"] == 1 and h["sends_claimed"] == 0 and h["foreign_ends"] == before["foreign_ends"], h
-    got = receiver.ask(op="get", i=7, key="guarded", meta=put["meta"])
-    assert got["ok"], got
-    receiver.health_until("the receiver holds nothing", nothing_held)
-    sender.health_until("the sender holds nothing", nothing_held)
+    get_whole(receiver, i=7, key="guarded", meta=put["meta"])
+    all_freed(sender, receiver)
 
 
 def test_a_claims_owner_is_its_key_not_its_connection(curve_pair, keys):
@@ -188,10 +185,8 @@ def test_a_claims_owner_is_its_key_not_its_connection(curve_pair, keys):
         for c in (holder, other, again):
             c.close()
         ctx.term()
-    got = receiver.ask(op="get", i=8, key="keyed", meta=put["meta"])
-    assert got["ok"], got
-    receiver.health_until("the receiver holds nothing", nothing_held)
-    sender.health_until("the sender holds nothing", nothing_held)
+    get_whole(receiver, i=8, key="keyed", meta=put["meta"])
+    all_freed(sender, receiver)
 
 
 def test_a_grant_naming_an_engine_of_another_key_is_not_read(curve_pair, keys):
@@ -211,25 +206,16 @@ def test_a_grant_naming_an_engine_of_another_key_is_not_read(curve_pair, keys):
     before = receiver.ask(op="health")
     receiver.tell(op="poll", i=2, key="thief", meta={"source_host": "127.0.0.1", "source_port": port}, within=30)
     try:
-        assert fake.poll(30_000), "the receiver's claim did not come"
-        routing, verb, body = fake.recv_multipart()
-        claim = control.decode([verb, body])
-        assert claim is not None and claim[0] == control.CLAIM, claim
-        _, addr, size, header, data, gen = put["meta"]["grant"]
         session = f"local:elsewhere|{keys.public['bystander'].decode()}@tcp://127.0.0.1:1"
-        granted = control.Granted(claim[1].claim, session, addr, size, header, data, gen)
-        fake.send_multipart([routing, *control.encode(control.GRANTED, granted)])
-        assert receiver.read()["outcome"] == "failed"
+        grant_falsely(fake, receiver, session, put["meta"]["grant"][1:])
     finally:
         fake.close(linger=0)
         ctx.term()
     h = receiver.ask(op="health")
     assert h["grants_refused"] == before["grants_refused"] + 1 and h["gets"] == before["gets"], h
     assert "whose key is not the sender's" in h["last_error"], h
-    got = receiver.ask(op="get", i=2, key="thief", meta=put["meta"])
-    assert got["ok"], got
-    receiver.health_until("the receiver holds nothing", nothing_held)
-    sender.health_until("the sender holds nothing", nothing_held)
+    get_whole(receiver, i=2, key="thief", meta=put["meta"])
+    all_freed(sender, receiver)
 
 
 def test_the_receivers_keys_decide_whom_it_claims_from(curve_pair, keys):

@@ -25,11 +25,9 @@ from pathlib import Path
 
 import pytest
 
-WHEELS = os.environ.get("FERRY_WHEELS_DIR")
-if not WHEELS:
-    if os.environ.get("FERRY_REQUIRE_WHEELS") == "1":
-        raise RuntimeError("FERRY_REQUIRE_WHEELS=1 but FERRY_WHEELS_DIR is not set (scripts/wheels build DIR)")
-    pytest.skip("FERRY_WHEELS_DIR is not set (scripts/wheels build DIR)", allow_module_level=True)
+from procs import required_setting
+
+WHEELS = required_setting("FERRY_WHEELS_DIR", "FERRY_REQUIRE_WHEELS", "scripts/wheels build DIR")
 
 # One xdist worker takes every test here (`--dist loadgroup`), so that the
 # module's venv is made once.

@@ -27,3 +27,15 @@ pub fn connect(
     s.connect(endpoint).unwrap();
     s
 }
+
+/// A guard admitting 127.0.0.1 and, under CURVE with `key`, the keys of
+/// `peers`.
+pub fn guard(key: &CurveKeyPair, peers: &[&CurveKeyPair]) -> Guard {
+    Guard {
+        allow: vec!["127.0.0.1".parse().unwrap()],
+        curve: Some(CurveConfig {
+            key: key.clone(),
+            peers: peers.iter().map(|p| *p.public()).collect(),
+        }),
+    }
+}

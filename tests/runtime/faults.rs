@@ -10,7 +10,9 @@ use tensorferry::runtime::{
 };
 use tensorferry_shm::UdsChannel;
 
-use super::{assert_idle, check, coordinator, coordinator_with, instance, pattern, send, SECOND};
+use super::{
+    assert_idle, check, coordinator, coordinator_with, instance, mib_slots, pattern, send, SECOND,
+};
 use crate::common::endpoint;
 
 #[test]
@@ -91,13 +93,7 @@ fn under_injected_faults_every_request_ends_and_no_slot_leaks() {
         .unwrap();
     let den = DataPlane::default()
         .start_instance(
-            &settings(
-                "denoiser",
-                Prealloc {
-                    count: 2,
-                    size: 1 << 20,
-                },
-            ),
+            &settings("denoiser", mib_slots(2)),
             64 << 20,
             FaultyChannel::new(uds("denoiser"), plan(4)),
         )
@@ -200,10 +196,7 @@ fn a_transfer_whose_write_never_lands_is_refused_and_freed() {
         .unwrap();
     enc.wait_registered(5 * SECOND).unwrap();
     let mut s = InstanceNodeConfig::new("denoiser", coord.endpoint());
-    s.config.prealloc = Prealloc {
-        count: 2,
-        size: 1 << 20,
-    };
+    s.config.prealloc = mib_slots(2);
     s.config.landing_timeout = Duration::from_millis(300);
     let den = DataPlane::default()
         .start_instance_with(

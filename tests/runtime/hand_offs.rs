@@ -10,7 +10,9 @@ use tensorferry::runtime::{
 #[cfg(feature = "verbs-sim")]
 use tensorferry_shm::UdsChannel;
 
-use super::{assert_idle, check, coordinator, instance, pattern, send, wait_delivered, SECOND};
+use super::{
+    assert_idle, check, coordinator, instance, mib_slots, pattern, send, wait_delivered, SECOND,
+};
 #[cfg(feature = "verbs-sim")]
 use crate::common::endpoint;
 
@@ -19,14 +21,7 @@ fn hand_offs_over_both_paths_deliver_every_byte() {
     let coord = coordinator(&["encoder", "denoiser"]);
     let enc = instance("encoder", &coord, Prealloc::NONE);
     // Two preallocated slots: the fast path; more requests take the slow one.
-    let den = instance(
-        "denoiser",
-        &coord,
-        Prealloc {
-            count: 2,
-            size: 1 << 20,
-        },
-    );
+    let den = instance("denoiser", &coord, mib_slots(2));
     for round in 0..20u8 {
         let ids: Vec<String> = (0..4).map(|i| format!("r{round}-{i}")).collect();
         for (i, id) in ids.iter().enumerate() {
@@ -67,14 +62,7 @@ fn hand_offs_over_both_paths_deliver_every_byte() {
 fn one_request_passes_through_three_roles_under_its_own_id() {
     let coord = coordinator(&["encoder", "denoiser", "decoder"]);
     let enc = instance("encoder", &coord, Prealloc::NONE);
-    let den = instance(
-        "denoiser",
-        &coord,
-        Prealloc {
-            count: 1,
-            size: 1 << 20,
-        },
-    );
+    let den = instance("denoiser", &coord, mib_slots(1));
     let dec = instance("decoder", &coord, Prealloc::NONE);
     send(&enc, "req-1", 3);
     let input = den.recv(5 * SECOND).expect("at the denoiser");
@@ -146,13 +134,7 @@ fn the_runtime_hands_off_over_the_verbs_transport_on_a_stand_in_device() {
         n
     };
     let enc = node("encoder", Prealloc::NONE);
-    let den = node(
-        "denoiser",
-        Prealloc {
-            count: 2,
-            size: 1 << 20,
-        },
-    );
+    let den = node("denoiser", mib_slots(2));
     for round in 0..10u8 {
         for i in 0..4u8 {
             send(

@@ -13,7 +13,7 @@ mod writes;
 
 use std::time::{Duration, Instant};
 
-use tensorferry_core::transport::{FaultKind, ReadOp, Region, Transport, WriteTag};
+use tensorferry_core::transport::{FaultKind, ReadOp, Region, Transport, WriteOp, WriteTag};
 use tensorferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
 
 fn config(provider: &str, delivery: DeliveryMode) -> FabricConfig {
@@ -26,8 +26,13 @@ fn config(provider: &str, delivery: DeliveryMode) -> FabricConfig {
 }
 
 fn open(provider: &str, delivery: DeliveryMode, pool: usize) -> (FabricTransport, Region) {
-    let mut t = FabricTransport::with_pool(&config(provider, delivery), pool)
-        .unwrap_or_else(|e| panic!("open {provider}: {e}"));
+    open_with(&config(provider, delivery), pool)
+}
+
+/// A transport of `config` with a pool of `pool` bytes, registered.
+fn open_with(config: &FabricConfig, pool: usize) -> (FabricTransport, Region) {
+    let mut t = FabricTransport::with_pool(config, pool)
+        .unwrap_or_else(|e| panic!("open {:?}: {e}", config.provider));
     let (p, n) = (t.pool_ptr(), t.pool_len());
     // SAFETY: the pool belongs to the transport and outlives its
     // registration.
@@ -141,6 +146,20 @@ fn read_op(
         len,
         src_session: from,
         src_addr,
+        cookie,
+    }
+}
+
+/// The write of `len` bytes from the start of `region` to `dest_addr` at
+/// `to`, tagged with its cookie.
+fn write_op(region: Region, to: &str, dest_addr: u64, cookie: u64, len: u64) -> WriteOp<'_> {
+    WriteOp {
+        region,
+        local_offset: 0,
+        len,
+        dest_session: to,
+        dest_addr,
+        tag: WriteTag(cookie),
         cookie,
     }
 }

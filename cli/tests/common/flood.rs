@@ -115,6 +115,27 @@ pub fn flood(targets: &[zmq::Socket], session: &str, dest: u64, known: bool) -> 
     sent
 }
 
+/// Floods `targets` (as `flood` does) while the encoder `encoder` makes
+/// its `n` hand-offs through the coordinator `coordinator`, checks that
+/// the flood was one (over 1000 messages) and that every hand-off was
+/// made, then closes the forgers' sockets.
+#[allow(clippy::too_many_arguments)]
+pub fn flood_through_handoffs(
+    p: &mut Procs,
+    targets: Vec<zmq::Socket>,
+    session: &str,
+    dest: u64,
+    known: bool,
+    encoder: usize,
+    coordinator: usize,
+    n: u64,
+) {
+    let forged = flood(&targets, session, dest, known);
+    assert!(forged > 1000, "only {forged} forged messages sent");
+    await_handoffs(p, encoder, coordinator, n);
+    drop(targets);
+}
+
 /// Ends the denoiser `d`, the encoder `e` and the coordinator `c` of a run
 /// of `n` hand-offs under forged or strangers' traffic, and checks that
 /// none of it reached a state machine: every hand-off verified, nothing

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod flood;
+pub mod keys;
 pub mod scenarios;
 
 // The runtime tests' helper, shared rather than copied.
@@ -179,6 +180,13 @@ pub fn named_instance(
     coordinator: &str,
     extra: &[&str],
 ) -> Command {
+    let mut c = instance_at(role, name, coordinator, &p.ep(name));
+    c.args(extra);
+    c
+}
+
+/// `ferry instance` of `role` over ZeroMQ, named `name`, at `endpoint`.
+pub fn instance_at(role: &str, name: &str, coordinator: &str, endpoint: &str) -> Command {
     let mut c = ferry();
     c.args([
         "instance",
@@ -189,9 +197,43 @@ pub fn named_instance(
         "--name",
         name,
     ])
-    .args(["--coordinator", coordinator, "--endpoint", &p.ep(name)])
-    .args(extra);
+    .args(["--coordinator", coordinator, "--endpoint", endpoint]);
     c
+}
+
+/// The random workload with small requests (seed 3, at most 64 KiB), as
+/// the tests of hostile peers run it.
+pub const SMALL_RANDOM: [&str; 6] = [
+    "--workload",
+    "random",
+    "--seed",
+    "3",
+    "--max-bytes",
+    "65536",
+];
+
+/// The libfabric plane over `tcp;ofi_rxm`, bound to loopback.
+pub const FABRIC_TCP: [&str; 6] = [
+    "--backend",
+    "fabric",
+    "--provider",
+    "tcp;ofi_rxm",
+    "--fabric-source",
+    "127.0.0.1",
+];
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `tcp://127.0.0.1:port`.
+pub fn tcp(port: u16) -> String {
+    format!("tcp://127.0.0.1:{port}")
 }
 
 /// Checks an instance's summary: every byte it got was right (and, if

@@ -2,6 +2,8 @@
 //! from a node, and the encoding of instances and coordinators through
 //! them.
 
+use prometheus_client::encoding::EncodeLabelSet;
+
 use super::*;
 
 /// A counter of the runtime's: name (without `ferry_`/`_total`), help,
@@ -175,10 +177,9 @@ pub(super) fn encode_instances(
     for (short, help, read) in NODE_COUNTERS.iter().chain(&INSTANCE_COUNTERS) {
         name.clear();
         let _ = write!(name, "ferry_{short}");
-        let mut m = encoder.encode_descriptor(&name, help, None, MetricType::Counter)?;
-        for r in &rows {
-            counter(m.encode_family(&r.labels)?, read(&r.metrics))?;
-        }
+        values(encoder, (name.as_str(), help, Kind::Counter), &rows, |r| {
+            (&r.labels, read(&r.metrics))
+        })?;
     }
     let mut m = encoder.encode_descriptor(
         "ferry_write_errors",
@@ -193,16 +194,14 @@ pub(super) fn encode_instances(
         }
     }
     for (name, help, read) in INSTANCE_STATS {
-        let mut m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-        for r in &rows {
-            counter(m.encode_family(&r.labels)?, read(&r.stats))?;
-        }
+        values(encoder, (name, help, Kind::Counter), &rows, |r| {
+            (&r.labels, read(&r.stats))
+        })?;
     }
     for (name, help, read) in INSTANCE_GAUGES {
-        let mut m = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-        for r in &rows {
-            gauge(m.encode_family(&r.labels)?, read(&r.gauges))?;
-        }
+        values(encoder, (name, help, Kind::Gauge), &rows, |r| {
+            (&r.labels, read(&r.gauges))
+        })?;
     }
     for (name, help, read) in INSTANCE_LATENCIES {
         let mut m =
@@ -295,24 +294,27 @@ pub(super) fn encode_coordinators(
     for (short, help, read) in &NODE_COUNTERS {
         name.clear();
         let _ = write!(name, "ferry_coordinator_{short}");
-        let mut m = encoder.encode_descriptor(&name, help, None, MetricType::Counter)?;
-        for (labels, s) in &snaps {
-            counter(m.encode_family(labels)?, read(&s.metrics))?;
-        }
+        values(
+            encoder,
+            (name.as_str(), help, Kind::Counter),
+            &snaps,
+            |(labels, s)| (labels, read(&s.metrics)),
+        )?;
     }
     for (short, help, read) in COORDINATOR_COUNTERS {
         name.clear();
         let _ = write!(name, "ferry_coordinator_{short}");
-        let mut m = encoder.encode_descriptor(&name, help, None, MetricType::Counter)?;
-        for (labels, s) in &snaps {
-            counter(m.encode_family(labels)?, read(s))?;
-        }
+        values(
+            encoder,
+            (name.as_str(), help, Kind::Counter),
+            &snaps,
+            |(labels, s)| (labels, read(s)),
+        )?;
     }
     for (name, help, read) in COORDINATOR_GAUGES {
-        let mut m = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-        for (labels, s) in &snaps {
-            gauge(m.encode_family(labels)?, read(s))?;
-        }
+        values(encoder, (name, help, Kind::Gauge), &snaps, |(labels, s)| {
+            (labels, read(s))
+        })?;
     }
     let mut m = encoder.encode_descriptor(
         "ferry_coordinator_handoffs",
@@ -348,6 +350,36 @@ pub(super) fn encode_coordinators(
                     .histogram
                     .encode(m.encode_family(&leg_labels(node, role))?)?;
             }
+        }
+    }
+    Ok(())
+}
+
+/// A family's kind: a counter or a gauge.
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+/// A family of plain values, `name` with `help`, of `kind`: one sample a
+/// row of `rows`, its labels and value as `sample` reads them.
+fn values<R, L: EncodeLabelSet>(
+    encoder: &mut DescriptorEncoder<'_>,
+    (name, help, kind): (&str, &str, Kind),
+    rows: &[R],
+    sample: impl Fn(&R) -> (&L, u64),
+) -> std::fmt::Result {
+    let metric_type = match kind {
+        Kind::Counter => MetricType::Counter,
+        Kind::Gauge => MetricType::Gauge,
+    };
+    let mut m = encoder.encode_descriptor(name, help, None, metric_type)?;
+    for r in rows {
+        let (labels, v) = sample(r);
+        match kind {
+            Kind::Counter => counter(m.encode_family(labels)?, v)?,
+            Kind::Gauge => gauge(m.encode_family(labels)?, v)?,
         }
     }
     Ok(())

@@ -139,6 +139,13 @@ mod tests {
     use super::*;
     use prometheus_client::encoding::{prometheus_text, text};
 
+    /// A leg's timing: queued 1 ms, written 2 ms, consumed 4 ms.
+    const TIMING: LegTiming = LegTiming {
+        queued: Duration::from_millis(1),
+        written: Duration::from_millis(2),
+        consumed: Duration::from_millis(4),
+    };
+
     fn scrape(t: &Telemetry) -> String {
         let mut out = String::new();
         text::encode(&mut out, &t.registry()).unwrap();
@@ -205,15 +212,10 @@ mod tests {
         let t = Telemetry::new();
         let c = Arc::new(CoordinatorProbe::new(&["encoder".into(), "decoder".into()]));
         t.add_coordinator(&c, "coord-0");
-        let timing = LegTiming {
-            queued: Duration::from_millis(1),
-            written: Duration::from_millis(2),
-            consumed: Duration::from_millis(4),
-        };
-        c.delivered(0, &timing);
+        c.delivered(0, &TIMING);
         c.failed(0, FailReason::PushTimeout);
         // A leg past the pipeline is not counted anywhere (nor a panic).
-        c.delivered(7, &timing);
+        c.delivered(7, &TIMING);
         assert_eq!(c.legs[0].delivered(), 1);
         let h = c.legs[0].handoff.snapshot();
         assert_eq!(
@@ -362,12 +364,7 @@ mod tests {
         );
         t.add_instance(&enc, "enc-0");
         t.add_instance(&dec, "dec-0");
-        let timing = LegTiming {
-            queued: Duration::from_millis(1),
-            written: Duration::from_millis(2),
-            consumed: Duration::from_millis(4),
-        };
-        b.delivered(0, &timing);
+        b.delivered(0, &TIMING);
         b.failed(1, FailReason::PushTimeout);
         let open = scrape(&t);
         assert_eq!(exposition_errors(&open), Vec::<String>::new(), "{open}");

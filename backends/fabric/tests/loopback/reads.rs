@@ -5,9 +5,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use tensorferry_core::transport::{FaultKind, Region, Transport, WriteOp, WriteTag};
-use tensorferry_fabric::{DeliveryMode, FabricTransport};
+use tensorferry_fabric::DeliveryMode;
 
-use super::{config, fill, open, pool, pool_mut, read_op, wait_completion, wait_landed, Rng};
+use super::{
+    config, fill, open, open_with, pool, pool_mut, read_op, wait_completion, wait_landed, Rng,
+};
 
 /// Reads of random lengths at random places of the peer's pool (one of
 /// them empty) bring exactly the peer's bytes, and give the peer no
@@ -15,11 +17,7 @@ use super::{config, fill, open, pool, pool_mut, read_op, wait_completion, wait_l
 fn reads_bring_the_peers_bytes(provider: &str, delivery: DeliveryMode, max_chunk: u64) {
     let mut cfg = config(provider, delivery);
     cfg.max_chunk = max_chunk;
-    let mut a = FabricTransport::with_pool(&cfg, 8 << 20).expect("open reader");
-    let (p, n) = (a.pool_ptr(), a.pool_len());
-    // SAFETY: the transport's own pool.
-    #[allow(unsafe_code)]
-    let ra = unsafe { a.register(p, n) }.expect("register");
+    let (mut a, ra) = open_with(&cfg, 8 << 20);
     assert!(a.opened().reads, "{provider} offers reads");
     let (mut b, _) = open(provider, delivery, 8 << 20);
     let from = b.session_id().to_owned();
@@ -100,16 +98,8 @@ fn reads_and_writes_in_one_batch(provider: &str, delivery: DeliveryMode) {
     // Several chunks per op, so that chunks of reads and writes interleave.
     cfg.max_chunk = 48 << 10;
     let len = (OPS * SLOT) as usize;
-    let mut a = FabricTransport::with_pool(&cfg, len).expect("open");
-    let (p, n) = (a.pool_ptr(), a.pool_len());
-    // SAFETY: the transport's own pool.
-    #[allow(unsafe_code)]
-    let ra = unsafe { a.register(p, n) }.expect("register");
-    let mut b = FabricTransport::with_pool(&cfg, len).expect("open peer");
-    let (p, n) = (b.pool_ptr(), b.pool_len());
-    // SAFETY: the transport's own pool.
-    #[allow(unsafe_code)]
-    unsafe { b.register(p, n) }.expect("register");
+    let (mut a, ra) = open_with(&cfg, len);
+    let (mut b, _) = open_with(&cfg, len);
     let peer = b.session_id().to_owned();
     let base = b.pool_ptr() as u64;
     // Op i uses slot i on both sides, at a length of its own. Writes
@@ -303,11 +293,7 @@ fn shm_reads_out_of_bounds_are_refused_typed() {
 fn a_read_from_a_peer_that_is_gone_fails_that_read_only() {
     let mut cfg = config("tcp;ofi_rxm", DeliveryMode::Auto);
     cfg.write_timeout = Duration::from_secs(3);
-    let mut a = FabricTransport::with_pool(&cfg, 1 << 20).expect("open");
-    let (p, n) = (a.pool_ptr(), a.pool_len());
-    // SAFETY: the transport's own pool.
-    #[allow(unsafe_code)]
-    let ra = unsafe { a.register(p, n) }.expect("register");
+    let (mut a, ra) = open_with(&cfg, 1 << 20);
     let (b, _) = open("tcp;ofi_rxm", DeliveryMode::Auto, 1 << 20);
     let (mut c, _) = open("tcp;ofi_rxm", DeliveryMode::Auto, 1 << 20);
     let (gone, base) = (b.session_id().to_owned(), b.pool_ptr() as u64);

@@ -6,10 +6,12 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use tensorferry_core::transport::{FaultKind, Region, Transport, WriteOp, WriteTag};
-use tensorferry_fabric::{DeliveryMode, FabricTransport};
+use tensorferry_core::transport::{FaultKind, Region, Transport};
+use tensorferry_fabric::{DeliveryMode, FabricConfig, FabricTransport};
 
-use super::{config, fill, open, pool, pool_mut, reach, read_op, wait_completion};
+use super::{
+    config, fill, open, open_with, pool, pool_mut, reach, read_op, wait_completion, write_op,
+};
 
 /// How a stalled write or read is ended.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -69,6 +71,18 @@ fn end_stalled(
     }
 }
 
+/// The config of a sender whose stalled ops end as `how` says: with a
+/// short write timeout where the deadline ends them, a long one (that
+/// does not run out first) elsewhere; completions mean delivery.
+fn ending_as(provider: &str, how: End) -> FabricConfig {
+    let mut cfg = config(provider, DeliveryMode::Complete);
+    cfg.write_timeout = Duration::from_millis(match how {
+        End::Timeout => 300,
+        _ => 5000,
+    });
+    cfg
+}
+
 /// A write to a receiver that stopped driving its queue, ended as `how`
 /// says: its completion comes once it has ended, and its source is never
 /// read afterwards, whatever the receiver does once it drives its queue
@@ -80,40 +94,22 @@ fn a_stalled_write_ends_before_it_is_reported(provider: &str, how: End) {
         "the test runs without FI_AV_REMOVE_CLEANUP"
     );
     let len = 16usize << 20;
-    let mut cfg = config(provider, DeliveryMode::Complete);
-    cfg.write_timeout = Duration::from_millis(match how {
-        End::Timeout => 300,
-        _ => 5000,
-    });
-    let mut a = FabricTransport::with_pool(&cfg, len).expect("open");
-    let (p, n) = (a.pool_ptr(), a.pool_len());
-    // SAFETY: the transport's own pool.
-    #[allow(unsafe_code)]
-    let mut ra = unsafe { a.register(p, n) }.expect("register");
+    let cfg = ending_as(provider, how);
+    let (mut a, mut ra) = open_with(&cfg, len);
     let (b, _) = open(provider, DeliveryMode::Complete, len);
     let (c, _) = open(provider, DeliveryMode::Complete, len);
     let (to, base) = (b.session_id().to_owned(), b.pool_ptr() as u64);
     let (other, other_base) = (c.session_id().to_owned(), c.pool_ptr() as u64);
-    fn write(region: Region, to: &str, base: u64, cookie: u64, len: u64) -> WriteOp<'_> {
-        WriteOp {
-            region,
-            local_offset: 0,
-            len,
-            dest_session: to,
-            dest_addr: base,
-            tag: WriteTag(cookie),
-            cookie,
-        }
-    }
     // Connected first, so that only the data is in question.
-    reach(&mut a, 0, |a| a.post_write(&write(ra, &to, base, 0, 8)));
+    reach(&mut a, 0, |a| a.post_write(&write_op(ra, &to, base, 0, 8)));
     reach(&mut a, 10, |a| {
-        a.post_write(&write(ra, &other, other_base, 10, 8))
+        a.post_write(&write_op(ra, &other, other_base, 10, 8))
     });
     b.hold_progress(true);
     std::thread::sleep(Duration::from_millis(20));
     pool_mut(&mut a).fill(0x11);
-    a.post_write(&write(ra, &to, base, 1, len as u64)).unwrap();
+    a.post_write(&write_op(ra, &to, base, 1, len as u64))
+        .unwrap();
     let e = end_stalled(&mut a, &mut ra, &to, 1, how).unwrap();
     assert_eq!(e.kind(), FaultKind::Timeout, "{e}");
     // From here the source is the caller's again: new bytes in it must
@@ -128,10 +124,12 @@ fn a_stalled_write_ends_before_it_is_reported(provider: &str, how: End) {
         "a byte of the source was read after the write was reported"
     );
     // Both peers are reached anew, by the same session id.
-    reach(&mut a, 2, |a| a.post_write(&write(ra, &to, base, 2, 4096)));
+    reach(&mut a, 2, |a| {
+        a.post_write(&write_op(ra, &to, base, 2, 4096))
+    });
     assert!(pool(&b)[..4096].iter().all(|&x| x == 0x22));
     reach(&mut a, 11, |a| {
-        a.post_write(&write(ra, &other, other_base, 11, 1 << 20))
+        a.post_write(&write_op(ra, &other, other_base, 11, 1 << 20))
     });
     assert!(pool(&c)[..1 << 20].iter().all(|&x| x == 0x22));
 }
@@ -160,11 +158,7 @@ fn a_write_whose_source_is_deregistered_under_a_stalled_receiver_reads_it_no_mor
 fn over_shm_a_write_a_stopped_peer_took_is_held_until_the_peer_ends_it() {
     for how in [End::Cancel, End::Deregister, End::Timeout] {
         let len = 1usize << 20;
-        let mut cfg = config("shm", DeliveryMode::Complete);
-        cfg.write_timeout = Duration::from_millis(match how {
-            End::Timeout => 300,
-            _ => 5000,
-        });
+        let cfg = ending_as("shm", how);
         let mut a = FabricTransport::with_pool(&cfg, len).expect("open");
         assert!(!a.opened().ends_operations);
         let (p, n) = (a.pool_ptr(), a.pool_len());
@@ -173,15 +167,7 @@ fn over_shm_a_write_a_stopped_peer_took_is_held_until_the_peer_ends_it() {
         let ra = unsafe { a.register(p, n) }.expect("register");
         let (b, _) = open("shm", DeliveryMode::Complete, len);
         let (to, base) = (b.session_id().to_owned(), b.pool_ptr() as u64);
-        let write = |cookie, len| WriteOp {
-            region: ra,
-            local_offset: 0,
-            len,
-            dest_session: &to,
-            dest_addr: base,
-            tag: WriteTag(cookie),
-            cookie,
-        };
+        let write = |cookie, len| write_op(ra, &to, base, cookie, len);
         reach(&mut a, 0, |a| a.post_write(&write(0, 8)));
         b.hold_progress(true);
         std::thread::sleep(Duration::from_millis(20));
@@ -228,25 +214,13 @@ fn ending_one_peers_write_leaves_another_peers_write_whole() {
     for provider in ["tcp;ofi_rxm"] {
         let len = 64usize << 20;
         let cfg = config(provider, DeliveryMode::Complete);
-        let mut a = FabricTransport::with_pool(&cfg, len).expect("open");
-        let (p, n) = (a.pool_ptr(), a.pool_len());
-        // SAFETY: the transport's own pool.
-        #[allow(unsafe_code)]
-        let ra = unsafe { a.register(p, n) }.expect("register");
+        let (mut a, ra) = open_with(&cfg, len);
         let (b, _) = open(provider, DeliveryMode::Complete, 16 << 20);
         let (c, _) = open(provider, DeliveryMode::Complete, len);
         let stalled: &'static str = b.session_id().to_owned().leak();
         let other: &'static str = c.session_id().to_owned().leak();
         let (sbase, obase) = (b.pool_ptr() as u64, c.pool_ptr() as u64);
-        let op = |to: &'static str, base, cookie, len| WriteOp {
-            region: ra,
-            local_offset: 0,
-            len,
-            dest_session: to,
-            dest_addr: base,
-            tag: WriteTag(cookie),
-            cookie,
-        };
+        let op = |to: &'static str, base, cookie, len| write_op(ra, to, base, cookie, len);
         reach(&mut a, 0, |a| a.post_write(&op(stalled, sbase, 0, 8)));
         reach(&mut a, 1, |a| a.post_write(&op(other, obase, 1, 8)));
         fill(pool_mut(&mut a), 7);
@@ -285,16 +259,8 @@ fn a_stalled_read_ends_before_it_is_reported(provider: &str, how: End) {
         "the test runs without FI_AV_REMOVE_CLEANUP"
     );
     let len = 16usize << 20;
-    let mut cfg = config(provider, DeliveryMode::Complete);
-    cfg.write_timeout = Duration::from_millis(match how {
-        End::Timeout => 300,
-        _ => 5000,
-    });
-    let mut a = FabricTransport::with_pool(&cfg, len).expect("open");
-    let (p, n) = (a.pool_ptr(), a.pool_len());
-    // SAFETY: the transport's own pool.
-    #[allow(unsafe_code)]
-    let mut ra = unsafe { a.register(p, n) }.expect("register");
+    let cfg = ending_as(provider, how);
+    let (mut a, mut ra) = open_with(&cfg, len);
     let (mut b, _) = open(provider, DeliveryMode::Complete, len);
     let (from, base) = (b.session_id().to_owned(), b.pool_ptr() as u64);
     pool_mut(&mut b).fill(0x33);

@@ -7,16 +7,14 @@ use std::time::Duration;
 use tensorferry_core::transport::{FaultKind, Region, Transport, WriteOp, WriteTag};
 use tensorferry_fabric::{DeliveryMode, FabricTransport};
 
-use super::{config, open, pool, pool_mut, reach, wait_completion, wait_landed, Rng};
+use super::{
+    config, open, open_with, pool, pool_mut, reach, wait_completion, wait_landed, write_op, Rng,
+};
 
 fn round_trip(provider: &str, delivery: DeliveryMode, max_chunk: u64) {
     let mut cfg = config(provider, delivery);
     cfg.max_chunk = max_chunk;
-    let mut a = FabricTransport::with_pool(&cfg, 8 << 20).expect("open sender");
-    let (p, n) = (a.pool_ptr(), a.pool_len());
-    // SAFETY: the transport's own pool.
-    #[allow(unsafe_code)]
-    let ra = unsafe { a.register(p, n) }.expect("register");
+    let (mut a, ra) = open_with(&cfg, 8 << 20);
     let (mut b, _) = open(provider, delivery, 8 << 20);
     assert_eq!(a.opened().delivery, b.opened().delivery);
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ max_chunk);
@@ -176,70 +174,41 @@ fn bad_writes_fail_typed_and_name_what_is_wrong() {
     let (b, _) = open("tcp;ofi_rxm", DeliveryMode::Auto, 1 << 20);
     let base = b.pool_ptr() as u64;
     let s = b.session_id().to_owned();
-    let e = a
-        .post_write(&WriteOp {
-            region: ra,
-            local_offset: 0,
-            len: 4096,
-            dest_session: &s,
-            dest_addr: base + (1 << 20) - 100,
-            tag: WriteTag(0),
-            cookie: 1,
-        })
-        .unwrap_err();
+    // Each refused when posted, with its error.
+    let refused =
+        |a: &mut FabricTransport, region, local_offset, len, dest_session: &str, dest_addr| {
+            a.post_write(&WriteOp {
+                region,
+                local_offset,
+                len,
+                dest_session,
+                dest_addr,
+                tag: WriteTag(0),
+                cookie: 1,
+            })
+            .unwrap_err()
+        };
+    let e = refused(&mut a, ra, 0, 4096, &s, base + (1 << 20) - 100);
     assert_eq!(e.kind(), FaultKind::OutOfBounds, "{e}");
-    let e = a
-        .post_write(&WriteOp {
-            region: ra,
-            local_offset: (1 << 20) - 10,
-            len: 4096,
-            dest_session: &s,
-            dest_addr: base,
-            tag: WriteTag(0),
-            cookie: 1,
-        })
-        .unwrap_err();
+    let e = refused(&mut a, ra, (1 << 20) - 10, 4096, &s, base);
     assert_eq!(e.kind(), FaultKind::OutOfBounds, "{e}");
-    let e = a
-        .post_write(&WriteOp {
-            region: ra,
-            local_offset: 0,
-            len: 1,
-            dest_session: "shm:/x@0+10",
-            dest_addr: base,
-            tag: WriteTag(0),
-            cookie: 1,
-        })
-        .unwrap_err();
+    let e = refused(&mut a, ra, 0, 1, "shm:/x@0+10", base);
     assert_eq!(e.kind(), FaultKind::UnknownPeer, "{e}");
     let other = s.replacen("tcp;ofi_rxm", "efa", 1);
-    let e = a
-        .post_write(&WriteOp {
-            region: ra,
-            local_offset: 0,
-            len: 1,
-            dest_session: &other,
-            dest_addr: base,
-            tag: WriteTag(0),
-            cookie: 1,
-        })
-        .unwrap_err();
+    let e = refused(&mut a, ra, 0, 1, &other, base);
     assert!(e.to_string().contains("efa session"), "{e}");
-    let e = a
-        .post_write(&WriteOp {
-            region: Region {
-                id: 9,
-                addr: 0,
-                len: 1,
-            },
-            local_offset: 0,
+    let e = refused(
+        &mut a,
+        Region {
+            id: 9,
+            addr: 0,
             len: 1,
-            dest_session: &s,
-            dest_addr: base,
-            tag: WriteTag(0),
-            cookie: 1,
-        })
-        .unwrap_err();
+        },
+        0,
+        1,
+        &s,
+        base,
+    );
     assert_eq!(e.kind(), FaultKind::OutOfBounds, "{e}");
     // Nothing was posted, so nothing completes.
     assert!(a.poll_completion().is_none());
@@ -376,11 +345,7 @@ fn several_regions_are_each_written_through_the_session_id() {
 fn a_write_to_a_peer_that_is_gone_fails_that_write_only() {
     let mut cfg = config("tcp;ofi_rxm", DeliveryMode::Auto);
     cfg.write_timeout = Duration::from_secs(3);
-    let mut a = FabricTransport::with_pool(&cfg, 1 << 20).expect("open");
-    let (p, n) = (a.pool_ptr(), a.pool_len());
-    // SAFETY: the transport's own pool.
-    #[allow(unsafe_code)]
-    let ra = unsafe { a.register(p, n) }.expect("register");
+    let (mut a, ra) = open_with(&cfg, 1 << 20);
     let (b, _) = open("tcp;ofi_rxm", DeliveryMode::Auto, 1 << 20);
     let (c, _) = open("tcp;ofi_rxm", DeliveryMode::Auto, 1 << 20);
     let (gone, base) = (b.session_id().to_owned(), b.pool_ptr() as u64);
@@ -431,24 +396,12 @@ fn a_write_to_a_peer_that_is_gone_fails_that_write_only() {
 fn once_a_target_deregisters_no_byte_of_a_peers_write_lands_in_its_memory() {
     let len = 64usize << 20;
     let cfg = config("tcp;ofi_rxm", DeliveryMode::Complete);
-    let mut a = FabricTransport::with_pool(&cfg, len).expect("open");
-    let (p, n) = (a.pool_ptr(), a.pool_len());
-    // SAFETY: the transport's own pool.
-    #[allow(unsafe_code)]
-    let ra = unsafe { a.register(p, n) }.expect("register");
+    let (mut a, ra) = open_with(&cfg, len);
     pool_mut(&mut a).fill(0x33);
     let (mut b, mut rb) = open("tcp;ofi_rxm", DeliveryMode::Complete, len);
     let to = b.session_id().to_owned();
     let base = b.pool_ptr() as u64;
-    let write = |cookie, len| WriteOp {
-        region: ra,
-        local_offset: 0,
-        len,
-        dest_session: &to,
-        dest_addr: base,
-        tag: WriteTag(cookie),
-        cookie,
-    };
+    let write = |cookie, len| write_op(ra, &to, base, cookie, len);
     reach(&mut a, 0, |a| a.post_write(&write(0, 8)));
     let mut cut = 0;
     // Eight tries at least, more (up to 24) until one cut a write under

@@ -243,6 +243,27 @@ mod tests {
     use super::*;
     use tensorferry_core::transport::{RegionError, WriteTag};
 
+    /// A write of `len` bytes from `local_offset` of `region` to
+    /// `dest_addr` at `to`, untagged.
+    fn write_op(
+        region: Region,
+        local_offset: u64,
+        len: u64,
+        to: &str,
+        dest_addr: u64,
+        cookie: u64,
+    ) -> WriteOp<'_> {
+        WriteOp {
+            region,
+            local_offset,
+            len,
+            dest_session: to,
+            dest_addr,
+            tag: WriteTag(0),
+            cookie,
+        }
+    }
+
     fn pair() -> (ShmTransport, Region, ShmTransport) {
         let mut a = ShmTransport::new(1 << 20, 2, 64 << 10).unwrap();
         // SAFETY: the whole pool of `a`, alive as long as `a`.
@@ -261,16 +282,8 @@ mod tests {
             }
         }
         let dest = b.pool_ptr() as u64 + 4096;
-        a.post_write(&WriteOp {
-            region,
-            local_offset: 1000,
-            len: 300_000,
-            dest_session: b.session_id(),
-            dest_addr: dest,
-            tag: WriteTag(0),
-            cookie: 9,
-        })
-        .unwrap();
+        a.post_write(&write_op(region, 1000, 300_000, b.session_id(), dest, 9))
+            .unwrap();
         let c = a.poll_completion().unwrap();
         assert_eq!((c.cookie, c.result.is_ok()), (9, true));
         // SAFETY: the range lies inside b's live pool.
@@ -310,15 +323,7 @@ mod tests {
         let s = b.session_id().to_owned();
         let base = b.pool_ptr() as u64;
         let write = |a: &mut ShmTransport| {
-            a.post_write(&WriteOp {
-                region,
-                local_offset: 0,
-                len: 64 << 10,
-                dest_session: &s,
-                dest_addr: base + (512 << 10),
-                tag: WriteTag(0),
-                cookie: 3,
-            })
+            a.post_write(&write_op(region, 0, 64 << 10, &s, base + (512 << 10), 3))
         };
         write(&mut a).unwrap();
         assert!(a.poll_completion().unwrap().result.is_ok());
@@ -345,16 +350,8 @@ mod tests {
         ));
         let own = a.session_id().to_owned();
         let own_base = a.pool_ptr() as u64;
-        a.post_write(&WriteOp {
-            region,
-            local_offset: 0,
-            len: 4096,
-            dest_session: &own,
-            dest_addr: own_base + (256 << 10),
-            tag: WriteTag(0),
-            cookie: 4,
-        })
-        .unwrap();
+        a.post_write(&write_op(region, 0, 4096, &own, own_base + (256 << 10), 4))
+            .unwrap();
         assert!(a.poll_completion().unwrap().result.is_ok());
     }
 
@@ -380,15 +377,7 @@ mod tests {
         });
         let (mut ok, mut refused) = (0, 0);
         for i in 0..3000 {
-            let r = a.post_write(&WriteOp {
-                region,
-                local_offset: 0,
-                len: 256 << 10,
-                dest_session: &s,
-                dest_addr: base + (512 << 10),
-                tag: WriteTag(0),
-                cookie: i,
-            });
+            let r = a.post_write(&write_op(region, 0, 256 << 10, &s, base + (512 << 10), i));
             match r {
                 Ok(()) => {
                     assert!(a.poll_completion().unwrap().result.is_ok());
@@ -408,35 +397,11 @@ mod tests {
         let (mut a, region, b) = pair();
         let base = b.pool_ptr() as u64;
         let s = b.session_id().to_owned();
-        let e = a.post_write(&WriteOp {
-            region,
-            local_offset: 0,
-            len: 4096,
-            dest_session: &s,
-            dest_addr: base + (1 << 20) - 100,
-            tag: WriteTag(0),
-            cookie: 1,
-        });
+        let e = a.post_write(&write_op(region, 0, 4096, &s, base + (1 << 20) - 100, 1));
         assert!(matches!(e, Err(ShmError::DestOutOfBounds { .. })), "{e:?}");
-        let e = a.post_write(&WriteOp {
-            region,
-            local_offset: 0,
-            len: 4096,
-            dest_session: &s,
-            dest_addr: base - 1,
-            tag: WriteTag(0),
-            cookie: 1,
-        });
+        let e = a.post_write(&write_op(region, 0, 4096, &s, base - 1, 1));
         assert!(matches!(e, Err(ShmError::DestOutOfBounds { .. })), "{e:?}");
-        let e = a.post_write(&WriteOp {
-            region,
-            local_offset: (1 << 20) - 10,
-            len: 4096,
-            dest_session: &s,
-            dest_addr: base,
-            tag: WriteTag(0),
-            cookie: 1,
-        });
+        let e = a.post_write(&write_op(region, (1 << 20) - 10, 4096, &s, base, 1));
         assert!(
             matches!(
                 e,
@@ -444,38 +409,21 @@ mod tests {
             ),
             "{e:?}"
         );
-        let e = a.post_write(&WriteOp {
-            region,
-            local_offset: 0,
-            len: 1,
-            dest_session: "shm:nonsense",
-            dest_addr: base,
-            tag: WriteTag(0),
-            cookie: 1,
-        });
+        let e = a.post_write(&write_op(region, 0, 1, "shm:nonsense", base, 1));
         assert!(matches!(e, Err(ShmError::BadSession { .. })), "{e:?}");
-        let e = a.post_write(&WriteOp {
+        let e = a.post_write(&write_op(
             region,
-            local_offset: 0,
-            len: 1,
-            dest_session: "shm:/ferry-no-such@1000+4096",
-            dest_addr: 0x1000,
-            tag: WriteTag(0),
-            cookie: 1,
-        });
+            0,
+            1,
+            "shm:/ferry-no-such@1000+4096",
+            0x1000,
+            1,
+        ));
         assert!(matches!(e, Err(ShmError::PeerGone { .. })), "{e:?}");
         assert!(a.poll_completion().is_none());
         // A peer that claims more than its object holds.
         let liar = s.replace("+1048576", "+2097152");
-        let e = a.post_write(&WriteOp {
-            region,
-            local_offset: 0,
-            len: 1,
-            dest_session: &liar,
-            dest_addr: base,
-            tag: WriteTag(0),
-            cookie: 1,
-        });
+        let e = a.post_write(&write_op(region, 0, 1, &liar, base, 1));
         assert!(matches!(e, Err(ShmError::ShortObject { .. })), "{e:?}");
     }
 
@@ -483,26 +431,9 @@ mod tests {
     fn a_vanished_peer_is_reported_gone() {
         let (mut a, region, b) = pair();
         let (s, base) = (b.session_id().to_owned(), b.pool_ptr() as u64);
-        a.post_write(&WriteOp {
-            region,
-            local_offset: 0,
-            len: 64,
-            dest_session: &s,
-            dest_addr: base,
-            tag: WriteTag(0),
-            cookie: 1,
-        })
-        .unwrap();
+        a.post_write(&write_op(region, 0, 64, &s, base, 1)).unwrap();
         drop(b);
-        let e = a.post_write(&WriteOp {
-            region,
-            local_offset: 0,
-            len: 64,
-            dest_session: &s,
-            dest_addr: base,
-            tag: WriteTag(0),
-            cookie: 2,
-        });
+        let e = a.post_write(&write_op(region, 0, 64, &s, base, 2));
         assert!(matches!(e, Err(ShmError::PeerGone { .. })), "{e:?}");
     }
 
@@ -520,30 +451,28 @@ mod tests {
         assert!(whole.id != r1.id && r1.id != r2.id);
         // SAFETY: inside `a`'s live pool.
         unsafe { std::slice::from_raw_parts_mut(a.pool_ptr().add(8192), 4096) }.fill(0x3c);
-        a.post_write(&WriteOp {
-            region: r2,
-            local_offset: 0,
-            len: 4096,
-            dest_session: b.session_id(),
-            dest_addr: b.pool_ptr() as u64,
-            tag: WriteTag(0),
-            cookie: 1,
-        })
+        a.post_write(&write_op(
+            r2,
+            0,
+            4096,
+            b.session_id(),
+            b.pool_ptr() as u64,
+            1,
+        ))
         .unwrap();
         assert!(a.poll_completion().unwrap().result.is_ok());
         // SAFETY: inside `b`'s live pool, written above.
         let got = unsafe { std::slice::from_raw_parts(b.pool_ptr(), 4096) };
         assert!(got.iter().all(|&x| x == 0x3c));
         // A region's bounds hold for writes from it.
-        let e = a.post_write(&WriteOp {
-            region: r1,
-            local_offset: 4000,
-            len: 200,
-            dest_session: b.session_id(),
-            dest_addr: b.pool_ptr() as u64,
-            tag: WriteTag(0),
-            cookie: 2,
-        });
+        let e = a.post_write(&write_op(
+            r1,
+            4000,
+            200,
+            b.session_id(),
+            b.pool_ptr() as u64,
+            2,
+        ));
         assert!(e.is_err(), "{e:?}");
         a.deregister(r1).unwrap();
         assert!(a.deregister(r1).is_err());

@@ -16,6 +16,16 @@ use crate::error::VerbsError;
 use crate::sim::SimDevice;
 use crate::transport::VerbsTransport;
 
+/// A node connected to a peer, the first `LEN` bytes of its pool filled
+/// from `pattern`.
+fn connected_pair(pattern: u64) -> (Node, Node) {
+    let mut a = node();
+    let b = node();
+    connect(&mut a, &b, 1);
+    fill(&mut a.bytes_mut()[..LEN as usize], pattern);
+    (a, b)
+}
+
 /// The peer goes on; the caller has reused its source. Nothing of the
 /// ended writes may land in `to`'s first `LEN` bytes.
 fn release_and_check_untouched(a: &mut Node, to: &Node) {
@@ -82,10 +92,7 @@ fn cancelled_writes_are_flushed_unrun_and_never_touch_their_memory_again() {
 
 #[test]
 fn a_write_that_finished_before_the_cancel_completes_as_it_did() {
-    let mut a = node();
-    let b = node();
-    connect(&mut a, &b, 1);
-    fill(&mut a.bytes_mut()[..LEN as usize], 2);
+    let (mut a, b) = connected_pair(2);
     // Executed and acknowledged; its completion waits in the CQ.
     a.write(0, 4096, &b, ASIDE, 2).unwrap();
     stall(&a, true);
@@ -106,10 +113,7 @@ fn a_write_that_finished_before_the_cancel_completes_as_it_did() {
 
 #[test]
 fn a_write_past_its_write_timeout_is_flushed_before_it_fails() {
-    let mut a = node();
-    let b = node();
-    connect(&mut a, &b, 1);
-    fill(&mut a.bytes_mut()[..LEN as usize], 3);
+    let (mut a, b) = connected_pair(3);
     stall(&a, true);
     a.write(0, LEN, &b, 0, 2).unwrap();
     a.write(0, 10, &b, ASIDE + 4096, 3).unwrap();
@@ -147,17 +151,7 @@ fn a_write_cancelled_while_its_connection_is_made_moves_nothing_after_its_comple
     fill(&mut a.bytes_mut()[..LEN as usize], 4);
     a.write(0, LEN, &b, 0, 1).unwrap();
     a.t.cancel_transfers(b.t.session_id()).unwrap();
-    let done = drain(&mut a);
-    assert!(
-        matches!(
-            &done[..],
-            [Completion {
-                cookie: 1,
-                result: Err(VerbsError::Cancelled { .. })
-            }]
-        ),
-        "{done:?}"
-    );
+    assert_cancelled(&drain(&mut a), 1);
     let at_completion = b.bytes()[..LEN as usize].to_vec();
     // Nothing to end: a peer without writes, and one never written to.
     a.t.cancel_transfers(b.t.session_id()).unwrap();
@@ -177,65 +171,55 @@ fn a_write_cancelled_while_its_connection_is_made_moves_nothing_after_its_comple
     rewrite_lands(&mut a, &b, 3);
 }
 
-#[test]
-fn a_queue_pair_that_refuses_the_marker_is_destroyed_before_its_writes_complete() {
-    let mut a = node();
-    let b = node();
-    connect(&mut a, &b, 1);
-    fill(&mut a.bytes_mut()[..LEN as usize], 5);
-    stall(&a, true);
-    a.write(0, LEN, &b, 0, 2).unwrap();
-    // A provider that refuses work on a queue pair in error: no marker
-    // can show the flush, so the queue pair is destroyed (the last
-    // resort), which ends its work too.
-    a.t.with_device_mut(|d| d.post_in_error_errno = Some(libc::EINVAL));
-    a.t.cancel_transfers(b.t.session_id()).unwrap();
-    assert_eq!(waiting(&a), 0);
-    let done = drain(&mut a);
+/// The one completion in `done` is write `cookie`'s, cancelled.
+fn assert_cancelled(done: &[Completion<VerbsError>], cookie: u64) {
     assert!(
         matches!(
-            &done[..],
+            done,
             [Completion {
-                cookie: 2,
+                cookie: c,
                 result: Err(VerbsError::Cancelled { .. })
-            }]
+            }] if *c == cookie
         ),
         "{done:?}"
     );
+}
+
+/// A stalled write (cookie 2, its source filled with `pattern`) is
+/// cancelled while the provider refuses work on the queue pair in error
+/// with `errno`; `after_cancel` checks what the cancel did. The write
+/// ends cancelled with nothing of it landing, and the next write connects
+/// anew.
+fn cancel_while_posts_are_refused(pattern: u64, errno: i32, after_cancel: impl FnOnce(&mut Node)) {
+    let (mut a, b) = connected_pair(pattern);
+    stall(&a, true);
+    a.write(0, LEN, &b, 0, 2).unwrap();
+    a.t.with_device_mut(|d| d.post_in_error_errno = Some(errno));
+    a.t.cancel_transfers(b.t.session_id()).unwrap();
+    after_cancel(&mut a);
+    assert_eq!(waiting(&a), 0);
+    assert_cancelled(&drain(&mut a), 2);
     a.t.with_device_mut(|d| d.post_in_error_errno = None);
     release_and_check_untouched(&mut a, &b);
     rewrite_lands(&mut a, &b, 3);
 }
 
 #[test]
+fn a_queue_pair_that_refuses_the_marker_is_destroyed_before_its_writes_complete() {
+    // A provider that refuses work on a queue pair in error: no marker
+    // can show the flush, so the queue pair is destroyed (the last
+    // resort), which ends its work too.
+    cancel_while_posts_are_refused(5, libc::EINVAL, |_| {});
+}
+
+#[test]
 fn a_marker_the_send_queue_never_takes_ends_by_the_last_resort_in_time() {
-    let mut a = node();
-    let b = node();
-    connect(&mut a, &b, 1);
-    fill(&mut a.bytes_mut()[..LEN as usize], 7);
-    stall(&a, true);
-    a.write(0, LEN, &b, 0, 2).unwrap();
     // "Send queue full", which polling normally cures, forever: the
     // marker is tried again until the flush wait passes, then the queue
     // pair is destroyed.
-    a.t.with_device_mut(|d| d.post_in_error_errno = Some(libc::ENOMEM));
-    a.t.cancel_transfers(b.t.session_id()).unwrap();
-    assert!(a.t.with_device_mut(|d| d.posts_refused) > 1, "tried again");
-    assert_eq!(waiting(&a), 0);
-    let done = drain(&mut a);
-    assert!(
-        matches!(
-            &done[..],
-            [Completion {
-                cookie: 2,
-                result: Err(VerbsError::Cancelled { .. })
-            }]
-        ),
-        "{done:?}"
-    );
-    a.t.with_device_mut(|d| d.post_in_error_errno = None);
-    release_and_check_untouched(&mut a, &b);
-    rewrite_lands(&mut a, &b, 3);
+    cancel_while_posts_are_refused(7, libc::ENOMEM, |a| {
+        assert!(a.t.with_device_mut(|d| d.posts_refused) > 1, "tried again");
+    });
 }
 
 #[test]
@@ -257,17 +241,7 @@ fn a_marker_waits_for_room_in_a_full_cq() {
     assert_eq!(waiting(&a), 3);
     a.t.cancel_transfers(b.t.session_id()).unwrap();
     assert_eq!(waiting(&a), 0);
-    let done = drain(&mut a);
-    assert!(
-        matches!(
-            &done[..],
-            [Completion {
-                cookie: 2,
-                result: Err(VerbsError::Cancelled { .. })
-            }]
-        ),
-        "{done:?}"
-    );
+    assert_cancelled(&drain(&mut a), 2);
     let peak = a.t.with_device_mut(|dev| dev.cq_peak);
     assert!(peak <= 3, "{peak} completions waited in a CQ of 3");
     release_and_check_untouched(&mut a, &b);

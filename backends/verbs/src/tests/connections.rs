@@ -2,7 +2,7 @@
 //! connections, the writers a target keeps and the idle connections a
 //! writer keeps, and the wake descriptor.
 
-use tensorferry_core::transport::{Transport, WriteOp, WriteTag};
+use tensorferry_core::transport::Transport;
 use tensorferry_hostmem::HostPool;
 
 use super::{config, fill, node, node_with, Node};
@@ -158,23 +158,7 @@ fn the_wake_descriptor_rises_for_completions_and_for_side_channel_news() {
     assert!(!readable(fd, 0), "cleared once reaped");
     // A refusal is found by the side channel's thread: it raises the
     // descriptor without the caller polling.
-    let s = crate::session::Session::parse(b.t.session_id()).unwrap();
-    let stale = crate::session::Session {
-        generation: s.generation,
-        incarnation: s.incarnation ^ 1,
-        ..s
-    }
-    .to_string();
-    a.t.post_write(&WriteOp {
-        region: a.region,
-        local_offset: 0,
-        len: 10,
-        dest_session: &stale,
-        dest_addr: b.region.addr,
-        tag: WriteTag(3),
-        cookie: 3,
-    })
-    .unwrap();
+    a.write_to_stale_incarnation(&b, 3).unwrap();
     assert!(readable(fd, 5000), "news from the side channel raises it");
     match a.t.poll_completion().map(|c| c.result) {
         Some(Err(VerbsError::Refused { .. })) => {}

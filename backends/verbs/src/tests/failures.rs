@@ -108,23 +108,7 @@ fn a_peer_that_disappears_fails_its_writes_and_its_endpoint_then_times_out() {
 fn a_session_of_an_earlier_incarnation_is_refused() {
     let mut a = node();
     let b = node();
-    let s = crate::session::Session::parse(b.t.session_id()).unwrap();
-    let stale = crate::session::Session {
-        generation: s.generation,
-        incarnation: s.incarnation ^ 1,
-        ..s
-    }
-    .to_string();
-    a.t.post_write(&WriteOp {
-        region: a.region,
-        local_offset: 0,
-        len: 10,
-        dest_session: &stale,
-        dest_addr: b.region.addr,
-        tag: WriteTag(1),
-        cookie: 1,
-    })
-    .unwrap();
+    a.write_to_stale_incarnation(&b, 1).unwrap();
     match a.wait(1).remove(0).result {
         Err(e @ VerbsError::Refused { .. }) => {
             assert!(e.to_string().contains("stale session"), "{e}");

@@ -97,6 +97,27 @@ impl Node {
         })
     }
 
+    /// Writes 10 bytes to `to` under its session id with the incarnation
+    /// changed: the id of another process at `to`'s address.
+    fn write_to_stale_incarnation(&mut self, to: &Node, cookie: u64) -> Result<(), VerbsError> {
+        let s = crate::session::Session::parse(to.t.session_id()).expect("a verbs session id");
+        let stale = crate::session::Session {
+            generation: s.generation,
+            incarnation: s.incarnation ^ 1,
+            ..s
+        }
+        .to_string();
+        self.t.post_write(&WriteOp {
+            region: self.region,
+            local_offset: 0,
+            len: 10,
+            dest_session: &stale,
+            dest_addr: to.region.addr,
+            tag: WriteTag(cookie),
+            cookie,
+        })
+    }
+
     fn wait(&mut self, n: usize) -> Vec<Completion<VerbsError>> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut out = Vec::new();
