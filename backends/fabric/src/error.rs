@@ -1,7 +1,7 @@
 //! The backend's errors: each names the libfabric call, the provider's own
 //! text for the error and, where the error concerns one peer, that peer.
 
-use tensorferry_core::transport::{FaultKind, RegionError};
+use tensorferry_core::transport::{FaultKind, OutsidePeerRegions, RegionError};
 
 /// Which way a transfer goes, for the errors that name one: a write into
 /// a peer's memory or a read from it.
@@ -78,31 +78,10 @@ pub enum FabricError {
         /// What is wrong with it.
         why: String,
     },
-    /// A write's destination lies in none of the peer's registered
-    /// regions.
-    #[error("write of {len} bytes to {addr:#x} lies in none of peer {peer}'s {regions} registered region(s)")]
-    DestOutOfBounds {
-        /// The peer's session id.
-        peer: String,
-        /// The destination address.
-        addr: u64,
-        /// The write's length.
-        len: u64,
-        /// How many regions the peer's session id lists.
-        regions: usize,
-    },
-    /// A read's source lies in none of the peer's registered regions.
-    #[error("read of {len} bytes from {addr:#x} lies in none of peer {peer}'s {regions} registered region(s)")]
-    ReadSourceOutOfBounds {
-        /// The peer's session id.
-        peer: String,
-        /// The source address.
-        addr: u64,
-        /// The read's length.
-        len: u64,
-        /// How many regions the peer's session id lists.
-        regions: usize,
-    },
+    /// A write's destination or a read's source lies in none of the
+    /// peer's registered regions.
+    #[error(transparent)]
+    OutsidePeer(#[from] OutsidePeerRegions),
     /// A write is split into more chunks than a completion notice can
     /// count.
     #[error("write of {len} bytes to {peer} needs {chunks} chunks of {chunk} bytes; notices count at most {max}")]
@@ -293,9 +272,7 @@ impl FabricError {
             },
             Self::NoProvider { .. } | Self::Unsupported { .. } | Self::Os { .. } => FaultKind::Io,
             Self::BadSession { .. } => FaultKind::UnknownPeer,
-            Self::DestOutOfBounds { .. } | Self::ReadSourceOutOfBounds { .. } => {
-                FaultKind::OutOfBounds
-            }
+            Self::OutsidePeer(e) => e.kind(),
             Self::Region(e) => e.kind(),
             Self::TooManyChunks { .. } => FaultKind::TooLarge,
             Self::Completion { errno, .. } => FaultKind::of_errno(*errno),
@@ -344,12 +321,13 @@ mod tests {
         };
         assert_eq!(e.kind(), FaultKind::Timeout);
         assert!(e.to_string().starts_with("read from p failed"), "{e}");
-        let e = FabricError::ReadSourceOutOfBounds {
+        let e = FabricError::OutsidePeer(OutsidePeerRegions {
+            read: true,
             peer: "p".into(),
             addr: 0x1000,
             len: 8,
             regions: 1,
-        };
+        });
         assert_eq!(e.kind(), FaultKind::OutOfBounds);
         assert_eq!(FaultKind::of_errno(13), FaultKind::OutOfBounds);
         assert_eq!(FaultKind::of_errno(5), FaultKind::Io);

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tensorferry_core::transport::{FaultKind, RegionError};
+use tensorferry_core::transport::{FaultKind, OutsidePeerRegions, RegionError};
 use tensorferry_zmq::zmq;
 
 use crate::device::{RdmaOp, Verb};
@@ -148,31 +148,10 @@ pub enum VerbsError {
         /// The time allowed.
         after: Duration,
     },
-    /// A write's destination lies in none of the peer's registered
-    /// regions.
-    #[error("write of {len} bytes to {addr:#x} lies in none of peer {peer}'s {regions} registered region(s)")]
-    DestOutOfBounds {
-        /// The peer's session id.
-        peer: String,
-        /// The destination address.
-        addr: u64,
-        /// The write's length.
-        len: u64,
-        /// How many regions the peer listed.
-        regions: usize,
-    },
-    /// A read's source lies in none of the peer's registered regions.
-    #[error("read of {len} bytes from {addr:#x} lies in none of peer {peer}'s {regions} registered region(s)")]
-    ReadOutOfBounds {
-        /// The peer's session id.
-        peer: String,
-        /// The source address.
-        addr: u64,
-        /// The read's length.
-        len: u64,
-        /// How many regions the peer listed.
-        regions: usize,
-    },
+    /// A write's destination or a read's source lies in none of the
+    /// peer's registered regions.
+    #[error(transparent)]
+    OutsidePeer(#[from] OutsidePeerRegions),
     /// The connection to the peer cannot carry RDMA READs: one of the two
     /// devices allows none outstanding (`max_qp_init_rd_atom` here, or
     /// `max_qp_rd_atom` there, is 0).
@@ -284,7 +263,7 @@ impl VerbsError {
             Self::Completion { status, .. } => status.kind(),
             Self::Broken { .. } => FaultKind::PeerGone,
             Self::Timeout { .. } | Self::Cancelled { .. } => FaultKind::Timeout,
-            Self::DestOutOfBounds { .. } | Self::ReadOutOfBounds { .. } => FaultKind::OutOfBounds,
+            Self::OutsidePeer(e) => e.kind(),
             Self::Region(e) => e.kind(),
             Self::Guard { source, .. } => source.kind(),
         }
@@ -383,12 +362,13 @@ mod tests {
         .for_op(RdmaOp::Read);
         assert!(e.to_string().starts_with("read from p cancelled"), "{e}");
         assert_eq!(e.kind(), FaultKind::Timeout);
-        let e = VerbsError::ReadOutOfBounds {
+        let e = VerbsError::OutsidePeer(OutsidePeerRegions {
+            read: true,
             peer: "p".into(),
             addr: 0x10,
             len: 4,
             regions: 1,
-        };
+        });
         assert_eq!(e.kind(), FaultKind::OutOfBounds);
     }
 

@@ -253,17 +253,6 @@ impl ControlRecv for ZmqReceiver {
         wait: Duration,
         wake: Option<RawFd>,
     ) -> Result<Option<ChannelEvent<'b>>, ZmqError> {
-        self.receive(buf, wait, wake)
-    }
-}
-
-impl ZmqReceiver {
-    fn receive<'b>(
-        &'b mut self,
-        buf: &'b mut [u8],
-        wait: Duration,
-        wake: Option<i32>,
-    ) -> Result<Option<ChannelEvent<'b>>, ZmqError> {
         while let Ok(m) = self.new_monitors.try_recv() {
             // A connection made anew (its peer's key changed) replaces the
             // old one's monitor, whose last events are not news.

@@ -44,4 +44,4 @@ pub use data_plane::{
 pub use fault::FaultKind;
 pub use pool_owner::PoolOwner;
 #[cfg(feature = "alloc")]
-pub use regions::Regions;
+pub use regions::{OutsidePeerRegions, Regions};

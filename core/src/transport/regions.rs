@@ -1,11 +1,64 @@
 //! The table of registered regions every data plane keeps: ids handed out
 //! in order, a bound on how many (what a peer can be told of), lookup by
 //! id with the one bounds check, and what the plane keeps beside each (a
-//! memory key, a registration handle).
+//! memory key, a registration handle); and the error of a range that lies
+//! in none of a peer's regions ([`OutsidePeerRegions`]).
 
+use alloc::string::String;
 use alloc::vec::Vec;
+use core::fmt;
 
-use super::{Region, RegionError};
+use super::{FaultKind, Region, RegionError};
+
+/// A one-sided operation's range in a peer's memory (a write's
+/// destination, a read's source) that lies in none of the regions the
+/// peer's session id lists: what the RDMA data planes refuse before they
+/// post, in one vocabulary (each backend's error wraps it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutsidePeerRegions {
+    /// True for a read (the range is its source), false for a write (its
+    /// destination).
+    pub read: bool,
+    /// The peer's session id.
+    pub peer: String,
+    /// The range's first byte, in the peer's space.
+    pub addr: u64,
+    /// Its length.
+    pub len: u64,
+    /// How many regions the peer listed.
+    pub regions: usize,
+}
+
+impl OutsidePeerRegions {
+    /// What kind of failure it is: a write or read outside registered
+    /// memory.
+    pub const fn kind(&self) -> FaultKind {
+        FaultKind::OutOfBounds
+    }
+}
+
+impl fmt::Display for OutsidePeerRegions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self {
+            peer,
+            addr,
+            len,
+            regions,
+            ..
+        } = self;
+        let (op, way) = if self.read {
+            ("read", "from")
+        } else {
+            ("write", "to")
+        };
+        write!(
+            f,
+            "{op} of {len} bytes {way} {addr:#x} lies in none of peer {peer}'s {regions} registered region(s)"
+        )
+    }
+}
+
+impl core::error::Error for OutsidePeerRegions {}
 
 /// A data plane's registered regions, each with the plane's own `T`.
 #[derive(Debug)]
@@ -120,5 +173,26 @@ mod tests {
         assert_eq!(c.id, 3);
         assert_eq!(t.iter().map(|(_, v)| *v).collect::<Vec<_>>(), ['b', 'c']);
         assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn a_range_outside_a_peers_regions_says_which_way_and_whose() {
+        let mut e = OutsidePeerRegions {
+            read: false,
+            peer: "p".into(),
+            addr: 0x40,
+            len: 8,
+            regions: 2,
+        };
+        assert_eq!(
+            alloc::format!("{e}"),
+            "write of 8 bytes to 0x40 lies in none of peer p's 2 registered region(s)"
+        );
+        e.read = true;
+        assert_eq!(
+            alloc::format!("{e}"),
+            "read of 8 bytes from 0x40 lies in none of peer p's 2 registered region(s)"
+        );
+        assert_eq!(e.kind(), FaultKind::OutOfBounds);
     }
 }

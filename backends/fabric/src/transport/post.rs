@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tensorferry_core::transport::{ReadOp, Region, WriteOp};
+use tensorferry_core::transport::{OutsidePeerRegions, ReadOp, Region, WriteOp};
 use tensorferry_fabric_sys as sys;
 
 use super::book::{Chunk, OpState};
@@ -72,12 +72,13 @@ impl FabricTransport {
         let peer = self.peer(src_session)?;
         let s = &peer.session;
         let Some(src) = s.region_for(src_addr, len) else {
-            return Err(FabricError::ReadSourceOutOfBounds {
+            return Err(FabricError::OutsidePeer(OutsidePeerRegions {
+                read: true,
                 peer: src_session.to_owned(),
                 addr: src_addr,
                 len,
                 regions: s.regions.len(),
-            });
+            }));
         };
         let chunks = len.div_ceil(chunk).max(1);
         let (fi_addr, key, virt, base) = (peer.fi_addr, src.key, s.virt_addr, src.base);
@@ -138,12 +139,13 @@ impl FabricTransport {
         let peer = self.peer(dest_session)?;
         let s = &peer.session;
         let Some(dest) = s.region_for(dest_addr, len) else {
-            return Err(FabricError::DestOutOfBounds {
+            return Err(FabricError::OutsidePeer(OutsidePeerRegions {
+                read: false,
                 peer: dest_session.to_owned(),
                 addr: dest_addr,
                 len,
                 regions: s.regions.len(),
-            });
+            }));
         };
         let chunks = len.div_ceil(chunk).max(1);
         let peer_format = NoticeFormat::new(s.wide_data);

@@ -156,17 +156,6 @@ impl ControlRecv for UdsReceiver {
         wait: Duration,
         wake: Option<RawFd>,
     ) -> Result<Option<ChannelEvent<'b>>, UdsError> {
-        self.receive(buf, wait, wake)
-    }
-}
-
-impl UdsReceiver {
-    fn receive<'b>(
-        &'b mut self,
-        buf: &'b mut [u8],
-        wait: Duration,
-        wake: Option<RawFd>,
-    ) -> Result<Option<ChannelEvent<'b>>, UdsError> {
         let deadline = Instant::now() + wait;
         // Indices only inside the loop; the borrowed answer is made after.
         let outcome = loop {

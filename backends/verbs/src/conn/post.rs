@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 
-use tensorferry_core::transport::Completion;
+use tensorferry_core::transport::{Completion, OutsidePeerRegions};
 
 use super::{forget, verb, Conn, ConnBook, ConnState, Signal, Transfer};
 use crate::chunk::{chunk_len, Window};
@@ -253,18 +253,13 @@ fn check_remote(
     match (op, regions.iter().find(inside)) {
         (RdmaOp::Write, Some(r)) => Ok(r.rkey),
         (RdmaOp::Read, Some(r)) if read_depth > 0 => Ok(r.rkey),
-        (RdmaOp::Write, None) => Err(VerbsError::DestOutOfBounds {
+        (op, None) => Err(VerbsError::OutsidePeer(OutsidePeerRegions {
+            read: op == RdmaOp::Read,
             peer: peer.to_owned(),
             addr,
             len,
             regions: regions.len(),
-        }),
-        (RdmaOp::Read, None) => Err(VerbsError::ReadOutOfBounds {
-            peer: peer.to_owned(),
-            addr,
-            len,
-            regions: regions.len(),
-        }),
+        })),
         (RdmaOp::Read, Some(_)) => Err(VerbsError::CannotRead {
             peer: peer.to_owned(),
             why: "the two devices allow no RDMA READ outstanding on its queue pair (max_qp_init_rd_atom here, or max_qp_rd_atom at the peer, is 0)".into(),

@@ -6,7 +6,9 @@
 //! handed out its destination never changes, whatever the peer's memory
 //! then holds.
 
-use tensorferry_core::transport::{FaultKind, ReadOp, Region, RegionError, Transport};
+use tensorferry_core::transport::{
+    FaultKind, OutsidePeerRegions, ReadOp, Region, RegionError, Transport,
+};
 
 use super::{connect, drain, fill, node, release, stall, waiting, Node, LEN};
 use crate::attrs::{QpStep, RD_ATOMIC};
@@ -173,7 +175,7 @@ fn out_of_bounds_reads_are_refused_with_typed_errors() {
     let b_len = b.pool.len() as u64;
     a.read(0, 10, &b, b_len - 5, 2).unwrap();
     match a.wait(1).remove(0).result {
-        Err(e @ VerbsError::ReadOutOfBounds { .. }) => {
+        Err(e @ VerbsError::OutsidePeer(OutsidePeerRegions { read: true, .. })) => {
             assert_eq!(e.kind(), FaultKind::OutOfBounds);
             assert!(e.to_string().contains(b.t.session_id()), "{e}");
         }
@@ -183,13 +185,20 @@ fn out_of_bounds_reads_are_refused_with_typed_errors() {
     // start, and an address whose end wraps.
     assert!(matches!(
         a.read(0, 10, &b, b_len - 5, 3),
-        Err(VerbsError::ReadOutOfBounds { regions: 1, .. })
+        Err(VerbsError::OutsidePeer(OutsidePeerRegions {
+            read: true,
+            regions: 1,
+            ..
+        }))
     ));
     let session = b.t.session_id().to_owned();
     for src in [b.region.addr - 1, u64::MAX - 3] {
         assert!(matches!(
             read(&mut a, mine, &session, src, 10),
-            Err(VerbsError::ReadOutOfBounds { .. })
+            Err(VerbsError::OutsidePeer(OutsidePeerRegions {
+                read: true,
+                ..
+            }))
         ));
     }
     assert!(a.t.poll_completion().is_none());

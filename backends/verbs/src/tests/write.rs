@@ -3,7 +3,9 @@
 //! typed; several regions are written, a later one reached through the
 //! session id.
 
-use tensorferry_core::transport::{FaultKind, Region, RegionError, Transport, WriteOp, WriteTag};
+use tensorferry_core::transport::{
+    FaultKind, OutsidePeerRegions, Region, RegionError, Transport, WriteOp, WriteTag,
+};
 use tensorferry_hostmem::HostPool;
 
 use super::{fill, node, Node};
@@ -166,13 +168,18 @@ fn bad_writes_are_refused_with_typed_errors() {
     // write is refused once they are.
     a.write(0, 10, &b, b.pool.len() as u64 - 5, 2).unwrap();
     match a.wait(1).remove(0).result {
-        Err(VerbsError::DestOutOfBounds { peer, .. }) => assert_eq!(peer, b.t.session_id()),
+        Err(VerbsError::OutsidePeer(OutsidePeerRegions {
+            read: false, peer, ..
+        })) => assert_eq!(peer, b.t.session_id()),
         other => panic!("{other:?}"),
     }
     // Now it is known, and refused at once.
     assert!(matches!(
         a.write(0, 10, &b, b.pool.len() as u64 - 5, 3),
-        Err(VerbsError::DestOutOfBounds { .. })
+        Err(VerbsError::OutsidePeer(OutsidePeerRegions {
+            read: false,
+            ..
+        }))
     ));
     assert!(matches!(
         a.t.post_write(&WriteOp {
@@ -184,7 +191,10 @@ fn bad_writes_are_refused_with_typed_errors() {
             tag: WriteTag(4),
             cookie: 4
         }),
-        Err(VerbsError::DestOutOfBounds { .. })
+        Err(VerbsError::OutsidePeer(OutsidePeerRegions {
+            read: false,
+            ..
+        }))
     ));
     // The connection is still good.
     a.write(0, 10, &b, 0, 5).unwrap();
@@ -246,7 +256,11 @@ fn several_regions_are_written_and_a_later_one_reaches_writers_through_the_sessi
     // Under the first session the writer knows only the pool.
     assert!(matches!(
         write(&mut a, pool_region, &first, rx.addr, 2),
-        Err(VerbsError::DestOutOfBounds { regions: 1, .. })
+        Err(VerbsError::OutsidePeer(OutsidePeerRegions {
+            read: false,
+            regions: 1,
+            ..
+        }))
     ));
     // Under the second it learns both: into the new region from the
     // pool, and into the pool from the new source region.
@@ -277,7 +291,11 @@ fn several_regions_are_written_and_a_later_one_reaches_writers_through_the_sessi
     assert!(
         matches!(
             c.result,
-            Err(VerbsError::DestOutOfBounds { regions: 1, .. })
+            Err(VerbsError::OutsidePeer(OutsidePeerRegions {
+                read: false,
+                regions: 1,
+                ..
+            }))
         ),
         "{c:?}"
     );
