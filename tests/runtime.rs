@@ -108,6 +108,23 @@ fn check(node: &InstanceNode, id: &str, seed: u8) {
     d.release();
 }
 
+/// Receives one delivery for each `(id, seed)` of `expected`, in whatever
+/// order they arrive (a request sent into a preallocated slot may overtake
+/// one that waits for its slot), and checks every byte of each.
+#[cfg(feature = "verbs-sim")]
+fn check_all(node: &InstanceNode, expected: &[(String, u8)]) {
+    let mut left: Vec<&(String, u8)> = expected.iter().collect();
+    while !left.is_empty() {
+        let d = node.recv(5 * SECOND).expect("a delivery");
+        let at = left
+            .iter()
+            .position(|(id, _)| id == d.id())
+            .unwrap_or_else(|| panic!("{} arrived; expected one of {left:?}", d.id()));
+        check_bytes(&d, left.swap_remove(at).1);
+        d.release();
+    }
+}
+
 /// Checks every byte of a delivery made by [`send`] with `seed`.
 fn check_bytes(d: &tensorferry::runtime::Delivery<'_>, seed: u8) {
     assert_eq!(

@@ -10,6 +10,8 @@ use tensorferry::runtime::{
 #[cfg(feature = "verbs-sim")]
 use tensorferry_shm::UdsChannel;
 
+#[cfg(feature = "verbs-sim")]
+use super::check_all;
 use super::{
     assert_idle, check, coordinator, instance, mib_slots, pattern, send, wait_delivered, SECOND,
 };
@@ -136,20 +138,18 @@ fn the_runtime_hands_off_over_the_verbs_transport_on_a_stand_in_device() {
     let enc = node("encoder", Prealloc::NONE);
     let den = node("denoiser", mib_slots(2));
     for round in 0..10u8 {
-        for i in 0..4u8 {
-            send(
-                &enc,
-                &format!("v{round}-{i}"),
-                round.wrapping_mul(5).wrapping_add(i),
-            );
+        let requests: Vec<(String, u8)> = (0..4u8)
+            .map(|i| {
+                (
+                    format!("v{round}-{i}"),
+                    round.wrapping_mul(5).wrapping_add(i),
+                )
+            })
+            .collect();
+        for (id, seed) in &requests {
+            send(&enc, id, *seed);
         }
-        for i in 0..4u8 {
-            check(
-                &den,
-                &format!("v{round}-{i}"),
-                round.wrapping_mul(5).wrapping_add(i),
-            );
-        }
+        check_all(&den, &requests);
         for _ in 0..4 {
             assert!(enc.next_outcome(5 * SECOND).unwrap().sent);
         }
