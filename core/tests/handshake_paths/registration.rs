@@ -269,13 +269,26 @@ fn an_instance_handles_what_its_channel_delivers_and_knows_its_coordinator_gone(
         Err(InstanceUnhandled::Ignored(Ignored::Duplicate)),
         "registered already: the second ack is a duplicate"
     );
+    let conversation = inst.conversation();
     assert!(!inst.handle_gone(Instant(2), "tcp://e:1"));
     assert!(
         inst.is_registered(),
         "another peer's departure changes nothing"
     );
+    assert_eq!(inst.conversation(), conversation);
     assert!(inst.handle_gone(Instant(2), "tcp://coordinator"));
     assert_eq!(inst.registration(), Registration::Pending);
+    assert_ne!(
+        inst.conversation(),
+        conversation,
+        "what was polled for the lost coordinator is not to be sent"
+    );
+    assert!(inst.handle_gone(Instant(3), "tcp://coordinator"));
+    assert_eq!(
+        inst.conversation(),
+        conversation.wrapping_add(1),
+        "it was still registering: the same conversation goes on"
+    );
 }
 
 /// A registration resent while the first one's answer was on its way is

@@ -360,6 +360,9 @@ pub struct Instance<'s> {
     /// A registration is to be sent (before anything else).
     register_due: bool,
     register_at: Instant,
+    /// Which conversation with a coordinator this is: it moves on each
+    /// time the instance registers anew ([`Instance::conversation`]).
+    conversation: u64,
     /// The latest time a call passed in (for the calls that take none).
     last_now: Instant,
     seq: u64,
@@ -474,6 +477,7 @@ impl<'s> Instance<'s> {
             refusal: Reason::EMPTY,
             register_due: true,
             register_at: now + config.register_retry,
+            conversation: 0,
             last_now: now,
             seq: 0,
             stats: InstanceStats::default(),

@@ -24,6 +24,7 @@ impl Instance<'_> {
         // A new conversation: answers the old one still owed are not
         // expected any more.
         self.acks_owed = 0;
+        self.conversation = self.conversation.wrapping_add(1);
         for u in self.prealloc_use.iter_mut() {
             if let Use::Refused { report, .. } = &mut u.0 {
                 *report = None;
@@ -125,6 +126,17 @@ impl Instance<'_> {
     /// it said nothing, or did not refuse).
     pub fn refusal(&self) -> &str {
         self.refusal.as_str()
+    }
+
+    /// Which conversation with a coordinator the messages polled now
+    /// belong to. It moves on when the instance registers anew
+    /// ([`reregister`](Self::reregister), which a lost coordinator
+    /// causes): the machine then drops what it still queued for the old
+    /// coordinator, and a caller that keeps polled messages to send later
+    /// drops those polled under an earlier conversation too, since a new
+    /// coordinator must hear nothing before the registration.
+    pub fn conversation(&self) -> u64 {
+        self.conversation
     }
 
     /// Where the registration stands.
