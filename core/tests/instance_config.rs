@@ -112,3 +112,82 @@ fn an_instance_whose_quarantine_a_write_may_outlive_refuses_to_start() {
     assert!(err.to_string().contains("next tenant"), "{err}");
     start(&short.quarantine_for(who.write_lifetime)).unwrap();
 }
+
+/// Storage is sized by each part's `storage_needed`, not by prose: a
+/// slice of another length is refused, and the error names it.
+#[test]
+fn an_instance_refuses_storage_of_the_wrong_size_naming_the_slice() {
+    use tensorferry_core::handshake::instance::{
+        Instance, InstanceError, InstanceIdentity, InstanceStorage,
+    };
+    use tensorferry_core::handshake::{Instant, Limits, StorageError};
+    let who = InstanceIdentity {
+        role: "denoiser",
+        session_id: "s",
+        work_endpoint: "tcp://den:1",
+        coordinator: "tcp://coordinator",
+        pool_ptr: 0x1000,
+        pool_size: 1 << 24,
+        delivery_complete: true,
+        write_lifetime: Duration::ZERO,
+    };
+    let config = InstanceConfig::FERRY;
+    let limits = Limits {
+        requests: 8,
+        tombstones: 16,
+        ..Limits::INSTANCE
+    };
+    let pool = config.pool(who.pool_size);
+    let needed = InstanceStorage::storage_needed(&limits, &pool, 0).unwrap();
+    assert_eq!(needed.transfers.held, 16);
+    assert_eq!(needed.outbox.actions, 8);
+    let owned = || InstanceStorage::owned(&limits, &pool, 0).unwrap();
+    assert!(Instance::new(Instant(0), &who, &config, owned()).is_ok());
+
+    let mut held = [None; 15];
+    let mut storage = owned();
+    storage.transfers.held = (&mut held[..]).into();
+    let err = Instance::new(Instant(0), &who, &config, storage).unwrap_err();
+    assert_eq!(
+        err,
+        InstanceError::Storage(StorageError {
+            part: "transfers",
+            field: "held",
+            needed: 16,
+            given: 15,
+        })
+    );
+    assert!(err.to_string().contains("transfers.held"), "{err}");
+
+    let mut events = [None; 100];
+    let mut storage = owned();
+    storage.outbox.events = (&mut events[..]).into();
+    let err = Instance::new(Instant(0), &who, &config, storage).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            InstanceError::Storage(StorageError {
+                part: "outbox",
+                field: "events",
+                ..
+            })
+        ),
+        "{err}"
+    );
+
+    let mut free = [0u32; 7];
+    let mut storage = owned();
+    storage.transfers.requests.free = (&mut free[..]).into();
+    let err = Instance::new(Instant(0), &who, &config, storage).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            InstanceError::Storage(StorageError {
+                part: "transfers.requests",
+                field: "free",
+                ..
+            })
+        ),
+        "{err}"
+    );
+}

@@ -9,8 +9,8 @@ use tensorferry_core::handshake::coordinator::{
     self, Coordinator, CoordinatorConfig, CoordinatorEvent, CoordinatorStorage, PeerSlot,
 };
 use tensorferry_core::handshake::instance::{
-    self, Instance, InstanceConfig, InstanceEvent, InstanceIdentity, InstanceStorage, Prealloc,
-    PreallocUse, Token,
+    self, Instance, InstanceConfig, InstanceEvent, InstanceIdentity, InstanceStorage,
+    OutboxStorage, Prealloc, PreallocUse, SlotsStorage, Token, TransfersStorage,
 };
 use tensorferry_core::handshake::tables::HeapEntry;
 use tensorferry_core::handshake::{HashKey, Instant, Limits, TableSizes, TableStorage, Tombstone};
@@ -167,25 +167,32 @@ fn instance_storage<'a>(
     prealloc: usize,
 ) -> Result<InstanceStorage<'a>, i32> {
     let s = InstanceStorage::storage_needed(&LIMITS, &pool_config(), prealloc).map_err(|_| 20)?;
+    let (slots, transfers, outbox) = (s.slots, s.transfers, s.outbox);
     Ok(InstanceStorage {
-        tree: n.bytes.take(s.tree)?,
-        generations: n.words.take(s.generations)?,
-        requests: table(&mut Carve(&mut a.records), n, s.requests)?,
-        nested: n.bytes.take(s.nested)?,
-        prealloc: Carve(&mut a.prealloc).take(s.prealloc)?,
-        prealloc_use: Carve(&mut a.uses).take(s.prealloc)?,
-        transmits: Carve(&mut a.out).take(s.transmits)?,
-        actions: Carve(&mut a.writes).take(s.actions)?,
-        events: Carve(&mut a.events).take(s.events)?,
-        tombstones: n.tombstones.take(s.tombstones)?,
-        tombstones_index: n.longs.take(s.tombstones_index)?,
-        arrivals: table(&mut Carve(&mut a.arrivals), n, s.arrivals)?,
-        landing_index: n.longs.take(s.landing_index)?,
-        landing_hashes: n.longs.take(s.landing_hashes)?,
-        prealloc_index: n.longs.take(s.prealloc_index)?,
-        prealloc_timers: n.heap.take(s.prealloc)?,
-        prealloc_timer_places: n.longs.take(s.prealloc)?,
-        held: Carve(&mut a.held).take(s.held)?,
+        slots: SlotsStorage {
+            tree: n.bytes.take(slots.tree)?,
+            generations: n.words.take(slots.generations)?,
+            prealloc: Carve(&mut a.prealloc).take(slots.prealloc)?,
+            prealloc_use: Carve(&mut a.uses).take(slots.prealloc)?,
+            prealloc_index: n.longs.take(slots.prealloc_index)?,
+            prealloc_timers: n.heap.take(slots.prealloc)?,
+            prealloc_timer_places: n.longs.take(slots.prealloc)?,
+        },
+        transfers: TransfersStorage {
+            requests: table(&mut Carve(&mut a.records), n, transfers.requests)?,
+            nested: n.bytes.take(transfers.nested)?,
+            tombstones: n.tombstones.take(transfers.tombstones)?,
+            tombstones_index: n.longs.take(transfers.tombstones_index)?,
+            arrivals: table(&mut Carve(&mut a.arrivals), n, transfers.arrivals)?,
+            landing_index: n.longs.take(transfers.landing_index)?,
+            landing_hashes: n.longs.take(transfers.landing_hashes)?,
+            held: Carve(&mut a.held).take(transfers.held)?,
+        },
+        outbox: OutboxStorage {
+            transmits: Carve(&mut a.out).take(outbox.transmits)?,
+            actions: Carve(&mut a.writes).take(outbox.actions)?,
+            events: Carve(&mut a.events).take(outbox.events)?,
+        },
         hash_key: HashKey::new(0x1f2e_3d4c_5b6a_7988, 0x0123_4567_89ab_cdef),
     })
 }
@@ -237,8 +244,10 @@ pub fn check() -> Result<(), i32> {
         room_ranking_places: cn.longs.take(s.ranking_places)?,
         transfers: table(&mut Carve(&mut transfers), &mut cn, s.transfers)?,
         nested: cn.bytes.take(s.nested)?,
-        transmits: transmits.take(s.queue)?,
-        events: queue_events.take(s.queue)?,
+        outbox: coordinator::OutboxStorage {
+            transmits: transmits.take(s.outbox.transmits)?,
+            events: queue_events.take(s.outbox.events)?,
+        },
         parked: table(&mut Carve(&mut parked), &mut cn, s.parked)?,
         finished: cn.tombstones.take(s.finished)?,
         finished_index: cn.longs.take(s.finished_index)?,

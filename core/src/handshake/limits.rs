@@ -78,6 +78,54 @@ impl fmt::Display for LimitsError {
 
 impl core::error::Error for LimitsError {}
 
+/// Storage given to a machine that is not as long as its part's
+/// `storage_needed` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StorageError {
+    /// The machine's part the slice is for (`transfers`,
+    /// `transfers.requests`).
+    pub part: &'static str,
+    /// The slice: the storage's field (`held`).
+    pub field: &'static str,
+    /// The length it must have.
+    pub needed: usize,
+    /// The length it has.
+    pub given: usize,
+}
+
+impl StorageError {
+    /// `Err` naming `part` and `field` unless `given` is `needed`.
+    pub fn check(
+        part: &'static str,
+        field: &'static str,
+        needed: usize,
+        given: usize,
+    ) -> Result<(), Self> {
+        if needed == given {
+            Ok(())
+        } else {
+            Err(Self {
+                part,
+                field,
+                needed,
+                given,
+            })
+        }
+    }
+}
+
+impl fmt::Display for StorageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "storage `{}.{}` holds {}, must hold {}",
+            self.part, self.field, self.given, self.needed
+        )
+    }
+}
+
+impl core::error::Error for StorageError {}
+
 impl Limits {
     /// A coordinator's tables for a deployment (see the table above).
     pub const COORDINATOR: Self = Self {

@@ -22,6 +22,6 @@ pub use common::{
     Ignored, Instant, Leg, Name, PeerId, Reason, RequestId, Side, Text, TextTooLong, Tombstone,
     ID_LEN, NAME_LEN, REASON_LEN,
 };
-pub use limits::{Limits, LimitsError};
+pub use limits::{Limits, LimitsError, StorageError};
 pub use ring::Ring;
 pub use tables::{HashKey, TableSizes, TableStorage};

@@ -231,6 +231,39 @@ fn a_pipeline_that_names_a_role_twice_is_refused() {
     assert_eq!(r.err(), Some(ConfigError::Pipeline));
 }
 
+/// The coordinator's queues are sized by their `storage_needed`, not by
+/// prose: a queue of another length is refused, and the error names it.
+#[test]
+fn a_coordinator_refuses_queues_of_the_wrong_size_naming_them() {
+    use tensorferry_core::handshake::{Limits, StorageError};
+    let limits = Limits {
+        requests: 8,
+        nested_per_request: 256,
+        tombstones: 8,
+        members: 4,
+        prealloc_per_member: 2,
+    };
+    let needed = CoordinatorStorage::storage_needed(&limits).outbox;
+    assert_eq!(needed.transmits, 2 * 8 + 4 + 8);
+    let pipeline = ["encoder", "denoiser"];
+    let fresh = || CoordinatorStorage::owned(&limits);
+    assert!(Coordinator::new(&pipeline, CoordinatorConfig::FERRY, fresh()).is_ok());
+    let mut storage = fresh();
+    storage.outbox.events = vec![None; needed.events + 1].into();
+    let err = Coordinator::new(&pipeline, CoordinatorConfig::FERRY, storage).err();
+    assert_eq!(
+        err,
+        Some(ConfigError::Storage(StorageError {
+            part: "outbox",
+            field: "events",
+            needed: needed.events,
+            given: needed.events + 1,
+        }))
+    );
+    let shown = err.map(|e| e.to_string()).unwrap_or_default();
+    assert!(shown.contains("outbox.events"), "{shown}");
+}
+
 /// An instance takes messages as its channel delivers them, as the
 /// coordinator does: a frame that is not a transfer message is the
 /// application's, one that does not decode is malformed, and a register
@@ -269,13 +302,26 @@ fn an_instance_handles_what_its_channel_delivers_and_knows_its_coordinator_gone(
         Err(InstanceUnhandled::Ignored(Ignored::Duplicate)),
         "registered already: the second ack is a duplicate"
     );
+    let conversation = inst.conversation();
     assert!(!inst.handle_gone(Instant(2), "tcp://e:1"));
     assert!(
         inst.is_registered(),
         "another peer's departure changes nothing"
     );
+    assert_eq!(inst.conversation(), conversation);
     assert!(inst.handle_gone(Instant(2), "tcp://coordinator"));
     assert_eq!(inst.registration(), Registration::Pending);
+    assert_ne!(
+        inst.conversation(),
+        conversation,
+        "what was polled for the lost coordinator is not to be sent"
+    );
+    assert!(inst.handle_gone(Instant(3), "tcp://coordinator"));
+    assert_eq!(
+        inst.conversation(),
+        conversation.wrapping_add(1),
+        "it was still registering: the same conversation goes on"
+    );
 }
 
 /// A registration resent while the first one's answer was on its way is

@@ -225,33 +225,23 @@ impl Shared {
         self.send_queued();
     }
 
-    /// The coordinator is gone: the machine registers anew, and then what
-    /// it had queued for the old coordinator (which it drops) goes from
-    /// the outbox too.
+    /// The coordinator is gone: the machine decides what that means (it
+    /// registers anew if it was answered), and what the outbox holds from
+    /// a conversation the machine ended goes too.
     pub(super) fn coordinator_lost(&self, st: &mut State, now: Instant) {
-        let answered = st.machine.registration() != Registration::Pending;
+        let conversation = st.machine.conversation();
         st.machine.handle_coordinator_lost(now);
-        self.forget_outbox(st, answered);
+        forget_outbox(st, conversation);
     }
 
     /// A peer's connection closed: the machine decides whether it was the
-    /// coordinator (true), and if so the outbox goes as in
+    /// coordinator (true), and the outbox goes as in
     /// [`coordinator_lost`](Self::coordinator_lost).
     pub(super) fn peer_gone(&self, st: &mut State, now: Instant, from: &str) -> bool {
-        let answered = st.machine.registration() != Registration::Pending;
+        let conversation = st.machine.conversation();
         let lost = st.machine.handle_gone(now, from);
-        if lost {
-            self.forget_outbox(st, answered);
-        }
+        forget_outbox(st, conversation);
         lost
-    }
-
-    /// After the coordinator was lost: what was queued for it goes, if the
-    /// machine registers anew (it was answered before).
-    fn forget_outbox(&self, st: &mut State, answered: bool) {
-        if answered && st.machine.registration() == Registration::Pending {
-            st.outbox.clear();
-        }
     }
 
     /// Sends the queued messages, in order, on this thread, unless another
@@ -323,6 +313,14 @@ impl Shared {
         let now = self.clock.now();
         self.coordinator_lost(&mut st, now);
         self.drive(&mut st, now);
+    }
+}
+
+/// Messages polled under `conversation`, which the machine ended, are
+/// not sent ([`Instance::conversation`]).
+fn forget_outbox(st: &mut State, conversation: u64) {
+    if st.machine.conversation() != conversation {
+        st.outbox.clear();
     }
 }
 

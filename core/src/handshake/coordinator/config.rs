@@ -115,10 +115,16 @@ pub enum ConfigError {
     /// The peer table has places, but not more than the member table: a
     /// stranger could find none to take over.
     PeerTableTooSmall,
+    /// Storage not as long as its part needs
+    /// ([`CoordinatorStorage::storage_needed`](super::CoordinatorStorage::storage_needed)).
+    Storage(StorageError),
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Self::Storage(e) = self {
+            return write!(f, "{e}");
+        }
         f.write_str(match self {
             Self::Pipeline => "the pipeline must have 1 to 8 roles, each once",
             Self::RoleTooLong => "a pipeline role's name is longer than 64 bytes",
@@ -132,6 +138,7 @@ impl fmt::Display for ConfigError {
             Self::PeerTableTooSmall => {
                 "the peer table must have more places than the member table (or none)"
             }
+            Self::Storage(_) => "storage of the wrong size",
         })
     }
 }

@@ -33,6 +33,7 @@ use super::tables::heap::{HeapEntry, Heaps};
 use super::tables::index::Index;
 use super::tables::table::{Record, Table};
 use super::tables::{HashKey, TableSizes, TableStorage};
+use super::{Limits, StorageError};
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
 use crate::managed::ManagedSlice;
 use crate::slots::{Capacity, CapacityTicket, PoolRange, PreallocTable};
@@ -53,6 +54,9 @@ mod fail;
 pub use fail::FailReason;
 mod lookups;
 use lookups::member_of;
+mod outbox;
+use outbox::Outbox;
+pub use outbox::{OutboxSizes, OutboxStorage};
 mod output;
 mod peers;
 mod queue;
@@ -268,8 +272,8 @@ pub struct Coordinator<'s> {
     transfers: Table<'s, Transfer>,
     nested: ManagedSlice<'s, u8>,
     chunk: usize,
-    transmits: Ring<'s, Outgoing>,
-    events: Ring<'s, CoordinatorEvent>,
+    /// The queues its caller polls.
+    outbox: Outbox<'s>,
     parked: Table<'s, Parked>,
     /// Per sending role: the first and last transfer waiting for a
     /// receiver, linked through the transfers.
@@ -322,6 +326,16 @@ impl<'s> Coordinator<'s> {
             *kept = Text::new(role).map_err(|_| ConfigError::RoleTooLong)?;
         }
         let key = storage.hash_key;
+        // The queues are as long as the transfers and members need.
+        let limits = Limits {
+            requests: storage.transfers.records.len(),
+            members: storage.members.records.len(),
+            ..Limits::COORDINATOR
+        };
+        storage
+            .outbox
+            .check(&OutboxStorage::storage_needed(&limits))
+            .map_err(ConfigError::Storage)?;
         let members_ranked = storage
             .ranking_places
             .len()
@@ -358,8 +372,7 @@ impl<'s> Coordinator<'s> {
             transfers,
             nested: storage.nested,
             chunk,
-            transmits: Ring::new(storage.transmits),
-            events: Ring::new(storage.events),
+            outbox: Outbox::new(storage.outbox),
             parked: Table::new(storage.parked, key, true),
             queues: [(NONE, NONE); MAX_ROLES],
             epochs: 0,

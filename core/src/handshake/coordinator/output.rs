@@ -11,13 +11,13 @@ impl<'s> Coordinator<'s> {
             generation,
             msg,
         };
-        if self.transmits.push(out).is_err() {
+        if self.outbox.transmits.push(out).is_err() {
             self.stats.transmits_dropped += 1;
         }
     }
 
     pub(super) fn event(&mut self, e: CoordinatorEvent) {
-        if self.events.push(e).is_err() {
+        if self.outbox.events.push(e).is_err() {
             self.stats.events_dropped += 1;
         }
     }
@@ -26,10 +26,10 @@ impl<'s> Coordinator<'s> {
     /// not fit stays queued and its size is returned.
     pub fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<Result<Transmit, BufferTooSmall>> {
         loop {
-            let out = *self.transmits.front()?;
+            let out = *self.outbox.transmits.front()?;
             if out.generation != self.peers.generation(out.to) {
                 // Its endpoint's place went to another peer since.
-                self.transmits.pop();
+                self.outbox.transmits.pop();
                 self.stats.transmits_dropped += 1;
                 continue;
             }
@@ -38,7 +38,7 @@ impl<'s> Coordinator<'s> {
                 OutMsg::Ready { index, seq } => {
                     let Some(t) = self.transfers.get(index).filter(|t| t.seq == seq) else {
                         // The request ended before its READY went out.
-                        self.transmits.pop();
+                        self.outbox.transmits.pop();
                         continue;
                     };
                     let (manifest, scalars) = self.nested_of(index, t);
@@ -66,7 +66,7 @@ impl<'s> Coordinator<'s> {
             }
             return Some(match sink.finish() {
                 Ok(len) => {
-                    self.transmits.pop();
+                    self.outbox.transmits.pop();
                     Ok(Transmit { to: out.to, len })
                 }
                 Err(e) => Err(e),
@@ -149,7 +149,7 @@ impl<'s> Coordinator<'s> {
 
     /// The next event for the application.
     pub fn poll_event(&mut self) -> Option<CoordinatorEvent> {
-        self.events.pop()
+        self.outbox.events.pop()
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) must be called next:

@@ -30,11 +30,9 @@ pub struct CoordinatorStorage<'s> {
     pub transfers: TableStorage<'s, Transfer>,
     /// Manifest and scalar-field bytes, split evenly among `transfers`.
     pub nested: ManagedSlice<'s, u8>,
-    /// Messages not yet polled; at least two per transfer plus one per
-    /// member is never full.
-    pub transmits: ManagedSlice<'s, Option<Outgoing>>,
-    /// Events not yet polled.
-    pub events: ManagedSlice<'s, Option<CoordinatorEvent>>,
+    /// The queues the caller polls, as long as
+    /// [`OutboxStorage::storage_needed`] says.
+    pub outbox: OutboxStorage<'s>,
     /// Preallocated slots out of use, with deadlines.
     pub parked: TableStorage<'s, Parked>,
     /// Legs of requests that ended, newest overwriting oldest, so that a
@@ -78,8 +76,8 @@ pub struct CoordinatorSizes {
     pub transfers: TableSizes,
     /// `nested`.
     pub nested: usize,
-    /// `transmits` and `events`.
-    pub queue: usize,
+    /// `outbox` ([`OutboxStorage::storage_needed`]).
+    pub outbox: OutboxSizes,
     /// `parked`.
     pub parked: TableSizes,
     /// `finished`.
@@ -114,8 +112,7 @@ impl CoordinatorStorage<'_> {
             ranking_places: members,
             transfers: TableStorage::<Transfer>::storage_needed(n, true),
             nested: n * limits.nested_per_request,
-            // Two per transfer plus one per member is never full.
-            queue: 2 * n + members + 8,
+            outbox: OutboxStorage::storage_needed(limits),
             parked: TableStorage::<Parked>::storage_needed(n + members * per_member, true),
             finished: tombstones,
             finished_index: Index::places_for(tombstones),
@@ -145,8 +142,7 @@ impl CoordinatorStorage<'static> {
             room_ranking_places: filled(n.ranking_places, 0),
             transfers: TableStorage::owned(n.transfers.records, true),
             nested: filled(n.nested, 0),
-            transmits: empty(n.queue),
-            events: empty(n.queue),
+            outbox: OutboxStorage::owned(&n.outbox),
             parked: TableStorage::owned(n.parked.records, true),
             finished: filled(n.finished, Tombstone::EMPTY),
             finished_index: filled(n.finished_index, 0),

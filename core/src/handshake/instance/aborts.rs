@@ -13,17 +13,17 @@ impl<'s> Instance<'s> {
         let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
         // The coordinator's words, cut to fit.
         let why = Reason::from_json_truncated(reason);
-        if self.tombstoned(id, side) {
+        if self.transfers.tombstoned(id, side) {
             return Err(Ignored::Duplicate);
         }
-        self.tombstone(rid, side);
+        self.transfers.tombstone(rid, side);
         self.stats.aborted += 1;
-        let Some(index) = self.find(id, side) else {
+        let Some(index) = self.transfers.find(id, side) else {
             // Nothing held here (a fast-path transfer not yet ready): the
             // tombstone keeps a late `transfer_ready` out.
             return Ok(());
         };
-        let Some(r) = self.requests.get(index) else {
+        let Some(r) = self.transfers.requests.get(index) else {
             return Ok(());
         };
         let token = Token { index, seq: r.seq };
@@ -33,7 +33,7 @@ impl<'s> Instance<'s> {
                 return Err(Ignored::WrongState);
             }
             Kind::Writing { .. } => {
-                if let Some(mut r) = self.requests.get_mut(index) {
+                if let Some(mut r) = self.transfers.requests.get_mut(index) {
                     if let Kind::Writing { aborted, .. } = &mut r.kind {
                         *aborted = true;
                     }
@@ -44,7 +44,7 @@ impl<'s> Instance<'s> {
                 });
             }
             Kind::Delivered { .. } => {
-                if let Some(mut r) = self.requests.get_mut(index) {
+                if let Some(mut r) = self.transfers.requests.get_mut(index) {
                     if let Kind::Delivered { aborted, .. } = &mut r.kind {
                         *aborted = true;
                     }
@@ -55,7 +55,7 @@ impl<'s> Instance<'s> {
                 // The bytes may still come: quarantine the slot, and say
                 // when it is free again (the coordinator waits for that
                 // before it reuses a preallocated slot).
-                if let Some(r) = self.requests.remove(index) {
+                if let Some(r) = self.transfers.requests.remove(index) {
                     if let Kind::Landing { held, .. } = r.kind {
                         self.sit_out(index, (r.id, r.seq), held, now, Some(NEVER_LANDED));
                     }
@@ -64,15 +64,15 @@ impl<'s> Instance<'s> {
             Kind::Quarantined { .. } => {}
             Kind::AllocHeld { .. } => {
                 // Nothing reserved yet: the record goes.
-                self.requests.remove(index);
+                self.transfers.requests.remove(index);
             }
             Kind::Staged { .. } => {
                 if let Some(Request {
                     kind: Kind::Staged { slot, .. },
                     ..
-                }) = self.requests.remove(index)
+                }) = self.transfers.requests.remove(index)
                 {
-                    let _ = self.pool.free(slot);
+                    let _ = self.slots.pool.free(slot);
                 }
                 self.event(InstanceEvent::SendFailed {
                     id: rid,
@@ -81,7 +81,7 @@ impl<'s> Instance<'s> {
             }
             Kind::Reserved { .. } => {
                 // A write may still land here: quarantine the slot.
-                if let Some(r) = self.requests.remove(index) {
+                if let Some(r) = self.transfers.requests.remove(index) {
                     if let Kind::Reserved { slot } = r.kind {
                         self.sit_out(index, (r.id, r.seq), Held::Pool(slot), now, None);
                     }

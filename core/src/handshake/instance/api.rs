@@ -123,6 +123,8 @@ pub enum InstanceError {
     },
     /// Settings the pool cannot take.
     Config(BuddyError),
+    /// Storage not as long as its part needs ([`InstanceStorage::storage_needed`]).
+    Storage(StorageError),
     /// A name in the settings is too long.
     NameTooLong,
     /// The request table is larger than a token can index.
@@ -157,6 +159,7 @@ impl fmt::Display for InstanceError {
                 write!(f, "storage for {needed} preallocated slots needed")
             }
             Self::Config(e) => write!(f, "pool settings: {e}"),
+            Self::Storage(e) => write!(f, "{e}"),
             Self::NameTooLong => f.write_str("a name in the settings is too long"),
             Self::TooManyRequests { max } => {
                 write!(f, "a request table holds at most {max} requests")

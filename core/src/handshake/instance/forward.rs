@@ -25,11 +25,11 @@ impl<'s> Instance<'s> {
         manifest: &Manifest<'_>,
         scalar_fields: RawJson<'_>,
     ) -> Result<(), InstanceError> {
-        let rx_id = match self.request(received).map(|r| (&r.kind, r.id)) {
+        let rx_id = match self.transfers.request(received).map(|r| (&r.kind, r.id)) {
             Some((Kind::Delivered { .. }, id)) => id,
             _ => return Err(InstanceError::StaleToken),
         };
-        match self.request(staged) {
+        match self.transfers.request(staged) {
             Some(r) if matches!(r.kind, Kind::Filling { .. }) && r.id == rx_id => {}
             Some(r) if matches!(r.kind, Kind::Filling { .. }) => return Err(InstanceError::BadId),
             _ => return Err(InstanceError::StaleToken),
@@ -43,12 +43,12 @@ impl<'s> Instance<'s> {
             id,
             kind: Kind::Delivered { held, .. },
             ..
-        }) = self.requests.remove(received.index)
+        }) = self.transfers.requests.remove(received.index)
         {
-            self.free_held(held);
+            self.slots.free_held(held);
             if one_message {
                 // As `done` does, but the forward is the report.
-                self.tombstone(id, Side::Recv);
+                self.transfers.tombstone(id, Side::Recv);
             } else {
                 self.done(id, None);
             }
@@ -62,7 +62,10 @@ impl<'s> Instance<'s> {
     /// `transfer_done` at the hold's end.
     pub(super) fn hold_alloc(&mut self, now: Instant, id: RequestId, data_size: u64) {
         let deadline = Some(now + self.config.alloc_hold);
-        match self.insert(id, Kind::AllocHeld { data_size }, deadline) {
+        match self
+            .transfers
+            .insert(id, Kind::AllocHeld { data_size }, deadline)
+        {
             Ok(token) => {
                 self.stats.allocs_held += 1;
                 self.queue_held(token);
@@ -76,7 +79,7 @@ impl<'s> Instance<'s> {
 
     /// True if `token` names a held `transfer_alloc`: its size if so.
     fn held_size(&self, token: Token) -> Option<u64> {
-        match self.request(token)?.kind {
+        match self.transfers.request(token)?.kind {
             Kind::AllocHeld { data_size } => Some(data_size),
             _ => None,
         }
@@ -86,17 +89,17 @@ impl<'s> Instance<'s> {
     /// of entries whose requests moved on is compacted first (live ones
     /// are at most half of it).
     fn queue_held(&mut self, token: Token) {
-        if self.held.push(token).is_ok() {
+        if self.transfers.held.push(token).is_ok() {
             return;
         }
-        for _ in 0..self.held.len() {
-            if let Some(t) = self.held.pop() {
+        for _ in 0..self.transfers.held.len() {
+            if let Some(t) = self.transfers.held.pop() {
                 if self.held_size(t).is_some() {
-                    let _ = self.held.push(t);
+                    let _ = self.transfers.held.push(t);
                 }
             }
         }
-        if self.held.push(token).is_err() {
+        if self.transfers.held.push(token).is_err() {
             self.stats.dropped += 1;
         }
     }
@@ -114,22 +117,22 @@ impl<'s> Instance<'s> {
             // Only that head's ALLOCs are ever held.
             return;
         }
-        while let Some(&token) = self.held.front() {
+        while let Some(&token) = self.transfers.held.front() {
             let Some(data_size) = self.held_size(token) else {
                 // Its request moved on (granted, aborted, timed out).
-                self.held.pop();
+                self.transfers.held.pop();
                 continue;
             };
-            let Ok(slot) = self.pool.allocate(data_size) else {
+            let Ok(slot) = self.slots.pool.allocate(data_size) else {
                 return;
             };
-            self.held.pop();
-            let Some(r) = self.requests.remove(token.index) else {
-                let _ = self.pool.free(slot);
+            self.transfers.held.pop();
+            let Some(r) = self.transfers.requests.remove(token.index) else {
+                let _ = self.slots.pool.free(slot);
                 return;
             };
             let (slot_offset, slot_size) = (slot.offset(), slot.size());
-            self.requests.put(
+            self.transfers.requests.put(
                 token.index,
                 Request {
                     kind: Kind::Reserved { slot },

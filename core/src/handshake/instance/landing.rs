@@ -83,21 +83,21 @@ impl<'s> Instance<'s> {
         let Some(limit) = self.landing else {
             return false;
         };
-        let Some(index) = self.landing_of(landed) else {
-            if !self.arrivals.keep(now, landed, now + limit) {
+        let Some(index) = self.transfers.landing_of(landed) else {
+            if !self.transfers.arrivals.keep(now, landed, now + limit) {
                 self.stats.arrivals_dropped += 1;
             }
             return false;
         };
-        let Some(r) = self.requests.remove(index) else {
+        let Some(r) = self.transfers.requests.remove(index) else {
             return false;
         };
         let Kind::Landing { held, .. } = r.kind else {
-            self.requests.put(index, r);
+            self.transfers.requests.put(index, r);
             return false;
         };
         let token = Token { index, seq: r.seq };
-        self.requests.put(
+        self.transfers.requests.put(
             index,
             Request {
                 kind: Kind::Delivered {
@@ -115,6 +115,6 @@ impl<'s> Instance<'s> {
 
     /// Transfers waiting for the data plane to report their write landed.
     pub fn awaiting_landing(&self) -> usize {
-        self.requests.tally(CLASS_LANDING)
+        self.transfers.requests.tally(CLASS_LANDING)
     }
 }

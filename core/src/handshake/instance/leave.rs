@@ -27,11 +27,11 @@ impl<'s> Instance<'s> {
     /// [`leave`](Self::leave).
     pub fn drain(&mut self, now: Instant) {
         self.last_now = now;
-        if self.draining {
+        if self.standing.draining {
             return;
         }
-        self.draining = true;
-        if self.config.head == Head::Ferry && self.registered {
+        self.standing.draining = true;
+        if self.config.head == Head::Ferry && self.standing.registered {
             self.send(OutMsg::Deregister {
                 draining: true,
                 reason: Reason::truncated(DRAINING),
@@ -42,26 +42,26 @@ impl<'s> Instance<'s> {
     /// True once [`drain`](Self::drain) or [`leave`](Self::leave) was
     /// called.
     pub fn is_draining(&self) -> bool {
-        self.draining
+        self.standing.draining
     }
 
     /// True once [`leave`](Self::leave) was called (it may still wait for
     /// writes it posted: see [`has_left`](Self::has_left)).
     pub fn is_leaving(&self) -> bool {
-        self.leaving.is_some()
+        self.standing.leaving.is_some()
     }
 
     /// True once the instance left: [`leave`](Self::leave) was called and
     /// every write it had posted is in (each reported as usual), so it
     /// said it is gone. Nothing is sent after that.
     pub fn has_left(&self) -> bool {
-        self.left
+        self.standing.left
     }
 
     /// Requests still in progress here: all those held but slots sitting
     /// out a quarantine, which need no one's answer.
     pub fn in_flight(&self) -> usize {
-        self.requests.len() - self.requests.tally(CLASS_QUARANTINED)
+        self.transfers.requests.len() - self.transfers.requests.tally(CLASS_QUARANTINED)
     }
 
     /// True once a drain is over: nothing is in progress here, and ferry's
@@ -71,8 +71,10 @@ impl<'s> Instance<'s> {
     /// no such thing, or with no coordinator that knows this instance, the
     /// first alone.
     pub fn is_drained(&self) -> bool {
-        let told = self.drain_acked || self.config.head == Head::Sglang || !self.registered;
-        self.draining && told && self.in_flight() == 0
+        let told = self.standing.drain_acked
+            || self.config.head == Head::Sglang
+            || !self.standing.registered;
+        self.standing.draining && told && self.in_flight() == 0
     }
 
     /// Ends the instance's part in everything (the drain's end, or a stop
@@ -103,19 +105,19 @@ impl<'s> Instance<'s> {
     /// [`has_left`]: Self::has_left
     pub fn leave(&mut self, now: Instant, reason: &str) {
         self.last_now = now;
-        if self.leaving.is_some() {
+        if self.standing.leaving.is_some() {
             return;
         }
         let why = Reason::truncated(reason);
-        self.draining = true;
-        self.leaving = Some(why);
-        self.register_due = false;
+        self.standing.draining = true;
+        self.standing.leaving = Some(why);
+        self.standing.register_due = false;
         let sglang = self.config.head == Head::Sglang;
         // Preallocated slots held for a refusal: their report is due now
         // (sglang's head reads it; ferry's learns all from the leaving).
-        for p in 0..self.prealloc_use.len() {
-            if let Some(Use::Refused { id, report, .. }) = self.prealloc_use.get(p).map(|u| u.0) {
-                self.set_use(p, PreallocUse::FREE);
+        for p in 0..self.slots.uses.len() {
+            if let Some(Use::Refused { id, report, .. }) = self.slots.uses.get(p).map(|u| u.0) {
+                self.slots.set_use(p, PreallocUse::FREE);
                 if sglang && report.is_some() {
                     self.send(OutMsg::Done {
                         id,
@@ -124,8 +126,8 @@ impl<'s> Instance<'s> {
                 }
             }
         }
-        for index in 0..self.requests.capacity() {
-            let Some(r) = self.requests.remove(index) else {
+        for index in 0..self.transfers.requests.capacity() {
+            let Some(r) = self.transfers.requests.remove(index) else {
                 continue;
             };
             let token = Token { index, seq: r.seq };
@@ -133,7 +135,7 @@ impl<'s> Instance<'s> {
                 Kind::Filling { slot } => {
                     // The application's; `unstage` or `commit` of it will be
                     // refused as stale.
-                    let _ = self.pool.free(slot);
+                    let _ = self.slots.pool.free(slot);
                     continue;
                 }
                 k @ Kind::Staged { .. } => match self.abandon_send(r.id, k, why) {
@@ -143,7 +145,7 @@ impl<'s> Instance<'s> {
                 // Reported when its completion comes.
                 k @ Kind::Writing { .. } => k,
                 Kind::Reserved { slot } => {
-                    let _ = self.pool.free(slot);
+                    let _ = self.slots.pool.free(slot);
                     self.left_receive(r.id, sglang, why);
                     continue;
                 }
@@ -152,12 +154,12 @@ impl<'s> Instance<'s> {
                     continue;
                 }
                 Kind::Landing { held, .. } => {
-                    self.free_held(held);
+                    self.slots.free_held(held);
                     self.left_receive(r.id, sglang, why);
                     continue;
                 }
                 Kind::Quarantined { held, report } => {
-                    self.free_held(held);
+                    self.slots.free_held(held);
                     if sglang && report.is_some() {
                         self.send(OutMsg::Done {
                             id: r.id,
@@ -182,7 +184,7 @@ impl<'s> Instance<'s> {
                     }
                 }
             };
-            self.requests.put(index, Request { kind, ..r });
+            self.transfers.requests.put(index, Request { kind, ..r });
         }
         self.finish_leaving();
     }
@@ -191,29 +193,29 @@ impl<'s> Instance<'s> {
     /// the instance is gone (to ferry's coordinator, which fails what
     /// still needed it), and sends nothing more.
     pub(super) fn finish_leaving(&mut self) {
-        let Some(why) = self.leaving else {
+        let Some(why) = self.standing.leaving else {
             return;
         };
-        if self.left || self.requests.tally(CLASS_WRITING) > 0 {
+        if self.standing.left || self.transfers.requests.tally(CLASS_WRITING) > 0 {
             return;
         }
         if self.config.head == Head::Ferry {
-            if self.registered {
+            if self.standing.registered {
                 self.send(OutMsg::Deregister {
                     draining: false,
                     reason: why,
                 });
-            } else if self.register_sent {
-                self.farewell = Some(why);
+            } else if self.standing.register_sent {
+                self.standing.farewell = Some(why);
             }
         }
-        self.left = true;
+        self.standing.left = true;
     }
 
     /// A receive ended by [`leave`](Self::leave): tombstoned, and failed
     /// at sglang's head (ferry's learns it from the deregistration).
     fn left_receive(&mut self, id: RequestId, sglang: bool, why: Reason) {
-        self.tombstone(id, Side::Recv);
+        self.transfers.tombstone(id, Side::Recv);
         if sglang {
             self.send(OutMsg::Done {
                 id,

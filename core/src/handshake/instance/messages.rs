@@ -7,11 +7,11 @@ impl<'s> Instance<'s> {
     /// Handles a message from the coordinator. `Err` says why it was
     /// ignored; it changed nothing.
     pub fn handle(&mut self, now: Instant, msg: &Msg<'_>) -> Result<(), Ignored> {
-        if self.left {
+        if self.standing.left {
             self.stats.ignored += 1;
             return Err(Ignored::Left);
         }
-        if self.leaving.is_some() && !matches!(msg, Msg::Abort(_)) {
+        if self.standing.leaving.is_some() && !matches!(msg, Msg::Abort(_)) {
             // Leaving: only an abort of a write still out matters (its
             // completion then reports nothing).
             self.stats.ignored += 1;
@@ -21,9 +21,9 @@ impl<'s> Instance<'s> {
             // ferry's coordinator: nothing is addressed to this draining
             // instance any more.
             Msg::Deregister(m) if !self.session.eq_json(m.session_id) => Err(Ignored::WrongPeer),
-            Msg::Deregister(_) if !self.draining => Err(Ignored::WrongState),
+            Msg::Deregister(_) if !self.standing.draining => Err(Ignored::WrongState),
             Msg::Deregister(_) => {
-                self.drain_acked = true;
+                self.standing.drain_acked = true;
                 Ok(())
             }
             Msg::RegisterAck(m) => {
@@ -31,18 +31,18 @@ impl<'s> Instance<'s> {
                 // answers whoever it reached: this endpoint is ours.
                 if !m.session_id.is_empty() && !self.session.eq_json(m.session_id) {
                     Err(Ignored::WrongPeer)
-                } else if self.registered && self.acks_owed > 0 {
+                } else if self.standing.registered && self.standing.acks_owed > 0 {
                     // The answer to a registration resent while the first
                     // one's answer was on its way.
-                    self.acks_owed -= 1;
+                    self.standing.acks_owed -= 1;
                     Ok(())
-                } else if self.registered {
+                } else if self.standing.registered {
                     Err(Ignored::Duplicate)
                 } else {
-                    self.acks_owed = self.acks_owed.saturating_sub(1);
-                    self.registered = m.accepted;
-                    self.refused = !m.accepted;
-                    self.refusal = match m.error {
+                    self.standing.acks_owed = self.standing.acks_owed.saturating_sub(1);
+                    self.standing.registered = m.accepted;
+                    self.standing.refused = !m.accepted;
+                    self.standing.refusal = match m.error {
                         Some(why) if !m.accepted => Reason::from_json_truncated(why),
                         _ => Reason::EMPTY,
                     };
@@ -51,7 +51,7 @@ impl<'s> Instance<'s> {
                     } else {
                         InstanceEvent::Refused
                     });
-                    if m.accepted && self.draining {
+                    if m.accepted && self.standing.draining {
                         // A drain that began before the coordinator knew
                         // us: it learns of it now.
                         self.send(OutMsg::Deregister {
@@ -119,14 +119,14 @@ impl<'s> Instance<'s> {
         id: JsonStr<'_>,
         data_size: u64,
     ) -> Result<(), Ignored> {
-        if self.tombstoned(id, Side::Recv) {
+        if self.transfers.tombstoned(id, Side::Recv) {
             return Err(Ignored::Aborted);
         }
-        if self.find(id, Side::Recv).is_some() {
+        if self.transfers.find(id, Side::Recv).is_some() {
             return Err(Ignored::Duplicate);
         }
         let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
-        if self.draining {
+        if self.standing.draining {
             // Another receiver may take it: retryable at ferry's
             // coordinator, failed at once at sglang's (holding it would only
             // fail it later).
@@ -161,17 +161,18 @@ impl<'s> Instance<'s> {
             }
             Ok(())
         };
-        if self.requests.is_full() {
+        if self.transfers.requests.is_full() {
             return reject(self, true, "instance request table full");
         }
         // Allocations may take the table only up to the room the
         // preallocated slots need: a fast-path `transfer_ready` always
         // finds a place, however many ALLOCs (forged ones included) wait.
-        let by_alloc = self.requests.tally(CLASS_BY_ALLOC);
+        let by_alloc = self.transfers.requests.tally(CLASS_BY_ALLOC);
         let alloc_room = self
+            .transfers
             .requests
             .capacity()
-            .saturating_sub(self.prealloc.len())
+            .saturating_sub(self.slots.prealloc.len())
             .max(1);
         if by_alloc >= alloc_room {
             const FULL: &str =
@@ -184,15 +185,18 @@ impl<'s> Instance<'s> {
             }
             return reject(self, true, FULL);
         }
-        let slot = match self.pool.allocate(data_size) {
+        let slot = match self.slots.pool.allocate(data_size) {
             Ok(s) => s,
             Err(BuddyError::OutOfSpace { .. }) => return reject(self, true, "pool full"),
             Err(_) => return reject(self, false, "size cannot fit this pool"),
         };
         let (slot_offset, slot_size) = (slot.offset(), slot.size());
         let deadline = Some(now + self.config.reserved_timeout);
-        if let Err(Kind::Reserved { slot }) = self.insert(rid, Kind::Reserved { slot }, deadline) {
-            let _ = self.pool.free(slot);
+        if let Err(Kind::Reserved { slot }) =
+            self.transfers
+                .insert(rid, Kind::Reserved { slot }, deadline)
+        {
+            let _ = self.slots.pool.free(slot);
             return reject(self, true, "instance request table full");
         }
         self.send(OutMsg::Allocated {
@@ -211,13 +215,16 @@ impl<'s> Instance<'s> {
         dest_addr: u64,
         transfer_size: u64,
     ) -> Result<(), Ignored> {
-        if self.tombstoned(id, Side::Send) {
+        if self.transfers.tombstoned(id, Side::Send) {
             return Err(Ignored::Aborted);
         }
-        let index = self.find(id, Side::Send).ok_or(Ignored::UnknownRequest)?;
+        let index = self
+            .transfers
+            .find(id, Side::Send)
+            .ok_or(Ignored::UnknownRequest)?;
         let dest_session =
             Name::from_json(dest_session).map_err(|_| Ignored::TooLong("dest_session_id"))?;
-        let Some(r) = self.requests.remove(index) else {
+        let Some(r) = self.transfers.requests.remove(index) else {
             return Err(Ignored::UnknownRequest);
         };
         let (slot, staged) = match r.kind {
@@ -232,7 +239,7 @@ impl<'s> Instance<'s> {
                     Kind::Staged { .. } => Ignored::BadField("transfer_size"),
                     _ => Ignored::WrongState,
                 };
-                self.requests.put(index, Request { kind, ..r });
+                self.transfers.requests.put(index, Request { kind, ..r });
                 return Err(why);
             }
         };
@@ -245,7 +252,7 @@ impl<'s> Instance<'s> {
             dest_addr,
             tag: WriteTag::of(r.id.as_str(), dest_addr),
         };
-        self.requests.put(
+        self.transfers.requests.put(
             index,
             Request {
                 kind: Kind::Writing {
@@ -259,7 +266,7 @@ impl<'s> Instance<'s> {
                 ..r
             },
         );
-        if self.actions.push(write).is_err() {
+        if !self.outbox.write(write) {
             self.stats.dropped += 1;
         }
         Ok(())
@@ -273,36 +280,36 @@ impl<'s> Instance<'s> {
         manifest: &Manifest<'_>,
         scalars: RawJson<'_>,
     ) -> Result<(), Ignored> {
-        if self.tombstoned(id, Side::Recv) {
+        if self.transfers.tombstoned(id, Side::Recv) {
             return Err(Ignored::Aborted);
         }
         let rid = RequestId::from_json(id).map_err(|_| Ignored::TooLong("request_id"))?;
         // Where the data is: a slot reserved for this request, or a free
         // preallocated slot (the coordinator's fast path).
-        let at_prealloc = self.prealloc_at(slot_offset);
-        let free_prealloc = at_prealloc.filter(|&p| self.prealloc_use[p].is_free());
-        let mut found = self.find(id, Side::Recv);
+        let at_prealloc = self.slots.at(slot_offset);
+        let free_prealloc = at_prealloc.filter(|&p| self.slots.uses[p].is_free());
+        let mut found = self.transfers.find(id, Side::Recv);
         if let (Some(i), Some(_)) = (found, free_prealloc) {
             // A slot reserved by a duplicated `transfer_alloc` that the
             // coordinator never used (it took the fast path instead): no
             // write can target it, so it goes now.
             let stale = matches!(
-                &self.requests[i],
+                &self.transfers.requests[i],
                 Some(Request { kind: Kind::Reserved { slot }, .. }) if slot.offset() != slot_offset
             );
             if stale {
                 if let Some(Request {
                     kind: Kind::Reserved { slot },
                     ..
-                }) = self.requests.remove(i)
+                }) = self.transfers.requests.remove(i)
                 {
-                    let _ = self.pool.free(slot);
+                    let _ = self.slots.pool.free(slot);
                 }
                 found = None;
             }
         }
         let (index, slot_size) = match found {
-            Some(i) => match self.requests[i].as_ref().map(|r| &r.kind) {
+            Some(i) => match self.transfers.requests[i].as_ref().map(|r| &r.kind) {
                 Some(Kind::Reserved { slot }) if slot.offset() == slot_offset => {
                     (Some(i), slot.size())
                 }
@@ -313,13 +320,13 @@ impl<'s> Instance<'s> {
                 _ => return Err(Ignored::WrongState),
             },
             None => match at_prealloc {
-                Some(p) if self.prealloc_use[p].is_free() => (None, self.prealloc[p].size),
+                Some(p) if self.slots.uses[p].is_free() => (None, self.slots.prealloc[p].size),
                 Some(_) => return Err(Ignored::WrongState),
                 None => return Err(Ignored::UnknownRequest),
             },
         };
         let total = manifest_len(manifest) + scalars.as_str().len();
-        let fits = check_manifest(manifest, slot_size).is_ok() && total <= self.chunk;
+        let fits = check_manifest(manifest, slot_size).is_ok() && total <= self.transfers.chunk;
         let index = match index {
             Some(i) => i,
             None => {
@@ -329,7 +336,7 @@ impl<'s> Instance<'s> {
                     self.refuse_prealloc(now, p, rid, "manifest does not fit the slot");
                     return Ok(());
                 }
-                match self.insert(
+                match self.transfers.insert(
                     rid,
                     Kind::Delivered {
                         held: Held::Prealloc(p),
@@ -338,7 +345,7 @@ impl<'s> Instance<'s> {
                     None,
                 ) {
                     Ok(t) => {
-                        self.set_use(p, PreallocUse(Use::Request));
+                        self.slots.set_use(p, PreallocUse(Use::Request));
                         t.index
                     }
                     Err(_) => {
@@ -348,7 +355,7 @@ impl<'s> Instance<'s> {
                 }
             }
         };
-        let Some(r) = self.requests.remove(index) else {
+        let Some(r) = self.transfers.requests.remove(index) else {
             return Err(Ignored::UnknownRequest);
         };
         let held = match r.kind {
@@ -358,14 +365,20 @@ impl<'s> Instance<'s> {
                     // The write may still be landing: the slot sits out the
                     // time it may take, then the refusal goes out.
                     Some(limit) => {
-                        self.tombstone(r.id, Side::Recv);
+                        self.transfers.tombstone(r.id, Side::Recv);
                         let until = now + limit + self.config.quarantine;
-                        self.quarantine(index, (r.id, r.seq), Held::Pool(slot), until, Some(WHY));
+                        self.transfers.quarantine(
+                            index,
+                            (r.id, r.seq),
+                            Held::Pool(slot),
+                            until,
+                            Some(WHY),
+                        );
                     }
                     // The write is done (the coordinator saw
                     // `transfer_pushed`): the slot can go at once.
                     None => {
-                        let _ = self.pool.free(slot);
+                        let _ = self.slots.pool.free(slot);
                         self.done(r.id, Some(Reason::truncated(WHY)));
                     }
                 }
@@ -374,7 +387,9 @@ impl<'s> Instance<'s> {
             Kind::Reserved { slot } => Held::Pool(slot),
             Kind::Delivered { held, .. } => held,
             other => {
-                self.requests.put(index, Request { kind: other, ..r });
+                self.transfers
+                    .requests
+                    .put(index, Request { kind: other, ..r });
                 return Err(Ignored::WrongState);
             }
         };
@@ -385,7 +400,7 @@ impl<'s> Instance<'s> {
         let tag = WriteTag::of(r.id.as_str(), self.pool_ptr + slot_offset);
         let gate = self.landing;
         let (kind, deadline) = match gate {
-            Some(limit) if !self.arrivals.take(now, tag) => {
+            Some(limit) if !self.transfers.arrivals.take(now, tag) => {
                 (Kind::Landing { held, tag }, Some(now + limit))
             }
             _ => (
@@ -398,9 +413,9 @@ impl<'s> Instance<'s> {
         };
         let landing = matches!(kind, Kind::Landing { .. });
         if landing {
-            self.await_landing(index, tag);
+            self.transfers.await_landing(index, tag);
         }
-        self.requests.put(
+        self.transfers.requests.put(
             index,
             Request {
                 kind,
@@ -408,13 +423,13 @@ impl<'s> Instance<'s> {
                 ..r
             },
         );
-        let base = index * self.chunk;
-        let mut sink = Sink::new(&mut self.nested[base..base + self.chunk]);
+        let base = index * self.transfers.chunk;
+        let mut sink = Sink::new(&mut self.transfers.nested[base..base + self.transfers.chunk]);
         manifest.write_json(&mut sink, Default::default());
         let m_len = sink.len();
         write_scalars(&mut sink, scalars);
         let s_len = sink.len() - m_len;
-        if let Some(mut r) = self.requests.get_mut(index) {
+        if let Some(mut r) = self.transfers.requests.get_mut(index) {
             r.manifest_len = m_len;
             r.scalars_len = s_len;
         }
@@ -439,8 +454,8 @@ impl<'s> Instance<'s> {
     ) {
         match self.landing {
             Some(limit) => {
-                self.tombstone(id, Side::Recv);
-                self.set_use(
+                self.transfers.tombstone(id, Side::Recv);
+                self.slots.set_use(
                     p,
                     PreallocUse(Use::Refused {
                         id,

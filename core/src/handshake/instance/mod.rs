@@ -25,14 +25,11 @@ use super::tables::heap::{HeapEntry, Heaps};
 use super::tables::index::Index;
 use super::tables::table::{Record, Table};
 use super::tables::{HashKey, TableSizes, TableStorage};
-#[cfg(feature = "alloc")]
-use super::Limits;
 use super::ID_LEN;
+use super::{Limits, StorageError};
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
 use crate::managed::ManagedSlice;
-#[cfg(feature = "alloc")]
-use crate::slots::BuddyConfig;
-use crate::slots::{check_manifest, Buddy, BuddyError, PoolRange, SlotHandle};
+use crate::slots::{check_manifest, Buddy, BuddyConfig, BuddyError, PoolRange, SlotHandle};
 use crate::transport::{Landed, WriteTag};
 use crate::wire::{
     AllocReject, Allocated, Deregister, Done, Manifest, Msg, PreallocatedSlot, Pushed, Register,
@@ -58,9 +55,19 @@ mod output;
 mod receiver;
 mod records;
 mod registration;
+use registration::Standing;
+mod outbox;
 mod sender;
+use outbox::Outbox;
+pub use outbox::{OutboxSizes, OutboxStorage};
+mod slots;
+use slots::Slots;
+pub use slots::{SlotsSizes, SlotsStorage};
 mod storage;
 pub use storage::{InstanceSizes, InstanceStorage};
+mod transfers;
+use transfers::Transfers;
+pub use transfers::{TransfersSizes, TransfersStorage};
 mod time;
 
 /// Where a received transfer's bytes are.
@@ -188,7 +195,7 @@ pub struct Token {
 }
 
 /// What holds a preallocated receive slot: one per slot, in caller storage
-/// ([`InstanceStorage::prealloc_use`]).
+/// ([`SlotsStorage::prealloc_use`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PreallocUse(Use);
 
@@ -290,7 +297,13 @@ enum OutMsg {
 #[derive(Clone, Copy, Debug)]
 pub struct Outgoing(OutMsg);
 
-/// The instance's state machine.
+/// The instance's state machine: its identity and settings, and the
+/// parts that own its state, each with its own storage: where it stands
+/// with its coordinator (`Standing`), its pool and preallocated slots
+/// (`Slots`, in [`SlotsStorage`]), the requests it is part of
+/// (`Transfers`, in [`TransfersStorage`]), and what it has for its caller
+/// (`Outbox`, in [`OutboxStorage`]). The machine's methods orchestrate
+/// them.
 pub struct Instance<'s> {
     role: Text<64>,
     session: Name,
@@ -305,64 +318,12 @@ pub struct Instance<'s> {
     /// How long a transfer announced ready waits for its write's arrival
     /// (`None`: the data plane's completions mean delivery).
     landing: Option<Duration>,
-    pool: Buddy<'s>,
-    requests: Table<'s, Request>,
-    nested: ManagedSlice<'s, u8>,
-    chunk: usize,
-    prealloc: ManagedSlice<'s, PreallocatedSlot>,
-    prealloc_use: ManagedSlice<'s, PreallocUse>,
-    /// The preallocated slots by offset.
-    prealloc_index: Index<'s>,
-    /// When each slot held for a refusal is let go.
-    prealloc_timers: Heaps<'s>,
-    /// Preallocated slots not free.
-    prealloc_busy: usize,
-    transmits: Ring<'s, Outgoing>,
-    actions: Ring<'s, Write>,
-    events: Ring<'s, InstanceEvent>,
-    tombstones: Graveyard<'s>,
-    arrivals: Arrivals<'s>,
-    /// Requests awaiting their write's arrival, by tag; `landing_hashes`
-    /// says what each place is indexed under (0: nothing).
-    landing_index: Index<'s>,
-    landing_hashes: ManagedSlice<'s, u64>,
-    /// A request could not be indexed there (more than the probe bound
-    /// await writes whose tags share their low 16 bits, which a sender
-    /// choosing ids could arrange): arrivals are looked for by reading the
-    /// table until no request awaits one.
-    landing_scan: bool,
-    /// `transfer_alloc`s held for room, oldest first (entries whose
-    /// request moved on are skipped).
-    held: Ring<'s, Token>,
-    registered: bool,
-    /// It takes no new work ([`Instance::drain`]).
-    draining: bool,
-    /// ferry's coordinator said nothing is addressed to it any more.
-    drain_acked: bool,
-    /// It leaves ([`Instance::leave`]), for this reason: it waits for the
-    /// completions of the writes it posted, then says it is gone.
-    leaving: Option<Reason>,
-    /// It left: terminal; nothing more is sent.
-    left: bool,
-    /// A registration went out (answered or not).
-    register_sent: bool,
-    /// Registrations sent to this coordinator and not answered yet: an
-    /// ack beyond the first answers one this instance resent, and is
-    /// expected, not a duplicate to count.
-    acks_owed: u32,
-    /// Left while a registration went out unanswered: the coordinator
-    /// may have taken it, so it hears of the leaving too.
-    farewell: Option<Reason>,
-    /// The last answer to the registration was a refusal.
-    refused: bool,
-    /// Its reason, as the coordinator gave it (empty if it gave none).
-    refusal: Reason,
-    /// A registration is to be sent (before anything else).
-    register_due: bool,
-    register_at: Instant,
+    standing: Standing,
+    slots: Slots<'s>,
+    transfers: Transfers<'s>,
+    outbox: Outbox<'s>,
     /// The latest time a call passed in (for the calls that take none).
     last_now: Instant,
-    seq: u64,
     stats: InstanceStats,
 }
 
@@ -382,7 +343,7 @@ impl<'s> Instance<'s> {
         now: Instant,
         who: &InstanceIdentity<'_>,
         config: &InstanceConfig,
-        mut s: InstanceStorage<'s>,
+        s: InstanceStorage<'s>,
     ) -> Result<Self, InstanceError> {
         let needed = config.quarantine_needed(who.write_lifetime);
         if config.quarantine < needed {
@@ -391,45 +352,21 @@ impl<'s> Instance<'s> {
                 needed,
             });
         }
-        let mut pool = Buddy::new(config.pool(who.pool_size), s.tree, s.generations)
-            .map_err(InstanceError::Config)?;
-        let Prealloc { count, size } = config.prealloc;
-        let timers = s.prealloc_timers.len().min(s.prealloc_timer_places.len());
-        if s.prealloc.len() < count || s.prealloc_use.len() < count || timers < count {
-            return Err(InstanceError::PreallocStorage { needed: count });
-        }
-        for (i, slot) in s.prealloc.iter_mut().take(count).enumerate() {
-            // Held for the instance's lifetime: the handle is not kept.
-            let h = pool.allocate(size).map_err(InstanceError::Prealloc)?;
-            *slot = PreallocatedSlot {
-                offset: h.offset(),
-                size: h.size(),
-                slot_id: i as u64,
-                addr: who.pool_ptr + h.offset(),
-            };
-        }
-        let name = |t: &str| Name::new(t).map_err(|_| InstanceError::NameTooLong);
-        if s.requests.records.len() > MAX_REQUESTS {
-            return Err(InstanceError::TooManyRequests { max: MAX_REQUESTS });
-        }
         let key = s.hash_key;
-        let requests = Table::new(s.requests, key, true);
-        s.prealloc_use
-            .iter_mut()
-            .for_each(|u| *u = PreallocUse::FREE);
-        let mut prealloc_index = Index::new(s.prealloc_index);
-        for (p, slot) in s.prealloc.iter().take(count).enumerate() {
-            // Offsets are distinct, and the key is the machine's own.
-            if prealloc_index
-                .insert(key.number(slot.offset, NS_OFFSET), p)
-                .is_err()
-            {
-                return Err(InstanceError::PreallocStorage { needed: count });
-            }
-        }
-        let mut landing_hashes = s.landing_hashes;
-        landing_hashes.iter_mut().for_each(|h| *h = 0);
-        let chunk = s.nested.len() / requests.capacity().max(1);
+        let slots = Slots::new(
+            s.slots,
+            config.pool(who.pool_size),
+            config.prealloc,
+            who.pool_ptr,
+            key,
+        )?;
+        let name = |t: &str| Name::new(t).map_err(|_| InstanceError::NameTooLong);
+        // The queues are as long as the requests in flight need.
+        let limits = s.transfers.limits();
+        let transfers = Transfers::new(s.transfers, key)?;
+        s.outbox
+            .check(&OutboxStorage::storage_needed(&limits))
+            .map_err(InstanceError::Storage)?;
         let me = Self {
             role: Text::new(who.role).map_err(|_| InstanceError::NameTooLong)?,
             session: name(who.session_id)?,
@@ -444,38 +381,11 @@ impl<'s> Instance<'s> {
             // Where a completion does not mean delivery, each received
             // transfer is held until the data plane says its bytes landed.
             landing: (!who.delivery_complete).then_some(config.landing_timeout),
-            pool,
-            requests,
-            nested: s.nested,
-            chunk,
-            prealloc: s.prealloc.truncated(count),
-            prealloc_use: s.prealloc_use.truncated(count),
-            prealloc_index,
-            prealloc_timers: Heaps::new(s.prealloc_timers, s.prealloc_timer_places),
-            prealloc_busy: 0,
-            transmits: Ring::new(s.transmits),
-            actions: Ring::new(s.actions),
-            events: Ring::new(s.events),
-            tombstones: Graveyard::new(s.tombstones, s.tombstones_index, key),
-            arrivals: Arrivals::new(s.arrivals, key),
-            landing_index: Index::new(s.landing_index),
-            landing_hashes,
-            landing_scan: false,
-            held: Ring::new(s.held),
-            registered: false,
-            draining: false,
-            drain_acked: false,
-            leaving: None,
-            left: false,
-            register_sent: false,
-            acks_owed: 0,
-            farewell: None,
-            refused: false,
-            refusal: Reason::EMPTY,
-            register_due: true,
-            register_at: now + config.register_retry,
+            standing: Standing::new(now + config.register_retry),
+            slots,
+            transfers,
+            outbox: Outbox::new(s.outbox),
             last_now: now,
-            seq: 0,
             stats: InstanceStats::default(),
         };
         Ok(me)
@@ -498,38 +408,35 @@ impl<'s> Instance<'s> {
 
     /// The pool allocator (for its figures).
     pub fn pool(&self) -> &Buddy<'s> {
-        &self.pool
+        &self.slots.pool
     }
 
     /// Requests held (in any state, quarantined slots included).
     pub fn requests_held(&self) -> usize {
-        self.requests.len()
+        self.transfers.requests.len()
     }
 
     /// Preallocated slots in use.
     pub fn prealloc_in_use(&self) -> usize {
-        self.prealloc_busy
+        self.slots.busy
     }
 
     /// Places the hash indexes read so far: the lookups' work, which no
     /// choice of ids can drive past [`MAX_PROBE`](super::tables::MAX_PROBE)
     /// places per lookup.
     pub fn probes(&self) -> u64 {
-        self.requests.probes()
-            + self.tombstones.probes()
-            + self.arrivals.probes()
-            + self.landing_index.probes()
-            + self.prealloc_index.probes()
+        self.transfers.probes() + self.slots.probes()
     }
 
     /// The pool range this instance holds for request `id`, if any: a
     /// reserved, received or quarantined slot.
     pub fn slot_for(&self, id: &str) -> Option<PoolRange> {
-        let hash = self.requests.key().bytes(id.as_bytes(), NS_ID);
+        let hash = self.transfers.requests.key().bytes(id.as_bytes(), NS_ID);
         let i = self
+            .transfers
             .requests
             .find(hash, |r| r.id.as_str() == id && r.kind.side() == Side::Recv)?;
-        let r = self.requests.get(i)?;
+        let r = self.transfers.requests.get(i)?;
         let held = match &r.kind {
             Kind::Reserved { slot } => return Some(PoolRange::new(slot.offset(), slot.size())),
             Kind::AllocHeld { .. } => return None,
@@ -538,18 +445,12 @@ impl<'s> Instance<'s> {
             | Kind::Quarantined { held, .. } => held,
             _ => return None,
         };
-        match held {
-            Held::Pool(h) => Some(PoolRange::new(h.offset(), h.size())),
-            Held::Prealloc(i) => self
-                .prealloc
-                .get(*i)
-                .map(|s| PoolRange::new(s.offset, s.size)),
-        }
+        self.slots.range(held)
     }
 
     /// The preallocated slots, as registered.
     pub fn prealloc_slots(&self) -> &[PreallocatedSlot] {
-        &self.prealloc
+        &self.slots.prealloc
     }
 }
 

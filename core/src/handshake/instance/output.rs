@@ -7,12 +7,12 @@ use crate::wire::Style;
 impl<'s> Instance<'s> {
     /// The next write to post.
     pub fn poll_action(&mut self) -> Option<Write> {
-        self.actions.pop()
+        self.outbox.actions.pop()
     }
 
     /// The next event for the application.
     pub fn poll_event(&mut self) -> Option<InstanceEvent> {
-        self.events.pop()
+        self.outbox.events.pop()
     }
 
     /// The next message for the coordinator, encoded into `buf`; one that
@@ -22,7 +22,7 @@ impl<'s> Instance<'s> {
         // A registration offers every preallocated slot as free: it waits
         // until the application has let go of those it still holds (after
         // `reregister`), or a new coordinator would write into them.
-        if self.register_due && self.prealloc_in_use() == 0 {
+        if self.standing.register_due && self.prealloc_in_use() == 0 {
             let mut sink = Sink::new(buf);
             Msg::Register(Register {
                 role: self.role.as_json(),
@@ -30,24 +30,24 @@ impl<'s> Instance<'s> {
                 pool_ptr: self.pool_ptr,
                 pool_size: self.pool_size,
                 work_endpoint: self.endpoint.as_json(),
-                preallocated_slots: SlotList::Slots(&self.prealloc),
+                preallocated_slots: SlotList::Slots(&self.slots.prealloc),
                 write_lifetime_ms: self.write_lifetime_ms,
             })
             .write_dialect(&mut sink, Style::Verbatim, dialect);
             let r = sink.finish();
             if r.is_ok() {
-                self.register_due = false;
-                self.register_sent = true;
-                self.acks_owed = self.acks_owed.saturating_add(1);
-                if self.config.head == Head::Sglang && !self.registered {
+                self.standing.register_due = false;
+                self.standing.register_sent = true;
+                self.standing.acks_owed = self.standing.acks_owed.saturating_add(1);
+                if self.config.head == Head::Sglang && !self.standing.registered {
                     // That head never answers: sent is as far as it goes.
-                    self.registered = true;
+                    self.standing.registered = true;
                     self.event(InstanceEvent::Registered);
                 }
             }
             return Some(r);
         }
-        if let Some(reason) = self.farewell {
+        if let Some(reason) = self.standing.farewell {
             // The leaving of an instance whose registration was not
             // answered: the coordinator may know it all the same.
             let mut sink = Sink::new(buf);
@@ -59,16 +59,16 @@ impl<'s> Instance<'s> {
             .write_dialect(&mut sink, Style::Verbatim, dialect);
             let r = sink.finish();
             if r.is_ok() {
-                self.farewell = None;
+                self.standing.farewell = None;
             }
             return Some(r);
         }
-        if !self.registered {
+        if !self.standing.registered {
             // Nothing is announced to a coordinator that does not know us.
             return None;
         }
         loop {
-            let Outgoing(m) = *self.transmits.front()?;
+            let Outgoing(m) = *self.outbox.transmits.front()?;
             let mut sink = Sink::new(buf);
             match m {
                 OutMsg::Staged { index, seq } | OutMsg::Forward { index, seq } => {
@@ -81,7 +81,7 @@ impl<'s> Instance<'s> {
                     }) = self.staged_view(index, seq)
                     else {
                         // It ended before its announcement went out.
-                        self.transmits.pop();
+                        self.outbox.transmits.pop();
                         continue;
                     };
                     let staged = Staged {
@@ -143,7 +143,7 @@ impl<'s> Instance<'s> {
             }
             return Some(match sink.finish() {
                 Ok(n) => {
-                    self.transmits.pop();
+                    self.outbox.transmits.pop();
                     Ok(n)
                 }
                 Err(e) => Err(e),
@@ -164,7 +164,11 @@ struct StagedView<'r> {
 impl<'s> Instance<'s> {
     /// The request at `index` (of sequence `seq`), if it is still staged.
     fn staged_view(&self, index: usize, seq: u64) -> Option<StagedView<'_>> {
-        let r = self.requests.get(index).filter(|r| r.seq == seq)?;
+        let r = self
+            .transfers
+            .requests
+            .get(index)
+            .filter(|r| r.seq == seq)?;
         let Kind::Staged {
             ref slot,
             data_size,
@@ -174,8 +178,8 @@ impl<'s> Instance<'s> {
             return None;
         };
         let (manifest, scalar_fields) = nested_json(
-            &self.nested,
-            index * self.chunk,
+            &self.transfers.nested,
+            index * self.transfers.chunk,
             r.manifest_len,
             r.scalars_len,
         );

@@ -7,6 +7,7 @@ impl<'s> Instance<'s> {
     /// The transfer `token` names, while the application holds it.
     pub fn received(&self, token: Token) -> Option<Received<'_>> {
         let r = self
+            .transfers
             .requests
             .get(token.index)
             .filter(|r| r.seq == token.seq)?;
@@ -16,11 +17,11 @@ impl<'s> Instance<'s> {
         let aborted = *aborted;
         let (slot_offset, slot_size) = match held {
             Held::Pool(h) => (h.offset(), h.size()),
-            Held::Prealloc(i) => self.prealloc.get(*i).map(|s| (s.offset, s.size))?,
+            Held::Prealloc(i) => self.slots.prealloc.get(*i).map(|s| (s.offset, s.size))?,
         };
         let (manifest, scalar_fields) = nested_json(
-            &self.nested,
-            token.index * self.chunk,
+            &self.transfers.nested,
+            token.index * self.transfers.chunk,
             r.manifest_len,
             r.scalars_len,
         );
@@ -44,6 +45,7 @@ impl<'s> Instance<'s> {
     /// a preallocated slot once it has the output).
     pub fn release(&mut self, token: Token, error: Option<&str>) -> Result<(), InstanceError> {
         match self
+            .transfers
             .request(token)
             .map(|r| matches!(r.kind, Kind::Delivered { .. }))
         {
@@ -54,16 +56,16 @@ impl<'s> Instance<'s> {
             id,
             kind: Kind::Delivered { held, .. },
             ..
-        }) = self.requests.remove(token.index)
+        }) = self.transfers.requests.remove(token.index)
         else {
             return Err(InstanceError::StaleToken);
         };
-        self.free_held(held);
+        self.slots.free_held(held);
         match (self.config.head, error) {
             // sglang's head learns of a good receive from what follows it
             // (the decoder's output, a denoiser's forward); a plain
             // `transfer_done` would end the request there with no result.
-            (Head::Sglang, None) => self.tombstone(id, Side::Recv),
+            (Head::Sglang, None) => self.transfers.tombstone(id, Side::Recv),
             (_, error) => self.done(id, error.map(Reason::truncated)),
         }
         // The room may be what a held `transfer_alloc` waits for; the
@@ -76,8 +78,8 @@ impl<'s> Instance<'s> {
     /// `transfer_ready` arriving later must not deliver the request again
     /// (its preallocated slot may hold another request's data by then).
     pub(super) fn done(&mut self, id: RequestId, error: Option<Reason>) {
-        self.tombstone(id, Side::Recv);
-        if self.leaving.is_some() {
+        self.transfers.tombstone(id, Side::Recv);
+        if self.standing.leaving.is_some() {
             // `leave` told the coordinator of everything held.
             return;
         }

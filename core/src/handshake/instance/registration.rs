@@ -3,6 +3,63 @@
 
 use super::*;
 
+/// Where the instance stands with its coordinator, from its registration
+/// to its leaving.
+#[derive(Debug)]
+pub(super) struct Standing {
+    pub(super) registered: bool,
+    /// It takes no new work ([`Instance::drain`]).
+    pub(super) draining: bool,
+    /// ferry's coordinator said nothing is addressed to it any more.
+    pub(super) drain_acked: bool,
+    /// It leaves ([`Instance::leave`]), for this reason: it waits for the
+    /// completions of the writes it posted, then says it is gone.
+    pub(super) leaving: Option<Reason>,
+    /// It left: terminal; nothing more is sent.
+    pub(super) left: bool,
+    /// A registration went out (answered or not).
+    pub(super) register_sent: bool,
+    /// Registrations sent to this coordinator and not answered yet: an
+    /// ack beyond the first answers one this instance resent, and is
+    /// expected, not a duplicate to count.
+    pub(super) acks_owed: u32,
+    /// Left while a registration went out unanswered: the coordinator
+    /// may have taken it, so it hears of the leaving too.
+    pub(super) farewell: Option<Reason>,
+    /// The last answer to the registration was a refusal.
+    pub(super) refused: bool,
+    /// Its reason, as the coordinator gave it (empty if it gave none).
+    pub(super) refusal: Reason,
+    /// A registration is to be sent (before anything else).
+    pub(super) register_due: bool,
+    pub(super) register_at: Instant,
+    /// Which conversation with a coordinator this is: it moves on each
+    /// time the instance registers anew ([`Instance::conversation`]).
+    pub(super) conversation: u64,
+}
+
+impl Standing {
+    /// Not registered yet: the registration is due at once, and again at
+    /// `retry` until it is answered.
+    pub(super) fn new(retry: Instant) -> Self {
+        Self {
+            registered: false,
+            draining: false,
+            drain_acked: false,
+            leaving: None,
+            left: false,
+            register_sent: false,
+            acks_owed: 0,
+            farewell: None,
+            refused: false,
+            refusal: Reason::EMPTY,
+            register_due: true,
+            register_at: retry,
+            conversation: 0,
+        }
+    }
+}
+
 impl Instance<'_> {
     /// Registers again (the coordinator restarted, or the control channel
     /// reconnected): nothing else is sent until it is acknowledged.
@@ -15,25 +72,26 @@ impl Instance<'_> {
     /// dropped. Requests being filled are kept. The registration goes out
     /// once the application has released every preallocated slot it holds.
     pub fn reregister(&mut self, now: Instant) {
-        if self.leaving.is_some() {
+        if self.standing.leaving.is_some() {
             // Gone for good: nothing is announced again.
             return;
         }
-        self.registered = false;
-        self.refused = false;
+        self.standing.registered = false;
+        self.standing.refused = false;
         // A new conversation: answers the old one still owed are not
         // expected any more.
-        self.acks_owed = 0;
-        for u in self.prealloc_use.iter_mut() {
+        self.standing.acks_owed = 0;
+        self.standing.conversation = self.standing.conversation.wrapping_add(1);
+        for u in self.slots.uses.iter_mut() {
             if let Use::Refused { report, .. } = &mut u.0 {
                 *report = None;
             }
         }
-        self.register_due = true;
-        self.register_at = now + self.config.register_retry;
-        while self.transmits.pop().is_some() {}
-        for index in 0..self.requests.capacity() {
-            let Some(r) = self.requests.remove(index) else {
+        self.standing.register_due = true;
+        self.standing.register_at = now + self.config.register_retry;
+        self.outbox.forget_transmits();
+        for index in 0..self.transfers.requests.capacity() {
+            let Some(r) = self.transfers.requests.remove(index) else {
                 continue;
             };
             let token = Token { index, seq: r.seq };
@@ -48,18 +106,18 @@ impl Instance<'_> {
                 // A write may still land in these; the old coordinator
                 // wants no report.
                 Kind::Reserved { slot } => {
-                    self.tombstone(r.id, Side::Recv);
+                    self.transfers.tombstone(r.id, Side::Recv);
                     self.sit_out(index, (r.id, r.seq), Held::Pool(slot), now, None);
                     continue;
                 }
                 Kind::Landing { held, .. } => {
-                    self.tombstone(r.id, Side::Recv);
+                    self.transfers.tombstone(r.id, Side::Recv);
                     self.sit_out(index, (r.id, r.seq), held, now, None);
                     continue;
                 }
                 // Nothing was reserved; the old coordinator's request ends.
                 Kind::AllocHeld { .. } => {
-                    self.tombstone(r.id, Side::Recv);
+                    self.transfers.tombstone(r.id, Side::Recv);
                     continue;
                 }
                 // A new coordinator wants no report of what the old one
@@ -76,7 +134,7 @@ impl Instance<'_> {
                 }
                 other => other,
             };
-            self.requests.put(index, Request { kind, ..r });
+            self.transfers.requests.put(index, Request { kind, ..r });
         }
     }
 
@@ -89,8 +147,8 @@ impl Instance<'_> {
     pub(super) fn abandon_send(&mut self, id: RequestId, kind: Kind, why: Reason) -> Option<Kind> {
         match kind {
             Kind::Staged { slot, .. } => {
-                let _ = self.pool.free(slot);
-                self.tombstone(id, Side::Send);
+                let _ = self.slots.pool.free(slot);
+                self.transfers.tombstone(id, Side::Send);
                 self.event(InstanceEvent::SendFailed { id, reason: why });
                 None
             }
@@ -118,22 +176,33 @@ impl Instance<'_> {
 
     /// True once the coordinator acknowledged the registration.
     pub fn is_registered(&self) -> bool {
-        self.registered
+        self.standing.registered
     }
 
     /// Why the coordinator refused the registration, as it said (empty if
     /// it said nothing, or did not refuse).
     pub fn refusal(&self) -> &str {
-        self.refusal.as_str()
+        self.standing.refusal.as_str()
+    }
+
+    /// Which conversation with a coordinator the messages polled now
+    /// belong to. It moves on when the instance registers anew
+    /// ([`reregister`](Self::reregister), which a lost coordinator
+    /// causes): the machine then drops what it still queued for the old
+    /// coordinator, and a caller that keeps polled messages to send later
+    /// drops those polled under an earlier conversation too, since a new
+    /// coordinator must hear nothing before the registration.
+    pub fn conversation(&self) -> u64 {
+        self.standing.conversation
     }
 
     /// Where the registration stands.
     pub fn registration(&self) -> Registration {
-        if self.registered && self.config.head == Head::Sglang {
+        if self.standing.registered && self.config.head == Head::Sglang {
             Registration::Sent
-        } else if self.registered {
+        } else if self.standing.registered {
             Registration::Accepted
-        } else if self.refused {
+        } else if self.standing.refused {
             Registration::Refused
         } else {
             Registration::Pending
@@ -148,7 +217,7 @@ impl Instance<'_> {
     ///
     /// [`reregister`]: Self::reregister
     pub fn handle_coordinator_lost(&mut self, now: Instant) {
-        if self.registered || self.refused {
+        if self.standing.registered || self.standing.refused {
             self.reregister(now);
         }
     }

@@ -11,23 +11,28 @@ impl<'s> Instance<'s> {
         let id = RequestId::new(id).map_err(|_| InstanceError::BadId)?;
         // A drain finishes work in flight: the next leg of a request this
         // instance holds as receiver (a forward) is still staged.
-        if self.draining
-            && (self.leaving.is_some() || self.find(id.as_json(), Side::Recv).is_none())
+        if self.standing.draining
+            && (self.standing.leaving.is_some()
+                || self.transfers.find(id.as_json(), Side::Recv).is_none())
         {
             return Err(InstanceError::Draining);
         }
-        if self.find(id.as_json(), Side::Send).is_some() {
+        if self.transfers.find(id.as_json(), Side::Send).is_some() {
             return Err(InstanceError::BadId);
         }
-        if self.requests.is_full() {
+        if self.transfers.requests.is_full() {
             return Err(InstanceError::TableFull);
         }
-        let slot = self.pool.allocate(data_size).map_err(InstanceError::Pool)?;
+        let slot = self
+            .slots
+            .pool
+            .allocate(data_size)
+            .map_err(InstanceError::Pool)?;
         let offset = slot.offset();
-        match self.insert(id, Kind::Filling { slot }, None) {
+        match self.transfers.insert(id, Kind::Filling { slot }, None) {
             Ok(t) => Ok((t, offset)),
             Err(Kind::Filling { slot }) => {
-                let _ = self.pool.free(slot);
+                let _ = self.slots.pool.free(slot);
                 Err(InstanceError::TableFull)
             }
             Err(_) => Err(InstanceError::TableFull),
@@ -57,10 +62,11 @@ impl<'s> Instance<'s> {
         scalar_fields: RawJson<'_>,
         forward: bool,
     ) -> Result<(), InstanceError> {
-        let chunk = self.chunk;
+        let chunk = self.transfers.chunk;
         let base = token.index * chunk;
         let timeout = self.config.staged_timeout;
         let r = self
+            .transfers
             .requests
             .get(token.index)
             .filter(|r| r.seq == token.seq);
@@ -76,7 +82,7 @@ impl<'s> Instance<'s> {
                 max_slot: slot.size(),
             }));
         }
-        let Some(dst) = self.nested.get_mut(base..base + chunk) else {
+        let Some(dst) = self.transfers.nested.get_mut(base..base + chunk) else {
             return Err(InstanceError::TooLarge);
         };
         let mut sink = Sink::new(dst);
@@ -87,14 +93,14 @@ impl<'s> Instance<'s> {
         if sink.finish().is_err() {
             return Err(InstanceError::TooLarge);
         }
-        let Some(r) = self.requests.remove(token.index) else {
+        let Some(r) = self.transfers.requests.remove(token.index) else {
             return Err(InstanceError::StaleToken);
         };
         let Kind::Filling { slot } = r.kind else {
-            self.requests.put(token.index, r);
+            self.transfers.requests.put(token.index, r);
             return Err(InstanceError::StaleToken);
         };
-        self.requests.put(
+        self.transfers.requests.put(
             token.index,
             Request {
                 kind: Kind::Staged {
@@ -121,6 +127,7 @@ impl<'s> Instance<'s> {
     /// Gives up a slot from [`stage`](Self::stage) that was never committed.
     pub fn unstage(&mut self, token: Token) -> Result<(), InstanceError> {
         match self
+            .transfers
             .request(token)
             .map(|r| matches!(r.kind, Kind::Filling { .. }))
         {
@@ -130,9 +137,9 @@ impl<'s> Instance<'s> {
         if let Some(Request {
             kind: Kind::Filling { slot },
             ..
-        }) = self.requests.remove(token.index)
+        }) = self.transfers.requests.remove(token.index)
         {
-            let _ = self.pool.free(slot);
+            let _ = self.slots.pool.free(slot);
         }
         self.retry_held_untimed();
         Ok(())
@@ -153,7 +160,10 @@ impl<'s> Instance<'s> {
         token: Token,
         result: Result<(), &str>,
     ) -> Result<u64, Ignored> {
-        let r = self.request(token).ok_or(Ignored::UnknownRequest)?;
+        let r = self
+            .transfers
+            .request(token)
+            .ok_or(Ignored::UnknownRequest)?;
         if !matches!(r.kind, Kind::Writing { .. }) {
             return Err(Ignored::WrongState);
         }
@@ -168,11 +178,11 @@ impl<'s> Instance<'s> {
                     posted,
                 },
             ..
-        }) = self.requests.remove(token.index)
+        }) = self.transfers.requests.remove(token.index)
         else {
             return Err(Ignored::WrongState);
         };
-        let _ = self.pool.free(slot);
+        let _ = self.slots.pool.free(slot);
         self.retry_held(now);
         if aborted {
             // The coordinator gave up already; it wants no report.

@@ -6,13 +6,13 @@ impl<'s> Instance<'s> {
     /// When [`handle_timeout`](Self::handle_timeout) must be called next:
     /// the tops of the deadline heaps, or the registration's retry.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        if self.left {
+        if self.standing.left {
             // Nothing is due once it left: no registration, no report.
             return None;
         }
-        let register = (!self.registered).then_some(self.register_at);
-        let refused = self.prealloc_timers.peek(0).map(|(at, _)| Instant(at));
-        let requests = self.requests.next_due().map(|(at, _)| at);
+        let register = (!self.standing.registered).then_some(self.standing.register_at);
+        let refused = self.slots.timers.peek(0).map(|(at, _)| Instant(at));
+        let requests = self.transfers.requests.next_due().map(|(at, _)| at);
         requests.into_iter().chain(register).chain(refused).min()
     }
 
@@ -21,23 +21,25 @@ impl<'s> Instance<'s> {
     /// heaps, so a call costs what is due.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.last_now = self.last_now.max(now);
-        if self.left {
+        if self.standing.left {
             return;
         }
-        if !self.registered && self.register_at <= now && self.leaving.is_none() {
-            self.register_at = now + self.config.register_retry;
-            self.register_due = true;
+        if !self.standing.registered
+            && self.standing.register_at <= now
+            && self.standing.leaving.is_none()
+        {
+            self.standing.register_at = now + self.config.register_retry;
+            self.standing.register_due = true;
         }
-        while let Some((at, p)) = self.prealloc_timers.peek(0) {
+        while let Some((at, p)) = self.slots.timers.peek(0) {
             if at > now.as_nanos() {
                 break;
             }
-            let Some(Use::Refused { id, report, .. }) = self.prealloc_use.get(p).map(|u| u.0)
-            else {
-                self.prealloc_timers.remove(p);
+            let Some(Use::Refused { id, report, .. }) = self.slots.uses.get(p).map(|u| u.0) else {
+                self.slots.timers.remove(p);
                 continue;
             };
-            self.set_use(p, PreallocUse::FREE);
+            self.slots.set_use(p, PreallocUse::FREE);
             if let Some(why) = report {
                 self.send(OutMsg::Done {
                     id,
@@ -45,11 +47,11 @@ impl<'s> Instance<'s> {
                 });
             }
         }
-        while let Some((at, i)) = self.requests.next_due() {
+        while let Some((at, i)) = self.transfers.requests.next_due() {
             if at > now {
                 break;
             }
-            let Some(r) = self.requests.remove(i) else {
+            let Some(r) = self.transfers.requests.remove(i) else {
                 break;
             };
             match r.kind {
@@ -60,9 +62,9 @@ impl<'s> Instance<'s> {
                     self.done(r.id, Some(Reason::truncated("no room in the pool in time")));
                 }
                 Kind::Staged { slot, .. } => {
-                    let _ = self.pool.free(slot);
+                    let _ = self.slots.pool.free(slot);
                     self.stats.timed_out += 1;
-                    self.tombstone(r.id, Side::Send);
+                    self.transfers.tombstone(r.id, Side::Send);
                     self.event(InstanceEvent::SendFailed {
                         id: r.id,
                         reason: Reason::truncated("no transfer_push in time (staged timeout)"),
@@ -71,7 +73,7 @@ impl<'s> Instance<'s> {
                 Kind::Reserved { slot } => {
                     // Never told the outcome: a write may still come.
                     self.stats.timed_out += 1;
-                    self.tombstone(r.id, Side::Recv);
+                    self.transfers.tombstone(r.id, Side::Recv);
                     self.sit_out(i, (r.id, r.seq), Held::Pool(slot), now, None);
                 }
                 Kind::Landing { held, .. } => {
@@ -79,11 +81,11 @@ impl<'s> Instance<'s> {
                     // they may still, so the slot sits out a quarantine,
                     // after which the coordinator hears of the failure.
                     self.stats.never_landed += 1;
-                    self.tombstone(r.id, Side::Recv);
+                    self.transfers.tombstone(r.id, Side::Recv);
                     self.sit_out(i, (r.id, r.seq), held, now, Some(NEVER_LANDED));
                 }
                 Kind::Quarantined { held, report } => {
-                    self.free_held(held);
+                    self.slots.free_held(held);
                     if let Some(why) = report {
                         self.send(OutMsg::Done {
                             id: r.id,
@@ -93,7 +95,7 @@ impl<'s> Instance<'s> {
                 }
                 other => {
                     // No deadline is set in other states; keep the record.
-                    self.requests.put(
+                    self.transfers.requests.put(
                         i,
                         Request {
                             kind: other,

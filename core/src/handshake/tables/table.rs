@@ -8,7 +8,7 @@ use core::ops::{Deref, DerefMut};
 use super::hash::HashKey;
 use super::heap::{HeapEntry, Heaps};
 use super::index::Index;
-use crate::handshake::Instant;
+use crate::handshake::{Instant, StorageError};
 use crate::managed::ManagedSlice;
 
 /// Classes a table counts its records by.
@@ -65,6 +65,28 @@ impl<T> TableStorage<'_, T> {
             index: Index::places_for(records),
             timers: if timed { records } else { 0 },
         }
+    }
+}
+
+impl<T> TableStorage<'_, T> {
+    /// The lengths given.
+    pub fn sizes(&self) -> TableSizes {
+        TableSizes {
+            records: self.records.len(),
+            index: self.index.len(),
+            timers: self.timers.len(),
+        }
+    }
+
+    /// Refuses slices other than `needed` long, naming the first (the
+    /// error's `part` is `part`, this table's name in its machine).
+    pub fn check(&self, part: &'static str, needed: &TableSizes) -> Result<(), StorageError> {
+        StorageError::check(part, "records", needed.records, self.records.len())?;
+        StorageError::check(part, "free", needed.records, self.free.len())?;
+        StorageError::check(part, "hashes", needed.records, self.hashes.len())?;
+        StorageError::check(part, "index", needed.index, self.index.len())?;
+        StorageError::check(part, "timers", needed.timers, self.timers.len())?;
+        StorageError::check(part, "timer_places", needed.timers, self.timer_places.len())
     }
 }
 
