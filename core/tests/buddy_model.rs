@@ -220,6 +220,20 @@ proptest! {
     }
 }
 
+/// A rebuilt handle that names a live slot but another requested length
+/// (here 0 for 9) frees the slot; the statistics stay within their bounds
+/// (found by `matches_the_interval_model`: the requested bytes underflowed).
+#[test]
+fn a_rebuilt_handle_with_another_requested_length_frees_its_slot() {
+    let forge = Op::Forge {
+        offset: 32,
+        size: 16,
+        generation: 1,
+        pool_id: 1,
+    };
+    run(48, 0, vec![Op::Alloc(17), Op::Alloc(9), forge]);
+}
+
 #[test]
 fn a_terabyte_pool_with_megabyte_blocks() {
     let config = BuddyConfig {

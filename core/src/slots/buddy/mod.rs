@@ -271,7 +271,13 @@ impl<'s> Buddy<'s> {
                 s.frees += 1;
                 s.live_slots -= 1;
                 s.allocated_bytes -= handle.size;
-                s.requested_bytes -= handle.requested;
+                // `requested` is the handle's word alone (a rebuilt handle
+                // may say another length than the allocation was asked
+                // for): the figure may drift, but never past its bounds.
+                s.requested_bytes = s
+                    .requested_bytes
+                    .saturating_sub(handle.requested)
+                    .min(s.allocated_bytes);
                 Ok(())
             }
             Err(e) => {
