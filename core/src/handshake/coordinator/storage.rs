@@ -3,7 +3,7 @@
 use super::*;
 
 /// A coordinator's tables: the caller's (`(&mut table).into()` each, a
-/// [`TableStorage`] for each table), or its own ([`owned`](Self::owned),
+/// [`TableStorage`] for each table), or its own (`owned`,
 /// feature `alloc`).
 pub struct CoordinatorStorage<'s> {
     /// Preallocated slots a member may register (at most
@@ -97,7 +97,7 @@ impl CoordinatorStorage<'_> {
     /// `requests` transfers (and as many bytes of nested JSON each as
     /// `nested_per_request`), `members` instances, `tombstones` ended
     /// legs, and queues that are never full: what
-    /// [`owned`](CoordinatorStorage::owned) allocates, and what a caller
+    /// `owned` allocates, and what a caller
     /// that places the tables itself gives.
     pub fn storage_needed(limits: &crate::handshake::Limits) -> CoordinatorSizes {
         let n = limits.requests.max(1);

@@ -35,7 +35,7 @@ impl InstanceStorage<'_> {
     /// (`requests` in flight, each with `nested_per_request` bytes of
     /// nested JSON, `tombstones` ended requests), a pool of `pool` with
     /// `prealloc` preallocated slots, and queues that are never full:
-    /// what [`owned`](InstanceStorage::owned) allocates, and what a caller
+    /// what `owned` allocates, and what a caller
     /// that places the tables itself gives.
     pub fn storage_needed(
         limits: &Limits,

@@ -19,7 +19,7 @@ use crate::json::JsonStr;
 ///
 /// Tables sized by [`Limits`](crate::handshake::Limits) get a fresh random
 /// key from the process's random source with the `std` feature
-/// ([`HashKey::random`]); without it they get [`HashKey::FIXED`], and a
+/// (`HashKey::random`); without it they get [`HashKey::FIXED`], and a
 /// caller that has a source of randomness should put its own key in the
 /// storage before building the machine. The key decides nothing but where
 /// records sit in the indexes: a machine behaves the same under any key.

@@ -32,7 +32,7 @@ pub(crate) trait Record {
 }
 
 /// A table's storage: the caller's (`(&mut slice).into()` each) or, with
-/// the `alloc` feature, its own ([`TableStorage::owned`]).
+/// the `alloc` feature, its own (`TableStorage::owned`).
 pub struct TableStorage<'s, T> {
     /// The records.
     pub records: ManagedSlice<'s, Option<T>>,
