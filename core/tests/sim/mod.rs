@@ -298,6 +298,9 @@ impl Sim {
         let mut world = World::with_wire(coord, insts, Faulty::new(plan), false);
         world.via = COORDINATOR.to_owned();
         world.keep_arrivals = true;
+        // As the runtime's coordinator, which names senders by endpoint.
+        world.judge = false;
+        world.by_number = false;
         world.trace = trace;
         Sim {
             seed,
