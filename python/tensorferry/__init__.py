@@ -34,7 +34,7 @@ from tensorferry._errors import (
 )
 from tensorferry._engine import ERROR_CODES, MAX_NOTIFICATION, Transfer, TransferEngine
 from tensorferry._native import END_GRACE, Guard, __version__
-from tensorferry._node import Admission, Coordinator, Delivery, Instance, Outcome, Prealloc, Staging
+from tensorferry._node import Admission, Coordinator, Delivery, Instance, Outcome, Prealloc, Staging, TensorSpec
 from tensorferry._stats import CoordinatorStats, InstanceStats
 
 
@@ -78,6 +78,7 @@ __all__ = [
     "RefusedError",
     "RegistrationError",
     "Staging",
+    "TensorSpec",
     "TooLargeError",
     "Transfer",
     "TransferEngine",

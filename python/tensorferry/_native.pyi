@@ -3,6 +3,7 @@
 from types import TracebackType
 from typing import Any, Dict, List, Optional, Tuple, Type, final
 
+from tensorferry._node import Admission, Prealloc, TensorSpec
 from tensorferry._stats import CoordinatorStats, InstanceStats
 
 __version__: str
@@ -168,7 +169,9 @@ class Delivery:
     def is_aborted(self) -> bool: ...
     @property
     def held(self) -> bool: ...
-    def specs(self) -> List[Tuple[str, Optional[int], List[int], str]]: ...
+    def specs(self) -> List[Tuple[str, Optional[int], List[int], str]]:
+        """The tensors, in ``TensorSpec``'s field order (``field``,
+        ``index``, ``shape``, ``dtype``); ``Delivery`` names them."""
     def buffer(self, i: int) -> SlotBuffer: ...
     def release(self, error: Optional[str] = None) -> None: ...
 
@@ -184,7 +187,7 @@ class InstanceNode:
         endpoint: str,
         backend: str = "shm",
         pool_bytes: int = ...,
-        prealloc: Tuple[int, int] = ...,
+        prealloc: Optional[Prealloc] = None,
         min_block: int = ...,
         head: str = "ferry",
         head_timeout: float = 600.0,
@@ -202,7 +205,8 @@ class InstanceNode:
     @property
     def is_registered(self) -> bool: ...
     def wait_registered(self, timeout: float) -> None: ...
-    def stage(self, request_id: str, specs: List[Tuple[str, Optional[int], List[int], str]]) -> Staging: ...
+    def stage(self, request_id: str, specs: List[TensorSpec]) -> Staging:
+        """Reserves a slot laid out for ``specs``, read by field name."""
     def recv(self, timeout: float) -> Optional[Delivery]: ...
     def next_outcome(self, timeout: float) -> Optional[Tuple[str, bool, str]]: ...
     def next_frame(self, timeout: float) -> Optional[Tuple[bytes, bytes]]: ...
@@ -219,7 +223,7 @@ class CoordinatorNode:
         *,
         endpoints: List[str],
         pipeline: List[str],
-        admitted: List[Tuple[str, str]] = ...,
+        admitted: List[Admission] = ...,
         allow_from: List[str] = ...,
         curve_key: Optional[str] = None,
         curve_peers: Optional[str] = None,

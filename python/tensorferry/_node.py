@@ -59,6 +59,16 @@ class Prealloc(NamedTuple):
     slot_bytes: int
 
 
+def _prealloc(p: Any) -> Prealloc:
+    """An instance's ``prealloc``, checked: the native layer takes it by
+    name."""
+    if isinstance(p, Prealloc):
+        return p
+    if isinstance(p, (str, bytes)) or not isinstance(p, Sequence) or len(p) != 2:
+        raise TypeError(f"prealloc: expected Prealloc(slots, slot_bytes) or a (slots, slot_bytes) pair, got {p!r}")
+    return Prealloc(*p)
+
+
 class Admission(NamedTuple):
     """An instance a coordinator lets register: its role and its work
     endpoint (``Coordinator(admitted=...)`` takes these or ``(role,
@@ -69,7 +79,10 @@ class Admission(NamedTuple):
 
 
 def _admission(i: int, a: Any) -> Admission:
-    """Entry ``i`` of a coordinator's ``admitted``, checked."""
+    """Entry ``i`` of a coordinator's ``admitted``, checked: the native
+    layer takes it by name."""
+    if isinstance(a, Admission):
+        return a
     if isinstance(a, (str, bytes)) or not isinstance(a, Sequence) or len(a) != 2:
         raise TypeError(f"admitted[{i}]: expected (role, endpoint), got {a!r}")
     return Admission(*a)
@@ -98,12 +111,20 @@ def _spec_of(value: Any) -> Tuple[List[int], str]:
     return [int(d) for d in value.shape], _dtype_name(value.dtype)
 
 
-# A tensor of a slot, as the native layer takes and gives it: field, list
-# index (None for a plain field), shape, dtype.
-_NativeSpec = Tuple[str, Optional[int], List[int], str]
+class TensorSpec(NamedTuple):
+    """One tensor of a slot: the field it belongs to, its ``index`` in a
+    list-valued field (``None`` for a plain field), its ``shape`` and its
+    ``dtype`` name. ``Staging.specs`` and ``Delivery.specs`` give them, in
+    the slot's order; the native layer takes and gives them in this one
+    field order."""
+
+    field: str
+    index: Optional[int]
+    shape: Tuple[int, ...]
+    dtype: str
 
 
-def _views(native: Any, specs: Iterable[_NativeSpec], torch: bool) -> Dict[str, Any]:
+def _views(native: Any, specs: Iterable[TensorSpec], torch: bool) -> Dict[str, Any]:
     """One view per tensor of the slot, grouped by field (list-valued
     fields become lists ordered by their index).
 
@@ -141,7 +162,7 @@ class _Slot:
     """What a staging and a delivery share: a request's slot and its
     tensors' views."""
 
-    def __init__(self, native: Any, specs: List[_NativeSpec]) -> None:
+    def __init__(self, native: Any, specs: List[TensorSpec]) -> None:
         self._native = native
         self._specs = specs
         self._tensors: Optional[Dict[str, Any]] = None
@@ -150,6 +171,12 @@ class _Slot:
     def request_id(self) -> str:
         """The request this slot holds."""
         return self._native.request_id
+
+    @property
+    def specs(self) -> List[TensorSpec]:
+        """Its tensors' ``TensorSpec``s, in the slot's order (a list-valued
+        field's in index order)."""
+        return list(self._specs)
 
     @property
     def tensors(self) -> Dict[str, Any]:
@@ -221,7 +248,7 @@ class Delivery(_Slot):
     """
 
     def __init__(self, native: Any) -> None:
-        super().__init__(native, native.specs())
+        super().__init__(native, [TensorSpec(f, i, tuple(shape), d) for f, i, shape, d in native.specs()])
 
     @property
     def scalar_fields(self) -> dict:
@@ -303,7 +330,7 @@ class Instance:
         endpoint: str,
         backend: str = "shm",
         pool_bytes: int = 256 << 20,
-        prealloc: Tuple[int, int] = Prealloc(0, 0),
+        prealloc: Union[Prealloc, Tuple[int, int]] = Prealloc(0, 0),
         min_block: int = 1 << 20,
         head: str = "ferry",
         head_timeout: float = 600.0,
@@ -313,14 +340,14 @@ class Instance:
         **options: Any,
     ) -> None:
         module = _fabric_module() if backend == "fabric" else _native
-        slots, slot_bytes = prealloc
+        prealloc = _prealloc(prealloc)
         self._node = module.InstanceNode(
             role=role,
             coordinator=coordinator,
             endpoint=endpoint,
             backend=backend,
             pool_bytes=pool_bytes,
-            prealloc=(slots, slot_bytes),
+            prealloc=prealloc,
             min_block=min_block,
             head=head,
             head_timeout=head_timeout,
@@ -363,13 +390,13 @@ class Instance:
         copied in), or a list of those for a list-valued field. Raises
         ``NoRoomError`` when the pool has no room now, ``DrainingError``
         once the instance drains."""
-        specs: List[_NativeSpec] = []
+        specs: List[TensorSpec] = []
         sources: List[Any] = []
         for field, value in tensors.items():
             items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
             for index, item in items:
                 shape, dtype = _spec_of(item)
-                specs.append((field, index, shape, dtype))
+                specs.append(TensorSpec(field, index, tuple(shape), dtype))
                 sources.append(None if isinstance(item, tuple) else item)
         native = self._node.stage(request_id, specs)
         staging = Staging(native, specs)
@@ -464,7 +491,7 @@ class Coordinator:
         *,
         endpoints: Sequence[str],
         pipeline: Sequence[str] = ("encoder", "denoiser", "decoder"),
-        admitted: Sequence[Tuple[str, str]] = (),
+        admitted: Sequence[Union[Admission, Tuple[str, str]]] = (),
         allow_from: Sequence[str] = (),
         curve_key: Optional[Union[str, "os.PathLike[str]"]] = None,
         curve_peers: Optional[Union[str, "os.PathLike[str]"]] = None,

@@ -177,6 +177,49 @@ def test_with_blocks_release_fail_and_give_back(coordinator, ipc):
     den.close()
 
 
+def test_a_staging_and_its_delivery_name_their_tensors_alike(coordinator, ipc):
+    enc, den = pair(coordinator, ipc)
+    TensorSpec = tensorferry.TensorSpec
+    want = [TensorSpec("x", None, (4, 4), "float32"),
+            TensorSpec("y", 0, (3,), "int16"),
+            TensorSpec("y", 1, (2,), "uint8")]
+    with enc.stage("r", {"x": ((4, 4), "float32"), "y": [((3,), "int16"), np.zeros(2, dtype=np.uint8)]}) as st:
+        assert st.specs == want
+        st.commit()
+    d = den.recv(10)
+    assert d is not None
+    with d:
+        # One type, one field order, both ways.
+        assert d.specs == want and all(type(s) is TensorSpec for s in d.specs)
+        assert [s.field for s in d.specs] == ["x", "y", "y"] and d.specs[1].index == 0 and d.specs[0].shape == (4, 4)
+        assert [tuple(t) for t in d._native.specs()] == [(f, i, list(shape), dt) for f, i, shape, dt in want]
+    # The native layer reads a spec by its names, not by its place.
+    native = enc._node.stage("named", [TensorSpec(dtype="uint8", shape=(8,), index=None, field="z")])
+    assert native.data_size == 512
+    native.abandon()
+    with pytest.raises(TypeError, match=r"specs\[0\]: expected tensorferry.TensorSpec\(field, index, shape, dtype\)"):
+        enc._node.stage("unnamed", [("z", None, [8], "uint8")])
+    assert enc.stats()["requests_held"] == 0
+    enc.close()
+    den.close()
+
+
+def test_prealloc_is_named_and_a_pair_is_taken_too(coordinator, ipc):
+    for i, prealloc in enumerate((tensorferry.Prealloc(slots=2, slot_bytes=1 << 20), (2, 1 << 20))):
+        den = tensorferry.Instance("denoiser", coordinator=coordinator.endpoint_of("denoiser"), endpoint=ipc(f"den{i}"),
+                                   prealloc=prealloc)
+        den.wait_registered(10)
+        assert den.stats()["prealloc_slots"] == 2, prealloc
+        den.close()
+    with pytest.raises(TypeError, match=r"prealloc: expected Prealloc\(slots, slot_bytes\)"):
+        tensorferry.Instance("denoiser", coordinator=coordinator.endpoint_of("denoiser"), endpoint=ipc("den-bad"),
+                             prealloc=(2,))
+    # The native layer reads it by its names: a bare pair is not enough.
+    with pytest.raises(TypeError, match=r"prealloc: expected tensorferry.Prealloc\(slots, slot_bytes\)"):
+        tensorferry._native.InstanceNode(role="denoiser", coordinator=coordinator.endpoint_of("denoiser"),
+                                         endpoint=ipc("den-native"), prealloc=(2, 1 << 20))
+
+
 def test_refusals_and_bad_arguments_are_named(coordinator, ipc):
     odd = tensorferry.Instance("overlord", coordinator=coordinator.endpoint_of("encoder"), endpoint=ipc("odd"))
     with pytest.raises(tensorferry.FerryError, match="unknown role") as refused:
@@ -233,6 +276,12 @@ def test_a_coordinator_admits_only_the_instances_it_names(ipc):
     with pytest.raises(TypeError, match=r"admitted\[0\]: expected \(role, endpoint\)"):
         tensorferry.Coordinator(endpoints=[ipc("b-encoder"), ipc("b-denoiser"), ipc("b-decoder")],
                                 admitted=[("denoiser",)])
+    # The native layer reads an admission by its names: a bare pair is not
+    # enough (the Python layer names it).
+    with pytest.raises(TypeError, match=r"admitted\[0\]: expected tensorferry.Admission\(role, endpoint\)"):
+        tensorferry._native.CoordinatorNode(endpoints=[ipc("c-encoder"), ipc("c-denoiser"), ipc("c-decoder")],
+                                            pipeline=["encoder", "denoiser", "decoder"],
+                                            admitted=[("denoiser", ipc("den-listed"))])
 
 
 def test_work_items_and_frames_pass_through(ipc):

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use tensorferry::runtime::{CoordinatorNode, CoordinatorNodeConfig, NodeError};
 use tensorferry_zmq::{zmq, ZmqChannel, ZmqConfig};
 
-use super::close_slot;
+use super::{close_slot, named};
 use crate::errors::{node_error, raise};
 use tensorferry::runtime::ErrorKind;
 
@@ -29,7 +29,7 @@ impl PyCoordinator {
         py: Python<'_>,
         endpoints: Vec<String>,
         pipeline: Vec<String>,
-        admitted: Vec<(String, String)>,
+        admitted: Vec<Bound<'_, PyAny>>,
         allow_from: Vec<String>,
         curve_key: Option<PathBuf>,
         curve_peers: Option<PathBuf>,
@@ -43,10 +43,7 @@ impl PyCoordinator {
         }
         let roles: Vec<&str> = pipeline.iter().map(String::as_str).collect();
         let mut settings = CoordinatorNodeConfig::new(&roles);
-        settings.admitted = admitted
-            .into_iter()
-            .map(|(role, endpoint)| tensorferry::runtime::Admission { role, endpoint })
-            .collect();
+        settings.admitted = named::admitted(&admitted)?;
         let eps: Vec<&str> = endpoints.iter().map(String::as_str).collect();
         // The keywords, and the environment's for the parts not given.
         let guard = crate::guard::guard(allow_from, curve_key, curve_peers)?;

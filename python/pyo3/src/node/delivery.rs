@@ -7,7 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use tensorferry::runtime::Delivery;
 
-use super::{take_slot, Node};
+use super::{named, take_slot, Node};
 use crate::buffer::{Exports, SlotBuffer, Span};
 
 pub(super) struct TensorInfo {
@@ -80,12 +80,17 @@ impl PyDelivery {
         &self.manifest
     }
 
-    /// The tensors: `(field, list_index, shape, dtype)` each (the order
-    /// `InstanceNode.stage` takes), in manifest order.
-    fn specs(&self) -> Vec<(String, Option<u64>, Vec<u64>, &'static str)> {
+    /// The tensors, in manifest order: `tensorferry.TensorSpec`'s fields,
+    /// as `InstanceNode.stage` takes them.
+    fn specs(&self) -> Vec<named::TensorSpec> {
         self.tensors
             .iter()
-            .map(|t| (t.field.clone(), t.list_index, t.shape.clone(), t.dtype))
+            .map(|t| named::TensorSpec {
+                field: t.field.clone(),
+                index: t.list_index,
+                shape: t.shape.clone(),
+                dtype: t.dtype.to_owned(),
+            })
             .collect()
     }
 

@@ -12,6 +12,7 @@ use tensorferry::runtime::{InstanceNodeConfig, NodeError};
 use tensorferry_zmq::{zmq, ZmqChannel, ZmqConfig};
 
 use super::delivery::{DeliveryInner, PyDelivery, TensorInfo};
+use super::named;
 use super::staging::{PyStaging, StagingInner};
 use super::{close_slot, Node};
 use crate::buffer::{Exports, Span};
@@ -40,7 +41,7 @@ impl PyInstance {
 impl PyInstance {
     #[new]
     #[pyo3(signature = (*, role, coordinator, endpoint, backend = "shm", pool_bytes = 256 << 20,
-        prealloc = (0, 0), min_block = 1 << 20, head = "ferry", head_timeout = 600.0,
+        prealloc = None, min_block = 1 << 20, head = "ferry", head_timeout = 600.0,
         allow_from = Vec::new(), curve_key = None, curve_peers = None, **options))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -50,7 +51,7 @@ impl PyInstance {
         endpoint: &str,
         backend: &str,
         pool_bytes: u64,
-        prealloc: (usize, u64),
+        prealloc: Option<Bound<'_, PyAny>>,
         min_block: u64,
         head: &str,
         head_timeout: f64,
@@ -60,10 +61,7 @@ impl PyInstance {
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let mut settings = InstanceNodeConfig::new(role, coordinator);
-        settings.config.prealloc = tensorferry::runtime::Prealloc {
-            count: prealloc.0,
-            size: prealloc.1,
-        };
+        settings.config.prealloc = named::prealloc(prealloc.as_ref())?;
         settings.config.min_block = min_block;
         match head {
             "ferry" => {}
@@ -130,19 +128,26 @@ impl PyInstance {
         Ok(self.node(py)?.is_registered())
     }
 
-    /// Reserves a slot for `request_id` laid out for `specs`: `(field,
-    /// list_index or None, shape, dtype)` each.
+    /// Reserves a slot for `request_id` laid out for `specs`
+    /// (`tensorferry.TensorSpec`s).
     fn stage(
         &self,
         py: Python<'_>,
         request_id: &str,
-        specs: Vec<(String, Option<u64>, Vec<u64>, String)>,
+        specs: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyStaging>> {
         let node = self.node(py)?;
+        let specs = named::specs(&specs)?;
         let mut names = Vec::with_capacity(specs.len());
         let mut shapes = Vec::with_capacity(specs.len());
         let mut kinds = Vec::with_capacity(specs.len());
-        for (field, index, shape, dtype) in specs {
+        for named::TensorSpec {
+            field,
+            index,
+            shape,
+            dtype,
+        } in specs
+        {
             let d = Dtype::from_name(&dtype).map_err(|_| {
                 PyValueError::new_err(format!("tensor {field}: unknown dtype {dtype:?}"))
             })?;

@@ -13,11 +13,13 @@
 //!
 //! One file per class: `instance.rs` (`InstanceNode`), `staging.rs`
 //! (`Staging`), `delivery.rs` (`Delivery`), `coordinator.rs`
-//! (`CoordinatorNode`); here, what they share.
+//! (`CoordinatorNode`); `named.rs`, the named values they take and give;
+//! here, what they share.
 
 mod coordinator;
 mod delivery;
 mod instance;
+mod named;
 mod staging;
 
 use std::sync::{Mutex, PoisonError};
