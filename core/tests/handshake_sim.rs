@@ -31,8 +31,8 @@
 //! its events.
 //!
 //! The world, its events and the checks are in `sim/` (a `Sim` with one
-//! method per job), over the harness the path tests and the fuzz target
-//! share (`harness/`).
+//! method per job), over the `World` of the harness crate
+//! (`core/harness`, `tensorferry-harness`) and its faulty wire.
 
 use tensorferry_harness as harness;
 mod sim;

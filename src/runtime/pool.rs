@@ -3,7 +3,8 @@
 //! anonymous memory of its own ([`HostPool`]), registers that, and keeps
 //! the pool mapped for as long as the transport lives.
 // The pairing makes the pool promise (`PoolOwner`) for the memory it
-// owns; that promise is this module's one unsafe item.
+// owns, and forwards `Transport::register`'s contract unchanged: the
+// module's two unsafe items.
 #![allow(unsafe_code)]
 
 use std::os::fd::RawFd;
@@ -29,7 +30,12 @@ struct WithPool<T> {
 // in `HostPool::new`, at an address that does not change when the value
 // moves) and unmapped only when it drops, after the transport; nothing
 // here hands out the `HostPool` or replaces it, and the transport was
-// never given a way to unmap it (it only registers the range).
+// never given a way to unmap it (it only registers the range). That no
+// write or read the transport started touches the range once it is
+// dropped is `Transport::register`'s promise to its caller; a transport
+// can touch memory it was given only as an address, through unsafe code
+// (a raw pointer, a device, another process) of its own, whose safety
+// argument owes that promise.
 unsafe impl<T> PoolOwner for WithPool<T> {
     fn pool_ptr(&self) -> *mut u8 {
         self.pool.ptr()
@@ -95,7 +101,9 @@ impl InstanceNode {
     /// (anonymous memory, populated now), registers it with the transport,
     /// and receives into and stages in it, talking over `channel`. The
     /// node keeps both until it is dropped, and drops the transport before
-    /// it unmaps the pool. This is how an embedder runs a node over its
+    /// it unmaps the pool: the transport keeps
+    /// [`Transport::register`]'s promise that nothing it started touches
+    /// the pool once it is dropped. This is how an embedder runs a node over its
     /// own fabric: [`Transport`], [`ControlSend`] and
     /// [`ControlRecv`](tensorferry_core::transport::ControlRecv) are all it
     /// implements. A data plane that owns its pool (ferry's own, opened by

@@ -279,9 +279,20 @@ pub trait Transport {
     /// must expect peers to write into it at any time: no reference that
     /// assumes the bytes do not change may be held over memory a peer was
     /// told it may write.
+    ///
+    /// What the implementor promises in return, which callers rely on to
+    /// free the memory: once [`deregister`](Self::deregister) returns `Ok`
+    /// for the region, or once the transport is dropped, nothing the
+    /// transport started touches the range any more (no peer's write
+    /// lands in it, no read fills it, no thread of its own copies from
+    /// it). A transport that cannot be sure of that by then waits for it,
+    /// or fails `deregister` (and, when dropped, waits).
     unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, Self::Error>;
 
-    /// Ends a registration.
+    /// Ends a registration: when it returns `Ok`, nothing the transport
+    /// started touches the region's memory any more (see
+    /// [`register`](Self::register)). An error means the memory may still
+    /// be touched and must be kept.
     fn deregister(&mut self, region: Region) -> Result<(), Self::Error>;
 
     /// Posts `write`. Its outcome comes from

@@ -115,8 +115,8 @@ pub enum InstanceError {
     TooLarge,
     /// The pool is too small for the preallocated slots asked for.
     Prealloc(BuddyError),
-    /// `prealloc`, `prealloc_use` or `prealloc_timers` storage holds
-    /// fewer than the slots asked for.
+    /// The preallocated slots could not be indexed by offset (storage of
+    /// the wrong length is [`InstanceError::Storage`] instead).
     PreallocStorage {
         /// Slots asked for.
         needed: usize,

@@ -131,9 +131,8 @@ impl<'s> Slots<'s> {
         key: HashKey,
     ) -> Result<Self, InstanceError> {
         let Prealloc { count, size } = prealloc;
-        if s.prealloc.len() < count || s.prealloc_use.len() < count {
-            return Err(InstanceError::PreallocStorage { needed: count });
-        }
+        // Every slice of another length than this needs is refused by
+        // name, the preallocated slots' included.
         let needed = SlotsStorage::storage_needed(&pool, count).map_err(InstanceError::Config)?;
         s.check(&needed).map_err(InstanceError::Storage)?;
         let SlotsStorage {
