@@ -242,8 +242,10 @@ pub fn check() -> Result<(), i32> {
         ranking_places: cn.longs.take(s.ranking_places)?,
         room_ranking: rankings.take(s.ranking)?,
         room_ranking_places: cn.longs.take(s.ranking_places)?,
-        transfers: table(&mut Carve(&mut transfers), &mut cn, s.transfers)?,
-        nested: cn.bytes.take(s.nested)?,
+        transfers: coordinator::TransfersStorage {
+            requests: table(&mut Carve(&mut transfers), &mut cn, s.transfers.requests)?,
+            nested: cn.bytes.take(s.transfers.nested)?,
+        },
         outbox: coordinator::OutboxStorage {
             transmits: transmits.take(s.outbox.transmits)?,
             events: queue_events.take(s.outbox.events)?,

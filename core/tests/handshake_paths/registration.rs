@@ -264,6 +264,73 @@ fn a_coordinator_refuses_queues_of_the_wrong_size_naming_them() {
     assert!(shown.contains("outbox.events"), "{shown}");
 }
 
+/// The transfers' storage is sized by their own `storage_needed`: a
+/// table or nested-JSON slice of another length is refused, naming the
+/// part and the slice; an empty transfer table is still refused as such.
+#[test]
+fn a_coordinator_refuses_transfer_storage_of_the_wrong_size_naming_it() {
+    use tensorferry_core::handshake::{coordinator, Limits, StorageError, TableStorage};
+    let limits = Limits {
+        requests: 8,
+        nested_per_request: 256,
+        tombstones: 8,
+        members: 4,
+        prealloc_per_member: 2,
+    };
+    let needed = CoordinatorStorage::storage_needed(&limits).transfers;
+    assert_eq!(
+        needed,
+        coordinator::TransfersStorage::storage_needed(&limits)
+    );
+    assert_eq!(needed.requests.records, 8);
+    assert_eq!(needed.nested, 8 * 256);
+    let pipeline = ["encoder", "denoiser"];
+    let fresh = || CoordinatorStorage::owned(&limits);
+    assert!(Coordinator::new(&pipeline, CoordinatorConfig::FERRY, fresh()).is_ok());
+
+    let mut storage = fresh();
+    storage.transfers.nested = vec![0u8; needed.nested + 1].into();
+    let err = Coordinator::new(&pipeline, CoordinatorConfig::FERRY, storage).err();
+    assert_eq!(
+        err,
+        Some(ConfigError::Storage(StorageError {
+            part: "transfers",
+            field: "nested",
+            needed: needed.nested,
+            given: needed.nested + 1,
+        }))
+    );
+    let shown = err.map(|e| e.to_string()).unwrap_or_default();
+    assert!(shown.contains("transfers.nested"), "{shown}");
+
+    let mut storage = fresh();
+    storage.transfers.requests.index = vec![0u64; needed.requests.index - 1].into();
+    let err = Coordinator::new(&pipeline, CoordinatorConfig::FERRY, storage).err();
+    assert_eq!(
+        err,
+        Some(ConfigError::Storage(StorageError {
+            part: "transfers.requests",
+            field: "index",
+            needed: needed.requests.index,
+            given: needed.requests.index - 1,
+        }))
+    );
+
+    let mut storage = fresh();
+    storage.transfers.requests = TableStorage::owned(0, true);
+    // The queues are sized by the transfers given.
+    let none = Limits {
+        requests: 0,
+        ..limits
+    };
+    let queues = coordinator::OutboxStorage::storage_needed(&none);
+    storage.outbox = coordinator::OutboxStorage::owned(&queues);
+    assert_eq!(
+        Coordinator::new(&pipeline, CoordinatorConfig::FERRY, storage).err(),
+        Some(ConfigError::NoTransfers)
+    );
+}
+
 /// An instance takes messages as its channel delivers them, as the
 /// coordinator does: a frame that is not a transfer message is the
 /// application's, one that does not decode is malformed, and a register

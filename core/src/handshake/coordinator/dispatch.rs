@@ -28,11 +28,11 @@ impl<'s> Coordinator<'s> {
         let hash = self.id_hash(m.request_id);
         let live = hash
             .and_then(|h| {
-                self.transfers.find(h, |t| {
+                self.transfers.records.find(h, |t| {
                     t.id.eq_json(m.request_id) && t.sender_role == sender_role
                 })
             })
-            .and_then(|i| self.transfers.get(i))
+            .and_then(|i| self.transfers.records.get(i))
             .map(|t| t.sender);
         // The same sender's staged again (a retry, a duplicate on the
         // network): ignored. Another sender's (an instance restarted under
@@ -93,7 +93,7 @@ impl<'s> Coordinator<'s> {
         if sender_role + 1 >= self.role_count {
             return abort(self, FailReason::NoNextRole);
         }
-        let Some(index) = self.transfers.next_free() else {
+        let Some(index) = self.transfers.records.next_free() else {
             return abort(self, FailReason::TableFull);
         };
         let manifest = match m.manifest {
@@ -102,21 +102,13 @@ impl<'s> Coordinator<'s> {
             Manifest::Entries(_) => return Err(Ignored::BadField("manifest")),
         };
         let scalars = m.scalar_fields.as_str();
-        let base = index * self.chunk;
-        let total = manifest.len() + scalars.len();
-        let Some(dst) = self
-            .nested
-            .get_mut(base..base + total)
-            .filter(|_| total <= self.chunk)
-        else {
+        if !self.transfers.keep_nested(index, manifest, scalars) {
             return abort(self, FailReason::TooLarge);
-        };
-        dst[..manifest.len()].copy_from_slice(manifest.as_bytes());
-        dst[manifest.len()..].copy_from_slice(scalars.as_bytes());
-        self.seq += 1;
-        let inserted = self.transfers.insert(Transfer {
+        }
+        let seq = self.transfers.next_seq();
+        let inserted = self.transfers.records.insert(Transfer {
             id,
-            seq: self.seq,
+            seq,
             phase: Phase::Queued { retry_at: None },
             deadline: now + self.config.timeouts.queued,
             queued_until: now + self.config.timeouts.queued,
@@ -261,7 +253,7 @@ impl<'s> Coordinator<'s> {
 
     /// Tries to hand transfer `index` (queued) to a receiver.
     pub(super) fn dispatch(&mut self, now: Instant, index: usize) {
-        let Some(t) = self.transfers.get(index) else {
+        let Some(t) = self.transfers.records.get(index) else {
             return;
         };
         let Phase::Queued { retry_at } = t.phase else {
@@ -294,7 +286,7 @@ impl<'s> Coordinator<'s> {
         drop(m);
         self.rank(r);
         self.unqueue(index);
-        let Some(mut t) = self.transfers.get_mut(index) else {
+        let Some(mut t) = self.transfers.records.get_mut(index) else {
             return;
         };
         t.receiver = Some(receiver);

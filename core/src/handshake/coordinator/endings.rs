@@ -6,7 +6,7 @@ use super::*;
 impl<'s> Coordinator<'s> {
     /// Gives the receiver's capacity back (once: the ticket is taken).
     pub(super) fn release(&mut self, i: usize) {
-        let Some(mut t) = self.transfers.get_mut(i) else {
+        let Some(mut t) = self.transfers.records.get_mut(i) else {
             return;
         };
         let (ticket, receiver) = (t.ticket.take(), t.receiver);
@@ -33,7 +33,7 @@ impl<'s> Coordinator<'s> {
     fn take_out(&mut self, i: usize) -> Option<Transfer> {
         self.release(i);
         self.unqueue(i);
-        let t = self.transfers.remove(i)?;
+        let t = self.transfers.records.remove(i)?;
         self.finished
             .bury_owned(t.id, Leg::FromRole(t.sender_role), t.sender.epoch);
         Some(t)
@@ -115,11 +115,11 @@ impl<'s> Coordinator<'s> {
     /// each in deadline order, taken from the heaps, so a call costs what
     /// is due.
     pub fn handle_timeout(&mut self, now: Instant) {
-        while let Some((at, i)) = self.transfers.next_due() {
+        while let Some((at, i)) = self.transfers.records.next_due() {
             if at > now {
                 break;
             }
-            let Some(t) = self.transfers.get(i) else {
+            let Some(t) = self.transfers.records.get(i) else {
                 break;
             };
             if t.deadline <= now {
@@ -136,7 +136,7 @@ impl<'s> Coordinator<'s> {
             let Phase::Queued { retry_at: Some(_) } = t.phase else {
                 break;
             };
-            if let Some(mut t) = self.transfers.get_mut(i) {
+            if let Some(mut t) = self.transfers.records.get_mut(i) {
                 t.phase = Phase::Queued { retry_at: None };
             }
             self.enqueue(i);

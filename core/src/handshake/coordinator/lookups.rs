@@ -32,6 +32,7 @@ impl<'s> Coordinator<'s> {
     /// The hash a request id is indexed by, if it can be held at all.
     pub(super) fn id_hash(&self, id: JsonStr<'_>) -> Option<u64> {
         self.transfers
+            .records
             .key()
             .json::<{ crate::handshake::ID_LEN }>(id, NS_ID)
     }
@@ -58,8 +59,9 @@ impl<'s> Coordinator<'s> {
                 .is_some_and(|m| m.peer == from)
         };
         self.transfers
+            .records
             .find(hash, |t| t.id.eq_json(id) && from_peer(t))
-            .or_else(|| self.transfers.find(hash, |t| t.id.eq_json(id)))
+            .or_else(|| self.transfers.records.find(hash, |t| t.id.eq_json(id)))
     }
 
     /// True if request `id` is one the coordinator carries through the
@@ -72,6 +74,7 @@ impl<'s> Coordinator<'s> {
         };
         let live = self.id_hash(id).is_some_and(|h| {
             self.transfers
+                .records
                 .find(h, |t| t.id.eq_json(id) && t.sender_role == prev)
                 .is_some()
         });
@@ -90,7 +93,11 @@ impl<'s> Coordinator<'s> {
         let i = self
             .transfer_of(id, from, from_sender)
             .ok_or(Ignored::UnknownRequest)?;
-        let t = self.transfers.get(i).ok_or(Ignored::UnknownRequest)?;
+        let t = self
+            .transfers
+            .records
+            .get(i)
+            .ok_or(Ignored::UnknownRequest)?;
         let who = if from_sender {
             Some(t.sender)
         } else {

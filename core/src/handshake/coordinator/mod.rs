@@ -63,7 +63,10 @@ mod queue;
 mod registry;
 mod replies;
 mod storage;
+mod transfers;
 pub use storage::{peer_table_len, CoordinatorSizes, CoordinatorStorage, MAX_PREALLOC_PER_MEMBER};
+use transfers::Transfers;
+pub use transfers::{TransfersSizes, TransfersStorage};
 
 /// What the coordinator's indexes hash: a request id, a peer, a session,
 /// an endpoint.
@@ -269,15 +272,11 @@ pub struct Coordinator<'s> {
     picks: u64,
     /// Preallocated slots taken or parked, over all members.
     prealloc_taken: usize,
-    transfers: Table<'s, Transfer>,
-    nested: ManagedSlice<'s, u8>,
-    chunk: usize,
+    /// The requests in flight and their queues.
+    transfers: Transfers<'s>,
     /// The queues its caller polls.
     outbox: Outbox<'s>,
     parked: Table<'s, Parked>,
-    /// Per sending role: the first and last transfer waiting for a
-    /// receiver, linked through the transfers.
-    queues: [(u32, u32); MAX_ROLES],
     epochs: u32,
     finished: Graveyard<'s>,
     admitted: ManagedSlice<'s, Option<Admitted>>,
@@ -292,7 +291,6 @@ pub struct Coordinator<'s> {
     admission: bool,
     /// No new registration or transfer is taken ([`Coordinator::drain`]).
     draining: bool,
-    seq: u64,
     stats: CoordinatorStats,
 }
 
@@ -328,7 +326,7 @@ impl<'s> Coordinator<'s> {
         let key = storage.hash_key;
         // The queues are as long as the transfers and members need.
         let limits = Limits {
-            requests: storage.transfers.records.len(),
+            requests: storage.transfers.requests.records.len(),
             members: storage.members.records.len(),
             ..Limits::COORDINATOR
         };
@@ -351,11 +349,7 @@ impl<'s> Coordinator<'s> {
         if !storage.peers.is_empty() && storage.peers.len() <= members.capacity() {
             return Err(ConfigError::PeerTableTooSmall);
         }
-        let transfers = Table::new(storage.transfers, key, true);
-        if transfers.capacity() == 0 {
-            return Err(ConfigError::NoTransfers);
-        }
-        let chunk = storage.nested.len() / transfers.capacity();
+        let transfers = Transfers::new(storage.transfers, key)?;
         storage.admitted.iter_mut().for_each(|a| *a = None);
         Ok(Self {
             config,
@@ -370,11 +364,8 @@ impl<'s> Coordinator<'s> {
             picks: 0,
             prealloc_taken: 0,
             transfers,
-            nested: storage.nested,
-            chunk,
             outbox: Outbox::new(storage.outbox),
             parked: Table::new(storage.parked, key, true),
-            queues: [(NONE, NONE); MAX_ROLES],
             epochs: 0,
             finished: Graveyard::new(storage.finished, storage.finished_index, key),
             admitted: storage.admitted,
@@ -383,7 +374,6 @@ impl<'s> Coordinator<'s> {
             prealloc_per_member: storage.prealloc_per_member.min(MAX_PREALLOC_PER_MEMBER),
             admission: false,
             draining: false,
-            seq: 0,
             stats: CoordinatorStats::default(),
         })
     }
@@ -430,7 +420,7 @@ impl<'s> Coordinator<'s> {
 
     /// Requests in flight.
     pub fn in_flight(&self) -> usize {
-        self.transfers.len()
+        self.transfers.records.len()
     }
 
     /// Takes no new work from now on: a `transfer_staged` of a new request
@@ -456,8 +446,8 @@ impl<'s> Coordinator<'s> {
     /// table, once.
     pub fn shutdown(&mut self, now: Instant) {
         self.draining = true;
-        for i in 0..self.transfers.capacity() {
-            if self.transfers.get(i).is_some() {
+        for i in 0..self.transfers.records.capacity() {
+            if self.transfers.records.get(i).is_some() {
                 self.fail(now, i, FailReason::ShuttingDown);
             }
         }
@@ -475,7 +465,7 @@ impl<'s> Coordinator<'s> {
         self.members.probes()
             + self.sessions.probes()
             + self.endpoints.probes()
-            + self.transfers.probes()
+            + self.transfers.records.probes()
             + self.parked.probes()
             + self.finished.probes()
             + self.peers.probes()
@@ -504,9 +494,10 @@ impl<'s> Coordinator<'s> {
             let (s, _) = m.prealloc.get(slot_id)?;
             Some(PoolRange::new(s.offset, s.size))
         };
-        let hash = self.transfers.key().bytes(id.as_bytes(), NS_ID);
+        let hash = self.transfers.records.key().bytes(id.as_bytes(), NS_ID);
         let live = self
             .transfers
+            .records
             .find(hash, |t| {
                 t.id.as_str() == id
                     && t.receiver
@@ -514,7 +505,7 @@ impl<'s> Coordinator<'s> {
                         .and_then(|(r, s)| slot(r, s))
                         .is_some()
             })
-            .and_then(|i| self.transfers.get(i))
+            .and_then(|i| self.transfers.records.get(i))
             .and_then(|t| slot(t.receiver?, t.prealloc?));
         live.or_else(|| {
             let p = self.parked.find(hash, |p| {

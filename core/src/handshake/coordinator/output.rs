@@ -36,7 +36,7 @@ impl<'s> Coordinator<'s> {
             let mut sink = Sink::new(buf);
             let encoded = match out.msg {
                 OutMsg::Ready { index, seq } => {
-                    let Some(t) = self.transfers.get(index).filter(|t| t.seq == seq) else {
+                    let Some(t) = self.transfers.records.get(index).filter(|t| t.seq == seq) else {
                         // The request ended before its READY went out.
                         self.outbox.transmits.pop();
                         continue;
@@ -139,12 +139,7 @@ impl<'s> Coordinator<'s> {
     }
 
     pub(super) fn nested_of(&self, index: usize, t: &Transfer) -> (RawJson<'_>, RawJson<'_>) {
-        nested_json(
-            &self.nested,
-            index * self.chunk,
-            t.manifest_len,
-            t.scalars_len,
-        )
+        self.transfers.nested_of(index, t)
     }
 
     /// The next event for the application.
@@ -155,7 +150,7 @@ impl<'s> Coordinator<'s> {
     /// When [`handle_timeout`](Self::handle_timeout) must be called next:
     /// the tops of the deadline heaps.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let transfers = self.transfers.next_due().map(|(at, _)| at);
+        let transfers = self.transfers.records.next_due().map(|(at, _)| at);
         let parked = self.parked.next_due().map(|(at, _)| at);
         transfers.into_iter().chain(parked).min()
     }

@@ -9,37 +9,42 @@ impl<'s> Coordinator<'s> {
     /// Puts transfer `i` at the back of its role's queue (if it is not in
     /// it already).
     pub(super) fn enqueue(&mut self, i: usize) {
-        let Some(t) = self.transfers.get(i) else {
+        let Some(t) = self.transfers.records.get(i) else {
             return;
         };
-        let Some(&(_, tail)) = self.queues.get(t.sender_role).filter(|_| !t.queued) else {
+        let Some(&(_, tail)) = self
+            .transfers
+            .queues
+            .get(t.sender_role)
+            .filter(|_| !t.queued)
+        else {
             return;
         };
         let role = t.sender_role;
-        if let Some(mut t) = self.transfers.get_mut(i) {
+        if let Some(mut t) = self.transfers.records.get_mut(i) {
             t.queued = true;
             t.prev = tail;
             t.next = NONE;
         }
-        match self.transfers.get_mut(tail as usize) {
+        match self.transfers.records.get_mut(tail as usize) {
             Some(mut last) => last.next = i as u32,
-            None => self.queues[role].0 = i as u32,
+            None => self.transfers.queues[role].0 = i as u32,
         }
-        self.queues[role].1 = i as u32;
+        self.transfers.queues[role].1 = i as u32;
     }
 
     /// Takes transfer `i` out of its role's queue (if it is in it).
     pub(super) fn unqueue(&mut self, i: usize) {
-        let Some(t) = self.transfers.get(i).filter(|t| t.queued) else {
+        let Some(t) = self.transfers.records.get(i).filter(|t| t.queued) else {
             return;
         };
         let (role, prev, next) = (t.sender_role, t.prev, t.next);
-        if let Some(mut t) = self.transfers.get_mut(i) {
+        if let Some(mut t) = self.transfers.records.get_mut(i) {
             t.queued = false;
             t.prev = NONE;
             t.next = NONE;
         }
-        let Some(q) = self.queues.get_mut(role) else {
+        let Some(q) = self.transfers.queues.get_mut(role) else {
             return;
         };
         if prev == NONE {
@@ -48,10 +53,10 @@ impl<'s> Coordinator<'s> {
         if next == NONE {
             q.1 = prev;
         }
-        if let Some(mut p) = self.transfers.get_mut(prev as usize) {
+        if let Some(mut p) = self.transfers.records.get_mut(prev as usize) {
             p.next = next;
         }
-        if let Some(mut n) = self.transfers.get_mut(next as usize) {
+        if let Some(mut n) = self.transfers.records.get_mut(next as usize) {
             n.prev = prev;
         }
     }
@@ -67,9 +72,9 @@ impl<'s> Coordinator<'s> {
     /// Dispatches the queued transfers staged by `role`, oldest first,
     /// until one finds no receiver with room: the rest wait for a release.
     pub(super) fn dispatch_role(&mut self, now: Instant, role: usize) {
-        while let Some(&(head, _)) = self.queues.get(role).filter(|q| q.0 != NONE) {
+        while let Some(&(head, _)) = self.transfers.queues.get(role).filter(|q| q.0 != NONE) {
             self.dispatch(now, head as usize);
-            if self.queues[role].0 == head {
+            if self.transfers.queues[role].0 == head {
                 return;
             }
         }

@@ -237,8 +237,8 @@ impl<'s> Coordinator<'s> {
         if self.member(r).is_none() {
             return;
         }
-        for i in 0..self.transfers.capacity() {
-            let involved = self.transfers[i].as_ref().is_some_and(|t| {
+        for i in 0..self.transfers.records.capacity() {
+            let involved = self.transfers.records[i].as_ref().is_some_and(|t| {
                 t.receiver == Some(r) || (t.sender == r && t.phase != Phase::Ready)
             });
             if involved {
@@ -323,8 +323,9 @@ impl<'s> Coordinator<'s> {
             };
             let i = self
                 .transfers
+                .records
                 .find(self.id_hash(id)?, |t| who(t).is_some())?;
-            self.transfers.get(i).and_then(who)
+            self.transfers.records.get(i).and_then(who)
         };
         match msg {
             Msg::Staged(m) => by_session(m.session_id),

@@ -10,7 +10,11 @@ impl<'s> Coordinator<'s> {
         m: &Allocated<'_>,
     ) -> Result<(), Ignored> {
         let i = self.expect(m.request_id, from, false, |p| *p == Phase::Allocating)?;
-        let t = self.transfers.get(i).ok_or(Ignored::UnknownRequest)?;
+        let t = self
+            .transfers
+            .records
+            .get(i)
+            .ok_or(Ignored::UnknownRequest)?;
         let (receiver, data_size, id, sender) = (t.receiver, t.data_size, t.id, t.sender);
         let r = receiver
             .and_then(|r| self.member(r))
@@ -32,7 +36,7 @@ impl<'s> Coordinator<'s> {
             self.fail(now, i, FailReason::PeerGone);
             return Ok(());
         };
-        if let Some(mut t) = self.transfers.get_mut(i) {
+        if let Some(mut t) = self.transfers.records.get_mut(i) {
             t.slot_offset = m.slot_offset;
             t.phase = Phase::Pushing;
             t.deadline = now + self.config.timeouts.push;
@@ -57,14 +61,14 @@ impl<'s> Coordinator<'s> {
         m: &AllocReject<'_>,
     ) -> Result<(), Ignored> {
         let i = self.expect(m.request_id, from, false, |p| *p == Phase::Allocating)?;
-        let attempts = self.transfers.get(i).map_or(0, |t| t.attempts);
+        let attempts = self.transfers.records.get(i).map_or(0, |t| t.attempts);
         if !m.retryable || attempts >= self.config.max_attempts {
             self.fail(now, i, FailReason::Rejected);
             return Ok(());
         }
         self.release(i);
         let backoff = self.config.retry_backoff * attempts;
-        if let Some(mut t) = self.transfers.get_mut(i) {
+        if let Some(mut t) = self.transfers.records.get_mut(i) {
             // Out of the queue until the backoff ends (its deadline heap
             // entry brings it back).
             t.phase = Phase::Queued {
@@ -90,14 +94,14 @@ impl<'s> Coordinator<'s> {
             self.fail(now, i, FailReason::WriteFailed);
             return Ok(());
         }
-        let Some(receiver) = self.transfers.get(i).and_then(|t| t.receiver) else {
+        let Some(receiver) = self.transfers.records.get(i).and_then(|t| t.receiver) else {
             return Err(Ignored::WrongState);
         };
         let Some(peer) = self.member(receiver).map(|r| r.peer) else {
             self.fail(now, i, FailReason::PeerGone);
             return Ok(());
         };
-        let seq = match self.transfers.get_mut(i) {
+        let seq = match self.transfers.records.get_mut(i) {
             Some(mut t) => {
                 t.phase = Phase::Ready;
                 t.deadline = now + self.config.timeouts.done;
@@ -121,7 +125,7 @@ impl<'s> Coordinator<'s> {
             Err(Ignored::UnknownRequest) => return self.late_done(from, m.request_id),
             Err(e) => return Err(e),
         };
-        let Some(t) = self.transfers.get(i) else {
+        let Some(t) = self.transfers.records.get(i) else {
             return Err(Ignored::UnknownRequest);
         };
         let (id, leg) = (t.id, t.sender_role);

@@ -26,10 +26,9 @@ pub struct CoordinatorStorage<'s> {
     pub room_ranking: ManagedSlice<'s, HeapEntry>,
     /// Its places: one per member.
     pub room_ranking_places: ManagedSlice<'s, u64>,
-    /// One per request in flight, with deadlines.
-    pub transfers: TableStorage<'s, Transfer>,
-    /// Manifest and scalar-field bytes, split evenly among `transfers`.
-    pub nested: ManagedSlice<'s, u8>,
+    /// The requests in flight, as long as
+    /// [`TransfersStorage::storage_needed`] says.
+    pub transfers: TransfersStorage<'s>,
     /// The queues the caller polls, as long as
     /// [`OutboxStorage::storage_needed`] says.
     pub outbox: OutboxStorage<'s>,
@@ -72,10 +71,8 @@ pub struct CoordinatorSizes {
     pub ranking: usize,
     /// `ranking_places` and `room_ranking_places`.
     pub ranking_places: usize,
-    /// `transfers`.
-    pub transfers: TableSizes,
-    /// `nested`.
-    pub nested: usize,
+    /// `transfers` ([`TransfersStorage::storage_needed`]).
+    pub transfers: TransfersSizes,
     /// `outbox` ([`OutboxStorage::storage_needed`]).
     pub outbox: OutboxSizes,
     /// `parked`.
@@ -110,8 +107,7 @@ impl CoordinatorStorage<'_> {
             member_index: Index::places_for(members),
             ranking: MAX_ROLES * members,
             ranking_places: members,
-            transfers: TableStorage::<Transfer>::storage_needed(n, true),
-            nested: n * limits.nested_per_request,
+            transfers: TransfersStorage::storage_needed(limits),
             outbox: OutboxStorage::storage_needed(limits),
             parked: TableStorage::<Parked>::storage_needed(n + members * per_member, true),
             finished: tombstones,
@@ -140,8 +136,7 @@ impl CoordinatorStorage<'static> {
             ranking_places: filled(n.ranking_places, 0),
             room_ranking: filled(n.ranking, (0, 0)),
             room_ranking_places: filled(n.ranking_places, 0),
-            transfers: TableStorage::owned(n.transfers.records, true),
-            nested: filled(n.nested, 0),
+            transfers: TransfersStorage::owned(&n.transfers),
             outbox: OutboxStorage::owned(&n.outbox),
             parked: TableStorage::owned(n.parked.records, true),
             finished: filled(n.finished, Tombstone::EMPTY),
