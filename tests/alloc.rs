@@ -11,11 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::endpoint;
-use tensorferry::runtime::{
-    CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNodeConfig, Prealloc,
-};
+use tensorferry::runtime::{DataPlane, InstanceNodeConfig, Prealloc};
 use tensorferry_core::slots::{Dtype, TensorSpec};
-use tensorferry_shm::UdsChannel;
 
 struct Counting;
 
@@ -48,12 +45,7 @@ static GLOBAL: Counting = Counting;
 #[test]
 fn a_hand_off_allocates_nothing_in_steady_state() {
     let second = Duration::from_secs(5);
-    let coord = CoordinatorNode::start(
-        &CoordinatorNodeConfig::new(&["encoder", "denoiser"]),
-        UdsChannel::bind(&endpoint("coord")).unwrap(),
-        |_| {},
-    )
-    .unwrap();
+    let coord = common::coordinator(&["encoder", "denoiser"]);
     let enc = DataPlane::default()
         .start_instance_at(
             &InstanceNodeConfig::new("encoder", coord.endpoint()),

@@ -16,13 +16,12 @@ mod own_pool;
 
 use std::time::Duration;
 
-use common::endpoint;
+use common::{coordinator, coordinator_with, endpoint};
 use tensorferry::runtime::{
-    CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNode, InstanceNodeConfig, Prealloc,
+    CoordinatorNode, DataPlane, InstanceNode, InstanceNodeConfig, Prealloc,
 };
 
 use tensorferry_core::slots::{Dtype, TensorSpec};
-use tensorferry_shm::UdsChannel;
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -32,15 +31,6 @@ fn mib_slots(count: usize) -> Prealloc {
         count,
         size: 1 << 20,
     }
-}
-
-fn coordinator(pipeline: &[&str]) -> CoordinatorNode {
-    coordinator_with(CoordinatorNodeConfig::new(pipeline))
-}
-
-fn coordinator_with(settings: CoordinatorNodeConfig) -> CoordinatorNode {
-    let ch = UdsChannel::bind(&endpoint("coord")).unwrap();
-    CoordinatorNode::start(&settings, ch, |_| {}).unwrap()
 }
 
 /// Waits for the coordinator to have seen `n` deliveries.

@@ -16,9 +16,7 @@ use common::endpoint;
 use tensorferry::core::transport::{
     Capabilities, Completion, FaultKind, ReadOp, Region, Transport, WriteOp,
 };
-use tensorferry::runtime::{
-    CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNodeConfig, NodeError, PoolOwner,
-};
+use tensorferry::runtime::{DataPlane, InstanceNodeConfig, NodeError, PoolOwner};
 use tensorferry_core::slots::{Dtype, TensorSpec};
 use tensorferry_shm::UdsChannel;
 
@@ -92,12 +90,7 @@ unsafe impl<T: PoolOwner> PoolOwner for PanicsOnWrite<T> {
 #[test]
 fn a_node_whose_progress_thread_panics_stops_and_says_so() {
     let second = Duration::from_secs(5);
-    let coord = CoordinatorNode::start(
-        &CoordinatorNodeConfig::new(&["encoder", "denoiser"]),
-        UdsChannel::bind(&endpoint("coord")).unwrap(),
-        |_| {},
-    )
-    .unwrap();
+    let coord = common::coordinator(&["encoder", "denoiser"]);
     let armed = Arc::new(AtomicBool::new(false));
     let trigger = Arc::clone(&armed);
     let enc = DataPlane::default()

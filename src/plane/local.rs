@@ -25,12 +25,9 @@ impl Spec for Local {
 
     /// Reads `threads` (copy threads for a large transfer, the caller's
     /// included) and `split_at` (bytes from which one is split over them).
-    fn parse(mut o: Options) -> Result<LocalConfig, PlaneError> {
+    fn parse(o: Options) -> Result<LocalConfig, PlaneError> {
         let mut c = LocalConfig::default();
-        let (threads, split_at) = o.copy()?;
-        c.threads = threads.unwrap_or(c.threads);
-        c.split_at = split_at.unwrap_or(c.split_at);
-        o.finish()?;
+        (c.threads, c.split_at) = o.finish_copy(c.threads, c.split_at)?;
         Ok(c)
     }
 

@@ -122,10 +122,17 @@ impl Options {
     }
 
     /// `threads` (at least 1) and `split_at` (bytes), the copy options
-    /// of the planes of one host, if given.
-    pub(super) fn copy(&mut self) -> Result<(Option<usize>, Option<u64>), PlaneError> {
-        let threads = self.parsed::<usize>("threads")?.map(|t| t.max(1));
-        Ok((threads, self.parsed::<u64>("split_at")?))
+    /// of the planes of one host, or the defaults given when absent; any
+    /// other option is refused.
+    pub(super) fn finish_copy(
+        mut self,
+        threads: usize,
+        split_at: u64,
+    ) -> Result<(usize, u64), PlaneError> {
+        let given = self.parsed::<usize>("threads")?.map(|t| t.max(1));
+        let split = self.parsed::<u64>("split_at")?;
+        self.finish()?;
+        Ok((given.unwrap_or(threads), split.unwrap_or(split_at)))
     }
 
     /// An error for `key`'s value `value`.

@@ -39,12 +39,11 @@ impl Spec for Shm {
     type Engine = ShmTransport;
 
     /// Reads `threads` and `split_at` (bytes).
-    fn parse(mut o: Options) -> Result<CopyConfig, PlaneError> {
+    fn parse(o: Options) -> Result<CopyConfig, PlaneError> {
         let mut c = CopyConfig::default();
-        let (threads, split_at) = o.copy()?;
-        c.threads = threads.unwrap_or(c.threads);
-        c.split_at = split_at.map_or(c.split_at, |s| usize::try_from(s).unwrap_or(usize::MAX));
-        o.finish()?;
+        let (threads, split_at) = o.finish_copy(c.threads, c.split_at as u64)?;
+        c.threads = threads;
+        c.split_at = usize::try_from(split_at).unwrap_or(usize::MAX);
         Ok(c)
     }
 

@@ -12,3 +12,18 @@ pub fn endpoint(tag: &str) -> String {
         std::process::id()
     )
 }
+
+/// A coordinator of `pipeline` on a fresh Unix socket.
+#[allow(dead_code)] // Not every test binary starts one.
+pub fn coordinator(pipeline: &[&str]) -> tensorferry::runtime::CoordinatorNode {
+    coordinator_with(tensorferry::runtime::CoordinatorNodeConfig::new(pipeline))
+}
+
+/// A coordinator of `settings` on a fresh Unix socket.
+#[allow(dead_code)] // Not every test binary starts one.
+pub fn coordinator_with(
+    settings: tensorferry::runtime::CoordinatorNodeConfig,
+) -> tensorferry::runtime::CoordinatorNode {
+    let ch = tensorferry_shm::UdsChannel::bind(&endpoint("coord")).unwrap();
+    tensorferry::runtime::CoordinatorNode::start(&settings, ch, |_| {}).unwrap()
+}

@@ -77,6 +77,17 @@ impl HostPool {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// The first byte of `pool`, null without one: what a transport that
+    /// may run without its own pool answers for `PoolOwner::pool_ptr`.
+    pub fn ptr_of(pool: Option<&Self>) -> *mut u8 {
+        pool.map_or(std::ptr::null_mut(), Self::ptr)
+    }
+
+    /// The length of `pool`, 0 without one (`PoolOwner::pool_len`).
+    pub fn len_of(pool: Option<&Self>) -> usize {
+        pool.map_or(0, Self::len)
+    }
 }
 
 impl Drop for HostPool {

@@ -254,7 +254,16 @@ fn read(region: Region, offset: u64, len: u64, from: &str, src: u64, cookie: u64
     }
 }
 
-fn write(region: Region, offset: u64, len: u64, to: &str, dst: u64, cookie: u64) -> WriteOp<'_> {
+/// A write of `len` bytes at `offset` in `region` to `dst` in `to`
+/// (shared with the transport's own tests).
+pub(crate) fn write(
+    region: Region,
+    offset: u64,
+    len: u64,
+    to: &str,
+    dst: u64,
+    cookie: u64,
+) -> WriteOp<'_> {
     WriteOp {
         region,
         local_offset: offset,

@@ -288,20 +288,13 @@ impl Transport for LocalTransport {
 
 #[cfg(test)]
 mod tests {
-    use tensorferry_core::transport::{FaultKind, WriteTag};
+    use tensorferry_core::transport::FaultKind;
 
     use super::*;
 
-    fn write<'a>(region: Region, offset: u64, len: u64, to: &'a str, dst: u64) -> WriteOp<'a> {
-        WriteOp {
-            region,
-            local_offset: offset,
-            len,
-            dest_session: to,
-            dest_addr: dst,
-            tag: WriteTag(0),
-            cookie: 7,
-        }
+    /// A write of cookie 7 (what these tests' completions check).
+    fn write(region: Region, offset: u64, len: u64, to: &str, dst: u64) -> WriteOp<'_> {
+        crate::tests_read::write(region, offset, len, to, dst, 7)
     }
 
     fn readable(fd: std::os::fd::RawFd, wait_ms: i32) -> bool {

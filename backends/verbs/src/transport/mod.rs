@@ -119,14 +119,12 @@ impl<D: Device> VerbsTransport<D> {
     /// relies on it (its [`PoolOwner`] promise), so no method may unmap
     /// or replace it.
     pub fn pool_ptr(&self) -> *mut u8 {
-        self.pool
-            .as_ref()
-            .map_or(std::ptr::null_mut(), HostPool::ptr)
+        HostPool::ptr_of(self.pool.as_ref())
     }
 
     /// The pool's length (0 without a pool).
     pub fn pool_len(&self) -> usize {
-        self.pool.as_ref().map_or(0, HostPool::len)
+        HostPool::len_of(self.pool.as_ref())
     }
 
     /// The side channel's endpoint.

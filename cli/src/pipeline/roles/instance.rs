@@ -197,16 +197,17 @@ pub(super) fn bind_zmq(args: &InstanceProcessConfig) -> Result<ZmqChannel, ExitC
         .map_err(|e| fail("bind", e))
 }
 
-/// Serves metrics and probes for an instance (if asked) and waits for its
-/// registration; `Err` holds the exit code when that failed or a stop came
+/// Serves metrics and probes for an instance (if asked), waits for its
+/// registration and gives its metrics server (kept while it runs) and its
+/// way out; `Err` holds the exit code when that failed or a stop came
 /// first.
-pub(super) fn start_serving(
-    node: &InstanceNode,
+pub(super) fn start_serving<'n>(
+    node: &'n InstanceNode,
     args: &InstanceProcessConfig,
-    life: &Lifetime,
-    ready: &Readiness,
-) -> Result<Option<MetricsServer>, ExitCode> {
-    let metrics = serve_metrics(args.metrics_listen.as_deref(), ready, |t| {
+    life: &'n Lifetime,
+) -> Result<(Option<MetricsServer>, Ending<'n>), ExitCode> {
+    let ready = Readiness::new();
+    let metrics = serve_metrics(args.metrics_listen.as_deref(), &ready, |t| {
         t.add_instance(node.probe(), &args.name);
     })?;
     match await_registration(node, life, Duration::from_secs(30)) {
@@ -230,7 +231,7 @@ pub(super) fn start_serving(
         "session_id": node.session_id(),
         "quarantine_ms": u64::try_from(node.quarantine().as_millis()).unwrap_or(u64::MAX),
     }));
-    Ok(metrics)
+    Ok((metrics, Ending::new(life, node, args.drain_timeout, ready)))
 }
 
 /// Runs an instance of the sglang workload until it is stopped.
@@ -240,12 +241,10 @@ pub(super) fn run_sglang(
     role: SglangRole,
     life: &Lifetime,
 ) -> ExitCode {
-    let ready = Readiness::new();
-    let _metrics = match start_serving(node, args, life, &ready) {
-        Ok(m) => m,
+    let (_metrics, mut ending) = match start_serving(node, args, life) {
+        Ok(started) => started,
         Err(code) => return code,
     };
-    let mut ending = Ending::new(life, node, args.drain_timeout, ready);
     let mut tally = SglangTally::default();
     sglang::run(node, role, &mut ending, &mut tally);
     let stop = ending.leave();
@@ -279,12 +278,10 @@ pub(super) fn run_instance(
     args: &InstanceProcessConfig,
     life: &Lifetime,
 ) -> ExitCode {
-    let ready = Readiness::new();
-    let _metrics = match start_serving(node, args, life, &ready) {
-        Ok(m) => m,
+    let (_metrics, mut ending) = match start_serving(node, args, life) {
+        Ok(started) => started,
         Err(code) => return code,
     };
-    let mut ending = Ending::new(life, node, args.drain_timeout, ready);
     let mut tally = Tally::default();
     let result = match (args.node.role.as_str(), args.workload) {
         ("encoder", _) => encode(node, args, &mut ending, &mut tally),
