@@ -41,7 +41,10 @@ impl<'s> Coordinator<'s> {
         // sender is told so rather than left waiting.
         let (buried, buried_by_sender) = match live {
             Some(_) => (false, false),
-            None => self.finished.lookup(m.request_id, leg, sender_ref.epoch),
+            None => self
+                .remains
+                .finished
+                .lookup(m.request_id, leg, sender_ref.epoch),
         };
         let duplicate = live == Some(sender_ref) || buried_by_sender;
         let reused = live.is_some() || buried;
@@ -74,7 +77,7 @@ impl<'s> Coordinator<'s> {
         }
         self.stats.staged += 1;
         let abort = |c: &mut Self, reason: FailReason| {
-            c.finished.bury_owned(id, leg, sender_ref.epoch);
+            c.remains.finished.bury_owned(id, leg, sender_ref.epoch);
             c.send(
                 from,
                 OutMsg::Abort {

@@ -84,7 +84,7 @@ impl<'s> Coordinator<'s> {
                 .find(h, |t| t.id.eq_json(id) && t.sender_role == prev)
                 .is_some()
         });
-        live || self.finished.contains(id, Leg::FromRole(prev))
+        live || self.remains.finished.contains(id, Leg::FromRole(prev))
     }
 
     /// The transfer `id` if it is in `phase` and `from` is its receiver (or

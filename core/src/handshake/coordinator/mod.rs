@@ -62,11 +62,14 @@ mod peers;
 mod queue;
 mod registration;
 mod registry;
+mod remains;
 mod replies;
 mod storage;
 mod transfers;
 use registry::Registry;
 pub use registry::{RegistrySizes, RegistryStorage};
+use remains::Remains;
+pub use remains::{RemainsSizes, RemainsStorage};
 pub use storage::{peer_table_len, CoordinatorSizes, CoordinatorStorage, MAX_PREALLOC_PER_MEMBER};
 use transfers::Transfers;
 pub use transfers::{TransfersSizes, TransfersStorage};
@@ -267,9 +270,9 @@ pub struct Coordinator<'s> {
     transfers: Transfers<'s>,
     /// The queues its caller polls.
     outbox: Outbox<'s>,
-    parked: Table<'s, Parked>,
+    /// The parked slots and tombstones of requests that ended.
+    remains: Remains<'s>,
     epochs: u32,
-    finished: Graveyard<'s>,
     admitted: ManagedSlice<'s, Option<Admitted>>,
     /// The endpoints it names peers by.
     peers: Peers<'s>,
@@ -330,6 +333,14 @@ impl<'s> Coordinator<'s> {
             return Err(ConfigError::PeerTableTooSmall);
         }
         let transfers = Transfers::new(storage.transfers, key)?;
+        // Slots are parked for the transfers, members and slots per member
+        // the other parts hold.
+        let kept = Limits {
+            prealloc_per_member: storage.prealloc_per_member,
+            tombstones: storage.remains.finished.len(),
+            ..limits
+        };
+        let remains = Remains::new(storage.remains, key, &kept)?;
         storage.admitted.iter_mut().for_each(|a| *a = None);
         Ok(Self {
             config,
@@ -337,10 +348,9 @@ impl<'s> Coordinator<'s> {
             role_count: pipeline.len(),
             registry,
             transfers,
+            remains,
             outbox: Outbox::new(storage.outbox),
-            parked: Table::new(storage.parked, key, true),
             epochs: 0,
-            finished: Graveyard::new(storage.finished, storage.finished_index, key),
             admitted: storage.admitted,
             peers: Peers::new(storage.peers, storage.peer_index),
             role_endpoints: [None; MAX_ROLES],
@@ -439,8 +449,8 @@ impl<'s> Coordinator<'s> {
             + self.registry.sessions.probes()
             + self.registry.endpoints.probes()
             + self.transfers.records.probes()
-            + self.parked.probes()
-            + self.finished.probes()
+            + self.remains.parked.probes()
+            + self.remains.finished.probes()
             + self.peers.probes()
     }
 
@@ -482,10 +492,13 @@ impl<'s> Coordinator<'s> {
             .and_then(|i| self.transfers.records.get(i))
             .and_then(|t| slot(t.receiver?, t.prealloc?));
         live.or_else(|| {
-            let p = self.parked.find(hash, |p| {
+            let p = self.remains.parked.find(hash, |p| {
                 p.id.as_str() == id && slot(p.member, p.slot_id).is_some()
             })?;
-            self.parked.get(p).and_then(|p| slot(p.member, p.slot_id))
+            self.remains
+                .parked
+                .get(p)
+                .and_then(|p| slot(p.member, p.slot_id))
         })
     }
 

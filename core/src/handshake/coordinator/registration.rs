@@ -262,9 +262,12 @@ impl<'s> Coordinator<'s> {
                 self.fail(now, i, reason);
             }
         }
-        for p in 0..self.parked.capacity() {
-            if self.parked[p].as_ref().is_some_and(|p| p.member == r) {
-                self.parked.remove(p);
+        for p in 0..self.remains.parked.capacity() {
+            if self.remains.parked[p]
+                .as_ref()
+                .is_some_and(|p| p.member == r)
+            {
+                self.remains.parked.remove(p);
             }
         }
         self.registry.ranking.remove(r.index);
@@ -362,9 +365,10 @@ impl<'s> Coordinator<'s> {
                     .then_some(m2.peer)
                 };
                 let p = self
+                    .remains
                     .parked
                     .find(self.id_hash(m.request_id)?, |p| held_by(p).is_some())?;
-                self.parked.get(p).and_then(held_by)
+                self.remains.parked.get(p).and_then(held_by)
             }),
             _ => None,
         }

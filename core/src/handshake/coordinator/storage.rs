@@ -8,7 +8,7 @@ use super::*;
 pub struct CoordinatorStorage<'s> {
     /// Preallocated slots a member may register (at most
     /// [`MAX_PREALLOC_PER_MEMBER`]): a registration with more is refused.
-    /// `parked` needs room for this many per member.
+    /// `remains.parked` is sized for this many per member.
     pub prealloc_per_member: usize,
     /// The members and what indexes and ranks them, as long as
     /// [`RegistryStorage::storage_needed`] says.
@@ -19,14 +19,9 @@ pub struct CoordinatorStorage<'s> {
     /// The queues the caller polls, as long as
     /// [`OutboxStorage::storage_needed`] says.
     pub outbox: OutboxStorage<'s>,
-    /// Preallocated slots out of use, with deadlines.
-    pub parked: TableStorage<'s, Parked>,
-    /// Legs of requests that ended, newest overwriting oldest, so that a
-    /// duplicated `transfer_staged` arriving late is not taken for a new
-    /// request. Request ids must not be reused while they are here.
-    pub finished: ManagedSlice<'s, Tombstone>,
-    /// Their index: [`TableStorage::index_places`] of `finished`.
-    pub finished_index: ManagedSlice<'s, u64>,
+    /// The parked slots and tombstones of requests that ended, as long
+    /// as [`RemainsStorage::storage_needed`] says.
+    pub remains: RemainsStorage<'s>,
     /// Room for the admission list ([`Coordinator::admit`]); may be empty
     /// when no list is kept.
     pub admitted: ManagedSlice<'s, Option<Admitted>>,
@@ -56,12 +51,8 @@ pub struct CoordinatorSizes {
     pub transfers: TransfersSizes,
     /// `outbox` ([`OutboxStorage::storage_needed`]).
     pub outbox: OutboxSizes,
-    /// `parked`.
-    pub parked: TableSizes,
-    /// `finished`.
-    pub finished: usize,
-    /// `finished_index`.
-    pub finished_index: usize,
+    /// `remains` ([`RemainsStorage::storage_needed`]).
+    pub remains: RemainsSizes,
     /// `admitted`.
     pub admitted: usize,
     /// `peers`.
@@ -78,18 +69,14 @@ impl CoordinatorStorage<'_> {
     /// `owned` allocates, and what a caller
     /// that places the tables itself gives.
     pub fn storage_needed(limits: &crate::handshake::Limits) -> CoordinatorSizes {
-        let n = limits.requests.max(1);
         let members = limits.members.max(1);
-        let tombstones = limits.tombstones.max(1);
         let per_member = limits.prealloc_per_member.min(MAX_PREALLOC_PER_MEMBER);
         CoordinatorSizes {
             prealloc_per_member: per_member,
             registry: RegistryStorage::storage_needed(limits),
             transfers: TransfersStorage::storage_needed(limits),
             outbox: OutboxStorage::storage_needed(limits),
-            parked: TableStorage::<Parked>::storage_needed(n + members * per_member, true),
-            finished: tombstones,
-            finished_index: Index::places_for(tombstones),
+            remains: RemainsStorage::storage_needed(limits),
             admitted: members,
             peers: peer_table_len(members),
             peer_index: Index::places_for(peer_table_len(members)),
@@ -110,9 +97,7 @@ impl CoordinatorStorage<'static> {
             registry: RegistryStorage::owned(&n.registry),
             transfers: TransfersStorage::owned(&n.transfers),
             outbox: OutboxStorage::owned(&n.outbox),
-            parked: TableStorage::owned(n.parked.records, true),
-            finished: filled(n.finished, Tombstone::EMPTY),
-            finished_index: filled(n.finished_index, 0),
+            remains: RemainsStorage::owned(&n.remains),
             admitted: empty(n.admitted),
             peers: filled(n.peers, PeerSlot::EMPTY),
             peer_index: filled(n.peer_index, 0),
