@@ -235,13 +235,15 @@ pub fn check() -> Result<(), i32> {
     let mut rankings = Carve(&mut ranking);
     let storage = CoordinatorStorage {
         prealloc_per_member: s.prealloc_per_member,
-        members: table(&mut Carve(&mut members), &mut cn, s.members)?,
-        sessions: cn.longs.take(s.member_index)?,
-        endpoints: cn.longs.take(s.member_index)?,
-        ranking: rankings.take(s.ranking)?,
-        ranking_places: cn.longs.take(s.ranking_places)?,
-        room_ranking: rankings.take(s.ranking)?,
-        room_ranking_places: cn.longs.take(s.ranking_places)?,
+        registry: coordinator::RegistryStorage {
+            members: table(&mut Carve(&mut members), &mut cn, s.registry.members)?,
+            sessions: cn.longs.take(s.registry.member_index)?,
+            endpoints: cn.longs.take(s.registry.member_index)?,
+            ranking: rankings.take(s.registry.ranking)?,
+            ranking_places: cn.longs.take(s.registry.ranking_places)?,
+            room_ranking: rankings.take(s.registry.ranking)?,
+            room_ranking_places: cn.longs.take(s.registry.ranking_places)?,
+        },
         transfers: coordinator::TransfersStorage {
             requests: table(&mut Carve(&mut transfers), &mut cn, s.transfers.requests)?,
             nested: cn.bytes.take(s.transfers.nested)?,
@@ -250,9 +252,11 @@ pub fn check() -> Result<(), i32> {
             transmits: transmits.take(s.outbox.transmits)?,
             events: queue_events.take(s.outbox.events)?,
         },
-        parked: table(&mut Carve(&mut parked), &mut cn, s.parked)?,
-        finished: cn.tombstones.take(s.finished)?,
-        finished_index: cn.longs.take(s.finished_index)?,
+        remains: coordinator::RemainsStorage {
+            parked: table(&mut Carve(&mut parked), &mut cn, s.remains.parked)?,
+            finished: cn.tombstones.take(s.remains.finished)?,
+            finished_index: cn.longs.take(s.remains.finished_index)?,
+        },
         admitted: Carve(&mut admitted).take(s.admitted)?,
         peers: Carve(&mut peers).take(s.peers)?,
         peer_index: cn.longs.take(s.peer_index)?,

@@ -331,6 +331,162 @@ fn a_coordinator_refuses_transfer_storage_of_the_wrong_size_naming_it() {
     );
 }
 
+/// The registry's storage is sized by its own `storage_needed`: an index,
+/// a ranking or the member table of another length is refused, naming the
+/// part and the slice; a ranking too small for the members is still
+/// refused as such, before any other length.
+#[test]
+fn a_coordinator_refuses_registry_storage_of_the_wrong_size_naming_it() {
+    use tensorferry_core::handshake::{coordinator, Limits, StorageError};
+    let limits = Limits {
+        requests: 8,
+        nested_per_request: 256,
+        tombstones: 8,
+        members: 4,
+        prealloc_per_member: 2,
+    };
+    let needed = CoordinatorStorage::storage_needed(&limits).registry;
+    assert_eq!(
+        needed,
+        coordinator::RegistryStorage::storage_needed(&limits)
+    );
+    assert_eq!(needed.members.records, 4);
+    assert_eq!(needed.ranking, coordinator::MAX_ROLES * 4);
+    assert_eq!(needed.ranking_places, 4);
+    let pipeline = ["encoder", "denoiser"];
+    let fresh = || CoordinatorStorage::owned(&limits);
+    assert!(Coordinator::new(&pipeline, CoordinatorConfig::FERRY, fresh()).is_ok());
+    let refused = |storage| Coordinator::new(&pipeline, CoordinatorConfig::FERRY, storage).err();
+
+    let mut storage = fresh();
+    storage.registry.sessions = vec![0u64; needed.member_index + 1].into();
+    let err = refused(storage);
+    assert_eq!(
+        err,
+        Some(ConfigError::Storage(StorageError {
+            part: "registry",
+            field: "sessions",
+            needed: needed.member_index,
+            given: needed.member_index + 1,
+        }))
+    );
+    let shown = err.map(|e| e.to_string()).unwrap_or_default();
+    assert!(shown.contains("registry.sessions"), "{shown}");
+
+    let mut storage = fresh();
+    storage.registry.endpoints = vec![0u64; needed.member_index - 1].into();
+    assert_eq!(
+        refused(storage),
+        Some(ConfigError::Storage(StorageError {
+            part: "registry",
+            field: "endpoints",
+            needed: needed.member_index,
+            given: needed.member_index - 1,
+        }))
+    );
+
+    let mut storage = fresh();
+    storage.registry.room_ranking = vec![(0u64, 0u32); needed.ranking + 1].into();
+    assert_eq!(
+        refused(storage),
+        Some(ConfigError::Storage(StorageError {
+            part: "registry",
+            field: "room_ranking",
+            needed: needed.ranking,
+            given: needed.ranking + 1,
+        }))
+    );
+
+    let mut storage = fresh();
+    storage.registry.ranking_places = vec![0u64; needed.ranking_places + 1].into();
+    assert_eq!(
+        refused(storage),
+        Some(ConfigError::Storage(StorageError {
+            part: "registry",
+            field: "ranking_places",
+            needed: needed.ranking_places,
+            given: needed.ranking_places + 1,
+        }))
+    );
+
+    let mut storage = fresh();
+    storage.registry.members.index = vec![0u64; needed.members.index + 1].into();
+    assert_eq!(
+        refused(storage),
+        Some(ConfigError::Storage(StorageError {
+            part: "registry.members",
+            field: "index",
+            needed: needed.members.index,
+            given: needed.members.index + 1,
+        }))
+    );
+
+    // Too few places or lanes for the members: the ranking is too small,
+    // whatever else is off.
+    let mut storage = fresh();
+    storage.registry.room_ranking_places = vec![0u64; needed.ranking_places - 1].into();
+    storage.registry.sessions = vec![0u64; 1].into();
+    assert_eq!(refused(storage), Some(ConfigError::RankingTooSmall));
+    let mut storage = fresh();
+    storage.registry.ranking = vec![(0u64, 0u32); 4 * pipeline.len() - 1].into();
+    assert_eq!(refused(storage), Some(ConfigError::RankingTooSmall));
+}
+
+/// What is left of ended requests (parked slots, tombstones) is sized by
+/// its own `storage_needed`, the parked slots by the coordinator's
+/// requests, members and slots per member: another length is refused,
+/// naming the part and the slice.
+#[test]
+fn a_coordinator_refuses_remains_storage_of_the_wrong_size_naming_it() {
+    use tensorferry_core::handshake::{coordinator, Limits, StorageError};
+    let limits = Limits {
+        requests: 8,
+        nested_per_request: 256,
+        tombstones: 8,
+        members: 4,
+        prealloc_per_member: 2,
+    };
+    let needed = CoordinatorStorage::storage_needed(&limits).remains;
+    assert_eq!(needed, coordinator::RemainsStorage::storage_needed(&limits));
+    assert_eq!((needed.parked.records, needed.finished), (8 + 4 * 2, 8));
+    let fresh = || CoordinatorStorage::owned(&limits);
+    let refused = |storage| Coordinator::new(&["a", "b"], CoordinatorConfig::FERRY, storage).err();
+    assert_eq!(refused(fresh()), None);
+    let wrong = |part, field, needed, given| {
+        Some(ConfigError::Storage(StorageError {
+            part,
+            field,
+            needed,
+            given,
+        }))
+    };
+
+    let mut storage = fresh();
+    storage.remains.finished_index = vec![0u64; needed.finished_index + 1].into();
+    let err = refused(storage);
+    let (index, more) = (needed.finished_index, needed.finished_index + 1);
+    assert_eq!(err, wrong("remains", "finished_index", index, more));
+    let shown = err.map(|e| e.to_string()).unwrap_or_default();
+    assert!(shown.contains("remains.finished_index"), "{shown}");
+
+    let mut storage = fresh();
+    storage.remains.parked.timer_places = vec![0u64; needed.parked.timers - 1].into();
+    let (timers, fewer) = (needed.parked.timers, needed.parked.timers - 1);
+    assert_eq!(
+        refused(storage),
+        wrong("remains.parked", "timer_places", timers, fewer)
+    );
+
+    // Fewer slots per member than the parked table was sized for.
+    let mut storage = fresh();
+    storage.prealloc_per_member = 1;
+    let records = needed.parked.records;
+    assert_eq!(
+        refused(storage),
+        wrong("remains.parked", "records", 8 + 4, records)
+    );
+}
+
 /// An instance takes messages as its channel delivers them, as the
 /// coordinator does: a frame that is not a transfer message is the
 /// application's, one that does not decode is malformed, and a register

@@ -13,6 +13,7 @@ impl<'s> Coordinator<'s> {
         let id = RequestId::from_json(m.request_id).map_err(|_| Ignored::TooLong("request_id"))?;
         let sender_index = self.member_of_peer(from).ok_or(Ignored::NotRegistered)?;
         let sender = self
+            .registry
             .members
             .get(sender_index)
             .ok_or(Ignored::NotRegistered)?;
@@ -40,7 +41,10 @@ impl<'s> Coordinator<'s> {
         // sender is told so rather than left waiting.
         let (buried, buried_by_sender) = match live {
             Some(_) => (false, false),
-            None => self.finished.lookup(m.request_id, leg, sender_ref.epoch),
+            None => self
+                .remains
+                .finished
+                .lookup(m.request_id, leg, sender_ref.epoch),
         };
         let duplicate = live == Some(sender_ref) || buried_by_sender;
         let reused = live.is_some() || buried;
@@ -73,7 +77,7 @@ impl<'s> Coordinator<'s> {
         }
         self.stats.staged += 1;
         let abort = |c: &mut Self, reason: FailReason| {
-            c.finished.bury_owned(id, leg, sender_ref.epoch);
+            c.remains.finished.bury_owned(id, leg, sender_ref.epoch);
             c.send(
                 from,
                 OutMsg::Abort {
@@ -145,29 +149,30 @@ impl<'s> Coordinator<'s> {
     /// the role's slots are of mixed sizes, some fitting, are its receivers
     /// with room compared one by one.
     pub(super) fn choose(&mut self, role: usize, data_size: u64) -> Option<usize> {
-        let (_, top) = self.ranking.peek(role)?;
+        let (_, top) = self.registry.ranking.peek(role)?;
         match self.config.policy {
             Policy::RoundRobin => {
-                self.picks += 1;
-                if let Some(mut m) = self.members.get_mut(top) {
-                    m.last_pick = self.picks;
+                self.registry.picks += 1;
+                if let Some(mut m) = self.registry.members.get_mut(top) {
+                    m.last_pick = self.registry.picks;
                 }
                 Some(top)
             }
             Policy::MostFreeSlots => {
-                let m = self.members.get(top)?;
+                let m = self.registry.members.get(top)?;
                 if m.prealloc.free_fitting(data_size) == m.prealloc.free() {
                     return Some(top);
                 }
-                let (_, largest) = self.slot_bounds.get(role).copied()?;
+                let (_, largest) = self.registry.slot_bounds.get(role).copied()?;
                 if data_size > largest {
-                    return self.room_ranking.peek(role).map(|(_, i)| i);
+                    return self.registry.room_ranking.peek(role).map(|(_, i)| i);
                 }
-                self.ranking
+                self.registry
+                    .ranking
                     .lane(role)
                     .iter()
                     .filter_map(|&(_, i)| {
-                        let m = self.members.get(i as usize)?;
+                        let m = self.registry.members.get(i as usize)?;
                         Some((
                             (
                                 m.prealloc.free_fitting(data_size),
@@ -187,6 +192,7 @@ impl<'s> Coordinator<'s> {
     /// members anew (once per member that comes or goes).
     pub(super) fn bound_slots(&mut self, role: usize) {
         let bounds = self
+            .registry
             .members
             .iter()
             .flatten()
@@ -195,7 +201,7 @@ impl<'s> Coordinator<'s> {
             .fold((u64::MAX, 0), |(lo, hi), s| {
                 (lo.min(s.size), hi.max(s.size))
             });
-        if let Some(b) = self.slot_bounds.get_mut(role) {
+        if let Some(b) = self.registry.slot_bounds.get_mut(role) {
             *b = bounds;
         }
     }
@@ -205,7 +211,7 @@ impl<'s> Coordinator<'s> {
     /// the policy's key; and its taken slots counted into the total.
     pub(super) fn rank(&mut self, index: usize) {
         let policy = self.config.policy;
-        let Some(mut m) = self.members.get_mut(index) else {
+        let Some(mut m) = self.registry.members.get_mut(index) else {
             return;
         };
         let taken = m.prealloc.len() - m.prealloc.free();
@@ -228,15 +234,17 @@ impl<'s> Coordinator<'s> {
         if drained {
             self.send(peer, OutMsg::Drained { session });
         }
-        self.prealloc_taken = (self.prealloc_taken + taken).saturating_sub(counted);
+        self.registry.prealloc_taken =
+            (self.registry.prealloc_taken + taken).saturating_sub(counted);
         if available == 0 || draining {
-            self.ranking.remove(index);
-            self.room_ranking.remove(index);
+            self.registry.ranking.remove(index);
+            self.registry.room_ranking.remove(index);
             return;
         }
         // Most room, then table order.
         let room = (0xff_ffff - u64::from(available.min(0xff_ffff))) << 24;
-        self.room_ranking
+        self.registry
+            .room_ranking
             .set(role, index, room | (index as u64).min(0xff_ffff));
         let key = match policy {
             // Chosen longest ago first; never chosen, in table order.
@@ -248,7 +256,7 @@ impl<'s> Coordinator<'s> {
                 (free << 48) | (room << 24) | (index as u64).min(0xff_ffff)
             }
         };
-        self.ranking.set(role, index, key);
+        self.registry.ranking.set(role, index, key);
     }
 
     /// Tries to hand transfer `index` (queued) to a receiver.
@@ -271,7 +279,7 @@ impl<'s> Coordinator<'s> {
         let Some(r) = self.choose(role, data_size) else {
             return;
         };
-        let Some(mut m) = self.members.get_mut(r) else {
+        let Some(mut m) = self.registry.members.get_mut(r) else {
             return;
         };
         let Ok(ticket) = m.capacity.acquire() else {

@@ -34,7 +34,8 @@ impl<'s> Coordinator<'s> {
         self.release(i);
         self.unqueue(i);
         let t = self.transfers.records.remove(i)?;
-        self.finished
+        self.remains
+            .finished
             .bury_owned(t.id, Leg::FromRole(t.sender_role), t.sender.epoch);
         Some(t)
     }
@@ -93,7 +94,7 @@ impl<'s> Coordinator<'s> {
                 // No room to park: keep the slot taken rather than risk a
                 // write landing in a reused slot. It comes back when the
                 // instance registers again.
-                let _ = self.parked.insert(Parked {
+                let _ = self.remains.parked.insert(Parked {
                     member: r,
                     slot_id,
                     id: t.id,
@@ -141,11 +142,11 @@ impl<'s> Coordinator<'s> {
             }
             self.enqueue(i);
         }
-        while let Some((at, p)) = self.parked.next_due() {
+        while let Some((at, p)) = self.remains.parked.next_due() {
             if at > now {
                 break;
             }
-            let Some(p) = self.parked.remove(p) else {
+            let Some(p) = self.remains.parked.remove(p) else {
                 break;
             };
             self.give_back(p.member, p.slot_id);

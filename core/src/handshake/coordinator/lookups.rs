@@ -10,23 +10,29 @@ impl<'s> Coordinator<'s> {
     /// `user`.
     pub(super) fn spoken_for_by(&self, from: PeerId, user: &str) -> bool {
         self.member_of_peer(from)
-            .and_then(|i| self.members.get(i))
+            .and_then(|i| self.registry.members.get(i))
             .is_none_or(|m| m.user.as_str() == user)
     }
 
     pub(super) fn member_of_peer(&self, peer: PeerId) -> Option<usize> {
-        member_of(&self.members, peer)
+        member_of(&self.registry.members, peer)
     }
 
     pub(super) fn member(&self, r: MemberRef) -> Option<&Member> {
-        self.members.get(r.index).filter(|m| m.epoch == r.epoch)
+        self.registry
+            .members
+            .get(r.index)
+            .filter(|m| m.epoch == r.epoch)
     }
 
     pub(super) fn member_mut(
         &mut self,
         r: MemberRef,
     ) -> Option<crate::handshake::tables::table::RecordMut<'_, 's, Member>> {
-        self.members.get_mut(r.index).filter(|m| m.epoch == r.epoch)
+        self.registry
+            .members
+            .get_mut(r.index)
+            .filter(|m| m.epoch == r.epoch)
     }
 
     /// The hash a request id is indexed by, if it can be held at all.
@@ -78,7 +84,7 @@ impl<'s> Coordinator<'s> {
                 .find(h, |t| t.id.eq_json(id) && t.sender_role == prev)
                 .is_some()
         });
-        live || self.finished.contains(id, Leg::FromRole(prev))
+        live || self.remains.finished.contains(id, Leg::FromRole(prev))
     }
 
     /// The transfer `id` if it is in `phase` and `from` is its receiver (or

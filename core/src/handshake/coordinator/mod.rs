@@ -60,10 +60,16 @@ pub use outbox::{OutboxSizes, OutboxStorage};
 mod output;
 mod peers;
 mod queue;
+mod registration;
 mod registry;
+mod remains;
 mod replies;
 mod storage;
 mod transfers;
+use registry::Registry;
+pub use registry::{RegistrySizes, RegistryStorage};
+use remains::Remains;
+pub use remains::{RemainsSizes, RemainsStorage};
 pub use storage::{peer_table_len, CoordinatorSizes, CoordinatorStorage, MAX_PREALLOC_PER_MEMBER};
 use transfers::Transfers;
 pub use transfers::{TransfersSizes, TransfersStorage};
@@ -258,27 +264,15 @@ pub struct Coordinator<'s> {
     config: CoordinatorConfig,
     roles: [Text<ROLE_LEN>; MAX_ROLES],
     role_count: usize,
-    members: Table<'s, Member>,
-    sessions: Index<'s>,
-    endpoints: Index<'s>,
-    /// Per role, the members with room, best first by the policy.
-    ranking: Heaps<'s>,
-    /// Per role, the members with room, most room first.
-    room_ranking: Heaps<'s>,
-    /// Per role, the smallest and largest preallocated slot its members
-    /// registered (`(u64::MAX, 0)`: none).
-    slot_bounds: [(u64, u64); MAX_ROLES],
-    /// Round robin's clock: members chosen longest ago come first.
-    picks: u64,
-    /// Preallocated slots taken or parked, over all members.
-    prealloc_taken: usize,
+    /// The members and what indexes and ranks them.
+    registry: Registry<'s>,
     /// The requests in flight and their queues.
     transfers: Transfers<'s>,
     /// The queues its caller polls.
     outbox: Outbox<'s>,
-    parked: Table<'s, Parked>,
+    /// The parked slots and tombstones of requests that ended.
+    remains: Remains<'s>,
     epochs: u32,
-    finished: Graveyard<'s>,
     admitted: ManagedSlice<'s, Option<Admitted>>,
     /// The endpoints it names peers by.
     peers: Peers<'s>,
@@ -327,47 +321,36 @@ impl<'s> Coordinator<'s> {
         // The queues are as long as the transfers and members need.
         let limits = Limits {
             requests: storage.transfers.requests.records.len(),
-            members: storage.members.records.len(),
+            members: storage.registry.members.records.len(),
             ..Limits::COORDINATOR
         };
         storage
             .outbox
             .check(&OutboxStorage::storage_needed(&limits))
             .map_err(ConfigError::Storage)?;
-        let members_ranked = storage
-            .ranking_places
-            .len()
-            .min(storage.room_ranking_places.len());
-        let lanes = storage.ranking.len().min(storage.room_ranking.len());
-        if members_ranked == 0 || lanes < members_ranked * pipeline.len() {
-            return Err(ConfigError::RankingTooSmall);
-        }
-        let members = Table::new(storage.members, key, false);
-        if members.capacity() > members_ranked {
-            return Err(ConfigError::RankingTooSmall);
-        }
-        if !storage.peers.is_empty() && storage.peers.len() <= members.capacity() {
+        let registry = Registry::new(storage.registry, key, pipeline.len())?;
+        if !storage.peers.is_empty() && storage.peers.len() <= registry.members.capacity() {
             return Err(ConfigError::PeerTableTooSmall);
         }
         let transfers = Transfers::new(storage.transfers, key)?;
+        // Slots are parked for the transfers, members and slots per member
+        // the other parts hold.
+        let kept = Limits {
+            prealloc_per_member: storage.prealloc_per_member,
+            tombstones: storage.remains.finished.len(),
+            ..limits
+        };
+        let remains = Remains::new(storage.remains, key, &kept)?;
         storage.admitted.iter_mut().for_each(|a| *a = None);
         Ok(Self {
             config,
             roles,
             role_count: pipeline.len(),
-            members,
-            sessions: Index::new(storage.sessions),
-            endpoints: Index::new(storage.endpoints),
-            ranking: Heaps::new(storage.ranking, storage.ranking_places),
-            room_ranking: Heaps::new(storage.room_ranking, storage.room_ranking_places),
-            slot_bounds: [(u64::MAX, 0); MAX_ROLES],
-            picks: 0,
-            prealloc_taken: 0,
+            registry,
             transfers,
+            remains,
             outbox: Outbox::new(storage.outbox),
-            parked: Table::new(storage.parked, key, true),
             epochs: 0,
-            finished: Graveyard::new(storage.finished, storage.finished_index, key),
             admitted: storage.admitted,
             peers: Peers::new(storage.peers, storage.peer_index),
             role_endpoints: [None; MAX_ROLES],
@@ -455,25 +438,26 @@ impl<'s> Coordinator<'s> {
 
     /// Registered instances.
     pub fn members(&self) -> usize {
-        self.members.len()
+        self.registry.members.len()
     }
 
     /// Places the hash indexes read so far: the lookups' work, which no
     /// choice of ids can drive past [`MAX_PROBE`](super::tables::MAX_PROBE)
     /// places per lookup.
     pub fn probes(&self) -> u64 {
-        self.members.probes()
-            + self.sessions.probes()
-            + self.endpoints.probes()
+        self.registry.members.probes()
+            + self.registry.sessions.probes()
+            + self.registry.endpoints.probes()
             + self.transfers.records.probes()
-            + self.parked.probes()
-            + self.finished.probes()
+            + self.remains.parked.probes()
+            + self.remains.finished.probes()
             + self.peers.probes()
     }
 
     /// Capacity units in use on each registered instance, with its peer.
     pub fn capacity_in_use(&self) -> impl Iterator<Item = (PeerId, u32)> + '_ {
-        self.members
+        self.registry
+            .members
             .iter()
             .flatten()
             .map(|m| (m.peer, m.capacity.in_use()))
@@ -481,7 +465,7 @@ impl<'s> Coordinator<'s> {
 
     /// Preallocated slots taken or parked, over all instances.
     pub fn prealloc_taken(&self) -> usize {
-        self.prealloc_taken
+        self.registry.prealloc_taken
     }
 
     /// The preallocated slot of `receiver` assigned (or parked) for
@@ -508,10 +492,13 @@ impl<'s> Coordinator<'s> {
             .and_then(|i| self.transfers.records.get(i))
             .and_then(|t| slot(t.receiver?, t.prealloc?));
         live.or_else(|| {
-            let p = self.parked.find(hash, |p| {
+            let p = self.remains.parked.find(hash, |p| {
                 p.id.as_str() == id && slot(p.member, p.slot_id).is_some()
             })?;
-            self.parked.get(p).and_then(|p| slot(p.member, p.slot_id))
+            self.remains
+                .parked
+                .get(p)
+                .and_then(|p| slot(p.member, p.slot_id))
         })
     }
 

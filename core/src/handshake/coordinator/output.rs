@@ -151,7 +151,7 @@ impl<'s> Coordinator<'s> {
     /// the tops of the deadline heaps.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let transfers = self.transfers.records.next_due().map(|(at, _)| at);
-        let parked = self.parked.next_due().map(|(at, _)| at);
+        let parked = self.remains.parked.next_due().map(|(at, _)| at);
         transfers.into_iter().chain(parked).min()
     }
 }

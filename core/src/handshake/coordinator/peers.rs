@@ -197,7 +197,7 @@ impl Coordinator<'_> {
 
     /// The peer the coordinator names `endpoint`, if it named it.
     pub fn peer_at(&self, endpoint: &str) -> Option<PeerId> {
-        self.peers.find(self.members.key(), endpoint)
+        self.peers.find(self.registry.members.key(), endpoint)
     }
 
     /// Handles a message as the control channel delivered it: decodes it,
@@ -268,7 +268,10 @@ impl Coordinator<'_> {
                 return Ok(self.sender_among(decoded, role, msg.user));
             }
         };
-        let Self { peers, members, .. } = self;
+        let Self {
+            peers, registry, ..
+        } = self;
+        let members = &registry.members;
         let key = *members.key();
         let is_member = |p: PeerId| member_of(members, p).is_some();
         peers.intern(&key, endpoint, is_member).map(Some)

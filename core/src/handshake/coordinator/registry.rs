@@ -1,363 +1,159 @@
-//! The member registry: registration and its answer, a member dropped or
-//! lost, and who sent a message.
+//! The registry: the members, their indexes by session and by work
+//! endpoint, the receivers ranked per role, and what is counted over all
+//! members (slot bounds per role, round robin's clock, preallocated slots
+//! taken). What is done with it lives in `registration.rs` and
+//! `dispatch.rs`.
 
 use super::*;
 
-impl<'s> Coordinator<'s> {
-    pub(super) fn on_register(
-        &mut self,
-        now: Instant,
-        from: PeerId,
-        user: &str,
-        m: &Register<'_>,
-    ) -> Result<(), Ignored> {
-        let user = Name::new(user).map_err(|_| Ignored::TooLong("user"))?;
-        let session = Name::from_json(m.session_id).map_err(|_| Ignored::TooLong("session_id"))?;
-        let endpoint =
-            Name::from_json(m.work_endpoint).map_err(|_| Ignored::TooLong("work_endpoint"))?;
-        let role = self.pipeline().iter().position(|r| r.eq_json(m.role));
-        if !self.admits(role, &endpoint) {
-            // Not answered: the answer would go to an endpoint nobody
-            // vouched for.
-            self.stats.refused += 1;
-            self.event(CoordinatorEvent::Refused {
-                peer: from,
-                reason: "the endpoint is not admitted for this role",
-                acked: false,
-            });
-            return Err(Ignored::NotAdmitted);
-        }
-        let refuse = |c: &mut Self, error: &'static str| {
-            c.send(
-                from,
-                OutMsg::Ack {
-                    session,
-                    role: usize::MAX,
-                    accepted: false,
-                    error: Some(error),
-                },
-            );
-            c.stats.refused += 1;
-            c.event(CoordinatorEvent::Refused {
-                peer: from,
-                reason: error,
-                acked: true,
-            });
-            Ok(())
-        };
-        let Some(role) = role else {
-            return refuse(self, "unknown role");
-        };
-        if self.draining {
-            return refuse(self, "coordinator shutting down");
-        }
-        if m.pool_ptr.checked_add(m.pool_size).is_none() {
-            return refuse(self, "pool_ptr + pool_size overflows 64 bits");
-        }
-        let write_lifetime = Duration::from_millis(m.write_lifetime_ms);
-        if write_lifetime > self.config.max_write_lifetime {
-            return refuse(
-                self,
-                "write_lifetime_ms beyond the coordinator's max_write_lifetime",
-            );
-        }
-        let prealloc = match PreallocTable::<MAX_PREALLOC_PER_MEMBER>::from_registration(
-            &m.preallocated_slots,
-            m.pool_ptr,
-            m.pool_size,
-        ) {
-            Ok(t) if t.len() <= self.prealloc_per_member => t,
-            Ok(_) => return refuse(self, "more preallocated_slots than the coordinator takes"),
-            Err(_) => return refuse(self, "bad preallocated_slots"),
-        };
-        // The same endpoint (or peer) registering again.
-        let endpoint_hash = self.members.key().bytes(endpoint.as_bytes(), NS_ENDPOINT);
-        let session_hash = self.members.key().bytes(session.as_bytes(), NS_SESSION);
-        let existing = self
-            .endpoints
-            .find(endpoint_hash, |i| {
-                self.members.get(i).is_some_and(|x| x.endpoint == endpoint)
-            })
-            .or_else(|| self.member_of_peer(from));
-        if let Some(i) = existing {
-            // An endpoint registered under one key is not taken over under
-            // another: the answer would go to the instance that holds it,
-            // so none is sent. Once the first is gone (its connection
-            // lost, or deregistered) the endpoint is free again.
-            if self.members.get(i).is_some_and(|x| x.user != user) {
-                self.stats.refused += 1;
-                self.event(CoordinatorEvent::Refused {
-                    peer: from,
-                    reason: "the endpoint is registered under another key",
-                    acked: false,
-                });
-                return Err(Ignored::WrongKey);
-            }
-            let same = self
-                .members
-                .get(i)
-                .is_some_and(|x| x.session == session && x.peer == from);
-            if same {
-                // A retried registration (its first answer was late): answer
-                // again, change nothing. Handled, not ignored: the instance
-                // expects the answer.
-                self.accept(from, session, role);
-                return Ok(());
-            }
-        }
-        if existing.is_none() && self.members.is_full() {
-            return refuse(self, "coordinator instance table full");
-        }
-        // Epochs are never reused, so no reference to an earlier member of
-        // this table slot can match the new one.
-        self.epochs = self.epochs.wrapping_add(1);
-        let epoch = self.epochs;
-        let replaced = match existing.and_then(|i| Some((i, self.members.get(i)?.epoch))) {
-            Some((index, epoch)) => {
-                self.drop_member(now, MemberRef { index, epoch }, FailReason::PeerGone);
-                true
-            }
-            None => false,
-        };
-        // The place the member takes: the one just freed, if it replaced.
-        let Some(index) = self.members.next_free() else {
-            return refuse(self, "coordinator instance table full");
-        };
-        let member = Member {
-            peer: from,
-            role,
-            session,
-            endpoint,
-            user,
-            pool_ptr: m.pool_ptr,
-            pool_size: m.pool_size,
-            prealloc,
-            capacity: Capacity::new(index as u32, self.config.capacity_per_instance),
-            epoch,
-            last_pick: 0,
-            counted_taken: 0,
-            draining: false,
-            drain_told: false,
-            write_lifetime,
-        };
-        // Indexed three ways, or not at all.
-        let indexed = match self.members.insert(member) {
-            Ok(i) if self.sessions.insert(session_hash, i).is_err() => {
-                self.members.remove(i);
-                None
-            }
-            Ok(i) if self.endpoints.insert(endpoint_hash, i).is_err() => {
-                self.sessions.remove(session_hash, i);
-                self.members.remove(i);
-                None
-            }
-            Ok(i) => Some(i),
-            Err(_) => None,
-        };
-        let Some(index) = indexed else {
-            return refuse(self, "coordinator instance table full");
-        };
-        self.rank(index);
-        self.bound_slots(role);
-        self.accept(from, session, role);
-        self.event(CoordinatorEvent::Registered {
-            peer: from,
-            role,
-            replaced,
-        });
-        self.dispatch_queued(now);
-        Ok(())
-    }
+/// The members and what indexes and ranks them.
+#[derive(Debug)]
+pub(super) struct Registry<'s> {
+    /// One per registered instance, keyed by peer.
+    pub(super) members: Table<'s, Member>,
+    /// The members by session.
+    pub(super) sessions: Index<'s>,
+    /// The members by work endpoint.
+    pub(super) endpoints: Index<'s>,
+    /// Per role, the members with room, best first by the policy.
+    pub(super) ranking: Heaps<'s>,
+    /// Per role, the members with room, most room first.
+    pub(super) room_ranking: Heaps<'s>,
+    /// Per role, the smallest and largest preallocated slot its members
+    /// registered (`(u64::MAX, 0)`: none).
+    pub(super) slot_bounds: [(u64, u64); MAX_ROLES],
+    /// Round robin's clock: members chosen longest ago come first.
+    pub(super) picks: u64,
+    /// Preallocated slots taken or parked, over all members.
+    pub(super) prealloc_taken: usize,
+}
 
-    /// Acknowledges a registration.
-    pub(super) fn accept(&mut self, to: PeerId, session: Name, role: usize) {
-        let ack = OutMsg::Ack {
-            session,
-            role,
-            accepted: true,
-            error: None,
-        };
-        self.send(to, ack);
-    }
+/// The registry's storage.
+pub struct RegistryStorage<'s> {
+    /// One per instance that may register.
+    pub members: TableStorage<'s, Member>,
+    /// The members' index by session: as many places as `members.index`.
+    pub sessions: ManagedSlice<'s, u64>,
+    /// The members' index by work endpoint: likewise.
+    pub endpoints: ManagedSlice<'s, u64>,
+    /// The receivers with room, ranked, per role: [`MAX_ROLES`] times as
+    /// many entries as members.
+    pub ranking: ManagedSlice<'s, HeapEntry>,
+    /// The ranking's places: one per member.
+    pub ranking_places: ManagedSlice<'s, u64>,
+    /// The receivers with room, by room alone, per role (for data no
+    /// preallocated slot of the role fits): as large as `ranking`.
+    pub room_ranking: ManagedSlice<'s, HeapEntry>,
+    /// Its places: one per member.
+    pub room_ranking_places: ManagedSlice<'s, u64>,
+}
 
-    /// `transfer_deregister`: the member drains (taken out of the
-    /// receivers' ranking, so it gets no ALLOC and no fast-path slot; what
-    /// it holds goes on, and once nothing is addressed to it, it is told
-    /// so), or is gone (dropped; what it was still needed for fails with
-    /// [`FailReason::PeerLeft`]).
-    pub(super) fn on_deregister(
-        &mut self,
-        now: Instant,
-        from: PeerId,
-        m: &Deregister<'_>,
-    ) -> Result<(), Ignored> {
-        let index = self.member_of_peer(from).ok_or(Ignored::NotRegistered)?;
-        let member = self.members.get(index).ok_or(Ignored::NotRegistered)?;
-        if !member.session.eq_json(m.session_id) {
-            return Err(Ignored::WrongPeer);
-        }
-        let (r, role, draining) = (
-            MemberRef {
-                index,
-                epoch: member.epoch,
-            },
-            member.role,
-            member.draining,
-        );
-        if m.draining {
-            if draining {
-                return Err(Ignored::Duplicate);
-            }
-            if let Some(mut member) = self.members.get_mut(index) {
-                member.draining = true;
-            }
-            // `rank` keeps a draining member out of both heaps, and tells
-            // it when nothing is addressed to it.
-            self.rank(index);
-        } else {
-            self.drop_member(now, r, FailReason::PeerLeft);
-        }
-        self.event(CoordinatorEvent::Deregistered {
-            peer: from,
-            role,
-            draining: m.draining,
-            reason: Reason::from_json_truncated(m.reason),
-        });
-        Ok(())
-    }
+/// The lengths of a [`RegistryStorage`]'s slices
+/// ([`RegistryStorage::storage_needed`]); a length named here for two
+/// fields is as long for each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RegistrySizes {
+    /// `members`.
+    pub members: TableSizes,
+    /// `sessions` and `endpoints`.
+    pub member_index: usize,
+    /// `ranking` and `room_ranking`.
+    pub ranking: usize,
+    /// `ranking_places` and `room_ranking_places`.
+    pub ranking_places: usize,
+}
 
-    /// Fails every transfer that still needs `r` (with `reason`), forgets
-    /// its parked slots, and removes it. A transfer `r` only sent, whose
-    /// bytes are written (phase Ready), does not need it: the receiver
-    /// holds them, and it goes on.
-    ///
-    /// The one operation that reads whole tables: it happens once per
-    /// member lost, replaced or gone, not per message.
-    pub(super) fn drop_member(&mut self, now: Instant, r: MemberRef, reason: FailReason) {
-        if self.member(r).is_none() {
-            return;
-        }
-        for i in 0..self.transfers.records.capacity() {
-            let involved = self.transfers.records[i].as_ref().is_some_and(|t| {
-                t.receiver == Some(r) || (t.sender == r && t.phase != Phase::Ready)
-            });
-            if involved {
-                self.fail(now, i, reason);
-            }
-        }
-        for p in 0..self.parked.capacity() {
-            if self.parked[p].as_ref().is_some_and(|p| p.member == r) {
-                self.parked.remove(p);
-            }
-        }
-        self.ranking.remove(r.index);
-        self.room_ranking.remove(r.index);
-        if let Some(m) = self.members.remove(r.index) {
-            self.bound_slots(m.role);
-            self.prealloc_taken = self.prealloc_taken.saturating_sub(m.counted_taken);
-            let key = self.members.key();
-            let session = key.bytes(m.session.as_bytes(), NS_SESSION);
-            let endpoint = key.bytes(m.endpoint.as_bytes(), NS_ENDPOINT);
-            self.sessions.remove(session, r.index);
-            self.endpoints.remove(endpoint, r.index);
+impl RegistryStorage<'_> {
+    /// The lengths for `limits`: `members` instances, each ranked in
+    /// every role's heaps.
+    pub fn storage_needed(limits: &Limits) -> RegistrySizes {
+        let members = limits.members.max(1);
+        RegistrySizes {
+            members: TableStorage::<Member>::storage_needed(members, false),
+            member_index: Index::places_for(members),
+            ranking: MAX_ROLES * members,
+            ranking_places: members,
         }
     }
 
-    /// The role (index into the pipeline) of registered peer `peer`.
-    pub fn role_of(&self, peer: PeerId) -> Option<usize> {
-        let i = self.member_of_peer(peer)?;
-        self.members.get(i).map(|m| m.role)
-    }
-
-    /// Who sent `msg`, judged by its content, for control channels that
-    /// cannot name the sender (a ZeroMQ PULL socket cannot). `role` is the
-    /// sender's role if the channel knows it (sglang gives each role its
-    /// own result endpoint); without it, a `transfer_done` for a request
-    /// that two legs hold at once cannot be told apart.
-    ///
-    /// `transfer_staged`, `transfer_allocated` and `transfer_alloc_reject`
-    /// name their session; `transfer_pushed` comes from the sender of the
-    /// leg being written, `transfer_done` from the receiver of the leg
-    /// delivered (or of a failed one whose slot waits for it).
-    /// `transfer_register` has no sender yet: `None`.
-    pub fn sender_of(&self, msg: &Msg<'_>, role: Option<usize>) -> Option<PeerId> {
-        self.sender_among(msg, role, "")
-    }
-
-    /// [`sender_of`](Self::sender_of) among the members registered as
-    /// `user` (every member, where `user` is empty): a message the channel
-    /// authenticated is never pinned on another key's instance.
-    pub(super) fn sender_among(
-        &self,
-        msg: &Msg<'_>,
-        role: Option<usize>,
-        user: &str,
-    ) -> Option<PeerId> {
-        let as_user = |m: &Member| user.is_empty() || m.user.as_str() == user;
-        let by_session = |session: JsonStr<'_>| {
-            let hash = self
-                .members
-                .key()
-                .json::<{ crate::handshake::NAME_LEN }>(session, NS_SESSION)?;
-            let i = self.sessions.find(hash, |i| {
-                self.members.get(i).is_some_and(|m| {
-                    m.session.eq_json(session) && role.is_none_or(|r| r == m.role) && as_user(m)
-                })
-            })?;
-            self.members.get(i).map(|m| m.peer)
-        };
-        let leg = |id: JsonStr<'_>, phase: Phase, receiver: bool| {
-            let who = |t: &Transfer| {
-                if !t.id.eq_json(id) || t.phase != phase {
-                    return None;
-                }
-                let (who, who_role) = if receiver {
-                    (t.receiver?, t.sender_role + 1)
-                } else {
-                    (t.sender, t.sender_role)
-                };
-                if role.is_some_and(|r| r != who_role) {
-                    return None;
-                }
-                self.member(who).filter(|m| as_user(m)).map(|m| m.peer)
-            };
-            let i = self
-                .transfers
-                .records
-                .find(self.id_hash(id)?, |t| who(t).is_some())?;
-            self.transfers.records.get(i).and_then(who)
-        };
-        match msg {
-            Msg::Staged(m) => by_session(m.session_id),
-            Msg::Allocated(m) => by_session(m.session_id),
-            Msg::AllocReject(m) => by_session(m.session_id),
-            Msg::Deregister(m) => by_session(m.session_id),
-            Msg::Pushed(m) => leg(m.request_id, Phase::Pushing, false),
-            Msg::Done(m) => leg(m.request_id, Phase::Ready, true).or_else(|| {
-                let held_by = |p: &Parked| {
-                    let m2 = self.member(p.member)?;
-                    (p.held
-                        && p.id.eq_json(m.request_id)
-                        && role.is_none_or(|r| r == m2.role)
-                        && as_user(m2))
-                    .then_some(m2.peer)
-                };
-                let p = self
-                    .parked
-                    .find(self.id_hash(m.request_id)?, |p| held_by(p).is_some())?;
-                self.parked.get(p).and_then(held_by)
-            }),
-            _ => None,
+    /// The limits these slices were sized for: the members they hold.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            members: self.members.records.len(),
+            ..Limits::COORDINATOR
         }
     }
 
-    /// The caller's transport lost `peer` for good: its instance is dropped
-    /// and its transfers fail.
-    pub fn peer_lost(&mut self, now: Instant, peer: PeerId) {
-        if let Some(index) = self.member_of_peer(peer) {
-            if let Some(epoch) = self.members.get(index).map(|m| m.epoch) {
-                self.drop_member(now, MemberRef { index, epoch }, FailReason::PeerGone);
-            }
+    /// Refuses slices other than `needed` long, naming the first.
+    pub fn check(&self, needed: &RegistrySizes) -> Result<(), StorageError> {
+        self.members.check("registry.members", &needed.members)?;
+        let slices = [
+            ("sessions", needed.member_index, self.sessions.len()),
+            ("endpoints", needed.member_index, self.endpoints.len()),
+            ("ranking", needed.ranking, self.ranking.len()),
+            (
+                "ranking_places",
+                needed.ranking_places,
+                self.ranking_places.len(),
+            ),
+            ("room_ranking", needed.ranking, self.room_ranking.len()),
+            (
+                "room_ranking_places",
+                needed.ranking_places,
+                self.room_ranking_places.len(),
+            ),
+        ];
+        slices.into_iter().try_for_each(|(field, needed, given)| {
+            StorageError::check("registry", field, needed, given)
+        })
+    }
+}
+
+#[cfg(feature = "alloc")]
+impl RegistryStorage<'static> {
+    /// Slices of its own, as long as `sizes` says.
+    pub fn owned(sizes: &RegistrySizes) -> Self {
+        use crate::managed::filled;
+        Self {
+            members: TableStorage::owned(sizes.members.records, false),
+            sessions: filled(sizes.member_index, 0),
+            endpoints: filled(sizes.member_index, 0),
+            ranking: filled(sizes.ranking, (0, 0)),
+            ranking_places: filled(sizes.ranking_places, 0),
+            room_ranking: filled(sizes.ranking, (0, 0)),
+            room_ranking_places: filled(sizes.ranking_places, 0),
         }
+    }
+}
+
+impl<'s> Registry<'s> {
+    /// The registry over `s` for a pipeline of `roles` roles: rankings too
+    /// small for its members are refused as such, before any other length.
+    pub(super) fn new(
+        s: RegistryStorage<'s>,
+        key: HashKey,
+        roles: usize,
+    ) -> Result<Self, ConfigError> {
+        let members_ranked = s.ranking_places.len().min(s.room_ranking_places.len());
+        let lanes = s.ranking.len().min(s.room_ranking.len());
+        if members_ranked == 0 || lanes < members_ranked * roles {
+            return Err(ConfigError::RankingTooSmall);
+        }
+        if s.members.records.len() > members_ranked {
+            return Err(ConfigError::RankingTooSmall);
+        }
+        s.check(&RegistryStorage::storage_needed(&s.limits()))
+            .map_err(ConfigError::Storage)?;
+        Ok(Self {
+            members: Table::new(s.members, key, false),
+            sessions: Index::new(s.sessions),
+            endpoints: Index::new(s.endpoints),
+            ranking: Heaps::new(s.ranking, s.ranking_places),
+            room_ranking: Heaps::new(s.room_ranking, s.room_ranking_places),
+            slot_bounds: [(u64::MAX, 0); MAX_ROLES],
+            picks: 0,
+            prealloc_taken: 0,
+        })
     }
 }

@@ -165,11 +165,11 @@ impl<'s> Coordinator<'s> {
     /// has let go of its preallocated slot now.
     pub(super) fn late_done(&mut self, from: PeerId, id: JsonStr<'_>) -> Result<(), Ignored> {
         let found = self.id_hash(id).and_then(|hash| {
-            self.parked.find(hash, |p| {
+            self.remains.parked.find(hash, |p| {
                 p.held && p.id.eq_json(id) && self.member(p.member).is_some_and(|m| m.peer == from)
             })
         });
-        let Some(p) = found.and_then(|pi| self.parked.remove(pi)) else {
+        let Some(p) = found.and_then(|pi| self.remains.parked.remove(pi)) else {
             return Err(Ignored::UnknownRequest);
         };
         self.give_back(p.member, p.slot_id);

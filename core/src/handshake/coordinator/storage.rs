@@ -8,38 +8,20 @@ use super::*;
 pub struct CoordinatorStorage<'s> {
     /// Preallocated slots a member may register (at most
     /// [`MAX_PREALLOC_PER_MEMBER`]): a registration with more is refused.
-    /// `parked` needs room for this many per member.
+    /// `remains.parked` is sized for this many per member.
     pub prealloc_per_member: usize,
-    /// One per instance that may register.
-    pub members: TableStorage<'s, Member>,
-    /// The members' index by session: as many places as `members.index`.
-    pub sessions: ManagedSlice<'s, u64>,
-    /// The members' index by work endpoint: likewise.
-    pub endpoints: ManagedSlice<'s, u64>,
-    /// The receivers with room, ranked, per role: [`MAX_ROLES`] times as
-    /// many entries as members.
-    pub ranking: ManagedSlice<'s, HeapEntry>,
-    /// The ranking's places: one per member.
-    pub ranking_places: ManagedSlice<'s, u64>,
-    /// The receivers with room, by room alone, per role (for data no
-    /// preallocated slot of the role fits): as large as `ranking`.
-    pub room_ranking: ManagedSlice<'s, HeapEntry>,
-    /// Its places: one per member.
-    pub room_ranking_places: ManagedSlice<'s, u64>,
+    /// The members and what indexes and ranks them, as long as
+    /// [`RegistryStorage::storage_needed`] says.
+    pub registry: RegistryStorage<'s>,
     /// The requests in flight, as long as
     /// [`TransfersStorage::storage_needed`] says.
     pub transfers: TransfersStorage<'s>,
     /// The queues the caller polls, as long as
     /// [`OutboxStorage::storage_needed`] says.
     pub outbox: OutboxStorage<'s>,
-    /// Preallocated slots out of use, with deadlines.
-    pub parked: TableStorage<'s, Parked>,
-    /// Legs of requests that ended, newest overwriting oldest, so that a
-    /// duplicated `transfer_staged` arriving late is not taken for a new
-    /// request. Request ids must not be reused while they are here.
-    pub finished: ManagedSlice<'s, Tombstone>,
-    /// Their index: [`TableStorage::index_places`] of `finished`.
-    pub finished_index: ManagedSlice<'s, u64>,
+    /// The parked slots and tombstones of requests that ended, as long
+    /// as [`RemainsStorage::storage_needed`] says.
+    pub remains: RemainsStorage<'s>,
     /// Room for the admission list ([`Coordinator::admit`]); may be empty
     /// when no list is kept.
     pub admitted: ManagedSlice<'s, Option<Admitted>>,
@@ -63,24 +45,14 @@ pub struct CoordinatorStorage<'s> {
 pub struct CoordinatorSizes {
     /// What `prealloc_per_member` is set to.
     pub prealloc_per_member: usize,
-    /// `members`.
-    pub members: TableSizes,
-    /// `sessions` and `endpoints`.
-    pub member_index: usize,
-    /// `ranking` and `room_ranking`.
-    pub ranking: usize,
-    /// `ranking_places` and `room_ranking_places`.
-    pub ranking_places: usize,
+    /// `registry` ([`RegistryStorage::storage_needed`]).
+    pub registry: RegistrySizes,
     /// `transfers` ([`TransfersStorage::storage_needed`]).
     pub transfers: TransfersSizes,
     /// `outbox` ([`OutboxStorage::storage_needed`]).
     pub outbox: OutboxSizes,
-    /// `parked`.
-    pub parked: TableSizes,
-    /// `finished`.
-    pub finished: usize,
-    /// `finished_index`.
-    pub finished_index: usize,
+    /// `remains` ([`RemainsStorage::storage_needed`]).
+    pub remains: RemainsSizes,
     /// `admitted`.
     pub admitted: usize,
     /// `peers`.
@@ -97,21 +69,14 @@ impl CoordinatorStorage<'_> {
     /// `owned` allocates, and what a caller
     /// that places the tables itself gives.
     pub fn storage_needed(limits: &crate::handshake::Limits) -> CoordinatorSizes {
-        let n = limits.requests.max(1);
         let members = limits.members.max(1);
-        let tombstones = limits.tombstones.max(1);
         let per_member = limits.prealloc_per_member.min(MAX_PREALLOC_PER_MEMBER);
         CoordinatorSizes {
             prealloc_per_member: per_member,
-            members: TableStorage::<Member>::storage_needed(members, false),
-            member_index: Index::places_for(members),
-            ranking: MAX_ROLES * members,
-            ranking_places: members,
+            registry: RegistryStorage::storage_needed(limits),
             transfers: TransfersStorage::storage_needed(limits),
             outbox: OutboxStorage::storage_needed(limits),
-            parked: TableStorage::<Parked>::storage_needed(n + members * per_member, true),
-            finished: tombstones,
-            finished_index: Index::places_for(tombstones),
+            remains: RemainsStorage::storage_needed(limits),
             admitted: members,
             peers: peer_table_len(members),
             peer_index: Index::places_for(peer_table_len(members)),
@@ -129,18 +94,10 @@ impl CoordinatorStorage<'static> {
         let n = Self::storage_needed(limits);
         Self {
             prealloc_per_member: n.prealloc_per_member,
-            members: TableStorage::owned(n.members.records, false),
-            sessions: filled(n.member_index, 0),
-            endpoints: filled(n.member_index, 0),
-            ranking: filled(n.ranking, (0, 0)),
-            ranking_places: filled(n.ranking_places, 0),
-            room_ranking: filled(n.ranking, (0, 0)),
-            room_ranking_places: filled(n.ranking_places, 0),
+            registry: RegistryStorage::owned(&n.registry),
             transfers: TransfersStorage::owned(&n.transfers),
             outbox: OutboxStorage::owned(&n.outbox),
-            parked: TableStorage::owned(n.parked.records, true),
-            finished: filled(n.finished, Tombstone::EMPTY),
-            finished_index: filled(n.finished_index, 0),
+            remains: RemainsStorage::owned(&n.remains),
             admitted: empty(n.admitted),
             peers: filled(n.peers, PeerSlot::EMPTY),
             peer_index: filled(n.peer_index, 0),
