@@ -233,16 +233,24 @@ fn a_pipeline_that_names_a_role_twice_is_refused() {
 
 /// The coordinator's queues are sized by their `storage_needed`, not by
 /// prose: a queue of another length is refused, and the error names it.
+/// The limits the storage-size tests lay a coordinator's storage out for.
+const SIZED: tensorferry_core::handshake::Limits = tensorferry_core::handshake::Limits {
+    requests: 8,
+    nested_per_request: 256,
+    tombstones: 8,
+    members: 4,
+    prealloc_per_member: 2,
+};
+
+/// Why a coordinator of `pipeline` refuses `storage`, if it does.
+fn refused_by(pipeline: &[&str], storage: CoordinatorStorage<'static>) -> Option<ConfigError> {
+    Coordinator::new(pipeline, CoordinatorConfig::FERRY, storage).err()
+}
+
 #[test]
 fn a_coordinator_refuses_queues_of_the_wrong_size_naming_them() {
-    use tensorferry_core::handshake::{Limits, StorageError};
-    let limits = Limits {
-        requests: 8,
-        nested_per_request: 256,
-        tombstones: 8,
-        members: 4,
-        prealloc_per_member: 2,
-    };
+    use tensorferry_core::handshake::StorageError;
+    let limits = SIZED;
     let needed = CoordinatorStorage::storage_needed(&limits).outbox;
     assert_eq!(needed.transmits, 2 * 8 + 4 + 8);
     let pipeline = ["encoder", "denoiser"];
@@ -250,7 +258,7 @@ fn a_coordinator_refuses_queues_of_the_wrong_size_naming_them() {
     assert!(Coordinator::new(&pipeline, CoordinatorConfig::FERRY, fresh()).is_ok());
     let mut storage = fresh();
     storage.outbox.events = vec![None; needed.events + 1].into();
-    let err = Coordinator::new(&pipeline, CoordinatorConfig::FERRY, storage).err();
+    let err = refused_by(&pipeline, storage);
     assert_eq!(
         err,
         Some(ConfigError::Storage(StorageError {
@@ -270,13 +278,7 @@ fn a_coordinator_refuses_queues_of_the_wrong_size_naming_them() {
 #[test]
 fn a_coordinator_refuses_transfer_storage_of_the_wrong_size_naming_it() {
     use tensorferry_core::handshake::{coordinator, Limits, StorageError, TableStorage};
-    let limits = Limits {
-        requests: 8,
-        nested_per_request: 256,
-        tombstones: 8,
-        members: 4,
-        prealloc_per_member: 2,
-    };
+    let limits = SIZED;
     let needed = CoordinatorStorage::storage_needed(&limits).transfers;
     assert_eq!(
         needed,
@@ -290,7 +292,7 @@ fn a_coordinator_refuses_transfer_storage_of_the_wrong_size_naming_it() {
 
     let mut storage = fresh();
     storage.transfers.nested = vec![0u8; needed.nested + 1].into();
-    let err = Coordinator::new(&pipeline, CoordinatorConfig::FERRY, storage).err();
+    let err = refused_by(&pipeline, storage);
     assert_eq!(
         err,
         Some(ConfigError::Storage(StorageError {
@@ -305,7 +307,7 @@ fn a_coordinator_refuses_transfer_storage_of_the_wrong_size_naming_it() {
 
     let mut storage = fresh();
     storage.transfers.requests.index = vec![0u64; needed.requests.index - 1].into();
-    let err = Coordinator::new(&pipeline, CoordinatorConfig::FERRY, storage).err();
+    let err = refused_by(&pipeline, storage);
     assert_eq!(
         err,
         Some(ConfigError::Storage(StorageError {
@@ -337,14 +339,8 @@ fn a_coordinator_refuses_transfer_storage_of_the_wrong_size_naming_it() {
 /// refused as such, before any other length.
 #[test]
 fn a_coordinator_refuses_registry_storage_of_the_wrong_size_naming_it() {
-    use tensorferry_core::handshake::{coordinator, Limits, StorageError};
-    let limits = Limits {
-        requests: 8,
-        nested_per_request: 256,
-        tombstones: 8,
-        members: 4,
-        prealloc_per_member: 2,
-    };
+    use tensorferry_core::handshake::{coordinator, StorageError};
+    let limits = SIZED;
     let needed = CoordinatorStorage::storage_needed(&limits).registry;
     assert_eq!(
         needed,
@@ -356,7 +352,7 @@ fn a_coordinator_refuses_registry_storage_of_the_wrong_size_naming_it() {
     let pipeline = ["encoder", "denoiser"];
     let fresh = || CoordinatorStorage::owned(&limits);
     assert!(Coordinator::new(&pipeline, CoordinatorConfig::FERRY, fresh()).is_ok());
-    let refused = |storage| Coordinator::new(&pipeline, CoordinatorConfig::FERRY, storage).err();
+    let refused = |storage| refused_by(&pipeline, storage);
 
     let mut storage = fresh();
     storage.registry.sessions = vec![0u64; needed.member_index + 1].into();
@@ -438,19 +434,13 @@ fn a_coordinator_refuses_registry_storage_of_the_wrong_size_naming_it() {
 /// naming the part and the slice.
 #[test]
 fn a_coordinator_refuses_remains_storage_of_the_wrong_size_naming_it() {
-    use tensorferry_core::handshake::{coordinator, Limits, StorageError};
-    let limits = Limits {
-        requests: 8,
-        nested_per_request: 256,
-        tombstones: 8,
-        members: 4,
-        prealloc_per_member: 2,
-    };
+    use tensorferry_core::handshake::{coordinator, StorageError};
+    let limits = SIZED;
     let needed = CoordinatorStorage::storage_needed(&limits).remains;
     assert_eq!(needed, coordinator::RemainsStorage::storage_needed(&limits));
     assert_eq!((needed.parked.records, needed.finished), (8 + 4 * 2, 8));
     let fresh = || CoordinatorStorage::owned(&limits);
-    let refused = |storage| Coordinator::new(&["a", "b"], CoordinatorConfig::FERRY, storage).err();
+    let refused = |storage| refused_by(&["a", "b"], storage);
     assert_eq!(refused(fresh()), None);
     let wrong = |part, field, needed, given| {
         Some(ConfigError::Storage(StorageError {
