@@ -112,6 +112,17 @@ impl StorageError {
             })
         }
     }
+
+    /// The first of `slices` (field, length needed, length given) whose
+    /// length is not the one needed, named as `part`'s.
+    pub(crate) fn check_each<const N: usize>(
+        part: &'static str,
+        slices: [(&'static str, usize, usize); N],
+    ) -> Result<(), Self> {
+        slices
+            .into_iter()
+            .try_for_each(|(field, needed, given)| Self::check(part, field, needed, given))
+    }
 }
 
 impl fmt::Display for StorageError {

@@ -11,19 +11,7 @@ impl<'s> Coordinator<'s> {
         m: &Staged<'_>,
     ) -> Result<(), Ignored> {
         let id = RequestId::from_json(m.request_id).map_err(|_| Ignored::TooLong("request_id"))?;
-        let sender_index = self.member_of_peer(from).ok_or(Ignored::NotRegistered)?;
-        let sender = self
-            .registry
-            .members
-            .get(sender_index)
-            .ok_or(Ignored::NotRegistered)?;
-        if !sender.session.eq_json(m.session_id) {
-            return Err(Ignored::WrongPeer);
-        }
-        let sender_ref = MemberRef {
-            index: sender_index,
-            epoch: sender.epoch,
-        };
+        let (sender_ref, sender) = self.member_in_session(from, m.session_id)?;
         let sender_role = sender.role;
         let leg = Leg::FromRole(sender_role);
         let hash = self.id_hash(m.request_id);
@@ -59,39 +47,13 @@ impl<'s> Coordinator<'s> {
             None
         };
         if let Some(reason) = refused {
-            self.send(
-                from,
-                OutMsg::Abort {
-                    id,
-                    reason: reason.as_str(),
-                    source_role: sender_role,
-                },
-            );
-            self.stats.failed += 1;
-            self.event(CoordinatorEvent::Failed {
-                id,
-                leg: sender_role,
-                reason,
-            });
+            self.refuse_staged(from, id, sender_role, reason);
             return Ok(());
         }
         self.stats.staged += 1;
         let abort = |c: &mut Self, reason: FailReason| {
             c.remains.finished.bury_owned(id, leg, sender_ref.epoch);
-            c.send(
-                from,
-                OutMsg::Abort {
-                    id,
-                    reason: reason.as_str(),
-                    source_role: sender_role,
-                },
-            );
-            c.stats.failed += 1;
-            c.event(CoordinatorEvent::Failed {
-                id,
-                leg: sender_role,
-                reason,
-            });
+            c.refuse_staged(from, id, sender_role, reason);
             Ok(())
         };
         if sender_role + 1 >= self.role_count {
@@ -139,6 +101,29 @@ impl<'s> Coordinator<'s> {
         self.enqueue(index);
         self.dispatch_role(now, sender_role);
         Ok(())
+    }
+
+    /// Fails the leg `sender_role` staged as `id` before it was taken:
+    /// the sender is told why, and so is the application.
+    fn refuse_staged(
+        &mut self,
+        from: PeerId,
+        id: RequestId,
+        sender_role: usize,
+        reason: FailReason,
+    ) {
+        let abort = OutMsg::Abort {
+            id,
+            reason: reason.as_str(),
+            source_role: sender_role,
+        };
+        self.send(from, abort);
+        self.stats.failed += 1;
+        self.event(CoordinatorEvent::Failed {
+            id,
+            leg: sender_role,
+            reason,
+        });
     }
 
     /// Picks a receiver of role `role` with capacity, by policy: the top

@@ -18,6 +18,30 @@ impl<'s> Coordinator<'s> {
         member_of(&self.registry.members, peer)
     }
 
+    /// The member `from` is, if it speaks for `session`: a message from no
+    /// member is [`Ignored::NotRegistered`], one naming another session
+    /// [`Ignored::WrongPeer`].
+    pub(super) fn member_in_session(
+        &self,
+        from: PeerId,
+        session: JsonStr<'_>,
+    ) -> Result<(MemberRef, &Member), Ignored> {
+        let index = self.member_of_peer(from).ok_or(Ignored::NotRegistered)?;
+        let member = self
+            .registry
+            .members
+            .get(index)
+            .ok_or(Ignored::NotRegistered)?;
+        if !member.session.eq_json(session) {
+            return Err(Ignored::WrongPeer);
+        }
+        let r = MemberRef {
+            index,
+            epoch: member.epoch,
+        };
+        Ok((r, member))
+    }
+
     pub(super) fn member(&self, r: MemberRef) -> Option<&Member> {
         self.registry
             .members

@@ -368,11 +368,7 @@ impl<'s> Coordinator<'s> {
     /// `--encoder-urls`, `--denoiser-urls` and `--decoder-urls`; without a
     /// list, any endpoint may register.
     pub fn admit(&mut self, role: &str, endpoint: &str) -> Result<(), ConfigError> {
-        let role = self
-            .pipeline()
-            .iter()
-            .position(|r| r.as_str() == role)
-            .ok_or(ConfigError::UnknownRole)?;
+        let role = self.role_named(role)?;
         let endpoint = Name::new(endpoint).map_err(|_| ConfigError::EndpointTooLong)?;
         let free = self
             .admitted

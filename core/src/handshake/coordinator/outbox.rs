@@ -45,13 +45,13 @@ impl OutboxStorage<'_> {
 
     /// Refuses lengths other than `needed`, naming the first that is.
     pub fn check(&self, needed: &OutboxSizes) -> Result<(), StorageError> {
-        StorageError::check(
+        StorageError::check_each(
             "outbox",
-            "transmits",
-            needed.transmits,
-            self.transmits.len(),
-        )?;
-        StorageError::check("outbox", "events", needed.events, self.events.len())
+            [
+                ("transmits", needed.transmits, self.transmits.len()),
+                ("events", needed.events, self.events.len()),
+            ],
+        )
     }
 }
 

@@ -138,6 +138,14 @@ impl<'s> Coordinator<'s> {
         &self.roles[..self.role_count]
     }
 
+    /// The pipeline role the application named `role`.
+    pub(super) fn role_named(&self, role: &str) -> Result<usize, ConfigError> {
+        self.pipeline()
+            .iter()
+            .position(|r| r.as_str() == role)
+            .ok_or(ConfigError::UnknownRole)
+    }
+
     pub(super) fn nested_of(&self, index: usize, t: &Transfer) -> (RawJson<'_>, RawJson<'_>) {
         self.transfers.nested_of(index, t)
     }

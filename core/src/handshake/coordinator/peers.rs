@@ -177,11 +177,7 @@ impl Coordinator<'_> {
     /// sender (a ZeroMQ PULL socket cannot), where each role reports to an
     /// endpoint of its own, as under sglang's head.
     pub fn set_role_endpoint(&mut self, role: &str, endpoint: &str) -> Result<(), ConfigError> {
-        let role = self
-            .pipeline()
-            .iter()
-            .position(|r| r.as_str() == role)
-            .ok_or(ConfigError::UnknownRole)?;
+        let role = self.role_named(role)?;
         self.role_endpoints[role] =
             Some(Name::new(endpoint).map_err(|_| ConfigError::EndpointTooLong)?);
         Ok(())

@@ -4,6 +4,17 @@
 use super::*;
 
 impl<'s> Coordinator<'s> {
+    /// Counts a registration from `from` refused for `reason`, and tells
+    /// the application (`acked`: the instance was answered).
+    fn refused(&mut self, from: PeerId, reason: &'static str, acked: bool) {
+        self.stats.refused += 1;
+        self.event(CoordinatorEvent::Refused {
+            peer: from,
+            reason,
+            acked,
+        });
+    }
+
     pub(super) fn on_register(
         &mut self,
         now: Instant,
@@ -19,12 +30,7 @@ impl<'s> Coordinator<'s> {
         if !self.admits(role, &endpoint) {
             // Not answered: the answer would go to an endpoint nobody
             // vouched for.
-            self.stats.refused += 1;
-            self.event(CoordinatorEvent::Refused {
-                peer: from,
-                reason: "the endpoint is not admitted for this role",
-                acked: false,
-            });
+            self.refused(from, "the endpoint is not admitted for this role", false);
             return Err(Ignored::NotAdmitted);
         }
         let refuse = |c: &mut Self, error: &'static str| {
@@ -37,12 +43,7 @@ impl<'s> Coordinator<'s> {
                     error: Some(error),
                 },
             );
-            c.stats.refused += 1;
-            c.event(CoordinatorEvent::Refused {
-                peer: from,
-                reason: error,
-                acked: true,
-            });
+            c.refused(from, error, true);
             Ok(())
         };
         let Some(role) = role else {
@@ -97,12 +98,7 @@ impl<'s> Coordinator<'s> {
             // so none is sent. Once the first is gone (its connection
             // lost, or deregistered) the endpoint is free again.
             if self.registry.members.get(i).is_some_and(|x| x.user != user) {
-                self.stats.refused += 1;
-                self.event(CoordinatorEvent::Refused {
-                    peer: from,
-                    reason: "the endpoint is registered under another key",
-                    acked: false,
-                });
+                self.refused(from, "the endpoint is registered under another key", false);
                 return Err(Ignored::WrongKey);
             }
             let same = self
@@ -204,23 +200,8 @@ impl<'s> Coordinator<'s> {
         from: PeerId,
         m: &Deregister<'_>,
     ) -> Result<(), Ignored> {
-        let index = self.member_of_peer(from).ok_or(Ignored::NotRegistered)?;
-        let member = self
-            .registry
-            .members
-            .get(index)
-            .ok_or(Ignored::NotRegistered)?;
-        if !member.session.eq_json(m.session_id) {
-            return Err(Ignored::WrongPeer);
-        }
-        let (r, role, draining) = (
-            MemberRef {
-                index,
-                epoch: member.epoch,
-            },
-            member.role,
-            member.draining,
-        );
+        let (r, member) = self.member_in_session(from, m.session_id)?;
+        let (index, role, draining) = (r.index, member.role, member.draining);
         if m.draining {
             if draining {
                 return Err(Ignored::Duplicate);

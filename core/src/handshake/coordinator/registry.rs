@@ -104,9 +104,7 @@ impl RegistryStorage<'_> {
                 self.room_ranking_places.len(),
             ),
         ];
-        slices.into_iter().try_for_each(|(field, needed, given)| {
-            StorageError::check("registry", field, needed, given)
-        })
+        StorageError::check_each("registry", slices)
     }
 }
 

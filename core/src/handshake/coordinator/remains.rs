@@ -68,12 +68,16 @@ impl RemainsStorage<'_> {
     /// Refuses slices other than `needed` long, naming the first.
     pub fn check(&self, needed: &RemainsSizes) -> Result<(), StorageError> {
         self.parked.check("remains.parked", &needed.parked)?;
-        StorageError::check("remains", "finished", needed.finished, self.finished.len())?;
-        StorageError::check(
+        StorageError::check_each(
             "remains",
-            "finished_index",
-            needed.finished_index,
-            self.finished_index.len(),
+            [
+                ("finished", needed.finished, self.finished.len()),
+                (
+                    "finished_index",
+                    needed.finished_index,
+                    self.finished_index.len(),
+                ),
+            ],
         )
     }
 }

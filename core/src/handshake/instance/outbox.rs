@@ -63,9 +63,14 @@ impl OutboxStorage<'_> {
     /// Refuses lengths other than `needed`, naming the first that is.
     pub fn check(&self, needed: &OutboxSizes) -> Result<(), StorageError> {
         let given = self.sizes();
-        StorageError::check("outbox", "transmits", needed.transmits, given.transmits)?;
-        StorageError::check("outbox", "actions", needed.actions, given.actions)?;
-        StorageError::check("outbox", "events", needed.events, given.events)
+        StorageError::check_each(
+            "outbox",
+            [
+                ("transmits", needed.transmits, given.transmits),
+                ("actions", needed.actions, given.actions),
+                ("events", needed.events, given.events),
+            ],
+        )
     }
 }
 

@@ -44,19 +44,12 @@ impl<'s> Instance<'s> {
     /// or the decoder's output, sent after this release: the head reuses
     /// a preallocated slot once it has the output).
     pub fn release(&mut self, token: Token, error: Option<&str>) -> Result<(), InstanceError> {
-        match self
-            .transfers
-            .request(token)
-            .map(|r| matches!(r.kind, Kind::Delivered { .. }))
-        {
-            Some(true) => {}
-            _ => return Err(InstanceError::StaleToken),
-        }
+        let delivered = |k: &Kind| matches!(k, Kind::Delivered { .. });
         let Some(Request {
             id,
             kind: Kind::Delivered { held, .. },
             ..
-        }) = self.transfers.requests.remove(token.index)
+        }) = self.transfers.take_if(token, delivered)
         else {
             return Err(InstanceError::StaleToken);
         };

@@ -144,31 +144,24 @@ impl Instance<'_> {
     /// aborted and kept until its completion, which then frees the slot
     /// and reports nothing. The application hears of the failure once.
     /// Other kinds come back as they are.
-    pub(super) fn abandon_send(&mut self, id: RequestId, kind: Kind, why: Reason) -> Option<Kind> {
+    pub(super) fn abandon_send(
+        &mut self,
+        id: RequestId,
+        mut kind: Kind,
+        why: Reason,
+    ) -> Option<Kind> {
+        if let Kind::Writing { aborted, .. } = &mut kind {
+            if !core::mem::replace(aborted, true) {
+                self.event(InstanceEvent::SendFailed { id, reason: why });
+            }
+            return Some(kind);
+        }
         match kind {
             Kind::Staged { slot, .. } => {
                 let _ = self.slots.pool.free(slot);
                 self.transfers.tombstone(id, Side::Send);
                 self.event(InstanceEvent::SendFailed { id, reason: why });
                 None
-            }
-            Kind::Writing {
-                slot,
-                len,
-                aborted,
-                staged,
-                posted,
-            } => {
-                if !aborted {
-                    self.event(InstanceEvent::SendFailed { id, reason: why });
-                }
-                Some(Kind::Writing {
-                    slot,
-                    len,
-                    aborted: true,
-                    staged,
-                    posted,
-                })
             }
             other => Some(other),
         }

@@ -126,21 +126,15 @@ impl<'s> Instance<'s> {
 
     /// Gives up a slot from [`stage`](Self::stage) that was never committed.
     pub fn unstage(&mut self, token: Token) -> Result<(), InstanceError> {
-        match self
-            .transfers
-            .request(token)
-            .map(|r| matches!(r.kind, Kind::Filling { .. }))
-        {
-            Some(true) => {}
-            _ => return Err(InstanceError::StaleToken),
-        }
-        if let Some(Request {
+        let filling = |k: &Kind| matches!(k, Kind::Filling { .. });
+        let Some(Request {
             kind: Kind::Filling { slot },
             ..
-        }) = self.transfers.requests.remove(token.index)
-        {
-            let _ = self.slots.pool.free(slot);
-        }
+        }) = self.transfers.take_if(token, filling)
+        else {
+            return Err(InstanceError::StaleToken);
+        };
+        let _ = self.slots.pool.free(slot);
         self.retry_held_untimed();
         Ok(())
     }

@@ -72,27 +72,21 @@ impl SlotsStorage<'_> {
     /// Refuses slices other than `needed` long, naming the first.
     pub fn check(&self, needed: &SlotsSizes) -> Result<(), StorageError> {
         let n = needed.prealloc;
-        StorageError::check("slots", "tree", needed.tree, self.tree.len())?;
-        StorageError::check(
+        StorageError::check_each(
             "slots",
-            "generations",
-            needed.generations,
-            self.generations.len(),
-        )?;
-        StorageError::check("slots", "prealloc", n, self.prealloc.len())?;
-        StorageError::check("slots", "prealloc_use", n, self.prealloc_use.len())?;
-        StorageError::check(
-            "slots",
-            "prealloc_index",
-            needed.prealloc_index,
-            self.prealloc_index.len(),
-        )?;
-        StorageError::check("slots", "prealloc_timers", n, self.prealloc_timers.len())?;
-        StorageError::check(
-            "slots",
-            "prealloc_timer_places",
-            n,
-            self.prealloc_timer_places.len(),
+            [
+                ("tree", needed.tree, self.tree.len()),
+                ("generations", needed.generations, self.generations.len()),
+                ("prealloc", n, self.prealloc.len()),
+                ("prealloc_use", n, self.prealloc_use.len()),
+                (
+                    "prealloc_index",
+                    needed.prealloc_index,
+                    self.prealloc_index.len(),
+                ),
+                ("prealloc_timers", n, self.prealloc_timers.len()),
+                ("prealloc_timer_places", n, self.prealloc_timer_places.len()),
+            ],
         )
     }
 }

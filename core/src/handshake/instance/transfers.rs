@@ -113,32 +113,38 @@ impl TransfersStorage<'_> {
 
     /// Refuses slices other than `needed` long, naming the first.
     pub fn check(&self, needed: &TransfersSizes) -> Result<(), StorageError> {
-        let part = "transfers";
         self.requests
             .check("transfers.requests", &needed.requests)?;
-        StorageError::check(part, "nested", needed.nested, self.nested.len())?;
-        StorageError::check(part, "tombstones", needed.tombstones, self.tombstones.len())?;
-        StorageError::check(
-            part,
-            "tombstones_index",
-            needed.tombstones_index,
-            self.tombstones_index.len(),
+        StorageError::check_each(
+            "transfers",
+            [
+                ("nested", needed.nested, self.nested.len()),
+                ("tombstones", needed.tombstones, self.tombstones.len()),
+                (
+                    "tombstones_index",
+                    needed.tombstones_index,
+                    self.tombstones_index.len(),
+                ),
+            ],
         )?;
         self.arrivals
             .check("transfers.arrivals", &needed.arrivals)?;
-        StorageError::check(
-            part,
-            "landing_index",
-            needed.landing_index,
-            self.landing_index.len(),
-        )?;
-        StorageError::check(
-            part,
-            "landing_hashes",
-            needed.landing_hashes,
-            self.landing_hashes.len(),
-        )?;
-        StorageError::check(part, "held", needed.held, self.held.len())
+        StorageError::check_each(
+            "transfers",
+            [
+                (
+                    "landing_index",
+                    needed.landing_index,
+                    self.landing_index.len(),
+                ),
+                (
+                    "landing_hashes",
+                    needed.landing_hashes,
+                    self.landing_hashes.len(),
+                ),
+                ("held", needed.held, self.held.len()),
+            ],
+        )
     }
 }
 
@@ -292,5 +298,12 @@ impl<'s> Transfers<'s> {
 
     pub(super) fn request(&self, t: Token) -> Option<&Request> {
         self.requests.get(t.index).filter(|r| r.seq == t.seq)
+    }
+
+    /// Takes out the request `t` names if `is` holds for its kind: a token
+    /// its request outlived, or one at another step, takes nothing.
+    pub(super) fn take_if(&mut self, t: Token, is: fn(&Kind) -> bool) -> Option<Request> {
+        self.request(t).filter(|r| is(&r.kind))?;
+        self.requests.remove(t.index)
     }
 }
