@@ -4,12 +4,8 @@
 use super::*;
 
 impl<'s> Coordinator<'s> {
-    pub(super) fn on_staged(
-        &mut self,
-        now: Instant,
-        from: PeerId,
-        m: &Staged<'_>,
-    ) -> Result<(), Ignored> {
+    pub(super) fn on_staged(&mut self, at: Arrived, m: &Staged<'_>) -> Result<(), Ignored> {
+        let Arrived { now, from } = at;
         let id = RequestId::from_json(m.request_id).map_err(|_| Ignored::TooLong("request_id"))?;
         let (sender_ref, sender) = self.member_in_session(from, m.session_id)?;
         let sender_role = sender.role;

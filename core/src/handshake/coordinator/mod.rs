@@ -501,29 +501,23 @@ impl<'s> Coordinator<'s> {
     /// Handles a message from `from`. `Err` says why it was ignored; it
     /// changed nothing.
     pub fn handle(&mut self, now: Instant, from: PeerId, msg: &Msg<'_>) -> Result<(), Ignored> {
-        self.handle_as(now, from, "", msg)
+        self.handle_as(Arrived { now, from }, "", msg)
     }
 
     /// [`handle`](Self::handle) of a message whose connection the channel
     /// authenticated as `user` (empty: as no one). A registration is bound
     /// to its `user`; any other message is taken only from the `user` its
     /// sender registered as.
-    fn handle_as(
-        &mut self,
-        now: Instant,
-        from: PeerId,
-        user: &str,
-        msg: &Msg<'_>,
-    ) -> Result<(), Ignored> {
+    fn handle_as(&mut self, at: Arrived, user: &str, msg: &Msg<'_>) -> Result<(), Ignored> {
         let r = match msg {
-            Msg::Register(m) => self.on_register(now, from, user, m),
-            _ if !user.is_empty() && !self.spoken_for_by(from, user) => Err(Ignored::WrongKey),
-            Msg::Staged(m) => self.on_staged(now, from, m),
-            Msg::Allocated(m) => self.on_allocated(now, from, m),
-            Msg::AllocReject(m) => self.on_reject(now, from, m),
-            Msg::Pushed(m) => self.on_pushed(now, from, m),
-            Msg::Done(m) => self.on_done(now, from, m),
-            Msg::Deregister(m) => self.on_deregister(now, from, m),
+            Msg::Register(m) => self.on_register(at, user, m),
+            _ if !user.is_empty() && !self.spoken_for_by(at.from, user) => Err(Ignored::WrongKey),
+            Msg::Staged(m) => self.on_staged(at, m),
+            Msg::Allocated(m) => self.on_allocated(at, m),
+            Msg::AllocReject(m) => self.on_reject(at, m),
+            Msg::Pushed(m) => self.on_pushed(at, m),
+            Msg::Done(m) => self.on_done(at, m),
+            Msg::Deregister(m) => self.on_deregister(at, m),
             _ => Err(Ignored::UnexpectedType),
         };
         if r.is_err() {
@@ -531,4 +525,14 @@ impl<'s> Coordinator<'s> {
         }
         r
     }
+}
+
+/// When a message arrived and from which peer: what every handler is
+/// given beside the message itself.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Arrived {
+    /// The time the caller handles it at.
+    pub(super) now: Instant,
+    /// Who sent it, as the control channel names them.
+    pub(super) from: PeerId,
 }

@@ -227,7 +227,7 @@ impl Coordinator<'_> {
                 why: Ignored::TooLong("user"),
             });
         }
-        self.handle_as(now, peer, msg.user, &decoded)
+        self.handle_as(Arrived { now, from: peer }, msg.user, &decoded)
             .map_err(|why| Unhandled::Ignored { peer, why })?;
         Ok(peer)
     }

@@ -17,11 +17,11 @@ impl<'s> Coordinator<'s> {
 
     pub(super) fn on_register(
         &mut self,
-        now: Instant,
-        from: PeerId,
+        at: Arrived,
         user: &str,
         m: &Register<'_>,
     ) -> Result<(), Ignored> {
+        let Arrived { now, from } = at;
         let user = Name::new(user).map_err(|_| Ignored::TooLong("user"))?;
         let session = Name::from_json(m.session_id).map_err(|_| Ignored::TooLong("session_id"))?;
         let endpoint =
@@ -194,12 +194,8 @@ impl<'s> Coordinator<'s> {
     /// it holds goes on, and once nothing is addressed to it, it is told
     /// so), or is gone (dropped; what it was still needed for fails with
     /// [`FailReason::PeerLeft`]).
-    pub(super) fn on_deregister(
-        &mut self,
-        now: Instant,
-        from: PeerId,
-        m: &Deregister<'_>,
-    ) -> Result<(), Ignored> {
+    pub(super) fn on_deregister(&mut self, at: Arrived, m: &Deregister<'_>) -> Result<(), Ignored> {
+        let Arrived { now, from } = at;
         let (r, member) = self.member_in_session(from, m.session_id)?;
         let (index, role, draining) = (r.index, member.role, member.draining);
         if m.draining {

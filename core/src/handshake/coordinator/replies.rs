@@ -3,12 +3,8 @@
 use super::*;
 
 impl<'s> Coordinator<'s> {
-    pub(super) fn on_allocated(
-        &mut self,
-        now: Instant,
-        from: PeerId,
-        m: &Allocated<'_>,
-    ) -> Result<(), Ignored> {
+    pub(super) fn on_allocated(&mut self, at: Arrived, m: &Allocated<'_>) -> Result<(), Ignored> {
+        let Arrived { now, from } = at;
         let i = self.expect(m.request_id, from, false, |p| *p == Phase::Allocating)?;
         let t = self
             .transfers
@@ -54,12 +50,8 @@ impl<'s> Coordinator<'s> {
         Ok(())
     }
 
-    pub(super) fn on_reject(
-        &mut self,
-        now: Instant,
-        from: PeerId,
-        m: &AllocReject<'_>,
-    ) -> Result<(), Ignored> {
+    pub(super) fn on_reject(&mut self, at: Arrived, m: &AllocReject<'_>) -> Result<(), Ignored> {
+        let Arrived { now, from } = at;
         let i = self.expect(m.request_id, from, false, |p| *p == Phase::Allocating)?;
         let attempts = self.transfers.records.get(i).map_or(0, |t| t.attempts);
         if !m.retryable || attempts >= self.config.max_attempts {
@@ -83,12 +75,8 @@ impl<'s> Coordinator<'s> {
         Ok(())
     }
 
-    pub(super) fn on_pushed(
-        &mut self,
-        now: Instant,
-        from: PeerId,
-        m: &Pushed<'_>,
-    ) -> Result<(), Ignored> {
+    pub(super) fn on_pushed(&mut self, at: Arrived, m: &Pushed<'_>) -> Result<(), Ignored> {
+        let Arrived { now, from } = at;
         let i = self.expect(m.request_id, from, true, |p| *p == Phase::Pushing)?;
         if !m.success {
             self.fail(now, i, FailReason::WriteFailed);
@@ -114,12 +102,8 @@ impl<'s> Coordinator<'s> {
         Ok(())
     }
 
-    pub(super) fn on_done(
-        &mut self,
-        now: Instant,
-        from: PeerId,
-        m: &Done<'_>,
-    ) -> Result<(), Ignored> {
+    pub(super) fn on_done(&mut self, at: Arrived, m: &Done<'_>) -> Result<(), Ignored> {
+        let Arrived { now, from } = at;
         let i = match self.expect(m.request_id, from, false, |p| *p == Phase::Ready) {
             Ok(i) => i,
             Err(Ignored::UnknownRequest) => return self.late_done(from, m.request_id),
@@ -152,7 +136,7 @@ impl<'s> Coordinator<'s> {
                 // done stands whatever becomes of it; a staged leg this
                 // coordinator cannot take counts as ignored.
                 self.stats.forwarded += 1;
-                if self.on_staged(now, from, &next).is_err() {
+                if self.on_staged(at, &next).is_err() {
                     self.stats.ignored += 1;
                 }
             }
