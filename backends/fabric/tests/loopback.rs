@@ -16,17 +16,14 @@ use std::time::{Duration, Instant};
 use tensorferry_core::transport::{FaultKind, ReadOp, Region, Transport, WriteOp, WriteTag};
 use tensorferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
 
-/// The byte-exact cases over `tcp;ofi_rxm` (provider, completion level,
-/// largest chunk, 0 for the provider's): both levels, and a chunk small
-/// enough that one transfer goes out in several.
-const TCP_CASES: [(&str, DeliveryMode, u64); 3] = [
+/// The byte-exact cases (provider, completion level, largest chunk, 0 for
+/// the provider's): over `tcp;ofi_rxm` both levels, and a chunk small
+/// enough that one transfer goes out in several; over `shm` its default
+/// level and notices.
+const CASES: [(&str, DeliveryMode, u64); 5] = [
     ("tcp;ofi_rxm", DeliveryMode::Complete, 0),
     ("tcp;ofi_rxm", DeliveryMode::Notify, 0),
     ("tcp;ofi_rxm", DeliveryMode::Notify, 256 << 10),
-];
-
-/// The byte-exact cases over `shm`, as [`TCP_CASES`] over tcp.
-const SHM_CASES: [(&str, DeliveryMode, u64); 2] = [
     ("shm", DeliveryMode::Auto, 0),
     ("shm", DeliveryMode::Notify, 300_000),
 ];
@@ -86,10 +83,10 @@ fn open_chunked(
     open_with(&cfg, pool)
 }
 
-/// Runs `case` over each of `cases` (provider, completion level, largest
-/// chunk), printing each first so that a failing one names itself.
-fn each_case(cases: &[(&str, DeliveryMode, u64)], case: fn(&str, DeliveryMode, u64)) {
-    for &(provider, delivery, max_chunk) in cases {
+/// Runs `case` over each of the byte-exact [`CASES`], printing each
+/// first so that a failing one names itself.
+fn each_case(case: fn(&str, DeliveryMode, u64)) {
+    for (provider, delivery, max_chunk) in CASES {
         eprintln!("case: {provider}, {delivery:?}, max_chunk {max_chunk}");
         case(provider, delivery, max_chunk);
     }

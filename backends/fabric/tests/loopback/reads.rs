@@ -9,7 +9,7 @@ use tensorferry_fabric::DeliveryMode;
 
 use super::{
     config, each_case, fails_as_gone, fill, open, open_chunked, open_with, pool, pool_mut, read_op,
-    wait_completion, wait_landed, with_a_gone_peer, Rng, SHM_CASES, TCP_CASES,
+    wait_completion, wait_landed, with_a_gone_peer, Rng,
 };
 
 /// Reads of random lengths at random places of the peer's pool (one of
@@ -74,13 +74,8 @@ fn reads_bring_the_peers_bytes(provider: &str, delivery: DeliveryMode, max_chunk
 }
 
 #[test]
-fn tcp_reads_bring_the_peers_bytes_in_both_delivery_modes() {
-    each_case(&TCP_CASES, reads_bring_the_peers_bytes);
-}
-
-#[test]
-fn shm_reads_bring_the_peers_bytes() {
-    each_case(&SHM_CASES, reads_bring_the_peers_bytes);
+fn reads_bring_the_peers_bytes_over_tcp_in_both_delivery_modes_and_over_shm() {
+    each_case(reads_bring_the_peers_bytes);
 }
 
 /// Many reads and writes in flight at once, in both directions' worth of

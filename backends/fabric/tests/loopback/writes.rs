@@ -9,7 +9,7 @@ use tensorferry_fabric::{DeliveryMode, FabricTransport};
 
 use super::{
     config, each_case, fails_as_gone, open, open_chunked, open_with, pool, pool_mut, reach,
-    wait_completion, wait_landed, with_a_gone_peer, write_op, Rng, SHM_CASES, TCP_CASES,
+    wait_completion, wait_landed, with_a_gone_peer, write_op, Rng,
 };
 
 fn round_trip(provider: &str, delivery: DeliveryMode, max_chunk: u64) {
@@ -55,13 +55,8 @@ fn round_trip(provider: &str, delivery: DeliveryMode, max_chunk: u64) {
 }
 
 #[test]
-fn tcp_writes_land_byte_exact_in_both_delivery_modes() {
-    each_case(&TCP_CASES, round_trip);
-}
-
-#[test]
-fn shm_writes_land_byte_exact() {
-    each_case(&SHM_CASES, round_trip);
+fn writes_land_byte_exact_over_tcp_in_both_delivery_modes_and_over_shm() {
+    each_case(round_trip);
 }
 
 /// What each completion level guarantees, shown with a receiver that
