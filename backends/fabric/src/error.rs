@@ -290,28 +290,33 @@ mod tests {
 
     #[test]
     fn errors_name_the_call_the_peer_and_the_kind() {
-        let e = FabricError::Call {
-            call: Call::WriteMsg,
-            errno: 111,
-            text: "Connection refused".into(),
-            peer: Some("ofi:tcp;ofi_rxm:00:1:0:10:nv".into()),
+        use Call::{MrReg, WriteMsg};
+        let call = |call, errno, text: &str, peer: Option<&str>| FabricError::Call {
+            call,
+            errno,
+            text: text.into(),
+            peer: peer.map(Into::into),
         };
-        assert_eq!(
-            e.to_string(),
-            "fi_writemsg (peer ofi:tcp;ofi_rxm:00:1:0:10:nv): Connection refused (errno 111)"
-        );
-        assert_eq!(e.kind(), FaultKind::PeerGone);
-        let e = FabricError::Call {
-            call: Call::MrReg,
-            errno: 12,
-            text: "Cannot allocate memory".into(),
-            peer: None,
-        };
-        assert_eq!(
-            e.to_string(),
-            "fi_mr_reg: Cannot allocate memory (errno 12)"
-        );
-        assert_eq!(e.kind(), FaultKind::Registration);
+        for (e, text, kind) in [
+            (
+                call(
+                    WriteMsg,
+                    111,
+                    "Connection refused",
+                    Some("ofi:tcp;ofi_rxm:00:1:0:10:nv"),
+                ),
+                "fi_writemsg (peer ofi:tcp;ofi_rxm:00:1:0:10:nv): Connection refused (errno 111)",
+                FaultKind::PeerGone,
+            ),
+            (
+                call(MrReg, 12, "Cannot allocate memory", None),
+                "fi_mr_reg: Cannot allocate memory (errno 12)",
+                FaultKind::Registration,
+            ),
+        ] {
+            assert_eq!(e.to_string(), text);
+            assert_eq!(e.kind(), kind, "{text}");
+        }
         let e = FabricError::Completion {
             op: OpKind::Read,
             peer: "p".into(),

@@ -16,6 +16,18 @@ use std::time::{Duration, Instant};
 use tensorferry_core::transport::{FaultKind, ReadOp, Region, Transport, WriteOp, WriteTag};
 use tensorferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
 
+/// The byte-exact cases (provider, completion level, largest chunk, 0 for
+/// the provider's): over `tcp;ofi_rxm` both levels, and a chunk small
+/// enough that one transfer goes out in several; over `shm` its default
+/// level and notices.
+const CASES: [(&str, DeliveryMode, u64); 5] = [
+    ("tcp;ofi_rxm", DeliveryMode::Complete, 0),
+    ("tcp;ofi_rxm", DeliveryMode::Notify, 0),
+    ("tcp;ofi_rxm", DeliveryMode::Notify, 256 << 10),
+    ("shm", DeliveryMode::Auto, 0),
+    ("shm", DeliveryMode::Notify, 300_000),
+];
+
 fn config(provider: &str, delivery: DeliveryMode) -> FabricConfig {
     let mut c = FabricConfig::new(Provider::Named(provider.into()));
     c.delivery = delivery;
@@ -56,6 +68,65 @@ fn pool_mut(t: &mut FabricTransport) -> &mut [u8] {
     unsafe {
         std::slice::from_raw_parts_mut(t.pool_ptr(), t.pool_len())
     }
+}
+
+/// A transport whose largest chunk is `max_chunk` (0 for the
+/// provider's), with a pool of `pool` bytes registered.
+fn open_chunked(
+    provider: &str,
+    delivery: DeliveryMode,
+    max_chunk: u64,
+    pool: usize,
+) -> (FabricTransport, Region) {
+    let mut cfg = config(provider, delivery);
+    cfg.max_chunk = max_chunk;
+    open_with(&cfg, pool)
+}
+
+/// Runs `case` over each of the byte-exact [`CASES`], printing each
+/// first so that a failing one names itself.
+fn each_case(case: fn(&str, DeliveryMode, u64)) {
+    for (provider, delivery, max_chunk) in CASES {
+        eprintln!("case: {provider}, {delivery:?}, max_chunk {max_chunk}");
+        case(provider, delivery, max_chunk);
+    }
+}
+
+/// A sender over tcp (write timeout 3 s), with a pool of 1 MiB; a peer
+/// that was opened and is gone (its session id and pool address); and
+/// another peer, there.
+fn with_a_gone_peer() -> (FabricTransport, Region, (String, u64), FabricTransport) {
+    let mut cfg = config("tcp;ofi_rxm", DeliveryMode::Auto);
+    cfg.write_timeout = Duration::from_secs(3);
+    let (a, ra) = open_with(&cfg, 1 << 20);
+    let (b, _) = open("tcp;ofi_rxm", DeliveryMode::Auto, 1 << 20);
+    let (c, _) = open("tcp;ofi_rxm", DeliveryMode::Auto, 1 << 20);
+    let gone = (b.session_id().to_owned(), b.pool_ptr() as u64);
+    drop(b);
+    (a, ra, gone, c)
+}
+
+/// An op to the peer `gone`, which is gone, posted as `cookie` (`posted`:
+/// what posting it returned) fails, at once or at its completion, as the
+/// peer gone or timed out, and names the peer.
+fn fails_as_gone(
+    t: &mut FabricTransport,
+    posted: Result<(), tensorferry_fabric::FabricError>,
+    cookie: u64,
+    gone: &str,
+) {
+    let r = match posted {
+        Err(e) => Err(e),
+        Ok(()) => wait_completion(t, cookie, Duration::from_secs(30)).expect("an outcome in time"),
+    };
+    let e = r.expect_err("the peer is gone");
+    // rxm answers "try again" while it cannot connect, so an unreachable
+    // peer shows as an op that never completes.
+    assert!(
+        matches!(e.kind(), FaultKind::PeerGone | FaultKind::Timeout),
+        "{e}"
+    );
+    assert!(e.to_string().contains(gone), "{e}");
 }
 
 fn wait_completion(

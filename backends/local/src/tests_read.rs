@@ -234,6 +234,26 @@ impl Pair {
         p
     }
 
+    /// `a` reads `len` bytes from the start of `b`'s `pool` into
+    /// `region` at `offset`, as `cookie`.
+    fn read_pool(
+        &mut self,
+        region: Region,
+        offset: u64,
+        len: u64,
+        cookie: u64,
+    ) -> Result<(), LocalError> {
+        let from = self.regions[3].addr;
+        self.a.post_read(&read(
+            region,
+            offset,
+            len,
+            self.b.session_id(),
+            from,
+            cookie,
+        ))
+    }
+
     fn finish(mut self) {
         let [src, sink, dst, pool] = self.regions;
         self.a.deregister(src).unwrap();
@@ -283,6 +303,13 @@ fn outcomes(t: &mut LocalTransport) -> Vec<(u64, Result<(), LocalError>)> {
     all
 }
 
+/// Each outcome's cookie and, for a failure, its kind.
+fn kinds_of(got: &[(u64, Result<(), LocalError>)]) -> Vec<(u64, Option<FaultKind>)> {
+    got.iter()
+        .map(|(c, r)| (*c, r.as_ref().err().map(LocalError::kind)))
+        .collect()
+}
+
 #[test]
 fn reads_and_writes_mixed_in_one_batch_complete_each_with_its_own_cookie() {
     let mut p = Pair::new();
@@ -317,10 +344,7 @@ fn reads_and_writes_mixed_in_one_batch_complete_each_with_its_own_cookie() {
     // Posted, not made.
     assert!(p.sink.iter().all(|&x| x == 0));
     let got = outcomes(&mut p.a);
-    let kinds: Vec<(u64, Option<FaultKind>)> = got
-        .iter()
-        .map(|(c, r)| (*c, r.as_ref().err().map(LocalError::kind)))
-        .collect();
+    let kinds = kinds_of(&got);
     let oob = Some(FaultKind::OutOfBounds);
     assert_eq!(
         kinds,
@@ -352,24 +376,18 @@ fn reads_and_writes_mixed_in_one_batch_complete_each_with_its_own_cookie() {
 #[test]
 fn reads_outside_this_process_s_region_are_refused_when_posted() {
     let mut p = Pair::new();
-    let [_, sink, _, pool] = p.regions;
-    let from = p.b.session_id().to_owned();
+    let sink = p.regions[1];
     for (offset, len) in [(PAIR_LEN as u64 - 8, 16), (u64::MAX, 2)] {
-        let e =
-            p.a.post_read(&read(sink, offset, len, &from, pool.addr, 1))
-                .unwrap_err();
+        let e = p.read_pool(sink, offset, len, 1).unwrap_err();
         assert!(matches!(e, LocalError::ReadDestOutOfBounds { .. }), "{e}");
         assert_eq!(e.kind(), FaultKind::OutOfBounds);
     }
     // A region this transport did not register.
     let unknown = Region { id: 99, ..sink };
-    let e =
-        p.a.post_read(&read(unknown, 0, 16, &from, pool.addr, 1))
-            .unwrap_err();
+    let e = p.read_pool(unknown, 0, 16, 1).unwrap_err();
     assert!(matches!(e, LocalError::ReadDestOutOfBounds { .. }), "{e}");
     // Zero bytes at the region's end: posted, and completed as done.
-    p.a.post_read(&read(sink, PAIR_LEN as u64, 0, &from, pool.addr, 2))
-        .unwrap();
+    p.read_pool(sink, PAIR_LEN as u64, 0, 2).unwrap();
     let got = outcomes(&mut p.a);
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].0, 2);
@@ -398,10 +416,7 @@ fn cancelled_reads_are_never_made_and_complete_as_timed_out() {
         .unwrap();
     p.a.cancel_transfers(&sb).unwrap();
     let got = outcomes(&mut p.a);
-    let kinds: Vec<(u64, Option<FaultKind>)> = got
-        .iter()
-        .map(|(c, r)| (*c, r.as_ref().err().map(LocalError::kind)))
-        .collect();
+    let kinds = kinds_of(&got);
     let timeout = Some(FaultKind::Timeout);
     assert_eq!(
         kinds,
@@ -436,10 +451,8 @@ fn cancelled_reads_are_never_made_and_complete_as_timed_out() {
 #[test]
 fn deregister_makes_the_reads_posted_into_the_region_first() {
     let mut p = Pair::new();
-    let [_, sink, _, pool] = p.regions;
-    let from = p.b.session_id().to_owned();
-    p.a.post_read(&read(sink, 0, PAIR_LEN as u64, &from, pool.addr, 9))
-        .unwrap();
+    let sink = p.regions[1];
+    p.read_pool(sink, 0, PAIR_LEN as u64, 9).unwrap();
     p.a.deregister(sink).unwrap();
     assert!(
         p.sink == p.pool,

@@ -19,7 +19,8 @@
 use std::collections::VecDeque;
 
 use tensorferry_core::transport::{
-    Capabilities, Completion, FaultKind, PoolOwner, ReadOp, Region, Regions, Transport, WriteOp,
+    Capabilities, Completion, FaultKind, OpSpan, PoolOwner, ReadOp, Region, Regions, Transport,
+    WriteOp,
 };
 use tensorferry_hostmem::{EventFd, HostPool};
 
@@ -116,6 +117,37 @@ impl LocalTransport {
                 }
             }
         }
+    }
+
+    /// Checks `span`'s side in this process against its region, and
+    /// queues it as `dir` says: a write from there to the peer, or a read
+    /// from the peer into there. The peer's side is checked when the op
+    /// is made, against the peer's table.
+    fn queue(&mut self, dir: Direction, span: OpSpan<'_>) -> Result<(), LocalError> {
+        let local = match self
+            .regions
+            .source(span.region, span.local_offset, span.len)
+        {
+            Ok((r, ())) => r.addr + span.local_offset,
+            Err(_) => {
+                let (addr, len) = (span.region.addr.wrapping_add(span.local_offset), span.len);
+                return Err(match dir {
+                    Direction::Write => LocalError::SourceOutOfBounds { addr, len },
+                    Direction::Read => LocalError::ReadDestOutOfBounds { addr, len },
+                });
+            }
+        };
+        let (src, dst) = match dir {
+            Direction::Write => (local, span.remote_addr),
+            Direction::Read => (span.remote_addr, local),
+        };
+        let op = Op {
+            src,
+            dst,
+            len: span.len,
+        };
+        self.post(span.peer, dir, op, span.cookie);
+        Ok(())
     }
 
     /// Queues `op` behind the last run when that is the same peer's and
@@ -217,37 +249,11 @@ impl Transport for LocalTransport {
     /// here, against the region, as a write's source is; the peer's side
     /// when the read is made, against the peer's table.
     fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), LocalError> {
-        let (&region, ()) = self
-            .regions
-            .source(read.region, read.local_offset, read.len)
-            .map_err(|_| LocalError::ReadDestOutOfBounds {
-                addr: read.region.addr.wrapping_add(read.local_offset),
-                len: read.len,
-            })?;
-        let op = Op {
-            src: read.src_addr,
-            dst: region.addr + read.local_offset,
-            len: read.len,
-        };
-        self.post(read.src_session, Direction::Read, op, read.cookie);
-        Ok(())
+        self.queue(Direction::Read, read.span())
     }
 
     fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), LocalError> {
-        let (&region, ()) = self
-            .regions
-            .source(write.region, write.local_offset, write.len)
-            .map_err(|_| LocalError::SourceOutOfBounds {
-                addr: write.region.addr.wrapping_add(write.local_offset),
-                len: write.len,
-            })?;
-        let op = Op {
-            src: region.addr + write.local_offset,
-            dst: write.dest_addr,
-            len: write.len,
-        };
-        self.post(write.dest_session, Direction::Write, op, write.cookie);
-        Ok(())
+        self.queue(Direction::Write, write.span())
     }
 
     fn poll_completion(&mut self) -> Option<Completion<LocalError>> {
@@ -307,84 +313,104 @@ mod tests {
         unsafe { libc::poll(&mut p, 1, wait_ms) == 1 }
     }
 
-    #[test]
-    fn a_posted_short_write_lands_when_completions_are_polled() {
-        let mut a = LocalTransport::open(LocalConfig::default()).unwrap();
-        let mut b = LocalTransport::open(LocalConfig::default()).unwrap();
-        let mut src: Vec<u8> = (0..1u32 << 16).map(|i| (i * 5 + 1) as u8).collect();
-        let mut dst = vec![0u8; 1 << 16];
-        // SAFETY: both vectors outlive the transports' registrations
-        // (deregistered below), and nothing reads `dst` while a write may
-        // land in it.
+    /// Two transports: `a` with `src` registered (`ra`), `b` with as many
+    /// zeroes (`dst`, registered as `rb`), and `b`'s session id (`to`).
+    struct Two {
+        a: LocalTransport,
+        b: LocalTransport,
+        src: Vec<u8>,
+        dst: Vec<u8>,
+        ra: Region,
+        rb: Region,
+        to: String,
+    }
+
+    /// [`Two`] transports of `config`, `a` to write `src` to `b`.
+    fn two(config: LocalConfig, mut src: Vec<u8>) -> Two {
+        let mut a = LocalTransport::open(config.clone()).unwrap();
+        let mut b = LocalTransport::open(config).unwrap();
+        let mut dst = vec![0u8; src.len()];
+        // SAFETY: the vectors' buffers stay where they are when the
+        // vectors move, and the tests keep them until they have
+        // deregistered both regions; nothing reads `dst` while a write
+        // may land in it.
         let ra = unsafe { a.register(src.as_mut_ptr(), src.len()) }.unwrap();
         // SAFETY: as above.
         let rb = unsafe { b.register(dst.as_mut_ptr(), dst.len()) }.unwrap();
         let to = b.session_id().to_owned();
-        let fd = a.wake_fd().unwrap();
-        a.post_write(&write(ra, 16, 4096, &to, rb.addr + 64))
+        Two {
+            a,
+            b,
+            src,
+            dst,
+            ra,
+            rb,
+            to,
+        }
+    }
+
+    #[test]
+    fn a_posted_short_write_lands_when_completions_are_polled() {
+        let src = (0..1u32 << 16).map(|i| (i * 5 + 1) as u8).collect();
+        let mut t = two(LocalConfig::default(), src);
+        let fd = t.a.wake_fd().unwrap();
+        t.a.post_write(&write(t.ra, 16, 4096, &t.to, t.rb.addr + 64))
             .unwrap();
         // Posted, not made: nothing moved, and no driver is woken (the
         // poster polls next).
-        assert!(dst.iter().all(|&x| x == 0));
+        assert!(t.dst.iter().all(|&x| x == 0));
         assert!(!readable(fd, 0));
-        let c = a.poll_completion().expect("made by the poll");
+        let c = t.a.poll_completion().expect("made by the poll");
         assert_eq!(c.cookie, 7);
         c.result.unwrap();
-        assert_eq!(dst[64..64 + 4096], src[16..16 + 4096]);
-        assert!(a.poll_completion().is_none());
+        assert_eq!(t.dst[64..64 + 4096], t.src[16..16 + 4096]);
+        assert!(t.a.poll_completion().is_none());
         // Outside the source region: refused before anything is written.
-        let e = a
-            .post_write(&write(ra, src.len() as u64 - 8, 16, &to, rb.addr))
-            .unwrap_err();
+        let e =
+            t.a.post_write(&write(t.ra, t.src.len() as u64 - 8, 16, &t.to, t.rb.addr))
+                .unwrap_err();
         assert_eq!(e.kind(), FaultKind::OutOfBounds);
         // Outside the peer's region: the write fails, reported by its
         // completion.
-        a.post_write(&write(ra, 0, 16, &to, rb.addr + rb.len))
+        t.a.post_write(&write(t.ra, 0, 16, &t.to, t.rb.addr + t.rb.len))
             .unwrap();
-        let e = a.poll_completion().unwrap().result.unwrap_err();
+        let e = t.a.poll_completion().unwrap().result.unwrap_err();
         assert_eq!(e.kind(), FaultKind::OutOfBounds);
-        a.deregister(ra).unwrap();
-        b.deregister(rb).unwrap();
-        assert!(a.deregister(ra).is_err());
+        t.a.deregister(t.ra).unwrap();
+        t.b.deregister(t.rb).unwrap();
+        assert!(t.a.deregister(t.ra).is_err());
     }
 
     #[test]
     fn a_batch_fails_only_its_bad_write() {
-        let mut a = LocalTransport::open(LocalConfig::default()).unwrap();
-        let mut b = LocalTransport::open(LocalConfig::default()).unwrap();
-        let mut src: Vec<u8> = (0..1u32 << 16).map(|i| (i * 3 + 2) as u8).collect();
-        let mut dst = vec![0u8; 1 << 16];
-        // SAFETY: as in the test above.
-        let ra = unsafe { a.register(src.as_mut_ptr(), src.len()) }.unwrap();
-        // SAFETY: as above.
-        let rb = unsafe { b.register(dst.as_mut_ptr(), dst.len()) }.unwrap();
-        let to = b.session_id().to_owned();
+        let src = (0..1u32 << 16).map(|i| (i * 3 + 2) as u8).collect();
+        let mut t = two(LocalConfig::default(), src);
         for i in 0..100u64 {
             // Write 50 aims past the peer's region.
             let dest = if i == 50 {
-                rb.addr + rb.len
+                t.rb.addr + t.rb.len
             } else {
-                rb.addr + i * 512
+                t.rb.addr + i * 512
             };
-            let mut w = write(ra, i * 256, 256, &to, dest);
+            let mut w = write(t.ra, i * 256, 256, &t.to, dest);
             w.cookie = i;
-            a.post_write(&w).unwrap();
+            t.a.post_write(&w).unwrap();
         }
         let mut seen = 0;
-        while let Some(c) = a.poll_completion() {
+        while let Some(c) = t.a.poll_completion() {
             assert_eq!(c.result.is_err(), c.cookie == 50, "write {}", c.cookie);
             seen += 1;
         }
         assert_eq!(seen, 100);
         for i in (0..100usize).filter(|&i| i != 50) {
             assert_eq!(
-                dst[i * 512..i * 512 + 256],
-                src[i * 256..i * 256 + 256],
+                t.dst[i * 512..i * 512 + 256],
+                t.src[i * 256..i * 256 + 256],
                 "write {i}"
             );
         }
-        a.deregister(ra).unwrap();
-        b.deregister(rb).unwrap();
+        t.a.deregister(t.ra).unwrap();
+        t.b.deregister(t.rb).unwrap();
     }
 
     #[test]
@@ -395,7 +421,9 @@ mod tests {
         let mut src = vec![9u8; 8192];
         let mut to_b = vec![0u8; 4096];
         let mut to_c = vec![0u8; 4096];
-        // SAFETY: as in the tests above.
+        // SAFETY: the vectors outlive the transports' registrations
+        // (deregistered below), and nothing reads them while a write may
+        // land in them.
         let ra = unsafe { a.register(src.as_mut_ptr(), src.len()) }.unwrap();
         // SAFETY: as above.
         let rb = unsafe { b.register(to_b.as_mut_ptr(), to_b.len()) }.unwrap();
@@ -443,27 +471,22 @@ mod tests {
             threads: 2,
             ..LocalConfig::default()
         };
-        let mut a = LocalTransport::open(config.clone()).unwrap();
-        let mut b = LocalTransport::open(config).unwrap();
         let len = 32usize << 20;
-        let mut src: Vec<u8> = (0..len).map(|i| (i % 249) as u8).collect();
-        let mut dst = vec![0u8; len];
-        // SAFETY: as in the tests above.
-        let ra = unsafe { a.register(src.as_mut_ptr(), len) }.unwrap();
-        // SAFETY: as above.
-        let rb = unsafe { b.register(dst.as_mut_ptr(), len) }.unwrap();
-        let to = b.session_id().to_owned();
-        a.post_write(&write(ra, 0, len as u64, &to, rb.addr))
+        let mut t = two(config, (0..len).map(|i| (i % 249) as u8).collect());
+        t.a.post_write(&write(t.ra, 0, len as u64, &t.to, t.rb.addr))
             .unwrap();
-        a.poll_completion().unwrap().result.unwrap();
-        assert!(dst == src);
+        t.a.poll_completion().unwrap().result.unwrap();
+        assert!(t.dst == t.src);
         // Posted, then deregistered: made before the region ends.
-        dst.fill(0);
-        a.post_write(&write(ra, 0, len as u64, &to, rb.addr))
+        t.dst.fill(0);
+        t.a.post_write(&write(t.ra, 0, len as u64, &t.to, t.rb.addr))
             .unwrap();
-        a.deregister(ra).unwrap();
-        assert!(dst == src, "deregister ended the region before its write");
-        a.poll_completion().unwrap().result.unwrap();
-        b.deregister(rb).unwrap();
+        t.a.deregister(t.ra).unwrap();
+        assert!(
+            t.dst == t.src,
+            "deregister ended the region before its write"
+        );
+        t.a.poll_completion().unwrap().result.unwrap();
+        t.b.deregister(t.rb).unwrap();
     }
 }

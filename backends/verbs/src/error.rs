@@ -274,6 +274,12 @@ impl VerbsError {
 mod tests {
     use super::*;
 
+    /// `e` reads `text` and is of `kind`.
+    fn says(e: &VerbsError, text: &str, kind: FaultKind) {
+        assert_eq!(e.to_string(), text);
+        assert_eq!(e.kind(), kind, "{text}");
+    }
+
     #[test]
     fn errors_name_the_verb_the_errno_and_the_peer() {
         let e = VerbsError::Verb {
@@ -281,11 +287,11 @@ mod tests {
             errno: libc::ENOSYS,
             peer: None,
         };
-        assert_eq!(
-            e.to_string(),
-            "ibv_get_device_list: Function not implemented (errno 38)"
+        says(
+            &e,
+            "ibv_get_device_list: Function not implemented (errno 38)",
+            FaultKind::Io,
         );
-        assert_eq!(e.kind(), FaultKind::Io);
         let e = VerbsError::Verb {
             verb: Verb::RegMr,
             errno: libc::ENOMEM,
@@ -340,11 +346,11 @@ mod tests {
             status: WcStatus(12),
             vendor_err: 0x81,
         };
-        assert_eq!(
-            e.to_string(),
-            "write to verbs:1@tcp://h:1 failed: work completion status IBV_WC_RETRY_EXC_ERR (12: transport retry counter exceeded) (vendor error 0x81)"
+        says(
+            &e,
+            "write to verbs:1@tcp://h:1 failed: work completion status IBV_WC_RETRY_EXC_ERR (12: transport retry counter exceeded) (vendor error 0x81)",
+            FaultKind::PeerGone,
         );
-        assert_eq!(e.kind(), FaultKind::PeerGone);
         let e = VerbsError::Completion {
             op: RdmaOp::Write,
             peer: "p".into(),

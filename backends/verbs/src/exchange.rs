@@ -404,51 +404,26 @@ mod tests {
             format!(r#"{{"v":3,"from":"{FROM}","to":"000000000000feed","qp":{qp}}}"#).into_bytes()
         };
         let gid = "00000000000000000000ffff0a000001";
-        assert_eq!(
-            field_of(&with(&format!(
-                r#"{{"qpn":0,"lid":0,"gid":"{gid}","psn":1,"mtu":1024,"rd_atom":1}}"#
-            ))),
-            "qp.qpn"
-        );
-        assert_eq!(
-            field_of(&with(&format!(
-                r#"{{"qpn":16777216,"lid":0,"gid":"{gid}","psn":1,"mtu":1024,"rd_atom":1}}"#
-            ))),
-            "qp.qpn"
-        );
-        assert_eq!(
-            field_of(&with(&format!(
-                r#"{{"qpn":1,"lid":0,"gid":"{gid}","psn":16777216,"mtu":1024,"rd_atom":1}}"#
-            ))),
-            "qp.psn"
-        );
-        assert_eq!(
-            field_of(&with(&format!(
-                r#"{{"qpn":1,"lid":0,"gid":"{gid}","psn":1,"mtu":1500,"rd_atom":1}}"#
-            ))),
-            "qp.mtu"
-        );
-        assert_eq!(
-            field_of(&with(
-                r#"{"qpn":1,"lid":0,"gid":"zz","psn":1,"mtu":1024,"rd_atom":1}"#
-            )),
-            "qp.gid"
-        );
-        assert_eq!(
-            field_of(&with(
-                r#"{"qpn":1,"lid":0,"gid":"00000000000000000000000000000000","psn":1,"mtu":1024,"rd_atom":1}"#
-            )),
-            "qp.gid"
-        );
+        let zero = "00000000000000000000000000000000";
+        let qp = |qpn: u64, lid: u32, gid: &str, psn: u64, mtu: u32| {
+            format!(
+                r#"{{"qpn":{qpn},"lid":{lid},"gid":"{gid}","psn":{psn},"mtu":{mtu},"rd_atom":1}}"#
+            )
+        };
+        // Each queue pair is refused naming the field out of range.
+        for (bad, field) in [
+            (qp(0, 0, gid, 1, 1024), "qp.qpn"),
+            (qp(16777216, 0, gid, 1, 1024), "qp.qpn"),
+            (qp(1, 0, gid, 16777216, 1024), "qp.psn"),
+            (qp(1, 0, gid, 1, 1500), "qp.mtu"),
+            (qp(1, 0, "zz", 1, 1024), "qp.gid"),
+            (qp(1, 0, zero, 1, 1024), "qp.gid"),
+        ] {
+            assert_eq!(field_of(&with(&bad)), field, "{bad}");
+        }
         // An InfiniBand peer may have a zero GID prefix but a LID.
-        assert!(Request::decode(
-            &with(
-                r#"{"qpn":1,"lid":5,"gid":"00000000000000000000000000000000","psn":1,"mtu":1024,"rd_atom":1}"#
-            ),
-            "p"
-        )
-        .is_ok());
-        let ok_qp = format!(r#"{{"qpn":1,"lid":0,"gid":"{gid}","psn":1,"mtu":1024,"rd_atom":1}}"#);
+        assert!(Request::decode(&with(&qp(1, 5, zero, 1, 1024)), "p").is_ok());
+        let ok_qp = qp(1, 0, gid, 1, 1024);
         // A writer of version 2 (no `rd_atom`) is refused by its version.
         let v2_qp = format!(r#"{{"qpn":1,"lid":0,"gid":"{gid}","psn":1,"mtu":1024}}"#);
         assert_eq!(

@@ -122,6 +122,13 @@ mod tests {
         }
     }
 
+    /// The index `GidChoice::Auto` picks from `t` on `link`.
+    fn auto_index(link: LinkLayer, t: &[GidEntry]) -> u8 {
+        choose(link, t, GidChoice::Auto)
+            .expect("a usable GID")
+            .index
+    }
+
     /// A typical RoCE port: link-local v1/v2 pair, then IPv4 v1/v2 pair,
     /// then a global IPv6 pair.
     fn roce_table() -> Vec<GidEntry> {
@@ -145,29 +152,14 @@ mod tests {
     #[test]
     fn roce_falls_back_to_global_then_link_local_v2_then_v1() {
         let t: Vec<_> = roce_table().into_iter().filter(|g| g.index != 3).collect();
-        assert_eq!(
-            choose(LinkLayer::Ethernet, &t, GidChoice::Auto)
-                .unwrap()
-                .index,
-            5
-        );
+        assert_eq!(auto_index(LinkLayer::Ethernet, &t), 5);
         let t: Vec<_> = t.into_iter().filter(|g| g.index != 5).collect();
-        assert_eq!(
-            choose(LinkLayer::Ethernet, &t, GidChoice::Auto)
-                .unwrap()
-                .index,
-            1
-        );
+        assert_eq!(auto_index(LinkLayer::Ethernet, &t), 1);
         let t: Vec<_> = t
             .into_iter()
             .filter(|g| g.kind == GidKind::RoceV1)
             .collect();
-        assert_eq!(
-            choose(LinkLayer::Ethernet, &t, GidChoice::Auto)
-                .unwrap()
-                .index,
-            0
-        );
+        assert_eq!(auto_index(LinkLayer::Ethernet, &t), 0);
     }
 
     #[test]
@@ -177,12 +169,7 @@ mod tests {
             e(1, "::ffff:10.0.0.9", GidKind::Other(9)),
             e(7, "::ffff:10.0.0.3", GidKind::RoceV2),
         ];
-        assert_eq!(
-            choose(LinkLayer::Ethernet, &t, GidChoice::Auto)
-                .unwrap()
-                .index,
-            7
-        );
+        assert_eq!(auto_index(LinkLayer::Ethernet, &t), 7);
     }
 
     #[test]
@@ -191,12 +178,7 @@ mod tests {
             e(1, "fe80::2", GidKind::InfiniBand),
             e(0, "fe80::1", GidKind::InfiniBand),
         ];
-        assert_eq!(
-            choose(LinkLayer::InfiniBand, &t, GidChoice::Auto)
-                .unwrap()
-                .index,
-            0
-        );
+        assert_eq!(auto_index(LinkLayer::InfiniBand, &t), 0);
     }
 
     #[test]

@@ -6,10 +6,11 @@
 
 use std::time::{Duration, Instant};
 
-use tensorferry_core::transport::{
-    Completion, FaultKind, ReadOp, Region, Transport, WriteOp, WriteTag,
-};
+use tensorferry_core::transport::{Completion, FaultKind, ReadOp, Region, Transport};
 use tensorferry_verbs::{VerbsConfig, VerbsError, VerbsTransport};
+
+mod support;
+use support::write_op;
 
 fn device() -> String {
     tensorferry_verbs::require_test_device()
@@ -36,6 +37,12 @@ fn open(dev: &str) -> Node {
     Node { t, region }
 }
 
+/// Two nodes on the device under test.
+fn pair() -> (Node, Node) {
+    let dev = device();
+    (open(&dev), open(&dev))
+}
+
 fn wait(t: &mut VerbsTransport, n: usize) -> Vec<Completion<VerbsError>> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut out = Vec::new();
@@ -55,54 +62,70 @@ fn wait(t: &mut VerbsTransport, n: usize) -> Vec<Completion<VerbsError>> {
     out
 }
 
-#[test]
-#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release -p tensorferry-verbs --test device -- --ignored"]
-fn random_writes_through_the_nic_arrive_byte_exact() {
-    let dev = device();
-    let mut a = open(&dev);
-    let b = open(&dev);
-    let len = a.t.pool_len();
-    // SAFETY: each pool is only touched here while no write is in flight.
-    #[allow(unsafe_code)]
-    let (src, dst) = unsafe {
+/// Both nodes' pools, as bytes.
+///
+/// # Safety
+///
+/// No transfer into or out of either pool may be in flight while the
+/// slices are used, and they must not outlive the nodes.
+#[allow(unsafe_code)]
+unsafe fn pools<'a>(a: &Node, b: &Node) -> (&'a mut [u8], &'a mut [u8]) {
+    // SAFETY: each pool is mapped for its length while its transport
+    // lives; the caller keeps transfers away.
+    unsafe {
         (
-            std::slice::from_raw_parts_mut(a.t.pool_ptr(), len),
-            std::slice::from_raw_parts(b.t.pool_ptr(), len),
+            std::slice::from_raw_parts_mut(a.t.pool_ptr(), a.t.pool_len()),
+            std::slice::from_raw_parts_mut(b.t.pool_ptr(), b.t.pool_len()),
         )
-    };
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
+    }
+}
+
+/// A xorshift64 generator started at `x`: random sizes and bytes that a
+/// failing round reproduces.
+fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+    move || {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         x
-    };
+    }
+}
+
+/// Up to 8 random spans of at most `max` bytes that lie one after the
+/// other in `room` bytes: (where each is taken from, anywhere in `room`;
+/// its length; where it goes, after the one before).
+fn spans(next: &mut impl FnMut() -> u64, max: u64, room: u64) -> Vec<(u64, u64, u64)> {
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    while out.len() < 8 {
+        let n = 1 + next() % max;
+        if at + n > room {
+            break;
+        }
+        out.push((next() % (room - n + 1), n, at));
+        at += n;
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release -p tensorferry-verbs --test device -- --ignored"]
+fn random_writes_through_the_nic_arrive_byte_exact() {
+    let (mut a, b) = pair();
+    let len = a.t.pool_len();
+    // SAFETY: each pool is only touched here while no write is in flight.
+    #[allow(unsafe_code)]
+    let (src, dst) = unsafe { pools(&a, &b) };
+    let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
     for b in src.iter_mut() {
         *b = next() as u8;
     }
     for round in 0..50u64 {
-        let mut writes = Vec::new();
-        let mut at = 0u64;
-        while writes.len() < 8 {
-            let n = 1 + next() % (8 << 20);
-            if at + n > len as u64 {
-                break;
-            }
-            writes.push((next() % (len as u64 - n + 1), n, at));
-            at += n;
-        }
+        let writes = spans(&mut next, 8 << 20, len as u64);
         for (i, &(s, n, d)) in writes.iter().enumerate() {
             let cookie = round * 100 + i as u64;
-            a.t.post_write(&WriteOp {
-                region: a.region,
-                local_offset: s,
-                len: n,
-                dest_session: b.t.session_id(),
-                dest_addr: b.region.addr + d,
-                tag: WriteTag(cookie),
-                cookie,
-            })
-            .expect("post");
+            let op = write_op(a.region, s, n, b.t.session_id(), b.region.addr + d, cookie);
+            a.t.post_write(&op).expect("post");
         }
         for c in wait(&mut a.t, writes.len()) {
             assert!(c.result.is_ok(), "{:?}", c.result);
@@ -120,33 +143,15 @@ fn random_writes_through_the_nic_arrive_byte_exact() {
 #[test]
 #[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release -p tensorferry-verbs --test device -- --ignored"]
 fn a_peer_that_goes_away_fails_its_writes_in_time() {
-    let dev = device();
-    let mut a = open(&dev);
-    let b = open(&dev);
+    let (mut a, b) = pair();
     let (peer, addr) = (b.t.session_id().to_owned(), b.region.addr);
-    a.t.post_write(&WriteOp {
-        region: a.region,
-        local_offset: 0,
-        len: 4096,
-        dest_session: &peer,
-        dest_addr: addr,
-        tag: WriteTag(1),
-        cookie: 1,
-    })
-    .unwrap();
+    a.t.post_write(&write_op(a.region, 0, 4096, &peer, addr, 1))
+        .unwrap();
     assert!(wait(&mut a.t, 1)[0].result.is_ok());
     drop(b);
     let t0 = Instant::now();
-    a.t.post_write(&WriteOp {
-        region: a.region,
-        local_offset: 0,
-        len: 1 << 20,
-        dest_session: &peer,
-        dest_addr: addr,
-        tag: WriteTag(2),
-        cookie: 2,
-    })
-    .unwrap();
+    a.t.post_write(&write_op(a.region, 0, 1 << 20, &peer, addr, 2))
+        .unwrap();
     let c = wait(&mut a.t, 1).remove(0);
     let e = c.result.expect_err("the peer's QP is gone");
     assert!(
@@ -159,27 +164,14 @@ fn a_peer_that_goes_away_fails_its_writes_in_time() {
 #[test]
 #[ignore = "needs an RDMA device: FERRY_VERBS_DEVICE=<device> cargo test --release -p tensorferry-verbs --test device -- --ignored"]
 fn random_reads_mixed_with_writes_through_the_nic_arrive_byte_exact() {
-    let dev = device();
-    let mut a = open(&dev);
-    let b = open(&dev);
+    let (mut a, b) = pair();
     let len = a.t.pool_len();
     let half = len / 2;
     // SAFETY: each pool is only touched here while no transfer is in
     // flight.
     #[allow(unsafe_code)]
-    let (mine, theirs) = unsafe {
-        (
-            std::slice::from_raw_parts_mut(a.t.pool_ptr(), len),
-            std::slice::from_raw_parts_mut(b.t.pool_ptr(), len),
-        )
-    };
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let (mine, theirs) = unsafe { pools(&a, &b) };
+    let mut next = xorshift(0x2545_f491_4f6c_dd1d);
     for byte in theirs.iter_mut().chain(mine[..half].iter_mut()) {
         *byte = next() as u8;
     }
@@ -187,16 +179,7 @@ fn random_reads_mixed_with_writes_through_the_nic_arrive_byte_exact() {
         // Reads from the peer's first half into our second half; a write
         // from our first half into the peer's second half after each, so
         // that reads and writes share the queue pair (and the fence).
-        let mut reads = Vec::new();
-        let mut at = 0u64;
-        while reads.len() < 8 {
-            let n = 1 + next() % (2 << 20);
-            if at + n > half as u64 {
-                break;
-            }
-            reads.push((next() % (half as u64 - n + 1), n, at));
-            at += n;
-        }
+        let reads = spans(&mut next, 2 << 20, half as u64);
         for (i, &(src, n, dst)) in reads.iter().enumerate() {
             let cookie = round * 100 + 2 * i as u64;
             a.t.post_read(&ReadOp {
@@ -208,15 +191,15 @@ fn random_reads_mixed_with_writes_through_the_nic_arrive_byte_exact() {
                 cookie,
             })
             .expect("post a read");
-            a.t.post_write(&WriteOp {
-                region: a.region,
-                local_offset: dst,
-                len: n,
-                dest_session: b.t.session_id(),
-                dest_addr: b.region.addr + half as u64 + dst,
-                tag: WriteTag(cookie + 1),
-                cookie: cookie + 1,
-            })
+            let to = b.region.addr + half as u64 + dst;
+            a.t.post_write(&write_op(
+                a.region,
+                dst,
+                n,
+                b.t.session_id(),
+                to,
+                cookie + 1,
+            ))
             .expect("post a write");
         }
         let mut done = wait(&mut a.t, 2 * reads.len());

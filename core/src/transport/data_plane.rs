@@ -243,6 +243,54 @@ pub struct ReadOp<'a> {
     pub cookie: u64,
 }
 
+/// What a write and a read share, seen from the side that posts it: a
+/// span of one of its registered regions (a write's source, a read's
+/// destination) and an address in a peer's memory (a write's destination,
+/// a read's source). For data planes that check and post both alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpSpan<'a> {
+    /// The registered region.
+    pub region: Region,
+    /// Where in `region` the bytes start.
+    pub local_offset: u64,
+    /// How many bytes.
+    pub len: u64,
+    /// The peer's session id.
+    pub peer: &'a str,
+    /// Where the bytes are in the peer's address space.
+    pub remote_addr: u64,
+    /// Comes back in the op's [`Completion`].
+    pub cookie: u64,
+}
+
+impl<'a> WriteOp<'a> {
+    /// The write's span: its source here, its destination at the peer.
+    pub const fn span(&self) -> OpSpan<'a> {
+        OpSpan {
+            region: self.region,
+            local_offset: self.local_offset,
+            len: self.len,
+            peer: self.dest_session,
+            remote_addr: self.dest_addr,
+            cookie: self.cookie,
+        }
+    }
+}
+
+impl<'a> ReadOp<'a> {
+    /// The read's span: its destination here, its source at the peer.
+    pub const fn span(&self) -> OpSpan<'a> {
+        OpSpan {
+            region: self.region,
+            local_offset: self.local_offset,
+            len: self.len,
+            peer: self.src_session,
+            remote_addr: self.src_addr,
+            cookie: self.cookie,
+        }
+    }
+}
+
 /// A finished write or read.
 #[derive(Debug)]
 pub struct Completion<E> {

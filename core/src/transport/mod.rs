@@ -39,7 +39,8 @@ pub use control_channel::{
     ChannelEvent, ControlChannel, ControlRecv, ControlSend, Incoming, WAKE_POLL,
 };
 pub use data_plane::{
-    Capabilities, Completion, Landed, ReadOp, Region, RegionError, Transport, WriteOp, WriteTag,
+    Capabilities, Completion, Landed, OpSpan, ReadOp, Region, RegionError, Transport, WriteOp,
+    WriteTag,
 };
 pub use fault::FaultKind;
 pub use pool_owner::PoolOwner;

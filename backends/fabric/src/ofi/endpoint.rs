@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tensorferry_fabric_sys as sys;
 
 use super::{check, fid_of, Av, Cq, Domain, Endpoint, Info};
-use crate::error::{Call, FabricError};
+use crate::error::{Call, FabricError, OpKind};
 
 impl Endpoint {
     /// Opens an RDM endpoint of `info`, binds `cq` for both directions and
@@ -136,6 +136,22 @@ impl Endpoint {
         unsafe { self.post(&rma, sys::ferry_fi_readmsg) }
     }
 
+    /// Posts `rma` as `kind` says: a write ([`write`](Self::write)) or a
+    /// read ([`read`](Self::read)).
+    ///
+    /// # Safety
+    /// As [`write`](Self::write) for a write, [`read`](Self::read) for a
+    /// read.
+    pub unsafe fn post_rma(&self, kind: OpKind, rma: &Rma) -> isize {
+        let call: unsafe extern "C" fn(*mut sys::fid_ep, *const sys::fi_msg_rma, u64) -> isize =
+            match kind {
+                OpKind::Write => sys::ferry_fi_writemsg,
+                OpKind::Read => sys::ferry_fi_readmsg,
+            };
+        // SAFETY: the caller's contract.
+        unsafe { self.post(rma, call) }
+    }
+
     /// Builds `rma`'s message and hands it to `call` (`fi_writemsg` or
     /// `fi_readmsg`, which take the same message).
     ///
@@ -175,14 +191,24 @@ impl Endpoint {
 
 /// One RMA operation's arguments, as `fi_writemsg` and `fi_readmsg` take
 /// them.
-struct Rma {
-    local: *mut u8,
-    len: usize,
-    desc: *mut c_void,
-    peer: sys::fi_addr_t,
-    remote_addr: u64,
-    key: u64,
-    data: u64,
-    flags: u64,
-    context: *mut c_void,
+#[derive(Clone, Copy, Debug)]
+pub struct Rma {
+    /// This side's bytes: a write's source, a read's destination.
+    pub local: *mut u8,
+    /// How many bytes.
+    pub len: usize,
+    /// The descriptor of the region `local` lies in.
+    pub desc: *mut c_void,
+    /// The peer written to or read from.
+    pub peer: sys::fi_addr_t,
+    /// The peer's bytes, as its region is addressed.
+    pub remote_addr: u64,
+    /// The key of the peer's region.
+    pub key: u64,
+    /// A write's remote CQ data (0 for a read).
+    pub data: u64,
+    /// The `FI_*` operation flags.
+    pub flags: u64,
+    /// The operation context its completion gives back.
+    pub context: *mut c_void,
 }

@@ -25,6 +25,7 @@ use tensorferry_fabric_sys as sys;
 
 use crate::error::{Call, FabricError};
 
+pub use endpoint::Rma;
 pub use info::Info;
 
 /// The libfabric API version ferry is written against.
@@ -117,64 +118,37 @@ pub struct MemoryRegion {
     _domain: Arc<Domain>,
 }
 
-// SAFETY (all handle types): the domain is opened with FI_THREAD_SAFE
-// (checked in `Fabric::open`'s caller before any object is made), under
-// which libfabric serialises concurrent calls on every object itself.
-unsafe impl Send for Fabric {}
-// SAFETY: see above.
-unsafe impl Sync for Fabric {}
-// SAFETY: see above.
-unsafe impl Send for Domain {}
-// SAFETY: see above.
-unsafe impl Sync for Domain {}
-// SAFETY: see above.
-unsafe impl Send for Cq {}
-// SAFETY: see above.
-unsafe impl Sync for Cq {}
-// SAFETY: see above.
-unsafe impl Send for Av {}
-// SAFETY: see above.
-unsafe impl Sync for Av {}
-// SAFETY: see above.
-unsafe impl Send for Endpoint {}
-// SAFETY: see above.
-unsafe impl Sync for Endpoint {}
-// SAFETY: see above; `desc` is an opaque provider handle only passed back
-// to libfabric.
-unsafe impl Send for MemoryRegion {}
-// SAFETY: see above.
-unsafe impl Sync for MemoryRegion {}
+/// What every handle type shares: it is sent and shared between threads,
+/// and dropping it closes its libfabric object (`what` names the call in
+/// a failure's log line). A macro because the impls are the same for six
+/// types that share no trait to hang them on.
+macro_rules! handle_impls {
+    ($($handle:ident => $what:literal),* $(,)?) => {$(
+        // SAFETY: the domain is opened with FI_THREAD_SAFE (checked in
+        // `Fabric::open`'s caller before any object is made), under which
+        // libfabric serialises concurrent calls on every object itself;
+        // a region's `desc` is an opaque provider handle only passed back
+        // to libfabric.
+        unsafe impl Send for $handle {}
+        // SAFETY: as for `Send`.
+        unsafe impl Sync for $handle {}
 
-impl Drop for Fabric {
-    fn drop(&mut self) {
-        close("fi_close(fabric)", fid_of(self.ptr));
-    }
+        impl Drop for $handle {
+            fn drop(&mut self) {
+                close($what, fid_of(self.ptr));
+            }
+        }
+    )*};
 }
-impl Drop for Domain {
-    fn drop(&mut self) {
-        close("fi_close(domain)", fid_of(self.ptr));
-    }
-}
-impl Drop for Cq {
-    fn drop(&mut self) {
-        close("fi_close(cq)", fid_of(self.ptr));
-    }
-}
-impl Drop for Av {
-    fn drop(&mut self) {
-        close("fi_close(av)", fid_of(self.ptr));
-    }
-}
-impl Drop for Endpoint {
-    fn drop(&mut self) {
-        close("fi_close(ep)", fid_of(self.ptr));
-    }
-}
-impl Drop for MemoryRegion {
-    fn drop(&mut self) {
-        close("fi_close(mr)", fid_of(self.ptr));
-    }
-}
+
+handle_impls!(
+    Fabric => "fi_close(fabric)",
+    Domain => "fi_close(domain)",
+    Cq => "fi_close(cq)",
+    Av => "fi_close(av)",
+    Endpoint => "fi_close(ep)",
+    MemoryRegion => "fi_close(mr)",
+);
 
 impl Fabric {
     /// Opens the fabric of `info`.

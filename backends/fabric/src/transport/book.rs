@@ -126,36 +126,46 @@ impl OpBook {
     /// Ends the ops past their deadline (see [`end`](Self::end));
     /// returns how many.
     pub(super) fn expire(&mut self, now: Instant, timeout: Duration) -> usize {
-        let late: Vec<u32> = self
-            .live()
-            .filter(|(_, ws)| now >= ws.deadline)
-            .map(|(w, _)| w)
-            .collect();
-        for &w in &late {
-            self.end(w, |op, peer| FabricError::Timeout {
+        self.end_where(
+            |ws| now >= ws.deadline,
+            |op, peer| FabricError::Timeout {
                 op,
                 peer: peer.to_owned(),
                 after: timeout,
-            });
-        }
-        late.len()
+            },
+        )
+        .len()
     }
 
     /// Ends the writes to and reads from `peer` not yet finished (see
     /// [`end`](Self::end)); returns their slots.
     pub(super) fn cancel(&mut self, peer: &str) -> Vec<u32> {
-        let mine: Vec<u32> = self
-            .live()
-            .filter(|(_, ws)| &*ws.peer == peer)
-            .map(|(w, _)| w)
-            .collect();
-        for &w in &mine {
-            self.end(w, |op, peer| FabricError::Cancelled {
+        self.end_where(
+            |ws| &*ws.peer == peer,
+            |op, peer| FabricError::Cancelled {
                 op,
                 peer: peer.to_owned(),
-            });
+            },
+        )
+    }
+
+    /// Ends each op not yet ended that `which` picks, with the error
+    /// `error` makes of its kind and peer (see [`end`](Self::end));
+    /// returns their slots.
+    fn end_where(
+        &mut self,
+        which: impl Fn(&OpState) -> bool,
+        error: impl Fn(OpKind, &str) -> FabricError,
+    ) -> Vec<u32> {
+        let picked: Vec<u32> = self
+            .live()
+            .filter(|(_, ws)| which(ws))
+            .map(|(w, _)| w)
+            .collect();
+        for &w in &picked {
+            self.end(w, &error);
         }
-        mine
+        picked
     }
 
     /// The ops not yet ended, with their slots.

@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 
 use super::book::{Chunk, Contexts, OpBook};
 use crate::error::{FabricError, OpKind};
-use crate::ofi::{Cq, Endpoint};
+use crate::ofi::{Cq, Endpoint, Rma};
 
 /// What the runtime's thread and the progress thread share.
 pub(super) struct Shared {
@@ -99,36 +99,23 @@ impl Shared {
                 }
                 (c, ctx)
             };
+            let rma = Rma {
+                local: c.local as *mut u8,
+                len: c.len,
+                desc: c.desc as *mut c_void,
+                peer: c.peer,
+                remote_addr: c.remote,
+                key: c.key,
+                data: c.data,
+                flags: c.flags,
+                context: self.contexts.ptr(ctx),
+            };
             // SAFETY: the chunk lies in the registered region (checked when
             // it was queued; deregistering fails the backlog first), which
             // the caller leaves to the op until its completion (a read's
             // destination untouched), and the context cell is reserved for
             // it until its completion.
-            let ret = unsafe {
-                match c.kind {
-                    OpKind::Write => endpoint.write(
-                        c.local as *const u8,
-                        c.len,
-                        c.desc as *mut c_void,
-                        c.peer,
-                        c.remote,
-                        c.key,
-                        c.data,
-                        c.flags,
-                        self.contexts.ptr(ctx),
-                    ),
-                    OpKind::Read => endpoint.read(
-                        c.local as *mut u8,
-                        c.len,
-                        c.desc as *mut c_void,
-                        c.peer,
-                        c.remote,
-                        c.key,
-                        c.flags,
-                        self.contexts.ptr(ctx),
-                    ),
-                }
-            };
+            let ret = unsafe { endpoint.post_rma(c.kind, &rma) };
             if ret >= 0 {
                 continue;
             }

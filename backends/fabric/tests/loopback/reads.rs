@@ -8,16 +8,15 @@ use tensorferry_core::transport::{FaultKind, Region, Transport, WriteOp, WriteTa
 use tensorferry_fabric::DeliveryMode;
 
 use super::{
-    config, fill, open, open_with, pool, pool_mut, read_op, wait_completion, wait_landed, Rng,
+    config, each_case, fails_as_gone, fill, open, open_chunked, open_with, pool, pool_mut, read_op,
+    wait_completion, wait_landed, with_a_gone_peer, Rng,
 };
 
 /// Reads of random lengths at random places of the peer's pool (one of
 /// them empty) bring exactly the peer's bytes, and give the peer no
 /// arrival notice: the one it reports afterwards is a write's.
 fn reads_bring_the_peers_bytes(provider: &str, delivery: DeliveryMode, max_chunk: u64) {
-    let mut cfg = config(provider, delivery);
-    cfg.max_chunk = max_chunk;
-    let (mut a, ra) = open_with(&cfg, 8 << 20);
+    let (mut a, ra) = open_chunked(provider, delivery, max_chunk, 8 << 20);
     assert!(a.opened().reads, "{provider} offers reads");
     let (mut b, _) = open(provider, delivery, 8 << 20);
     let from = b.session_id().to_owned();
@@ -75,16 +74,8 @@ fn reads_bring_the_peers_bytes(provider: &str, delivery: DeliveryMode, max_chunk
 }
 
 #[test]
-fn tcp_reads_bring_the_peers_bytes_in_both_delivery_modes() {
-    reads_bring_the_peers_bytes("tcp;ofi_rxm", DeliveryMode::Complete, 0);
-    reads_bring_the_peers_bytes("tcp;ofi_rxm", DeliveryMode::Notify, 0);
-    reads_bring_the_peers_bytes("tcp;ofi_rxm", DeliveryMode::Notify, 256 << 10);
-}
-
-#[test]
-fn shm_reads_bring_the_peers_bytes() {
-    reads_bring_the_peers_bytes("shm", DeliveryMode::Auto, 0);
-    reads_bring_the_peers_bytes("shm", DeliveryMode::Notify, 300_000);
+fn reads_bring_the_peers_bytes_over_tcp_in_both_delivery_modes_and_over_shm() {
+    each_case(reads_bring_the_peers_bytes);
 }
 
 /// Many reads and writes in flight at once, in both directions' worth of
@@ -291,25 +282,9 @@ fn shm_reads_out_of_bounds_are_refused_typed() {
 
 #[test]
 fn a_read_from_a_peer_that_is_gone_fails_that_read_only() {
-    let mut cfg = config("tcp;ofi_rxm", DeliveryMode::Auto);
-    cfg.write_timeout = Duration::from_secs(3);
-    let (mut a, ra) = open_with(&cfg, 1 << 20);
-    let (b, _) = open("tcp;ofi_rxm", DeliveryMode::Auto, 1 << 20);
-    let (mut c, _) = open("tcp;ofi_rxm", DeliveryMode::Auto, 1 << 20);
-    let (gone, base) = (b.session_id().to_owned(), b.pool_ptr() as u64);
-    drop(b);
-    let r = match a.post_read(&read_op(ra, 0, 4096, &gone, base, 7)) {
-        Err(e) => Err(e),
-        Ok(()) => wait_completion(&mut a, 7, Duration::from_secs(30)).expect("an outcome in time"),
-    };
-    let e = r.expect_err("the peer is gone");
-    // rxm answers "try again" while it cannot connect, so an unreachable
-    // peer shows as a read that never completes.
-    assert!(
-        matches!(e.kind(), FaultKind::PeerGone | FaultKind::Timeout),
-        "{e}"
-    );
-    assert!(e.to_string().contains(&gone), "{e}");
+    let (mut a, ra, (gone, base), mut c) = with_a_gone_peer();
+    let posted = a.post_read(&read_op(ra, 0, 4096, &gone, base, 7));
+    fails_as_gone(&mut a, posted, 7, &gone);
     // The transport goes on reading from other peers.
     fill(&mut pool_mut(&mut c)[..4096], 8);
     let from = c.session_id().to_owned();

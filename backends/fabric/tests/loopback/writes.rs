@@ -8,13 +8,12 @@ use tensorferry_core::transport::{FaultKind, Region, Transport, WriteOp, WriteTa
 use tensorferry_fabric::{DeliveryMode, FabricTransport};
 
 use super::{
-    config, open, open_with, pool, pool_mut, reach, wait_completion, wait_landed, write_op, Rng,
+    config, each_case, fails_as_gone, open, open_chunked, open_with, pool, pool_mut, reach,
+    wait_completion, wait_landed, with_a_gone_peer, write_op, Rng,
 };
 
 fn round_trip(provider: &str, delivery: DeliveryMode, max_chunk: u64) {
-    let mut cfg = config(provider, delivery);
-    cfg.max_chunk = max_chunk;
-    let (mut a, ra) = open_with(&cfg, 8 << 20);
+    let (mut a, ra) = open_chunked(provider, delivery, max_chunk, 8 << 20);
     let (mut b, _) = open(provider, delivery, 8 << 20);
     assert_eq!(a.opened().delivery, b.opened().delivery);
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ max_chunk);
@@ -56,16 +55,8 @@ fn round_trip(provider: &str, delivery: DeliveryMode, max_chunk: u64) {
 }
 
 #[test]
-fn tcp_writes_land_byte_exact_in_both_delivery_modes() {
-    round_trip("tcp;ofi_rxm", DeliveryMode::Complete, 0);
-    round_trip("tcp;ofi_rxm", DeliveryMode::Notify, 0);
-    round_trip("tcp;ofi_rxm", DeliveryMode::Notify, 256 << 10);
-}
-
-#[test]
-fn shm_writes_land_byte_exact() {
-    round_trip("shm", DeliveryMode::Auto, 0);
-    round_trip("shm", DeliveryMode::Notify, 300_000);
+fn writes_land_byte_exact_over_tcp_in_both_delivery_modes_and_over_shm() {
+    each_case(round_trip);
 }
 
 /// What each completion level guarantees, shown with a receiver that
@@ -343,14 +334,8 @@ fn several_regions_are_each_written_through_the_session_id() {
 
 #[test]
 fn a_write_to_a_peer_that_is_gone_fails_that_write_only() {
-    let mut cfg = config("tcp;ofi_rxm", DeliveryMode::Auto);
-    cfg.write_timeout = Duration::from_secs(3);
-    let (mut a, ra) = open_with(&cfg, 1 << 20);
-    let (b, _) = open("tcp;ofi_rxm", DeliveryMode::Auto, 1 << 20);
-    let (c, _) = open("tcp;ofi_rxm", DeliveryMode::Auto, 1 << 20);
-    let (gone, base) = (b.session_id().to_owned(), b.pool_ptr() as u64);
-    drop(b);
-    let r = match a.post_write(&WriteOp {
+    let (mut a, ra, (gone, base), c) = with_a_gone_peer();
+    let posted = a.post_write(&WriteOp {
         region: ra,
         local_offset: 0,
         len: 4096,
@@ -358,18 +343,8 @@ fn a_write_to_a_peer_that_is_gone_fails_that_write_only() {
         dest_addr: base,
         tag: WriteTag(0),
         cookie: 7,
-    }) {
-        Err(e) => Err(e),
-        Ok(()) => wait_completion(&mut a, 7, Duration::from_secs(30)).expect("an outcome in time"),
-    };
-    let e = r.expect_err("the peer is gone");
-    // rxm answers "try again" while it cannot connect, so an unreachable
-    // peer shows as a write that never completes.
-    assert!(
-        matches!(e.kind(), FaultKind::PeerGone | FaultKind::Timeout),
-        "{e}"
-    );
-    assert!(e.to_string().contains(&gone), "{e}");
+    });
+    fails_as_gone(&mut a, posted, 7, &gone);
     // The transport goes on working with other peers.
     let base_c = c.pool_ptr() as u64;
     a.post_write(&WriteOp {

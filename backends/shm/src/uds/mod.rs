@@ -32,7 +32,7 @@ pub use recv::UdsReceiver;
 pub use send::UdsSender;
 
 use crate::error::UdsError;
-use socket::{connect, path_of, pollfd, sockaddr, socket, sys};
+use socket::{at_path, connect, path_of, pollfd, socket, sys};
 
 /// Packet kind: a connection's first packet, naming the sender.
 const HELLO: u8 = 1;
@@ -71,16 +71,7 @@ impl UdsChannel {
             }
         }
         let listener = socket(endpoint, true)?;
-        let (addr, len) = sockaddr(path);
-        // SAFETY: addr is a valid sockaddr_un of `len` bytes.
-        let r = unsafe {
-            libc::bind(
-                listener.as_raw_fd(),
-                (&addr as *const libc::sockaddr_un).cast(),
-                len,
-            )
-        };
-        if r != 0 {
+        if at_path(&listener, path, libc::bind) != 0 {
             return Err(sys("bind", endpoint));
         }
         // SAFETY: a bound socket.

@@ -49,6 +49,25 @@ pub(super) fn socket(endpoint: &str, nonblocking: bool) -> Result<OwnedFd, UdsEr
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// `libc::bind` or `libc::connect`, which take the same arguments.
+type AddrCall =
+    unsafe extern "C" fn(libc::c_int, *const libc::sockaddr, libc::socklen_t) -> libc::c_int;
+
+/// Binds or connects `fd` (as `call` is `libc::bind` or `libc::connect`)
+/// to the socket file at `path`; what the call returned.
+pub(super) fn at_path(fd: &OwnedFd, path: &str, call: AddrCall) -> libc::c_int {
+    let (addr, len) = sockaddr(path);
+    // SAFETY: addr is a valid sockaddr_un of `len` bytes, and fd an open
+    // socket.
+    unsafe {
+        call(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    }
+}
+
 pub(super) fn sys(call: &'static str, endpoint: &str) -> UdsError {
     UdsError::Sys {
         call,
@@ -86,16 +105,7 @@ pub(super) fn pollfd(fd: RawFd) -> libc::pollfd {
 /// Connects to the listener at `path` (blocking, with a send timeout).
 pub(super) fn connect(endpoint: &str, path: &str) -> Result<OwnedFd, UdsError> {
     let fd = socket(endpoint, false)?;
-    let (addr, len) = sockaddr(path);
-    // SAFETY: addr is a valid sockaddr_un of `len` bytes.
-    let r = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
-            len,
-        )
-    };
-    if r != 0 {
+    if at_path(&fd, path, libc::connect) != 0 {
         return Err(gone_or_sys("connect", endpoint));
     }
     let tv = libc::timeval {

@@ -9,7 +9,7 @@
 use tensorferry_core::transport::{Completion, FaultKind, Transport};
 use tensorferry_hostmem::HostPool;
 
-use super::{config, connect, drain, fill, node, release, stall, waiting, Node, ASIDE, LEN};
+use super::{config, connect, drain, fill, node, pair, release, stall, waiting, Node, ASIDE, LEN};
 use crate::conn::ConnState;
 use crate::device::RdmaOp;
 use crate::error::VerbsError;
@@ -19,8 +19,7 @@ use crate::transport::VerbsTransport;
 /// A node connected to a peer, the first `LEN` bytes of its pool filled
 /// from `pattern`.
 fn connected_pair(pattern: u64) -> (Node, Node) {
-    let mut a = node();
-    let b = node();
+    let (mut a, b) = pair();
     connect(&mut a, &b, 1);
     fill(&mut a.bytes_mut()[..LEN as usize], pattern);
     (a, b)
@@ -146,8 +145,7 @@ fn a_write_past_its_write_timeout_is_flushed_before_it_fails() {
 /// the cancel): whatever landed by its completion, nothing lands after.
 #[test]
 fn a_write_cancelled_while_its_connection_is_made_moves_nothing_after_its_completion() {
-    let mut a = node();
-    let b = node();
+    let (mut a, b) = pair();
     fill(&mut a.bytes_mut()[..LEN as usize], 4);
     a.write(0, LEN, &b, 0, 1).unwrap();
     a.t.cancel_transfers(b.t.session_id()).unwrap();

@@ -5,7 +5,7 @@
 use tensorferry_core::transport::Transport;
 use tensorferry_hostmem::HostPool;
 
-use super::{config, fill, node, node_with, Node};
+use super::{config, fill, node, node_with, pair, Node};
 use crate::conn::ConnState;
 use crate::error::VerbsError;
 use crate::sim::SimDevice;
@@ -99,10 +99,8 @@ fn a_target_keeps_its_newest_writers_and_an_evicted_one_reconnects() {
         c.max_per_writer = max_per_writer;
         let b = node_with(&c, 4096, 1 << 20);
         let (mut a, mut w) = (node(), node());
-        a.write(0, 10, &b, 0, 1).unwrap();
-        assert!(a.wait(1)[0].result.is_ok());
-        w.write(0, 10, &b, 100, 2).unwrap();
-        assert!(w.wait(1)[0].result.is_ok());
+        a.write_done(0, 10, &b, 0, 1);
+        w.write_done(0, 10, &b, 100, 2);
         // `w` took the only place: `a`'s queue pair at `b` is gone.
         assert_eq!(b.t.accepted(), 1);
         a.write(0, 10, &b, 0, 3).unwrap();
@@ -124,30 +122,25 @@ fn a_writer_keeps_at_most_its_limit_of_idle_connections() {
     c.max_writers = 1;
     let mut a = node_with(&c, 4096, 1 << 20);
     let (b, d) = (node(), node());
-    a.write(0, 10, &b, 0, 1).unwrap();
-    assert!(a.wait(1)[0].result.is_ok());
-    a.write(0, 10, &d, 0, 2).unwrap();
-    assert!(a.wait(1)[0].result.is_ok());
+    a.write_done(0, 10, &b, 0, 1);
+    a.write_done(0, 10, &d, 0, 2);
     assert_eq!(
         a.t.connection(b.t.session_id()),
         None,
         "the idle one was closed"
     );
     assert_eq!(a.t.connection(d.t.session_id()), Some(ConnState::Ready));
-    a.write(0, 10, &b, 0, 3).unwrap();
-    assert!(a.wait(1)[0].result.is_ok());
+    a.write_done(0, 10, &b, 0, 3);
     assert_eq!(a.t.with_device_mut(|dev| dev.qps_created), 3);
 }
 
 #[test]
 fn the_wake_descriptor_rises_for_completions_and_for_side_channel_news() {
     use crate::wake::readable;
-    let mut a = node();
-    let b = node();
+    let (mut a, b) = pair();
     let fd = a.t.wake_fd().expect("a wake descriptor");
     // Connect first, then drain: nothing is pending, the CQ is armed.
-    a.write(0, 10, &b, 0, 1).unwrap();
-    assert!(a.wait(1)[0].result.is_ok());
+    a.write_done(0, 10, &b, 0, 1);
     assert!(a.t.poll_completion().is_none());
     assert!(!readable(fd, 0), "quiet when nothing happened");
     a.write(0, 5000, &b, 0, 2).unwrap();

@@ -5,10 +5,10 @@
 
 use std::time::{Duration, Instant};
 
-use tensorferry_core::transport::{FaultKind, RegionError, Transport, WriteOp, WriteTag};
+use tensorferry_core::transport::{FaultKind, RegionError, Transport};
 use tensorferry_zmq::zmq;
 
-use super::{config, fill, node};
+use super::{config, fill, node, pair, write_op};
 use crate::conn::ConnState;
 use crate::device::Verb;
 use crate::error::VerbsError;
@@ -18,10 +18,8 @@ use crate::transport::VerbsTransport;
 
 #[test]
 fn a_completion_error_names_the_peer_and_status_and_the_next_write_reconnects() {
-    let mut a = node();
-    let b = node();
-    a.write(0, 10, &b, 0, 1).unwrap();
-    assert!(a.wait(1)[0].result.is_ok());
+    let (mut a, b) = pair();
+    a.write_done(0, 10, &b, 0, 1);
     a.t.with_device_mut(|d| d.fail_next = Some(WcStatus::REMOTE_ACCESS));
     a.write(0, 10_000, &b, 0, 2).unwrap();
     a.write(0, 10, &b, 50_000, 3).unwrap();
@@ -47,8 +45,7 @@ fn a_completion_error_names_the_peer_and_status_and_the_next_write_reconnects() 
         "the connection is dropped"
     );
     fill(&mut a.bytes_mut()[..64], 99);
-    a.write(0, 64, &b, 200_000, 4).unwrap();
-    assert!(a.wait(1)[0].result.is_ok());
+    a.write_done(0, 64, &b, 200_000, 4);
     assert_eq!(b.bytes()[200_000..200_064], a.bytes()[..64]);
     assert_eq!(
         a.t.with_device_mut(|d| d.qps_created),
@@ -60,23 +57,13 @@ fn a_completion_error_names_the_peer_and_status_and_the_next_write_reconnects() 
 
 #[test]
 fn a_peer_that_disappears_fails_its_writes_and_its_endpoint_then_times_out() {
-    let mut a = node();
-    let b = node();
+    let (mut a, b) = pair();
     let b_session = b.t.session_id().to_owned();
     let b_addr = b.region.addr;
-    a.write(0, 10, &b, 0, 1).unwrap();
-    assert!(a.wait(1)[0].result.is_ok());
+    a.write_done(0, 10, &b, 0, 1);
     drop(b);
-    a.t.post_write(&WriteOp {
-        region: a.region,
-        local_offset: 0,
-        len: 10,
-        dest_session: &b_session,
-        dest_addr: b_addr,
-        tag: WriteTag(2),
-        cookie: 2,
-    })
-    .unwrap();
+    a.t.post_write(&write_op(a.region, 0, 10, &b_session, b_addr, 2))
+        .unwrap();
     let c = a.wait(1).remove(0);
     match &c.result {
         Err(e @ VerbsError::Completion { status, .. }) => {
@@ -87,16 +74,8 @@ fn a_peer_that_disappears_fails_its_writes_and_its_endpoint_then_times_out() {
     }
     // Nobody answers on the old endpoint now: the exchange times out.
     let t0 = Instant::now();
-    a.t.post_write(&WriteOp {
-        region: a.region,
-        local_offset: 0,
-        len: 10,
-        dest_session: &b_session,
-        dest_addr: b_addr,
-        tag: WriteTag(3),
-        cookie: 3,
-    })
-    .unwrap();
+    a.t.post_write(&write_op(a.region, 0, 10, &b_session, b_addr, 3))
+        .unwrap();
     match a.wait(1).remove(0).result {
         Err(VerbsError::ConnectTimeout { peer, .. }) => assert_eq!(peer, b_session),
         other => panic!("{other:?}"),
@@ -106,8 +85,7 @@ fn a_peer_that_disappears_fails_its_writes_and_its_endpoint_then_times_out() {
 
 #[test]
 fn a_session_of_an_earlier_incarnation_is_refused() {
-    let mut a = node();
-    let b = node();
+    let (mut a, b) = pair();
     a.write_to_stale_incarnation(&b, 1).unwrap();
     match a.wait(1).remove(0).result {
         Err(e @ VerbsError::Refused { .. }) => {
@@ -120,8 +98,7 @@ fn a_session_of_an_earlier_incarnation_is_refused() {
 
 #[test]
 fn an_rtr_timeout_is_reported_as_a_gid_or_route_problem() {
-    let mut a = node();
-    let b = node();
+    let (mut a, b) = pair();
     a.t.with_device_mut(|d| d.rtr_errno = Some(libc::ETIMEDOUT));
     a.write(0, 10, &b, 0, 1).unwrap();
     match a.wait(1).remove(0).result {
@@ -145,10 +122,8 @@ fn an_rtr_timeout_is_reported_as_a_gid_or_route_problem() {
 
 #[test]
 fn a_stalled_peer_times_writes_out_and_the_connection_is_rebuilt() {
-    let mut a = node();
-    let b = node();
-    a.write(0, 10, &b, 0, 1).unwrap();
-    assert!(a.wait(1)[0].result.is_ok());
+    let (mut a, b) = pair();
+    a.write_done(0, 10, &b, 0, 1);
     a.t.with_device_mut(|d| d.hold = true);
     let t0 = Instant::now();
     a.write(0, 10, &b, 0, 2).unwrap();
@@ -182,16 +157,8 @@ fn a_target_without_a_pool_refuses_and_deregistering_fails_pending_writes() {
     let mut a = node();
     let device = SimDevice::new([127, 0, 0, 1], 4096);
     let bare = VerbsTransport::with_device(device, &config()).unwrap();
-    a.t.post_write(&WriteOp {
-        region: a.region,
-        local_offset: 0,
-        len: 10,
-        dest_session: bare.session_id(),
-        dest_addr: 0,
-        tag: WriteTag(1),
-        cookie: 1,
-    })
-    .unwrap();
+    a.t.post_write(&write_op(a.region, 0, 10, bare.session_id(), 0, 1))
+        .unwrap();
     match a.wait(1).remove(0).result {
         Err(VerbsError::Refused { why, .. }) => {
             assert!(why.contains("no memory is registered"), "{why}")
@@ -237,15 +204,13 @@ fn the_side_channel_refuses_malformed_requests_without_harm() {
     }
     // And the transport still accepts a real writer.
     let mut a = node();
-    a.write(0, 10, &b, 0, 1).unwrap();
-    assert!(a.wait(1)[0].result.is_ok());
+    a.write_done(0, 10, &b, 0, 1);
 }
 
 #[test]
 fn a_queue_pair_that_cannot_be_made_fails_the_write_and_wakes_the_caller() {
     use crate::wake::readable;
-    let mut a = node();
-    let b = node();
+    let (mut a, b) = pair();
     let fd = a.t.wake_fd().unwrap();
     assert!(a.t.poll_completion().is_none());
     a.t.with_device_mut(|d| d.create_errno = Some(libc::ENOMEM));
@@ -260,6 +225,5 @@ fn a_queue_pair_that_cannot_be_made_fails_the_write_and_wakes_the_caller() {
         other => panic!("{other:?}"),
     }
     a.t.with_device_mut(|d| d.create_errno = None);
-    a.write(0, 10, &b, 0, 2).unwrap();
-    assert!(a.wait(1)[0].result.is_ok());
+    a.write_done(0, 10, &b, 0, 2);
 }

@@ -7,12 +7,16 @@
 
 use std::time::{Duration, Instant};
 
-use tensorferry_core::transport::{Completion, ReadOp, Region, Transport, WriteOp, WriteTag};
+use tensorferry_core::transport::{Completion, ReadOp, Region, Transport};
 use tensorferry_hostmem::HostPool;
 
 use crate::error::VerbsError;
 use crate::sim::SimDevice;
 use crate::transport::{VerbsConfig, VerbsTransport};
+use support::write_op;
+
+#[path = "../../tests/support/mod.rs"]
+mod support;
 
 mod cancel;
 mod connections;
@@ -48,6 +52,11 @@ fn node() -> Node {
     node_with(&config(), 4096, 1 << 20)
 }
 
+/// Two nodes of the default config: a writer (or reader) and its peer.
+fn pair() -> (Node, Node) {
+    (node(), node())
+}
+
 impl Node {
     fn bytes(&self) -> &[u8] {
         // SAFETY: the test owns the pool and reads it while no write into
@@ -68,15 +77,9 @@ impl Node {
         dest_off: u64,
         cookie: u64,
     ) -> Result<(), VerbsError> {
-        self.t.post_write(&WriteOp {
-            region: self.region,
-            local_offset: off,
-            len,
-            dest_session: to.t.session_id(),
-            dest_addr: to.region.addr + dest_off,
-            tag: WriteTag(cookie),
-            cookie,
-        })
+        let dest_addr = to.region.addr + dest_off;
+        let op = write_op(self.region, off, len, to.t.session_id(), dest_addr, cookie);
+        self.t.post_write(&op)
     }
 
     fn read(
@@ -97,6 +100,24 @@ impl Node {
         })
     }
 
+    /// Writes as [`Node::write`] does and waits for the write's
+    /// completion, which must be a success.
+    fn write_done(&mut self, off: u64, len: u64, to: &Node, dest_off: u64, cookie: u64) {
+        self.write(off, len, to, dest_off, cookie)
+            .expect("post the write");
+        let c = self.wait(1).remove(0);
+        assert!(c.result.is_ok(), "write {cookie}: {:?}", c.result);
+    }
+
+    /// Reads as [`Node::read`] does and waits for the read's completion,
+    /// which must be a success.
+    fn read_done(&mut self, off: u64, len: u64, from: &Node, src_off: u64, cookie: u64) {
+        self.read(off, len, from, src_off, cookie)
+            .expect("post the read");
+        let c = self.wait(1).remove(0);
+        assert!(c.result.is_ok(), "read {cookie}: {:?}", c.result);
+    }
+
     /// Writes 10 bytes to `to` under its session id with the incarnation
     /// changed: the id of another process at `to`'s address.
     fn write_to_stale_incarnation(&mut self, to: &Node, cookie: u64) -> Result<(), VerbsError> {
@@ -107,15 +128,14 @@ impl Node {
             ..s
         }
         .to_string();
-        self.t.post_write(&WriteOp {
-            region: self.region,
-            local_offset: 0,
-            len: 10,
-            dest_session: &stale,
-            dest_addr: to.region.addr,
-            tag: WriteTag(cookie),
+        self.t.post_write(&write_op(
+            self.region,
+            0,
+            10,
+            &stale,
+            to.region.addr,
             cookie,
-        })
+        ))
     }
 
     fn wait(&mut self, n: usize) -> Vec<Completion<VerbsError>> {
@@ -143,9 +163,7 @@ const ASIDE: u64 = 512 << 10;
 
 /// Connects `a` to `to` with a one-byte write.
 fn connect(a: &mut Node, to: &Node, cookie: u64) {
-    a.write(0, 1, to, ASIDE, cookie).unwrap();
-    let c = a.wait(1).remove(0);
-    assert!(c.result.is_ok(), "{:?}", c.result);
+    a.write_done(0, 1, to, ASIDE, cookie);
 }
 
 /// The peers of `a`'s queue pairs stop (or go on) taking work.

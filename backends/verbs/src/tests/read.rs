@@ -10,7 +10,7 @@ use tensorferry_core::transport::{
     FaultKind, OutsidePeerRegions, ReadOp, Region, RegionError, Transport,
 };
 
-use super::{connect, drain, fill, node, release, stall, waiting, Node, LEN};
+use super::{connect, drain, fill, node, pair, release, stall, waiting, Node, LEN};
 use crate::attrs::{QpStep, RD_ATOMIC};
 use crate::conn::ConnState;
 use crate::device::RdmaOp;
@@ -54,8 +54,7 @@ fn read_from(a: &mut Node, session: &str, src_addr: u64, len: u64, cookie: u64) 
 
 #[test]
 fn reads_return_the_peers_bytes_through_chunks_and_a_small_window() {
-    let mut a = node();
-    let mut b = node();
+    let (mut a, mut b) = pair();
     fill(b.bytes_mut(), 11);
     // (local offset, length, the peer's offset): around the 4 KiB
     // message, and past the window of 8 work requests.
@@ -101,8 +100,7 @@ fn reads_and_writes_in_one_batch_complete_each_with_its_own_cookie_in_posted_ord
     const K: usize = LEN as usize;
     let (a1, a2, a3) = (512 << 10, 640 << 10, 768 << 10);
     let (b1, b2, b3) = (256 << 10, 384 << 10, 448 << 10);
-    let mut a = node();
-    let mut b = node();
+    let (mut a, mut b) = pair();
     fill(&mut a.bytes_mut()[..3 * K], 21);
     fill(&mut b.bytes_mut()[..K], 22);
     let b_before = b.bytes()[..K].to_vec();
@@ -140,8 +138,7 @@ fn reads_and_writes_in_one_batch_complete_each_with_its_own_cookie_in_posted_ord
 
 #[test]
 fn out_of_bounds_reads_are_refused_with_typed_errors() {
-    let mut a = node();
-    let mut b = node();
+    let (mut a, mut b) = pair();
     fill(b.bytes_mut(), 41);
     let len = a.pool.len() as u64;
     // The local destination is checked as a write's source is.
@@ -204,8 +201,7 @@ fn out_of_bounds_reads_are_refused_with_typed_errors() {
     assert!(a.t.poll_completion().is_none());
     assert!(a.bytes()[..10].iter().all(|&x| x == 0), "nothing was read");
     // The connection is still good.
-    a.read(0, 10, &b, b_len - 10, 4).unwrap();
-    assert!(a.wait(1)[0].result.is_ok());
+    a.read_done(0, 10, &b, b_len - 10, 4);
     assert_eq!(a.bytes()[..10], b.bytes()[b_len as usize - 10..]);
 }
 
@@ -277,8 +273,7 @@ fn a_stalled_read_ended_by_cancel_transfers_completes_as_timeout_and_its_destina
 
 #[test]
 fn a_read_past_the_write_timeout_is_flushed_before_it_fails() {
-    let mut a = node();
-    let mut b = node();
+    let (mut a, mut b) = pair();
     connect(&mut a, &b, 1);
     fill(&mut b.bytes_mut()[..LEN as usize], 51);
     stall(&a, true);
@@ -313,11 +308,9 @@ fn a_read_past_the_write_timeout_is_flushed_before_it_fails() {
 
 #[test]
 fn a_read_from_a_peer_that_is_gone_fails_as_peer_gone() {
-    let mut a = node();
-    let mut b = node();
+    let (mut a, mut b) = pair();
     fill(&mut b.bytes_mut()[..100], 61);
-    a.read(0, 100, &b, 0, 1).unwrap();
-    assert!(a.wait(1)[0].result.is_ok());
+    a.read_done(0, 100, &b, 0, 1);
     assert_eq!(a.bytes()[..100], b.bytes()[..100]);
     let (session, addr) = (b.t.session_id().to_owned(), b.region.addr);
     drop(b);
@@ -345,13 +338,11 @@ fn a_read_from_a_peer_that_is_gone_fails_as_peer_gone() {
 /// device's). A peer that answers none cannot be read.
 #[test]
 fn read_depths_are_exchanged_and_a_peer_that_answers_no_reads_cannot_be_read() {
-    let mut a = node();
-    let mut b = node();
+    let (mut a, mut b) = pair();
     fill(&mut b.bytes_mut()[..4096], 71);
     a.t.with_device_mut(|d| d.port_mut().max_qp_init_rd_atom = 4);
     b.t.with_device_mut(|d| d.port_mut().max_qp_rd_atom = 2);
-    a.read(0, 4096, &b, 0, 1).unwrap();
-    assert!(a.wait(1)[0].result.is_ok());
+    a.read_done(0, 4096, &b, 0, 1);
     assert_eq!(a.bytes()[..4096], b.bytes()[..4096]);
     assert_eq!(
         read_limits(&a),
@@ -375,8 +366,7 @@ fn read_depths_are_exchanged_and_a_peer_that_answers_no_reads_cannot_be_read() {
         other => panic!("{other:?}"),
     }
     // Writes to it go on, and a read is now refused at once.
-    a.write(0, 10, &d, 0, 3).unwrap();
-    assert!(a.wait(1)[0].result.is_ok());
+    a.write_done(0, 10, &d, 0, 3);
     assert!(matches!(
         a.read(0, 10, &d, 0, 4),
         Err(VerbsError::CannotRead { .. })

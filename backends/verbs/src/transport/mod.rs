@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tensorferry_core::transport::{
-    Capabilities, Completion, FaultKind, PoolOwner, ReadOp, Region, Transport, WriteOp,
+    Capabilities, Completion, FaultKind, OpSpan, PoolOwner, ReadOp, Region, Transport, WriteOp,
 };
 use tensorferry_hostmem::HostPool;
 use tensorferry_zmq::{zmq, CurvePublicKey, ZapHandler};
@@ -198,33 +198,28 @@ impl<D: Device> VerbsTransport<D> {
         self.events.signal();
     }
 
-    /// Queues a write or read of `len` bytes at `local_offset` in the local
-    /// `region` (checked here), to or from `remote_addr` at the peer.
-    fn post(
-        &mut self,
-        op: RdmaOp,
-        region: Region,
-        (local_offset, len): (u64, u64),
-        peer: &str,
-        remote_addr: u64,
-        cookie: u64,
-    ) -> Result<(), VerbsError> {
+    /// Queues a write or read of `span`: its local bytes (checked here) to
+    /// or from its address at the peer.
+    fn post(&mut self, op: RdmaOp, span: OpSpan<'_>) -> Result<(), VerbsError> {
         let fresh = {
             let mut book = self.book();
             // A write's source and a read's destination: the same bounds.
-            let (&local, &keys) = book.regions.source(region, local_offset, len)?;
+            let (&local, &keys) = book
+                .regions
+                .source(span.region, span.local_offset, span.len)?;
+            let local = (local.addr + span.local_offset, keys.lkey);
             let fresh = book.post(
                 op,
-                peer,
-                (local.addr + local_offset, keys.lkey),
-                len,
-                remote_addr,
-                cookie,
+                span.peer,
+                local,
+                span.len,
+                span.remote_addr,
+                span.cookie,
             )?;
             if fresh {
                 // Under the book's lock, so that the side channel's thread,
                 // which starts the connection under it, finds the key.
-                self.server_keys.note(peer);
+                self.server_keys.note(span.peer);
             }
             fresh
         };
@@ -332,42 +327,11 @@ impl<D: Device> Transport for VerbsTransport<D> {
     /// the regions the peer listed (at once when they are known, when the
     /// first chunk goes otherwise).
     fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), VerbsError> {
-        let ReadOp {
-            region,
-            local_offset,
-            len,
-            src_session,
-            src_addr,
-            cookie,
-        } = *read;
-        self.post(
-            RdmaOp::Read,
-            region,
-            (local_offset, len),
-            src_session,
-            src_addr,
-            cookie,
-        )
+        self.post(RdmaOp::Read, read.span())
     }
 
     fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), VerbsError> {
-        let WriteOp {
-            region,
-            local_offset,
-            len,
-            dest_session,
-            dest_addr,
-            cookie,
-            ..
-        } = *write;
-        self.post(
-            RdmaOp::Write,
-            region,
-            (local_offset, len),
-            dest_session,
-            dest_addr,
-            cookie,
-        )
+        self.post(RdmaOp::Write, write.span())
     }
 
     fn poll_completion(&mut self) -> Option<Completion<VerbsError>> {

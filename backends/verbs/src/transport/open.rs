@@ -173,26 +173,8 @@ impl<D: Device> VerbsTransport<D> {
         }
         let session = Session::parse(&session.to_string())?.to_string();
         let inproc = format!("inproc://ferry-verbs-wake-{incarnation:016x}");
-        let wake_rx = ctx
-            .socket(zmq::PULL)
-            .map_err(|e| side_err("create the wake socket", None, e))?;
-        // LINGER 0 on both ends: an unread wake-up must never hold the
-        // context open at drop.
-        wake_rx
-            .set_linger(0)
-            .map_err(|e| side_err("set LINGER", None, e))?;
-        wake_rx
-            .bind(&inproc)
-            .map_err(|e| side_err("bind the wake socket", None, e))?;
-        let wake_tx = ctx
-            .socket(zmq::PUSH)
-            .map_err(|e| side_err("create the wake socket", None, e))?;
-        wake_tx
-            .set_linger(0)
-            .map_err(|e| side_err("set LINGER", None, e))?;
-        wake_tx
-            .connect(&inproc)
-            .map_err(|e| side_err("connect the wake socket", None, e))?;
+        let wake_rx = wake_end(&ctx, zmq::PULL, &inproc)?;
+        let wake_tx = wake_end(&ctx, zmq::PUSH, &inproc)?;
         let limits = ConnLimits {
             // One send-queue slot stays free for the marker that ends the
             // queue pair (`conn::end`).
@@ -258,4 +240,31 @@ impl<D: Device> VerbsTransport<D> {
             pool: None,
         })
     }
+}
+
+/// One end of the inproc pipe that wakes the side channel's thread: the
+/// receiving end (`zmq::PULL`) binds `inproc`, the sending one connects
+/// to it. LINGER 0 on both ends: an unread wake-up must never hold the
+/// context open at drop.
+fn wake_end(
+    ctx: &zmq::Context,
+    kind: zmq::SocketType,
+    inproc: &str,
+) -> Result<zmq::Socket, VerbsError> {
+    let socket = ctx
+        .socket(kind)
+        .map_err(|e| side_err("create the wake socket", None, e))?;
+    socket
+        .set_linger(0)
+        .map_err(|e| side_err("set LINGER", None, e))?;
+    if matches!(kind, zmq::PULL) {
+        socket
+            .bind(inproc)
+            .map_err(|e| side_err("bind the wake socket", None, e))?;
+    } else {
+        socket
+            .connect(inproc)
+            .map_err(|e| side_err("connect the wake socket", None, e))?;
+    }
+    Ok(socket)
 }

@@ -192,6 +192,20 @@ fn endpoint_text(endpoint: &str) -> Result<CString> {
     CString::new(endpoint).map_err(|_| Error::EINVAL)
 }
 
+/// Writes the socket-option setters: each a documented `set_*` method
+/// that hands its value to libzmq under one option, through the writer
+/// for its type (`set_int`, `set_bool`, `set_i64`, `set_raw`,
+/// `set_text`). A macro because each setter is a method of its own name,
+/// and only the name, the option and the writer differ.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident($ty:ty) => $writer:ident($option:ident);)*) => {$(
+        $(#[$doc])*
+        pub fn $name(&self, value: $ty) -> Result<()> {
+            self.$writer(sys::$option, value)
+        }
+    )*};
+}
+
 impl Socket {
     /// Calls `f` (one of zmq_bind, zmq_connect, ...) on `endpoint`.
     fn endpoint_call(
@@ -346,6 +360,14 @@ impl Socket {
         self.set_int(option, c_int::from(value))
     }
 
+    fn set_i64(&self, option: c_int, value: i64) -> Result<()> {
+        self.set_raw(option, &value.to_ne_bytes())
+    }
+
+    fn set_text(&self, option: c_int, value: &str) -> Result<()> {
+        self.set_raw(option, value.as_bytes())
+    }
+
     /// Reads an option into `buf`; the length libzmq wrote.
     fn get_raw(&self, option: c_int, buf: &mut [u8]) -> Result<usize> {
         let mut len = buf.len();
@@ -381,95 +403,50 @@ impl Socket {
         }
     }
 
-    /// ZMQ_LINGER: how long closing (and the context's termination) waits
-    /// for queued messages to go out, in ms; -1 forever, 0 not at all.
-    pub fn set_linger(&self, value: i32) -> Result<()> {
-        self.set_int(sys::ZMQ_LINGER, value)
-    }
-
-    /// ZMQ_MAXMSGSIZE: the largest message a peer may send, in bytes,
-    /// before libzmq drops its connection; -1 for no limit.
-    pub fn set_maxmsgsize(&self, value: i64) -> Result<()> {
-        self.set_raw(sys::ZMQ_MAXMSGSIZE, &value.to_ne_bytes())
-    }
-
-    /// ZMQ_IPV6: `tcp://` over IPv6 as well as IPv4.
-    pub fn set_ipv6(&self, value: bool) -> Result<()> {
-        self.set_bool(sys::ZMQ_IPV6, value)
-    }
-
-    /// ZMQ_SNDTIMEO: how long a send waits for room, in ms, before it fails
-    /// with EAGAIN; -1 forever.
-    pub fn set_sndtimeo(&self, value: i32) -> Result<()> {
-        self.set_int(sys::ZMQ_SNDTIMEO, value)
-    }
-
-    /// ZMQ_RCVTIMEO: how long a receive waits, in ms, before it fails with
-    /// EAGAIN; -1 forever.
-    pub fn set_rcvtimeo(&self, value: i32) -> Result<()> {
-        self.set_int(sys::ZMQ_RCVTIMEO, value)
-    }
-
-    /// ZMQ_SNDHWM: messages queued per peer before sends wait (0: no
-    /// limit).
-    pub fn set_sndhwm(&self, value: i32) -> Result<()> {
-        self.set_int(sys::ZMQ_SNDHWM, value)
-    }
-
-    /// ZMQ_RCVHWM: messages queued per peer on receipt (0: no limit).
-    pub fn set_rcvhwm(&self, value: i32) -> Result<()> {
-        self.set_int(sys::ZMQ_RCVHWM, value)
-    }
-
-    /// ZMQ_RECONNECT_IVL: the first wait before reconnecting, in ms.
-    pub fn set_reconnect_ivl(&self, value: i32) -> Result<()> {
-        self.set_int(sys::ZMQ_RECONNECT_IVL, value)
-    }
-
-    /// ZMQ_CONNECT_TIMEOUT: how long a TCP connect may hang, in ms, before
-    /// it counts as failed; 0 for the OS's.
-    pub fn set_connect_timeout(&self, value: i32) -> Result<()> {
-        self.set_int(sys::ZMQ_CONNECT_TIMEOUT, value)
-    }
-
-    /// ZMQ_ROUTER_MANDATORY: a ROUTER fails a send to an unknown peer
-    /// (EHOSTUNREACH) rather than drop it.
-    pub fn set_router_mandatory(&self, value: bool) -> Result<()> {
-        self.set_bool(sys::ZMQ_ROUTER_MANDATORY, value)
-    }
-
-    /// ZMQ_IMMEDIATE: queue messages only to completed connections.
-    pub fn set_immediate(&self, value: bool) -> Result<()> {
-        self.set_bool(sys::ZMQ_IMMEDIATE, value)
-    }
-
-    /// ZMQ_CURVE_SERVER: serve CURVE (needs the secret key too).
-    pub fn set_curve_server(&self, value: bool) -> Result<()> {
-        self.set_bool(sys::ZMQ_CURVE_SERVER, value)
-    }
-
-    /// ZMQ_CURVE_PUBLICKEY: this side's public key, 32 bytes (or 40
-    /// characters of Z85).
-    pub fn set_curve_publickey(&self, value: &[u8]) -> Result<()> {
-        self.set_raw(sys::ZMQ_CURVE_PUBLICKEY, value)
-    }
-
-    /// ZMQ_CURVE_SECRETKEY: this side's secret key, 32 bytes (or 40
-    /// characters of Z85).
-    pub fn set_curve_secretkey(&self, value: &[u8]) -> Result<()> {
-        self.set_raw(sys::ZMQ_CURVE_SECRETKEY, value)
-    }
-
-    /// ZMQ_CURVE_SERVERKEY: on a client, the server's public key, 32 bytes
-    /// (or 40 characters of Z85).
-    pub fn set_curve_serverkey(&self, value: &[u8]) -> Result<()> {
-        self.set_raw(sys::ZMQ_CURVE_SERVERKEY, value)
-    }
-
-    /// ZMQ_ZAP_DOMAIN: the domain this socket's connections are
-    /// authenticated in by the context's ZAP handler.
-    pub fn set_zap_domain(&self, value: &str) -> Result<()> {
-        self.set_raw(sys::ZMQ_ZAP_DOMAIN, value.as_bytes())
+    setters! {
+        /// ZMQ_LINGER: how long closing (and the context's termination) waits
+        /// for queued messages to go out, in ms; -1 forever, 0 not at all.
+        set_linger(i32) => set_int(ZMQ_LINGER);
+        /// ZMQ_MAXMSGSIZE: the largest message a peer may send, in bytes,
+        /// before libzmq drops its connection; -1 for no limit.
+        set_maxmsgsize(i64) => set_i64(ZMQ_MAXMSGSIZE);
+        /// ZMQ_IPV6: `tcp://` over IPv6 as well as IPv4.
+        set_ipv6(bool) => set_bool(ZMQ_IPV6);
+        /// ZMQ_SNDTIMEO: how long a send waits for room, in ms, before it fails
+        /// with EAGAIN; -1 forever.
+        set_sndtimeo(i32) => set_int(ZMQ_SNDTIMEO);
+        /// ZMQ_RCVTIMEO: how long a receive waits, in ms, before it fails with
+        /// EAGAIN; -1 forever.
+        set_rcvtimeo(i32) => set_int(ZMQ_RCVTIMEO);
+        /// ZMQ_SNDHWM: messages queued per peer before sends wait (0: no
+        /// limit).
+        set_sndhwm(i32) => set_int(ZMQ_SNDHWM);
+        /// ZMQ_RCVHWM: messages queued per peer on receipt (0: no limit).
+        set_rcvhwm(i32) => set_int(ZMQ_RCVHWM);
+        /// ZMQ_RECONNECT_IVL: the first wait before reconnecting, in ms.
+        set_reconnect_ivl(i32) => set_int(ZMQ_RECONNECT_IVL);
+        /// ZMQ_CONNECT_TIMEOUT: how long a TCP connect may hang, in ms, before
+        /// it counts as failed; 0 for the OS's.
+        set_connect_timeout(i32) => set_int(ZMQ_CONNECT_TIMEOUT);
+        /// ZMQ_ROUTER_MANDATORY: a ROUTER fails a send to an unknown peer
+        /// (EHOSTUNREACH) rather than drop it.
+        set_router_mandatory(bool) => set_bool(ZMQ_ROUTER_MANDATORY);
+        /// ZMQ_IMMEDIATE: queue messages only to completed connections.
+        set_immediate(bool) => set_bool(ZMQ_IMMEDIATE);
+        /// ZMQ_CURVE_SERVER: serve CURVE (needs the secret key too).
+        set_curve_server(bool) => set_bool(ZMQ_CURVE_SERVER);
+        /// ZMQ_CURVE_PUBLICKEY: this side's public key, 32 bytes (or 40
+        /// characters of Z85).
+        set_curve_publickey(&[u8]) => set_raw(ZMQ_CURVE_PUBLICKEY);
+        /// ZMQ_CURVE_SECRETKEY: this side's secret key, 32 bytes (or 40
+        /// characters of Z85).
+        set_curve_secretkey(&[u8]) => set_raw(ZMQ_CURVE_SECRETKEY);
+        /// ZMQ_CURVE_SERVERKEY: on a client, the server's public key, 32 bytes
+        /// (or 40 characters of Z85).
+        set_curve_serverkey(&[u8]) => set_raw(ZMQ_CURVE_SERVERKEY);
+        /// ZMQ_ZAP_DOMAIN: the domain this socket's connections are
+        /// authenticated in by the context's ZAP handler.
+        set_zap_domain(&str) => set_text(ZMQ_ZAP_DOMAIN);
     }
 
     /// ZMQ_RCVMORE: more frames of the message being received follow.
