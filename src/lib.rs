@@ -22,6 +22,24 @@
 
 pub use tensorferry_core as core;
 
+/// `Debug` for a node or a handle that shows what names it and leaves the
+/// rest out (`finish_non_exhaustive`): `debug_naming!(Type, |this| {
+/// "name": expr, .. })`, each `expr` reading `this`. A macro because it is
+/// the same impl for several types; `this` stands for `self`, which a
+/// `macro_rules!` cannot take from its caller.
+macro_rules! debug_naming {
+    ($ty:ident, |$this:ident| { $($name:literal: $value:expr),+ $(,)? }) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                let $this = self;
+                f.debug_struct(stringify!($ty))
+                    $(.field($name, &$value))+
+                    .finish_non_exhaustive()
+            }
+        }
+    };
+}
+
 pub mod engine;
 pub mod fault;
 pub mod plane;

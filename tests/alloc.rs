@@ -46,13 +46,7 @@ static GLOBAL: Counting = Counting;
 fn a_hand_off_allocates_nothing_in_steady_state() {
     let second = Duration::from_secs(5);
     let coord = common::coordinator(&["encoder", "denoiser"]);
-    let enc = DataPlane::default()
-        .start_instance_at(
-            &InstanceNodeConfig::new("encoder", coord.endpoint()),
-            64 << 20,
-            &endpoint("enc"),
-        )
-        .unwrap();
+    let enc = common::instance("encoder", coord.endpoint(), 64 << 20, "enc");
     let mut den_settings = InstanceNodeConfig::new("denoiser", coord.endpoint());
     den_settings.config.prealloc = Prealloc {
         count: 2,

@@ -41,13 +41,7 @@ fn send(tx: &mut UdsSender, to: &str, msg: &Msg<'_>) {
 /// An encoder registered with this fake coordinator.
 fn registered_instance(tx: &mut UdsSender, rx: &mut UdsReceiver) -> (InstanceNode, String) {
     let coord = rx.local_endpoint().to_owned();
-    let node = DataPlane::default()
-        .start_instance_at(
-            &InstanceNodeConfig::new("encoder", &coord),
-            16 << 20,
-            &endpoint("enc"),
-        )
-        .unwrap();
+    let node = common::instance("encoder", &coord, 16 << 20, "enc");
     let (from, text) = next(rx);
     let Ok(Msg::Register(r)) = decode(text.as_bytes()) else {
         panic!("{text}")

@@ -9,6 +9,12 @@ use tensorferry::engine::{DataPlane, EngineError, LocalConfig, Op, TransferEngin
 
 const WAIT: Duration = Duration::from_secs(10);
 
+#[cfg(feature = "fabric")]
+#[path = "common/held_receiver.rs"]
+mod held_receiver;
+#[cfg(feature = "fabric")]
+use held_receiver::HeldReceiver;
+
 fn pair(backend: impl Fn() -> DataPlane) -> (TransferEngine, TransferEngine) {
     (
         TransferEngine::open(backend()).unwrap(),
@@ -112,7 +118,7 @@ fn the_engine_refuses_a_provider_that_cannot_end_a_peers_operations() {
 #[test]
 fn a_timed_out_fabric_write_reads_its_source_no_more_after_it_returns() {
     use tensorferry::core::transport::Transport;
-    use tensorferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
+    use tensorferry_fabric::{FabricConfig, Provider};
 
     std::env::set_var("FI_TCP_IFACE", "lo");
     assert!(
@@ -120,17 +126,7 @@ fn a_timed_out_fabric_write_reads_its_source_no_more_after_it_returns() {
         "the engine needs no libfabric setting to end a write"
     );
     let len = 16usize << 20;
-    let mut receiver_config = FabricConfig::new(Provider::Named("tcp;ofi_rxm".into()));
-    receiver_config.delivery = DeliveryMode::Complete;
-    let mut receiver = FabricTransport::with_pool(&receiver_config, len).unwrap();
-    let (base, pool_len) = (receiver.pool_ptr(), receiver.pool_len());
-    // SAFETY: the transport's own pool, registered for its life.
-    let _region = unsafe { receiver.register(base, pool_len) }.unwrap();
-    let placed = || {
-        // SAFETY: read while the receiver does not drive its queue, or
-        // after it has placed what it will: the test compares bytes only.
-        unsafe { std::slice::from_raw_parts(base, pool_len) }.to_vec()
-    };
+    let receiver = HeldReceiver::new(len);
     let engine = TransferEngine::open(DataPlane::Fabric(FabricConfig::new(Provider::Named(
         "tcp;ofi_rxm".into(),
     ))))
@@ -139,31 +135,31 @@ fn a_timed_out_fabric_write_reads_its_source_no_more_after_it_returns() {
     // SAFETY: `src` outlives the engine's registration (the engine is
     // dropped first, below).
     unsafe { engine.register(src.as_ptr() as u64, len as u64) }.unwrap();
-    let to = receiver.session_id().to_owned();
+    let to = receiver.transport.session_id().to_owned();
     let from = src.as_ptr() as u64;
     let op = |len: usize| Op {
         src: from,
-        dst: base as u64,
+        dst: receiver.base(),
         len: len as u64,
     };
     // Connected first, so that only the data is in question.
     engine.write(&to, &[op(8)], WAIT).unwrap();
-    receiver.hold_progress(true);
+    receiver.transport.hold_progress(true);
     let e = engine
         .write(&to, &[op(len)], Duration::from_millis(300))
         .unwrap_err();
     assert_eq!(e.kind(), FaultKind::Timeout, "{e}");
     // The source is the caller's again.
     src.fill(0x22);
-    receiver.hold_progress(false);
+    receiver.transport.hold_progress(false);
     std::thread::sleep(Duration::from_millis(500));
     assert!(
-        !placed().contains(&0x22),
+        !receiver.placed().contains(&0x22),
         "a byte of the source was read after the timed-out write returned"
     );
     // The peer is reached anew.
     engine.write(&to, &[op(4096)], WAIT).unwrap();
-    assert!(placed()[..4096].iter().all(|&x| x == 0x22));
+    assert!(receiver.placed()[..4096].iter().all(|&x| x == 0x22));
     drop(engine);
 }
 

@@ -11,6 +11,15 @@ mod unfinished;
 #[path = "engine_api/whole_api.rs"]
 mod whole_api;
 
+#[cfg(feature = "fabric")]
+#[path = "common/held_receiver.rs"]
+mod held_receiver;
+#[cfg(feature = "verbs-sim")]
+#[path = "common/hooked.rs"]
+mod hooked;
+#[cfg(feature = "fabric")]
+use held_receiver::HeldReceiver;
+
 use std::time::{Duration, Instant};
 
 use tensorferry::engine::{DataPlane, LocalConfig, Op, TransferEngine};
@@ -141,59 +150,31 @@ mod sim {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    use tensorferry::core::transport::{
-        Capabilities, Completion, FaultKind, ReadOp, Region, Transport, WriteOp,
-    };
     use tensorferry_verbs::sim::SimDevice;
-    use tensorferry_verbs::{VerbsConfig, VerbsError, VerbsTransport};
+    use tensorferry_verbs::{VerbsConfig, VerbsTransport};
 
-    pub struct Stallable {
-        t: VerbsTransport<SimDevice>,
-        stall: Arc<AtomicBool>,
+    use crate::hooked::{Hooked, Hooks};
+
+    /// Hooks that pass the test's `stall` knob on to the device before
+    /// each post and poll.
+    pub struct Stall(Arc<AtomicBool>);
+
+    impl Stall {
+        fn sync(&self, t: &VerbsTransport<SimDevice>) {
+            let on = self.0.load(Ordering::Relaxed);
+            t.with_device_mut(|d| d.stall = on);
+        }
     }
 
-    impl Stallable {
-        fn sync(&self) {
-            let on = self.stall.load(Ordering::Relaxed);
-            self.t.with_device_mut(|d| d.stall = on);
+    impl Hooks<VerbsTransport<SimDevice>> for Stall {
+        fn writing(&mut self, t: &VerbsTransport<SimDevice>) {
+            self.sync(t);
         }
-    }
-
-    impl Transport for Stallable {
-        type Error = VerbsError;
-        fn fault_kind(error: &VerbsError) -> FaultKind {
-            error.kind()
+        fn reading(&mut self, t: &VerbsTransport<SimDevice>) {
+            self.sync(t);
         }
-        fn session_id(&self) -> &str {
-            self.t.session_id()
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.t.capabilities()
-        }
-        unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, VerbsError> {
-            // SAFETY: the caller's contract, passed on.
-            unsafe { self.t.register(addr, len) }
-        }
-        fn deregister(&mut self, region: Region) -> Result<(), VerbsError> {
-            self.t.deregister(region)
-        }
-        fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), VerbsError> {
-            self.sync();
-            self.t.post_write(write)
-        }
-        fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), VerbsError> {
-            self.sync();
-            self.t.post_read(read)
-        }
-        fn poll_completion(&mut self) -> Option<Completion<VerbsError>> {
-            self.sync();
-            self.t.poll_completion()
-        }
-        fn cancel_transfers(&mut self, session: &str) -> Result<(), VerbsError> {
-            self.t.cancel_transfers(session)
-        }
-        fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
-            self.t.wake_fd()
+        fn polling(&mut self, t: &VerbsTransport<SimDevice>) {
+            self.sync(t);
         }
     }
 
@@ -202,9 +183,9 @@ mod sim {
         c.listen = Some("127.0.0.1".into());
         let t = VerbsTransport::with_device(SimDevice::new([127, 0, 0, 1], 4096), &c).unwrap();
         let stall = Arc::new(AtomicBool::new(false));
-        let t = Stallable {
-            t,
-            stall: Arc::clone(&stall),
+        let t = Hooked {
+            hooks: Stall(Arc::clone(&stall)),
+            inner: t,
         };
         let e = TransferEngine::over(t, "verbs-sim", Default::default()).unwrap();
         (e, stall)

@@ -4,6 +4,8 @@
 //! the nodes and the requests they share are here.
 
 mod common;
+#[path = "common/hooked.rs"]
+mod hooked;
 
 #[path = "runtime/blocked_send.rs"]
 mod blocked_send;

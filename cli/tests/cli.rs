@@ -23,6 +23,14 @@ fn ferry(args: &[&str], stdin: &[u8]) -> (String, String, bool) {
     )
 }
 
+/// Runs `ferry args` as [`ferry`] does and returns its stdout, asserting
+/// that it succeeded (its stderr names why not).
+fn ferry_ok(args: &[&str], stdin: &[u8]) -> String {
+    let (out, err, ok) = ferry(args, stdin);
+    assert!(ok, "{err}");
+    out
+}
+
 fn golden(name: &str) -> Vec<u8> {
     std::fs::read(format!(
         "{}/../tests/data/golden/{name}",
@@ -33,8 +41,7 @@ fn golden(name: &str) -> Vec<u8> {
 
 #[test]
 fn canon_reproduces_the_seeds_encoding_line_for_line() {
-    let (out, err, ok) = ferry(&["wire", "canon"], &golden("loose.jsonl"));
-    assert!(ok, "{err}");
+    let out = ferry_ok(&["wire", "canon"], &golden("loose.jsonl"));
     let want = String::from_utf8(golden("loose.canonical.jsonl")).unwrap();
     assert_eq!(out.lines().count(), want.lines().count());
     for (i, (got, want)) in out.lines().zip(want.lines()).enumerate() {
@@ -52,8 +59,7 @@ fn canon_reports_bad_lines_and_keeps_going() {
         {\"msg_type\":\"transfer_alloc\",\"data_size\":18446744073709551616}\n\
         {\"request_id\":\"r\"}\n\
         {\"msg_type\":\"transfer_done\",\"request_id\":\"b\"}";
-    let (out, err, ok) = ferry(&["wire", "canon"], input);
-    assert!(ok, "{err}");
+    let out = ferry_ok(&["wire", "canon"], input);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 8, "{out}");
     assert_eq!(
@@ -82,8 +88,7 @@ fn decode_describes_messages_for_people() {
     let input = b"{\"msg_type\":\"transfer_register\",\"role\":\"denoiser\",\"session_id\":\"s\",\"pool_ptr\":4096,\"pool_size\":1073741824,\"preallocated_slots\":[{\"offset\":0,\"size\":16777216,\"slot_id\":3,\"addr\":4096}]}\n\
         {\"msg_type\":\"transfer_pushed\",\"request_id\":\"r\",\"success\":false,\"error\":\"EIO\"}\n\
         [1]\n";
-    let (out, err, ok) = ferry(&["wire", "decode"], input);
-    assert!(ok, "{err}");
+    let out = ferry_ok(&["wire", "decode"], input);
     assert!(out.contains("transfer_register\n"), "{out}");
     assert!(out.contains("1073741824 (1.00 GiB)"), "{out}");
     assert!(out.contains("slot 3"), "{out}");
@@ -97,8 +102,7 @@ fn decode_describes_messages_for_people() {
 
 #[test]
 fn bench_wire_prints_the_seeds_payloads() {
-    let (out, err, ok) = ferry(&["bench", "wire", "--print-payloads"], b"");
-    assert!(ok, "{err}");
+    let out = ferry_ok(&["bench", "wire", "--print-payloads"], b"");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 2);
     assert!(lines[0].starts_with(r#"{"msg_type":"transfer_staged","#));
@@ -116,24 +120,22 @@ fn bench_wire_rejects_a_bad_duration() {
 fn bench_runs_hand_offs_and_control_round_trips_between_real_processes() {
     // Functional only (timing belongs to the benchmark itself): both
     // commands complete and report every size and transport.
-    let (out, err, ok) = ferry(
-        &["bench", "--seconds", "0.05", "--sizes", "4K,1M", "--json"],
-        b"",
-    );
-    assert!(ok, "{err}");
-    assert!(
-        out.contains("\"size\":4096") && out.contains("\"size\":1048576"),
-        "{out}"
-    );
-    let (out, err, ok) = ferry(
-        &["bench", "--control", "zmq", "--seconds", "0.05", "--json"],
-        b"",
-    );
-    assert!(ok, "{err}");
-    assert!(
-        out.contains("\"ipc\":{") && out.contains("\"tcp\":{"),
-        "{out}"
-    );
+    let runs: [(&[&str], [&str; 2]); 2] = [
+        (
+            &["bench", "--seconds", "0.05", "--sizes", "4K,1M", "--json"],
+            ["\"size\":4096", "\"size\":1048576"],
+        ),
+        (
+            &["bench", "--control", "zmq", "--seconds", "0.05", "--json"],
+            ["\"ipc\":{", "\"tcp\":{"],
+        ),
+    ];
+    for (args, wants) in runs {
+        let out = ferry_ok(args, b"");
+        for want in wants {
+            assert!(out.contains(want), "{args:?}: no {want} in {out}");
+        }
+    }
     let (_, err, ok) = ferry(&["bench", "--control", "carrier-pigeon"], b"");
     assert!(!ok && err.contains("carrier-pigeon"), "{err}");
 }

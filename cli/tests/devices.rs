@@ -24,12 +24,20 @@ fn devices(args: &[&str]) -> (Value, String) {
     (json, run(&[]))
 }
 
+/// The report's `section`, its array `list` (`what` says what that is),
+/// and the text report.
+#[cfg(any(feature = "fabric", feature = "verbs"))]
+fn listed(section: &str, list: &str, what: &str) -> (Value, Vec<Value>, String) {
+    let (report, text) = devices(&[]);
+    let section = report[section].clone();
+    let items = section[list].as_array().expect(what).clone();
+    (section, items, text)
+}
+
 #[cfg(feature = "fabric")]
 #[test]
 fn libfabric_providers_present_are_listed_with_what_ferry_gets() {
-    let (report, text) = devices(&[]);
-    let lf = &report["libfabric"];
-    let offered = lf["offered"].as_array().expect("offered providers");
+    let (lf, offered, text) = listed("libfabric", "offered", "offered providers");
     let has = |name: &str| offered.iter().any(|o| o["provider"] == name);
     // Debian's libfabric 1.17 always has these two (tcp needs no NIC).
     assert!(has("shm") && has("tcp;ofi_rxm"), "{lf}");
@@ -58,9 +66,7 @@ fn libfabric_providers_present_are_listed_with_what_ferry_gets() {
 #[cfg(feature = "verbs")]
 #[test]
 fn verbs_devices_are_described_or_the_reason_for_none_is_named() {
-    let (report, text) = devices(&[]);
-    let v = &report["verbs"];
-    let list = v["devices"].as_array().expect("a device list");
+    let (v, list, text) = listed("verbs", "devices", "a device list");
     if list.is_empty() {
         let why = v["why"].as_str().expect("why there is none");
         assert!(

@@ -11,11 +11,12 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::flood::{
-    aim, finish_untouched, flood_through_handoffs, forger, written_at_the_top, MAGIC,
+    aim, flood_of_known_ids_changes_nothing, flood_through_handoffs, forger, written_at_the_top,
+    MAGIC,
 };
 use common::{
     coordinator, coordinator_with, free_port, instance_at, named_instance, num, result_endpoints,
-    tcp, Procs, SMALL_RANDOM,
+    spawn_encoder, tcp, Procs, SMALL_RANDOM,
 };
 use serde_json::Value;
 use tensorferry_zmq::zmq;
@@ -180,15 +181,11 @@ fn an_admission_list_drops_other_endpoints_and_a_ghost_endpoint_is_dropped_too()
     );
     p.wait_for(open, "\"event\":\"registered\"", 30);
     std::thread::sleep(Duration::from_millis(500));
-    let e = p.spawn(
-        "encoder",
-        &mut random(
-            &p,
-            "encoder",
-            "encoder",
-            &results[0],
-            &["--requests", "8", "--window", "2"],
-        ),
+    let e = spawn_encoder(
+        &mut p,
+        &results[0],
+        &SMALL_RANDOM,
+        &["--requests", "8", "--window", "2"],
     );
     let encoded = p.wait_for(e, "\"event\":\"encoded\"", 60);
     assert_eq!(
@@ -242,7 +239,6 @@ fn a_flood_of_forged_messages_from_outside_the_allow_list_changes_nothing() {
     cmd.args(SMALL_RANDOM).args(allow);
     let d = p.spawn("denoiser", &mut cmd);
     let registered = p.wait_for(d, "\"event\":\"registered\"", 30);
-    let (session, dest) = aim(&registered);
     let enc_ep = tcp(free_port());
     let mut cmd = instance_at("encoder", "encoder", &results[0], &enc_ep);
     cmd.args(SMALL_RANDOM)
@@ -264,11 +260,7 @@ fn a_flood_of_forged_messages_from_outside_the_allow_list_changes_nothing() {
         .chain(&results)
         .map(|t| from_outside(t))
         .collect();
-    flood_through_handoffs(&mut p, targets, &session, dest, true, e, c, 200);
-    // None of it reached a state machine: nothing was ignored or dropped
-    // as malformed, and every byte the denoiser got was the encoder's.
-    assert_eq!(written_at_the_top(&p, &registered), 0);
-    finish_untouched(&mut p, d, e, c, 200);
+    flood_of_known_ids_changes_nothing(&mut p, targets, &registered, (d, e, c));
 }
 
 #[test]
@@ -277,15 +269,11 @@ fn a_flood_of_forged_messages_for_unknown_ids_costs_only_counters() {
     let results = result_endpoints(&p, "c");
     let (c, d, registered) = with_a_denoiser(&mut p, &results);
     let (session, dest) = aim(&registered);
-    let e = p.spawn(
-        "encoder",
-        &mut random(
-            &p,
-            "encoder",
-            "encoder",
-            &results[0],
-            &["--requests", "200", "--window", "2", "--pace-ms", "5"],
-        ),
+    let e = spawn_encoder(
+        &mut p,
+        &results[0],
+        &SMALL_RANDOM,
+        &["--requests", "200", "--window", "2", "--pace-ms", "5"],
     );
     // From where the peers are (the same host, ipc): forged messages the
     // state machines see, for ids they do not hold.

@@ -131,45 +131,45 @@ fn hands_off_across_hosts_and_a_cut_link_fails_in_flight_requests_in_time() {
         ]),
     );
     p.wait_for(c, "\"event\":\"ready\"", 30);
-    let fabric = |addr: &'static str| {
-        [
-            "--control",
-            "zmq",
-            "--backend",
-            "fabric",
-            "--provider",
-            "tcp;ofi_rxm",
-            "--fabric-source",
-            addr,
-            "--workload",
-            "random",
-            "--max-bytes",
-            "8388608",
-            "--seed",
-            "5",
-            "--write-timeout-ms",
-            "2000",
-            "--reserved-timeout-ms",
-            "3000",
-        ]
+    // `ferry instance` of `role`, named `name`, in the namespace `ns` at
+    // `addr:port`: the random workload over libfabric's tcp provider from
+    // that address.
+    let instance = |ns: &str, role: &str, name: &str, coordinator: &str, addr: &str, port: u16| {
+        let mut cmd = Hosts::ferry(ns);
+        cmd.args(["instance", "--role", role, "--name", name])
+            .args(["--coordinator", coordinator])
+            .args(["--endpoint", &format!("tcp://{addr}:{port}")])
+            .args([
+                "--control",
+                "zmq",
+                "--backend",
+                "fabric",
+                "--provider",
+                "tcp;ofi_rxm",
+                "--fabric-source",
+                addr,
+                "--workload",
+                "random",
+                "--max-bytes",
+                "8388608",
+                "--seed",
+                "5",
+                "--write-timeout-ms",
+                "2000",
+                "--reserved-timeout-ms",
+                "3000",
+            ]);
+        cmd
     };
     let d = p.spawn(
         "denoiser",
-        Hosts::ferry(&hosts.b)
-            .args(["instance", "--role", "denoiser", "--name", "d"])
-            .args(["--coordinator", &results[1]])
-            .args(["--endpoint", &format!("tcp://{B_ADDR}:5610")])
-            .args(fabric(B_ADDR)),
+        &mut instance(&hosts.b, "denoiser", "d", &results[1], B_ADDR, 5610),
     );
     p.wait_for(d, "\"event\":\"registered\"", 60);
     let requests = 80;
     let e = p.spawn(
         "encoder",
-        Hosts::ferry(&hosts.a)
-            .args(["instance", "--role", "encoder", "--name", "e"])
-            .args(["--coordinator", &results[0]])
-            .args(["--endpoint", &format!("tcp://{A_ADDR}:5611")])
-            .args(fabric(A_ADDR))
+        instance(&hosts.a, "encoder", "e", &results[0], A_ADDR, 5611)
             .args(["--requests", &requests.to_string(), "--window", "4"])
             .args(["--pace-ms", "40"]),
     );

@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{coordinator_with, ferry, field, named_instance, num, result_endpoints, Procs};
+use common::{
+    coordinator_with, ferry, field, named_instance, num, result_endpoints, spawn_encoder, Procs,
+};
 use serde_json::Value;
 
 const REQUESTS: u64 = 250;
@@ -159,14 +161,10 @@ fn prometheus_scrapes_the_hand_off_count_and_latency_the_processes_report() {
     );
     let denoiser_at = target(&p.wait_for(d, "\"event\":\"metrics\"", 30));
     p.wait_for(d, "\"event\":\"registered\"", 30);
-    let mut sender = workload.to_vec();
     let requests = REQUESTS.to_string();
     // Paced, so that the run lasts about ten seconds of scrapes.
-    sender.extend(["--requests", &requests, "--window", "4", "--pace-ms", "40"]);
-    let e = p.spawn(
-        "encoder",
-        &mut named_instance(&p, "encoder", "encoder", &results[0], &sender),
-    );
+    let paced = ["--requests", &requests, "--window", "4", "--pace-ms", "40"];
+    let e = spawn_encoder(&mut p, &results[0], &workload, &paced);
     let encoder_at = target(&p.wait_for(e, "\"event\":\"metrics\"", 30));
 
     // Each endpoint answers a plain scrape in Prometheus' text format.

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -28,23 +27,16 @@ impl Daemon {
     /// `ferry <args>` under `setsid --wait` (its own session; the exit
     /// status is ferry's), stdin at /dev/null, stdout read line by line.
     fn start(name: &str, shm_prefix: &str, args: &[&str]) -> Self {
-        let mut child = Command::new("setsid")
-            .arg("--wait")
+        let mut cmd = Command::new("setsid");
+        cmd.arg("--wait")
             .arg(env!("CARGO_BIN_EXE_ferry"))
             .args(args)
             .env("FERRY_SHM_PREFIX", shm_prefix)
             .env("FI_TCP_IFACE", "lo")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {name} under setsid: {e}"));
-        let out = child.stdout.take().unwrap();
+            .stdin(Stdio::null());
         let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
+        let child = common::spawn_reading(&mut cmd, &format!("{name} under setsid"), move |line| {
+            let _ = tx.send(line);
         });
         Self {
             name: name.to_owned(),

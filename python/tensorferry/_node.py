@@ -10,9 +10,10 @@ import os
 import warnings
 import weakref
 from types import TracebackType
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 from tensorferry import _native
+from tensorferry._closing import Closing
 from tensorferry._engine import _fabric_module
 from tensorferry._stats import CoordinatorStats, InstanceStats
 
@@ -59,14 +60,23 @@ class Prealloc(NamedTuple):
     slot_bytes: int
 
 
+_Pair = TypeVar("_Pair", "Prealloc", "Admission")
+
+
+def _pair(kind: Type[_Pair], value: Any, what: str, expected: str) -> _Pair:
+    """``value`` as ``kind`` (a named pair), given as one or as a plain
+    pair, checked: the native layer takes it by name. ``what`` names the
+    argument in the ``TypeError``, ``expected`` what it takes."""
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
+        raise TypeError(f"{what}: expected {expected}, got {value!r}")
+    return kind(*value)
+
+
 def _prealloc(p: Any) -> Prealloc:
-    """An instance's ``prealloc``, checked: the native layer takes it by
-    name."""
-    if isinstance(p, Prealloc):
-        return p
-    if isinstance(p, (str, bytes)) or not isinstance(p, Sequence) or len(p) != 2:
-        raise TypeError(f"prealloc: expected Prealloc(slots, slot_bytes) or a (slots, slot_bytes) pair, got {p!r}")
-    return Prealloc(*p)
+    """An instance's ``prealloc``, checked."""
+    return _pair(Prealloc, p, "prealloc", "Prealloc(slots, slot_bytes) or a (slots, slot_bytes) pair")
 
 
 class Admission(NamedTuple):
@@ -79,13 +89,8 @@ class Admission(NamedTuple):
 
 
 def _admission(i: int, a: Any) -> Admission:
-    """Entry ``i`` of a coordinator's ``admitted``, checked: the native
-    layer takes it by name."""
-    if isinstance(a, Admission):
-        return a
-    if isinstance(a, (str, bytes)) or not isinstance(a, Sequence) or len(a) != 2:
-        raise TypeError(f"admitted[{i}]: expected (role, endpoint), got {a!r}")
-    return Admission(*a)
+    """Entry ``i`` of a coordinator's ``admitted``, checked."""
+    return _pair(Admission, a, f"admitted[{i}]", "(role, endpoint)")
 
 
 class Outcome(NamedTuple):
@@ -291,7 +296,7 @@ class Delivery(_Slot):
 TensorsArg = Dict[str, Union[Spec, Any, List[Union[Spec, Any]]]]
 
 
-class Instance:
+class Instance(Closing):
     """A ferry instance: a role's node with a pool, registered with a
     coordinator (ferry's, or sglang's head with ``head="sglang"``).
 
@@ -437,11 +442,6 @@ class Instance:
         """Stops the node once no staging or delivery of it is alive."""
         self._node.close()
 
-    def __enter__(self) -> "Instance":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 #: Instances not closed yet: closed at exit, so that their pools (named
@@ -470,7 +470,7 @@ def _copy_into(view: Any, src: Any) -> None:
     np.copyto(view, np.asarray(src).reshape(view.shape), casting="no")
 
 
-class Coordinator:
+class Coordinator(Closing):
     """ferry's coordinator: relays the hand-offs between the instances of
     ``pipeline``'s roles, over ZeroMQ. Every argument is a keyword.
 
@@ -530,8 +530,3 @@ class Coordinator:
         """Stops it."""
         self._node.close()
 
-    def __enter__(self) -> "Coordinator":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()

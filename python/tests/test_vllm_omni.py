@@ -185,6 +185,14 @@ def all_freed(sender: Stage, receiver: Stage) -> None:
     sender.health_until("the sender holds nothing", nothing_held)
 
 
+def whole_then_freed(sender: Stage, receiver: Stage, **cmd: Any) -> None:
+    """The receiver's ``get`` of ``cmd`` succeeds, then the receiver and
+    the sender hold nothing: how a test ends once the connector came
+    through what it did."""
+    get_whole(receiver, **cmd)
+    all_freed(sender, receiver)
+
+
 def grant_falsely(fake: zmq.Socket, receiver: Stage, session: str, grant: List[Any]) -> None:
     """Answers the receiver's claim, which comes to ``fake`` (a ROUTER),
     with a grant of ``session``'s region ``grant`` (address, size, header,
@@ -254,8 +262,7 @@ def test_an_abandoned_get_holds_nothing_and_the_payload_stays_for_a_later_get(pa
     # The sender got the release: the payload is unclaimed and still
     # there, and a new get reads it whole.
     sender.health_until("the claim is released", lambda h: h["sends_claimed"] == 0 and h["sends_held"] == 1)
-    get_whole(receiver, i=BIG[1], key=key, meta=put["meta"])
-    all_freed(sender, receiver)
+    whole_then_freed(sender, receiver, i=BIG[1], key=key, meta=put["meta"])
     sender, receiver = pair
     # A claim not yet answered, abandoned at once.
     put = sender.ask(op="put", i=5)
@@ -297,8 +304,7 @@ def test_a_grant_of_the_metadatas_region_is_read_and_one_of_another_region_is_re
     h = receiver.ask(op="health")
     assert h["grants_refused"] == before["grants_refused"] + 1, h
     assert "but the put's metadata named" in h["last_error"], h
-    get_whole(receiver, i=386, key="replaced", meta=fourth["meta"])
-    all_freed(sender, receiver)
+    whole_then_freed(sender, receiver, i=386, key="replaced", meta=fourth["meta"])
 
 
 def test_a_grant_from_a_socket_that_is_not_the_sender_is_not_read(pair):
@@ -374,8 +380,7 @@ def test_only_a_claims_owner_ends_it_and_asking_again_does_not_lengthen_it(pair)
         other.close()
         ctx.term()
     # The payload is whole: the receiver reads it.
-    get_whole(receiver, i=9, key="owned", meta=put["meta"])
-    all_freed(sender, receiver)
+    whole_then_freed(sender, receiver, i=9, key="owned", meta=put["meta"])
 
 
 def test_the_allow_list_refuses_an_address_not_on_it(pair):
@@ -404,8 +409,7 @@ def test_the_allow_list_refuses_an_address_not_on_it(pair):
         outside.close()
         inside.close()
         ctx.term()
-    get_whole(receiver, i=10, key="listed", meta=put["meta"])
-    all_freed(sender, receiver)
+    whole_then_freed(sender, receiver, i=10, key="listed", meta=put["meta"])
 
 
 def test_a_sender_killed_mid_get_is_reported_and_the_receiver_holds_nothing(fabric_pair, stages):

@@ -23,7 +23,7 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
-from test_vllm_omni import Claimant, Stages, all_freed, get_whole, grant_falsely, key_of, nothing_held
+from test_vllm_omni import Claimant, Stages, get_whole, grant_falsely, key_of, nothing_held, whole_then_freed
 from tensorferry.vllm_omni import _control as control
 
 # One worker runs them all, with test_vllm_omni.py's (scripts/test runs
@@ -151,8 +151,7 @@ def test_strangers_are_refused_before_their_claims_are_read(curve_pair, keys):
     # connects again).
     assert h["connections_refused"] >= before["connections_refused"] + 2, h
     assert h["sends_held"] == 1 and h["sends_claimed"] == 0 and h["foreign_ends"] == before["foreign_ends"], h
-    get_whole(receiver, i=7, key="guarded", meta=put["meta"])
-    all_freed(sender, receiver)
+    whole_then_freed(sender, receiver, i=7, key="guarded", meta=put["meta"])
 
 
 def test_a_claims_owner_is_its_key_not_its_connection(curve_pair, keys):
@@ -185,8 +184,7 @@ def test_a_claims_owner_is_its_key_not_its_connection(curve_pair, keys):
         for c in (holder, other, again):
             c.close()
         ctx.term()
-    get_whole(receiver, i=8, key="keyed", meta=put["meta"])
-    all_freed(sender, receiver)
+    whole_then_freed(sender, receiver, i=8, key="keyed", meta=put["meta"])
 
 
 def test_a_grant_naming_an_engine_of_another_key_is_not_read(curve_pair, keys):
@@ -214,8 +212,7 @@ def test_a_grant_naming_an_engine_of_another_key_is_not_read(curve_pair, keys):
     h = receiver.ask(op="health")
     assert h["grants_refused"] == before["grants_refused"] + 1 and h["gets"] == before["gets"], h
     assert "whose key is not the sender's" in h["last_error"], h
-    get_whole(receiver, i=2, key="thief", meta=put["meta"])
-    all_freed(sender, receiver)
+    whole_then_freed(sender, receiver, i=2, key="thief", meta=put["meta"])
 
 
 def test_the_receivers_keys_decide_whom_it_claims_from(curve_pair, keys):

@@ -113,13 +113,7 @@ pub(crate) struct Notifier {
     context: zmq::Context,
 }
 
-impl std::fmt::Debug for Notifier {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Notifier")
-            .field("endpoint", &self.endpoint)
-            .finish_non_exhaustive()
-    }
-}
+debug_naming!(Notifier, |n| { "endpoint": n.endpoint });
 
 impl Notifier {
     /// Binds the inbox on `host` (an address of this machine peers reach

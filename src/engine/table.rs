@@ -435,6 +435,30 @@ mod tests {
         })
     }
 
+    /// A minute from now: a deadline no test reaches.
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
+    /// A table with one transfer of `ops` operations to [`peer`], every
+    /// one posted, that sends `notify` once they complete.
+    fn posted(ops: u32, notify: Option<&[u8]>) -> (Table, Id, Chores) {
+        let mut t = Table::default();
+        let id = t.open(peer(), (0, 0), ops, far(), notify.map(<[u8]>::to_vec));
+        let mut c = Chores::default();
+        t.posted(id, ops, None, &mut c);
+        (t, id, c)
+    }
+
+    /// A table with one transfer of `ops` operations to [`peer`], none
+    /// posted yet, whose deadline is now; and that instant.
+    fn due_now(ops: u32) -> (Table, Id, Instant) {
+        let mut t = Table::default();
+        let now = Instant::now();
+        let id = t.open(peer(), (0, 0), ops, now, None);
+        (t, id, now)
+    }
+
     fn op_failure() -> Failure {
         Failure::Op {
             verb: "write",
@@ -445,11 +469,7 @@ mod tests {
 
     #[test]
     fn a_transfer_is_done_when_its_last_operation_completes() {
-        let mut t = Table::default();
-        let far = Instant::now() + Duration::from_secs(60);
-        let id = t.open(peer(), (0, 0), 3, far, None);
-        let mut c = Chores::default();
-        t.posted(id, 3, None, &mut c);
+        let (mut t, id, mut c) = posted(3, None);
         t.complete(id.cookie(), Ok(()), &mut c);
         t.complete(id.cookie(), Ok(()), &mut c);
         assert_eq!(t.state(id), Some(TransferState::Pending));
@@ -461,7 +481,7 @@ mod tests {
         assert_eq!(t.state(id), None);
         // The slot is reused under a new generation: a late completion
         // with the old cookie touches nothing.
-        let again = t.open(peer(), (0, 0), 1, far, None);
+        let again = t.open(peer(), (0, 0), 1, far(), None);
         assert_eq!(again.slot, id.slot);
         assert_ne!(again.gen, id.gen);
         t.posted(again, 1, None, &mut c);
@@ -472,8 +492,7 @@ mod tests {
     #[test]
     fn completions_that_come_before_the_poster_is_back_are_counted() {
         let mut t = Table::default();
-        let far = Instant::now() + Duration::from_secs(60);
-        let id = t.open(peer(), (0, 0), 3, far, None);
+        let id = t.open(peer(), (0, 0), 3, far(), None);
         let mut c = Chores::default();
         // Two posted, both completed by a collector, then the third
         // refused.
@@ -483,7 +502,7 @@ mod tests {
         t.posted(id, 2, Some(op_failure()), &mut c);
         assert_eq!(t.state(id), Some(TransferState::Failed));
         // All three posted and completed before the poster is back.
-        let id = t.open(peer(), (0, 0), 3, far, None);
+        let id = t.open(peer(), (0, 0), 3, far(), None);
         for _ in 0..3 {
             t.complete(id.cookie(), Ok(()), &mut c);
         }
@@ -493,9 +512,7 @@ mod tests {
 
     #[test]
     fn a_transfer_ended_while_it_is_posted_is_ended_again_once_posted() {
-        let mut t = Table::default();
-        let now = Instant::now();
-        let id = t.open(peer(), (0, 0), 2, now, None);
+        let (mut t, id, now) = due_now(2);
         let mut c = Chores::default();
         t.expire(now, &mut c);
         assert_eq!(c.end.len(), 1);
@@ -513,11 +530,7 @@ mod tests {
 
     #[test]
     fn a_failed_operation_fails_the_transfer_and_drops_its_notification() {
-        let mut t = Table::default();
-        let far = Instant::now() + Duration::from_secs(60);
-        let id = t.open(peer(), (0, 0), 2, far, Some(b"hi".to_vec()));
-        let mut c = Chores::default();
-        t.posted(id, 2, None, &mut c);
+        let (mut t, id, mut c) = posted(2, Some(b"hi"));
         t.complete(id.cookie(), Err(op_failure()), &mut c);
         t.complete(id.cookie(), Ok(()), &mut c);
         assert_eq!(t.state(id), Some(TransferState::Failed));
@@ -527,11 +540,7 @@ mod tests {
 
     #[test]
     fn a_notification_is_sent_before_the_transfer_is_final() {
-        let mut t = Table::default();
-        let far = Instant::now() + Duration::from_secs(60);
-        let id = t.open(peer(), (0, 0), 1, far, Some(b"hi".to_vec()));
-        let mut c = Chores::default();
-        t.posted(id, 1, None, &mut c);
+        let (mut t, id, mut c) = posted(1, Some(b"hi"));
         t.complete(id.cookie(), Ok(()), &mut c);
         assert_eq!(c.send.len(), 1);
         assert_eq!(t.state(id), Some(TransferState::Pending));
@@ -541,9 +550,7 @@ mod tests {
 
     #[test]
     fn an_expired_transfer_is_ended_once_and_fails_with_a_timeout() {
-        let mut t = Table::default();
-        let now = Instant::now();
-        let id = t.open(peer(), (0, 0), 2, now, None);
+        let (mut t, id, now) = due_now(2);
         let later = t.open(peer(), (0, 0), 1, now + Duration::from_secs(60), None);
         let mut c = Chores::default();
         t.posted(id, 2, None, &mut c);
@@ -563,11 +570,7 @@ mod tests {
 
     #[test]
     fn a_transfer_released_unfinished_is_freed_when_its_operations_complete() {
-        let mut t = Table::default();
-        let far = Instant::now() + Duration::from_secs(60);
-        let id = t.open(peer(), (0, 0), 1, far, Some(b"late".to_vec()));
-        let mut c = Chores::default();
-        t.posted(id, 1, None, &mut c);
+        let (mut t, id, mut c) = posted(1, Some(b"late"));
         t.release(id);
         assert_eq!(t.len(), 1);
         t.complete(id.cookie(), Ok(()), &mut c);
@@ -578,7 +581,7 @@ mod tests {
     #[test]
     fn deadlines_of_transfers_gone_do_not_pile_up() {
         let mut t = Table::default();
-        let far = Instant::now() + Duration::from_secs(60);
+        let far = far();
         let mut c = Chores::default();
         for _ in 0..10_000 {
             let id = t.open(peer(), (0, 0), 1, far, None);

@@ -120,13 +120,7 @@ where
 /// ([`DataPlane::open`](super::DataPlane::open)).
 pub struct AnyTransport(Box<dyn Erased>);
 
-impl std::fmt::Debug for AnyTransport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AnyTransport")
-            .field("session_id", &self.0.session_id())
-            .finish_non_exhaustive()
-    }
-}
+debug_naming!(AnyTransport, |t| { "session_id": t.0.session_id() });
 
 impl AnyTransport {
     /// `transport`, behind this type.

@@ -40,9 +40,11 @@ mod shm;
 #[cfg(feature = "verbs")]
 mod verbs;
 
-use tensorferry_core::transport::{ControlChannel, ControlSend, PoolOwner, Transport};
+use tensorferry_core::transport::{PoolOwner, Transport};
 use tensorferry_shm::UdsChannel;
 use tensorferry_zmq::Guard;
+
+use crate::runtime::InstanceChannel;
 
 pub use any::{AnyTransport, AnyTransportError};
 pub use delay::DelayConfig;
@@ -199,10 +201,7 @@ macro_rules! planes {
                 channel: C,
             ) -> Result<InstanceNode, NodeError>
             where
-                C: ControlChannel,
-                C::Sender: 'static,
-                <C::Sender as ControlSend>::Error: Send + Sync + 'static,
-                C::Receiver: 'static,
+                C: InstanceChannel,
             {
                 // Each transport by its own type, so that the progress loop
                 // calls it directly.
@@ -393,10 +392,7 @@ impl DataPlane {
         wrap: impl FnOnce(AnyTransport) -> W,
     ) -> Result<InstanceNode, NodeError>
     where
-        C: ControlChannel,
-        C::Sender: 'static,
-        <C::Sender as ControlSend>::Error: Send + Sync + 'static,
-        C::Receiver: 'static,
+        C: InstanceChannel,
         W: Transport + PoolOwner + Send + 'static,
         W::Error: Send + Sync + 'static,
     {

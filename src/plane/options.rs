@@ -187,12 +187,17 @@ mod tests {
 
     #[test]
     fn durations_read_with_their_units() {
-        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_duration("2.5"), Ok(Duration::from_millis(2500)));
-        assert_eq!(parse_duration("100us"), Ok(Duration::from_micros(100)));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("-1").is_err());
+        for (text, want) in [
+            ("1500ms", Duration::from_millis(1500)),
+            ("5s", Duration::from_secs(5)),
+            ("2.5", Duration::from_millis(2500)),
+            ("100us", Duration::from_micros(100)),
+        ] {
+            assert_eq!(parse_duration(text), Ok(want), "{text}");
+        }
+        for text in ["soon", "-1"] {
+            assert!(parse_duration(text).is_err(), "{text}");
+        }
     }
 
     #[test]

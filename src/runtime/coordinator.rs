@@ -120,13 +120,7 @@ pub struct CoordinatorNode {
     endpoint: String,
 }
 
-impl std::fmt::Debug for CoordinatorNode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CoordinatorNode")
-            .field("endpoint", &self.endpoint)
-            .finish_non_exhaustive()
-    }
-}
+debug_naming!(CoordinatorNode, |n| { "endpoint": n.endpoint });
 
 impl CoordinatorNode {
     /// Starts a coordinator on `channel`; `on_event` sees every event

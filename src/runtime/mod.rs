@@ -14,6 +14,7 @@
 //! ([`MetricsSnapshot`]) and timed ([`telemetry`], which also serves it
 //! all to Prometheus).
 
+mod channel;
 mod clock;
 mod coordinator;
 mod error;
@@ -24,6 +25,7 @@ mod pool;
 pub mod telemetry;
 
 pub use crate::plane::{AnyTransport, CopyConfig, DataPlane, PlaneError};
+pub use channel::InstanceChannel;
 pub use clock::Clock;
 pub use coordinator::{Admission, CoordinatorNode, CoordinatorNodeConfig, CoordinatorSnapshot};
 pub use error::{ErrorKind, NodeError};

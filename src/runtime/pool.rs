@@ -10,13 +10,13 @@
 use std::os::fd::RawFd;
 
 use tensorferry_core::transport::{
-    Capabilities, Completion, ControlChannel, ControlSend, FaultKind, Landed, PoolOwner, ReadOp,
-    Region, Transport, WriteOp,
+    Capabilities, Completion, FaultKind, Landed, PoolOwner, ReadOp, Region, Transport, WriteOp,
 };
 use tensorferry_hostmem::HostPool;
 
 use super::error::NodeError;
 use super::instance::{InstanceNode, InstanceNodeConfig};
+use super::InstanceChannel;
 
 /// A transport and the pool mapped for it. The fields drop in order: the
 /// transport first (it deregisters, so no peer writes any more), then the
@@ -104,7 +104,8 @@ impl InstanceNode {
     /// it unmaps the pool: the transport keeps
     /// [`Transport::register`]'s promise that nothing it started touches
     /// the pool once it is dropped. This is how an embedder runs a node over its
-    /// own fabric: [`Transport`], [`ControlSend`] and
+    /// own fabric: [`Transport`],
+    /// [`ControlSend`](tensorferry_core::transport::ControlSend) and
     /// [`ControlRecv`](tensorferry_core::transport::ControlRecv) are all it
     /// implements. A data plane that owns its pool (ferry's own, opened by
     /// [`DataPlane`](crate::plane::DataPlane)) starts with
@@ -118,10 +119,7 @@ impl InstanceNode {
     where
         T: Transport + Send + 'static,
         T::Error: Send + Sync + 'static,
-        C: ControlChannel,
-        C::Sender: 'static,
-        <C::Sender as ControlSend>::Error: Send + Sync + 'static,
-        C::Receiver: 'static,
+        C: InstanceChannel,
     {
         if pool_len == 0 {
             return Err(NodeError::NoPool);

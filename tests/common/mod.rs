@@ -13,6 +13,22 @@ pub fn endpoint(tag: &str) -> String {
     )
 }
 
+/// An instance of `role` on the default data plane, with a pool of
+/// `pool_len` bytes, registering with the coordinator at `coordinator`
+/// from a fresh Unix socket tagged `tag`.
+#[allow(dead_code)] // Not every test binary starts one this way.
+pub fn instance(
+    role: &str,
+    coordinator: &str,
+    pool_len: usize,
+    tag: &str,
+) -> tensorferry::runtime::InstanceNode {
+    let settings = tensorferry::runtime::InstanceNodeConfig::new(role, coordinator);
+    tensorferry::runtime::DataPlane::default()
+        .start_instance_at(&settings, pool_len, &endpoint(tag))
+        .unwrap()
+}
+
 /// A coordinator of `pipeline` on a fresh Unix socket.
 #[allow(dead_code)] // Not every test binary starts one.
 pub fn coordinator(pipeline: &[&str]) -> tensorferry::runtime::CoordinatorNode {

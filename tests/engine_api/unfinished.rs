@@ -7,6 +7,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tensorferry::core::transport::FaultKind;
+#[cfg(feature = "verbs-sim")]
+use tensorferry::engine::Transfer;
 #[cfg(any(feature = "fabric", feature = "verbs-sim"))]
 use tensorferry::engine::TransferState;
 use tensorferry::engine::{EngineError, Op, TransferEngine};
@@ -14,7 +16,7 @@ use tensorferry::engine::{EngineError, Op, TransferEngine};
 #[cfg(any(feature = "fabric", feature = "verbs-sim"))]
 use super::expect_pattern;
 #[cfg(feature = "fabric")]
-use super::{fabric, pattern};
+use super::{fabric, pattern, HeldReceiver};
 #[cfg(feature = "verbs-sim")]
 use super::{sim, Pair, MEM};
 use super::{Buf, WAIT};
@@ -34,6 +36,20 @@ fn a_transfer_ended_while_its_writes_stall_never_changes_the_destination() {
     p.a.write(&peer, &[p.op(MEM - 8, MEM - 8, 8)], WAIT)
         .unwrap();
     p.mem_a.fill(0, len, 1);
+    // Releases `x` (ended unfinished, so the release fails), refills the
+    // source with `seed` and lets the peer go on: a new transfer lands,
+    // `x` never does.
+    let never_lands = |x: Transfer, seed: u32, what: &str| {
+        x.release().unwrap_err();
+        p.mem_a.fill(0, len, seed);
+        stall.store(false, Ordering::Relaxed);
+        p.a.write(&peer, &[p.op(MEM - 8, MEM - 8, 8)], WAIT)
+            .unwrap();
+        assert!(
+            p.mem_b.bytes()[..len].iter().all(|&x| x == 0),
+            "{what}'s bytes landed"
+        );
+    };
 
     // Past its deadline.
     stall.store(true, Ordering::Relaxed);
@@ -43,16 +59,7 @@ fn a_transfer_ended_while_its_writes_stall_never_changes_the_destination() {
     let e = x.wait(WAIT).unwrap_err();
     assert_eq!(e.kind(), FaultKind::Timeout, "{e}");
     assert!(matches!(e, EngineError::Timeout { .. }), "{e}");
-    x.release().unwrap_err();
-    p.mem_a.fill(0, len, 2);
-    stall.store(false, Ordering::Relaxed);
-    // The peer goes on: a new transfer lands, the old one never does.
-    p.a.write(&peer, &[p.op(MEM - 8, MEM - 8, 8)], WAIT)
-        .unwrap();
-    assert!(
-        p.mem_b.bytes()[..len].iter().all(|&x| x == 0),
-        "a timed-out transfer's bytes landed"
-    );
+    never_lands(x, 2, "a timed-out transfer");
 
     // Released unfinished.
     stall.store(true, Ordering::Relaxed);
@@ -63,15 +70,7 @@ fn a_transfer_ended_while_its_writes_stall_never_changes_the_destination() {
         x.wait(Duration::from_millis(50)).unwrap(),
         TransferState::Pending
     );
-    x.release().unwrap_err();
-    p.mem_a.fill(0, len, 3);
-    stall.store(false, Ordering::Relaxed);
-    p.a.write(&peer, &[p.op(MEM - 8, MEM - 8, 8)], WAIT)
-        .unwrap();
-    assert!(
-        p.mem_b.bytes()[..len].iter().all(|&x| x == 0),
-        "a released transfer's bytes landed"
-    );
+    never_lands(x, 3, "a released transfer");
 
     // And a transfer with the peer after that lands whole.
     p.a.write(&peer, &[p.op(0, 0, len)], WAIT).unwrap();
@@ -87,29 +86,18 @@ fn a_transfer_ended_while_its_writes_stall_never_changes_the_destination() {
 #[test]
 fn a_fabric_transfer_timed_out_while_its_writes_stall_never_changes_the_destination() {
     use tensorferry::core::transport::Transport;
-    use tensorferry_fabric::{DeliveryMode, FabricConfig, FabricTransport, Provider};
 
     let engine = fabric("tcp;ofi_rxm");
     let len = 16usize << 20;
-    let mut config = FabricConfig::new(Provider::Named("tcp;ofi_rxm".into()));
-    config.delivery = DeliveryMode::Complete;
-    let mut receiver = FabricTransport::with_pool(&config, len).unwrap();
-    let (base, pool_len) = (receiver.pool_ptr(), receiver.pool_len());
-    // SAFETY: the transport's own pool, registered for its life.
-    let _region = unsafe { receiver.register(base, pool_len) }.unwrap();
-    let placed = || {
-        // SAFETY: compared only; read while the receiver does not drive
-        // its queue or after it placed what it will.
-        unsafe { std::slice::from_raw_parts(base, pool_len) }.to_vec()
-    };
+    let receiver = HeldReceiver::new(len);
     let src = Buf::new(len);
     src.fill(0, len, 1);
     // SAFETY: `src` outlives the engine (dropped after it, below).
     unsafe { engine.register(src.addr(), len as u64) }.unwrap();
-    let to = receiver.session_id().to_owned();
+    let to = receiver.transport.session_id().to_owned();
     let op = |len: usize| Op {
         src: src.addr(),
-        dst: base as u64,
+        dst: receiver.base(),
         len: len as u64,
     };
     // Connected first (retried: a first connect on a loaded machine may
@@ -119,7 +107,7 @@ fn a_fabric_transfer_timed_out_while_its_writes_stall_never_changes_the_destinat
         tries += 1;
         assert!(tries < 5, "{e}");
     }
-    receiver.hold_progress(true);
+    receiver.transport.hold_progress(true);
     let x = engine
         .post_write(&to, &[op(len)], Duration::from_millis(300), None)
         .unwrap();
@@ -128,10 +116,10 @@ fn a_fabric_transfer_timed_out_while_its_writes_stall_never_changes_the_destinat
     assert_eq!(x.state(), TransferState::Failed);
     drop(x);
     src.fill(0, len, 2);
-    receiver.hold_progress(false);
+    receiver.transport.hold_progress(false);
     std::thread::sleep(Duration::from_millis(500));
     // What landed is the first source's or nothing, never the second's.
-    let now = placed();
+    let now = receiver.placed();
     assert!(
         now[..len]
             .iter()
@@ -145,7 +133,7 @@ fn a_fabric_transfer_timed_out_while_its_writes_stall_never_changes_the_destinat
         tries += 1;
         assert!(tries < 5, "{e}");
     }
-    assert!(expect_pattern(&placed()[..4096], 2));
+    assert!(expect_pattern(&receiver.placed()[..4096], 2));
     drop(engine);
 }
 

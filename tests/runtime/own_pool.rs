@@ -8,17 +8,15 @@
 // (`msync`), an FFI call.
 #![allow(unsafe_code)]
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use tensorferry::core::transport::{
-    Capabilities, Completion, FaultKind, Landed, ReadOp, Region, Transport, WriteOp,
-};
 use tensorferry::runtime::{InstanceNode, InstanceNodeConfig, NodeError};
 use tensorferry_local::{LocalConfig, LocalTransport};
 use tensorferry_shm::UdsChannel;
 
 use super::{assert_idle, check, coordinator, send, SECOND};
 use crate::common::endpoint;
+use crate::hooked::{Hooked, Hooks};
 
 /// What the wrapper saw: the ranges it was asked to register, and whether
 /// they were all still mapped when it was dropped.
@@ -28,19 +26,19 @@ struct Seen {
     mapped_at_drop: Option<bool>,
 }
 
-/// A transport with nothing but `Transport`: no pool, no `PoolOwner`.
-struct NoPool {
-    inner: LocalTransport,
-    seen: Arc<Mutex<Seen>>,
-}
+/// Hooks that record each range registered, and whether they were all
+/// still mapped when the transport was dropped.
+struct Recorder(Arc<Mutex<Seen>>);
 
-impl NoPool {
-    fn open() -> (Self, Arc<Mutex<Seen>>) {
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let inner = LocalTransport::open(LocalConfig::default()).unwrap();
-        let seen2 = Arc::clone(&seen);
-        (Self { inner, seen }, seen2)
-    }
+/// A transport with nothing but `Transport`: no pool, no `PoolOwner`.
+type NoPool = Hooked<LocalTransport, Recorder>;
+
+/// A `NoPool` over a fresh local transport, and what it will see.
+fn no_pool() -> (NoPool, Arc<Mutex<Seen>>) {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let inner = LocalTransport::open(LocalConfig::default()).unwrap();
+    let hooks = Recorder(Arc::clone(&seen));
+    (Hooked { hooks, inner }, seen)
 }
 
 /// True if the kernel maps every page of `addr..addr + len` in this
@@ -51,65 +49,23 @@ fn mapped(addr: usize, len: usize) -> bool {
     unsafe { libc::msync(addr as *mut libc::c_void, len, libc::MS_ASYNC) == 0 }
 }
 
-impl Drop for NoPool {
-    fn drop(&mut self) {
-        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        let all = seen.registered.iter().all(|&(a, l)| mapped(a, l));
-        seen.mapped_at_drop = Some(all);
+impl Recorder {
+    fn seen(&self) -> MutexGuard<'_, Seen> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-impl Transport for NoPool {
-    type Error = tensorferry_local::LocalError;
-
-    fn fault_kind(error: &Self::Error) -> FaultKind {
-        error.kind()
+impl Hooks<LocalTransport> for Recorder {
+    fn registering(&mut self, addr: *mut u8, len: usize) {
+        self.seen().registered.push((addr as usize, len));
     }
+}
 
-    fn session_id(&self) -> &str {
-        self.inner.session_id()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<Region, Self::Error> {
-        self.seen
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .registered
-            .push((addr as usize, len));
-        // SAFETY: the caller's contract, passed on unchanged.
-        unsafe { self.inner.register(addr, len) }
-    }
-
-    fn deregister(&mut self, region: Region) -> Result<(), Self::Error> {
-        self.inner.deregister(region)
-    }
-
-    fn post_write(&mut self, write: &WriteOp<'_>) -> Result<(), Self::Error> {
-        self.inner.post_write(write)
-    }
-
-    fn post_read(&mut self, read: &ReadOp<'_>) -> Result<(), Self::Error> {
-        self.inner.post_read(read)
-    }
-
-    fn poll_completion(&mut self) -> Option<Completion<Self::Error>> {
-        self.inner.poll_completion()
-    }
-
-    fn cancel_transfers(&mut self, session: &str) -> Result<(), Self::Error> {
-        self.inner.cancel_transfers(session)
-    }
-
-    fn poll_landed(&mut self) -> Option<Landed> {
-        self.inner.poll_landed()
-    }
-
-    fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.inner.wake_fd()
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        let mut seen = self.seen();
+        let all = seen.registered.iter().all(|&(a, l)| mapped(a, l));
+        seen.mapped_at_drop = Some(all);
     }
 }
 
@@ -119,7 +75,7 @@ fn node(
     role: &str,
     coord: &tensorferry::runtime::CoordinatorNode,
 ) -> (InstanceNode, Arc<Mutex<Seen>>) {
-    let (transport, seen) = NoPool::open();
+    let (transport, seen) = no_pool();
     let channel = UdsChannel::bind(&endpoint(role)).unwrap();
     let settings = InstanceNodeConfig::new(role, coord.endpoint());
     let node = InstanceNode::start_with_pool(&settings, POOL, transport, channel).unwrap();
@@ -153,7 +109,7 @@ fn nodes_over_a_transport_without_a_pool_hand_off_every_byte() {
 #[test]
 fn a_pool_of_no_bytes_is_refused() {
     let coord = coordinator(&["encoder", "denoiser"]);
-    let (transport, seen) = NoPool::open();
+    let (transport, seen) = no_pool();
     let channel = UdsChannel::bind(&endpoint("empty")).unwrap();
     let settings = InstanceNodeConfig::new("encoder", coord.endpoint());
     let e = InstanceNode::start_with_pool(&settings, 0, transport, channel).unwrap_err();

@@ -62,25 +62,20 @@ pub(crate) fn bench_curve(args: &BenchHandoff) -> Result<(), String> {
             "ratio": rounded(p.ratio(), 3),
         })
     };
+    // A row a size, with its size.
+    let sized = |pairs: &[(u64, tensorferry_bench::curve::Pair)]| -> Vec<serde_json::Value> {
+        pairs
+            .iter()
+            .map(|(size, p)| {
+                let mut r = row(p);
+                r["size"] = json!(size);
+                r
+            })
+            .collect()
+    };
     if args.json {
-        let handoffs: Vec<serde_json::Value> = report
-            .handoffs
-            .iter()
-            .map(|(size, p)| {
-                let mut r = row(p);
-                r["size"] = json!(size);
-                r
-            })
-            .collect();
-        let writes: Vec<serde_json::Value> = report
-            .engine_writes
-            .iter()
-            .map(|(size, p)| {
-                let mut r = row(p);
-                r["size"] = json!(size);
-                r
-            })
-            .collect();
+        let handoffs = sized(&report.handoffs);
+        let writes = sized(&report.engine_writes);
         println!(
             "{}",
             json!({"handshake": row(&report.handshake), "handoffs": handoffs,

@@ -58,6 +58,27 @@ pub struct SglangTally {
     pub errors: u64,
 }
 
+impl SglangTally {
+    /// Counts a call's `result`: one more in the counter `done` picks if
+    /// it went through, else one more error, announced as `event` for the
+    /// request `id`.
+    fn count<E: std::fmt::Display>(
+        &mut self,
+        result: Result<(), E>,
+        done: fn(&mut Self) -> &mut u64,
+        event: &str,
+        id: &str,
+    ) {
+        match result {
+            Ok(()) => *done(self) += 1,
+            Err(e) => {
+                self.errors += 1;
+                emit_json(&json!({"event": event, "id": id, "error": e.to_string()}));
+            }
+        }
+    }
+}
+
 /// The roles of the sglang workload (sglang's names; `denoising` is its
 /// alias of `denoiser`, `prompt_encoder` the text encoder of a split
 /// encoder).
@@ -127,15 +148,20 @@ fn encode(node: &InstanceNode, ending: &mut Ending<'_>, tally: &mut SglangTally)
             }
             s.commit(&json!({"request_id": id}).to_string())
         });
-        match staged {
-            Ok(()) => tally.staged += 1,
-            Err(e) => {
-                // The head fails the request at its timeout.
-                tally.errors += 1;
-                emit_json(&json!({"event": "stage_failed", "id": id, "error": e.to_string()}));
-            }
-        }
+        // A request not staged: the head fails it at its timeout.
+        tally.count(staged, |t| &mut t.staged, "stage_failed", &id);
     }
+}
+
+/// A delivery whose every byte was as the previous role made it, as
+/// [`receive`] hands it on.
+struct Checked<'a, 'n> {
+    node: &'n InstanceNode,
+    delivery: Delivery<'n>,
+    /// The request's number, which its bytes were made from.
+    n: u64,
+    /// False once the process stops waiting.
+    patient: &'a dyn Fn() -> bool,
 }
 
 /// Receives, checks every byte against what the previous role made from
@@ -144,7 +170,7 @@ fn receive(
     node: &InstanceNode,
     ending: &mut Ending<'_>,
     tally: &mut SglangTally,
-    then: impl Fn(&InstanceNode, Delivery<'_>, u64, &mut SglangTally, &dyn Fn() -> bool),
+    then: impl Fn(Checked<'_, '_>, &mut SglangTally),
 ) {
     while ending.keep_going() {
         let Some(d) = node.recv(Duration::from_millis(20)) else {
@@ -178,34 +204,30 @@ fn receive(
             continue;
         }
         tally.verified += 1;
-        then(node, d, n, tally, &|| ending.patient());
+        let checked = Checked {
+            node,
+            delivery: d,
+            n,
+            patient: &|| ending.patient(),
+        };
+        then(checked, tally);
     }
 }
 
-fn forward(
-    node: &InstanceNode,
-    d: Delivery<'_>,
-    n: u64,
-    tally: &mut SglangTally,
-    patient: &dyn Fn() -> bool,
-) {
-    let id = d.id().to_owned();
-    match forward_denoised(node, d, n, &json!({"request_id": id}).to_string(), patient) {
-        Ok(()) => tally.staged += 1,
-        Err(e) => {
-            tally.errors += 1;
-            emit_json(&json!({"event": "forward_failed", "id": id, "error": e.to_string()}));
-        }
-    }
+fn forward(c: Checked<'_, '_>, tally: &mut SglangTally) {
+    let id = c.delivery.id().to_owned();
+    let scalars = json!({"request_id": id}).to_string();
+    let forwarded = forward_denoised(c.node, c.delivery, c.n, &scalars, c.patient);
+    tally.count(forwarded, |t| &mut t.staged, "forward_failed", &id);
 }
 
-fn output(
-    node: &InstanceNode,
-    d: Delivery<'_>,
-    n: u64,
-    tally: &mut SglangTally,
-    _patient: &dyn Fn() -> bool,
-) {
+fn output(c: Checked<'_, '_>, tally: &mut SglangTally) {
+    let Checked {
+        node,
+        delivery: d,
+        n,
+        ..
+    } = c;
     let id = d.id().to_owned();
     // Let go of the slot before the head hears of the output: it reuses a
     // preallocated slot as soon as it has it.
@@ -223,11 +245,6 @@ fn output(
         "scalar_fields": {"request_id": id},
     })
     .to_string();
-    match node.send_frames(&[meta.as_bytes(), &image]) {
-        Ok(()) => tally.outputs += 1,
-        Err(e) => {
-            tally.errors += 1;
-            emit_json(&json!({"event": "output_failed", "id": id, "error": e.to_string()}));
-        }
-    }
+    let sent = node.send_frames(&[meta.as_bytes(), &image]);
+    tally.count(sent, |t| &mut t.outputs, "output_failed", &id);
 }

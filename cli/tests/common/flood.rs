@@ -136,6 +136,23 @@ pub fn flood_through_handoffs(
     drop(targets);
 }
 
+/// Floods `targets` with messages naming the hand-offs of the denoiser
+/// `d` (its `registered` line) while the encoder `e` makes 200 hand-offs
+/// through the coordinator `c`, and checks that none of it reached a
+/// state machine: nothing was ignored or dropped as malformed, and every
+/// byte the denoiser got was the encoder's.
+pub fn flood_of_known_ids_changes_nothing(
+    p: &mut Procs,
+    targets: Vec<zmq::Socket>,
+    registered: &str,
+    (d, e, c): (usize, usize, usize),
+) {
+    let (session, dest) = aim(registered);
+    flood_through_handoffs(p, targets, &session, dest, true, e, c, 200);
+    assert_eq!(written_at_the_top(p, registered), 0);
+    finish_untouched(p, d, e, c, 200);
+}
+
 /// Ends the denoiser `d`, the encoder `e` and the coordinator `c` of a run
 /// of `n` hand-offs under forged or strangers' traffic, and checks that
 /// none of it reached a state machine: every hand-off verified, nothing

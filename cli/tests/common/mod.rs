@@ -61,22 +61,14 @@ impl Procs {
     }
 
     pub fn spawn(&mut self, name: &'static str, cmd: &mut Command) -> usize {
-        let mut child = cmd
-            .env("FERRY_SHM_PREFIX", &self.shm_prefix)
+        let i = self.procs.len();
+        let tx = self.tx.clone();
+        cmd.env("FERRY_SHM_PREFIX", &self.shm_prefix)
             // `finish` ends a process by closing its stdin.
             .env("FERRY_EXIT_ON_STDIN_CLOSE", "true")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
-        let i = self.procs.len();
-        let out = child.stdout.take().unwrap();
-        let tx = self.tx.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = tx.send((i, line));
-            }
+            .stdin(Stdio::piped());
+        let mut child = spawn_reading(cmd, name, move |line| {
+            let _ = tx.send((i, line));
         });
         let stdin = child.stdin.take();
         self.procs.push(Proc { name, child, stdin });
@@ -161,6 +153,28 @@ pub fn num(json: &str, key: &str) -> u64 {
         .unwrap_or_else(|_| panic!("{key} in {json}"))
 }
 
+/// Starts `cmd` (its stderr shows in the test's) and sends each line it
+/// prints to stdout to `send`, from a thread of its own. `what` names it
+/// if it cannot be started.
+pub fn spawn_reading(
+    cmd: &mut Command,
+    what: &str,
+    send: impl Fn(String) + Send + 'static,
+) -> Child {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {what}: {e}"));
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            send(line);
+        }
+    });
+    child
+}
+
 /// The `ferry` binary.
 pub fn ferry() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ferry"))
@@ -183,6 +197,15 @@ pub fn named_instance(
     let mut c = instance_at(role, name, coordinator, &p.ep(name));
     c.args(extra);
     c
+}
+
+/// Starts the encoder (`ferry instance` of `encoder` over ZeroMQ, named
+/// `encoder`) registering with `coordinator`, with `args` and then `more`:
+/// its index.
+pub fn spawn_encoder(p: &mut Procs, coordinator: &str, args: &[&str], more: &[&str]) -> usize {
+    let mut cmd = named_instance(p, "encoder", "encoder", coordinator, args);
+    cmd.args(more);
+    p.spawn("encoder", &mut cmd)
 }
 
 /// `ferry instance` of `role` over ZeroMQ, named `name`, at `endpoint`.

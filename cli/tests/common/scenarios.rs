@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use super::{
-    assert_clean, coordinator, ferry, field, named_instance, num, result_endpoints, Procs,
+    assert_clean, coordinator, ferry, field, named_instance, num, result_endpoints, spawn_encoder,
+    Procs,
 };
 
 /// Sends `requests` random-size requests (1 byte to 256 MiB) from an
@@ -46,12 +47,8 @@ pub fn hand_off(tag: &str, plane: &[&str], requests: u64, receivers: usize) {
         p.wait_for(i, "\"event\":\"registered\"", 60);
         rx.push(i);
     }
-    let mut args = plane.clone();
-    args.extend(["--requests", &requests_arg, "--window", "8"]);
-    let e = p.spawn(
-        "encoder",
-        &mut named_instance(&p, "encoder", "encoder", &results[0], &args),
-    );
+    let more = ["--requests", &requests_arg, "--window", "8"];
+    let e = spawn_encoder(&mut p, &results[0], &plane, &more);
     let done = p.wait_for(e, "\"event\":\"encoded\"", 600);
     assert_eq!(num(&done, "sent"), requests, "{done}");
     assert_eq!(num(&done, "send_failed"), 0, "{done}");
@@ -104,13 +101,9 @@ pub fn kill_a_receiver(tag: &str, plane: &[&str]) {
         rx.push(i);
     }
     let requests = 300u64;
-    let mut args = plane.clone();
     let n = requests.to_string();
-    args.extend(["--requests", &n, "--window", "8", "--pace-ms", "5"]);
-    let e = p.spawn(
-        "encoder",
-        &mut named_instance(&p, "encoder", "encoder", &results[0], &args),
-    );
+    let more = ["--requests", &n, "--window", "8", "--pace-ms", "5"];
+    let e = spawn_encoder(&mut p, &results[0], &plane, &more);
     for _ in 0..40 {
         let line = p.wait_for(c, "\"leg\"", 60);
         assert!(line.contains("\"event\":\"delivered\""), "{line}");

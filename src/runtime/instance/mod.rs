@@ -29,8 +29,7 @@ use tensorferry_core::handshake::{Instant, Limits, Reason, RequestId};
 use tensorferry_core::json::{JsonStr, RawJson};
 use tensorferry_core::slots::{layout, Dtype, TensorSpec};
 use tensorferry_core::transport::{
-    ChannelEvent, ControlChannel, ControlRecv, ControlSend, FaultKind, Landed, Region, Transport,
-    WriteOp,
+    ChannelEvent, ControlRecv, ControlSend, FaultKind, Landed, Region, Transport, WriteOp,
 };
 use tensorferry_core::wire::{Manifest, Shape, ShapeIter, TensorEntry, TRANSFER_MAGIC};
 use tracing::{debug, debug_span, info, warn};
@@ -40,6 +39,7 @@ use super::error::NodeError;
 use super::memory::PoolMemory;
 use super::metrics::{Metrics, MetricsSnapshot};
 use super::telemetry::{InstanceGauges, InstanceProbe};
+use super::InstanceChannel;
 use tensorferry_core::transport::PoolOwner;
 
 mod config;
@@ -138,14 +138,7 @@ pub struct InstanceNode {
     quarantine: Duration,
 }
 
-impl std::fmt::Debug for InstanceNode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InstanceNode")
-            .field("session", &self.session)
-            .field("endpoint", &self.endpoint)
-            .finish_non_exhaustive()
-    }
-}
+debug_naming!(InstanceNode, |n| { "session": n.session, "endpoint": n.endpoint });
 
 impl InstanceNode {
     /// Starts an instance over `transport`, whose own pool the node
@@ -161,10 +154,7 @@ impl InstanceNode {
     where
         T: Transport + PoolOwner + Send + 'static,
         T::Error: Send + Sync + 'static,
-        C: ControlChannel,
-        C::Sender: 'static,
-        <C::Sender as ControlSend>::Error: Send + Sync + 'static,
-        C::Receiver: 'static,
+        C: InstanceChannel,
     {
         let mut transport = transport;
         if transport.pool_len() == 0 || transport.pool_ptr().is_null() {
@@ -495,26 +485,14 @@ impl InstanceNode {
     /// The next outcome of a request this instance staged, waiting at most
     /// `timeout`.
     pub fn next_outcome(&self, timeout: Duration) -> Option<Outcome> {
-        let st = self.shared.lock();
-        let (mut st, _) = self
-            .shared
-            .changed
-            .wait_timeout_while(st, timeout, |s| s.outcomes.is_empty())
-            .unwrap_or_else(PoisonError::into_inner);
-        st.outcomes.pop_front()
+        self.shared.next(timeout, |s| &mut s.outcomes)
     }
 
     /// The next message that was not a transfer message (a work item of
     /// the application), waiting at most `timeout`. The newest 1,024 are
     /// kept.
     pub fn next_frame(&self, timeout: Duration) -> Option<Frame> {
-        let st = self.shared.lock();
-        let (mut st, _) = self
-            .shared
-            .changed
-            .wait_timeout_while(st, timeout, |s| s.frames.is_empty())
-            .unwrap_or_else(PoisonError::into_inner);
-        st.frames.pop_front()
+        self.shared.next(timeout, |s| &mut s.frames)
     }
 
     /// What this node measures (counters, gauges, latencies), readable

@@ -134,6 +134,20 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Takes the front of the queue `queue` picks out of the state,
+    /// waiting at most `timeout` for one to arrive.
+    pub(super) fn next<T>(
+        &self,
+        timeout: Duration,
+        queue: fn(&mut State) -> &mut VecDeque<T>,
+    ) -> Option<T> {
+        let (mut st, _) = self
+            .changed
+            .wait_timeout_while(self.lock(), timeout, |s| queue(s).is_empty())
+            .unwrap_or_else(PoisonError::into_inner);
+        queue(&mut st).pop_front()
+    }
+
     /// Fires due timers, queues the messages the machine sends, and routes
     /// events. The caller sends the queue once it let the lock go
     /// ([`drive_and_send`](Self::drive_and_send)).

@@ -197,11 +197,26 @@ pub(super) fn bind_zmq(args: &InstanceProcessConfig) -> Result<ZmqChannel, ExitC
         .map_err(|e| fail("bind", e))
 }
 
+/// Starts serving (see [`start_serving`]) and runs `work` with the way
+/// out, the metrics server kept until it returns the exit code; the exit
+/// code of a start that failed or was stopped first otherwise.
+fn serving<'n>(
+    node: &'n InstanceNode,
+    args: &InstanceProcessConfig,
+    life: &'n Lifetime,
+    work: impl FnOnce(&mut Ending<'n>) -> ExitCode,
+) -> ExitCode {
+    match start_serving(node, args, life) {
+        Ok((_metrics, mut ending)) => work(&mut ending),
+        Err(code) => code,
+    }
+}
+
 /// Serves metrics and probes for an instance (if asked), waits for its
 /// registration and gives its metrics server (kept while it runs) and its
 /// way out; `Err` holds the exit code when that failed or a stop came
 /// first.
-pub(super) fn start_serving<'n>(
+fn start_serving<'n>(
     node: &'n InstanceNode,
     args: &InstanceProcessConfig,
     life: &'n Lifetime,
@@ -241,36 +256,34 @@ pub(super) fn run_sglang(
     role: SglangRole,
     life: &Lifetime,
 ) -> ExitCode {
-    let (_metrics, mut ending) = match start_serving(node, args, life) {
-        Ok(started) => started,
-        Err(code) => return code,
-    };
-    let mut tally = SglangTally::default();
-    sglang::run(node, role, &mut ending, &mut tally);
-    let stop = ending.leave();
-    let s = node.stats();
-    emit_json(&json!({
-        "event": "summary",
-        "role": args.node.role,
-        "name": args.name,
-        "work_items": tally.work_items,
-        "staged": tally.staged,
-        "received": tally.received,
-        "verified": tally.verified,
-        "mismatches": tally.mismatches,
-        "outputs": tally.outputs,
-        "errors": tally.errors,
-        "sent": s.metrics.sent,
-        "send_failed": s.metrics.send_failed,
-        "bytes_written": s.metrics.bytes_written,
-        "requests_held": s.requests_held,
-        "live_slots": s.live_slots,
-        "prealloc_slots": s.prealloc_slots,
-        "allocs_held": s.instance.allocs_held,
-        "forwarded": s.instance.forwarded,
-        "stop": stop,
-    }));
-    ExitCode::SUCCESS
+    serving(node, args, life, |ending| {
+        let mut tally = SglangTally::default();
+        sglang::run(node, role, ending, &mut tally);
+        let stop = ending.leave();
+        let s = node.stats();
+        emit_json(&json!({
+            "event": "summary",
+            "role": args.node.role,
+            "name": args.name,
+            "work_items": tally.work_items,
+            "staged": tally.staged,
+            "received": tally.received,
+            "verified": tally.verified,
+            "mismatches": tally.mismatches,
+            "outputs": tally.outputs,
+            "errors": tally.errors,
+            "sent": s.metrics.sent,
+            "send_failed": s.metrics.send_failed,
+            "bytes_written": s.metrics.bytes_written,
+            "requests_held": s.requests_held,
+            "live_slots": s.live_slots,
+            "prealloc_slots": s.prealloc_slots,
+            "allocs_held": s.instance.allocs_held,
+            "forwarded": s.instance.forwarded,
+            "stop": stop,
+        }));
+        ExitCode::SUCCESS
+    })
 }
 
 pub(super) fn run_instance(
@@ -278,64 +291,50 @@ pub(super) fn run_instance(
     args: &InstanceProcessConfig,
     life: &Lifetime,
 ) -> ExitCode {
-    let (_metrics, mut ending) = match start_serving(node, args, life) {
-        Ok(started) => started,
-        Err(code) => return code,
-    };
-    let mut tally = Tally::default();
-    let result = match (args.node.role.as_str(), args.workload) {
-        ("encoder", _) => encode(node, args, &mut ending, &mut tally),
-        // The random workload ends at its first receiver.
-        ("denoiser", Workload::Pipeline) => serve(
-            node,
-            &mut ending,
-            &mut tally,
-            true,
-            args.hold,
-            args.workload,
-        ),
-        _ => serve(
-            node,
-            &mut ending,
-            &mut tally,
-            false,
-            args.hold,
-            args.workload,
-        ),
-    };
-    if let Err(e) = result {
-        ending.leave();
-        return fail(&args.node.role, e);
-    }
-    while ending.keep_going() {
-        drain_outcomes(node, &mut tally, Duration::from_millis(20));
-    }
-    let stop = ending.leave();
-    while drain_outcomes(node, &mut tally, Duration::ZERO) {}
-    let s = node.stats();
-    emit_json(&json!({
-        "event": "summary",
-        "role": args.node.role,
-        "name": args.name,
-        "received": tally.received,
-        "verified": tally.verified,
-        "mismatches": tally.mismatches,
-        "forwarded": tally.forwarded,
-        "forward_failed": tally.forward_failed,
-        "staged": tally.staged,
-        "sent": tally.sent,
-        "send_failed": tally.send_failed,
-        "bytes_written": s.metrics.bytes_written,
-        "requests_held": s.requests_held,
-        "live_slots": s.live_slots,
-        "prealloc_slots": s.prealloc_slots,
-        "ignored": s.metrics.ignored,
-        "bad_frames": s.metrics.bad_frames,
-        "failures": tally.failures,
-        "stop": stop,
-        "latencies_us": tally.latencies_us,
-    }));
-    ExitCode::SUCCESS
+    serving(node, args, life, |ending| {
+        let mut tally = Tally::default();
+        let result = match (args.node.role.as_str(), args.workload) {
+            ("encoder", _) => encode(node, args, ending, &mut tally),
+            // The random workload ends at its first receiver.
+            ("denoiser", Workload::Pipeline) => {
+                serve(node, ending, &mut tally, true, args.hold, args.workload)
+            }
+            _ => serve(node, ending, &mut tally, false, args.hold, args.workload),
+        };
+        if let Err(e) = result {
+            ending.leave();
+            return fail(&args.node.role, e);
+        }
+        while ending.keep_going() {
+            drain_outcomes(node, &mut tally, Duration::from_millis(20));
+        }
+        let stop = ending.leave();
+        while drain_outcomes(node, &mut tally, Duration::ZERO) {}
+        let s = node.stats();
+        emit_json(&json!({
+            "event": "summary",
+            "role": args.node.role,
+            "name": args.name,
+            "received": tally.received,
+            "verified": tally.verified,
+            "mismatches": tally.mismatches,
+            "forwarded": tally.forwarded,
+            "forward_failed": tally.forward_failed,
+            "staged": tally.staged,
+            "sent": tally.sent,
+            "send_failed": tally.send_failed,
+            "bytes_written": s.metrics.bytes_written,
+            "requests_held": s.requests_held,
+            "live_slots": s.live_slots,
+            "prealloc_slots": s.prealloc_slots,
+            "ignored": s.metrics.ignored,
+            "bad_frames": s.metrics.bad_frames,
+            "failures": tally.failures,
+            "stop": stop,
+            "latencies_us": tally.latencies_us,
+        }));
+        ExitCode::SUCCESS
+    })
 }
 
 pub(super) fn drain_outcomes(node: &InstanceNode, tally: &mut Tally, wait: Duration) -> bool {

@@ -1,6 +1,6 @@
 //! `CoordinatorNode`: a running coordinator (see `tensorferry.Coordinator`).
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use tensorferry::runtime::{CoordinatorNode, CoordinatorNodeConfig, NodeError};
 use tensorferry_zmq::{zmq, ZmqChannel, ZmqConfig};
 
-use super::{close_slot, named};
+use super::{close_slot, lock_slot, named};
 use crate::errors::{node_error, raise};
 use tensorferry::runtime::ErrorKind;
 
@@ -73,7 +73,7 @@ impl PyCoordinator {
 
     /// Its figures now (see `tensorferry.CoordinatorStats`).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let guard = self.node.lock().unwrap_or_else(PoisonError::into_inner);
+        let guard = lock_slot(&self.node);
         let node = guard
             .as_ref()
             .ok_or_else(|| raise(py, "the coordinator is closed".into(), ErrorKind::Closed))?;

@@ -1,14 +1,14 @@
 //! `Delivery`: a transfer received into an instance's pool (see
 //! `tensorferry.Delivery`).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use tensorferry::runtime::Delivery;
 
-use super::{named, take_slot, Node};
-use crate::buffer::{Exports, SlotBuffer, Span};
+use super::{named, Node, Slot};
+use crate::buffer::{SlotBuffer, Span};
 
 pub(super) struct TensorInfo {
     pub(super) field: String,
@@ -39,25 +39,10 @@ impl DeliveryInner {
 /// A received transfer (see `tensorferry.Delivery`).
 #[pyclass(name = "Delivery", module = "tensorferry._native", frozen)]
 pub struct PyDelivery {
-    pub(super) inner: Mutex<Option<DeliveryInner>>,
+    pub(super) slot: Slot<DeliveryInner>,
     pub(super) tensors: Vec<TensorInfo>,
-    pub(super) exports: Arc<Exports>,
-    pub(super) request_id: String,
     pub(super) scalar_fields: String,
     pub(super) manifest: String,
-}
-
-impl PyDelivery {
-    pub(super) fn take(&self, py: Python<'_>, verb: &str) -> PyResult<DeliveryInner> {
-        take_slot(
-            py,
-            &self.inner,
-            &self.exports,
-            &self.request_id,
-            verb,
-            "released",
-        )
-    }
 }
 
 #[pymethods]
@@ -65,7 +50,7 @@ impl PyDelivery {
     /// The request id.
     #[getter]
     fn request_id(&self) -> &str {
-        &self.request_id
+        &self.slot.request_id
     }
 
     /// The sender's scalar fields (JSON object text).
@@ -104,7 +89,7 @@ impl PyDelivery {
         Ok(SlotBuffer::new(
             t.span,
             true,
-            Arc::clone(&me.exports),
+            Arc::clone(&me.slot.exports),
             slf.clone().into_any().unbind(),
         ))
     }
@@ -112,9 +97,8 @@ impl PyDelivery {
     /// True if the coordinator aborted the request since it arrived.
     #[getter]
     fn is_aborted(&self) -> bool {
-        self.inner
+        self.slot
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .is_some_and(|i| i.delivery.is_aborted())
     }
@@ -123,7 +107,7 @@ impl PyDelivery {
     /// used, and why).
     #[pyo3(signature = (error = None))]
     fn release(&self, py: Python<'_>, error: Option<&str>) -> PyResult<()> {
-        let inner = self.take(py, "release")?;
+        let inner = self.slot.take(py, "release")?;
         py.detach(|| inner.finish(error));
         Ok(())
     }
@@ -131,9 +115,6 @@ impl PyDelivery {
     /// True until released.
     #[getter]
     fn held(&self) -> bool {
-        self.inner
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
+        self.slot.held()
     }
 }

@@ -2,7 +2,7 @@
 //! requests into [`PyStaging`]s and receives [`PyDelivery`]s.
 #![allow(unsafe_code)]
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -14,8 +14,8 @@ use tensorferry_zmq::{zmq, ZmqChannel, ZmqConfig};
 use super::delivery::{DeliveryInner, PyDelivery, TensorInfo};
 use super::named;
 use super::staging::{PyStaging, StagingInner};
-use super::{close_slot, Node};
-use crate::buffer::{Exports, Span};
+use super::{close_slot, lock_slot, Node, Slot};
+use crate::buffer::Span;
 use crate::errors::{node_error, raise};
 use crate::options::seconds;
 use tensorferry::runtime::ErrorKind;
@@ -29,9 +29,7 @@ pub struct PyInstance {
 
 impl PyInstance {
     fn node(&self, py: Python<'_>) -> PyResult<Arc<Node>> {
-        self.node
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        lock_slot(&self.node)
             .clone()
             .ok_or_else(|| raise(py, "the instance is closed".into(), ErrorKind::Closed))
     }
@@ -203,15 +201,17 @@ impl PyInstance {
         Py::new(
             py,
             PyStaging {
-                inner: Mutex::new(Some(StagingInner {
-                    staging,
-                    _names: names,
-                    _shapes: shapes,
-                    _node: node,
-                })),
+                slot: Slot::new(
+                    StagingInner {
+                        staging,
+                        _names: names,
+                        _shapes: shapes,
+                        _node: node,
+                    },
+                    request_id.to_owned(),
+                    "committed or given back",
+                ),
                 spans,
-                exports: Arc::new(Exports::default()),
-                request_id: request_id.to_owned(),
                 data_size,
             },
         )
@@ -256,13 +256,15 @@ impl PyInstance {
         Ok(Some(Py::new(
             py,
             PyDelivery {
-                inner: Mutex::new(Some(DeliveryInner {
-                    delivery,
-                    _node: node,
-                })),
+                slot: Slot::new(
+                    DeliveryInner {
+                        delivery,
+                        _node: node,
+                    },
+                    request_id,
+                    "released",
+                ),
                 tensors,
-                exports: Arc::new(Exports::default()),
-                request_id,
                 scalar_fields,
                 manifest,
             },

@@ -22,7 +22,7 @@ mod instance;
 mod named;
 mod staging;
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
@@ -39,41 +39,70 @@ pub use staging::PyStaging;
 
 type Node = InstanceNode;
 
-/// Takes a staging's or a delivery's handle out of `inner` to `verb` it,
-/// refusing while views of its slot are alive, and closes the slot to new
-/// views; `done` says why it is not there any more.
-pub(super) fn take_slot<T>(
-    py: Python<'_>,
-    inner: &Mutex<Option<T>>,
-    exports: &Exports,
-    request_id: &str,
-    verb: &str,
-    done: &str,
-) -> PyResult<T> {
-    let live = exports.live();
-    if live > 0 {
-        return Err(PyBufferError::new_err(format!(
-            "cannot {verb} request {request_id}: {live} view(s) of its tensors are alive (delete them, or copy what you keep, first)"
-        )));
+/// What `slot` holds (`None` once taken: a staging committed, a delivery
+/// released, a node closed), locked; a lock a panic poisoned still holds
+/// what is to be dropped.
+pub(super) fn lock_slot<T>(slot: &Mutex<Option<T>>) -> MutexGuard<'_, Option<T>> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What a staging and a delivery share: the handle, taken once by the
+/// call that ends it; the views of its slot; its request's id.
+pub(super) struct Slot<T> {
+    inner: Mutex<Option<T>>,
+    pub(super) exports: Arc<Exports>,
+    pub(super) request_id: String,
+    /// What the handle's end is called in errors ("released").
+    done: &'static str,
+}
+
+impl<T> Slot<T> {
+    /// `handle`'s slot for `request_id`, with no views yet; `done` names
+    /// its end.
+    pub(super) fn new(handle: T, request_id: String, done: &'static str) -> Self {
+        Self {
+            inner: Mutex::new(Some(handle)),
+            exports: Arc::new(Exports::default()),
+            request_id,
+            done,
+        }
     }
-    let taken = inner
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take()
-        .ok_or_else(|| {
+
+    /// The handle, locked (`None` once taken).
+    pub(super) fn lock(&self) -> MutexGuard<'_, Option<T>> {
+        lock_slot(&self.inner)
+    }
+
+    /// True until the handle was taken.
+    pub(super) fn held(&self) -> bool {
+        self.lock().is_some()
+    }
+
+    /// Takes the handle to `verb` it, refusing while views of the slot
+    /// are alive, and closes the slot to new views.
+    pub(super) fn take(&self, py: Python<'_>, verb: &str) -> PyResult<T> {
+        let (id, live) = (&self.request_id, self.exports.live());
+        if live > 0 {
+            return Err(PyBufferError::new_err(format!(
+                "cannot {verb} request {id}: {live} view(s) of its tensors are alive (delete them, or copy what you keep, first)"
+            )));
+        }
+        let done = self.done;
+        let taken = self.lock().take().ok_or_else(|| {
             raise(
                 py,
-                format!("request {request_id} was {done} already"),
+                format!("request {id} was {done} already"),
                 ErrorKind::Closed,
             )
         })?;
-    exports.close();
-    Ok(taken)
+        self.exports.close();
+        Ok(taken)
+    }
 }
 
 /// Takes what `slot` holds and drops it with the GIL released: stopping a
 /// node joins its progress thread, which may wait on the network.
 pub(super) fn close_slot<T: Send>(py: Python<'_>, slot: &Mutex<Option<T>>) {
-    let taken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+    let taken = lock_slot(slot).take();
     py.detach(move || drop(taken));
 }

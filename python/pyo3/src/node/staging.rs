@@ -1,15 +1,15 @@
 //! `Staging`: a slot reserved for a request, to fill and commit (see
 //! `tensorferry.Staging`).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
 use tensorferry::runtime::{NodeError, Staging};
 
 use super::delivery::{DeliveryInner, PyDelivery};
-use super::{take_slot, Node};
-use crate::buffer::{Exports, SlotBuffer, Span};
+use super::{Node, Slot};
+use crate::buffer::{SlotBuffer, Span};
 use crate::errors::{node_error, raise};
 use tensorferry::runtime::ErrorKind;
 
@@ -26,52 +26,37 @@ pub(super) struct StagingInner {
 // end of the method (a `let S { handle, .. } = temporary` would drop them
 // at the end of that statement, before the handle is used).
 impl StagingInner {
-    fn commit(self, scalar_fields: &str) -> Result<(), NodeError> {
+    /// Consumes the handle with `f`; its owners are dropped once `f`
+    /// returned.
+    fn consume<R>(self, f: impl FnOnce(Staging<'static, 'static>) -> R) -> R {
         let Self {
             staging,
             _names,
             _shapes,
             _node,
         } = self;
-        staging.commit(scalar_fields)
+        f(staging)
+    }
+
+    fn commit(self, scalar_fields: &str) -> Result<(), NodeError> {
+        self.consume(|staging| staging.commit(scalar_fields))
     }
 
     fn forward(self, received: DeliveryInner, scalar_fields: &str) -> Result<(), NodeError> {
-        let Self {
-            staging,
-            _names,
-            _shapes,
-            _node,
-        } = self;
         let DeliveryInner {
             delivery,
             _node: _received_node,
         } = received;
-        staging.forward(delivery, scalar_fields)
+        self.consume(|staging| staging.forward(delivery, scalar_fields))
     }
 }
 
 /// A slot reserved for a request, to fill and commit (see `tensorferry.Staging`).
 #[pyclass(name = "Staging", module = "tensorferry._native", frozen)]
 pub struct PyStaging {
-    pub(super) inner: Mutex<Option<StagingInner>>,
+    pub(super) slot: Slot<StagingInner>,
     pub(super) spans: Vec<Span>,
-    pub(super) exports: Arc<Exports>,
-    pub(super) request_id: String,
     pub(super) data_size: u64,
-}
-
-impl PyStaging {
-    fn take(&self, py: Python<'_>, verb: &str) -> PyResult<StagingInner> {
-        take_slot(
-            py,
-            &self.inner,
-            &self.exports,
-            &self.request_id,
-            verb,
-            "committed or given back",
-        )
-    }
 }
 
 #[pymethods]
@@ -79,7 +64,7 @@ impl PyStaging {
     /// The request id.
     #[getter]
     fn request_id(&self) -> &str {
-        &self.request_id
+        &self.slot.request_id
     }
 
     /// Bytes the slot's data takes.
@@ -98,14 +83,14 @@ impl PyStaging {
         Ok(SlotBuffer::new(
             span,
             false,
-            Arc::clone(&me.exports),
+            Arc::clone(&me.slot.exports),
             slf.clone().into_any().unbind(),
         ))
     }
 
     /// Announces the filled slot, with `scalar_fields` (JSON object text).
     fn commit(&self, py: Python<'_>, scalar_fields: &str) -> PyResult<()> {
-        let inner = self.take(py, "commit")?;
+        let inner = self.slot.take(py, "commit")?;
         py.detach(|| inner.commit(scalar_fields))
             .map_err(|e| node_error(py, &e))
     }
@@ -116,8 +101,8 @@ impl PyStaging {
         // Both must be free of views before either is taken, so that a
         // refusal leaves both as they were.
         for (live, id) in [
-            (self.exports.live(), &self.request_id),
-            (delivery.exports.live(), &delivery.request_id),
+            (self.slot.exports.live(), &self.slot.request_id),
+            (delivery.slot.exports.live(), &delivery.slot.request_id),
         ] {
             if live > 0 {
                 return Err(PyBufferError::new_err(format!(
@@ -130,29 +115,26 @@ impl PyStaging {
                 py,
                 format!(
                     "request {} was committed or given back already",
-                    self.request_id
+                    self.slot.request_id
                 ),
                 ErrorKind::Closed,
             ));
         }
-        let received = delivery.take(py, "forward")?;
-        let inner = self.take(py, "forward")?;
+        let received = delivery.slot.take(py, "forward")?;
+        let inner = self.slot.take(py, "forward")?;
         py.detach(|| inner.forward(received, scalar_fields))
             .map_err(|e| node_error(py, &e))
     }
 
     /// Gives the slot back without sending.
     fn abandon(&self, py: Python<'_>) -> PyResult<()> {
-        drop(self.take(py, "give back")?);
+        drop(self.slot.take(py, "give back")?);
         Ok(())
     }
 
     /// True until committed, forwarded or given back.
     #[getter]
     fn open(&self) -> bool {
-        self.inner
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
+        self.slot.held()
     }
 }
