@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tensorferry_core::transport::FaultKind;
+use tensorferry_core::transport::{FaultKind, OutsideOwnRegions};
 use tensorferry_local::LocalError;
 
 /// An engine's error: what failed, with the peer, address or call.
@@ -22,26 +22,10 @@ pub enum EngineError {
         /// Its kind.
         kind: FaultKind,
     },
-    /// A source outside every region this engine registered.
-    #[error(
-        "write of {len} bytes from {addr:#x} falls outside every region this engine registered"
-    )]
-    SourceOutOfBounds {
-        /// The source address.
-        addr: u64,
-        /// The write's length.
-        len: u64,
-    },
-    /// A read into memory outside every region this engine registered.
-    #[error(
-        "read of {len} bytes into {addr:#x} falls outside every region this engine registered"
-    )]
-    DestinationOutOfBounds {
-        /// The destination address.
-        addr: u64,
-        /// The read's length.
-        len: u64,
-    },
+    /// A write's source or a read's destination outside every region
+    /// this engine registered.
+    #[error(transparent)]
+    OutsideOwn(#[from] OutsideOwnRegions),
     /// `deregister` of an address no region starts at.
     #[error("deregister {addr:#x}: no registered region starts there")]
     NotRegistered {
@@ -111,9 +95,7 @@ impl EngineError {
         match self {
             Self::Local(e) => e.kind(),
             Self::Transport { kind, .. } => *kind,
-            Self::SourceOutOfBounds { .. } | Self::DestinationOutOfBounds { .. } => {
-                FaultKind::OutOfBounds
-            }
+            Self::OutsideOwn(e) => e.kind(),
             Self::NotRegistered { .. } => FaultKind::Registration,
             Self::Timeout { .. } | Self::NotEnded { .. } => FaultKind::Timeout,
             Self::BatchShape { .. } | Self::Closed | Self::Guard(_) | Self::Unsuitable { .. } => {

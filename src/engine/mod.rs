@@ -74,7 +74,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tensorferry_core::transport::Transport;
-pub use tensorferry_local::{LocalConfig, LocalError, Op};
+pub use tensorferry_local::{Direction, LocalConfig, LocalError, Op};
 
 pub use error::EngineError;
 pub use notify::{Notification, MAX_NOTIFICATION};
@@ -118,23 +118,11 @@ pub struct EngineConfig {
     pub guard: Option<tensorferry_zmq::Guard>,
 }
 
-/// Which way a transfer moves bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Direction {
-    /// From this process's registered memory into the peer's: an [`Op`]'s
-    /// `src` is here, its `dst` in the peer.
-    Write,
-    /// From the peer's registered memory into this process's: an [`Op`]'s
-    /// `src` is in the peer, its `dst` here.
-    Read,
-}
-
-impl Direction {
-    fn post_verb(self) -> &'static str {
-        match self {
-            Self::Write => "post a write",
-            Self::Read => "post a read",
-        }
+/// What a transfer of this way calls posting its operations, for errors.
+fn post_verb(direction: Direction) -> &'static str {
+    match direction {
+        Direction::Write => "post a write",
+        Direction::Read => "post a read",
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tensorferry::core::transport::FaultKind;
+use tensorferry::core::transport::{FaultKind, OutsideOwnRegions};
 use tensorferry::engine::{EngineError, Op, TransferState, MAX_NOTIFICATION};
 
 #[cfg(feature = "fabric")]
@@ -113,7 +113,10 @@ fn reads(p: &Pair) {
         p.a.read(&peer, &[p.read_op(0, MEM - 1, 2)], WAIT)
             .unwrap_err();
     assert!(
-        matches!(e, EngineError::DestinationOutOfBounds { .. }),
+        matches!(
+            e,
+            EngineError::OutsideOwn(OutsideOwnRegions { read: true, .. })
+        ),
         "{e}"
     );
     // A read with a notification: the peer hears of it once done.

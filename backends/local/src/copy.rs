@@ -9,6 +9,7 @@
 use std::fmt;
 use std::io;
 
+use tensorferry_core::transport::OutsideOwnRegions;
 use tensorferry_hostmem::Copier;
 
 /// One range to copy: `len` bytes from `src` to `dst`. For a write `src`
@@ -28,9 +29,11 @@ pub struct Op {
 /// Which way bytes go between this process and a peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Direction {
-    /// From this process's memory into the peer's.
+    /// From this process's registered memory into the peer's: an
+    /// [`Op`]'s `src` is here, its `dst` in the peer.
     Write,
-    /// From the peer's memory into this process's.
+    /// From the peer's registered memory into this process's: an
+    /// [`Op`]'s `src` is in the peer, its `dst` here.
     Read,
 }
 
@@ -43,8 +46,18 @@ impl Direction {
         }
     }
 
+    /// Its range `(addr, len)` in this process, refused as lying in none
+    /// of this engine's regions.
+    pub fn outside_own(self, addr: u64, len: u64) -> OutsideOwnRegions {
+        OutsideOwnRegions {
+            read: self == Self::Read,
+            addr,
+            len,
+        }
+    }
+
     /// Where `op` starts in this process.
-    pub(crate) fn local(self, op: &Op) -> u64 {
+    pub fn local(self, op: &Op) -> u64 {
         match self {
             Self::Write => op.src,
             Self::Read => op.dst,
@@ -52,7 +65,7 @@ impl Direction {
     }
 
     /// Where `op` starts in the peer.
-    pub(crate) fn remote(self, op: &Op) -> u64 {
+    pub fn remote(self, op: &Op) -> u64 {
         match self {
             Self::Write => op.dst,
             Self::Read => op.src,

@@ -4,7 +4,7 @@
 use std::io;
 use std::time::Duration;
 
-use tensorferry_core::transport::FaultKind;
+use tensorferry_core::transport::{FaultKind, OutsideOwnRegions, OutsidePeerRegions};
 
 use crate::copy::Direction;
 
@@ -63,50 +63,14 @@ pub enum LocalError {
         /// What to do about it, when the errno says (empty otherwise).
         hint: &'static str,
     },
-    /// A write's destination outside every region the peer registered.
-    #[error(
-        "write of {len} bytes to {addr:#x} falls outside every region peer {session} registered"
-    )]
-    DestOutOfBounds {
-        /// The peer's session id.
-        session: String,
-        /// The destination address (the peer's space).
-        addr: u64,
-        /// The write's length.
-        len: u64,
-    },
-    /// A write's source outside every region this engine registered.
-    #[error(
-        "write of {len} bytes from {addr:#x} falls outside every region this engine registered"
-    )]
-    SourceOutOfBounds {
-        /// The source address.
-        addr: u64,
-        /// The write's length.
-        len: u64,
-    },
-    /// A read's source outside every region the peer registered.
-    #[error(
-        "read of {len} bytes from {addr:#x} falls outside every region peer {session} registered"
-    )]
-    ReadSourceOutOfBounds {
-        /// The peer's session id.
-        session: String,
-        /// The source address (the peer's space).
-        addr: u64,
-        /// The read's length.
-        len: u64,
-    },
-    /// A read's destination outside every region this engine registered.
-    #[error(
-        "read of {len} bytes into {addr:#x} falls outside every region this engine registered"
-    )]
-    ReadDestOutOfBounds {
-        /// The destination address.
-        addr: u64,
-        /// The read's length.
-        len: u64,
-    },
+    /// A write's destination or a read's source outside every region the
+    /// peer registered.
+    #[error(transparent)]
+    OutsidePeer(#[from] OutsidePeerRegions),
+    /// A write's source or a read's destination outside every region
+    /// this engine registered.
+    #[error(transparent)]
+    OutsideOwn(#[from] OutsideOwnRegions),
     /// The kernel copied part of a write or read only: the peer unmapped
     /// part of a region it registered.
     #[error("peer session {session}: {direction} of {len} bytes copied only {written} ({why})")]
@@ -189,11 +153,9 @@ impl LocalError {
                 Some(libc::EFAULT) => FaultKind::OutOfBounds,
                 _ => FaultKind::Io,
             },
-            Self::DestOutOfBounds { .. }
-            | Self::SourceOutOfBounds { .. }
-            | Self::ReadSourceOutOfBounds { .. }
-            | Self::ReadDestOutOfBounds { .. }
-            | Self::Partial { .. } => FaultKind::OutOfBounds,
+            Self::OutsidePeer(_) | Self::OutsideOwn(_) | Self::Partial { .. } => {
+                FaultKind::OutOfBounds
+            }
             Self::Register { .. } | Self::NotRegistered { .. } => FaultKind::Registration,
             Self::Cancelled { .. } | Self::PeerInside { .. } => FaultKind::Timeout,
         }

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 pub use copy::{Direction, Op};
 pub use error::LocalError;
 pub use table::MAX_REGIONS;
+use tensorferry_core::transport::OutsidePeerRegions;
 use tensorferry_hostmem::Copier;
 pub use transport::LocalTransport;
 
@@ -286,12 +287,15 @@ impl LocalEngine {
             .map(|o| (dir.remote(o), o.len));
         match peer.table.check(&inside, ranges) {
             Lookup::Inside => {}
-            Lookup::Outside(addr, len) => {
-                let session = session.to_owned();
-                return Err(match dir {
-                    Direction::Write => LocalError::DestOutOfBounds { session, addr, len },
-                    Direction::Read => LocalError::ReadSourceOutOfBounds { session, addr, len },
-                });
+            Lookup::Outside { addr, len, regions } => {
+                return Err(OutsidePeerRegions {
+                    read: dir == Direction::Read,
+                    peer: session.to_owned(),
+                    addr,
+                    len,
+                    regions,
+                }
+                .into());
             }
             Lookup::Closed => {
                 drop(inside);
@@ -371,10 +375,7 @@ impl LocalEngine {
             });
             if !inside {
                 let len = op.len;
-                return Err(match dir {
-                    Direction::Write => LocalError::SourceOutOfBounds { addr, len },
-                    Direction::Read => LocalError::ReadDestOutOfBounds { addr, len },
-                });
+                return Err(dir.outside_own(addr, len).into());
             }
         }
         Ok(())

@@ -393,8 +393,15 @@ impl Drop for Inside<'_> {
 pub(crate) enum Lookup {
     /// Every range lies inside a region.
     Inside,
-    /// This range lies outside every region.
-    Outside(u64, u64),
+    /// This range lies outside every region; the table held `regions`.
+    Outside {
+        /// The range's first byte.
+        addr: u64,
+        /// Its length.
+        len: u64,
+        /// How many regions the table held.
+        regions: usize,
+    },
     /// The owner closed its engine.
     Closed,
     /// The table kept changing.
@@ -439,7 +446,11 @@ impl Table {
             }
             return match (closed, miss) {
                 (true, _) => Lookup::Closed,
-                (false, Some((a, l))) => Lookup::Outside(a, l),
+                (false, Some((addr, len))) => Lookup::Outside {
+                    addr,
+                    len,
+                    regions: n,
+                },
                 (false, None) => Lookup::Inside,
             };
         }
@@ -473,12 +484,20 @@ mod tests {
             let ranges = [(0x1000, 0x101)];
             assert_eq!(
                 peer.check(&w, ranges.iter().copied()),
-                Lookup::Outside(0x1000, 0x101)
+                Lookup::Outside {
+                    addr: 0x1000,
+                    len: 0x101,
+                    regions: 2
+                }
             );
             let ranges = [(u64::MAX - 1, 4)];
             assert_eq!(
                 peer.check(&w, ranges.iter().copied()),
-                Lookup::Outside(u64::MAX - 1, 4)
+                Lookup::Outside {
+                    addr: u64::MAX - 1,
+                    len: 4,
+                    regions: 2
+                }
             );
             // Without a place of its own, a writer counts in the shared one.
             let unnamed = peer.enter(None);

@@ -2,7 +2,7 @@
 //! as between processes (the peer is found by its pid and descriptor).
 
 use super::*;
-use tensorferry_core::transport::FaultKind;
+use tensorferry_core::transport::{FaultKind, OutsideOwnRegions, OutsidePeerRegions};
 
 fn engine() -> LocalEngine {
     LocalEngine::open(LocalConfig::default()).unwrap()
@@ -69,18 +69,36 @@ fn writes_outside_registered_memory_are_refused_by_name() {
     let e = a
         .write(b.session_id(), &[op(addr(&src), addr(&dst) + 1, 4096)])
         .unwrap_err();
-    assert!(matches!(e, LocalError::DestOutOfBounds { .. }), "{e}");
-    assert!(e.to_string().contains("outside every region peer"), "{e}");
+    assert!(
+        matches!(
+            e,
+            LocalError::OutsidePeer(OutsidePeerRegions { read: false, .. })
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("lies in none of peer"), "{e}");
     let e = a
         .write(b.session_id(), &[op(addr(&src) + 8, addr(&dst), 4096)])
         .unwrap_err();
-    assert!(matches!(e, LocalError::SourceOutOfBounds { .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            LocalError::OutsideOwn(OutsideOwnRegions { read: false, .. })
+        ),
+        "{e}"
+    );
     // Deregistered: refused.
     b.deregister(addr(&dst)).unwrap();
     let e = a
         .write(b.session_id(), &[op(addr(&src), addr(&dst), 16)])
         .unwrap_err();
-    assert!(matches!(e, LocalError::DestOutOfBounds { .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            LocalError::OutsidePeer(OutsidePeerRegions { read: false, .. })
+        ),
+        "{e}"
+    );
     assert!(dst.iter().all(|b| *b == 0));
     assert!(matches!(
         b.deregister(addr(&dst)),
@@ -182,7 +200,10 @@ fn a_deregistration_a_live_peer_is_still_copying_into_fails_and_keeps_the_region
         )
         .unwrap_err();
     assert!(
-        matches!(refused, LocalError::DestOutOfBounds { .. }),
+        matches!(
+            refused,
+            LocalError::OutsidePeer(OutsidePeerRegions { read: false, .. })
+        ),
         "{refused}"
     );
     let again = reg(&b, addr(&dst), 4096).unwrap_err().to_string();

@@ -131,10 +131,7 @@ impl LocalTransport {
             Ok((r, ())) => r.addr + span.local_offset,
             Err(_) => {
                 let (addr, len) = (span.region.addr.wrapping_add(span.local_offset), span.len);
-                return Err(match dir {
-                    Direction::Write => LocalError::SourceOutOfBounds { addr, len },
-                    Direction::Read => LocalError::ReadDestOutOfBounds { addr, len },
-                });
+                return Err(dir.outside_own(addr, len).into());
             }
         };
         let (src, dst) = match dir {

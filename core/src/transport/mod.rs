@@ -45,4 +45,4 @@ pub use data_plane::{
 pub use fault::FaultKind;
 pub use pool_owner::PoolOwner;
 #[cfg(feature = "alloc")]
-pub use regions::{OutsidePeerRegions, Regions};
+pub use regions::{OutsideOwnRegions, OutsidePeerRegions, Regions};

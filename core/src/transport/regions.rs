@@ -2,7 +2,8 @@
 //! in order, a bound on how many (what a peer can be told of), lookup by
 //! id with the one bounds check, and what the plane keeps beside each (a
 //! memory key, a registration handle); and the error of a range that lies
-//! in none of a peer's regions ([`OutsidePeerRegions`]).
+//! in none of a peer's regions ([`OutsidePeerRegions`]) or of this side's
+//! own ([`OutsideOwnRegions`]).
 
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -59,6 +60,46 @@ impl fmt::Display for OutsidePeerRegions {
 }
 
 impl core::error::Error for OutsidePeerRegions {}
+
+/// A one-sided operation's range in this side's own memory (a write's
+/// source, a read's destination) that lies in none of the regions its
+/// engine registered: what the engines refuse before they post, whichever
+/// data plane carries the bytes (each engine's error wraps it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutsideOwnRegions {
+    /// True for a read (the range is its destination), false for a write
+    /// (its source).
+    pub read: bool,
+    /// The range's first byte.
+    pub addr: u64,
+    /// Its length.
+    pub len: u64,
+}
+
+impl OutsideOwnRegions {
+    /// What kind of failure it is: a write or read outside registered
+    /// memory.
+    pub const fn kind(&self) -> FaultKind {
+        FaultKind::OutOfBounds
+    }
+}
+
+impl fmt::Display for OutsideOwnRegions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self { addr, len, .. } = self;
+        let (op, way) = if self.read {
+            ("read", "into")
+        } else {
+            ("write", "from")
+        };
+        write!(
+            f,
+            "{op} of {len} bytes {way} {addr:#x} falls outside every region this engine registered"
+        )
+    }
+}
+
+impl core::error::Error for OutsideOwnRegions {}
 
 /// A data plane's registered regions, each with the plane's own `T`.
 #[derive(Debug)]

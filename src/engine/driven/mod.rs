@@ -26,7 +26,7 @@ use tensorferry_core::transport::{FaultKind, ReadOp, Transport, WriteOp, WriteTa
 
 use super::notify::{self, Notification, Notifier};
 use super::table::{Chores, Failure, Id, Peer, Table, TransferState};
-use super::{Direction, EngineError, Op};
+use super::{post_verb, Direction, EngineError, Op};
 use shared::{lock, no_endpoint, Plane, Shared};
 
 /// Longest wait on the transport's wake descriptor between checks of the
@@ -230,15 +230,11 @@ impl<T: Transport + Send + 'static> Driver for Driven<T> {
             ),
             kind: FaultKind::TooLarge,
         })?;
-        let local_of = |op: &Op| match direction {
-            Direction::Write => op.src,
-            Direction::Read => op.dst,
-        };
         let span = ops
             .iter()
             .filter(|o| o.len > 0)
             .fold((u64::MAX, 0u64), |(lo, hi), o| {
-                let at = local_of(o);
+                let at = direction.local(o);
                 (lo.min(at), hi.max(at.saturating_add(o.len)))
             });
         let id = lock(&self.shared.table).open(Arc::clone(&peer), span, total, deadline, notify);
@@ -251,25 +247,16 @@ impl<T: Transport + Send + 'static> Driver for Driven<T> {
             if let Some(bad) = ops
                 .iter()
                 .filter(|o| o.len > 0)
-                .find(|o| p.region_of(local_of(o), o.len).is_none())
+                .find(|o| p.region_of(direction.local(o), o.len).is_none())
             {
-                refused = Some(match direction {
-                    Direction::Write => EngineError::SourceOutOfBounds {
-                        addr: bad.src,
-                        len: bad.len,
-                    },
-                    Direction::Read => EngineError::DestinationOutOfBounds {
-                        addr: bad.dst,
-                        len: bad.len,
-                    },
-                });
+                refused = Some(direction.outside_own(direction.local(bad), bad.len).into());
             } else {
                 let cookie = id.cookie();
                 for op in ops.iter().filter(|o| o.len > 0) {
-                    let Some(region) = p.region_of(local_of(op), op.len) else {
+                    let Some(region) = p.region_of(direction.local(op), op.len) else {
                         break;
                     };
-                    let offset = local_of(op) - region.addr;
+                    let offset = direction.local(op) - region.addr;
                     let outcome = match direction {
                         Direction::Write => p.transport.post_write(&WriteOp {
                             region,
@@ -296,7 +283,7 @@ impl<T: Transport + Send + 'static> Driver for Driven<T> {
                         Ok(()) => posted += 1,
                         Err(e) => {
                             refused = Some(EngineError::transport(
-                                direction.post_verb(),
+                                post_verb(direction),
                                 T::fault_kind(&e),
                                 &e,
                             ));
@@ -313,7 +300,7 @@ impl<T: Transport + Send + 'static> Driver for Driven<T> {
                 // Nothing of it moves: refused whole, and gone.
                 Some(e) if posted == 0 => {
                     let f = Failure::Op {
-                        verb: direction.post_verb(),
+                        verb: post_verb(direction),
                         kind: e.kind(),
                         message: e.to_string(),
                     };
@@ -324,7 +311,7 @@ impl<T: Transport + Send + 'static> Driver for Driven<T> {
                 }
                 Some(e) => {
                     let f = Failure::Op {
-                        verb: direction.post_verb(),
+                        verb: post_verb(direction),
                         kind: e.kind(),
                         message: e.to_string(),
                     };
