@@ -8,7 +8,7 @@
 use core::fmt;
 
 use super::error::{DecodeError, DecodeErrorKind as K};
-use super::value::{read_val, resolve_key, At};
+use super::value::{read_val, resolve_key, separator, At};
 use crate::json::number::parse_u64;
 use crate::json::{JsonError, JsonErrorKind, JsonStr, Lexer, RawJson};
 
@@ -109,11 +109,7 @@ impl Default for Manifest<'_> {
     }
 }
 
-impl PartialEq for Manifest<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        self.iter().eq(other.iter())
-    }
-}
+eq_by_items!(Manifest<'_>);
 
 impl<'a> Manifest<'a> {
     /// The tensor entries, in wire order, each checked on the way.
@@ -174,6 +170,11 @@ const ENTRY: &str = "manifest";
 
 fn syntax(e: JsonError) -> DecodeError {
     DecodeError::json(e, Some(ENTRY))
+}
+
+/// Something other than a separator where one must be.
+fn trailing(lx: &Lexer<'_>) -> DecodeError {
+    syntax(lx.err(JsonErrorKind::TrailingBytes))
 }
 
 fn wrong(v: At<'_>, expected: &'static str) -> DecodeError {
@@ -316,14 +317,8 @@ fn parse_entry<'a>(lx: &mut Lexer<'a>, field: JsonStr<'a>) -> Result<TensorEntry
                     lx.value().map_err(syntax)?;
                 }
             }
-            lx.skip_ws();
-            match lx.peek() {
-                Some(b',') => lx.bump(),
-                Some(b'}') => {
-                    lx.bump();
-                    break;
-                }
-                _ => return Err(syntax(lx.err(JsonErrorKind::TrailingBytes))),
+            if !separator(lx, b'}').ok_or_else(|| trailing(lx))? {
+                break;
             }
         }
     }
@@ -359,14 +354,8 @@ fn parse_shape<'a>(lx: &mut Lexer<'a>) -> Result<Shape<'a>, DecodeError> {
     } else {
         loop {
             read_val(lx).map_err(syntax)?.u64("manifest.shape")?;
-            lx.skip_ws();
-            match lx.peek() {
-                Some(b',') => lx.bump(),
-                Some(b']') => {
-                    lx.bump();
-                    break;
-                }
-                _ => return Err(syntax(lx.err(JsonErrorKind::TrailingBytes))),
+            if !separator(lx, b']').ok_or_else(|| trailing(lx))? {
+                break;
             }
         }
     }

@@ -119,6 +119,25 @@ fn an_answer_queued_for_a_place_that_changed_hands_is_not_sent_to_its_new_holder
     );
 }
 
+/// Hands every message the coordinator has queued to the instance it is
+/// for: `enc` at `tcp://enc:1`, `den` otherwise.
+fn to_insts(
+    coord: &mut Coordinator<'static>,
+    enc: &mut Instance<'static>,
+    den: &mut Instance<'static>,
+    now: Instant,
+) {
+    for (to, msg) in transmitted(coord) {
+        let msg = decode(msg.as_bytes()).unwrap();
+        let inst = if to == "tcp://enc:1" {
+            &mut *enc
+        } else {
+            &mut *den
+        };
+        let _ = inst.handle(now, &msg);
+    }
+}
+
 #[test]
 fn without_sender_names_a_registration_names_its_endpoint_and_a_result_counts_as_done() {
     // A channel that cannot name senders (ZeroMQ's PULL): each role
@@ -149,20 +168,6 @@ fn without_sender_names_a_registration_names_its_endpoint_and_a_result_counts_as
             results.push(coord.handle_incoming(now, &incoming("", via, &buf[..n])));
         }
         results
-    };
-    let to_insts = |coord: &mut Coordinator<'static>,
-                    enc: &mut Instance<'static>,
-                    den: &mut Instance<'static>,
-                    now: Instant| {
-        for (to, msg) in transmitted(coord) {
-            let msg = decode(msg.as_bytes()).unwrap();
-            let inst = if to == "tcp://enc:1" {
-                &mut *enc
-            } else {
-                &mut *den
-            };
-            let _ = inst.handle(now, &msg);
-        }
     };
     for r in deliver(&mut coord, &mut enc, "tcp://coord:enc", now) {
         assert_eq!(coord.endpoint_of(r.unwrap()), Some("tcp://enc:1"));
@@ -249,20 +254,6 @@ fn with_keys_an_instance_is_spoken_for_only_by_the_key_it_registered_with() {
             coord
                 .handle_incoming(now, &as_user(user, via, &buf[..n]))
                 .unwrap();
-        }
-    };
-    let to_insts = |coord: &mut Coordinator<'static>,
-                    enc: &mut Instance<'static>,
-                    den: &mut Instance<'static>,
-                    now: Instant| {
-        for (to, msg) in transmitted(coord) {
-            let msg = decode(msg.as_bytes()).unwrap();
-            let inst = if to == "tcp://enc:1" {
-                &mut *enc
-            } else {
-                &mut *den
-            };
-            let _ = inst.handle(now, &msg);
         }
     };
     deliver(&mut coord, &mut enc, enc_key, "tcp://coord:enc", now);
@@ -387,8 +378,7 @@ fn garbage_and_foreign_messages_are_told_apart_and_change_nothing() {
 #[test]
 fn a_members_connection_closing_fails_its_transfers_at_once() {
     world!(w, 4);
-    w.wire.writes = None;
-    w.stage(0, "r-1", 4 * KIB);
+    w.stage_held(0, "r-1", 4 * KIB);
     assert_eq!(w.coord.in_flight(), 1);
     assert!(!w.coord.handle_gone(w.now, "tcp://nobody:1"));
     assert!(w.coord.handle_gone(w.now, "tcp://den:1"));
