@@ -13,7 +13,7 @@ use super::error::{DecodeError, DecodeErrorKind as K};
 use super::manifest::Manifest;
 use super::msg::*;
 use super::slots::SlotList;
-use super::value::{read_val, resolve_key, separator, At};
+use super::value::{closes, read_val, resolve_key, separator, At};
 use crate::json::{JsonError, JsonErrorKind, JsonStr, Lexer, RawJson};
 
 /// Every top-level field name of every message type.
@@ -206,10 +206,7 @@ fn scan(text: &str) -> Result<Fields<'_>, DecodeError> {
         return Err(DecodeError::new(K::NotAnObject(ty), None, 0));
     }
     lx.bump();
-    lx.skip_ws();
-    if lx.peek() == Some(b'}') {
-        lx.bump();
-    } else {
+    if !closes(&mut lx, b'}') {
         loop {
             let key = lx.key()?;
             let v = read_val(&mut lx)?;

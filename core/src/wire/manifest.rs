@@ -8,7 +8,7 @@
 use core::fmt;
 
 use super::error::{DecodeError, DecodeErrorKind as K};
-use super::value::{read_val, resolve_key, separator, At};
+use super::value::{closes, read_val, resolve_key, separator, At};
 use crate::json::number::parse_u64;
 use crate::json::{JsonError, JsonErrorKind, JsonStr, Lexer, RawJson};
 
@@ -293,10 +293,7 @@ fn parse_entry<'a>(lx: &mut Lexer<'a>, field: JsonStr<'a>) -> Result<TensorEntry
     let mut list_index = None;
     let start = lx.pos();
     lx.expect(b'{', "'{'").map_err(syntax)?;
-    lx.skip_ws();
-    if lx.peek() == Some(b'}') {
-        lx.bump();
-    } else {
+    if !closes(lx, b'}') {
         loop {
             let key = lx.key().map_err(syntax)?;
             let name = match key.as_plain() {
@@ -348,10 +345,7 @@ fn parse_shape<'a>(lx: &mut Lexer<'a>) -> Result<Shape<'a>, DecodeError> {
         ));
     }
     lx.bump();
-    lx.skip_ws();
-    if lx.peek() == Some(b']') {
-        lx.bump();
-    } else {
+    if !closes(lx, b']') {
         loop {
             read_val(lx).map_err(syntax)?.u64("manifest.shape")?;
             if !separator(lx, b']').ok_or_else(|| trailing(lx))? {

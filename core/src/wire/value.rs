@@ -142,8 +142,7 @@ pub(crate) fn for_each_member<'a>(
     let mut lx = Lexer::new(raw.as_str());
     let j = |e| DecodeError::json(e, Some(field));
     lx.expect(b'{', "'{'").map_err(j)?;
-    lx.skip_ws();
-    if lx.peek() == Some(b'}') {
+    if closes(&mut lx, b'}') {
         return Ok(());
     }
     loop {
@@ -156,6 +155,18 @@ pub(crate) fn for_each_member<'a>(
             None => return Err(j(lx.err(crate::json::JsonErrorKind::TrailingBytes))),
         }
     }
+}
+
+/// Whether the container just opened is empty: past whitespace, its
+/// `close` (then consumed).
+#[inline]
+pub(crate) fn closes(lx: &mut Lexer<'_>, close: u8) -> bool {
+    lx.skip_ws();
+    let empty = lx.peek() == Some(close);
+    if empty {
+        lx.bump();
+    }
+    empty
 }
 
 /// Reads what follows a member or an element (whitespace first): `Some(true)`

@@ -43,6 +43,22 @@ fn awaited(w: &World<'_>, id: &str) -> WriteTag {
     WriteTag::of(id, POOL_PTR + offset)
 }
 
+/// Stages `id` (6 KiB) at the sender: the tag its write's arrival must
+/// carry, which the receiver waits for.
+fn stage_awaited(w: &mut World<'_>, id: &str) -> WriteTag {
+    w.stage(0, id, 6 * KIB);
+    awaited(w, id)
+}
+
+/// The receiver told the coordinator the write never landed and handed
+/// nothing over; nothing is held anywhere.
+#[track_caller]
+fn assert_never_landed(w: &World<'_>) {
+    assert_eq!(error_sent(w, "transfer_done"), "write never landed");
+    assert!(w.received(1).is_empty());
+    w.assert_clean();
+}
+
 #[test]
 fn a_gated_receiver_hands_over_a_transfer_only_once_its_write_landed() {
     gated_world!(w, 3);
@@ -120,16 +136,13 @@ fn an_arrival_no_ready_claims_is_forgotten_after_the_landing_limit() {
     assert!(w.received(1).is_empty(), "the arrival was forgotten");
     assert_eq!(w.insts[1].awaiting_landing(), 1);
     w.advance(3 + 5);
-    assert_eq!(error_sent(&w, "transfer_done"), "write never landed");
-    assert!(w.received(1).is_empty());
-    w.assert_clean();
+    assert_never_landed(&w);
 }
 
 #[test]
 fn a_write_that_never_lands_is_refused_after_its_slot_sat_out_a_quarantine() {
     gated_world!(w, 3);
-    w.stage(0, "lost", 6 * KIB);
-    let tag = awaited(&w, "lost");
+    let tag = stage_awaited(&mut w, "lost");
     let offset = w.insts[1].slot_for("lost").unwrap().offset;
     // The landing limit passes: nothing is handed over, nothing reported
     // yet, and the slot stays held (the bytes may still come).
@@ -145,10 +158,8 @@ fn a_write_that_never_lands_is_refused_after_its_slot_sat_out_a_quarantine() {
     // The quarantine ends: the slot is free, and only now does the
     // coordinator hear of the failure (and may reuse the slot).
     w.advance(5);
-    assert_eq!(error_sent(&w, "transfer_done"), "write never landed");
     assert_eq!(w.failed(), vec![FailReason::ReceiverError]);
-    assert!(w.received(1).is_empty());
-    w.assert_clean();
+    assert_never_landed(&w);
 }
 
 #[test]
@@ -156,8 +167,7 @@ fn an_abort_while_landing_quarantines_the_slot_and_reports_when_it_is_free() {
     // The receiver's gate (20 ms) outlasts the coordinator's done timeout
     // (10 ms): the coordinator aborts first.
     gated_world!(w, 20);
-    w.stage(0, "r", 6 * KIB);
-    let _ = awaited(&w, "r");
+    stage_awaited(&mut w, "r");
     w.advance(10);
     assert_eq!(w.failed(), vec![FailReason::DoneTimeout]);
     assert_eq!(w.insts[1].awaiting_landing(), 0);
@@ -168,9 +178,7 @@ fn an_abort_while_landing_quarantines_the_slot_and_reports_when_it_is_free() {
         "parked until the receiver lets go"
     );
     w.advance(5);
-    assert_eq!(error_sent(&w, "transfer_done"), "write never landed");
-    assert!(w.received(1).is_empty());
-    w.assert_clean();
+    assert_never_landed(&w);
 }
 
 #[test]
