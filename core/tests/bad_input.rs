@@ -283,31 +283,40 @@ fn bad_manifest_entries_are_typed_errors_on_iteration() {
 
 #[test]
 fn bad_preallocated_slots() {
+    // A list of one good slot, but for `member`: set to `value`, or left
+    // out.
+    let spoiled = |member: &str, value: Option<&str>| {
+        let good = [
+            ("offset", "0"),
+            ("size", "1"),
+            ("slot_id", "0"),
+            ("addr", "0"),
+        ];
+        let members: Vec<String> = good
+            .into_iter()
+            .filter_map(|(m, v)| {
+                let v = if m == member { value? } else { v };
+                Some(format!("\"{m}\":{v}"))
+            })
+            .collect();
+        format!("[{{{}}}]", members.join(","))
+    };
+    // (the member, its value, the error)
     let cases = [
-        (
-            r#"[{"offset":0,"size":1,"slot_id":0}]"#,
-            "preallocated_slots.addr",
-            K::MissingField,
-        ),
-        (
-            r#"[{"offset":0,"size":-1,"slot_id":0,"addr":0}]"#,
-            "preallocated_slots.size",
-            K::NegativeInteger,
-        ),
-        (
-            r#"[{"offset":0,"size":1,"slot_id":0,"addr":18446744073709551616}]"#,
-            "preallocated_slots.addr",
-            K::IntegerTooLarge,
-        ),
+        ("addr", None, K::MissingField),
+        ("size", Some("-1"), K::NegativeInteger),
+        ("addr", Some("18446744073709551616"), K::IntegerTooLarge),
     ];
-    for (slots, field, kind) in cases {
+    for (member, value, kind) in cases {
+        let slots = spoiled(member, value);
+        let field = format!("preallocated_slots.{member}");
         let payload =
             format!("{{\"msg_type\":\"transfer_register\",\"preallocated_slots\":{slots}}}");
         let Msg::Register(r) = decode(payload.as_bytes()).unwrap() else {
             panic!()
         };
         let e = r.preallocated_slots.validate().unwrap_err();
-        assert_eq!((e.field, e.kind), (Some(field), kind), "{slots}");
+        assert_eq!((e.field, e.kind), (Some(&field[..]), kind), "{slots}");
     }
     let payload = r#"{"msg_type":"transfer_register","preallocated_slots":[1]}"#;
     let Msg::Register(r) = decode(payload.as_bytes()).unwrap() else {

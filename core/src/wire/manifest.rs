@@ -93,6 +93,20 @@ pub struct TensorEntry<'a> {
     pub dtype: JsonStr<'a>,
 }
 
+impl<'a> TensorEntry<'a> {
+    /// A tensor that is the whole of `field` (not in a list) and starts
+    /// its slot: the entry of a one-tensor manifest.
+    pub const fn single(field: &'a str, dims: &'a [u64], dtype: &'a str) -> Self {
+        TensorEntry {
+            field: JsonStr::plain(field),
+            list_index: None,
+            offset: 0,
+            shape: Shape::Dims(dims),
+            dtype: JsonStr::plain(dtype),
+        }
+    }
+}
+
 /// A request's manifest: typed entries to encode, or raw JSON as received.
 #[derive(Clone, Copy, Debug)]
 pub enum Manifest<'a> {

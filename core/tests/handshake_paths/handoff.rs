@@ -153,8 +153,7 @@ fn rejects_past_the_attempt_limit_fail_the_request() {
     assert_eq!(w.sent(MsgType::Abort), 2, "sender and receiver told");
     w.consume(held);
     assert_eq!(w.delivered(), 1);
-    w.advance(10);
-    w.assert_clean();
+    w.assert_clean_after(10);
 }
 
 #[test]
@@ -175,8 +174,7 @@ fn a_size_no_pool_can_hold_is_rejected_for_good() {
     w.stage(0, "r", 128 * KIB);
     assert_eq!(w.failed(), vec![FailReason::Rejected]);
     assert_eq!(w.sent(MsgType::AllocReject), 1);
-    w.advance(10);
-    w.assert_clean();
+    w.assert_clean_after(10);
 }
 
 #[test]
@@ -190,8 +188,7 @@ fn a_failed_write_fails_the_request() {
             if id.as_str() == "r" && reason.as_str() == "remote access error")));
     // The receiver's reserved slot sits out its quarantine, then frees.
     assert_eq!(w.insts[1].requests_held(), 1);
-    w.advance(10);
-    w.assert_clean();
+    w.assert_clean_after(10);
 }
 
 #[test]
@@ -216,8 +213,7 @@ fn queue_timeout_without_receivers() {
 fn alloc_timeout() {
     world!(w, 8);
     w.time_out_alloc("r");
-    w.advance(10);
-    w.assert_clean();
+    w.assert_clean_after(10);
 }
 
 #[test]
@@ -231,8 +227,7 @@ fn push_timeout_and_the_late_completion() {
     assert_eq!(w.sent(MsgType::Pushed), 0);
     // The preallocated slot comes back after its quarantine.
     assert_eq!(w.coord.prealloc_taken(), 1);
-    w.advance(10);
-    w.assert_clean();
+    w.assert_clean_after(10);
 }
 
 #[test]
@@ -303,8 +298,7 @@ fn one_request_id_passes_through_every_leg() {
         })
         .collect();
     assert_eq!(delivered, [("r1", 1)]);
-    w.advance(100);
-    w.assert_clean();
+    w.assert_clean_after(100);
 }
 
 #[test]

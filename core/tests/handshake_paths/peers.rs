@@ -174,6 +174,17 @@ fn deliver(
     results
 }
 
+/// The encoder stages and commits request `r-1`: one 4 KiB tensor, no
+/// scalar fields.
+fn send_r1(enc: &mut Instance<'static>, now: Instant) {
+    let (token, _) = enc.stage("r-1", 4 * KIB).unwrap();
+    let dims = [4 * KIB];
+    let entries = [blob(&dims)];
+    let scalars = RawJson::parse_object("{}").unwrap();
+    enc.commit(now, token, 4 * KIB, &Manifest::Entries(&entries), scalars)
+        .unwrap();
+}
+
 /// Asserts the coordinator took every message [`deliver`] delivered.
 #[track_caller]
 fn all_taken(results: Vec<Result<PeerId, Unhandled>>) {
@@ -201,12 +212,7 @@ fn without_sender_names_a_registration_names_its_endpoint_and_a_result_counts_as
     to_insts(&mut coord, &mut enc, &mut den, now);
     assert!(enc.is_registered() && den.is_registered());
     // encoder → denoiser, every message judged by content and endpoint.
-    let (token, _) = enc.stage("r-1", 4 * KIB).unwrap();
-    let dims = [4 * KIB];
-    let entries = [blob(&dims)];
-    let scalars = RawJson::parse_object("{}").unwrap();
-    enc.commit(now, token, 4 * KIB, &Manifest::Entries(&entries), scalars)
-        .unwrap();
+    send_r1(&mut enc, now);
     for _ in 0..4 {
         now = Instant(now.0 + MS);
         deliver(&mut coord, &mut enc, "", ENC_VIA, now);
@@ -283,12 +289,7 @@ fn with_keys_an_instance_is_spoken_for_only_by_the_key_it_registered_with() {
         .any(|e| matches!(e, CoordinatorEvent::Refused { acked: false, .. })));
 
     // encoder → denoiser, each side speaking with its own key.
-    let (token, _) = enc.stage("r-1", 4 * KIB).unwrap();
-    let dims = [4 * KIB];
-    let entries = [blob(&dims)];
-    let scalars = RawJson::parse_object("{}").unwrap();
-    enc.commit(now, token, 4 * KIB, &Manifest::Entries(&entries), scalars)
-        .unwrap();
+    send_r1(&mut enc, now);
     let mut delivered = false;
     for _ in 0..4 {
         now = Instant(now.0 + MS);

@@ -240,6 +240,11 @@ const SIZED: tensorferry_core::handshake::Limits = tensorferry_core::handshake::
     prealloc_per_member: 2,
 };
 
+/// A coordinator's storage laid out for [`SIZED`].
+fn fresh() -> CoordinatorStorage<'static> {
+    CoordinatorStorage::owned(&SIZED)
+}
+
 /// Why a coordinator of `pipeline` refuses `storage`, if it does.
 fn refused_by(pipeline: &[&str], storage: CoordinatorStorage<'static>) -> Option<ConfigError> {
     Coordinator::new(pipeline, CoordinatorConfig::FERRY, storage).err()
@@ -270,11 +275,9 @@ fn assert_wrong_size(
 /// prose: a queue of another length is refused, and the error names it.
 #[test]
 fn a_coordinator_refuses_queues_of_the_wrong_size_naming_them() {
-    let limits = SIZED;
-    let needed = CoordinatorStorage::storage_needed(&limits).outbox;
+    let needed = CoordinatorStorage::storage_needed(&SIZED).outbox;
     assert_eq!(needed.transmits, 2 * 8 + 4 + 8);
     let pipeline = ["encoder", "denoiser"];
-    let fresh = || CoordinatorStorage::owned(&limits);
     assert!(Coordinator::new(&pipeline, CoordinatorConfig::FERRY, fresh()).is_ok());
     let mut storage = fresh();
     storage.outbox.events = vec![None; needed.events + 1].into();
@@ -293,16 +296,14 @@ fn a_coordinator_refuses_queues_of_the_wrong_size_naming_them() {
 #[test]
 fn a_coordinator_refuses_transfer_storage_of_the_wrong_size_naming_it() {
     use tensorferry_core::handshake::{coordinator, Limits, TableStorage};
-    let limits = SIZED;
-    let needed = CoordinatorStorage::storage_needed(&limits).transfers;
+    let needed = CoordinatorStorage::storage_needed(&SIZED).transfers;
     assert_eq!(
         needed,
-        coordinator::TransfersStorage::storage_needed(&limits)
+        coordinator::TransfersStorage::storage_needed(&SIZED)
     );
     assert_eq!(needed.requests.records, 8);
     assert_eq!(needed.nested, 8 * 256);
     let pipeline = ["encoder", "denoiser"];
-    let fresh = || CoordinatorStorage::owned(&limits);
     assert!(Coordinator::new(&pipeline, CoordinatorConfig::FERRY, fresh()).is_ok());
 
     let mut storage = fresh();
@@ -330,7 +331,7 @@ fn a_coordinator_refuses_transfer_storage_of_the_wrong_size_naming_it() {
     // The queues are sized by the transfers given.
     let none = Limits {
         requests: 0,
-        ..limits
+        ..SIZED
     };
     let queues = coordinator::OutboxStorage::storage_needed(&none);
     storage.outbox = coordinator::OutboxStorage::owned(&queues);
@@ -347,74 +348,59 @@ fn a_coordinator_refuses_transfer_storage_of_the_wrong_size_naming_it() {
 #[test]
 fn a_coordinator_refuses_registry_storage_of_the_wrong_size_naming_it() {
     use tensorferry_core::handshake::coordinator;
-    let limits = SIZED;
-    let needed = CoordinatorStorage::storage_needed(&limits).registry;
-    assert_eq!(
-        needed,
-        coordinator::RegistryStorage::storage_needed(&limits)
-    );
+    let needed = CoordinatorStorage::storage_needed(&SIZED).registry;
+    assert_eq!(needed, coordinator::RegistryStorage::storage_needed(&SIZED));
     assert_eq!(needed.members.records, 4);
     assert_eq!(needed.ranking, coordinator::MAX_ROLES * 4);
     assert_eq!(needed.ranking_places, 4);
     let pipeline = ["encoder", "denoiser"];
-    let fresh = || CoordinatorStorage::owned(&limits);
     assert!(Coordinator::new(&pipeline, CoordinatorConfig::FERRY, fresh()).is_ok());
     let refused = |storage| refused_by(&pipeline, storage);
+    let (index, ranking, places) = (needed.member_index, needed.ranking, needed.ranking_places);
+    let members_index = needed.members.index;
 
     let mut storage = fresh();
-    storage.registry.sessions = vec![0u64; needed.member_index + 1].into();
-    assert_wrong_size(
-        refused(storage),
-        "registry",
-        "sessions",
-        needed.member_index,
-        needed.member_index + 1,
-    );
+    storage.registry.sessions = vec![0u64; index + 1].into();
+    assert_wrong_size(refused(storage), "registry", "sessions", index, index + 1);
 
     let mut storage = fresh();
-    storage.registry.endpoints = vec![0u64; needed.member_index - 1].into();
-    assert_wrong_size(
-        refused(storage),
-        "registry",
-        "endpoints",
-        needed.member_index,
-        needed.member_index - 1,
-    );
+    storage.registry.endpoints = vec![0u64; index - 1].into();
+    assert_wrong_size(refused(storage), "registry", "endpoints", index, index - 1);
 
     let mut storage = fresh();
-    storage.registry.room_ranking = vec![(0u64, 0u32); needed.ranking + 1].into();
+    storage.registry.room_ranking = vec![(0u64, 0u32); ranking + 1].into();
     assert_wrong_size(
         refused(storage),
         "registry",
         "room_ranking",
-        needed.ranking,
-        needed.ranking + 1,
+        ranking,
+        ranking + 1,
     );
 
     let mut storage = fresh();
-    storage.registry.ranking_places = vec![0u64; needed.ranking_places + 1].into();
+    storage.registry.ranking_places = vec![0u64; places + 1].into();
     assert_wrong_size(
         refused(storage),
         "registry",
         "ranking_places",
-        needed.ranking_places,
-        needed.ranking_places + 1,
+        places,
+        places + 1,
     );
 
     let mut storage = fresh();
-    storage.registry.members.index = vec![0u64; needed.members.index + 1].into();
+    storage.registry.members.index = vec![0u64; members_index + 1].into();
     assert_wrong_size(
         refused(storage),
         "registry.members",
         "index",
-        needed.members.index,
-        needed.members.index + 1,
+        members_index,
+        members_index + 1,
     );
 
     // Too few places or lanes for the members: the ranking is too small,
     // whatever else is off.
     let mut storage = fresh();
-    storage.registry.room_ranking_places = vec![0u64; needed.ranking_places - 1].into();
+    storage.registry.room_ranking_places = vec![0u64; places - 1].into();
     storage.registry.sessions = vec![0u64; 1].into();
     assert_eq!(refused(storage), Some(ConfigError::RankingTooSmall));
     let mut storage = fresh();
@@ -429,11 +415,9 @@ fn a_coordinator_refuses_registry_storage_of_the_wrong_size_naming_it() {
 #[test]
 fn a_coordinator_refuses_remains_storage_of_the_wrong_size_naming_it() {
     use tensorferry_core::handshake::coordinator;
-    let limits = SIZED;
-    let needed = CoordinatorStorage::storage_needed(&limits).remains;
-    assert_eq!(needed, coordinator::RemainsStorage::storage_needed(&limits));
+    let needed = CoordinatorStorage::storage_needed(&SIZED).remains;
+    assert_eq!(needed, coordinator::RemainsStorage::storage_needed(&SIZED));
     assert_eq!((needed.parked.records, needed.finished), (8 + 4 * 2, 8));
-    let fresh = || CoordinatorStorage::owned(&limits);
     let refused = |storage| refused_by(&["a", "b"], storage);
     assert_eq!(refused(fresh()), None);
 

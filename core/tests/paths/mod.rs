@@ -176,6 +176,10 @@ pub trait Walk {
     /// Nothing held anywhere: only the preallocated slots are allocated.
     fn assert_clean(&self);
 
+    /// [`assert_clean`](Walk::assert_clean) once `ms` more milliseconds
+    /// have passed (quarantines and timeouts over).
+    fn assert_clean_after(&mut self, ms: u64);
+
     /// The receiver (instance 1) consumes the transfer `token`, then pumps.
     fn consume(&mut self, token: Token);
 
@@ -225,6 +229,12 @@ impl Walk for World<'_> {
     #[track_caller]
     fn assert_clean(&self) {
         self.assert_drained(2, "world");
+    }
+
+    #[track_caller]
+    fn assert_clean_after(&mut self, ms: u64) {
+        self.advance(ms);
+        self.assert_clean();
     }
 
     fn consume(&mut self, token: Token) {
