@@ -1,7 +1,9 @@
 //! `cargo bench -p tensorferry-bench --bench slots`: the buddy allocator on the workloads of
 //! `bench/python/buddy_python.py` (side by side: `bench/python/vs_python.sh slots`).
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+mod quick;
+
+use criterion::{Criterion, Throughput};
 use tensorferry_bench::slots::{churn, pairs, storage, Lcg, CONFIG};
 use tensorferry_core::slots::Buddy;
 
@@ -25,9 +27,6 @@ fn slots(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default().warm_up_time(std::time::Duration::from_millis(300)).measurement_time(std::time::Duration::from_secs(1));
-    targets = slots
+fn main() {
+    quick::run(slots);
 }
-criterion_main!(benches);

@@ -2,9 +2,11 @@
 //! The side-by-side comparison with the seed's Python is
 //! `bench/python/vs_python.sh`; this one breaks ferry's time down.
 
+mod quick;
+
 use std::hint::black_box;
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{Criterion, Throughput};
 use tensorferry_bench::wire::{encode_decode, encode_decode_walk, push_msg, staged_msg};
 use tensorferry_core::wire::{decode, Msg};
 
@@ -33,9 +35,6 @@ fn codec(c: &mut Criterion) {
     }
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default().warm_up_time(std::time::Duration::from_millis(300)).measurement_time(std::time::Duration::from_secs(1));
-    targets = codec
+fn main() {
+    quick::run(codec);
 }
-criterion_main!(benches);

@@ -19,7 +19,7 @@ use tensorferry_core::handshake::instance::{
 use tensorferry_core::handshake::{Instant, Limits, PeerId};
 use tensorferry_core::json::RawJson;
 use tensorferry_core::slots::BuddyConfig;
-use tensorferry_core::wire::{decode, Manifest, Shape, TensorEntry};
+use tensorferry_core::wire::{decode, Manifest, TensorEntry};
 
 /// Preallocated slots the coordinator takes from each instance (the
 /// runtime's default limit).
@@ -304,13 +304,7 @@ impl World {
 pub fn measure(shape: Deployment, fast_path: bool, duration: Duration) -> Result<Rate, String> {
     let mut w = World::new(shape, fast_path)?;
     let dims = DIMS;
-    let tensors = [TensorEntry {
-        field: "latents".into(),
-        list_index: None,
-        offset: 0,
-        shape: Shape::Dims(&dims),
-        dtype: "bfloat16".into(),
-    }];
+    let tensors = [TensorEntry::single("latents", &dims, "bfloat16")];
     let manifest = Manifest::Entries(&tensors);
     let scalars = RawJson::parse_object(r#"{"prompt":"a red fox","steps":50}"#)
         .map_err(|e| format!("scalar fields: {e}"))?;

@@ -119,36 +119,22 @@ fn integers_that_are_addresses_or_sizes() {
 
 #[test]
 fn wrong_types_name_the_field() {
+    // (type, field, a value of the wrong type for it)
     let cases = [
-        ("transfer_staged", "\"request_id\":5", "request_id"),
-        ("transfer_staged", "\"manifest\":[]", "manifest"),
-        (
-            "transfer_staged",
-            "\"scalar_fields\":\"x\"",
-            "scalar_fields",
-        ),
-        ("transfer_ready", "\"scalar_fields\":[]", "scalar_fields"),
-        (
-            "transfer_register",
-            "\"preallocated_slots\":{}",
-            "preallocated_slots",
-        ),
-        (
-            "transfer_register",
-            "\"preallocated_slots\":null",
-            "preallocated_slots",
-        ),
-        ("transfer_pushed", "\"success\":1", "success"),
-        ("transfer_pushed", "\"error\":false", "error"),
-        ("transfer_done", "\"error\":{}", "error"),
-        (
-            "transfer_alloc_reject",
-            "\"retryable\":\"yes\"",
-            "retryable",
-        ),
-        ("transfer_register_ack", "\"accepted\":null", "accepted"),
+        ("transfer_staged", "request_id", "5"),
+        ("transfer_staged", "manifest", "[]"),
+        ("transfer_staged", "scalar_fields", "\"x\""),
+        ("transfer_ready", "scalar_fields", "[]"),
+        ("transfer_register", "preallocated_slots", "{}"),
+        ("transfer_register", "preallocated_slots", "null"),
+        ("transfer_pushed", "success", "1"),
+        ("transfer_pushed", "error", "false"),
+        ("transfer_done", "error", "{}"),
+        ("transfer_alloc_reject", "retryable", "\"yes\""),
+        ("transfer_register_ack", "accepted", "null"),
     ];
-    for (ty, member, field) in cases {
+    for (ty, field, value) in cases {
+        let member = format!("\"{field}\":{value}");
         let e = err(&format!("{{\"msg_type\":\"{ty}\",{member}}}"));
         assert_eq!(e.field, Some(field), "{ty} {member}");
         assert!(matches!(e.kind, K::WrongType { .. }), "{ty} {member}: {e}");
@@ -164,34 +150,19 @@ fn fields_of_other_types_are_ignored() {
 
 #[test]
 fn bad_strings() {
-    assert_eq!(
-        json_kind(r#"{"msg_type":"transfer_done","request_id":"\x"}"#),
-        J::InvalidEscape
-    );
-    assert_eq!(
-        json_kind(r#"{"msg_type":"transfer_done","request_id":"\u12G4"}"#),
-        J::InvalidEscape
-    );
-    assert_eq!(
-        json_kind(r#"{"msg_type":"transfer_done","request_id":"\u12"}"#),
-        J::InvalidEscape
-    );
-    assert_eq!(
-        json_kind(r#"{"msg_type":"transfer_done","request_id":"\ud800"}"#),
-        J::LoneSurrogate
-    );
-    assert_eq!(
-        json_kind(r#"{"msg_type":"transfer_done","request_id":"\udc00\ud800"}"#),
-        J::LoneSurrogate
-    );
-    assert_eq!(
-        json_kind(r#"{"msg_type":"transfer_done","request_id":"\ud800\u0041"}"#),
-        J::LoneSurrogate
-    );
-    assert_eq!(
-        json_kind("{\"msg_type\":\"transfer_done\",\"request_id\":\"a\nb\"}"),
-        J::ControlCharInString
-    );
+    // Each `request_id` value, and the error it is.
+    for (value, kind) in [
+        (r#""\x""#, J::InvalidEscape),
+        (r#""\u12G4""#, J::InvalidEscape),
+        (r#""\u12""#, J::InvalidEscape),
+        (r#""\ud800""#, J::LoneSurrogate),
+        (r#""\udc00\ud800""#, J::LoneSurrogate),
+        (r#""\ud800\u0041""#, J::LoneSurrogate),
+        ("\"a\nb\"", J::ControlCharInString),
+    ] {
+        let payload = format!(r#"{{"msg_type":"transfer_done","request_id":{value}}}"#);
+        assert_eq!(json_kind(&payload), kind, "{payload}");
+    }
     assert_eq!(
         json_kind("{\"msg_type\":\"transfer_done\",\"request_id\":\"abc"),
         J::UnexpectedEnd
@@ -312,31 +283,40 @@ fn bad_manifest_entries_are_typed_errors_on_iteration() {
 
 #[test]
 fn bad_preallocated_slots() {
+    // A list of one good slot, but for `member`: set to `value`, or left
+    // out.
+    let spoiled = |member: &str, value: Option<&str>| {
+        let good = [
+            ("offset", "0"),
+            ("size", "1"),
+            ("slot_id", "0"),
+            ("addr", "0"),
+        ];
+        let members: Vec<String> = good
+            .into_iter()
+            .filter_map(|(m, v)| {
+                let v = if m == member { value? } else { v };
+                Some(format!("\"{m}\":{v}"))
+            })
+            .collect();
+        format!("[{{{}}}]", members.join(","))
+    };
+    // (the member, its value, the error)
     let cases = [
-        (
-            r#"[{"offset":0,"size":1,"slot_id":0}]"#,
-            "preallocated_slots.addr",
-            K::MissingField,
-        ),
-        (
-            r#"[{"offset":0,"size":-1,"slot_id":0,"addr":0}]"#,
-            "preallocated_slots.size",
-            K::NegativeInteger,
-        ),
-        (
-            r#"[{"offset":0,"size":1,"slot_id":0,"addr":18446744073709551616}]"#,
-            "preallocated_slots.addr",
-            K::IntegerTooLarge,
-        ),
+        ("addr", None, K::MissingField),
+        ("size", Some("-1"), K::NegativeInteger),
+        ("addr", Some("18446744073709551616"), K::IntegerTooLarge),
     ];
-    for (slots, field, kind) in cases {
+    for (member, value, kind) in cases {
+        let slots = spoiled(member, value);
+        let field = format!("preallocated_slots.{member}");
         let payload =
             format!("{{\"msg_type\":\"transfer_register\",\"preallocated_slots\":{slots}}}");
         let Msg::Register(r) = decode(payload.as_bytes()).unwrap() else {
             panic!()
         };
         let e = r.preallocated_slots.validate().unwrap_err();
-        assert_eq!((e.field, e.kind), (Some(field), kind), "{slots}");
+        assert_eq!((e.field, e.kind), (Some(&field[..]), kind), "{slots}");
     }
     let payload = r#"{"msg_type":"transfer_register","preallocated_slots":[1]}"#;
     let Msg::Register(r) = decode(payload.as_bytes()).unwrap() else {

@@ -266,6 +266,15 @@ fn a_terabyte_pool_with_megabyte_blocks() {
     assert_eq!(b.free_blocks_by_order().iter().sum::<u64>(), 1);
 }
 
+/// A pool of `pool_size` bytes in 1 MiB blocks.
+fn megabyte_blocks(pool_size: u64, pool_id: u32) -> BuddyConfig {
+    BuddyConfig {
+        pool_size,
+        min_block: 1 << 20,
+        pool_id,
+    }
+}
+
 #[test]
 fn bad_configurations_are_typed_errors() {
     let new = |pool_size, min_block| {
@@ -296,11 +305,7 @@ fn bad_configurations_are_typed_errors() {
         new(3 * 1024 + 1, 1024),
         Err(BuddyError::PoolNotMultipleOfMinBlock { .. })
     ));
-    let c = BuddyConfig {
-        pool_size: 8 << 20,
-        min_block: 1 << 20,
-        pool_id: 0,
-    };
+    let c = megabyte_blocks(8 << 20, 0);
     let (mut tree, mut gens) = (vec![0u8; 14], vec![0u32; 8]);
     assert_eq!(
         Buddy::new(c, &mut tree, &mut gens).map(drop),
@@ -313,11 +318,7 @@ fn bad_configurations_are_typed_errors() {
 
 #[test]
 fn sizes_that_overflow_when_rounded_are_too_large() {
-    let c = BuddyConfig {
-        pool_size: 3 << 20,
-        min_block: 1 << 20,
-        pool_id: 0,
-    };
+    let c = megabyte_blocks(3 << 20, 0);
     let (mut tree, mut gens) = (vec![0u8; 7], vec![0u32; 3]);
     let mut b = Buddy::new(c, &mut tree, &mut gens).unwrap();
     assert_eq!(b.max_slot(), 2 << 20);
@@ -339,11 +340,7 @@ fn sizes_that_overflow_when_rounded_are_too_large() {
 
 #[test]
 fn stale_foreign_and_double_frees_change_nothing() {
-    let c = BuddyConfig {
-        pool_size: 4 << 20,
-        min_block: 1 << 20,
-        pool_id: 3,
-    };
+    let c = megabyte_blocks(4 << 20, 3);
     let (mut tree, mut gens) = (vec![0u8; 7], vec![0u32; 4]);
     let mut b = Buddy::new(c, &mut tree, &mut gens).unwrap();
     let first = b.allocate(1 << 20).unwrap();

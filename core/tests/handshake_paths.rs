@@ -64,7 +64,11 @@ fn sglang_instance_at(
     session: &'static str,
     endpoint: &'static str,
 ) -> Instance<'static> {
-    instance_under(Head::Sglang, role, session, endpoint, POOL, None)
+    let how = Serving {
+        head: Head::Sglang,
+        ..Serving::FERRY
+    };
+    instance_serving(role, session, endpoint, how)
 }
 
 /// Every message `inst` has to send now, as text.

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use tensorferry_core::handshake::instance::{Head, InstanceConfig, Prealloc, SGLANG_HEAD_TIMEOUT};
+use tensorferry_core::handshake::instance::{
+    Head, InstanceConfig, InstanceIdentity, Prealloc, SGLANG_HEAD_TIMEOUT,
+};
 
 #[test]
 fn under_sglang_outlasts_the_heads_one_timeout_and_changes_nothing_else() {
@@ -79,13 +81,10 @@ fn the_quarantine_is_derived_from_the_data_planes_write_lifetime() {
     assert_eq!(c.quarantine_for(Duration::MAX).quarantine, Duration::MAX);
 }
 
-#[test]
-fn an_instance_whose_quarantine_a_write_may_outlive_refuses_to_start() {
-    use tensorferry_core::handshake::instance::{
-        Instance, InstanceError, InstanceIdentity, InstanceStorage,
-    };
-    use tensorferry_core::handshake::{Instant, Limits};
-    let who = InstanceIdentity {
+/// A denoiser with a 16 MiB pool whose writes may land up to
+/// `write_lifetime` after they are posted.
+fn denoiser(write_lifetime: Duration) -> InstanceIdentity<'static> {
+    InstanceIdentity {
         role: "denoiser",
         session_id: "s",
         work_endpoint: "tcp://den:1",
@@ -93,8 +92,15 @@ fn an_instance_whose_quarantine_a_write_may_outlive_refuses_to_start() {
         pool_ptr: 0x1000,
         pool_size: 1 << 24,
         delivery_complete: true,
-        write_lifetime: Duration::from_secs(6),
-    };
+        write_lifetime,
+    }
+}
+
+#[test]
+fn an_instance_whose_quarantine_a_write_may_outlive_refuses_to_start() {
+    use tensorferry_core::handshake::instance::{Instance, InstanceError, InstanceStorage};
+    use tensorferry_core::handshake::{Instant, Limits};
+    let who = denoiser(Duration::from_secs(6));
     let start = |config: &InstanceConfig| {
         let storage =
             InstanceStorage::owned(&Limits::INSTANCE, &config.pool(who.pool_size), 0).unwrap();
@@ -117,20 +123,9 @@ fn an_instance_whose_quarantine_a_write_may_outlive_refuses_to_start() {
 /// slice of another length is refused, and the error names it.
 #[test]
 fn an_instance_refuses_storage_of_the_wrong_size_naming_the_slice() {
-    use tensorferry_core::handshake::instance::{
-        Instance, InstanceError, InstanceIdentity, InstanceStorage,
-    };
+    use tensorferry_core::handshake::instance::{Instance, InstanceError, InstanceStorage};
     use tensorferry_core::handshake::{Instant, Limits, StorageError};
-    let who = InstanceIdentity {
-        role: "denoiser",
-        session_id: "s",
-        work_endpoint: "tcp://den:1",
-        coordinator: "tcp://coordinator",
-        pool_ptr: 0x1000,
-        pool_size: 1 << 24,
-        delivery_complete: true,
-        write_lifetime: Duration::ZERO,
-    };
+    let who = denoiser(Duration::ZERO);
     let config = InstanceConfig::FERRY;
     let limits = Limits {
         requests: 8,
@@ -143,11 +138,17 @@ fn an_instance_refuses_storage_of_the_wrong_size_naming_the_slice() {
     assert_eq!(needed.outbox.actions, 8);
     let owned = || InstanceStorage::owned(&limits, &pool, 0).unwrap();
     assert!(Instance::new(Instant(0), &who, &config, owned()).is_ok());
+    let refused = |storage| Instance::new(Instant(0), &who, &config, storage).unwrap_err();
+    // The slice a storage error names.
+    let slice = |err: &InstanceError| match err {
+        InstanceError::Storage(e) => Some((e.part, e.field)),
+        _ => None,
+    };
 
     let mut held = [None; 15];
     let mut storage = owned();
     storage.transfers.held = (&mut held[..]).into();
-    let err = Instance::new(Instant(0), &who, &config, storage).unwrap_err();
+    let err = refused(storage);
     assert_eq!(
         err,
         InstanceError::Storage(StorageError {
@@ -162,32 +163,12 @@ fn an_instance_refuses_storage_of_the_wrong_size_naming_the_slice() {
     let mut events = [None; 100];
     let mut storage = owned();
     storage.outbox.events = (&mut events[..]).into();
-    let err = Instance::new(Instant(0), &who, &config, storage).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            InstanceError::Storage(StorageError {
-                part: "outbox",
-                field: "events",
-                ..
-            })
-        ),
-        "{err}"
-    );
+    let err = refused(storage);
+    assert_eq!(slice(&err), Some(("outbox", "events")), "{err}");
 
     let mut free = [0u32; 7];
     let mut storage = owned();
     storage.transfers.requests.free = (&mut free[..]).into();
-    let err = Instance::new(Instant(0), &who, &config, storage).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            InstanceError::Storage(StorageError {
-                part: "transfers.requests",
-                field: "free",
-                ..
-            })
-        ),
-        "{err}"
-    );
+    let err = refused(storage);
+    assert_eq!(slice(&err), Some(("transfers.requests", "free")), "{err}");
 }

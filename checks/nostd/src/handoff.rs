@@ -18,7 +18,7 @@ use tensorferry_core::json::RawJson;
 use tensorferry_core::managed::ManagedSlice;
 use tensorferry_core::slots::BuddyConfig;
 use tensorferry_core::transport::Incoming;
-use tensorferry_core::wire::{Manifest, PreallocatedSlot, Shape, TensorEntry, TRANSFER_MAGIC};
+use tensorferry_core::wire::{Manifest, PreallocatedSlot, TensorEntry, TRANSFER_MAGIC};
 
 /// The table sizes: four requests in flight, two instances.
 const LIMITS: Limits = Limits {
@@ -354,13 +354,7 @@ pub fn check() -> Result<(), i32> {
                 *b = (i as u8).wrapping_mul(31).wrapping_add(7);
             }
             let dims = [LEN as u64];
-            let entries = [TensorEntry {
-                field: "x".into(),
-                list_index: None,
-                offset: 0,
-                shape: Shape::Dims(&dims),
-                dtype: "uint8".into(),
-            }];
+            let entries = [TensorEntry::single("x", &dims, "uint8")];
             let scalars = RawJson::parse_object(r#"{"prompt":"a red fox"}"#).map_err(|_| 61)?;
             enc.commit(
                 Instant(0),

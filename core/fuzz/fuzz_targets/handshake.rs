@@ -32,6 +32,15 @@ const POOL: BuddyConfig = BuddyConfig {
     pool_id: 0,
 };
 
+/// A request's leg as a staged and its alloc both name it: the request,
+/// its size, and one session.
+#[derive(Arbitrary, Debug)]
+struct Leg {
+    id: u8,
+    size: u32,
+    session: u8,
+}
+
 #[derive(Arbitrary, Debug)]
 enum FMsg {
     Register {
@@ -40,16 +49,10 @@ enum FMsg {
         prealloc: bool,
         endpoint: bool,
     },
-    Staged {
-        id: u8,
-        size: u32,
-        session: u8,
-    },
-    Alloc {
-        id: u8,
-        size: u32,
-        session: u8,
-    },
+    /// The sender's session.
+    Staged(Leg),
+    /// The receiver's session.
+    Alloc(Leg),
     Allocated {
         id: u8,
         session: u8,
@@ -197,26 +200,18 @@ fn encode(m: &FMsg, buf: &mut Vec<u8>) {
             preallocated_slots: SlotList::Slots(if *prealloc { &slots } else { &[] }),
             write_lifetime_ms: u64::from(*role),
         }),
-        FMsg::Staged {
-            id: i,
-            size,
-            session: s,
-        } => Msg::Staged(Staged {
-            request_id: id(i),
-            data_size: u64::from(*size),
-            session_id: session(s),
+        FMsg::Staged(leg) => Msg::Staged(Staged {
+            request_id: id(&leg.id),
+            data_size: u64::from(leg.size),
+            session_id: session(&leg.session),
             manifest: Manifest::Entries(&small),
             ..Staged::default()
         }),
-        FMsg::Alloc {
-            id: i,
-            size,
-            session: s,
-        } => Msg::Alloc(Alloc {
-            request_id: id(i),
-            data_size: u64::from(*size),
+        FMsg::Alloc(leg) => Msg::Alloc(Alloc {
+            request_id: id(&leg.id),
+            data_size: u64::from(leg.size),
             source_role: "encoder".into(),
-            receiver_session_id: session(s),
+            receiver_session_id: session(&leg.session),
         }),
         FMsg::Allocated {
             id: i,

@@ -17,7 +17,7 @@ use tensorferry_core::handshake::instance::{
 use tensorferry_core::handshake::{Instant, Limits, PeerId};
 use tensorferry_core::json::RawJson;
 use tensorferry_core::transport::Incoming;
-use tensorferry_core::wire::{Manifest, Msg, Shape, TensorEntry, TRANSFER_MAGIC};
+use tensorferry_core::wire::{Manifest, Msg, TensorEntry, TRANSFER_MAGIC};
 
 // ---- building the machines --------------------------------------------------
 
@@ -155,13 +155,7 @@ pub fn coordinator_events(coord: &mut Coordinator<'_>) -> Vec<CoordinatorEvent> 
 
 /// One `uint8` tensor `x` of `dims` at the slot's start.
 pub fn blob(dims: &[u64]) -> TensorEntry<'_> {
-    TensorEntry {
-        field: "x".into(),
-        list_index: None,
-        offset: 0,
-        shape: Shape::Dims(dims),
-        dtype: "uint8".into(),
-    }
+    TensorEntry::single("x", dims, "uint8")
 }
 
 /// Announces `len` bytes staged under `token` as one `uint8` tensor, with

@@ -13,7 +13,7 @@ use super::error::{DecodeError, DecodeErrorKind as K};
 use super::manifest::Manifest;
 use super::msg::*;
 use super::slots::SlotList;
-use super::value::{read_val, resolve_key, At};
+use super::value::{closes, read_val, resolve_key, separator, At};
 use crate::json::{JsonError, JsonErrorKind, JsonStr, Lexer, RawJson};
 
 /// Every top-level field name of every message type.
@@ -206,39 +206,37 @@ fn scan(text: &str) -> Result<Fields<'_>, DecodeError> {
         return Err(DecodeError::new(K::NotAnObject(ty), None, 0));
     }
     lx.bump();
-    lx.skip_ws();
-    if lx.peek() == Some(b'}') {
-        lx.bump();
-    } else {
+    if !closes(&mut lx, b'}') {
         loop {
             let key = lx.key()?;
             let v = read_val(&mut lx)?;
             if let Some(i) = key_index(key) {
                 fields.0[i as usize] = Some(v);
             }
-            lx.skip_ws();
-            match lx.peek() {
-                Some(b',') => lx.bump(),
-                Some(b'}') => {
-                    lx.bump();
-                    break;
-                }
-                Some(found) => {
-                    return Err(JsonError {
-                        kind: JsonErrorKind::UnexpectedByte {
-                            found,
-                            expected: "',' or '}'",
-                        },
-                        at: lx.pos(),
-                    }
-                    .into())
-                }
-                None => return Err(lx.err(JsonErrorKind::UnexpectedEnd).into()),
+            match separator(&mut lx, b'}') {
+                Some(true) => {}
+                Some(false) => break,
+                None => return Err(unexpected(&lx)),
             }
         }
     }
     lx.finish()?;
     Ok(fields)
+}
+
+/// What stands where a top-level `,` or `}` must.
+fn unexpected(lx: &Lexer<'_>) -> DecodeError {
+    match lx.peek() {
+        Some(found) => JsonError {
+            kind: JsonErrorKind::UnexpectedByte {
+                found,
+                expected: "',' or '}'",
+            },
+            at: lx.pos(),
+        }
+        .into(),
+        None => lx.err(JsonErrorKind::UnexpectedEnd).into(),
+    }
 }
 
 fn build<'a>(f: &Fields<'a>) -> Result<Msg<'a>, DecodeError> {

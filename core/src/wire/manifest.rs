@@ -8,7 +8,7 @@
 use core::fmt;
 
 use super::error::{DecodeError, DecodeErrorKind as K};
-use super::value::{read_val, resolve_key, At};
+use super::value::{closes, read_val, resolve_key, separator, At};
 use crate::json::number::parse_u64;
 use crate::json::{JsonError, JsonErrorKind, JsonStr, Lexer, RawJson};
 
@@ -93,6 +93,20 @@ pub struct TensorEntry<'a> {
     pub dtype: JsonStr<'a>,
 }
 
+impl<'a> TensorEntry<'a> {
+    /// A tensor that is the whole of `field` (not in a list) and starts
+    /// its slot: the entry of a one-tensor manifest.
+    pub const fn single(field: &'a str, dims: &'a [u64], dtype: &'a str) -> Self {
+        TensorEntry {
+            field: JsonStr::plain(field),
+            list_index: None,
+            offset: 0,
+            shape: Shape::Dims(dims),
+            dtype: JsonStr::plain(dtype),
+        }
+    }
+}
+
 /// A request's manifest: typed entries to encode, or raw JSON as received.
 #[derive(Clone, Copy, Debug)]
 pub enum Manifest<'a> {
@@ -109,11 +123,7 @@ impl Default for Manifest<'_> {
     }
 }
 
-impl PartialEq for Manifest<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        self.iter().eq(other.iter())
-    }
-}
+eq_by_items!(Manifest<'_>);
 
 impl<'a> Manifest<'a> {
     /// The tensor entries, in wire order, each checked on the way.
@@ -174,6 +184,11 @@ const ENTRY: &str = "manifest";
 
 fn syntax(e: JsonError) -> DecodeError {
     DecodeError::json(e, Some(ENTRY))
+}
+
+/// Something other than a separator where one must be.
+fn trailing(lx: &Lexer<'_>) -> DecodeError {
+    syntax(lx.err(JsonErrorKind::TrailingBytes))
 }
 
 fn wrong(v: At<'_>, expected: &'static str) -> DecodeError {
@@ -292,10 +307,7 @@ fn parse_entry<'a>(lx: &mut Lexer<'a>, field: JsonStr<'a>) -> Result<TensorEntry
     let mut list_index = None;
     let start = lx.pos();
     lx.expect(b'{', "'{'").map_err(syntax)?;
-    lx.skip_ws();
-    if lx.peek() == Some(b'}') {
-        lx.bump();
-    } else {
+    if !closes(lx, b'}') {
         loop {
             let key = lx.key().map_err(syntax)?;
             let name = match key.as_plain() {
@@ -316,14 +328,8 @@ fn parse_entry<'a>(lx: &mut Lexer<'a>, field: JsonStr<'a>) -> Result<TensorEntry
                     lx.value().map_err(syntax)?;
                 }
             }
-            lx.skip_ws();
-            match lx.peek() {
-                Some(b',') => lx.bump(),
-                Some(b'}') => {
-                    lx.bump();
-                    break;
-                }
-                _ => return Err(syntax(lx.err(JsonErrorKind::TrailingBytes))),
+            if !separator(lx, b'}').ok_or_else(|| trailing(lx))? {
+                break;
             }
         }
     }
@@ -353,20 +359,11 @@ fn parse_shape<'a>(lx: &mut Lexer<'a>) -> Result<Shape<'a>, DecodeError> {
         ));
     }
     lx.bump();
-    lx.skip_ws();
-    if lx.peek() == Some(b']') {
-        lx.bump();
-    } else {
+    if !closes(lx, b']') {
         loop {
             read_val(lx).map_err(syntax)?.u64("manifest.shape")?;
-            lx.skip_ws();
-            match lx.peek() {
-                Some(b',') => lx.bump(),
-                Some(b']') => {
-                    lx.bump();
-                    break;
-                }
-                _ => return Err(syntax(lx.err(JsonErrorKind::TrailingBytes))),
+            if !separator(lx, b']').ok_or_else(|| trailing(lx))? {
+                break;
             }
         }
     }

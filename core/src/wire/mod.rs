@@ -34,6 +34,20 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+/// `PartialEq` for a list that is either typed or raw JSON: two are equal
+/// when their items are, so a list as received equals the typed one it
+/// spells. A macro because the impl is the same for each such type and the
+/// orphan rule allows no blanket impl of `PartialEq` over a trait of ours.
+macro_rules! eq_by_items {
+    ($ty:ty) => {
+        impl PartialEq for $ty {
+            fn eq(&self, other: &Self) -> bool {
+                self.iter().eq(other.iter())
+            }
+        }
+    };
+}
+
 mod decode;
 mod encode;
 mod error;

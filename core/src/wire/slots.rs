@@ -33,11 +33,7 @@ impl Default for SlotList<'_> {
     }
 }
 
-impl PartialEq for SlotList<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        self.iter().eq(other.iter())
-    }
-}
+eq_by_items!(SlotList<'_>);
 
 impl<'a> SlotList<'a> {
     /// The slots in order, each checked on the way.

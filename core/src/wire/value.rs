@@ -142,20 +142,50 @@ pub(crate) fn for_each_member<'a>(
     let mut lx = Lexer::new(raw.as_str());
     let j = |e| DecodeError::json(e, Some(field));
     lx.expect(b'{', "'{'").map_err(j)?;
-    lx.skip_ws();
-    if lx.peek() == Some(b'}') {
+    if closes(&mut lx, b'}') {
         return Ok(());
     }
     loop {
         let key = lx.key().map_err(j)?;
         let v = read_val(&mut lx).map_err(j)?;
         f(key, v)?;
-        lx.skip_ws();
-        match lx.peek() {
-            Some(b',') => lx.bump(),
-            Some(b'}') => return Ok(()),
-            _ => return Err(j(lx.err(crate::json::JsonErrorKind::TrailingBytes))),
+        match separator(&mut lx, b'}') {
+            Some(true) => {}
+            Some(false) => return Ok(()),
+            None => return Err(j(lx.err(crate::json::JsonErrorKind::TrailingBytes))),
         }
+    }
+}
+
+/// Whether the container just opened is empty: past whitespace, its
+/// `close` (then consumed).
+#[inline]
+pub(crate) fn closes(lx: &mut Lexer<'_>, close: u8) -> bool {
+    lx.skip_ws();
+    let empty = lx.peek() == Some(close);
+    if empty {
+        lx.bump();
+    }
+    empty
+}
+
+/// Reads what follows a member or an element (whitespace first): `Some(true)`
+/// for a `,` (another one follows), `Some(false)` for the container's
+/// `close`; both are consumed. `None` for anything else, left unread for
+/// the caller's error.
+#[inline]
+pub(crate) fn separator(lx: &mut Lexer<'_>, close: u8) -> Option<bool> {
+    lx.skip_ws();
+    match lx.peek()? {
+        b',' => {
+            lx.bump();
+            Some(true)
+        }
+        b if b == close => {
+            lx.bump();
+            Some(false)
+        }
+        _ => None,
     }
 }
 

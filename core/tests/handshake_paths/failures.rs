@@ -29,8 +29,7 @@ fn failure_texts_reach_the_wire_cut_at_a_character_boundary() {
     w.advance(10);
     // The application's reason for failing a received transfer.
     w.wire.writes = Some(Ok(()));
-    w.stage(0, "r2", 6 * KIB);
-    let [token] = w.received(1)[..] else { panic!() };
+    let token = w.hand_over("r2", 6 * KIB);
     w.insts[1]
         .release(token, Some("decode failed: \"latents\" holds NaN\n"))
         .unwrap();
@@ -45,8 +44,7 @@ fn failure_texts_reach_the_wire_cut_at_a_character_boundary() {
 #[test]
 fn receiver_error_in_done_fails_the_request() {
     world!(w, 8);
-    w.stage(0, "r", 6 * KIB);
-    let [token] = w.received(1)[..] else { panic!() };
+    let token = w.hand_over("r", 6 * KIB);
     w.insts[1].release(token, Some("decode failed")).unwrap();
     w.pump();
     assert_eq!(w.failed(), vec![FailReason::ReceiverError]);
@@ -55,13 +53,8 @@ fn receiver_error_in_done_fails_the_request() {
 
 #[test]
 fn re_registration_fails_in_flight_transfers() {
-    let insts = vec![
-        instance("encoder", "enc-0", "tcp://enc:1"),
-        instance("denoiser", "den-0", "tcp://den:1"),
-    ];
-    let mut w = World::new(coordinator(8), insts);
-    w.wire.writes = None;
-    w.stage(0, "r", 20 * KIB);
+    world!(w, 8);
+    w.stage_held(0, "r", 20 * KIB);
     // The denoiser restarts with a new session on the same endpoint.
     w.insts[1] = instance("denoiser", "den-1", "tcp://den:1");
     w.pump();
@@ -77,25 +70,16 @@ fn re_registration_fails_in_flight_transfers() {
         .unwrap();
     w.wire.writes = Some(Ok(()));
     // New work flows to the new session.
-    w.stage(0, "r2", 6 * KIB);
-    let [token] = w.received(1)[..] else { panic!() };
-    w.insts[1].release(token, None).unwrap();
-    w.pump();
-    assert_eq!(w.delivered(), 1);
-    w.assert_clean();
+    let token = w.hand_over("r2", 6 * KIB);
+    w.consume(token);
+    w.assert_done(1);
 }
 
 #[test]
 fn an_encoder_restarted_under_its_old_ids_is_told_the_ids_are_taken() {
-    let insts = vec![
-        instance("encoder", "enc-0", "tcp://enc:1"),
-        instance("denoiser", "den-0", "tcp://den:1"),
-    ];
-    let mut w = World::new(coordinator(8), insts);
-    w.stage(0, "r1", 6 * KIB);
-    let [token] = w.received(1)[..] else { panic!() };
-    w.insts[1].release(token, None).unwrap();
-    w.pump();
+    world!(w, 8);
+    let token = w.hand_over("r1", 6 * KIB);
+    w.consume(token);
     assert_eq!(w.delivered(), 1);
     // The encoder restarts (a new session at the same endpoint) and
     // stages the same id again: refused, and told why.
@@ -111,10 +95,8 @@ fn an_encoder_restarted_under_its_old_ids_is_told_the_ids_are_taken() {
     let [_, token] = w.received(1)[..] else {
         panic!()
     };
-    w.insts[1].release(token, None).unwrap();
-    w.pump();
-    assert_eq!(w.delivered(), 2);
-    w.assert_clean();
+    w.consume(token);
+    w.assert_done(2);
 }
 
 #[test]
@@ -122,30 +104,26 @@ fn duplicates_and_strangers_change_nothing() {
     world!(w, 8);
     let mut buf = vec![0u8; 4096];
     // A duplicated transfer_staged.
-    w.stage(0, "r", 6 * KIB);
-    let [token] = w.received(1)[..] else { panic!() };
+    let token = w.hand_over("r", 6 * KIB);
     let staged =
         br#"{"msg_type":"transfer_staged","request_id":"r","data_size":6144,"session_id":"enc-0"}"#;
-    assert_eq!(
-        w.coord.handle(w.now, PeerId(1), &decode(staged).unwrap()),
-        Err(Ignored::Duplicate)
-    );
-    // transfer_pushed twice.
+    let staged = decode(staged).unwrap();
     let pushed = decode(br#"{"msg_type":"transfer_pushed","request_id":"r"}"#).unwrap();
-    assert_eq!(
-        w.coord.handle(w.now, PeerId(1), &pushed),
-        Err(Ignored::WrongState)
-    );
-    // From a stranger, or from the wrong instance.
-    assert_eq!(
-        w.coord.handle(w.now, PeerId(9), &decode(staged).unwrap()),
-        Err(Ignored::NotRegistered)
-    );
     let done = decode(br#"{"msg_type":"transfer_done","request_id":"r"}"#).unwrap();
-    assert_eq!(
-        w.coord.handle(w.now, PeerId(1), &done),
-        Err(Ignored::WrongPeer)
-    );
+    for (peer, msg, ignored) in [
+        (1, staged, Ignored::Duplicate),
+        // transfer_pushed twice.
+        (1, pushed, Ignored::WrongState),
+        // From a stranger, or from the wrong instance.
+        (9, staged, Ignored::NotRegistered),
+        (1, done, Ignored::WrongPeer),
+    ] {
+        assert_eq!(
+            w.coord.handle(w.now, PeerId(peer), &msg),
+            Err(ignored),
+            "{msg:?}"
+        );
+    }
     // transfer_ready for a slot that is not this request's.
     let ready =
         decode(br#"{"msg_type":"transfer_ready","request_id":"x","slot_offset":12345}"#).unwrap();
@@ -170,19 +148,16 @@ fn duplicates_and_strangers_change_nothing() {
         Err(Ignored::UnknownRequest)
     );
     assert_eq!(
-        w.coord.handle(w.now, PeerId(1), &decode(staged).unwrap()),
+        w.coord.handle(w.now, PeerId(1), &staged),
         Err(Ignored::Duplicate)
     );
-    assert_eq!(w.delivered(), 1);
-    w.assert_clean();
+    w.assert_done(1);
 }
 
 #[test]
 fn late_messages_after_an_abort_are_ignored() {
     world!(w, 8);
-    w.wire.drop = vec![MsgType::Allocated];
-    w.stage(0, "r", 20 * KIB);
-    w.advance(11);
+    w.time_out_alloc("r");
     let late_ready =
         decode(br#"{"msg_type":"transfer_ready","request_id":"r","slot_offset":0}"#).unwrap();
     assert_eq!(w.insts[1].handle(w.now, &late_ready), Err(Ignored::Aborted));
@@ -194,8 +169,7 @@ fn late_messages_after_an_abort_are_ignored() {
 #[test]
 fn a_full_transfer_table_is_answered_on_the_wire() {
     world!(w, 1);
-    w.wire.writes = None;
-    w.stage(0, "a", 6 * KIB);
+    w.stage_held(0, "a", 6 * KIB);
     w.stage(0, "b", 6 * KIB);
     assert_eq!(w.failed(), vec![FailReason::TableFull]);
     assert!(w.inst_events.iter().any(|(i, e)| *i == 0
@@ -260,14 +234,12 @@ fn losing_the_coordinator_ends_what_it_relayed() {
     assert!(w.insts.iter().all(Instance::is_registered));
     // The coordinator's own timers end its side; then all is clean, and a
     // new request goes through.
-    w.advance(200);
-    w.assert_clean();
+    w.assert_clean_after(200);
     w.stage(0, "after", 6 * KIB);
     let [token] = w.received(1)[..] else {
         panic!("{:?}", w.inst_events)
     };
-    w.insts[1].release(token, None).unwrap();
-    w.pump();
+    w.consume(token);
     w.assert_clean();
 }
 
@@ -340,8 +312,7 @@ fn forged_allocs_cannot_take_the_room_of_the_preallocated_slots() {
     let [token] = w.received(1)[..] else {
         panic!("{:?}", w.inst_events)
     };
-    w.insts[1].release(token, None).unwrap();
-    w.pump();
+    w.consume(token);
     assert_eq!(w.delivered(), 1);
 }
 

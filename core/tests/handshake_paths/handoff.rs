@@ -9,7 +9,7 @@ use crate::harness;
 use crate::paths::{self, *};
 use tensorferry_core::handshake::coordinator::*;
 use tensorferry_core::handshake::instance::*;
-use tensorferry_core::handshake::{Ignored, Instant};
+use tensorferry_core::handshake::Ignored;
 use tensorferry_core::slots::BuddyConfig;
 use tensorferry_core::wire::MsgType;
 
@@ -27,8 +27,7 @@ fn fast_path_uses_a_preallocated_slot() {
     assert_eq!(rx.manifest.validate(), Ok(1));
     assert_eq!(rx.scalar_fields.as_str(), r#"{"prompt":"a cat"}"#);
     assert_eq!(w.insts[1].prealloc_in_use(), 1);
-    w.insts[1].release(token, None).unwrap();
-    w.pump();
+    w.consume(token);
     assert_eq!(w.delivered(), 1);
     // staged, pushed and done were each traced to their sender by content.
     assert_eq!(w.judged, 3);
@@ -41,15 +40,10 @@ fn fast_path_uses_a_preallocated_slot() {
 #[test]
 fn each_phase_of_a_hand_off_is_timed_on_the_given_clock() {
     world!(w, 8);
-    w.wire.writes = None;
-    w.stage(0, "r1", 6 * KIB);
+    w.stage_held(0, "r1", 6 * KIB);
     // The push went out at once (fast path); the write takes 3 ms.
     w.advance(3);
-    let (i, write) = w.pending.pop().unwrap();
-    w.insts[i]
-        .handle_completion(w.now, write.token, Ok(()))
-        .unwrap();
-    w.pump();
+    w.complete_last();
     let sent: Vec<_> = w
         .inst_events
         .iter()
@@ -70,8 +64,7 @@ fn each_phase_of_a_hand_off_is_timed_on_the_given_clock() {
         panic!("{:?}", w.inst_events)
     };
     w.advance(2);
-    w.insts[1].release(token, None).unwrap();
-    w.pump();
+    w.consume(token);
     let timing: Vec<_> = w
         .coord_events
         .iter()
@@ -104,32 +97,33 @@ fn slow_path_allocates_a_slot() {
     );
     let [token] = w.received(1)[..] else { panic!() };
     assert_eq!(w.insts[1].received(token).unwrap().slot_size, 32 * KIB);
-    w.insts[1].release(token, None).unwrap();
-    w.pump();
-    assert_eq!(w.delivered(), 1);
-    w.assert_clean();
+    w.consume(token);
+    w.assert_done(1);
+}
+
+/// Fills the receiver's pool (64 KiB, 16 KiB in preallocated slots) with
+/// one 32 KiB transfer, `hold`, that the application holds, then stages
+/// 32 KiB more as `id`: returns the held transfer.
+fn fill_then_stage(w: &mut World<'_>, id: &str) -> Token {
+    let held = w.hand_over("hold", 32 * KIB);
+    w.stage(0, id, 32 * KIB);
+    held
 }
 
 #[test]
 fn a_retryable_reject_is_retried_after_backoff() {
     world!(w, 8);
-    // The receiver's pool (64 KiB, 16 KiB in preallocated slots) is filled
-    // by one 32 KiB transfer that the application holds.
-    w.stage(0, "hold", 32 * KIB);
-    let [held] = w.received(1)[..] else { panic!() };
-    w.stage(0, "next", 32 * KIB);
+    let held = fill_then_stage(&mut w, "next");
     assert_eq!(w.sent(MsgType::AllocReject), 1);
     assert!(w.failed().is_empty());
-    w.insts[1].release(held, None).unwrap();
-    w.pump();
+    w.consume(held);
     w.advance(2);
     assert_eq!(w.sent(MsgType::AllocReject), 1);
     assert_eq!(w.sent(MsgType::Alloc), 3);
     let [_, token] = w.received(1)[..] else {
         panic!("{:?}", w.inst_events)
     };
-    w.insts[1].release(token, None).unwrap();
-    w.pump();
+    w.consume(token);
     assert_eq!(w.delivered(), 2);
     // "next" waited in the queue from its staging at 0 until the retry
     // after the 1 ms backoff, which the clock reached at once.
@@ -151,38 +145,36 @@ fn a_retryable_reject_is_retried_after_backoff() {
 #[test]
 fn rejects_past_the_attempt_limit_fail_the_request() {
     world!(w, 8);
-    w.stage(0, "hold", 32 * KIB);
-    let [held] = w.received(1)[..] else { panic!() };
-    w.stage(0, "doomed", 32 * KIB);
+    let held = fill_then_stage(&mut w, "doomed");
     // Attempts at 0, 1 and 3 ms (backoff 1 ms times the attempt number).
     w.advance(5);
     assert_eq!(w.sent(MsgType::AllocReject), 3);
     assert_eq!(w.failed(), vec![FailReason::Rejected]);
     assert_eq!(w.sent(MsgType::Abort), 2, "sender and receiver told");
-    w.insts[1].release(held, None).unwrap();
-    w.pump();
+    w.consume(held);
     assert_eq!(w.delivered(), 1);
-    w.advance(10);
-    w.assert_clean();
+    w.assert_clean_after(10);
 }
 
 #[test]
 fn a_size_no_pool_can_hold_is_rejected_for_good() {
     // Staged from a larger pool than the receiver's: not retryable.
-    let big_pool = BuddyConfig {
-        pool_size: 256 * KIB,
-        ..POOL
+    let big_pool = Serving {
+        pool: BuddyConfig {
+            pool_size: 256 * KIB,
+            ..POOL
+        },
+        ..Serving::FERRY
     };
     let insts = vec![
-        instance_with("encoder", "enc-0", "tcp://enc:1", big_pool, None),
+        instance_serving("encoder", "enc-0", "tcp://enc:1", big_pool),
         instance("denoiser", "den-0", "tcp://den:1"),
     ];
     let mut w = World::new(coordinator(8), insts);
     w.stage(0, "r", 128 * KIB);
     assert_eq!(w.failed(), vec![FailReason::Rejected]);
     assert_eq!(w.sent(MsgType::AllocReject), 1);
-    w.advance(10);
-    w.assert_clean();
+    w.assert_clean_after(10);
 }
 
 #[test]
@@ -196,8 +188,7 @@ fn a_failed_write_fails_the_request() {
             if id.as_str() == "r" && reason.as_str() == "remote access error")));
     // The receiver's reserved slot sits out its quarantine, then frees.
     assert_eq!(w.insts[1].requests_held(), 1);
-    w.advance(10);
-    w.assert_clean();
+    w.assert_clean_after(10);
 }
 
 #[test]
@@ -221,47 +212,35 @@ fn queue_timeout_without_receivers() {
 #[test]
 fn alloc_timeout() {
     world!(w, 8);
-    w.wire.drop = vec![MsgType::Allocated];
-    w.stage(0, "r", 20 * KIB);
-    w.advance(11);
-    assert_eq!(w.failed(), vec![FailReason::AllocTimeout]);
-    w.advance(10);
-    w.assert_clean();
+    w.time_out_alloc("r");
+    w.assert_clean_after(10);
 }
 
 #[test]
 fn push_timeout_and_the_late_completion() {
     world!(w, 8);
-    w.wire.writes = None;
-    w.stage(0, "r", 6 * KIB);
+    w.stage_held(0, "r", 6 * KIB);
     w.advance(11);
     assert_eq!(w.failed(), vec![FailReason::PushTimeout]);
     // The write completes after the abort: no report, slot freed.
-    let (i, write) = w.pending.pop().unwrap();
-    w.insts[i]
-        .handle_completion(w.now, write.token, Ok(()))
-        .unwrap();
-    w.pump();
+    w.complete_last();
     assert_eq!(w.sent(MsgType::Pushed), 0);
     // The preallocated slot comes back after its quarantine.
     assert_eq!(w.coord.prealloc_taken(), 1);
-    w.advance(10);
-    w.assert_clean();
+    w.assert_clean_after(10);
 }
 
 #[test]
 fn done_timeout_then_the_late_release() {
     world!(w, 8);
-    w.stage(0, "r", 6 * KIB);
-    let [token] = w.received(1)[..] else { panic!() };
+    let token = w.hand_over("r", 6 * KIB);
     w.advance(11);
     assert_eq!(w.failed(), vec![FailReason::DoneTimeout]);
     assert!(w.inst_events.contains(&(1, InstanceEvent::Aborted(token))));
     // The application still reads; the preallocated slot stays parked.
     assert!(w.insts[1].received(token).is_some());
     assert_eq!(w.coord.prealloc_taken(), 1);
-    w.insts[1].release(token, None).unwrap();
-    w.pump();
+    w.consume(token);
     // The late transfer_done gives the slot back at once.
     assert_eq!(w.coord.prealloc_taken(), 0);
     w.assert_clean();
@@ -283,8 +262,7 @@ fn one_request_id_passes_through_every_leg() {
     // The denoiser forwards the request under the same id while it still
     // holds its input; the second leg's write is slow.
     w.advance(6);
-    w.wire.writes = None;
-    w.stage(1, "r1", 6 * KIB);
+    w.stage_held(1, "r1", 6 * KIB);
     assert_eq!(w.pending.len(), 1);
     // The first leg times out waiting for the denoiser's `transfer_done`.
     w.advance(5);
@@ -304,18 +282,13 @@ fn one_request_id_passes_through_every_leg() {
         .inst_events
         .iter()
         .any(|(i, e)| *i == 1 && matches!(e, InstanceEvent::SendFailed { .. })));
-    let (i, write) = w.pending.pop().unwrap();
-    w.insts[i]
-        .handle_completion(w.now, write.token, Ok(()))
-        .unwrap();
-    w.pump();
+    w.complete_last();
     let [output] = w.received(2)[..] else {
         panic!("{:?}", w.inst_events)
     };
     assert_eq!(w.insts[2].received(output).unwrap().id, "r1");
     w.insts[2].release(output, None).unwrap();
-    w.insts[1].release(input, None).unwrap();
-    w.pump();
+    w.consume(input);
     let delivered: Vec<_> = w
         .coord_events
         .iter()
@@ -325,15 +298,13 @@ fn one_request_id_passes_through_every_leg() {
         })
         .collect();
     assert_eq!(delivered, [("r1", 1)]);
-    w.advance(100);
-    w.assert_clean();
+    w.assert_clean_after(100);
 }
 
 #[test]
 fn write_cookies_are_tokens_and_a_stale_one_is_refused() {
     world!(w, 8);
-    w.wire.writes = None;
-    w.stage(0, "r", 6 * KIB);
+    w.stage_held(0, "r", 6 * KIB);
     let (i, write) = w.pending.pop().unwrap();
     let token = Token::from_cookie(write.token.cookie());
     assert_eq!(token, write.token);
@@ -352,8 +323,7 @@ fn write_cookies_are_tokens_and_a_stale_one_is_refused() {
         .is_err());
     w.pump();
     let [token] = w.received(1)[..] else { panic!() };
-    w.insts[1].release(token, None).unwrap();
-    w.pump();
+    w.consume(token);
     w.assert_clean();
 }
 
@@ -371,29 +341,11 @@ fn most_free_slots_ranks_by_room_when_no_slot_fits_and_by_slots_when_they_do() {
     // den-1 (and the encoder) offer no preallocated slot; den-0 two of
     // 8 KiB.
     let bare = |role, name, endpoint| {
-        let who = InstanceIdentity {
-            role,
-            session_id: name,
-            work_endpoint: endpoint,
-            coordinator: "tcp://coordinator",
-            pool_ptr: POOL_PTR,
-            pool_size: POOL.pool_size,
-            delivery_complete: true,
-            write_lifetime: Duration::ZERO,
-        };
-        let config = InstanceConfig {
-            min_block: POOL.min_block,
+        let how = Serving {
             prealloc: Prealloc::NONE,
-            register_retry: Duration::from_millis(5),
-            staged_timeout: Duration::from_millis(100),
-            reserved_timeout: Duration::from_millis(100),
-            quarantine: Duration::from_millis(5),
-            message_delay: Duration::ZERO,
-            landing_timeout: Duration::from_millis(100),
-            head: Head::Ferry,
-            alloc_hold: Duration::from_millis(50),
+            ..Serving::FERRY
         };
-        harness::instance(Instant(0), &who, &config, &LIMITS)
+        instance_serving(role, name, endpoint, how)
     };
     let insts = vec![
         bare("encoder", "enc-0", "tcp://enc:1"),

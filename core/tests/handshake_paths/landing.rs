@@ -20,12 +20,14 @@ macro_rules! gated_world {
     ($w:ident, $landing:expr) => {
         let insts = vec![
             instance("encoder", "enc-0", "tcp://enc:1"),
-            instance_with(
+            instance_serving(
                 "denoiser",
                 "den-0",
                 "tcp://den:1",
-                POOL,
-                Some(Duration::from_millis($landing)),
+                Serving {
+                    landing: Some(Duration::from_millis($landing)),
+                    ..Serving::FERRY
+                },
             ),
         ];
         let mut $w = World::new(coordinator(8), insts);
@@ -41,6 +43,22 @@ fn awaited(w: &World<'_>, id: &str) -> WriteTag {
     WriteTag::of(id, POOL_PTR + offset)
 }
 
+/// Stages `id` (6 KiB) at the sender: the tag its write's arrival must
+/// carry, which the receiver waits for.
+fn stage_awaited(w: &mut World<'_>, id: &str) -> WriteTag {
+    w.stage(0, id, 6 * KIB);
+    awaited(w, id)
+}
+
+/// The receiver told the coordinator the write never landed and handed
+/// nothing over; nothing is held anywhere.
+#[track_caller]
+fn assert_never_landed(w: &World<'_>) {
+    assert_eq!(error_sent(w, "transfer_done"), "write never landed");
+    assert!(w.received(1).is_empty());
+    w.assert_clean();
+}
+
 #[test]
 fn a_gated_receiver_hands_over_a_transfer_only_once_its_write_landed() {
     gated_world!(w, 3);
@@ -52,11 +70,7 @@ fn a_gated_receiver_hands_over_a_transfer_only_once_its_write_landed() {
         .enumerate()
     {
         w.stage(0, id, size);
-        let (i, write) = w.pending.pop().unwrap();
-        w.insts[i]
-            .handle_completion(w.now, write.token, Ok(()))
-            .unwrap();
-        w.pump();
+        let write = w.complete_last();
         assert_eq!(w.received(1).len(), n, "announced ready, not yet landed");
         // The receiver waits for the tag the sender wrote with.
         let tag = awaited(&w, id);
@@ -85,29 +99,30 @@ fn a_gated_receiver_hands_over_a_transfer_only_once_its_write_landed() {
     w.assert_clean();
 }
 
+/// Stages `id` (6 KiB) with its write held, and reports the write landed
+/// before its `transfer_ready` came: nothing is handed over for it yet.
+/// The write stays held for the test to complete.
+fn landed_before_ready(w: &mut World<'_>, id: &str) {
+    w.stage_held(0, id, 6 * KIB);
+    let tag = w.pending.last().unwrap().1.tag;
+    assert!(!w.insts[1].handle_landed(w.now, Landed::of(tag)));
+}
+
 /// The bytes do not travel through the coordinator, the ready does: a
 /// write reported landed before its `transfer_ready` came is remembered,
 /// and the transfer is handed over as soon as the ready comes.
 #[test]
 fn a_write_that_landed_before_its_ready_is_handed_over_when_the_ready_comes() {
     gated_world!(w, 3);
-    w.wire.writes = None;
-    w.stage(0, "early", 6 * KIB);
-    let (i, write) = w.pending.pop().unwrap();
-    assert!(!w.insts[1].handle_landed(w.now, Landed::of(write.tag)));
+    landed_before_ready(&mut w, "early");
     assert_eq!(w.insts[1].awaiting_landing(), 0, "no ready yet");
-    w.insts[i]
-        .handle_completion(w.now, write.token, Ok(()))
-        .unwrap();
-    w.pump();
+    w.complete_last();
     let [token] = w.received(1)[..] else {
         panic!("handed over with the ready: {:?}", w.received(1))
     };
     assert_eq!(w.insts[1].awaiting_landing(), 0);
-    w.insts[1].release(token, None).unwrap();
-    w.pump();
-    assert_eq!(w.delivered(), 1);
-    w.assert_clean();
+    w.consume(token);
+    w.assert_done(1);
 }
 
 /// A remembered arrival is forgotten after the landing limit: a ready that
@@ -115,28 +130,19 @@ fn a_write_that_landed_before_its_ready_is_handed_over_when_the_ready_comes() {
 #[test]
 fn an_arrival_no_ready_claims_is_forgotten_after_the_landing_limit() {
     gated_world!(w, 3);
-    w.wire.writes = None;
-    w.stage(0, "stale", 6 * KIB);
-    let (i, write) = w.pending.pop().unwrap();
-    assert!(!w.insts[1].handle_landed(w.now, Landed::of(write.tag)));
+    landed_before_ready(&mut w, "stale");
     w.now = w.now + Duration::from_millis(3);
-    w.insts[i]
-        .handle_completion(w.now, write.token, Ok(()))
-        .unwrap();
-    w.pump();
+    w.complete_last();
     assert!(w.received(1).is_empty(), "the arrival was forgotten");
     assert_eq!(w.insts[1].awaiting_landing(), 1);
     w.advance(3 + 5);
-    assert_eq!(error_sent(&w, "transfer_done"), "write never landed");
-    assert!(w.received(1).is_empty());
-    w.assert_clean();
+    assert_never_landed(&w);
 }
 
 #[test]
 fn a_write_that_never_lands_is_refused_after_its_slot_sat_out_a_quarantine() {
     gated_world!(w, 3);
-    w.stage(0, "lost", 6 * KIB);
-    let tag = awaited(&w, "lost");
+    let tag = stage_awaited(&mut w, "lost");
     let offset = w.insts[1].slot_for("lost").unwrap().offset;
     // The landing limit passes: nothing is handed over, nothing reported
     // yet, and the slot stays held (the bytes may still come).
@@ -152,10 +158,8 @@ fn a_write_that_never_lands_is_refused_after_its_slot_sat_out_a_quarantine() {
     // The quarantine ends: the slot is free, and only now does the
     // coordinator hear of the failure (and may reuse the slot).
     w.advance(5);
-    assert_eq!(error_sent(&w, "transfer_done"), "write never landed");
     assert_eq!(w.failed(), vec![FailReason::ReceiverError]);
-    assert!(w.received(1).is_empty());
-    w.assert_clean();
+    assert_never_landed(&w);
 }
 
 #[test]
@@ -163,8 +167,7 @@ fn an_abort_while_landing_quarantines_the_slot_and_reports_when_it_is_free() {
     // The receiver's gate (20 ms) outlasts the coordinator's done timeout
     // (10 ms): the coordinator aborts first.
     gated_world!(w, 20);
-    w.stage(0, "r", 6 * KIB);
-    let _ = awaited(&w, "r");
+    stage_awaited(&mut w, "r");
     w.advance(10);
     assert_eq!(w.failed(), vec![FailReason::DoneTimeout]);
     assert_eq!(w.insts[1].awaiting_landing(), 0);
@@ -175,9 +178,7 @@ fn an_abort_while_landing_quarantines_the_slot_and_reports_when_it_is_free() {
         "parked until the receiver lets go"
     );
     w.advance(5);
-    assert_eq!(error_sent(&w, "transfer_done"), "write never landed");
-    assert!(w.received(1).is_empty());
-    w.assert_clean();
+    assert_never_landed(&w);
 }
 
 #[test]

@@ -45,8 +45,7 @@ fn a_draining_receiver_finishes_what_it_holds_and_gets_no_new_work() {
     }
     assert_eq!(w.received(1).len(), 1, "nothing new reached den-0");
     // What den-0 holds ends as usual, and its drain is over.
-    w.insts[1].release(held, None).unwrap();
-    w.pump();
+    w.consume(held);
     assert_eq!(w.insts[1].in_flight(), 0);
     // The coordinator told it nothing more is addressed to it.
     assert!(w.insts[1].is_drained());
@@ -101,10 +100,8 @@ fn a_draining_instance_stages_nothing_new_and_rejects_an_alloc_for_another_recei
 fn leaving_fails_what_is_held_and_every_peer_hears_it() {
     let mut w = two_receivers();
     // den-0 holds "a"; "b" is being written to den-0 when it leaves.
-    w.stage(0, "a", 20 * KIB);
-    let [held] = w.received(1)[..] else { panic!() };
-    w.wire.writes = None;
-    w.stage(0, "b", 12 * KIB);
+    let held = w.hand_over("a", 20 * KIB);
+    w.stage_held(0, "b", 12 * KIB);
     w.stage(0, "c", 12 * KIB);
     let (_, to_den0) = w
         .pending
@@ -131,18 +128,12 @@ fn leaving_fails_what_is_held_and_every_peer_hears_it() {
     // as usual; nothing more goes out of den-0.
     assert!(w.inst_events.contains(&(1, InstanceEvent::Aborted(held))));
     let before = w.from_instances.len();
-    w.insts[1].release(held, None).unwrap();
-    w.pump();
+    w.consume(held);
     assert_eq!(w.from_instances.len(), before);
     assert_eq!(w.insts[1].requests_held(), 0);
     // The encoder's writes complete: "c" (aborted) is not reported, "b"
     // (to den-1) is delivered.
-    for (i, wr) in std::mem::take(&mut w.pending) {
-        w.insts[i]
-            .handle_completion(w.now, wr.token, Ok(()))
-            .unwrap();
-    }
-    w.pump();
+    w.complete_writes();
     let last = *w.received(2).last().unwrap();
     w.insts[2].release(last, None).unwrap();
     w.pump();
@@ -154,8 +145,7 @@ fn leaving_fails_what_is_held_and_every_peer_hears_it() {
 #[test]
 fn a_draining_coordinator_takes_no_new_transfer_and_its_shutdown_aborts_the_rest() {
     world!(w, 8);
-    w.stage(0, "a", 20 * KIB);
-    let [held] = w.received(1)[..] else { panic!() };
+    let held = w.hand_over("a", 20 * KIB);
     w.coord.drain();
     assert!(w.coord.is_draining());
     // A new transfer is refused at once; the sender hears why.
@@ -222,8 +212,7 @@ fn under_sglangs_head_leaving_fails_each_receive_the_head_waits_on() {
 #[test]
 fn a_sender_that_left_after_its_write_leaves_the_receiver_to_finish() {
     world!(w, 8);
-    w.stage(0, "a", 20 * KIB);
-    let [held] = w.received(1)[..] else { panic!() };
+    let held = w.hand_over("a", 20 * KIB);
     // The encoder's part is over once its bytes are written: its drain
     // ends at once, and its leaving fails nothing.
     w.insts[0].drain(w.now);
@@ -232,8 +221,7 @@ fn a_sender_that_left_after_its_write_leaves_the_receiver_to_finish() {
     w.pump();
     assert!(w.failed().is_empty(), "{:?}", w.failed());
     assert_eq!(w.coord.members(), 1);
-    w.insts[1].release(held, None).unwrap();
-    w.pump();
+    w.consume(held);
     assert_eq!(w.delivered(), 1);
     assert_eq!(w.coord.in_flight(), 0);
 }
@@ -244,25 +232,18 @@ fn a_drain_waits_for_a_fast_path_transfer_it_did_not_know_of() {
     // A fast-path transfer to den-0 is being written when den-0 drains:
     // the coordinator took den-0's preallocated slot, and den-0 has no
     // record of it yet.
-    w.wire.writes = None;
-    w.stage(0, "a", 4 * KIB);
+    w.stage_held(0, "a", 4 * KIB);
     assert_eq!(w.sent(MsgType::Alloc), 0, "fast path");
     w.insts[1].drain(w.now);
     w.pump();
     assert_eq!(w.insts[1].in_flight(), 0);
     assert!(!w.insts[1].is_drained(), "a transfer to it is on its way");
-    for (i, wr) in std::mem::take(&mut w.pending) {
-        w.insts[i]
-            .handle_completion(w.now, wr.token, Ok(()))
-            .unwrap();
-    }
-    w.pump();
+    w.complete_writes();
     let [token] = w.received(1)[..] else {
         panic!("{:?}", w.inst_events)
     };
     assert!(!w.insts[1].is_drained());
-    w.insts[1].release(token, None).unwrap();
-    w.pump();
+    w.consume(token);
     assert!(w.insts[1].is_drained());
     w.insts[1].leave(w.now, "drained");
     w.pump();
@@ -313,20 +294,14 @@ fn a_draining_coordinator_still_carries_a_request_to_its_end() {
 #[test]
 fn a_sender_leaving_with_a_write_out_reports_it_before_it_says_it_is_gone() {
     let mut w = two_receivers();
-    w.wire.writes = None;
-    w.stage(0, "a", 20 * KIB);
+    w.stage_held(0, "a", 20 * KIB);
     assert_eq!(w.pending.len(), 1, "the write is posted");
     w.insts[0].leave(w.now, "stopped");
     w.pump();
     assert!(w.insts[0].is_leaving());
     assert!(!w.insts[0].has_left(), "its write is still out");
     assert_eq!(w.sent(MsgType::Deregister), 0);
-    for (i, wr) in std::mem::take(&mut w.pending) {
-        w.insts[i]
-            .handle_completion(w.now, wr.token, Ok(()))
-            .unwrap();
-    }
-    w.pump();
+    w.complete_writes();
     assert!(w.insts[0].has_left());
     // The write's report went first, then the leaving: the transfer goes
     // on without its sender.
@@ -341,8 +316,7 @@ fn a_sender_leaving_with_a_write_out_reports_it_before_it_says_it_is_gone() {
         .collect();
     assert_eq!(order, ["transfer_pushed", "transfer_deregister"]);
     let token = *w.received(1).last().unwrap();
-    w.insts[1].release(token, None).unwrap();
-    w.pump();
+    w.consume(token);
     assert_eq!(w.delivered(), 1);
     assert!(w.failed().is_empty(), "{:?}", w.failed());
     assert_eq!(w.insts[0].poll_timeout(), None);

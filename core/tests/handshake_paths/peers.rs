@@ -119,70 +119,104 @@ fn an_answer_queued_for_a_place_that_changed_hands_is_not_sent_to_its_new_holder
     );
 }
 
-#[test]
-fn without_sender_names_a_registration_names_its_endpoint_and_a_result_counts_as_done() {
-    // A channel that cannot name senders (ZeroMQ's PULL): each role
-    // reports to an endpoint of its own, as under sglang's head.
+/// Hands every message the coordinator has queued to the instance it is
+/// for: `enc` at `tcp://enc:1`, `den` otherwise.
+fn to_insts(
+    coord: &mut Coordinator<'static>,
+    enc: &mut Instance<'static>,
+    den: &mut Instance<'static>,
+    now: Instant,
+) {
+    for (to, msg) in transmitted(coord) {
+        let msg = decode(msg.as_bytes()).unwrap();
+        let inst = if to == "tcp://enc:1" {
+            &mut *enc
+        } else {
+            &mut *den
+        };
+        let _ = inst.handle(now, &msg);
+    }
+}
+
+/// The coordinator's endpoint for encoders, in [`role_endpoints`].
+const ENC_VIA: &str = "tcp://coord:enc";
+/// The coordinator's endpoint for denoisers, in [`role_endpoints`].
+const DEN_VIA: &str = "tcp://coord:den";
+
+/// A coordinator whose encoders and denoisers report to endpoints of their
+/// own ([`ENC_VIA`], [`DEN_VIA`]), as under sglang's head, and
+/// an encoder and a denoiser, not yet registered.
+fn role_endpoints() -> (Coordinator<'static>, Instance<'static>, Instance<'static>) {
     let mut coord = coordinator(8);
-    coord
-        .set_role_endpoint("encoder", "tcp://coord:enc")
-        .unwrap();
-    coord
-        .set_role_endpoint("denoiser", "tcp://coord:den")
-        .unwrap();
-    assert_eq!(
-        coord.set_role_endpoint("painter", "tcp://coord:p"),
-        Err(ConfigError::UnknownRole)
-    );
-    let mut enc = instance("encoder", "enc-0", "tcp://enc:1");
-    let mut den = instance("denoiser", "den-0", "tcp://den:1");
+    coord.set_role_endpoint("encoder", ENC_VIA).unwrap();
+    coord.set_role_endpoint("denoiser", DEN_VIA).unwrap();
+    let enc = instance("encoder", "enc-0", "tcp://enc:1");
+    let den = instance("denoiser", "den-0", "tcp://den:1");
+    (coord, enc, den)
+}
+
+/// Every message `inst` has to send, delivered as a channel that names no
+/// sender delivers it, at `via`, from a connection authenticated as `user`
+/// (`""`: none): what the coordinator made of each.
+fn deliver(
+    coord: &mut Coordinator<'static>,
+    inst: &mut Instance<'static>,
+    user: &str,
+    via: &str,
+    now: Instant,
+) -> Vec<Result<PeerId, Unhandled>> {
     let mut buf = vec![0u8; 16 * 1024];
-    let mut now = Instant(0);
-    // Each side's messages, delivered without a sender's name.
-    let mut deliver = |coord: &mut Coordinator<'static>,
-                       inst: &mut Instance<'static>,
-                       via: &str,
-                       now: Instant| {
-        let mut results = Vec::new();
-        while let Some(n) = inst.poll_transmit(&mut buf) {
-            let n = n.unwrap();
-            results.push(coord.handle_incoming(now, &incoming("", via, &buf[..n])));
-        }
-        results
-    };
-    let to_insts = |coord: &mut Coordinator<'static>,
-                    enc: &mut Instance<'static>,
-                    den: &mut Instance<'static>,
-                    now: Instant| {
-        for (to, msg) in transmitted(coord) {
-            let msg = decode(msg.as_bytes()).unwrap();
-            let inst = if to == "tcp://enc:1" {
-                &mut *enc
-            } else {
-                &mut *den
-            };
-            let _ = inst.handle(now, &msg);
-        }
-    };
-    for r in deliver(&mut coord, &mut enc, "tcp://coord:enc", now) {
-        assert_eq!(coord.endpoint_of(r.unwrap()), Some("tcp://enc:1"));
+    let mut results = Vec::new();
+    while let Some(n) = inst.poll_transmit(&mut buf) {
+        let n = n.unwrap();
+        results.push(coord.handle_incoming(now, &as_user(user, via, &buf[..n])));
     }
-    for r in deliver(&mut coord, &mut den, "tcp://coord:den", now) {
-        assert_eq!(coord.endpoint_of(r.unwrap()), Some("tcp://den:1"));
-    }
-    to_insts(&mut coord, &mut enc, &mut den, now);
-    assert!(enc.is_registered() && den.is_registered());
-    // encoder → denoiser, every message judged by content and endpoint.
+    results
+}
+
+/// The encoder stages and commits request `r-1`: one 4 KiB tensor, no
+/// scalar fields.
+fn send_r1(enc: &mut Instance<'static>, now: Instant) {
     let (token, _) = enc.stage("r-1", 4 * KIB).unwrap();
     let dims = [4 * KIB];
     let entries = [blob(&dims)];
     let scalars = RawJson::parse_object("{}").unwrap();
     enc.commit(now, token, 4 * KIB, &Manifest::Entries(&entries), scalars)
         .unwrap();
+}
+
+/// Asserts the coordinator took every message [`deliver`] delivered.
+#[track_caller]
+fn all_taken(results: Vec<Result<PeerId, Unhandled>>) {
+    for r in results {
+        r.unwrap();
+    }
+}
+
+#[test]
+fn without_sender_names_a_registration_names_its_endpoint_and_a_result_counts_as_done() {
+    // A channel that cannot name senders (ZeroMQ's PULL): each role
+    // reports to an endpoint of its own, as under sglang's head.
+    let (mut coord, mut enc, mut den) = role_endpoints();
+    assert_eq!(
+        coord.set_role_endpoint("painter", "tcp://coord:p"),
+        Err(ConfigError::UnknownRole)
+    );
+    let mut now = Instant(0);
+    for r in deliver(&mut coord, &mut enc, "", ENC_VIA, now) {
+        assert_eq!(coord.endpoint_of(r.unwrap()), Some("tcp://enc:1"));
+    }
+    for r in deliver(&mut coord, &mut den, "", DEN_VIA, now) {
+        assert_eq!(coord.endpoint_of(r.unwrap()), Some("tcp://den:1"));
+    }
+    to_insts(&mut coord, &mut enc, &mut den, now);
+    assert!(enc.is_registered() && den.is_registered());
+    // encoder → denoiser, every message judged by content and endpoint.
+    send_r1(&mut enc, now);
     for _ in 0..4 {
         now = Instant(now.0 + MS);
-        deliver(&mut coord, &mut enc, "tcp://coord:enc", now);
-        deliver(&mut coord, &mut den, "tcp://coord:den", now);
+        deliver(&mut coord, &mut enc, "", ENC_VIA, now);
+        deliver(&mut coord, &mut den, "", DEN_VIA, now);
         while let Some(w) = enc.poll_action() {
             enc.handle_completion(now, w.token, Ok(())).unwrap();
         }
@@ -198,7 +232,7 @@ fn without_sender_names_a_registration_names_its_endpoint_and_a_result_counts_as
     let done = Incoming {
         from: "",
         user: "",
-        via: "tcp://coord:den",
+        via: DEN_VIA,
         magic: result,
         payload: b"",
     };
@@ -227,46 +261,11 @@ fn as_user<'a>(user: &'a str, via: &'a str, payload: &'a [u8]) -> Incoming<'a> {
 
 #[test]
 fn with_keys_an_instance_is_spoken_for_only_by_the_key_it_registered_with() {
-    let mut coord = coordinator(8);
-    coord
-        .set_role_endpoint("encoder", "tcp://coord:enc")
-        .unwrap();
-    coord
-        .set_role_endpoint("denoiser", "tcp://coord:den")
-        .unwrap();
+    let (mut coord, mut enc, mut den) = role_endpoints();
     let (enc_key, den_key) = ("key-of-the-encoder", "key-of-the-denoiser");
-    let mut enc = instance("encoder", "enc-0", "tcp://enc:1");
-    let mut den = instance("denoiser", "den-0", "tcp://den:1");
-    let mut buf = vec![0u8; 16 * 1024];
     let mut now = Instant(0);
-    let mut deliver = |coord: &mut Coordinator<'static>,
-                       inst: &mut Instance<'static>,
-                       user: &str,
-                       via: &str,
-                       now: Instant| {
-        while let Some(n) = inst.poll_transmit(&mut buf) {
-            let n = n.unwrap();
-            coord
-                .handle_incoming(now, &as_user(user, via, &buf[..n]))
-                .unwrap();
-        }
-    };
-    let to_insts = |coord: &mut Coordinator<'static>,
-                    enc: &mut Instance<'static>,
-                    den: &mut Instance<'static>,
-                    now: Instant| {
-        for (to, msg) in transmitted(coord) {
-            let msg = decode(msg.as_bytes()).unwrap();
-            let inst = if to == "tcp://enc:1" {
-                &mut *enc
-            } else {
-                &mut *den
-            };
-            let _ = inst.handle(now, &msg);
-        }
-    };
-    deliver(&mut coord, &mut enc, enc_key, "tcp://coord:enc", now);
-    deliver(&mut coord, &mut den, den_key, "tcp://coord:den", now);
+    all_taken(deliver(&mut coord, &mut enc, enc_key, ENC_VIA, now));
+    all_taken(deliver(&mut coord, &mut den, den_key, DEN_VIA, now));
     to_insts(&mut coord, &mut enc, &mut den, now);
     assert!(enc.is_registered() && den.is_registered());
     let wrong_key = |r: Result<PeerId, Unhandled>| {
@@ -282,10 +281,7 @@ fn with_keys_an_instance_is_spoken_for_only_by_the_key_it_registered_with() {
     // Another key cannot take the denoiser's endpoint over, and nothing is
     // answered (the answer would go to the denoiser).
     let takeover = register_json("denoiser", "tcp://den:1");
-    let r = coord.handle_incoming(
-        now,
-        &as_user(enc_key, "tcp://coord:den", takeover.as_bytes()),
-    );
+    let r = coord.handle_incoming(now, &as_user(enc_key, DEN_VIA, takeover.as_bytes()));
     assert!(wrong_key(r), "{r:?}");
     assert!(transmitted(&mut coord).is_empty());
     assert_eq!(coord.members(), 2);
@@ -293,22 +289,17 @@ fn with_keys_an_instance_is_spoken_for_only_by_the_key_it_registered_with() {
         .any(|e| matches!(e, CoordinatorEvent::Refused { acked: false, .. })));
 
     // encoder → denoiser, each side speaking with its own key.
-    let (token, _) = enc.stage("r-1", 4 * KIB).unwrap();
-    let dims = [4 * KIB];
-    let entries = [blob(&dims)];
-    let scalars = RawJson::parse_object("{}").unwrap();
-    enc.commit(now, token, 4 * KIB, &Manifest::Entries(&entries), scalars)
-        .unwrap();
+    send_r1(&mut enc, now);
     let mut delivered = false;
     for _ in 0..4 {
         now = Instant(now.0 + MS);
-        deliver(&mut coord, &mut enc, enc_key, "tcp://coord:enc", now);
+        all_taken(deliver(&mut coord, &mut enc, enc_key, ENC_VIA, now));
         // The denoiser's release waits: the forgeries come first.
         if !delivered {
             delivered = std::iter::from_fn(|| den.poll_event())
                 .any(|e| matches!(e, InstanceEvent::Received(_)));
             if !delivered {
-                deliver(&mut coord, &mut den, den_key, "tcp://coord:den", now);
+                all_taken(deliver(&mut coord, &mut den, den_key, DEN_VIA, now));
             }
         }
         while let Some(w) = enc.poll_action() {
@@ -328,7 +319,7 @@ fn with_keys_an_instance_is_spoken_for_only_by_the_key_it_registered_with() {
         r#"{"msg_type":"transfer_staged","request_id":"r-2","data_size":4096,"manifest":{},"session_id":"den-0","pool_ptr":0,"slot_offset":0}"#.to_owned(),
     ];
     for f in &forged {
-        for via in ["tcp://coord:den", "tcp://coord:enc"] {
+        for via in [DEN_VIA, ENC_VIA] {
             let r = coord.handle_incoming(now, &as_user(enc_key, via, f.as_bytes()));
             assert!(r.is_err(), "{f} via {via}: {r:?}");
         }
@@ -339,7 +330,7 @@ fn with_keys_an_instance_is_spoken_for_only_by_the_key_it_registered_with() {
     // The denoiser's own done, on its own key, ends the leg.
     let done = r#"{"msg_type":"transfer_done","request_id":"r-1","error":null}"#;
     coord
-        .handle_incoming(now, &as_user(den_key, "tcp://coord:den", done.as_bytes()))
+        .handle_incoming(now, &as_user(den_key, DEN_VIA, done.as_bytes()))
         .unwrap();
     assert_eq!(coord.in_flight(), 0);
     assert!(std::iter::from_fn(|| coord.poll_event())
@@ -349,7 +340,7 @@ fn with_keys_an_instance_is_spoken_for_only_by_the_key_it_registered_with() {
     assert!(coord.handle_gone(now, "tcp://den:1"));
     let back = register_json("denoiser", "tcp://den:1");
     coord
-        .handle_incoming(now, &as_user(enc_key, "tcp://coord:den", back.as_bytes()))
+        .handle_incoming(now, &as_user(enc_key, DEN_VIA, back.as_bytes()))
         .unwrap();
     assert_eq!(coord.members(), 2);
 }
@@ -387,8 +378,7 @@ fn garbage_and_foreign_messages_are_told_apart_and_change_nothing() {
 #[test]
 fn a_members_connection_closing_fails_its_transfers_at_once() {
     world!(w, 4);
-    w.wire.writes = None;
-    w.stage(0, "r-1", 4 * KIB);
+    w.stage_held(0, "r-1", 4 * KIB);
     assert_eq!(w.coord.in_flight(), 1);
     assert!(!w.coord.handle_gone(w.now, "tcp://nobody:1"));
     assert!(w.coord.handle_gone(w.now, "tcp://den:1"));

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::paths::{self, *};
 use tensorferry_core::handshake::coordinator::*;
 use tensorferry_core::handshake::instance::*;
-use tensorferry_core::handshake::{Ignored, Instant, PeerId};
+use tensorferry_core::handshake::{Ignored, Instant, PeerId, StorageError};
 use tensorferry_core::wire::{decode, Msg};
 
 /// The ack the coordinator sends to a registration, if any.
@@ -111,14 +111,14 @@ fn a_failed_writes_slot_is_parked_for_its_senders_write_lifetime() {
     let insts = vec![
         instance("encoder", "enc-0", "tcp://enc:1"),
         instance("denoiser", "den-0", "tcp://den:1"),
-        paths::instance_writing(
-            Head::Ferry,
+        paths::instance_serving(
             "encoder",
             "enc-slow",
             "tcp://enc:2",
-            POOL,
-            None,
-            Duration::from_millis(40),
+            Serving {
+                write_lifetime: Duration::from_millis(40),
+                ..Serving::FERRY
+            },
         ),
     ];
     let mut w = World::new(coordinator(8), insts);
@@ -231,8 +231,6 @@ fn a_pipeline_that_names_a_role_twice_is_refused() {
     assert_eq!(r.err(), Some(ConfigError::Pipeline));
 }
 
-/// The coordinator's queues are sized by their `storage_needed`, not by
-/// prose: a queue of another length is refused, and the error names it.
 /// The limits the storage-size tests lay a coordinator's storage out for.
 const SIZED: tensorferry_core::handshake::Limits = tensorferry_core::handshake::Limits {
     requests: 8,
@@ -242,34 +240,54 @@ const SIZED: tensorferry_core::handshake::Limits = tensorferry_core::handshake::
     prealloc_per_member: 2,
 };
 
+/// A coordinator's storage laid out for [`SIZED`].
+fn fresh() -> CoordinatorStorage<'static> {
+    CoordinatorStorage::owned(&SIZED)
+}
+
 /// Why a coordinator of `pipeline` refuses `storage`, if it does.
 fn refused_by(pipeline: &[&str], storage: CoordinatorStorage<'static>) -> Option<ConfigError> {
     Coordinator::new(pipeline, CoordinatorConfig::FERRY, storage).err()
 }
 
+/// Asserts that `err` is the refusal of the slice `part.field`, `given`
+/// long where `needed` are needed, and that its message names the slice.
+#[track_caller]
+fn assert_wrong_size(
+    err: Option<ConfigError>,
+    part: &'static str,
+    field: &'static str,
+    needed: usize,
+    given: usize,
+) {
+    let wrong = StorageError {
+        part,
+        field,
+        needed,
+        given,
+    };
+    assert_eq!(err, Some(ConfigError::Storage(wrong)));
+    let shown = err.map(|e| e.to_string()).unwrap_or_default();
+    assert!(shown.contains(&format!("{part}.{field}")), "{shown}");
+}
+
+/// The coordinator's queues are sized by their `storage_needed`, not by
+/// prose: a queue of another length is refused, and the error names it.
 #[test]
 fn a_coordinator_refuses_queues_of_the_wrong_size_naming_them() {
-    use tensorferry_core::handshake::StorageError;
-    let limits = SIZED;
-    let needed = CoordinatorStorage::storage_needed(&limits).outbox;
+    let needed = CoordinatorStorage::storage_needed(&SIZED).outbox;
     assert_eq!(needed.transmits, 2 * 8 + 4 + 8);
     let pipeline = ["encoder", "denoiser"];
-    let fresh = || CoordinatorStorage::owned(&limits);
     assert!(Coordinator::new(&pipeline, CoordinatorConfig::FERRY, fresh()).is_ok());
     let mut storage = fresh();
     storage.outbox.events = vec![None; needed.events + 1].into();
-    let err = refused_by(&pipeline, storage);
-    assert_eq!(
-        err,
-        Some(ConfigError::Storage(StorageError {
-            part: "outbox",
-            field: "events",
-            needed: needed.events,
-            given: needed.events + 1,
-        }))
+    assert_wrong_size(
+        refused_by(&pipeline, storage),
+        "outbox",
+        "events",
+        needed.events,
+        needed.events + 1,
     );
-    let shown = err.map(|e| e.to_string()).unwrap_or_default();
-    assert!(shown.contains("outbox.events"), "{shown}");
 }
 
 /// The transfers' storage is sized by their own `storage_needed`: a
@@ -277,45 +295,35 @@ fn a_coordinator_refuses_queues_of_the_wrong_size_naming_them() {
 /// part and the slice; an empty transfer table is still refused as such.
 #[test]
 fn a_coordinator_refuses_transfer_storage_of_the_wrong_size_naming_it() {
-    use tensorferry_core::handshake::{coordinator, Limits, StorageError, TableStorage};
-    let limits = SIZED;
-    let needed = CoordinatorStorage::storage_needed(&limits).transfers;
+    use tensorferry_core::handshake::{coordinator, Limits, TableStorage};
+    let needed = CoordinatorStorage::storage_needed(&SIZED).transfers;
     assert_eq!(
         needed,
-        coordinator::TransfersStorage::storage_needed(&limits)
+        coordinator::TransfersStorage::storage_needed(&SIZED)
     );
     assert_eq!(needed.requests.records, 8);
     assert_eq!(needed.nested, 8 * 256);
     let pipeline = ["encoder", "denoiser"];
-    let fresh = || CoordinatorStorage::owned(&limits);
     assert!(Coordinator::new(&pipeline, CoordinatorConfig::FERRY, fresh()).is_ok());
 
     let mut storage = fresh();
     storage.transfers.nested = vec![0u8; needed.nested + 1].into();
-    let err = refused_by(&pipeline, storage);
-    assert_eq!(
-        err,
-        Some(ConfigError::Storage(StorageError {
-            part: "transfers",
-            field: "nested",
-            needed: needed.nested,
-            given: needed.nested + 1,
-        }))
+    assert_wrong_size(
+        refused_by(&pipeline, storage),
+        "transfers",
+        "nested",
+        needed.nested,
+        needed.nested + 1,
     );
-    let shown = err.map(|e| e.to_string()).unwrap_or_default();
-    assert!(shown.contains("transfers.nested"), "{shown}");
 
     let mut storage = fresh();
     storage.transfers.requests.index = vec![0u64; needed.requests.index - 1].into();
-    let err = refused_by(&pipeline, storage);
-    assert_eq!(
-        err,
-        Some(ConfigError::Storage(StorageError {
-            part: "transfers.requests",
-            field: "index",
-            needed: needed.requests.index,
-            given: needed.requests.index - 1,
-        }))
+    assert_wrong_size(
+        refused_by(&pipeline, storage),
+        "transfers.requests",
+        "index",
+        needed.requests.index,
+        needed.requests.index - 1,
     );
 
     let mut storage = fresh();
@@ -323,7 +331,7 @@ fn a_coordinator_refuses_transfer_storage_of_the_wrong_size_naming_it() {
     // The queues are sized by the transfers given.
     let none = Limits {
         requests: 0,
-        ..limits
+        ..SIZED
     };
     let queues = coordinator::OutboxStorage::storage_needed(&none);
     storage.outbox = coordinator::OutboxStorage::owned(&queues);
@@ -339,88 +347,60 @@ fn a_coordinator_refuses_transfer_storage_of_the_wrong_size_naming_it() {
 /// refused as such, before any other length.
 #[test]
 fn a_coordinator_refuses_registry_storage_of_the_wrong_size_naming_it() {
-    use tensorferry_core::handshake::{coordinator, StorageError};
-    let limits = SIZED;
-    let needed = CoordinatorStorage::storage_needed(&limits).registry;
-    assert_eq!(
-        needed,
-        coordinator::RegistryStorage::storage_needed(&limits)
-    );
+    use tensorferry_core::handshake::coordinator;
+    let needed = CoordinatorStorage::storage_needed(&SIZED).registry;
+    assert_eq!(needed, coordinator::RegistryStorage::storage_needed(&SIZED));
     assert_eq!(needed.members.records, 4);
     assert_eq!(needed.ranking, coordinator::MAX_ROLES * 4);
     assert_eq!(needed.ranking_places, 4);
     let pipeline = ["encoder", "denoiser"];
-    let fresh = || CoordinatorStorage::owned(&limits);
     assert!(Coordinator::new(&pipeline, CoordinatorConfig::FERRY, fresh()).is_ok());
     let refused = |storage| refused_by(&pipeline, storage);
+    let (index, ranking, places) = (needed.member_index, needed.ranking, needed.ranking_places);
+    let members_index = needed.members.index;
 
     let mut storage = fresh();
-    storage.registry.sessions = vec![0u64; needed.member_index + 1].into();
-    let err = refused(storage);
-    assert_eq!(
-        err,
-        Some(ConfigError::Storage(StorageError {
-            part: "registry",
-            field: "sessions",
-            needed: needed.member_index,
-            given: needed.member_index + 1,
-        }))
-    );
-    let shown = err.map(|e| e.to_string()).unwrap_or_default();
-    assert!(shown.contains("registry.sessions"), "{shown}");
+    storage.registry.sessions = vec![0u64; index + 1].into();
+    assert_wrong_size(refused(storage), "registry", "sessions", index, index + 1);
 
     let mut storage = fresh();
-    storage.registry.endpoints = vec![0u64; needed.member_index - 1].into();
-    assert_eq!(
+    storage.registry.endpoints = vec![0u64; index - 1].into();
+    assert_wrong_size(refused(storage), "registry", "endpoints", index, index - 1);
+
+    let mut storage = fresh();
+    storage.registry.room_ranking = vec![(0u64, 0u32); ranking + 1].into();
+    assert_wrong_size(
         refused(storage),
-        Some(ConfigError::Storage(StorageError {
-            part: "registry",
-            field: "endpoints",
-            needed: needed.member_index,
-            given: needed.member_index - 1,
-        }))
+        "registry",
+        "room_ranking",
+        ranking,
+        ranking + 1,
     );
 
     let mut storage = fresh();
-    storage.registry.room_ranking = vec![(0u64, 0u32); needed.ranking + 1].into();
-    assert_eq!(
+    storage.registry.ranking_places = vec![0u64; places + 1].into();
+    assert_wrong_size(
         refused(storage),
-        Some(ConfigError::Storage(StorageError {
-            part: "registry",
-            field: "room_ranking",
-            needed: needed.ranking,
-            given: needed.ranking + 1,
-        }))
+        "registry",
+        "ranking_places",
+        places,
+        places + 1,
     );
 
     let mut storage = fresh();
-    storage.registry.ranking_places = vec![0u64; needed.ranking_places + 1].into();
-    assert_eq!(
+    storage.registry.members.index = vec![0u64; members_index + 1].into();
+    assert_wrong_size(
         refused(storage),
-        Some(ConfigError::Storage(StorageError {
-            part: "registry",
-            field: "ranking_places",
-            needed: needed.ranking_places,
-            given: needed.ranking_places + 1,
-        }))
-    );
-
-    let mut storage = fresh();
-    storage.registry.members.index = vec![0u64; needed.members.index + 1].into();
-    assert_eq!(
-        refused(storage),
-        Some(ConfigError::Storage(StorageError {
-            part: "registry.members",
-            field: "index",
-            needed: needed.members.index,
-            given: needed.members.index + 1,
-        }))
+        "registry.members",
+        "index",
+        members_index,
+        members_index + 1,
     );
 
     // Too few places or lanes for the members: the ranking is too small,
     // whatever else is off.
     let mut storage = fresh();
-    storage.registry.room_ranking_places = vec![0u64; needed.ranking_places - 1].into();
+    storage.registry.room_ranking_places = vec![0u64; places - 1].into();
     storage.registry.sessions = vec![0u64; 1].into();
     assert_eq!(refused(storage), Some(ConfigError::RankingTooSmall));
     let mut storage = fresh();
@@ -434,46 +414,39 @@ fn a_coordinator_refuses_registry_storage_of_the_wrong_size_naming_it() {
 /// naming the part and the slice.
 #[test]
 fn a_coordinator_refuses_remains_storage_of_the_wrong_size_naming_it() {
-    use tensorferry_core::handshake::{coordinator, StorageError};
-    let limits = SIZED;
-    let needed = CoordinatorStorage::storage_needed(&limits).remains;
-    assert_eq!(needed, coordinator::RemainsStorage::storage_needed(&limits));
+    use tensorferry_core::handshake::coordinator;
+    let needed = CoordinatorStorage::storage_needed(&SIZED).remains;
+    assert_eq!(needed, coordinator::RemainsStorage::storage_needed(&SIZED));
     assert_eq!((needed.parked.records, needed.finished), (8 + 4 * 2, 8));
-    let fresh = || CoordinatorStorage::owned(&limits);
     let refused = |storage| refused_by(&["a", "b"], storage);
     assert_eq!(refused(fresh()), None);
-    let wrong = |part, field, needed, given| {
-        Some(ConfigError::Storage(StorageError {
-            part,
-            field,
-            needed,
-            given,
-        }))
-    };
 
     let mut storage = fresh();
     storage.remains.finished_index = vec![0u64; needed.finished_index + 1].into();
-    let err = refused(storage);
     let (index, more) = (needed.finished_index, needed.finished_index + 1);
-    assert_eq!(err, wrong("remains", "finished_index", index, more));
-    let shown = err.map(|e| e.to_string()).unwrap_or_default();
-    assert!(shown.contains("remains.finished_index"), "{shown}");
+    assert_wrong_size(refused(storage), "remains", "finished_index", index, more);
 
     let mut storage = fresh();
     storage.remains.parked.timer_places = vec![0u64; needed.parked.timers - 1].into();
     let (timers, fewer) = (needed.parked.timers, needed.parked.timers - 1);
-    assert_eq!(
+    assert_wrong_size(
         refused(storage),
-        wrong("remains.parked", "timer_places", timers, fewer)
+        "remains.parked",
+        "timer_places",
+        timers,
+        fewer,
     );
 
     // Fewer slots per member than the parked table was sized for.
     let mut storage = fresh();
     storage.prealloc_per_member = 1;
     let records = needed.parked.records;
-    assert_eq!(
+    assert_wrong_size(
         refused(storage),
-        wrong("remains.parked", "records", 8 + 4, records)
+        "remains.parked",
+        "records",
+        8 + 4,
+        records,
     );
 }
 

@@ -9,6 +9,7 @@ use tensorferry_core::handshake::instance::*;
 use tensorferry_core::handshake::{Instant, Limits};
 use tensorferry_core::json::RawJson;
 use tensorferry_core::slots::BuddyConfig;
+use tensorferry_core::wire::MsgType;
 
 use crate::harness::{self, Lossless};
 
@@ -70,48 +71,56 @@ pub fn coordinator_for(transfers: usize, pipeline: &[&str]) -> Coordinator<'stat
     harness::coordinator(pipeline, config, &limits)
 }
 
+/// How a path test's instance serves: under which head, with which
+/// preallocated slots, from which pool,
+/// whether its data plane reports landings (and then how long a transfer
+/// waits for one), and how long after they are posted its writes may land.
+pub struct Serving {
+    pub head: Head,
+    pub prealloc: Prealloc,
+    pub pool: BuddyConfig,
+    pub landing: Option<Duration>,
+    pub write_lifetime: Duration,
+}
+
+impl Serving {
+    /// ferry's head, two preallocated slots of 8 KiB, [`POOL`], completions
+    /// that mean delivery, writes that land before they complete.
+    pub const FERRY: Serving = Serving {
+        head: Head::Ferry,
+        prealloc: Prealloc {
+            count: 2,
+            size: 8 * KIB,
+        },
+        pool: POOL,
+        landing: None,
+        write_lifetime: Duration::ZERO,
+    };
+}
+
 pub fn instance(
     role: &'static str,
     session: &'static str,
     endpoint: &'static str,
 ) -> Instance<'static> {
-    instance_with(role, session, endpoint, POOL, None)
+    instance_serving(role, session, endpoint, Serving::FERRY)
 }
 
-pub fn instance_with(
+/// An instance serving as `how` says (an ALLOC without room is held 50 ms
+/// under sglang's head; its quarantine covers its writes' lifetime).
+pub fn instance_serving(
     role: &'static str,
     session: &'static str,
     endpoint: &'static str,
-    pool: BuddyConfig,
-    landing: Option<Duration>,
+    how: Serving,
 ) -> Instance<'static> {
-    instance_under(Head::Ferry, role, session, endpoint, pool, landing)
-}
-
-/// An instance serving under `head` (an ALLOC without room is held 50 ms
-/// under sglang's).
-pub fn instance_under(
-    head: Head,
-    role: &'static str,
-    session: &'static str,
-    endpoint: &'static str,
-    pool: BuddyConfig,
-    landing: Option<Duration>,
-) -> Instance<'static> {
-    instance_writing(head, role, session, endpoint, pool, landing, Duration::ZERO)
-}
-
-/// An instance whose data plane's writes may land up to `write_lifetime`
-/// after they are posted (its quarantine covers them).
-pub fn instance_writing(
-    head: Head,
-    role: &'static str,
-    session: &'static str,
-    endpoint: &'static str,
-    pool: BuddyConfig,
-    landing: Option<Duration>,
-    write_lifetime: Duration,
-) -> Instance<'static> {
+    let Serving {
+        head,
+        prealloc,
+        pool,
+        landing,
+        write_lifetime,
+    } = how;
     let who = InstanceIdentity {
         role,
         session_id: session,
@@ -124,10 +133,7 @@ pub fn instance_writing(
     };
     let config = InstanceConfig {
         min_block: pool.min_block,
-        prealloc: Prealloc {
-            count: 2,
-            size: 8 * KIB,
-        },
+        prealloc,
         register_retry: Duration::from_millis(5),
         staged_timeout: Duration::from_millis(100),
         reserved_timeout: Duration::from_millis(100),
@@ -153,8 +159,40 @@ pub trait Walk {
     /// them, then pumps.
     fn stage(&mut self, i: usize, id: &str, size: u64) -> Token;
 
+    /// [`stage`](Walk::stage), with the wire holding writes from now on
+    /// (`wire.writes` `None`): the write stays pending for the test to
+    /// complete or fail.
+    fn stage_held(&mut self, i: usize, id: &str, size: u64) -> Token;
+
+    /// Stages `size` bytes as request `id` at the sender (instance 0): the
+    /// receiver's (instance 1's) token for it, the one transfer it holds.
+    fn hand_over(&mut self, id: &str, size: u64) -> Token;
+
+    /// Stages `id` (20 KiB: too large for a preallocated slot, so an ALLOC
+    /// asks for room) with the receiver's `transfer_allocated` lost, and
+    /// lets the ALLOC time out: the request fails.
+    fn time_out_alloc(&mut self, id: &str);
+
     /// Nothing held anywhere: only the preallocated slots are allocated.
     fn assert_clean(&self);
+
+    /// [`assert_clean`](Walk::assert_clean) once `ms` more milliseconds
+    /// have passed (quarantines and timeouts over).
+    fn assert_clean_after(&mut self, ms: u64);
+
+    /// The receiver (instance 1) consumes the transfer `token`, then pumps.
+    fn consume(&mut self, token: Token);
+
+    /// `delivered` transfers were delivered, and nothing is held anywhere.
+    fn assert_done(&self, delivered: usize);
+
+    /// Completes every write held (`wire.writes` is `None`) successfully,
+    /// then pumps.
+    fn complete_writes(&mut self);
+
+    /// Completes the last write held successfully, then pumps: returns
+    /// that write.
+    fn complete_last(&mut self) -> Write;
 }
 
 impl Walk for World<'_> {
@@ -166,8 +204,66 @@ impl Walk for World<'_> {
         token
     }
 
+    fn stage_held(&mut self, i: usize, id: &str, size: u64) -> Token {
+        self.wire.writes = None;
+        self.stage(i, id, size)
+    }
+
+    #[track_caller]
+    fn hand_over(&mut self, id: &str, size: u64) -> Token {
+        self.stage(0, id, size);
+        let [token] = self.received(1)[..] else {
+            panic!("{:?}", self.inst_events)
+        };
+        token
+    }
+
+    #[track_caller]
+    fn time_out_alloc(&mut self, id: &str) {
+        self.wire.drop = vec![MsgType::Allocated];
+        self.stage(0, id, 20 * KIB);
+        self.advance(11);
+        assert_eq!(self.failed(), vec![FailReason::AllocTimeout]);
+    }
+
+    #[track_caller]
     fn assert_clean(&self) {
         self.assert_drained(2, "world");
+    }
+
+    #[track_caller]
+    fn assert_clean_after(&mut self, ms: u64) {
+        self.advance(ms);
+        self.assert_clean();
+    }
+
+    fn consume(&mut self, token: Token) {
+        self.insts[1].release(token, None).unwrap();
+        self.pump();
+    }
+
+    #[track_caller]
+    fn assert_done(&self, delivered: usize) {
+        assert_eq!(self.delivered(), delivered);
+        self.assert_clean();
+    }
+
+    fn complete_writes(&mut self) {
+        for (i, write) in std::mem::take(&mut self.pending) {
+            self.insts[i]
+                .handle_completion(self.now, write.token, Ok(()))
+                .unwrap();
+        }
+        self.pump();
+    }
+
+    fn complete_last(&mut self) -> Write {
+        let (i, write) = self.pending.pop().unwrap();
+        self.insts[i]
+            .handle_completion(self.now, write.token, Ok(()))
+            .unwrap();
+        self.pump();
+        write
     }
 }
 
