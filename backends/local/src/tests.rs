@@ -4,6 +4,19 @@
 use super::*;
 use tensorferry_core::transport::{FaultKind, OutsideOwnRegions, OutsidePeerRegions};
 
+/// Which range `e` refuses: `"peer write"`, `"peer read"` (outside the
+/// peer's regions), `"own write"` or `"own read"` (outside this engine's);
+/// `None` for any other error.
+pub(crate) fn refused_range(e: &LocalError) -> Option<&'static str> {
+    match e {
+        LocalError::OutsidePeer(OutsidePeerRegions { read: false, .. }) => Some("peer write"),
+        LocalError::OutsidePeer(OutsidePeerRegions { read: true, .. }) => Some("peer read"),
+        LocalError::OutsideOwn(OutsideOwnRegions { read: false, .. }) => Some("own write"),
+        LocalError::OutsideOwn(OutsideOwnRegions { read: true, .. }) => Some("own read"),
+        _ => None,
+    }
+}
+
 fn engine() -> LocalEngine {
     LocalEngine::open(LocalConfig::default()).unwrap()
 }
@@ -69,36 +82,18 @@ fn writes_outside_registered_memory_are_refused_by_name() {
     let e = a
         .write(b.session_id(), &[op(addr(&src), addr(&dst) + 1, 4096)])
         .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            LocalError::OutsidePeer(OutsidePeerRegions { read: false, .. })
-        ),
-        "{e}"
-    );
+    assert_eq!(refused_range(&e), Some("peer write"), "{e}");
     assert!(e.to_string().contains("lies in none of peer"), "{e}");
     let e = a
         .write(b.session_id(), &[op(addr(&src) + 8, addr(&dst), 4096)])
         .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            LocalError::OutsideOwn(OutsideOwnRegions { read: false, .. })
-        ),
-        "{e}"
-    );
+    assert_eq!(refused_range(&e), Some("own write"), "{e}");
     // Deregistered: refused.
     b.deregister(addr(&dst)).unwrap();
     let e = a
         .write(b.session_id(), &[op(addr(&src), addr(&dst), 16)])
         .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            LocalError::OutsidePeer(OutsidePeerRegions { read: false, .. })
-        ),
-        "{e}"
-    );
+    assert_eq!(refused_range(&e), Some("peer write"), "{e}");
     assert!(dst.iter().all(|b| *b == 0));
     assert!(matches!(
         b.deregister(addr(&dst)),
@@ -199,13 +194,7 @@ fn a_deregistration_a_live_peer_is_still_copying_into_fails_and_keeps_the_region
             }],
         )
         .unwrap_err();
-    assert!(
-        matches!(
-            refused,
-            LocalError::OutsidePeer(OutsidePeerRegions { read: false, .. })
-        ),
-        "{refused}"
-    );
+    assert_eq!(refused_range(&refused), Some("peer write"), "{refused}");
     let again = reg(&b, addr(&dst), 4096).unwrap_err().to_string();
     assert!(again.contains("has not ended"), "{again}");
     // Once the copy is out, the deregistration ends.

@@ -8,10 +8,9 @@
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ChildStdout, Command, Stdio};
 
-use tensorferry_core::transport::{
-    FaultKind, OutsideOwnRegions, OutsidePeerRegions, ReadOp, Region, Transport, WriteOp, WriteTag,
-};
+use tensorferry_core::transport::{FaultKind, ReadOp, Region, Transport, WriteOp, WriteTag};
 
+use super::tests::refused_range;
 use super::*;
 
 /// Set in the environment of the peer process this binary runs.
@@ -137,24 +136,12 @@ fn reads_from_another_process_land_byte_for_byte_and_fail_once_it_exits() {
     let e = a
         .read(&session, &[op(base + 8, addr(&sink), PEER_LEN as u64)])
         .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            LocalError::OutsidePeer(OutsidePeerRegions { read: true, .. })
-        ),
-        "{e}"
-    );
+    assert_eq!(refused_range(&e), Some("peer read"), "{e}");
     assert_eq!(e.kind(), FaultKind::OutOfBounds);
     let e = a
         .read(&session, &[op(base, addr(&sink) + 8, PEER_LEN as u64)])
         .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            LocalError::OutsideOwn(OutsideOwnRegions { read: true, .. })
-        ),
-        "{e}"
-    );
+    assert_eq!(refused_range(&e), Some("own read"), "{e}");
     assert_eq!(e.kind(), FaultKind::OutOfBounds);
     assert!(sink.iter().all(|&b| b == 0), "a refused read copied bytes");
     // The peer exits: a read from it, by the engine that knows it and by
@@ -188,25 +175,13 @@ fn reads_in_one_process_are_checked_on_both_sides() {
     let e = a
         .read(b.session_id(), &[op(addr(&mine), addr(&mine), 16)])
         .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            LocalError::OutsidePeer(OutsidePeerRegions { read: true, .. })
-        ),
-        "{e}"
-    );
+    assert_eq!(refused_range(&e), Some("peer read"), "{e}");
     assert!(e.to_string().starts_with("read of 16 bytes from"), "{e}");
     // A read's destination is this engine's: the peer's is not.
     let e = a
         .read(b.session_id(), &[op(addr(&theirs), addr(&theirs), 16)])
         .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            LocalError::OutsideOwn(OutsideOwnRegions { read: true, .. })
-        ),
-        "{e}"
-    );
+    assert_eq!(refused_range(&e), Some("own read"), "{e}");
     assert!(e.to_string().starts_with("read of 16 bytes into"), "{e}");
     // Deregistered at the peer: refused.
     b.deregister(addr(&theirs)).unwrap();
@@ -384,20 +359,14 @@ fn reads_and_writes_mixed_in_one_batch_complete_each_with_its_own_cookie() {
             (6, oob)
         ]
     );
-    assert!(matches!(
-        got[3].1,
-        Err(LocalError::OutsidePeer(OutsidePeerRegions {
-            read: true,
-            ..
-        }))
-    ));
-    assert!(matches!(
-        got[6].1,
-        Err(LocalError::OutsidePeer(OutsidePeerRegions {
-            read: false,
-            ..
-        }))
-    ));
+    assert_eq!(
+        got[3].1.as_ref().err().and_then(refused_range),
+        Some("peer read")
+    );
+    assert_eq!(
+        got[6].1.as_ref().err().and_then(refused_range),
+        Some("peer write")
+    );
     assert_eq!(p.dst[..4096], p.src[..4096], "write 0");
     assert_eq!(p.sink[..4096], p.src[..4096], "read 1 (after write 0)");
     assert_eq!(p.sink[4096..8192], p.pool[100..4196], "read 2");
@@ -414,25 +383,13 @@ fn reads_outside_this_process_s_region_are_refused_when_posted() {
     let sink = p.regions[1];
     for (offset, len) in [(PAIR_LEN as u64 - 8, 16), (u64::MAX, 2)] {
         let e = p.read_pool(sink, offset, len, 1).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                LocalError::OutsideOwn(OutsideOwnRegions { read: true, .. })
-            ),
-            "{e}"
-        );
+        assert_eq!(refused_range(&e), Some("own read"), "{e}");
         assert_eq!(e.kind(), FaultKind::OutOfBounds);
     }
     // A region this transport did not register.
     let unknown = Region { id: 99, ..sink };
     let e = p.read_pool(unknown, 0, 16, 1).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            LocalError::OutsideOwn(OutsideOwnRegions { read: true, .. })
-        ),
-        "{e}"
-    );
+    assert_eq!(refused_range(&e), Some("own read"), "{e}");
     // Zero bytes at the region's end: posted, and completed as done.
     p.read_pool(sink, PAIR_LEN as u64, 0, 2).unwrap();
     let got = outcomes(&mut p.a);

@@ -40,21 +40,11 @@ impl OutsidePeerRegions {
 
 impl fmt::Display for OutsidePeerRegions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Self {
-            peer,
-            addr,
-            len,
-            regions,
-            ..
-        } = self;
-        let (op, way) = if self.read {
-            ("read", "from")
-        } else {
-            ("write", "to")
-        };
+        write_range(f, self.read, self.len, self.addr, ["from", "to"])?;
         write!(
             f,
-            "{op} of {len} bytes {way} {addr:#x} lies in none of peer {peer}'s {regions} registered region(s)"
+            " lies in none of peer {}'s {} registered region(s)",
+            self.peer, self.regions
         )
     }
 }
@@ -86,20 +76,30 @@ impl OutsideOwnRegions {
 
 impl fmt::Display for OutsideOwnRegions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Self { addr, len, .. } = self;
-        let (op, way) = if self.read {
-            ("read", "into")
-        } else {
-            ("write", "from")
-        };
-        write!(
-            f,
-            "{op} of {len} bytes {way} {addr:#x} falls outside every region this engine registered"
-        )
+        write_range(f, self.read, self.len, self.addr, ["into", "from"])?;
+        f.write_str(" falls outside every region this engine registered")
     }
 }
 
 impl core::error::Error for OutsideOwnRegions {}
+
+/// Writes `<op> of <len> bytes <way> <addr>`, how both refusals of a
+/// range begin; `ways` holds the preposition for a read, then for a
+/// write.
+fn write_range(
+    f: &mut fmt::Formatter<'_>,
+    read: bool,
+    len: u64,
+    addr: u64,
+    ways: [&str; 2],
+) -> fmt::Result {
+    let (op, way) = if read {
+        ("read", ways[0])
+    } else {
+        ("write", ways[1])
+    };
+    write!(f, "{op} of {len} bytes {way} {addr:#x}")
+}
 
 /// A data plane's registered regions, each with the plane's own `T`.
 #[derive(Debug)]
