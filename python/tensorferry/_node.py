@@ -443,7 +443,6 @@ class Instance(Closing):
         self._node.close()
 
 
-
 #: Instances not closed yet: closed at exit, so that their pools (named
 #: shared-memory objects) are removed even if the application forgets.
 _running: "weakref.WeakSet[Instance]" = weakref.WeakSet()
@@ -529,4 +528,3 @@ class Coordinator(Closing):
     def close(self) -> None:
         """Stops it."""
         self._node.close()
-

@@ -24,6 +24,7 @@ pub struct Hooked<T, H> {
     /// Dropped before the transport, as a wrapper's own `Drop` runs
     /// before the transport it holds is dropped.
     pub hooks: H,
+    /// The transport every call is passed on to.
     pub inner: T,
 }
 

@@ -30,7 +30,9 @@ struct Seen {
 /// still mapped when the transport was dropped.
 struct Recorder(Arc<Mutex<Seen>>);
 
-/// A transport with nothing but `Transport`: no pool, no `PoolOwner`.
+/// A transport without a pool of its own: a local transport opened as an
+/// engine's, whose `PoolOwner` range is empty (which `start` refuses), so
+/// a node runs over it only by `start_with_pool`.
 type NoPool = Hooked<LocalTransport, Recorder>;
 
 /// A `NoPool` over a fresh local transport, and what it will see.

@@ -25,11 +25,12 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
+use tensorferry_core::transport::OutsidePeerRegions;
+use tensorferry_hostmem::Copier;
+
 pub use copy::{Direction, Op};
 pub use error::LocalError;
 pub use table::MAX_REGIONS;
-use tensorferry_core::transport::OutsidePeerRegions;
-use tensorferry_hostmem::Copier;
 pub use transport::LocalTransport;
 
 use peer::Peer;

@@ -143,13 +143,13 @@ impl Endpoint {
     /// As [`write`](Self::write) for a write, [`read`](Self::read) for a
     /// read.
     pub unsafe fn post_rma(&self, kind: OpKind, rma: &Rma) -> isize {
-        let call: unsafe extern "C" fn(*mut sys::fid_ep, *const sys::fi_msg_rma, u64) -> isize =
-            match kind {
-                OpKind::Write => sys::ferry_fi_writemsg,
-                OpKind::Read => sys::ferry_fi_readmsg,
-            };
-        // SAFETY: the caller's contract.
-        unsafe { self.post(rma, call) }
+        match kind {
+            // SAFETY: the caller's contract for a write.
+            OpKind::Write => unsafe { self.post(rma, sys::ferry_fi_writemsg) },
+            // A read carries no immediate data, whatever `rma.data` says.
+            // SAFETY: the caller's contract for a read.
+            OpKind::Read => unsafe { self.post(&Rma { data: 0, ..*rma }, sys::ferry_fi_readmsg) },
+        }
     }
 
     /// Builds `rma`'s message and hands it to `call` (`fi_writemsg` or
@@ -205,7 +205,8 @@ pub struct Rma {
     pub remote_addr: u64,
     /// The key of the peer's region.
     pub key: u64,
-    /// A write's remote CQ data (0 for a read).
+    /// A write's remote CQ data (a read carries none: `post_rma` sends
+    /// 0 whatever this says).
     pub data: u64,
     /// The `FI_*` operation flags.
     pub flags: u64,

@@ -74,8 +74,13 @@ fn reads_bring_the_peers_bytes(provider: &str, delivery: DeliveryMode, max_chunk
 }
 
 #[test]
-fn reads_bring_the_peers_bytes_over_tcp_in_both_delivery_modes_and_over_shm() {
-    each_case(reads_bring_the_peers_bytes);
+fn tcp_reads_bring_the_peers_bytes_in_both_delivery_modes() {
+    each_case("tcp;ofi_rxm", reads_bring_the_peers_bytes);
+}
+
+#[test]
+fn shm_reads_bring_the_peers_bytes() {
+    each_case("shm", reads_bring_the_peers_bytes);
 }
 
 /// Many reads and writes in flight at once, in both directions' worth of

@@ -32,7 +32,7 @@ pub use recv::UdsReceiver;
 pub use send::UdsSender;
 
 use crate::error::UdsError;
-use socket::{at_path, connect, path_of, pollfd, socket, sys};
+use socket::{at_path, connect, path_of, pollfd, socket, sys, AddrCall};
 
 /// Packet kind: a connection's first packet, naming the sender.
 const HELLO: u8 = 1;
@@ -71,7 +71,7 @@ impl UdsChannel {
             }
         }
         let listener = socket(endpoint, true)?;
-        if at_path(&listener, path, libc::bind) != 0 {
+        if at_path(&listener, path, AddrCall::Bind) != 0 {
             return Err(sys("bind", endpoint));
         }
         // SAFETY: a bound socket.

@@ -49,15 +49,25 @@ pub(super) fn socket(endpoint: &str, nonblocking: bool) -> Result<OwnedFd, UdsEr
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// `libc::bind` or `libc::connect`, which take the same arguments.
-type AddrCall =
-    unsafe extern "C" fn(libc::c_int, *const libc::sockaddr, libc::socklen_t) -> libc::c_int;
+/// What [`at_path`] does with a socket: bind it or connect it.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum AddrCall {
+    /// `bind(2)`.
+    Bind,
+    /// `connect(2)`.
+    Connect,
+}
 
-/// Binds or connects `fd` (as `call` is `libc::bind` or `libc::connect`)
-/// to the socket file at `path`; what the call returned.
+/// Binds or connects `fd` to the socket file at `path`; what the call
+/// returned.
 pub(super) fn at_path(fd: &OwnedFd, path: &str, call: AddrCall) -> libc::c_int {
     let (addr, len) = sockaddr(path);
-    // SAFETY: addr is a valid sockaddr_un of `len` bytes, and fd an open
+    let call = match call {
+        AddrCall::Bind => libc::bind,
+        AddrCall::Connect => libc::connect,
+    };
+    // SAFETY: `call` is bind or connect, which read `len` bytes at the
+    // address; addr is a valid sockaddr_un of `len` bytes, and fd an open
     // socket.
     unsafe {
         call(
@@ -105,7 +115,7 @@ pub(super) fn pollfd(fd: RawFd) -> libc::pollfd {
 /// Connects to the listener at `path` (blocking, with a send timeout).
 pub(super) fn connect(endpoint: &str, path: &str) -> Result<OwnedFd, UdsError> {
     let fd = socket(endpoint, false)?;
-    if at_path(&fd, path, libc::connect) != 0 {
+    if at_path(&fd, path, AddrCall::Connect) != 0 {
         return Err(gone_or_sys("connect", endpoint));
     }
     let tv = libc::timeval {
