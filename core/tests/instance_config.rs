@@ -168,7 +168,11 @@ fn an_instance_refuses_storage_of_the_wrong_size_naming_the_slice() {
 
     let mut free = [0u32; 7];
     let mut storage = owned();
-    storage.transfers.requests.free = (&mut free[..]).into();
+    storage.transfers.live.requests.free = (&mut free[..]).into();
     let err = refused(storage);
-    assert_eq!(slice(&err), Some(("transfers.requests", "free")), "{err}");
+    assert_eq!(
+        slice(&err),
+        Some(("transfers.live.requests", "free")),
+        "{err}"
+    );
 }

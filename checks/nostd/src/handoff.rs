@@ -13,7 +13,10 @@ use tensorferry_core::handshake::instance::{
     OutboxStorage, Prealloc, PreallocUse, SlotsStorage, Token, TransfersStorage,
 };
 use tensorferry_core::handshake::tables::HeapEntry;
-use tensorferry_core::handshake::{HashKey, Instant, Limits, TableSizes, TableStorage, Tombstone};
+use tensorferry_core::handshake::{
+    GraveyardSizes, GraveyardStorage, HashKey, HeapStorage, Instant, Limits, RequestsStorage,
+    TableSizes, TableStorage, Tombstone,
+};
 use tensorferry_core::json::RawJson;
 use tensorferry_core::managed::ManagedSlice;
 use tensorferry_core::slots::BuddyConfig;
@@ -120,6 +123,13 @@ fn table<'a, T>(
     })
 }
 
+fn graveyard<'a>(n: &mut Nums<'a>, sizes: GraveyardSizes) -> Result<GraveyardStorage<'a>, i32> {
+    Ok(GraveyardStorage {
+        stones: n.tombstones.take(sizes.stones)?,
+        index: n.longs.take(sizes.index)?,
+    })
+}
+
 /// Carvers over a `Numbers`.
 struct Nums<'a> {
     bytes: Carve<'a, u8>,
@@ -175,14 +185,17 @@ fn instance_storage<'a>(
             prealloc: Carve(&mut a.prealloc).take(slots.prealloc)?,
             prealloc_use: Carve(&mut a.uses).take(slots.prealloc)?,
             prealloc_index: n.longs.take(slots.prealloc_index)?,
-            prealloc_timers: n.heap.take(slots.prealloc)?,
-            prealloc_timer_places: n.longs.take(slots.prealloc)?,
+            prealloc_timers: HeapStorage {
+                entries: n.heap.take(slots.prealloc)?,
+                places: n.longs.take(slots.prealloc)?,
+            },
         },
         transfers: TransfersStorage {
-            requests: table(&mut Carve(&mut a.records), n, transfers.requests)?,
-            nested: n.bytes.take(transfers.nested)?,
-            tombstones: n.tombstones.take(transfers.tombstones)?,
-            tombstones_index: n.longs.take(transfers.tombstones_index)?,
+            live: RequestsStorage {
+                requests: table(&mut Carve(&mut a.records), n, transfers.live.requests)?,
+                nested: n.bytes.take(transfers.live.nested)?,
+            },
+            tombstones: graveyard(n, transfers.tombstones)?,
             arrivals: table(&mut Carve(&mut a.arrivals), n, transfers.arrivals)?,
             landing_index: n.longs.take(transfers.landing_index)?,
             landing_hashes: n.longs.take(transfers.landing_hashes)?,
@@ -239,10 +252,14 @@ pub fn check() -> Result<(), i32> {
             members: table(&mut Carve(&mut members), &mut cn, s.registry.members)?,
             sessions: cn.longs.take(s.registry.member_index)?,
             endpoints: cn.longs.take(s.registry.member_index)?,
-            ranking: rankings.take(s.registry.ranking)?,
-            ranking_places: cn.longs.take(s.registry.ranking_places)?,
-            room_ranking: rankings.take(s.registry.ranking)?,
-            room_ranking_places: cn.longs.take(s.registry.ranking_places)?,
+            ranking: HeapStorage {
+                entries: rankings.take(s.registry.ranking.entries)?,
+                places: cn.longs.take(s.registry.ranking.places)?,
+            },
+            room_ranking: HeapStorage {
+                entries: rankings.take(s.registry.ranking.entries)?,
+                places: cn.longs.take(s.registry.ranking.places)?,
+            },
         },
         transfers: coordinator::TransfersStorage {
             requests: table(&mut Carve(&mut transfers), &mut cn, s.transfers.requests)?,
@@ -254,8 +271,7 @@ pub fn check() -> Result<(), i32> {
         },
         remains: coordinator::RemainsStorage {
             parked: table(&mut Carve(&mut parked), &mut cn, s.remains.parked)?,
-            finished: cn.tombstones.take(s.remains.finished)?,
-            finished_index: cn.longs.take(s.remains.finished_index)?,
+            finished: graveyard(&mut cn, s.remains.finished)?,
         },
         admitted: Carve(&mut admitted).take(s.admitted)?,
         peers: Carve(&mut peers).take(s.peers)?,

@@ -5,6 +5,7 @@ use core::fmt;
 use core::ops::Add;
 use core::time::Duration;
 
+use super::parts::GraveyardStorage;
 use super::tables::hash::HashKey;
 use super::tables::index::Index;
 use crate::json::{JsonStr, RawJson};
@@ -303,11 +304,8 @@ pub(crate) struct Graveyard<'s> {
 }
 
 impl<'s> Graveyard<'s> {
-    pub(crate) fn new(
-        mut stones: ManagedSlice<'s, Tombstone>,
-        index: ManagedSlice<'s, u64>,
-        key: HashKey,
-    ) -> Self {
+    pub(crate) fn new(storage: GraveyardStorage<'s>, key: HashKey) -> Self {
+        let GraveyardStorage { mut stones, index } = storage;
         stones.iter_mut().for_each(|t| *t = Tombstone::EMPTY);
         Self {
             stones,

@@ -15,6 +15,7 @@ mod common;
 pub mod coordinator;
 pub mod instance;
 mod limits;
+mod parts;
 mod ring;
 pub mod tables;
 
@@ -23,5 +24,8 @@ pub use common::{
     ID_LEN, NAME_LEN, REASON_LEN,
 };
 pub use limits::{Limits, LimitsError, StorageError};
+pub use parts::{
+    GraveyardSizes, GraveyardStorage, HeapSizes, HeapStorage, RequestsSizes, RequestsStorage,
+};
 pub use ring::Ring;
 pub use tables::{HashKey, TableSizes, TableStorage};

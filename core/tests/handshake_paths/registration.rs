@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::paths::{self, *};
 use tensorferry_core::handshake::coordinator::*;
 use tensorferry_core::handshake::instance::*;
-use tensorferry_core::handshake::{Ignored, Instant, PeerId, StorageError};
+use tensorferry_core::handshake::{HeapStorage, Ignored, Instant, PeerId, StorageError};
 use tensorferry_core::wire::{decode, Msg};
 
 /// The ack the coordinator sends to a registration, if any.
@@ -351,13 +351,17 @@ fn a_coordinator_refuses_registry_storage_of_the_wrong_size_naming_it() {
     let needed = CoordinatorStorage::storage_needed(&SIZED).registry;
     assert_eq!(needed, coordinator::RegistryStorage::storage_needed(&SIZED));
     assert_eq!(needed.members.records, 4);
-    assert_eq!(needed.ranking, coordinator::MAX_ROLES * 4);
-    assert_eq!(needed.ranking_places, 4);
+    assert_eq!(needed.ranking.entries, coordinator::MAX_ROLES * 4);
+    assert_eq!(needed.ranking.places, 4);
     let pipeline = ["encoder", "denoiser"];
     assert!(Coordinator::new(&pipeline, CoordinatorConfig::FERRY, fresh()).is_ok());
     let refused = |storage| refused_by(&pipeline, storage);
-    let (index, ranking, places) = (needed.member_index, needed.ranking, needed.ranking_places);
-    let members_index = needed.members.index;
+    let (index, lanes, places) = (
+        needed.member_index,
+        needed.ranking.entries,
+        needed.ranking.places,
+    );
+    let table_index = needed.members.index;
 
     let mut storage = fresh();
     storage.registry.sessions = vec![0u64; index + 1].into();
@@ -367,44 +371,40 @@ fn a_coordinator_refuses_registry_storage_of_the_wrong_size_naming_it() {
     storage.registry.endpoints = vec![0u64; index - 1].into();
     assert_wrong_size(refused(storage), "registry", "endpoints", index, index - 1);
 
-    let mut storage = fresh();
-    storage.registry.room_ranking = vec![(0u64, 0u32); ranking + 1].into();
-    assert_wrong_size(
-        refused(storage),
-        "registry",
-        "room_ranking",
-        ranking,
-        ranking + 1,
-    );
+    // Either ranking's entries or places of another length: refused,
+    // naming the ranking and the slice.
+    type Pick = for<'a> fn(&'a mut CoordinatorStorage<'static>) -> &'a mut HeapStorage<'static>;
+    let rankings: [(&str, Pick); 2] = [
+        ("registry.ranking", |s| &mut s.registry.ranking),
+        ("registry.room_ranking", |s| &mut s.registry.room_ranking),
+    ];
+    for (name, pick) in rankings {
+        let mut storage = fresh();
+        pick(&mut storage).entries = vec![(0u64, 0u32); lanes + 1].into();
+        assert_wrong_size(refused(storage), name, "entries", lanes, lanes + 1);
+        let mut storage = fresh();
+        pick(&mut storage).places = vec![0u64; places + 1].into();
+        assert_wrong_size(refused(storage), name, "places", places, places + 1);
+    }
 
     let mut storage = fresh();
-    storage.registry.ranking_places = vec![0u64; places + 1].into();
-    assert_wrong_size(
-        refused(storage),
-        "registry",
-        "ranking_places",
-        places,
-        places + 1,
-    );
-
-    let mut storage = fresh();
-    storage.registry.members.index = vec![0u64; members_index + 1].into();
+    storage.registry.members.index = vec![0u64; table_index + 1].into();
     assert_wrong_size(
         refused(storage),
         "registry.members",
         "index",
-        members_index,
-        members_index + 1,
+        table_index,
+        table_index + 1,
     );
 
     // Too few places or lanes for the members: the ranking is too small,
     // whatever else is off.
     let mut storage = fresh();
-    storage.registry.room_ranking_places = vec![0u64; places - 1].into();
+    storage.registry.room_ranking.places = vec![0u64; places - 1].into();
     storage.registry.sessions = vec![0u64; 1].into();
     assert_eq!(refused(storage), Some(ConfigError::RankingTooSmall));
     let mut storage = fresh();
-    storage.registry.ranking = vec![(0u64, 0u32); 4 * pipeline.len() - 1].into();
+    storage.registry.ranking.entries = vec![(0u64, 0u32); 4 * pipeline.len() - 1].into();
     assert_eq!(refused(storage), Some(ConfigError::RankingTooSmall));
 }
 
@@ -417,14 +417,17 @@ fn a_coordinator_refuses_remains_storage_of_the_wrong_size_naming_it() {
     use tensorferry_core::handshake::coordinator;
     let needed = CoordinatorStorage::storage_needed(&SIZED).remains;
     assert_eq!(needed, coordinator::RemainsStorage::storage_needed(&SIZED));
-    assert_eq!((needed.parked.records, needed.finished), (8 + 4 * 2, 8));
+    assert_eq!(
+        (needed.parked.records, needed.finished.stones),
+        (8 + 4 * 2, 8)
+    );
     let refused = |storage| refused_by(&["a", "b"], storage);
     assert_eq!(refused(fresh()), None);
 
     let mut storage = fresh();
-    storage.remains.finished_index = vec![0u64; needed.finished_index + 1].into();
-    let (index, more) = (needed.finished_index, needed.finished_index + 1);
-    assert_wrong_size(refused(storage), "remains", "finished_index", index, more);
+    storage.remains.finished.index = vec![0u64; needed.finished.index + 1].into();
+    let (index, more) = (needed.finished.index, needed.finished.index + 1);
+    assert_wrong_size(refused(storage), "remains.finished", "index", index, more);
 
     let mut storage = fresh();
     storage.remains.parked.timer_places = vec![0u64; needed.parked.timers - 1].into();

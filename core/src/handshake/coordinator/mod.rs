@@ -25,15 +25,17 @@ use core::fmt;
 use core::time::Duration;
 
 use super::common::{
-    nested_json, Graveyard, Ignored, Instant, Leg, Name, PeerId, Reason, RequestId, Text,
-    Tombstone, NAME_LEN,
+    nested_json, Graveyard, Ignored, Instant, Leg, Name, PeerId, Reason, RequestId, Text, NAME_LEN,
 };
 use super::ring::Ring;
-use super::tables::heap::{HeapEntry, Heaps};
+use super::tables::heap::Heaps;
 use super::tables::index::Index;
 use super::tables::table::{Record, Table};
 use super::tables::{HashKey, TableSizes, TableStorage};
-use super::{Limits, StorageError};
+use super::{
+    GraveyardSizes, GraveyardStorage, HeapSizes, HeapStorage, Limits, RequestsSizes,
+    RequestsStorage, StorageError,
+};
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
 use crate::managed::ManagedSlice;
 use crate::slots::{Capacity, CapacityTicket, PoolRange, PreallocTable};
@@ -337,7 +339,7 @@ impl<'s> Coordinator<'s> {
         // the other parts hold.
         let kept = Limits {
             prealloc_per_member: storage.prealloc_per_member,
-            tombstones: storage.remains.finished.len(),
+            tombstones: storage.remains.finished.stones.len(),
             ..limits
         };
         let remains = Remains::new(storage.remains, key, &kept)?;

@@ -36,16 +36,12 @@ pub struct RegistryStorage<'s> {
     pub sessions: ManagedSlice<'s, u64>,
     /// The members' index by work endpoint: likewise.
     pub endpoints: ManagedSlice<'s, u64>,
-    /// The receivers with room, ranked, per role: [`MAX_ROLES`] times as
-    /// many entries as members.
-    pub ranking: ManagedSlice<'s, HeapEntry>,
-    /// The ranking's places: one per member.
-    pub ranking_places: ManagedSlice<'s, u64>,
+    /// The receivers with room, ranked, per role: a lane per role of
+    /// [`MAX_ROLES`], a place per member.
+    pub ranking: HeapStorage<'s>,
     /// The receivers with room, by room alone, per role (for data no
     /// preallocated slot of the role fits): as large as `ranking`.
-    pub room_ranking: ManagedSlice<'s, HeapEntry>,
-    /// Its places: one per member.
-    pub room_ranking_places: ManagedSlice<'s, u64>,
+    pub room_ranking: HeapStorage<'s>,
 }
 
 /// The lengths of a [`RegistryStorage`]'s slices
@@ -59,9 +55,7 @@ pub struct RegistrySizes {
     /// `sessions` and `endpoints`.
     pub member_index: usize,
     /// `ranking` and `room_ranking`.
-    pub ranking: usize,
-    /// `ranking_places` and `room_ranking_places`.
-    pub ranking_places: usize,
+    pub ranking: HeapSizes,
 }
 
 impl RegistryStorage<'_> {
@@ -72,8 +66,7 @@ impl RegistryStorage<'_> {
         RegistrySizes {
             members: TableStorage::<Member>::storage_needed(members, false),
             member_index: Index::places_for(members),
-            ranking: MAX_ROLES * members,
-            ranking_places: members,
+            ranking: HeapSizes::new(MAX_ROLES, members),
         }
     }
 
@@ -88,23 +81,17 @@ impl RegistryStorage<'_> {
     /// Refuses slices other than `needed` long, naming the first.
     pub fn check(&self, needed: &RegistrySizes) -> Result<(), StorageError> {
         self.members.check("registry.members", &needed.members)?;
-        let slices = [
-            ("sessions", needed.member_index, self.sessions.len()),
-            ("endpoints", needed.member_index, self.endpoints.len()),
-            ("ranking", needed.ranking, self.ranking.len()),
-            (
-                "ranking_places",
-                needed.ranking_places,
-                self.ranking_places.len(),
-            ),
-            ("room_ranking", needed.ranking, self.room_ranking.len()),
-            (
-                "room_ranking_places",
-                needed.ranking_places,
-                self.room_ranking_places.len(),
-            ),
-        ];
-        StorageError::check_each("registry", slices)
+        let index = needed.member_index;
+        StorageError::check_each(
+            "registry",
+            [
+                ("sessions", index, self.sessions.len()),
+                ("endpoints", index, self.endpoints.len()),
+            ],
+        )?;
+        self.ranking.check("registry.ranking", &needed.ranking)?;
+        self.room_ranking
+            .check("registry.room_ranking", &needed.ranking)
     }
 }
 
@@ -117,10 +104,8 @@ impl RegistryStorage<'static> {
             members: TableStorage::owned(sizes.members.records, false),
             sessions: filled(sizes.member_index, 0),
             endpoints: filled(sizes.member_index, 0),
-            ranking: filled(sizes.ranking, (0, 0)),
-            ranking_places: filled(sizes.ranking_places, 0),
-            room_ranking: filled(sizes.ranking, (0, 0)),
-            room_ranking_places: filled(sizes.ranking_places, 0),
+            ranking: HeapStorage::owned(&sizes.ranking),
+            room_ranking: HeapStorage::owned(&sizes.ranking),
         }
     }
 }
@@ -133,8 +118,8 @@ impl<'s> Registry<'s> {
         key: HashKey,
         roles: usize,
     ) -> Result<Self, ConfigError> {
-        let members_ranked = s.ranking_places.len().min(s.room_ranking_places.len());
-        let lanes = s.ranking.len().min(s.room_ranking.len());
+        let members_ranked = s.ranking.places.len().min(s.room_ranking.places.len());
+        let lanes = s.ranking.entries.len().min(s.room_ranking.entries.len());
         if members_ranked == 0 || lanes < members_ranked * roles {
             return Err(ConfigError::RankingTooSmall);
         }
@@ -147,8 +132,8 @@ impl<'s> Registry<'s> {
             members: Table::new(s.members, key, false),
             sessions: Index::new(s.sessions),
             endpoints: Index::new(s.endpoints),
-            ranking: Heaps::new(s.ranking, s.ranking_places),
-            room_ranking: Heaps::new(s.room_ranking, s.room_ranking_places),
+            ranking: Heaps::new(s.ranking),
+            room_ranking: Heaps::new(s.room_ranking),
             slot_bounds: [(u64::MAX, 0); MAX_ROLES],
             picks: 0,
             prealloc_taken: 0,

@@ -20,10 +20,8 @@ pub struct RemainsStorage<'s> {
     pub parked: TableStorage<'s, Parked>,
     /// Legs of requests that ended, newest overwriting oldest, so that a
     /// duplicated `transfer_staged` arriving late is not taken for a new
-    /// request. Request ids must not be reused while they are here.
-    pub finished: ManagedSlice<'s, Tombstone>,
-    /// Their index: [`TableStorage::index_places`] of `finished`.
-    pub finished_index: ManagedSlice<'s, u64>,
+    /// request.
+    pub finished: GraveyardStorage<'s>,
 }
 
 /// The lengths of a [`RemainsStorage`]'s slices
@@ -34,9 +32,7 @@ pub struct RemainsSizes {
     /// `parked`.
     pub parked: TableSizes,
     /// `finished`.
-    pub finished: usize,
-    /// `finished_index`.
-    pub finished_index: usize,
+    pub finished: GraveyardSizes,
 }
 
 impl RemainsStorage<'_> {
@@ -47,11 +43,9 @@ impl RemainsStorage<'_> {
         let n = limits.requests.max(1);
         let members = limits.members.max(1);
         let per_member = limits.prealloc_per_member.min(MAX_PREALLOC_PER_MEMBER);
-        let tombstones = limits.tombstones.max(1);
         RemainsSizes {
             parked: TableStorage::<Parked>::storage_needed(n + members * per_member, true),
-            finished: tombstones,
-            finished_index: Index::places_for(tombstones),
+            finished: GraveyardStorage::storage_needed(limits.tombstones),
         }
     }
 
@@ -60,7 +54,7 @@ impl RemainsStorage<'_> {
     /// its other parts hold.
     pub fn limits(&self) -> Limits {
         Limits {
-            tombstones: self.finished.len(),
+            tombstones: self.finished.stones.len(),
             ..Limits::COORDINATOR
         }
     }
@@ -68,17 +62,7 @@ impl RemainsStorage<'_> {
     /// Refuses slices other than `needed` long, naming the first.
     pub fn check(&self, needed: &RemainsSizes) -> Result<(), StorageError> {
         self.parked.check("remains.parked", &needed.parked)?;
-        StorageError::check_each(
-            "remains",
-            [
-                ("finished", needed.finished, self.finished.len()),
-                (
-                    "finished_index",
-                    needed.finished_index,
-                    self.finished_index.len(),
-                ),
-            ],
-        )
+        self.finished.check("remains.finished", &needed.finished)
     }
 }
 
@@ -86,11 +70,9 @@ impl RemainsStorage<'_> {
 impl RemainsStorage<'static> {
     /// Slices of its own, as long as `sizes` says.
     pub fn owned(sizes: &RemainsSizes) -> Self {
-        use crate::managed::filled;
         Self {
             parked: TableStorage::owned(sizes.parked.records, true),
-            finished: filled(sizes.finished, Tombstone::EMPTY),
-            finished_index: filled(sizes.finished_index, 0),
+            finished: GraveyardStorage::owned(&sizes.finished),
         }
     }
 }
@@ -107,7 +89,7 @@ impl<'s> Remains<'s> {
             .map_err(ConfigError::Storage)?;
         Ok(Self {
             parked: Table::new(s.parked, key, true),
-            finished: Graveyard::new(s.finished, s.finished_index, key),
+            finished: Graveyard::new(s.finished, key),
         })
     }
 }

@@ -20,76 +20,23 @@ pub(super) struct Transfers<'s> {
     seq: u64,
 }
 
-/// The transfers' storage.
-pub struct TransfersStorage<'s> {
-    /// One per request in flight, with deadlines.
-    pub requests: TableStorage<'s, Transfer>,
-    /// Manifest and scalar-field bytes, split evenly among `requests`.
-    pub nested: ManagedSlice<'s, u8>,
-}
+/// The transfers' storage: a record per request in flight with its
+/// share of nested bytes (the queues are linked through the records).
+pub type TransfersStorage<'s> = RequestsStorage<'s, Transfer>;
 
-/// The lengths of a [`TransfersStorage`]'s slices
-/// ([`TransfersStorage::storage_needed`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct TransfersSizes {
-    /// `requests`.
-    pub requests: TableSizes,
-    /// `nested`.
-    pub nested: usize,
-}
-
-impl TransfersStorage<'_> {
-    /// The lengths for `limits`: `requests` in flight, each with
-    /// `nested_per_request` bytes of nested JSON.
-    pub fn storage_needed(limits: &Limits) -> TransfersSizes {
-        let n = limits.requests.max(1);
-        TransfersSizes {
-            requests: TableStorage::<Transfer>::storage_needed(n, true),
-            nested: n * limits.nested_per_request,
-        }
-    }
-
-    /// The limits these slices were sized for: the requests they hold,
-    /// and the nested bytes each gets.
-    pub fn limits(&self) -> Limits {
-        let requests = self.requests.records.len();
-        Limits {
-            requests,
-            nested_per_request: self.nested.len() / requests.max(1),
-            ..Limits::COORDINATOR
-        }
-    }
-
-    /// Refuses slices other than `needed` long, naming the first.
-    pub fn check(&self, needed: &TransfersSizes) -> Result<(), StorageError> {
-        self.requests
-            .check("transfers.requests", &needed.requests)?;
-        StorageError::check("transfers", "nested", needed.nested, self.nested.len())
-    }
-}
-
-#[cfg(feature = "alloc")]
-impl TransfersStorage<'static> {
-    /// Slices of its own, as long as `sizes` says.
-    pub fn owned(sizes: &TransfersSizes) -> Self {
-        use crate::managed::filled;
-        Self {
-            requests: TableStorage::owned(sizes.requests.records, true),
-            nested: filled(sizes.nested, 0),
-        }
-    }
-}
+/// The lengths of a [`TransfersStorage`]'s slices.
+pub type TransfersSizes = RequestsSizes;
 
 impl<'s> Transfers<'s> {
     pub(super) fn new(s: TransfersStorage<'s>, key: HashKey) -> Result<Self, ConfigError> {
         if s.requests.records.is_empty() {
             return Err(ConfigError::NoTransfers);
         }
-        s.check(&TransfersStorage::storage_needed(&s.limits()))
+        let needed = TransfersStorage::storage_needed(&s.limits(Limits::COORDINATOR));
+        s.check("transfers", "transfers.requests", &needed)
             .map_err(ConfigError::Storage)?;
+        let chunk = s.chunk();
         let records = Table::new(s.requests, key, true);
-        let chunk = s.nested.len() / records.capacity().max(1);
         Ok(Self {
             records,
             nested: s.nested,

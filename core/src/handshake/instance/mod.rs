@@ -18,15 +18,18 @@ use core::fmt;
 use core::time::Duration;
 
 use super::common::{
-    nested_json, Graveyard, Ignored, Instant, Leg, Name, Reason, RequestId, Side, Text, Tombstone,
+    nested_json, Graveyard, Ignored, Instant, Leg, Name, Reason, RequestId, Side, Text,
 };
 use super::ring::Ring;
-use super::tables::heap::{HeapEntry, Heaps};
+use super::tables::heap::Heaps;
 use super::tables::index::Index;
 use super::tables::table::{Record, Table};
 use super::tables::{HashKey, TableSizes, TableStorage};
 use super::ID_LEN;
-use super::{Limits, StorageError};
+use super::{
+    GraveyardSizes, GraveyardStorage, HeapSizes, HeapStorage, Limits, RequestsSizes,
+    RequestsStorage, StorageError,
+};
 use crate::json::{BufferTooSmall, JsonStr, RawJson, Sink};
 use crate::managed::ManagedSlice;
 use crate::slots::{check_manifest, Buddy, BuddyConfig, BuddyError, PoolRange, SlotHandle};

@@ -34,10 +34,9 @@ pub struct SlotsStorage<'s> {
     pub prealloc_use: ManagedSlice<'s, PreallocUse>,
     /// The preallocated slots by offset.
     pub prealloc_index: ManagedSlice<'s, u64>,
-    /// Deadlines of preallocated slots held for a refusal.
-    pub prealloc_timers: ManagedSlice<'s, HeapEntry>,
-    /// Their places.
-    pub prealloc_timer_places: ManagedSlice<'s, u64>,
+    /// Deadlines of preallocated slots held for a refusal: one lane, a
+    /// place per preallocated slot.
+    pub prealloc_timers: HeapStorage<'s>,
 }
 
 /// The lengths of a [`SlotsStorage`]'s slices
@@ -50,8 +49,8 @@ pub struct SlotsSizes {
     pub tree: usize,
     /// `generations`.
     pub generations: usize,
-    /// `prealloc`, `prealloc_use`, `prealloc_timers` and
-    /// `prealloc_timer_places`: one per preallocated slot.
+    /// `prealloc`, `prealloc_use`, and `prealloc_timers`' entries and
+    /// places: one per preallocated slot.
     pub prealloc: usize,
     /// `prealloc_index`.
     pub prealloc_index: usize,
@@ -84,10 +83,10 @@ impl SlotsStorage<'_> {
                     needed.prealloc_index,
                     self.prealloc_index.len(),
                 ),
-                ("prealloc_timers", n, self.prealloc_timers.len()),
-                ("prealloc_timer_places", n, self.prealloc_timer_places.len()),
             ],
-        )
+        )?;
+        self.prealloc_timers
+            .check("slots.prealloc_timers", &HeapSizes::new(1, n))
     }
 }
 
@@ -108,8 +107,7 @@ impl SlotsStorage<'static> {
             prealloc: filled(sizes.prealloc, none),
             prealloc_use: filled(sizes.prealloc, PreallocUse::FREE),
             prealloc_index: filled(sizes.prealloc_index, 0),
-            prealloc_timers: filled(sizes.prealloc, (0, 0)),
-            prealloc_timer_places: filled(sizes.prealloc, 0),
+            prealloc_timers: HeapStorage::owned(&HeapSizes::new(1, sizes.prealloc)),
         }
     }
 }
@@ -136,7 +134,6 @@ impl<'s> Slots<'s> {
             prealloc_use: mut uses,
             prealloc_index,
             prealloc_timers,
-            prealloc_timer_places,
         } = s;
         let mut buddy = Buddy::new(pool, tree, generations).map_err(InstanceError::Config)?;
         for (i, slot) in slots.iter_mut().enumerate() {
@@ -162,7 +159,7 @@ impl<'s> Slots<'s> {
             prealloc: slots,
             uses,
             index,
-            timers: Heaps::new(prealloc_timers, prealloc_timer_places),
+            timers: Heaps::new(prealloc_timers),
             busy: 0,
             key,
         })

@@ -33,16 +33,12 @@ pub(super) struct Transfers<'s> {
 
 /// The transfers' storage.
 pub struct TransfersStorage<'s> {
-    /// One per request in flight, with deadlines.
-    pub requests: TableStorage<'s, Request>,
-    /// Manifest and scalar-field bytes, split evenly among `requests`.
-    pub nested: ManagedSlice<'s, u8>,
+    /// The requests in flight, each with its share of nested bytes.
+    pub live: RequestsStorage<'s, Request>,
     /// Requests aborted or received here, newest overwriting oldest, so
     /// that late and duplicated messages about them are ignored. It should
     /// hold the requests that end within the control plane's longest delay.
-    pub tombstones: ManagedSlice<'s, Tombstone>,
-    /// Their index.
-    pub tombstones_index: ManagedSlice<'s, u64>,
+    pub tombstones: GraveyardStorage<'s>,
     /// Writes that landed before their `transfer_ready` (where
     /// [`InstanceIdentity::delivery_complete`] is false), with deadlines.
     pub arrivals: TableStorage<'s, Arrival>,
@@ -59,14 +55,10 @@ pub struct TransfersStorage<'s> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct TransfersSizes {
-    /// `requests`.
-    pub requests: TableSizes,
-    /// `nested`.
-    pub nested: usize,
+    /// `live`.
+    pub live: RequestsSizes,
     /// `tombstones`.
-    pub tombstones: usize,
-    /// `tombstones_index`.
-    pub tombstones_index: usize,
+    pub tombstones: GraveyardSizes,
     /// `arrivals`.
     pub arrivals: TableSizes,
     /// `landing_index`.
@@ -83,12 +75,9 @@ impl TransfersStorage<'_> {
     /// requests remembered.
     pub fn storage_needed(limits: &Limits) -> TransfersSizes {
         let n = limits.requests.max(1);
-        let tombstones = limits.tombstones.max(1);
         TransfersSizes {
-            requests: TableStorage::<Request>::storage_needed(n, true),
-            nested: n * limits.nested_per_request,
-            tombstones,
-            tombstones_index: Index::places_for(tombstones),
+            live: RequestsStorage::<Request>::storage_needed(limits),
+            tombstones: GraveyardStorage::storage_needed(limits.tombstones),
             // One arrival per request in flight.
             arrivals: TableStorage::<Arrival>::storage_needed(n, true),
             landing_index: Index::places_for(n),
@@ -102,31 +91,18 @@ impl TransfersStorage<'_> {
     /// The limits these slices were sized for: the requests and
     /// tombstones they hold, and the nested bytes each request gets.
     pub fn limits(&self) -> Limits {
-        let requests = self.requests.records.len();
-        Limits {
-            requests,
-            nested_per_request: self.nested.len() / requests.max(1),
-            tombstones: self.tombstones.len(),
+        self.live.limits(Limits {
+            tombstones: self.tombstones.stones.len(),
             ..Limits::INSTANCE
-        }
+        })
     }
 
     /// Refuses slices other than `needed` long, naming the first.
     pub fn check(&self, needed: &TransfersSizes) -> Result<(), StorageError> {
-        self.requests
-            .check("transfers.requests", &needed.requests)?;
-        StorageError::check_each(
-            "transfers",
-            [
-                ("nested", needed.nested, self.nested.len()),
-                ("tombstones", needed.tombstones, self.tombstones.len()),
-                (
-                    "tombstones_index",
-                    needed.tombstones_index,
-                    self.tombstones_index.len(),
-                ),
-            ],
-        )?;
+        self.live
+            .check("transfers.live", "transfers.live.requests", &needed.live)?;
+        self.tombstones
+            .check("transfers.tombstones", &needed.tombstones)?;
         self.arrivals
             .check("transfers.arrivals", &needed.arrivals)?;
         StorageError::check_each(
@@ -154,10 +130,8 @@ impl TransfersStorage<'static> {
     pub fn owned(sizes: &TransfersSizes) -> Self {
         use crate::managed::{empty, filled};
         Self {
-            requests: TableStorage::owned(sizes.requests.records, true),
-            nested: filled(sizes.nested, 0),
-            tombstones: filled(sizes.tombstones, Tombstone::EMPTY),
-            tombstones_index: filled(sizes.tombstones_index, 0),
+            live: RequestsStorage::owned(&sizes.live),
+            tombstones: GraveyardStorage::owned(&sizes.tombstones),
             arrivals: TableStorage::owned(sizes.arrivals.records, true),
             landing_index: filled(sizes.landing_index, 0),
             landing_hashes: filled(sizes.landing_hashes, 0),
@@ -168,25 +142,25 @@ impl TransfersStorage<'static> {
 
 impl<'s> Transfers<'s> {
     pub(super) fn new(s: TransfersStorage<'s>, key: HashKey) -> Result<Self, InstanceError> {
-        if s.requests.records.len() > MAX_REQUESTS {
+        if s.live.requests.records.len() > MAX_REQUESTS {
             return Err(InstanceError::TooManyRequests { max: MAX_REQUESTS });
         }
         let needed = TransfersStorage::storage_needed(&s.limits());
         s.check(&needed).map_err(InstanceError::Storage)?;
-        let requests = Table::new(s.requests, key, true);
+        let chunk = s.live.chunk();
+        let requests = Table::new(s.live.requests, key, true);
         let mut landing_hashes = s.landing_hashes;
         landing_hashes.iter_mut().for_each(|h| *h = 0);
-        let chunk = s.nested.len() / requests.capacity().max(1);
         Ok(Self {
             requests,
-            nested: s.nested,
+            nested: s.live.nested,
             chunk,
             arrivals: Arrivals::new(s.arrivals, key),
             landing_index: Index::new(s.landing_index),
             landing_hashes,
             landing_scan: false,
             held: Ring::new(s.held),
-            tombstones: Graveyard::new(s.tombstones, s.tombstones_index, key),
+            tombstones: Graveyard::new(s.tombstones, key),
             seq: 0,
         })
     }

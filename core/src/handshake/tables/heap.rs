@@ -5,6 +5,7 @@
 //! One storage holds several heaps ("lanes", one per role for the
 //! ranking); an id is in at most one lane at a time.
 
+use crate::handshake::HeapStorage;
 use crate::managed::ManagedSlice;
 
 /// The most lanes one storage holds.
@@ -27,10 +28,11 @@ pub(crate) struct Heaps<'s> {
 impl<'s> Heaps<'s> {
     /// Empty lanes for ids below `places.len()`; as many lanes as
     /// `entries` holds `places.len()` entries each, at most [`MAX_LANES`].
-    pub(crate) fn new(
-        entries: ManagedSlice<'s, HeapEntry>,
-        mut places: ManagedSlice<'s, u64>,
-    ) -> Self {
+    pub(crate) fn new(storage: HeapStorage<'s>) -> Self {
+        let HeapStorage {
+            entries,
+            mut places,
+        } = storage;
         places.iter_mut().for_each(|p| *p = 0);
         // Ids beyond one lane's entries could not be placed.
         let ids = places.len().min(entries.len());
@@ -176,10 +178,9 @@ mod tests {
     #[test]
     fn lanes_give_their_least_key_through_moves_and_removals() {
         let ids = 200;
-        let mut h = Heaps::new(
-            crate::managed::filled(3 * ids, (0, 0)),
-            crate::managed::filled(ids, 0),
-        );
+        let mut h = Heaps::new(HeapStorage::owned(&crate::handshake::HeapSizes::new(
+            3, ids,
+        )));
         let mut model: Vec<Option<(u64, usize)>> = alloc::vec![None; ids];
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         for _ in 0..50_000 {

@@ -8,6 +8,7 @@ use core::ops::{Deref, DerefMut};
 use super::hash::HashKey;
 use super::heap::{HeapEntry, Heaps};
 use super::index::Index;
+use crate::handshake::HeapStorage;
 use crate::handshake::{Instant, StorageError};
 use crate::managed::ManagedSlice;
 
@@ -170,7 +171,10 @@ impl<'s, T: Record> Table<'s, T> {
             free_len: n,
             index: Index::new(s.index),
             indexed,
-            timers: Heaps::new(s.timers, s.timer_places),
+            timers: Heaps::new(HeapStorage {
+                entries: s.timers,
+                places: s.timer_places,
+            }),
             key,
             live: 0,
             tally: [0; CLASSES],
