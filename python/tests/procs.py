@@ -1,6 +1,7 @@
 """The tests' helper processes: Python scripts that take commands as JSON
 lines on stdin and answer each with one JSON line on stdout."""
 
+import importlib
 import json
 import os
 import selectors
@@ -24,6 +25,24 @@ def required_setting(name: str, require: str, how: str) -> str:
 
         pytest.skip(f"{name} is not set ({how})", allow_module_level=True)
     return value
+
+
+def required_module(name: str, require: str = "FERRY_REQUIRE_SGLANG"):
+    """The module ``name``, which a test needs (torch and pyzmq come with
+    sglang's environment, ``scripts/sglang-env``). Without it the test is
+    skipped, unless the environment's ``require`` is ``1``: then its
+    absence is a failure."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        if os.environ.get(require) == "1":
+            raise RuntimeError(f"{require}=1 but {name} cannot be imported: {e}") from e
+        import pytest
+
+        pytest.skip(
+            f"{name} cannot be imported ({e}); run in sglang's environment (scripts/sglang-env)",
+            allow_module_level=True,
+        )
 
 
 def reply(**fields) -> None:

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 import tensorferry
+from procs import required_module
 
-zmq = pytest.importorskip("zmq")
-auth = pytest.importorskip("zmq.auth")
+zmq = required_module("zmq")
+auth = required_module("zmq.auth")
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import pytest
 
 import tensorferry
 from pairs import MiB, in_threads, open_pair, sha
+from procs import required_module
 
 
 def test_single_writes_land_byte_for_byte(backend, peer_factory):
@@ -138,7 +139,7 @@ def test_local_names_each_destination_failure(peer_factory):
 
 
 def test_torch_tensors_are_registered_where_they_lie(peer_factory):
-    torch = pytest.importorskip("torch")
+    torch = required_module("torch")
     eng = tensorferry.TransferEngine("local")
     t = torch.arange(0, 4 * MiB, dtype=torch.int32)
     eng.register_buffer(t.data_ptr(), t.numel() * t.element_size())

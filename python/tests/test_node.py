@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 import tensorferry
+from procs import required_module
 
 HERE = Path(__file__).resolve().parent
-torch = pytest.importorskip("torch")
+torch = required_module("torch")
 
 import node_peer  # noqa: E402
 
@@ -285,7 +286,7 @@ def test_a_coordinator_admits_only_the_instances_it_names(ipc):
 
 
 def test_work_items_and_frames_pass_through(ipc):
-    zmq = pytest.importorskip("zmq")
+    zmq = required_module("zmq")
     ctx = zmq.Context()
     head = ctx.socket(zmq.PULL)
     head_ep = ipc("head")

@@ -10,11 +10,11 @@ import os
 
 import pytest
 
-from procs import LineProcess
+from procs import LineProcess, required_module
 
 if os.environ.get("FERRY_REQUIRE_SGLANG") != "1":
     pytest.importorskip("sglang.multimodal_gen.runtime.disaggregation.transport.manager")
-torch = pytest.importorskip("torch")
+torch = required_module("torch")
 
 import sglang_role  # noqa: E402
 
