@@ -175,4 +175,27 @@ fn an_instance_refuses_storage_of_the_wrong_size_naming_the_slice() {
         Some(("transfers.live.requests", "free")),
         "{err}"
     );
+
+    // What both machines' parts keep alike is named by its path.
+    type Set = fn(&mut InstanceStorage<'static>);
+    let alike: [(Set, (&str, &str)); 3] = [
+        (
+            |s| s.transfers.live.nested = vec![0u8; 1].into(),
+            ("transfers.live", "nested"),
+        ),
+        (
+            |s| s.transfers.tombstones.index = vec![0u64; 1].into(),
+            ("transfers.tombstones", "index"),
+        ),
+        (
+            |s| s.slots.prealloc_timers.places = vec![0u64; 1].into(),
+            ("slots.prealloc_timers", "places"),
+        ),
+    ];
+    for (set, named) in alike {
+        let mut storage = owned();
+        set(&mut storage);
+        let err = refused(storage);
+        assert_eq!(slice(&err), Some(named), "{err}");
+    }
 }

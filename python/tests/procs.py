@@ -7,6 +7,7 @@ import os
 import selectors
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Optional
 
@@ -27,11 +28,11 @@ def required_setting(name: str, require: str, how: str) -> str:
     return value
 
 
-def required_module(name: str, require: str = "FERRY_REQUIRE_SGLANG"):
+def required_module(name: str, require: str = "FERRY_REQUIRE_SGLANG") -> types.ModuleType:
     """The module ``name``, which a test needs (torch and pyzmq come with
-    sglang's environment, ``scripts/sglang-env``). Without it the test is
-    skipped, unless the environment's ``require`` is ``1``: then its
-    absence is a failure."""
+    sglang's environment, ``scripts/sglang-env``). Without it the test (or,
+    called at module level, the module) is skipped, unless the
+    environment's ``require`` is ``1``: then its absence is a failure."""
     try:
         return importlib.import_module(name)
     except ImportError as e:
