@@ -15,6 +15,8 @@
 mod client;
 #[path = "common/listeners.rs"]
 mod listeners;
+#[path = "common/stranger.rs"]
+mod stranger;
 #[path = "common/tensors.rs"]
 mod tensors;
 
@@ -22,6 +24,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use client::guard;
+use stranger::notify_as;
 use tensorferry::engine::{EngineConfig, Op, TransferEngine};
 use tensorferry::runtime::{
     CoordinatorNode, CoordinatorNodeConfig, DataPlane, InstanceNode, InstanceNodeConfig, Prealloc,
@@ -56,28 +59,6 @@ fn answered(
     })
     .join()
     .unwrap()
-}
-
-/// A notification from a stranger's DEALER at an engine's inbox, from
-/// `source`, with `key` if given, claiming to come from `claimed`.
-fn notify_as(
-    inbox: &str,
-    source: &str,
-    key: Option<(CurveKeyPair, tensorferry_zmq::CurvePublicKey)>,
-    claimed: &str,
-) {
-    let to = format!("tcp://{source}:0;{}", inbox.trim_start_matches("tcp://"));
-    let claimed = claimed.to_owned();
-    std::thread::spawn(move || {
-        let ctx = zmq::Context::new();
-        let s = client::connect(&ctx, zmq::DEALER, &to, key, 500);
-        for _ in 0..20 {
-            let _ = s.send_multipart([claimed.as_bytes(), b"done:forged"], zmq::DONTWAIT);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    })
-    .join()
-    .unwrap();
 }
 
 /// An engine on the stand-in device under `g`, as `TransferEngine::open`
@@ -157,14 +138,25 @@ fn over_the_verbs_stand_in_strangers_are_refused_at_every_endpoint_the_book_name
         let side = Session::parse(node.session_id()).unwrap();
         known.push((port_of(&side.endpoint), "ferry instance", "side"));
     }
+    let mut names = Vec::new();
     for e in [&a, &b] {
         let sid = e.session_id();
         let (plane, inbox) = sid.rsplit_once('|').unwrap();
         known.push((port_of(inbox), "TransferEngine", "inbox"));
         let side = Session::parse(plane).unwrap();
         known.push((port_of(&side.endpoint), "TransferEngine", "side"));
+        // `<key>@tcp://host:port`: the Unix name is the endpoint's.
+        names.push(format!(
+            "@tensorferry-notify/{}",
+            &inbox[41 + "tcp://".len()..]
+        ));
     }
-    let (open, _) = listeners::listening(std::process::id());
+    let (open, unix) = listeners::listening(std::process::id());
+    let mut unix_seen = unix.clone();
+    unix_seen.sort();
+    names.sort();
+    assert_eq!(unix_seen, names, "the Unix sockets this process listens on");
+    assert!(book.contains(&("TransferEngine".to_owned(), "inbox-local".to_owned())));
     for addr in &open {
         let Some((_, process, endpoint)) = known.iter().find(|(p, ..)| *p == addr.port()) else {
             panic!("this process listens on {addr}, which the book's endpoint table does not name");
@@ -219,18 +211,20 @@ fn over_the_verbs_stand_in_strangers_are_refused_at_every_endpoint_the_book_name
         part[41..].to_owned()
     };
     let b_sid = b.session_id();
-    notify_as(&inbox, "127.0.0.1", None, &b_sid);
+    notify_as(&inbox, "127.0.0.1", None, &b_sid, "done:forged");
     notify_as(
         &inbox,
         "127.0.0.1",
         Some((other.clone(), *a_key.public())),
         &b_sid,
+        "done:forged",
     );
     notify_as(
         &inbox,
         "127.0.0.2",
         Some((b_key.clone(), *a_key.public())),
         &b_sid,
+        "done:forged",
     );
     let someone_else = b_sid.replace(&b_key.public().to_z85(), &other.public().to_z85());
     notify_as(
@@ -238,6 +232,7 @@ fn over_the_verbs_stand_in_strangers_are_refused_at_every_endpoint_the_book_name
         "127.0.0.1",
         Some((b_key.clone(), *a_key.public())),
         &someone_else,
+        "done:forged",
     );
     std::thread::sleep(Duration::from_millis(300));
     assert!(

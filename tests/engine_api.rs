@@ -1,11 +1,16 @@
 //! The transfer engine's connector API on every data plane: transfers with
 //! handles posted from many threads, one-sided reads, notifications
-//! (attached and alone, in order, none lost), and what an ended transfer
+//! (attached and alone, in order, none lost, a peer that reads none
+//! failing only the sends to it), and what an ended transfer
 //! guarantees. Two engines in this process, over the local plane, the
 //! libfabric plane (`tcp;ofi_rxm` and `shm`) and the verbs stand-in. The
 //! tests are in `engine_api/`, one module a topic; the memory, the pair of
 //! engines and the engines of each plane they share are here.
 
+#[path = "engine_api/inbox_guard.rs"]
+mod inbox_guard;
+#[path = "engine_api/slow_peer.rs"]
+mod slow_peer;
 #[path = "engine_api/unfinished.rs"]
 mod unfinished;
 #[path = "engine_api/whole_api.rs"]
@@ -17,6 +22,8 @@ mod held_receiver;
 #[cfg(feature = "verbs-sim")]
 #[path = "common/hooked.rs"]
 mod hooked;
+#[path = "common/stranger.rs"]
+mod stranger;
 #[cfg(feature = "fabric")]
 use held_receiver::HeldReceiver;
 

@@ -13,7 +13,7 @@ process registered:
 - read 4 KiB, read 64 MiB: one-sided reads of the other process's buffer,
   as the writes;
 - notify round trip: median time for a notification to the other process
-  and its answer back (ferry's ``notify`` and ``get_notifications``,
+  and its answer back (ferry's ``notify`` and ``notifications``,
   NIXL's ``send_notif`` and ``get_new_notifs``; Mooncake's Python API
   sends none).
 
@@ -83,6 +83,12 @@ def batch_offsets():
 
 # ---- the target side: a process that registers a buffer and answers -------
 
+def notifications_of(eng):
+    """The engine's call that takes what arrived: ``notifications`` (named
+    ``get_notifications`` before 0.2, which a before/after run may load)."""
+    return getattr(eng, "notifications", None) or eng.get_notifications
+
+
 def target(engine: str, conn) -> None:
     dst = np.zeros(LARGE + SMALL, dtype=np.uint8)
     dst[:] = 1  # fault every page in before anything is timed
@@ -94,11 +100,12 @@ def target(engine: str, conn) -> None:
         eng = tensorferry.TransferEngine("local")
         eng.register_buffer(addr, dst.nbytes)
         conn.send({"session": eng.session_id, "addr": addr})
+        take = notifications_of(eng)
 
         def echo(n: int) -> None:
             done = 0
             while done < n:
-                for sender, message in eng.get_notifications():
+                for sender, message in take():
                     eng.notify(sender, message)
                     done += 1
     elif engine == "nixl":
@@ -201,9 +208,11 @@ class Initiator:
                 with eng.post_write(session, srcs, dsts, lens) as t:
                     t.wait()
 
+            take = notifications_of(eng)
+
             def ping() -> None:
                 eng.notify(session, b"ping")
-                while not eng.get_notifications():
+                while not take():
                     pass
 
             self.ping = ping

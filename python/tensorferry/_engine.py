@@ -75,7 +75,7 @@ class TransferEngine:
     calls raise ``ClosedError``); the ``*_sync`` calls return codes instead.
     Every method may be called from many threads at once; transfers release
     the GIL while they run. A process that only receives makes no calls
-    (but ``get_notifications`` to read its notifications).
+    (but ``notifications`` to read its notifications).
     """
 
     def __init__(self, backend: str = "auto", **options: Any) -> None:
@@ -203,17 +203,19 @@ class TransferEngine:
     def notify(self, dst_session_id: str, message: bytes) -> None:
         """Sends ``message`` (at most ``MAX_NOTIFICATION`` bytes) to the peer
         engine ``dst_session_id`` now, after every notification this engine
-        sent it before. Waits while the peer's queue is full (at most ten
-        seconds, then ``FerryTimeoutError``). Raises ``TooLargeError`` for a
+        sent it before, from this thread. A peer that reads none fails only
+        the sends to it: once its outbox is full (64 KiB beyond the two
+        sockets' buffers) this waits for room at most ten seconds, then
+        raises ``FerryTimeoutError``. Raises ``TooLargeError`` for a
         longer message, ``UnknownPeerError`` for a session id that names no
         notification endpoint (a ferry node's, or not an engine's)."""
         self._engine.notify(dst_session_id, message)
 
-    def get_notifications(self) -> List[Tuple[str, bytes]]:
+    def notifications(self) -> List[Tuple[str, bytes]]:
         """Every notification that arrived since the last call, as
         ``(sender's session id, message)``, in the order each sender sent
         them; an empty list if none. Does not wait."""
-        return self._engine.get_notifications()
+        return self._engine.notifications()
 
     def close(self) -> None:
         """Ends every transfer still pending (it returns once no byte of

@@ -26,7 +26,7 @@ def watch(engine, bufs, n: int, name: str, seconds: float) -> list:
     got = []
     end = time.monotonic() + seconds
     while len(got) < n and time.monotonic() < end:
-        for sender, message in engine.get_notifications():
+        for sender, message in engine.notifications():
             check = None
             try:
                 said = json.loads(message)

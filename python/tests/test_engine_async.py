@@ -140,7 +140,7 @@ def test_post_refusals_raise_by_kind(peer_factory):
     with pytest.raises(tensorferry.ClosedError):
         eng.notify(session, b"x")
     with pytest.raises(tensorferry.ClosedError):
-        eng.get_notifications()
+        eng.notifications()
 
 
 def test_a_failed_transfer_raises_from_wait(peer_factory):
@@ -274,7 +274,7 @@ def test_notifications_alone_both_ways(backend, peer_factory):
     """Standalone notifications each way, up to the longest, in order, each
     naming its sender; reading them does not wait."""
     eng, src, peer, base, session = open_pair(backend, peer_factory, peer_size=MiB)
-    assert eng.get_notifications() == []
+    assert eng.notifications() == []
     assert tensorferry.MAX_NOTIFICATION == 4096
     longest = bytes(pattern(tensorferry.MAX_NOTIFICATION, 9))
     out = [f"to the peer {i}".encode() for i in range(100)] + [longest, b""]
@@ -290,7 +290,7 @@ def test_notifications_alone_both_ways(backend, peer_factory):
     received = []
     end = time.monotonic() + 120
     while len(received) < len(back) and time.monotonic() < end:
-        received += eng.get_notifications()
+        received += eng.notifications()
     assert [m for _, m in received] == back
     assert {s for s, _ in received} == {session}
     assert all(isinstance(m, bytes) for _, m in received)

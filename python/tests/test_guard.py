@@ -113,7 +113,7 @@ def test_under_curve_an_engine_notifies_only_engines_it_admits(tmp_path, monkeyp
         with pytest.raises(tensorferry.FerryError, match=re.escape(b_key) + ".*not among the keys"):
             a.notify(b.session_id, b"for c's eyes")
         time.sleep(0.3)
-        assert b.get_notifications() == []
+        assert b.notifications() == []
     finally:
         a.close()
         b.close()

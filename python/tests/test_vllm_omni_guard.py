@@ -320,7 +320,7 @@ def test_the_authentication_handler_answers_every_request_with_the_guards_verdic
 
 def test_the_sender_listens_only_on_the_endpoints_the_book_names(curve_pair):
     # Read from /proc: the claim socket and its engine's notification
-    # inbox, each a row of the book's endpoint table, and nothing else
+    # inbox (its TCP port and Unix name), each a row of the book's endpoint table, and nothing else
     # (vLLM-omni's import included).
     from test_endpoints import book, inbox_of, listening
 
@@ -329,7 +329,11 @@ def test_the_sender_listens_only_on_the_endpoints_the_book_names(curve_pair):
     claim = sender.ask(op="health")["zmq_port"]
     inbox, server = inbox_of(info["session_id"])
     assert server == info["public_key"], info
-    known = {claim: ("FerryConnector", "claim"), int(inbox.rsplit(":", 1)[1]): ("TransferEngine", "inbox")}
+    known = {
+        claim: ("FerryConnector", "claim"),
+        int(inbox.rsplit(":", 1)[1]): ("TransferEngine", "inbox"),
+        f"@tensorferry-notify/{inbox.removeprefix('tcp://')}": ("TransferEngine", "inbox-local"),
+    }
     rows = book()
     ports = listening(sender.proc.pid)
     for port in ports:

@@ -66,7 +66,7 @@ def main() -> None:
             notes = []
             end = time.monotonic() + 30
             while not notes and time.monotonic() < end:
-                notes = engine.get_notifications()
+                notes = engine.notifications()
                 if not notes:
                     time.sleep(0.01)
             got = bytes(buf)

@@ -77,7 +77,7 @@ use tensorferry_core::transport::Transport;
 pub use tensorferry_local::{Direction, LocalConfig, LocalError, Op};
 
 pub use error::EngineError;
-pub use notify::{Notification, MAX_NOTIFICATION};
+pub use notify::{Notification, MAX_NOTIFICATION, NOTIFY_BACKLOG, NOTIFY_WAIT};
 pub use table::TransferState;
 
 use driven::{Driven, Driver};
@@ -381,9 +381,11 @@ impl TransferEngine {
         self.write(session, &ops, timeout)
     }
 
-    /// Sends `message` to the peer engine `session` now, after the
-    /// notifications this engine sent it before; waits while the peer's
-    /// queue is full (up to ten seconds, then fails with kind `Timeout`).
+    /// Sends `message` to the peer engine `session` now, from this thread,
+    /// after the notifications this engine sent it before. A peer that
+    /// reads none fails only the sends to it: once its outbox is full
+    /// ([`NOTIFY_BACKLOG`] bytes beyond the sockets' buffers), this waits
+    /// for room at most [`NOTIFY_WAIT`], then fails with kind `Timeout`.
     pub fn notify(&self, session: &str, message: &[u8]) -> Result<(), EngineError> {
         notify::check_len(message.len())?;
         self.inner.notify(&peer_of(session), message)

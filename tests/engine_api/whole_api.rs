@@ -12,6 +12,7 @@ use tensorferry::engine::{EngineError, Op, TransferState, MAX_NOTIFICATION};
 use super::fabric;
 #[cfg(feature = "verbs-sim")]
 use super::sim;
+use super::slow_peer::by_tcp;
 use super::{expect_pattern, local, Pair, MEM, WAIT};
 
 /// Threads post transfers with notifications attached and wait for them;
@@ -188,10 +189,25 @@ fn verbs_engines_offer_the_whole_api_on_the_stand_in() {
 /// each thread's arrive in the order it sent them.
 #[test]
 fn none_of_100_000_notifications_is_lost() {
+    none_lost(false);
+}
+
+/// As [`none_of_100_000_notifications_is_lost`], by TCP (as between
+/// hosts) rather than the inbox's Unix name.
+#[test]
+fn none_of_100_000_notifications_by_tcp_is_lost() {
+    none_lost(true);
+}
+
+fn none_lost(tcp: bool) {
     const N: u32 = 100_000;
     const THREADS: u32 = 2;
     let p = Pair::of(local(), local());
-    let peer = p.b.session_id();
+    let peer = if tcp {
+        by_tcp(&p.b.session_id())
+    } else {
+        p.b.session_id()
+    };
     let done = AtomicBool::new(false);
     std::thread::scope(|s| {
         for t in 0..THREADS {

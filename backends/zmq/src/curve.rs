@@ -142,7 +142,9 @@ impl CurveKeyPair {
         encode(&self.secret)
     }
 
-    pub(crate) fn secret(&self) -> &[u8; 32] {
+    /// Its secret key's bytes, for a handshake that proves this process
+    /// holds it (the engine's sealed notifications); never sent.
+    pub fn secret(&self) -> &[u8; 32] {
         &self.secret
     }
 }

@@ -342,7 +342,7 @@ impl Engine {
     /// Every notification that arrived since the last call, as
     /// `(sender's session id, message)`, in order per sender; does not
     /// wait.
-    fn get_notifications<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+    fn notifications<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let engine = self.get(py)?;
         let got = py
             .detach(|| engine.notifications())

@@ -116,6 +116,8 @@ impl<T: Transport + Send + 'static> Drop for Driven<T> {
 fn drive<T: Transport>(shared: &Shared<T>, wake: Option<std::os::fd::RawFd>) {
     while !shared.stop.load(Ordering::Acquire) {
         shared.collect();
+        shared.notifier.flush();
+        shared.notifier.serve();
         let mut chores = Chores::default();
         let now = Instant::now();
         let next = {
@@ -217,9 +219,12 @@ impl<T: Transport + Send + 'static> Driver for Driven<T> {
     ) -> Result<Id, EngineError> {
         if let Some(m) = &notify {
             notify::check_len(m.len())?;
-            if peer.notify.is_none() {
+            let Some(to) = &peer.notify else {
                 return Err(no_endpoint(&peer).to_error(&peer.session));
-            }
+            };
+            // Connected here, in the poster's thread, so that the thread
+            // that sends it when the transfer ends never waits to connect.
+            self.shared.notifier.reach(to)?;
         }
         let total = ops.iter().filter(|o| o.len > 0).count();
         let total = u32::try_from(total).map_err(|_| EngineError::Transport {
@@ -424,7 +429,8 @@ impl<T: Transport + Send + 'static> Driver for Driven<T> {
             return Err(no_endpoint(peer).to_error(&peer.session));
         };
         let from = self.shared.session_id();
-        self.shared.notifier.send(&from, to, message)
+        let until = Instant::now() + notify::NOTIFY_WAIT;
+        self.shared.notifier.send(&from, to, message, Some(until))
     }
 
     fn notifications(&self, into: &mut Vec<Notification>) -> Result<(), EngineError> {

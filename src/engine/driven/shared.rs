@@ -140,8 +140,10 @@ impl<T: Transport> Shared<T> {
                     .map(|(id, attached)| {
                         let outcome = match &attached.peer.notify {
                             Some(to) => {
+                                // Never waits: this thread may be the one
+                                // that drives every other transfer.
                                 self.notifier
-                                    .send(&from, to, &attached.message)
+                                    .send(&from, to, &attached.message, None)
                                     .map_err(|e| Failure::Op {
                                         verb: "notify",
                                         kind: e.kind(),
