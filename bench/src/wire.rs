@@ -132,3 +132,24 @@ pub fn measure(
         payload_len,
     })
 }
+
+/// The floor a codec is set beside: a plain `memcpy` of a payload's
+/// bytes, as often as it fits in about `duration`.
+pub fn copy_floor(payload_len: usize, duration: Duration) -> Rate {
+    let from = vec![7u8; payload_len];
+    let mut to = vec![0u8; payload_len];
+    let start = Instant::now();
+    let mut iterations = 0u64;
+    while start.elapsed() < duration {
+        for _ in 0..1024 {
+            to.copy_from_slice(std::hint::black_box(&from));
+            std::hint::black_box(&mut to);
+        }
+        iterations += 1024;
+    }
+    Rate {
+        iterations,
+        elapsed: start.elapsed(),
+        payload_len,
+    }
+}

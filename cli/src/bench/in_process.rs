@@ -154,14 +154,21 @@ pub(crate) fn bench_wire(args: &BenchWire) -> Result<(), String> {
     let rate = wire_bench::measure(msg, wire_bench::encode_decode_walk, duration)
         .map_err(|e| format!("{name}: {e}"))?;
     results.push((format!("{name}+walk"), rate));
+    // The floor beside each: a memcpy of the same bytes, in the same run.
+    let floors: Vec<Rate> = results
+        .iter()
+        .map(|(_, r)| wire_bench::copy_floor(r.payload_len, duration / 4))
+        .collect();
     match args.format {
         Format::Json => {
             let report: serde_json::Map<String, serde_json::Value> = results
                 .iter()
-                .map(|(name, r)| {
+                .zip(&floors)
+                .map(|((name, r), floor)| {
                     let row = json!({
                         "per_second": rounded(r.per_second(), 1),
                         "payload_bytes": r.payload_len,
+                        "memcpy_ns": rounded(1e9 / floor.per_second(), 2),
                     });
                     (name.clone(), row)
                 })
@@ -170,17 +177,21 @@ pub(crate) fn bench_wire(args: &BenchWire) -> Result<(), String> {
         }
         Format::Table => {
             println!(
-                "{:<18} {:>14} {:>12} {:>14}",
-                "message", "enc+dec/s", "ns/pair", "payload bytes"
+                "{:<22} {:>14} {:>12} {:>14} {:>11} {:>9}",
+                "message", "enc+dec/s", "ns/pair", "payload bytes", "memcpy ns", "x memcpy"
             );
-            for (name, r) in &results {
+            for ((name, r), floor) in results.iter().zip(&floors) {
+                let (ns, copy) = (1e9 / r.per_second(), 1e9 / floor.per_second());
                 println!(
-                    "{name:<22} {:>14.0} {:>12.1} {:>14}",
+                    "{name:<22} {:>14.0} {:>12.1} {:>14} {:>11.1} {:>9.1}",
                     r.per_second(),
-                    1e9 / r.per_second(),
-                    r.payload_len
+                    ns,
+                    r.payload_len,
+                    copy,
+                    ns / copy
                 );
             }
+            println!("(memcpy: a plain copy of the payload's bytes, the floor of a codec pair)");
         }
     }
     Ok(())

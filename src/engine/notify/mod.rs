@@ -278,7 +278,10 @@ impl Notifier {
 
     /// Sends `message` from `from` (this engine's session id) to the inbox
     /// at `to`. Waits for room in a full outbox until `until`; without
-    /// it, a full outbox fails the send at once.
+    /// it, a full outbox fails the send at once, and so does a peer with
+    /// no outbox (a transfer's notification: its outbox was connected
+    /// when the transfer was posted, and is gone only if its connection
+    /// failed since).
     pub fn send(
         &self,
         from: &str,
@@ -297,7 +300,21 @@ impl Notifier {
                 kind: FaultKind::TooLarge,
             });
         }
-        let outbox = self.outbox(to)?;
+        let outbox = match until {
+            Some(_) => self.outbox(to)?,
+            None => {
+                lock(&self.outboxes)
+                    .get(to)
+                    .cloned()
+                    .ok_or_else(|| EngineError::Transport {
+                        verb: "notify",
+                        message: format!(
+                            "{to}: its connection failed since the transfer was posted"
+                        ),
+                        kind: FaultKind::PeerGone,
+                    })?
+            }
+        };
         match outbox.send(from, message, until) {
             Ok(false) => Ok(()),
             Ok(true) => {
