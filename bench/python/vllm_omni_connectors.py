@@ -29,7 +29,9 @@ included, is made in the sender from a seed, made again in the receiver
 from the same seed and compared with what ``get`` returned (dtypes,
 shapes, ``torch.equal``, every other value); a round in which a connector
 delivers a wrong payload (or fails) leaves its figures out and says what
-differed. Received objects are dropped (and ferry's byte buffers
+differed. ferry's connector is measured once its pool's pages are made
+(it makes them in a thread from when it is made, as a stage loads its
+model meanwhile). Received objects are dropped (and ferry's byte buffers
 released) before the next put, and the sender cleans each key up once
 the receiver has it.
 
@@ -246,7 +248,13 @@ def create(name: str, extra: dict, threads: int = 0):
 
         if not tensorferry.__file__.startswith(old_site):
             raise RuntimeError(f"ferry-old: imported {tensorferry.__file__}, not the one in {old_site}")
-    return OmniConnectorFactory.create_connector(ConnectorSpec(name=cls, extra=extra))
+    conn = OmniConnectorFactory.create_connector(ConnectorSpec(name=cls, extra=extra))
+    # ferry makes its pool's pages in a thread from the start (as a stage
+    # loads its model): measured once they are made.
+    until = time.monotonic() + 60
+    while conn.health().get("pool_prefault_seconds", 0) is None and time.monotonic() < until:
+        time.sleep(0.01)
+    return conn
 
 
 def receiver(name: str, extra: dict, threads: int, link) -> None:

@@ -385,7 +385,9 @@ class FerryConnector(OmniConnectorBase):
         """Counters and what is held: ``sends_held`` (payloads put, not yet
         read) and ``sends_claimed``; ``gets_pending`` (receives begun),
         ``gets_granted`` (their claims granted) and ``gets_reading`` (reads
-        in flight); ``pool_used``/``pool_size`` bytes; ``errors``,
+        in flight); ``pool_used``/``pool_size`` bytes, and
+        ``pool_prefault_seconds`` (what making the pool's pages took; None
+        while they are being made); ``errors``,
         ``timeouts``, ``expired_claims``, ``expired_payloads``,
         ``early_reads_wasted`` (reads made from a put's metadata whose
         grant named another put of the same region);
@@ -412,6 +414,7 @@ class FerryConnector(OmniConnectorBase):
             "gets_reading": reading,
             "pool_used": pool.used,
             "pool_size": pool.size,
+            "pool_prefault_seconds": pool.prefault_seconds,
             "guard": {"curve": self._guard.curve, "allow_from": self._guard.allow_from},
             **self._metrics_now(),
             "last_error": self._metrics.last_error,
