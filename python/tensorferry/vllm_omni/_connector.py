@@ -22,7 +22,8 @@ uses a grant only if it names the engine (and, with ferry's metadata, the
 region) the put named.
 
 Its parts: ``_claims`` keeps what it sends and answers claims for it,
-``_receives`` what it receives; ``_pool`` is the registered pool,
+``_receives`` what it receives (``_get``: one receive, and what its
+metadata names); ``_stamp`` is a put's stamp; ``_pool`` is the registered pool,
 ``_payload`` a payload's layout in it, ``_control`` the claim messages,
 ``_sockets`` the claim protocol's sockets, ``_guard`` whom they admit and
 believe, and ``_metrics`` what ``health()`` counts."""
