@@ -503,6 +503,10 @@ def test_get_returns_none_for_what_is_not_there_whatever_the_metadata(pair):
     assert h["early_reads_wasted"] == wasted + 1 and h["errors"] == errors + 1, h
     assert "no longer has that put" in h["last_error"], h
     all_freed(sender, receiver)
+    # The pools' pages were made ahead (in a thread, from the start).
+    for stage in (sender, receiver):
+        h = stage.health_until("the pool's pages are made", lambda h: h["pool_prefault_seconds"] is not None)
+        assert h["pool_prefault_seconds"] > 0, h
 
 
 def test_a_stamped_read_needs_no_answer_to_its_claim(pair):
