@@ -7,13 +7,20 @@ puts to a receiver process that gets, as two stages of vLLM-omni would:
 - 1 MiB mixed: a dict of the tensors a stage hands on (a float32 latent,
   a bfloat16 hidden state, int64 token ids, a bool mask, a nested list with
   a float32 and an int32 tensor), scalars, strings, None and a little
-  bytes: median latency of ``put``, of ``get`` and of the two together;
-- 64 MiB: a float32 tensor of 64 MiB in a small dict: median ``put`` and
-  ``get``, and the throughput, the payload's tensor bytes over put + get
-  (the whole hand-over) and over get alone.
+  bytes: median latency of ``put``, of ``get`` (polled, and waited for
+  with ``get_with_deadline``: each payload is sent twice, once each way,
+  the order alternating) and of put and polled get together;
+- 64 MiB: a float32 tensor of 64 MiB in a small dict: median ``put``,
+  ``get`` and the two together, and the throughput, the payload's tensor
+  bytes over put + get (the whole hand-over) and over get alone; and the
+  first 64 MiB put, and put + get, of the run (a warm-up, left out of the
+  medians): its region of the pool is one no payload used before, so
+  this is what a fresh pool costs.
 
 ``get`` is timed from its first call until it returns the object, polled
-in a tight loop as vLLM-omni's receive thread polls it; the metadata that
+in a tight loop as vLLM-omni's receive thread polls it, or by
+``get_with_deadline`` called until it returns it (vLLM-omni's
+SharedMemoryConnector's returns at once, as its ``get``); the metadata that
 ``put`` returns reaches the receiver over a pipe, as vLLM-omni's
 orchestrator passes it on, and the receiver starts its clock when it has
 it. Both connectors are created through vLLM-omni's factory
@@ -22,7 +29,9 @@ included, is made in the sender from a seed, made again in the receiver
 from the same seed and compared with what ``get`` returned (dtypes,
 shapes, ``torch.equal``, every other value); a round in which a connector
 delivers a wrong payload (or fails) leaves its figures out and says what
-differed. Received objects are dropped (and ferry's byte buffers
+differed. ferry's connector is measured once its pool's pages are made
+(it makes them in a thread from when it is made, as a stage loads its
+model meanwhile). Received objects are dropped (and ferry's byte buffers
 released) before the next put, and the sender cleans each key up once
 the receiver has it.
 
@@ -39,7 +48,14 @@ six ``copy_`` calls, took ~14 ms instead of ~0.1 ms).
 
     pip install vllm==0.30.0 vllm-omni==0.30.0 ./python
     python3 bench/python/vllm_omni_connectors.py [--rounds 3] [--iters 50,10]
-        [--connectors shm,ferry] [--pool-size 268435456] [--torch-threads 1]
+        [--connectors shm,ferry,nixl] [--pool-size 268435456] [--torch-threads 1]
+        [--ferry-old SITE]
+
+``nixl`` is vLLM-omni's own NixlConnector (vLLM's NIXL wrapper, UCX),
+where NIXL is installed. ``--ferry-old SITE`` adds ``ferry-old``: the
+``tensorferry`` package in the directory SITE (another build's
+site-packages), run beside the one the interpreter imports, for before
+and after figures from one run.
 
 vLLM-omni's ``MooncakeTransferEngineConnector`` is left out: it cannot
 start on a host without an NVIDIA GPU, as it pins its memory pool
@@ -78,16 +94,24 @@ WARMUP = {"small": 3, "large": 1}
 CONNECTORS = {
     "shm": "SharedMemoryConnector",
     "ferry": "FerryConnector",
+    "nixl": "NixlConnector",
+    "ferry-old": "FerryConnector",
 }
+#: The modules each needs (left out where one is missing).
+NEEDS = {"shm": "vllm_omni", "ferry": "tensorferry.vllm_omni", "nixl": "nixl", "ferry-old": "vllm_omni"}
 
 #: The figures, in the order they print: (key, label, unit); the speed-up
-#: of a time is shm's over ferry's, of a rate ferry's over shm's.
+#: of a time is the other's over ferry's, of a rate ferry's over the other's.
 FIGURES = [
     ("s_put", "1 MiB mixed: put p50", "µs"),
-    ("s_get", "1 MiB mixed: get p50", "µs"),
+    ("s_get", "1 MiB mixed: get p50 (polled)", "µs"),
+    ("s_get_dl", "1 MiB mixed: get p50 (deadline)", "µs"),
     ("s_pg", "1 MiB mixed: put+get p50", "µs"),
     ("l_put", "64 MiB: put p50", "ms"),
     ("l_get", "64 MiB: get p50", "ms"),
+    ("l_pg", "64 MiB: put+get p50", "ms"),
+    ("l_first_put", "64 MiB: first put (fresh)", "ms"),
+    ("l_first_pg", "64 MiB: first put+get", "ms"),
     ("l_pg_rate", "64 MiB: size/(put+get)", "GB/s"),
     ("l_get_rate", "64 MiB: size/get", "GB/s"),
 ]
@@ -204,15 +228,33 @@ def create(name: str, extra: dict, threads: int = 0):
         import torch
 
         torch.set_num_threads(threads)
+    extra = dict(extra)
+    old_site = extra.pop("old_site", None)
+    if old_site is not None:
+        # ferry-old: the tensorferry of another build, imported first.
+        if "tensorferry" in sys.modules:
+            raise RuntimeError("ferry-old: tensorferry was imported before its site could be put first")
+        sys.path.insert(0, old_site)
     from vllm_omni.distributed.omni_connectors.factory import OmniConnectorFactory
     from vllm_omni.distributed.omni_connectors.utils.config import ConnectorSpec
 
     cls = CONNECTORS[name]
-    if name == "ferry" and cls not in OmniConnectorFactory.list_registered_connectors():
+    if name.startswith("ferry") and cls not in OmniConnectorFactory.list_registered_connectors():
         import tensorferry.vllm_omni
 
         tensorferry.vllm_omni.register()
-    return OmniConnectorFactory.create_connector(ConnectorSpec(name=cls, extra=dict(extra)))
+    if old_site is not None:
+        import tensorferry
+
+        if not tensorferry.__file__.startswith(old_site):
+            raise RuntimeError(f"ferry-old: imported {tensorferry.__file__}, not the one in {old_site}")
+    conn = OmniConnectorFactory.create_connector(ConnectorSpec(name=cls, extra=extra))
+    # ferry makes its pool's pages in a thread from the start (as a stage
+    # loads its model): measured once they are made.
+    until = time.monotonic() + 60
+    while conn.health().get("pool_prefault_seconds", 0) is None and time.monotonic() < until:
+        time.sleep(0.01)
+    return conn
 
 
 def receiver(name: str, extra: dict, threads: int, link) -> None:
@@ -230,17 +272,24 @@ def receiver(name: str, extra: dict, threads: int, link) -> None:
         msg = link.recv()
         if msg is None:
             break
-        kind, seed, key, meta = msg
+        kind, seed, key, meta, waits = msg
         try:
             get, clock = conn.get, time.perf_counter_ns
             t0 = clock()
-            while True:
-                r = get(FROM, TO, key, meta)
-                if r is not None:
-                    break
-                if clock() - t0 > timeout_ns:
-                    raise TimeoutError(f"get({key!r}) returned None for {GET_TIMEOUT_S:.0f} s")
+            if waits:
+                until = time.monotonic() + GET_TIMEOUT_S
+                while True:
+                    r = conn.get_with_deadline(FROM, TO, key, meta, deadline=until)
+                    if r is not None or time.monotonic() >= until:
+                        break
+            else:
+                while True:
+                    r = get(FROM, TO, key, meta)
+                    if r is not None or clock() - t0 > timeout_ns:
+                        break
             dt = clock() - t0
+            if r is None:
+                raise TimeoutError(f"get({key!r}) returned None for {GET_TIMEOUT_S:.0f} s")
             got = r[0]
             del r
             wrong = difference(payload(kind, seed), got)
@@ -257,8 +306,10 @@ def receiver(name: str, extra: dict, threads: int, link) -> None:
 
 def sender(name: str, extra: dict, threads: int, iters: dict, rnd: int, link, report) -> None:
     """Puts each payload, hands the metadata to the receiver, waits for its
-    answer, cleans the key up; reports the put and get times per size."""
-    out = {"put": {}, "get": {}, "bytes": {}}
+    answer, cleans the key up; reports the put and get times per size (the
+    1 MiB payloads twice: polled, and waited for by ``get_with_deadline``,
+    in turns), and the first 64 MiB put and get."""
+    out = {"put": {}, "get": {}, "get_dl": {}, "bytes": {}, "first": None}
     conn = None
     try:
         conn = create(name, extra, threads)
@@ -267,31 +318,40 @@ def sender(name: str, extra: dict, threads: int, iters: dict, rnd: int, link, re
             report.send(ready)
             return
         for kind in ("small", "large"):
-            puts, gets = [], []
+            puts, gets, gets_dl = [], [], []
             for i in range(WARMUP[kind] + iters[kind]):
-                seed = (rnd * 1000 + i) * 2 + (kind == "large")
-                data = payload(kind, seed)
-                out["bytes"][kind] = tensor_bytes(data)
-                key = f"ferrybench-{os.getpid()}-{kind}-{i}"
-                t0 = time.perf_counter_ns()
-                ok, size, meta = conn.put(FROM, TO, key, data)
-                dt = time.perf_counter_ns() - t0
-                del data
-                if not ok:
-                    report.send({"error": f"sender: put({key!r}) of the {kind} payload returned "
-                                          f"{(ok, size, meta)!r:.300}"})
-                    return
-                link.send((kind, seed, key, meta))
-                ans = link.recv()
-                conn.cleanup(key)
-                if "get_ns" not in ans:
-                    ans.setdefault("kind", kind)
-                    report.send(ans)
-                    return
-                if i >= WARMUP[kind]:
-                    puts.append(dt)
-                    gets.append(ans["get_ns"])
-            out["put"][kind], out["get"][kind] = puts, gets
+                # The 1 MiB payloads both ways, in turns; the 64 MiB polled.
+                ways = ((False, True) if i % 2 else (True, False)) if kind == "small" else (False,)
+                for waits in ways:
+                    seed = (rnd * 1000 + i) * 4 + 2 * waits + (kind == "large")
+                    data = payload(kind, seed)
+                    out["bytes"][kind] = tensor_bytes(data)
+                    key = f"ferrybench-{os.getpid()}-{kind}-{i}-{int(waits)}"
+                    t0 = time.perf_counter_ns()
+                    ok, size, meta = conn.put(FROM, TO, key, data)
+                    dt = time.perf_counter_ns() - t0
+                    del data
+                    if not ok:
+                        report.send({"error": f"sender: put({key!r}) of the {kind} payload returned "
+                                              f"{(ok, size, meta)!r:.300}"})
+                        return
+                    link.send((kind, seed, key, meta, waits))
+                    ans = link.recv()
+                    conn.cleanup(key)
+                    if "get_ns" not in ans:
+                        ans.setdefault("kind", kind)
+                        report.send(ans)
+                        return
+                    if kind == "large" and out["first"] is None:
+                        out["first"] = (dt, ans["get_ns"])
+                    if i < WARMUP[kind]:
+                        continue
+                    if waits:
+                        gets_dl.append(ans["get_ns"])
+                    else:
+                        puts.append(dt)
+                        gets.append(ans["get_ns"])
+            out["put"][kind], out["get"][kind], out["get_dl"][kind] = puts, gets, gets_dl
         report.send(out)
     except Exception:
         report.send({"error": "sender:\n" + traceback.format_exc()})
@@ -369,9 +429,14 @@ def figures(out: dict) -> dict:
         unit = 1e3 if kind == "small" else 1e6
         f[f"{p}_put"] = statistics.median(puts) / unit
         f[f"{p}_get"] = statistics.median(gets) / unit
+        f[f"{p}_pg"] = statistics.median(both) / unit
         if kind == "small":
-            f["s_pg"] = statistics.median(both) / unit
+            if out["get_dl"].get(kind):
+                f["s_get_dl"] = statistics.median(out["get_dl"][kind]) / unit
         else:
+            if out.get("first"):
+                f["l_first_put"] = out["first"][0] / unit
+                f["l_first_pg"] = sum(out["first"]) / unit
             n = out["bytes"][kind]
             f["l_pg_rate"] = statistics.median(n / t for t in both)  # bytes/ns = GB/s
             f["l_get_rate"] = statistics.median(n / t for t in gets)
@@ -379,23 +444,23 @@ def figures(out: dict) -> dict:
 
 
 def table(row: dict, names: list) -> None:
-    ratio = "shm" in names and "ferry" in names
-    head = f"  {'figure':<26} {'unit':<5}" + "".join(f" {n:>10}" for n in names)
-    print(head + (f" {'ferry speed-up':>15}" if ratio else ""))
+    others = [n for n in names if n != "ferry"] if "ferry" in names else []
+    head = f"  {'figure':<31} {'unit':<5}" + "".join(f" {n:>10}" for n in names)
+    print(head + "".join(f" {'vs ' + n:>13}" for n in others))
     for key, label, unit in FIGURES:
-        line = f"  {label:<26} {unit:<5}"
+        line = f"  {label:<31} {unit:<5}"
         for n in names:
             v = row.get(n, {}).get(key)
             line += f" {v:>10.2f}" if v is not None else f" {'-':>10}"
-        if ratio:
-            a, b = row.get("ferry", {}).get(key), row.get("shm", {}).get(key)
+        for n in others:
+            a, b = row.get("ferry", {}).get(key), row.get(n, {}).get(key)
             if a and b:
-                line += f" {(a / b if unit == 'GB/s' else b / a):>14.2f}x"
+                line += f" {(a / b if unit == 'GB/s' else b / a):>12.2f}x"
             else:
-                line += f" {'-':>15}"
+                line += f" {'-':>13}"
         print(line)
-    if ratio:
-        print("  (speed-up: shm's time over ferry's, ferry's GB/s over shm's; above 1, ferry is faster)")
+    if others:
+        print("  (vs X: X's time over ferry's, ferry's GB/s over X's; above 1, ferry is faster)")
 
 
 def leftovers() -> list:
@@ -409,7 +474,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", default="50,10", help="timed iterations: 1 MiB,64 MiB")
-    ap.add_argument("--connectors", default="shm,ferry")
+    ap.add_argument("--connectors", default="shm,ferry,nixl")
+    ap.add_argument("--ferry-old", metavar="SITE",
+                    help="also run ferry-old: the tensorferry package in SITE (another build's site-packages)")
     ap.add_argument("--pool-size", type=int, default=256 * MiB, help="FerryConnector's pool_size (bytes)")
     ap.add_argument("--backend", default="local", help="FerryConnector's backend")
     ap.add_argument("--torch-threads", type=int, default=1,
@@ -418,13 +485,18 @@ def main() -> None:
     args = ap.parse_args()
     small, large = (int(x) for x in args.iters.split(","))
     iters = {"small": small, "large": large}
-    extras = {"shm": {}, "ferry": {"backend": args.backend, "pool_size": args.pool_size}}
+    extras = {"shm": {}, "nixl": {}, "ferry": {"backend": args.backend, "pool_size": args.pool_size}}
+    wanted = args.connectors.split(",")
+    if args.ferry_old:
+        extras["ferry-old"] = {**extras["ferry"], "old_site": os.path.abspath(args.ferry_old)}
+        if "ferry-old" not in wanted:
+            wanted.insert(wanted.index("ferry") + 1 if "ferry" in wanted else len(wanted), "ferry-old")
 
     names = []
-    for n in args.connectors.split(","):
-        if n not in CONNECTORS:
-            sys.exit(f"unknown connector {n!r} (known: {', '.join(CONNECTORS)})")
-        module = "tensorferry.vllm_omni" if n == "ferry" else "vllm_omni"
+    for n in wanted:
+        if n not in CONNECTORS or (n == "ferry-old" and not args.ferry_old):
+            sys.exit(f"unknown connector {n!r} (known: {', '.join(CONNECTORS)}; ferry-old with --ferry-old)")
+        module = NEEDS[n]
         try:
             found = importlib.util.find_spec(module) is not None
         except Exception:  # the parent package fails to import

@@ -312,8 +312,12 @@ def test_a_grant_from_a_socket_that_is_not_the_sender_is_not_read(pair):
     # A ROUTER of this process at another port stands for whoever binds
     # where a put's metadata says its sender is: it answers the claim with
     # a grant of another payload of the same size at the real sender (its
-    # session is in any metadata), which the receiver must not read.
+    # session is in any metadata), which the receiver must not read. The
+    # metadata without the put's stamp, so that the grant decides (with
+    # it, the receiver reads only what the metadata names, and needs no
+    # answer: test_a_stamped_read_needs_no_answer_to_its_claim).
     put = sender.ask(op="put", i=2, key="asked")
+    unstamped = {k: v for k, v in put["meta"].items() if k != "stamp"}
     other = sender.ask(op="put", i=386, key="secret")
     assert put["size"] == other["size"]
     ctx = zmq.Context()
@@ -321,7 +325,7 @@ def test_a_grant_from_a_socket_that_is_not_the_sender_is_not_read(pair):
     fake.setsockopt(zmq.LINGER, 0)
     port = fake.bind_to_random_port("tcp://127.0.0.1")
     before = receiver.ask(op="health")
-    receiver.tell(op="poll", i=2, key="asked", meta={**put["meta"], "source_port": port}, within=30)
+    receiver.tell(op="poll", i=2, key="asked", meta={**unstamped, "source_port": port}, within=30)
     session, addr, *_ = other["meta"]["grant"]
     grant_falsely(fake, receiver, session, other["meta"]["grant"][1:])
     h = receiver.ask(op="health")
@@ -466,3 +470,81 @@ def test_a_receiver_killed_mid_read_is_reported_and_the_sender_frees_the_payload
     sender.ask(op="cleanup", key=key)
     h = sender.health_until("the sender frees the payload", nothing_held, within=30)
     assert h["expired_claims"] == expired + 1, h
+
+
+def test_get_returns_none_for_what_is_not_there_whatever_the_metadata(pair):
+    sender, receiver = pair
+    errors = receiver.ask(op="health")["errors"]
+    # No metadata, and no sender configured (vLLM-omni's chunk adapter
+    # polls so): None, from get and from get_with_deadline alike.
+    for _ in range(3):
+        once = receiver.ask(op="get_once", key="nobody", meta=None)
+        assert once == {"got": False}, once
+    late = receiver.ask(op="get_by_deadline", key="nobody", meta=None, seconds=0.2)
+    assert late["outcome"] == "none" and late["elapsed"] >= 0.2, late
+    # vLLM-omni's metadata (the sender's address) of a key nobody put.
+    port = sender.ask(op="health")["zmq_port"]
+    addressed = {"source_host": "127.0.0.1", "source_port": port}
+    late = receiver.ask(op="get_by_deadline", key="nobody", meta=addressed, seconds=0.3)
+    assert late["outcome"] == "none", late
+    assert receiver.ask(op="get_once", key="nobody", meta=addressed) == {"got": False}
+    receiver.ask(op="abandon", key="nobody")
+    # ferry's metadata of a put cleaned up since: its stamp says freed, the
+    # sender answers "missing", and get says None (one error: the put is
+    # gone).
+    put = sender.ask(op="put", i=12, key="gone")
+    sender.ask(op="cleanup", key="gone")
+    wasted = receiver.ask(op="health")["early_reads_wasted"]
+    assert receiver.ask(op="get_once", i=12, key="gone", meta=put["meta"]) == {"got": False}
+    late = receiver.ask(op="get_by_deadline", i=12, key="gone", meta=put["meta"], seconds=0.3)
+    assert late["outcome"] == "none", late
+    receiver.ask(op="abandon", key="gone")
+    h = receiver.health_until("the receiver holds nothing", nothing_held)
+    assert h["early_reads_wasted"] == wasted + 1 and h["errors"] == errors + 1, h
+    assert "no longer has that put" in h["last_error"], h
+    all_freed(sender, receiver)
+    # The pools' pages were made ahead (in a thread, from the start).
+    for stage in (sender, receiver):
+        h = stage.health_until("the pool's pages are made", lambda h: h["pool_prefault_seconds"] is not None)
+        assert h["pool_prefault_seconds"] > 0, h
+
+
+def test_a_stamped_read_needs_no_answer_to_its_claim(pair):
+    sender, receiver = pair
+    # The put's metadata names its region and its stamp: the receiver reads
+    # both, and the payload is back from its first get, on the local plane
+    # (which reads within the call), with no claim: only "taken" goes, to
+    # the address the metadata names (here a socket that never answers).
+    put = sender.ask(op="put", i=4, key="stamped")
+    at, token = put["meta"]["stamp"]
+    assert at >= put["size"] and at % 8 == 0 and token, put["meta"]
+    ctx = zmq.Context()
+    silent = ctx.socket(zmq.ROUTER)
+    silent.setsockopt(zmq.LINGER, 0)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        before = receiver.ask(op="health")
+        once = receiver.ask(op="get_once", i=4, key="stamped", meta={**put["meta"], "source_port": port})
+        assert once == {"got": True, "wrong": None}, once
+        h = receiver.ask(op="health")
+        assert h["gets"] == before["gets"] + 1 and h["early_reads_wasted"] == before["early_reads_wasted"], h
+        # "taken", with the put's token, went where the metadata said; and
+        # nothing else.
+        assert silent.poll(10_000), "nothing came"
+        verb, taken = control.decode(silent.recv_multipart()[1:])
+        assert verb == control.TAKEN and taken == control.Taken(key_of("stamped"), token), (verb, taken)
+        assert not silent.poll(500), "more than taken came"
+    finally:
+        silent.close(linger=0)
+        ctx.term()
+    receiver.health_until("the receiver holds nothing", nothing_held)
+    # The sender was never asked: it holds the payload, unclaimed, until
+    # the request is cleaned up.
+    h = sender.ask(op="health")
+    assert h["sends_held"] == 1 and h["sends_claimed"] == 0, h
+    sender.ask(op="cleanup", key="stamped")
+    all_freed(sender, receiver)
+    # With the real sender, "taken" frees the payload.
+    put = sender.ask(op="put", i=4, key="stamped")
+    assert receiver.ask(op="get_once", i=4, key="stamped", meta=put["meta"]) == {"got": True, "wrong": None}
+    all_freed(sender, receiver)

@@ -22,6 +22,7 @@ import zmq
 
 import tensorferry
 from tensorferry.vllm_omni import _control as control
+from tensorferry.vllm_omni import _stamp as stamp
 from tensorferry.vllm_omni._metrics import Metrics
 from tensorferry.vllm_omni._pool import Pool
 from tensorferry.vllm_omni._sockets import send_quiet
@@ -44,6 +45,10 @@ class Held:
     header: int
     data: int
     expires: float
+    # The put's stamp (``_stamp``): its token, and the region's bytes (the
+    # payload's and the stamp's).
+    token: int = 0
+    span: int = 0
     gen: int = 0
     claim: Optional[int] = None
     claim_expires: float = 0.0
@@ -156,6 +161,8 @@ class Sends:
                     held.owner = owner
                     held.claim_expires = now + window + control.CLAIM_GRACE
                     self._claim_keys[(owner, message.claim)] = message.key
+                    # Readers of the put's metadata see it is another's.
+                    self._stamp(held, stamp.claimed(held.token, message.claim))
                 pool = self._pool
                 engine = self._engine
                 if pool is None or engine is None:
@@ -172,6 +179,16 @@ class Sends:
                         held.gen,
                     ),
                 )
+            if verb == control.TAKEN and isinstance(message, control.Taken):
+                # Read without a claim (``_stamp``): its token is the proof
+                # of having the put's metadata. A claim on it is another
+                # receiver's, which its own end settles.
+                held = self._held.get(message.key)
+                if held is not None and held.token and held.token == message.token and held.claim is None:
+                    del self._held[message.key]
+                    self._forget_key(held)
+                    self._free_held(held)
+                return None
             if isinstance(message, control.Ended):
                 # Only the claim's owner ends it: a done or release from
                 # any other connection (a stranger who learned the key and
@@ -194,6 +211,7 @@ class Sends:
                     else:
                         held.claim = None
                         held.owner = b""
+                        self._stamp(held, held.token)
                     return None
                 if (held is not None and held.claim == message.claim) or (
                     message.claim,
@@ -240,6 +258,7 @@ class Sends:
             self._claim_keys.pop((held.owner, held.claim), None)
             held.claim = None
             held.owner = b""
+            self._stamp(held, held.token)
             self._metrics.count("expired_claims", 1)
             logger.warning(
                 "FerryConnector: the receiver that claimed %s did not finish within its window; the claim ended",
@@ -292,8 +311,15 @@ class Sends:
                 del self._keys[held.raw_key]
 
     def _free_held(self, held: Held) -> None:
+        # The stamp says "freed" before anything else may use the region.
+        self._stamp(held, 0)
         if self._pool is not None:
-            self._pool.free(held.offset, held.plan_size)
+            self._pool.free(held.offset, held.span or held.plan_size)
+
+    def _stamp(self, held: Held, value: int) -> None:
+        """Writes ``held``'s stamp (under ``_lock``)."""
+        if held.token and self._pool is not None:
+            stamp.write(self._pool.array, held.offset + stamp.stamp_at(held.plan_size), value)
 
 
 def serve(router: zmq.Socket, sends: Sends, stop: threading.Event, curve: bool) -> None:

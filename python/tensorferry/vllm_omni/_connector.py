@@ -22,7 +22,8 @@ uses a grant only if it names the engine (and, with ferry's metadata, the
 region) the put named.
 
 Its parts: ``_claims`` keeps what it sends and answers claims for it,
-``_receives`` what it receives; ``_pool`` is the registered pool,
+``_receives`` what it receives (``_get``: one receive, and what its
+metadata names); ``_stamp`` is a put's stamp; ``_pool`` is the registered pool,
 ``_payload`` a payload's layout in it, ``_control`` the claim messages,
 ``_sockets`` the claim protocol's sockets, ``_guard`` whom they admit and
 believe, and ``_metrics`` what ``health()`` counts."""
@@ -43,6 +44,7 @@ from vllm_omni.distributed.omni_connectors.utils.serialization import OmniSerial
 import tensorferry
 from tensorferry.vllm_omni import _control as control
 from tensorferry.vllm_omni import _payload as payload
+from tensorferry.vllm_omni import _stamp as stamp
 from tensorferry.vllm_omni._claims import Held, Sends, serve
 from tensorferry.vllm_omni._guard import guard_settings, sender_key
 from tensorferry.vllm_omni._metrics import Metrics
@@ -54,6 +56,13 @@ from tensorferry.vllm_omni._zap import ZapHandler
 logger = logging.getLogger("tensorferry.vllm_omni")
 
 _DEFAULT_POOL = 1 << 30
+
+
+def _flag(value: Any) -> bool:
+    """A yes/no setting of ``extra``, given as a bool or as text."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("0", "false", "no", "off", "")
+    return bool(value)
 
 
 def _kept_by(half: str, name: str, doc: str) -> Any:
@@ -73,7 +82,10 @@ class FerryConnector(OmniConnectorBase):
     ``extra`` (all optional): ``backend`` (``"auto"``, ``"local"``,
     ``"fabric"``, ``"verbs"``: ferry's data plane), ``pool_size`` (bytes of
     the registered pool both directions use, 1 GiB; ``memory_pool_size``
-    too), ``host`` (the address peers reach this connector at; default: the
+    too), ``prefault`` (make the pool's pages, in a thread, from when the
+    connector is made, so that the first put and get into them do not
+    fault them in one by one: true; it holds the pool's memory from then
+    on), ``host`` (the address peers reach this connector at; default: the
     engine's), ``zmq_port`` (the base port: a sender listens at
     ``compute_connector_zmq_port(zmq_port, from_stage, ...)``, as vLLM-omni's
     transfer-engine connectors do, and a receiver asks there when ``get``
@@ -143,7 +155,7 @@ class FerryConnector(OmniConnectorBase):
         self._sender_key = sender_key(self.config.get("sender_key"), self._guard)
 
         self._engine = tensorferry.TransferEngine(self.backend_name, **options, **settings)
-        self._pool = Pool(self._engine, pool_size)
+        self._pool = Pool(self._engine, pool_size, prefault=_flag(self.config.get("prefault", True)))
         self._ctx = zmq.Context()
         self._sends = Sends(self._pool, self._engine, self._metrics, buffer_ttl)
         self._receives = Receives(
@@ -205,23 +217,27 @@ class FerryConnector(OmniConnectorBase):
         except Exception as e:
             self._metrics.error(f"put of {key}: {e}")
             return False, 0, None
-        offset = pool.alloc(layout.size)
+        # The payload, then its stamp (``_stamp``).
+        span = stamp.span(layout.size)
+        offset = pool.alloc(span)
         if offset is None:
             # The pool serves both ways: free what sends and receives let go.
             now = time.monotonic()
             self._sends.expire(now)
             self._receives.sweep(now, force=True)
-            offset = pool.alloc(layout.size)
+            offset = pool.alloc(span)
         if offset is None:
             self._metrics.error(
                 f"put of {key}: {layout.size} bytes do not fit the pool ({pool.used} of {pool.size} held)"
             )
             return False, 0, None
+        token = stamp.new_token()
         try:
             layout.write(pool.array[offset : offset + layout.size])
+            stamp.write(pool.array, offset + stamp.stamp_at(layout.size), token)
             port = self._ensure_listener()
         except Exception as e:
-            pool.free(offset, layout.size)
+            pool.free(offset, span)
             self._metrics.error(f"put of {key}: {e}")
             return False, 0, None
         held = Held(
@@ -232,6 +248,8 @@ class FerryConnector(OmniConnectorBase):
             header=len(layout.header),
             data=layout.data_start,
             expires=time.monotonic() + self.buffer_ttl,
+            token=token,
+            span=span,
         )
         self._sends.add(held)
         metadata = {
@@ -248,6 +266,10 @@ class FerryConnector(OmniConnectorBase):
                 held.data,
                 held.gen,
             ],
+            # Where the stamp is in the region, and the put's token: a read
+            # of the region followed by one of a stamp that still says so
+            # needs no answer to its claim.
+            "stamp": [stamp.stamp_at(layout.size), token],
         }
         if self._guard.curve:
             # The key the claim socket serves with: a receiver connects to
@@ -284,11 +306,13 @@ class FerryConnector(OmniConnectorBase):
         self, from_stage: str, to_stage: str, get_key: str, metadata: Optional[Dict[str, Any]] = None
     ) -> Optional[Tuple[Any, int]]:
         """``(payload, size)`` once the payload ``put`` sent under this key
-        has arrived, else None; never waits for the sender. The first call
-        claims it from its sender (at ``metadata``'s address, else the
-        configured sender) and, with ferry's metadata, posts its read at
-        once; the call that sees the read done and the claim granted
-        returns it. A failure (a sender that does not answer or dies, a read
+        has arrived, else None (also when neither ``metadata`` nor the
+        configuration names a sender to ask); never waits for the sender.
+        The first call claims it from its sender (at ``metadata``'s
+        address, else the configured sender) and, with ferry's metadata,
+        posts its read at once, and then the read of the put's stamp; the
+        call that sees the read done and the stamp still the put's (on the
+        local plane, the first), or the claim granted, returns it. A failure (a sender that does not answer or dies, a read
         that fails) is logged and counted in ``health()``, frees what the
         receive held, and returns None; a later call starts over."""
         if self._closed:
@@ -306,9 +330,12 @@ class FerryConnector(OmniConnectorBase):
         deadline: float,
     ) -> Optional[Tuple[Any, int]]:
         """``get``, retried until it returns the payload or ``deadline``
-        (``time.monotonic()``) passes, then None. A read still running at
-        the deadline is not ended and its memory is not freed: it stays the
-        receive's, for a later ``get`` or until ``abandon_get``."""
+        (``time.monotonic()``) passes, then None. Between tries it waits on
+        what the receive waits for (its read, or its claim's answer), not
+        on a timer. A read still running at the deadline is not ended and
+        its memory is not freed: it stays the receive's, for a later
+        ``get`` or until ``abandon_get``."""
+        key = self._make_key(get_key, from_stage, to_stage)
         pause = 0.0001
         while True:
             result = self.get(from_stage, to_stage, get_key, metadata)
@@ -317,14 +344,11 @@ class FerryConnector(OmniConnectorBase):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            key = self._make_key(get_key, from_stage, to_stage)
-            transfer = self._receives.answered_read(key)
-            if transfer is not None:
-                try:
-                    transfer.wait(min(remaining, 1.0))
-                except tensorferry.FerryError:
-                    pass  # the next get() reports it
+            if self._receives.wait(key, min(remaining, 1.0)):
+                pause = 0.0001
                 continue
+            # Nothing to wait on (no sender named yet, or the payload is
+            # not there yet): ask again a little later.
             time.sleep(min(pause, remaining))
             pause = min(pause * 2, 0.005)
 
@@ -362,7 +386,9 @@ class FerryConnector(OmniConnectorBase):
         """Counters and what is held: ``sends_held`` (payloads put, not yet
         read) and ``sends_claimed``; ``gets_pending`` (receives begun),
         ``gets_granted`` (their claims granted) and ``gets_reading`` (reads
-        in flight); ``pool_used``/``pool_size`` bytes; ``errors``,
+        in flight); ``pool_used``/``pool_size`` bytes, and
+        ``pool_prefault_seconds`` (what making the pool's pages took; None
+        while they are being made); ``errors``,
         ``timeouts``, ``expired_claims``, ``expired_payloads``,
         ``early_reads_wasted`` (reads made from a put's metadata whose
         grant named another put of the same region);
@@ -389,6 +415,7 @@ class FerryConnector(OmniConnectorBase):
             "gets_reading": reading,
             "pool_used": pool.used,
             "pool_size": pool.size,
+            "pool_prefault_seconds": pool.prefault_seconds,
             "guard": {"curve": self._guard.curve, "allow_from": self._guard.allow_from},
             **self._metrics_now(),
             "last_error": self._metrics.last_error,

@@ -12,7 +12,11 @@ while the region was still the payload's.
 
 ``put``'s metadata names the region too (``grant``), so that the receiver
 reads while its claim travels; it uses those bytes only if the grant
-names the same put.
+names the same put. And the put's stamp (``stamp``, see ``_stamp``): a
+receiver whose read of the region, and then of the stamp, is final
+within the call that posted it (the local plane) and finds the put's
+token sends no claim at all, only ``taken`` with the token, which frees
+the payload unless a claim holds it; otherwise it claims as above.
 
 Whose claim: the connection's authenticated identity, never a name in a
 message. Under CURVE that is the key the claimant connected with (the
@@ -52,6 +56,7 @@ MISSING = b"missing"
 BUSY = b"busy"
 DONE = b"done"
 RELEASE = b"release"
+TAKEN = b"taken"
 
 
 class Claim(msgspec.Struct, array_like=True, frozen=True):
@@ -91,7 +96,16 @@ class Ended(msgspec.Struct, array_like=True, frozen=True):
     claim: int
 
 
-Message = Union[Claim, Granted, Refused, Ended]
+class Taken(msgspec.Struct, array_like=True, frozen=True):
+    """Receiver to sender, without a claim: the put of ``key`` whose token
+    is ``token`` was read, and its stamp showed it was the put's: free it
+    (unless a claim holds it)."""
+
+    key: str
+    token: int
+
+
+Message = Union[Claim, Granted, Refused, Ended, Taken]
 
 _TYPES: dict = {
     CLAIM: Claim,
@@ -100,6 +114,7 @@ _TYPES: dict = {
     BUSY: Refused,
     DONE: Ended,
     RELEASE: Ended,
+    TAKEN: Taken,
 }
 _encoder = msgspec.msgpack.Encoder()
 

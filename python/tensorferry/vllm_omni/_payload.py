@@ -269,6 +269,10 @@ def _decode(region: LeasedArray, header_len: int, data_start: int, deserialize: 
     if not isinstance(table, list):
         raise PayloadError("header has no leaf table")
     space = len(region) - data_start
+    # Leaves are cut from a plain view, whose base (the leased view) holds
+    # the region: slicing the leased view itself would run its Python
+    # ``__array_finalize__`` at every step.
+    plain = region.view(np.ndarray)
     leaves: List[Any] = []
     for i, entry in enumerate(table):
         if not (isinstance(entry, list) and len(entry) == 5):
@@ -294,7 +298,7 @@ def _decode(region: LeasedArray, header_len: int, data_start: int, deserialize: 
             # as the numpy dtype of the same size, then seen as the torch
             # one where numpy has none (bfloat16, float8).
             same_size = _NUMPY_OF[tdtype]
-            tensor = torch.from_numpy(region[start : start + nbytes].view(same_size).reshape(shape))
+            tensor = torch.from_numpy(plain[start : start + nbytes].view(same_size).reshape(shape))
             leaves.append(tensor if tensor.dtype == tdtype else tensor.view(tdtype))
         elif kind == "numpy":
             try:
@@ -305,7 +309,7 @@ def _decode(region: LeasedArray, header_len: int, data_start: int, deserialize: 
                 raise PayloadError(f"leaf {i}: numpy dtype {dtype!r} is not plain data")
             _check_size(i, shape, ndtype.itemsize, nbytes)
             # A plain ndarray, whose base (the leased view) holds the region.
-            leaves.append(region[start : start + nbytes].view(np.ndarray).view(ndtype).reshape(shape))
+            leaves.append(plain[start : start + nbytes].view(ndtype).reshape(shape))
         else:
             raise PayloadError(f"leaf {i}: kind {kind!r}")
     kind = header.get("kind")

@@ -4,12 +4,17 @@
 A receive claims its payload from the sender's claim socket, on a DEALER
 of its own for that sender (under CURVE a CURVE client of the sender's
 key: only that sender can answer), and with ferry's metadata reads the
-put's region at once, while the claim travels. The grant decides: a read
-of what it names is used, a read of anything else is discarded (its
-region freed once the read is final) and the grant read instead, and a
-grant that names another engine or region than the put is not read at
-all. ``done`` frees the sender's payload once the read is used,
-``release`` hands it back when it is not."""
+put's region at once, while the claim travels, and then the put's stamp
+(``_stamp``): a stamp that still names the put (unclaimed, or claimed by
+this receive) makes the read good without the claim's answer, so that
+the payload comes back after one read and one eight-byte read, in the
+call that posted them where the data plane reads within the call (the
+local plane). Else the grant decides: a read of what it names is used, a
+read of anything else is discarded (its region freed once the read is
+final) and the grant read instead, and a grant that names another engine
+or region than the put is not read at all. ``done`` frees the sender's
+payload once the read is used, ``release`` hands it back when it is
+not."""
 
 from __future__ import annotations
 
@@ -18,7 +23,6 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 import zmq
@@ -27,10 +31,12 @@ from vllm_omni.distributed.omni_connectors.utils.serialization import OmniSerial
 import tensorferry
 from tensorferry.vllm_omni import _control as control
 from tensorferry.vllm_omni import _payload as payload
+from tensorferry.vllm_omni import _stamp as stamp
+from tensorferry.vllm_omni._get import Get, Named, Sender, named, stamp_verdict
 from tensorferry.vllm_omni._guard import claim_key, foreign_grant
 from tensorferry.vllm_omni._metrics import Metrics
 from tensorferry.vllm_omni._pool import Pool
-from tensorferry.vllm_omni._sockets import Dealers, Link, send_quiet, session_key, tcp_endpoint
+from tensorferry.vllm_omni._sockets import Dealers, Link, send_quiet, session_key
 
 logger = logging.getLogger("tensorferry.vllm_omni")
 
@@ -41,50 +47,9 @@ _ABANDON_WAIT = 1.0
 # Keys whose early read is remembered (so that a claim asked again does not
 # read again).
 _EARLY_MEMORY = 4096
-
-#: The sender a get whose metadata names none claims from: its host and
-#: claim port (the connector's ``sender_host``, ``sender_zmq_port``).
-Sender = Tuple[Optional[str], Optional[int]]
-
-
-@dataclass
-class _Get:
-    """A payload this connector is receiving.
-
-    ``state``: ``claiming`` (the claim is not answered; a read from the
-    put's metadata may run already), ``reading`` (granted, and the read
-    running is of what was granted), ``discarding`` (a read runs whose
-    bytes are not to be used: once it is final its region is freed, and
-    ``regrant``, if any, read instead)."""
-
-    key: str
-    raw_key: str
-    endpoint: str
-    # Under CURVE, the sender's public key (Z85) the claim goes to: the
-    # DEALER is a CURVE client of that key, so every answer comes from it.
-    server_key: Optional[str]
-    claim: int
-    sent: float
-    window: float
-    expected: Optional[int]
-    state: str = "claiming"
-    offset: Optional[int] = None
-    size: int = 0
-    header: int = 0
-    data: int = 0
-    transfer: Optional["tensorferry.Transfer"] = None
-    read_of: Optional[Tuple[str, int, int]] = None
-    regrant: Optional[control.Granted] = None
-    touched: float = 0.0
-    early_of: Optional[Tuple[str, int]] = None
-    # The engine session and address ferry's metadata named: a grant that
-    # names another is not used.
-    region: Optional[Tuple[str, int]] = None
-
-    @property
-    def link(self) -> Link:
-        """The DEALER the claim went out on: its endpoint and server key."""
-        return self.endpoint, self.server_key
+# The longest a waiting get holds the lock while it polls its claim's
+# socket (other threads' gets wait meanwhile).
+_POLL_SLICE = 0.001
 
 
 class Receives:
@@ -123,20 +88,23 @@ class Receives:
         self.transfer_timeout = transfer_timeout
         self._lock = threading.Lock()
         self._dealers = Dealers(ctx, guard)
-        self._gets: Dict[str, _Get] = {}
-        self._claims: Dict[int, _Get] = {}
+        self._gets: Dict[str, Get] = {}
+        self._claims: Dict[int, Get] = {}
         self._next_sweep = 0.0
         # Early reads made, by key: (sender session, generation). A claim
         # asked again (after "missing" or "busy") reads nothing again.
         self._early: "OrderedDict[str, Tuple[str, int]]" = OrderedDict()
+        # Whether a get that names no sender was logged.
+        self._unaddressed = False
 
     def get(
         self, key: str, raw_key: str, metadata: Optional[Dict[str, Any]], sender: Sender
     ) -> Optional[Tuple[Any, int]]:
         """``FerryConnector.get`` of ``key`` (``raw_key``: the key ``get``
         was given): the first call claims the payload from its sender (at
-        ``metadata``'s address, else at ``sender``'s), and a call that
-        finds it arrived returns ``(payload, size)``."""
+        ``metadata``'s address, else at ``sender``'s; None when neither
+        names one), and a call that finds it arrived returns
+        ``(payload, size)``."""
         with self._lock:
             if self._closing.is_set():
                 raise RuntimeError("FerryConnector: get on a closed connector")
@@ -147,16 +115,37 @@ class Receives:
                 g = self._start(key, raw_key, metadata, sender)
                 if g is None:
                     return None
+                if g.state == "claiming" and g.token is not None:
+                    # The read of the put's region may be good already.
+                    got = self._advance(g)
+                    if got is not None or self._gets.get(key) is not g:
+                        return got
             g.touched = now
             self._drain(g.link)
             return self._advance(g)
 
-    def answered_read(self, key: str) -> Optional["tensorferry.Transfer"]:
-        """The read of ``key``'s receive, unless its claim is still
-        unanswered: what ``get_with_deadline`` waits on."""
+    def wait(self, key: str, timeout: float) -> bool:
+        """Waits at most ``timeout`` seconds for ``key``'s receive to move
+        on: for its read to be final, else for an answer to its claim;
+        False when it has nothing to wait for (no receive of ``key``)."""
         with self._lock:
             g = self._gets.get(key)
-            return g.transfer if g is not None and g.state != "claiming" else None
+            if g is None or self._closing.is_set():
+                return False
+            running = next((t for t in (g.transfer, g.stamp_read) if t is not None and t.state == "pending"), None)
+            if running is None:
+                sock = self._dealers.get(g.link)
+                if sock is not None and g.state == "claiming":
+                    # Under the lock (a socket is one thread's at a time),
+                    # for a slice at most.
+                    sock.poll(max(1, int(min(timeout, _POLL_SLICE) * 1000)))
+                    return True
+                return False
+        try:
+            running.wait(timeout)
+        except tensorferry.FerryError:
+            pass  # final: the next get reports it
+        return True
 
     def sweep(self, now: float, force: bool = False) -> None:
         """``_sweep``, unless the connector closes."""
@@ -166,13 +155,13 @@ class Receives:
 
     def counts(self) -> Tuple[int, int, int]:
         """After a sweep: the receives begun, those granted, and the reads
-        in flight."""
+        (of payloads or stamps) in flight."""
         with self._lock:
             if not self._closing.is_set():
                 self._sweep(time.monotonic())
             gets = len(self._gets)
             granted = sum(1 for g in self._gets.values() if g.state == "reading")
-            reading = sum(1 for g in self._gets.values() if g.transfer is not None and g.transfer.state == "pending")
+            reading = sum(1 for g in self._gets.values() if g.running)
         return gets, granted, reading
 
     def close(self) -> None:
@@ -181,126 +170,107 @@ class Receives:
         engine and the context, which the connector closes."""
         with self._lock:
             for g in self._gets.values():
-                if g.transfer is not None:
-                    g.transfer.release()
+                for t in (g.transfer, g.stamp_read):
+                    if t is not None:
+                        t.release()
             self._gets.clear()
             self._claims.clear()
             self._dealers.close()
             self._pool = None
             self._engine = None
 
-    def _start(self, key: str, raw_key: str, metadata: Optional[Dict[str, Any]], sender: Sender) -> Optional[_Get]:
-        meta = metadata
-        if isinstance(meta, dict) and raw_key in meta and isinstance(meta[raw_key], dict):
-            meta = meta[raw_key]
-        expected: Optional[int] = None
-        grant: Any = None
-        source_key: Any = None
-        ferry_meta = False
-        if isinstance(meta, dict) and meta.get("source_host") and meta.get("source_port"):
-            ferry_meta = "ferry" in meta
-            source_key = meta.get("source_key")
-            if "ferry" in meta and meta["ferry"] != control.METADATA_FORMAT:
-                self._metrics.error(
-                    f"get of {key}: metadata of format {meta['ferry']!r}, not {control.METADATA_FORMAT}"
+    def _start(self, key: str, raw_key: str, metadata: Optional[Dict[str, Any]], sender: Sender) -> Optional[Get]:
+        found = named(metadata, raw_key, sender)
+        if found is None:
+            # Nothing names a sender: nothing is there to get (said once).
+            if not self._unaddressed:
+                self._unaddressed = True
+                logger.warning(
+                    "FerryConnector: get of %s has no metadata naming its sender, and no sender is configured "
+                    "(extra sender_host/sender_zmq_port, or zmq_port and from_stage): None",
+                    key,
                 )
-                return None
-            try:
-                endpoint = tcp_endpoint(str(meta["source_host"]), int(meta["source_port"]))
-                if meta.get("data_size") is not None:
-                    expected = int(meta["data_size"])
-            except (TypeError, ValueError) as e:
-                self._metrics.error(f"get of {key}: metadata {meta!r} does not name a sender: {e}")
-                return None
-            grant = meta.get("grant")
-        elif sender[0] and sender[1]:
-            endpoint = tcp_endpoint(sender[0], sender[1])
-        else:
-            raise RuntimeError(
-                f"FerryConnector: get of {key} has no metadata naming its sender, and no sender is configured "
-                "(extra sender_host/sender_zmq_port, or zmq_port and from_stage)"
-            )
+            return None
+        if isinstance(found, str):
+            self._metrics.error(f"get of {key}: {found}")
+            return None
         server_key = claim_key(
-            self._guard, self._sender_key, self._metrics.error, key, endpoint, source_key, ferry_meta
+            self._guard, self._sender_key, self._metrics.error, key, found.endpoint, found.source_key, found.ferry
         )
         if server_key is False:
             return None
-        region: Optional[Tuple[str, int]] = None
-        if isinstance(grant, list) and len(grant) == 6 and all(isinstance(v, int) for v in grant[1:]):
-            region = (str(grant[0]), grant[1])
-            if server_key is not None and session_key(region[0]) != server_key:
-                # Inconsistent metadata: the engine it names is not the
-                # one whose key answers the claim.
-                self._metrics.error(
-                    f"get of {key}: the put's metadata names engine {region[0]!r}, whose key is not its "
-                    f"source_key {server_key}; not claimed"
-                )
-                return None
-        window = self.transfer_timeout + 5.0 * ((expected or 0) // _STEP_BYTES)
+        early = found.early
+        if early is not None and server_key is not None and session_key(early.session) != server_key:
+            # Inconsistent metadata: the engine it names is not the one
+            # whose key answers the claim.
+            self._metrics.error(
+                f"get of {key}: the put's metadata names engine {early.session!r}, whose key is not its "
+                f"source_key {server_key}; not claimed"
+            )
+            return None
+        window = self.transfer_timeout + 5.0 * ((found.expected or 0) // _STEP_BYTES)
         # The sender grants no longer: a read past it could see the region
         # reused.
         window = min(window, control.MAX_WINDOW_MS / 1000.0)
-        g = _Get(
+        g = Get(
             key=key,
             raw_key=raw_key,
-            endpoint=endpoint,
+            endpoint=found.endpoint,
             server_key=server_key,
             claim=secrets.randbits(63),
             sent=time.monotonic(),
             window=window,
-            expected=expected,
+            expected=found.expected,
             touched=time.monotonic(),
-            region=region,
+            region=(early.session, early.addr) if early is not None else None,
         )
-        try:
-            sock = self._dealers.to(g.link)
-            sock.send_multipart(control.encode(control.CLAIM, control.Claim(key, g.claim, int(window * 1000))), zmq.NOBLOCK)
-        except zmq.ZMQError as e:
-            self._metrics.error(f"get of {key}: the claim to {endpoint} cannot be sent: {e}")
-            return None
         self._gets[key] = g
         self._claims[g.claim] = g
-        # The put's metadata names the region: read it while the claim
-        # travels. Its bytes are used only if the grant names the same put
-        # (its generation): a payload is held, unchanged, from its put until
-        # it is freed, and never held again, so a grant of that generation
-        # shows it was the payload's during the whole read.
-        # Once per put: a claim asked again (after "missing" or "busy")
-        # reads nothing until it is granted.
-        if region is not None:
-            early = control.Granted(g.claim, str(grant[0]), *grant[1:])
-            g.early_of = (early.session, early.gen)
-            if self._early.get(key) != g.early_of and self._valid_grant(g, early, report=False):
-                self._early[key] = g.early_of
-                self._early.move_to_end(key)
-                while len(self._early) > _EARLY_MEMORY:
-                    self._early.popitem(last=False)
-                self._post(g, early, quiet=True)
+        if early is not None:
+            self._read_early(g, early, found)
+        # With a stamp to read, the claim waits for its verdict
+        # (``_advance_claim``).
+        if g.token is None and not self._send_claim(g):
+            return None
         return g
 
-    def _advance(self, g: _Get) -> Optional[Tuple[Any, int]]:
-        transfer = g.transfer
-        final = transfer is None or transfer.state != "pending"
+    def _send_claim(self, g: Get) -> bool:
+        """Sends ``g``'s claim; False (said why, and ``g`` ended) if it
+        cannot be."""
+        claim = control.Claim(g.key, g.claim, int(g.window * 1000))
+        try:
+            self._dealers.to(g.link).send_multipart(control.encode(control.CLAIM, claim), zmq.NOBLOCK)
+        except zmq.ZMQError as e:
+            self._metrics.error(f"get of {g.key}: the claim to {g.endpoint} cannot be sent: {e}")
+            self._forget(g)
+            return False
+        g.claimed = True
+        return True
+
+    def _read_early(self, g: Get, early: control.Granted, found: Named) -> None:
+        """Reads the region the put's metadata names while the claim
+        travels. Its bytes are used if the grant names the same put (its
+        generation): a payload is held, unchanged, from its put until it is
+        freed, and never held again, so a grant of that generation shows it
+        was the payload's during the whole read. Or, without waiting for
+        the grant, if the put's stamp, read once this read is final, still
+        names the put (``_stamp``). Once per put: a claim asked again
+        (after "missing" or "busy") reads nothing until it is granted."""
+        g.early_of = (early.session, early.gen)
+        if self._early.get(g.key) == g.early_of or not self._valid_grant(g, early, report=False):
+            return
+        self._early[g.key] = g.early_of
+        self._early.move_to_end(g.key)
+        while len(self._early) > _EARLY_MEMORY:
+            self._early.popitem(last=False)
+        if self._post(g, early, quiet=True, span=stamp.span(early.size) if found.token is not None else None):
+            g.read_early = True
+            g.stamp_at, g.token = found.stamp_at, found.token
+
+    def _advance(self, g: Get) -> Optional[Tuple[Any, int]]:
         if g.state == "claiming":
-            if transfer is not None and transfer.state == "failed":
-                # The early read failed (the sender is gone, or its metadata
-                # was wrong): the grant, if it comes, is read again.
-                self._free_region(g)
-            if time.monotonic() - g.sent > self.claim_timeout:
-                self._metrics.count("timeouts", 1)
-                self._reset_client(g.link)
-                # Under CURVE a refused handshake is silent too.
-                hint = (
-                    f" (under CURVE: or its key is not {g.server_key}, or it does not admit this connector's key "
-                    f"{self._guard.public_key})"
-                    if g.server_key is not None
-                    else ""
-                )
-                self._metrics.error(
-                    f"get of {g.key}: the sender at {g.endpoint} did not answer its claim within "
-                    f"{self.claim_timeout} s{hint}"
-                )
-            return None
+            return self._advance_claim(g)
+        final = not g.running
         if g.state == "discarding":
             if not final:
                 return None
@@ -311,7 +281,53 @@ class Receives:
             else:
                 self._read(g, regrant)
             return None
-        if transfer is None or not final:
+        if g.transfer is None or not final:
+            return None
+        return self._finish(g)
+
+    def _advance_claim(self, g: Get) -> Optional[Tuple[Any, int]]:
+        """``_advance`` of a receive whose claim is not answered: its early
+        read, once final, and its stamp's read decide, else the claim's
+        timeout."""
+        transfer = g.transfer
+        if transfer is not None and transfer.state == "failed":
+            # The early read failed (the sender is gone, or its metadata
+            # was wrong): the grant, if it comes, is read again.
+            self._free_region(g)
+        elif transfer is not None and g.token is not None:
+            good = stamp_verdict(g, self._live_engine(), self._live_pool())
+            if good:
+                g.state = "reading"
+                return self._finish(g)
+            if good is False:
+                # Freed, or another put's, or another receiver's: the
+                # claim's answer decides.
+                self._metrics.count("early_reads_wasted", 1)
+                g.token = None
+                self._free_region(g)
+        if not g.claimed and not self._send_claim(g):
+            return None
+        if time.monotonic() - g.sent > self.claim_timeout:
+            self._metrics.count("timeouts", 1)
+            self._reset_client(g.link)
+            # Under CURVE a refused handshake is silent too.
+            hint = (
+                f" (under CURVE: or its key is not {g.server_key}, or it does not admit this connector's key "
+                f"{self._guard.public_key})"
+                if g.server_key is not None
+                else ""
+            )
+            self._metrics.error(
+                f"get of {g.key}: the sender at {g.endpoint} did not answer its claim within "
+                f"{self.claim_timeout} s{hint}"
+            )
+        return None
+
+    def _finish(self, g: Get) -> Optional[Tuple[Any, int]]:
+        """Hands out ``g``'s payload, its read final and good (granted, or
+        stamped), or reports its failure; either way ends the receive."""
+        transfer = g.transfer
+        if transfer is None:
             return None
         if transfer.state == "failed":
             why = _failure(transfer)
@@ -322,17 +338,27 @@ class Receives:
         pool = self._live_pool()
         offset, g.offset = g.offset, None
         self._forget(g)
-        self._send_end(g, control.DONE)
-        if offset is None:
-            return None
-        region = pool.lease(offset, g.size)
         try:
-            value = payload.decode(region, g.header, g.data, OmniSerializer.deserialize)
-        except payload.PayloadError as e:
-            self._metrics.error(f"get of {g.key} from {g.endpoint}: {e}")
-            return None
+            if offset is None:
+                return None
+            region = pool.lease(offset, g.size, span=g.span)
+            try:
+                value = payload.decode(region, g.header, g.data, OmniSerializer.deserialize)
+            except payload.PayloadError as e:
+                self._metrics.error(f"get of {g.key} from {g.endpoint}: {e}")
+                return None
+            finally:
+                del region
         finally:
-            del region
+            # The sender frees the payload once told; told after the decode,
+            # as a message wakes ZeroMQ's I/O thread, which would take a core
+            # from it.
+            if g.claimed:
+                # After a stamped read the claim may not be answered yet:
+                # the sender takes the claim, then this done, in order.
+                self._send_end(g, control.DONE)
+            elif g.token is not None:
+                self._dealers.send(g.link, control.encode(control.TAKEN, control.Taken(g.key, g.token)))
         self._metrics.count("gets", 1)
         self._metrics.count("bytes_transferred", g.size)
         return value, g.size
@@ -363,7 +389,7 @@ class Receives:
                 self._early.pop(g.key, None)
                 self._on_grant(g, message)
                 continue
-            if verb == control.MISSING and g.early_of is not None and g.transfer is not None:
+            if verb == control.MISSING and g.read_early:
                 # ferry's metadata comes from a put: a sender that no longer
                 # has it freed it (read, cleaned up, or expired), and asking
                 # again will not bring it back; said once per put.
@@ -374,7 +400,7 @@ class Receives:
             # later get asks again.
             self._forget(g)
 
-    def _on_grant(self, g: _Get, granted: control.Granted) -> None:
+    def _on_grant(self, g: Get, granted: control.Granted) -> None:
         foreign = foreign_grant(granted, g.endpoint, g.region, g.server_key)
         if foreign is not None:
             self._metrics.count("grants_refused", 1)
@@ -399,7 +425,7 @@ class Receives:
             g.state = "discarding"
             g.regrant = granted
 
-    def _valid_grant(self, g: _Get, granted: control.Granted, report: bool) -> bool:
+    def _valid_grant(self, g: Get, granted: control.Granted, report: bool) -> bool:
         why = None
         if g.expected is not None and granted.size != g.expected:
             why = f"the sender grants {granted.size} bytes, its metadata said {g.expected}"
@@ -413,7 +439,7 @@ class Receives:
             self._metrics.error(f"get of {g.key}: {why}")
         return why is None
 
-    def _read(self, g: _Get, granted: control.Granted) -> None:
+    def _read(self, g: Get, granted: control.Granted) -> None:
         """Reads what ``granted`` names, holding its claim."""
         if not self._post(g, granted, quiet=False):
             self._send_end(g, control.RELEASE)
@@ -421,16 +447,18 @@ class Receives:
             return
         g.state = "reading"
 
-    def _post(self, g: _Get, granted: control.Granted, quiet: bool) -> bool:
-        """Posts the read of ``granted`` into a new region; False (and said
-        why, unless ``quiet``) if it cannot be."""
+    def _post(self, g: Get, granted: control.Granted, quiet: bool, span: Optional[int] = None) -> bool:
+        """Posts the read of ``granted`` into a new region (of ``span``
+        bytes, if more than the payload's); False (and said why, unless
+        ``quiet``) if it cannot be."""
         remaining = g.sent + g.window - time.monotonic()
         if remaining <= 0:
             if not quiet:
                 self._metrics.error(f"get of {g.key}: the grant came after the claim's window")
             return False
         pool = self._live_pool()
-        offset = pool.alloc(granted.size)
+        span = max(span or 0, granted.size)
+        offset = pool.alloc(span)
         if offset is None:
             # Received payloads still in use hold the pool: ask again later.
             if not quiet:
@@ -447,31 +475,33 @@ class Receives:
                 granted.session, [pool.base + offset], [granted.addr], [granted.size], timeout=remaining
             )
         except Exception as e:  # a FerryError, or a peer's value the engine cannot take
-            pool.free(offset, granted.size)
+            pool.free(offset, span)
             if not quiet:
                 self._metrics.error(f"get of {g.key}: the read from {g.endpoint} was refused: {e}")
             return False
         g.offset = offset
         g.size = granted.size
+        g.span = span
         g.header = granted.header
         g.data = granted.data
         g.transfer = transfer
         g.read_of = (granted.session, granted.addr, granted.gen)
         return True
 
-    def _free_region(self, g: _Get) -> None:
+    def _free_region(self, g: Get) -> None:
         """Frees ``g``'s region, whose read is final."""
         if g.offset is not None and self._pool is not None:
-            self._pool.free(g.offset, g.size)
+            self._pool.free(g.offset, g.span or g.size)
         g.offset = None
         g.transfer = None
+        g.stamp_read = None
         g.read_of = None
 
-    def _forget(self, g: _Get) -> None:
+    def _forget(self, g: Get) -> None:
         """Ends the receive ``g``: now if no read of it runs, else once its
         read is final (it stays, discarding, until then)."""
         self._claims.pop(g.claim, None)
-        if g.transfer is not None and g.transfer.state == "pending":
+        if g.running:
             g.state = "discarding"
             g.regrant = None
             return
@@ -517,14 +547,15 @@ class Receives:
             if g.state == "discarding":
                 self._advance(g)
             elif now - g.touched > g.window + control.CLAIM_GRACE:
-                if g.transfer is not None and g.transfer.state == "pending":
+                if g.running:
                     continue  # its deadline ends it; a later sweep frees it
                 logger.warning("FerryConnector: nobody asked for %s within %.0f s; its receive is ended", g.key, g.window)
                 self._send_end(g, control.RELEASE)
                 self._forget(g)
 
-    def _send_end(self, g: _Get, verb: bytes) -> None:
-        self._dealers.send(g.link, control.encode(verb, control.Ended(g.key, g.claim)))
+    def _send_end(self, g: Get, verb: bytes) -> None:
+        if g.claimed:
+            self._dealers.send(g.link, control.encode(verb, control.Ended(g.key, g.claim)))
 
     def _reset_client(self, link: Link) -> None:
         # A sender that went away leaves claims queued; start clean.

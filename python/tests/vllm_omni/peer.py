@@ -191,7 +191,11 @@ def main() -> None:
             say(answer)
         elif op == "get_by_deadline":
             start = time.monotonic()
-            result = conn.get_with_deadline("0", "1", key, cmd["meta"], deadline=start + cmd["seconds"])
+            try:
+                result = conn.get_with_deadline("0", "1", key, cmd["meta"], deadline=start + cmd["seconds"])
+            except Exception as e:
+                say({"outcome": "raised", "raised": type(e).__name__, "why": str(e)})
+                continue
             elapsed = time.monotonic() - start
             outcome = "none" if result is None else (same(result[0], payload(cmd["i"])) or "data")
             del result
@@ -229,8 +233,17 @@ def main() -> None:
                     break
             say({"outcome": outcome})
         elif op == "get_once":
-            result = conn.get("0", "1", key, cmd["meta"])
-            say({"got": result is not None})
+            # One call (what it raises is the answer); with "i", whether
+            # what it returned is payload i.
+            try:
+                result = conn.get("0", "1", key, cmd["meta"])
+            except Exception as e:
+                say({"got": False, "raised": type(e).__name__, "why": str(e)})
+                continue
+            answer = {"got": result is not None}
+            if result is not None and "i" in cmd:
+                answer["wrong"] = same(result[0], payload(cmd["i"]))
+            say(answer)
             del result
         elif op == "abandon":
             conn.abandon_get(key)
