@@ -69,6 +69,7 @@ asserts nothing about speed.
 """
 
 import argparse
+import json
 import importlib.util
 import multiprocessing as mp
 import os
@@ -482,6 +483,8 @@ def main() -> None:
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="torch's intra-op threads in the sender and receiver (0: torch's default)")
     ap.add_argument("--no-mooncake-check", action="store_true")
+    ap.add_argument("--json", action="store_true",
+                    help="also print the median of the rounds as one JSON line, last (bench/python/latency.py reads it)")
     args = ap.parse_args()
     small, large = (int(x) for x in args.iters.split(","))
     iters = {"small": small, "large": large}
@@ -549,15 +552,17 @@ def main() -> None:
         rows.append(row)
         print(f"\nround {r}")
         table(row, names)
+    med = {}
+    for n in names:
+        for key, _, _ in FIGURES:
+            vals = [row[n][key] for row in rows if key in row.get(n, {})]
+            if vals:
+                med.setdefault(n, {})[key] = statistics.median(vals)
     if len(rows) > 1:
-        med = {}
-        for n in names:
-            for key, _, _ in FIGURES:
-                vals = [row[n][key] for row in rows if key in row.get(n, {})]
-                if vals:
-                    med.setdefault(n, {})[key] = statistics.median(vals)
         print(f"\nmedian of {len(rows)} rounds")
         table(med, names)
+    if args.json:
+        print(json.dumps(med))
     stale = sorted(set(leftovers()) - before)
     if stale:
         print(f"# left in /dev/shm by the connectors (removed): {', '.join(stale)}", file=sys.stderr)
