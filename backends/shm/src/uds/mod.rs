@@ -40,6 +40,13 @@ const HELLO: u8 = 1;
 /// Packet kind: a message.
 const MESSAGE: u8 = 2;
 
+/// How long after a message a wait for the next polls without sleeping:
+/// about a round trip of a few messages between processes of one host,
+/// so that the answer to what a node just sent is read without the
+/// sleep and wake around it (a context switch each, and an idle core's
+/// way out of its idle state); past it, a wait sleeps.
+const SPIN: Duration = Duration::from_micros(100);
+
 /// How long a send waits for a peer whose queue is full.
 const SEND_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -94,6 +101,7 @@ impl UdsChannel {
                 fds,
                 next: 0,
                 gone: String::new(),
+                spin_until: std::time::Instant::now(),
             },
         })
     }
