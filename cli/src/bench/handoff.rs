@@ -84,14 +84,21 @@ pub(crate) fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
     }
     let options: Vec<String> = options.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!(
-        "hand-offs through coordinator + sender + receiver over the {} data plane{}, control over {}; against single-thread memcpy",
+        "hand-offs through coordinator + sender + receiver over the {} data plane{}, control over {}; against single-thread memcpy{}",
         plane.name(),
         if options.is_empty() {
             String::new()
         } else {
             format!(" ({})", options.join(", "))
         },
-        control.describe()
+        control.describe(),
+        match rows.first() {
+            Some(r) if r.hop_sum_us.is_some() => format!(
+                " and the sum of the {} hops of the fast path (each message alone over a bare Unix socket pair, median one-way times; p50/hops: the hand-off's p50 over it)",
+                r.path_messages
+            ),
+            _ => String::new(),
+        }
     );
     println!(
         "{:>8} {:>7} {:>10} {:>10} {:>10} {:>12} {:>7} {:>11} {:>9}",
@@ -111,12 +118,6 @@ pub(crate) fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
             r.ratio(),
             or_dash(r.hop_sum_us, 1),
             or_dash(r.over_hops(), 2)
-        );
-    }
-    if let Some(r) = rows.iter().find(|r| r.hop_sum_us.is_some()) {
-        println!(
-            "(p50: from commit to the receiver holding the data; hop sum: the {} messages of the fast path, each sent alone over a bare Unix socket pair in the same run, median one-way times summed; ratio: hand-off GB/s over memcpy's)",
-            r.path_messages
         );
     }
     Ok(())
