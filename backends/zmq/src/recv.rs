@@ -59,6 +59,11 @@ pub struct ZmqReceiver {
 /// out of its idle state); past it, a wait sleeps in `zmq_poll`.
 const SPIN: Duration = Duration::from_micros(100);
 
+/// A yield that takes this long ran another thread on the core: the poll
+/// shares its core, and would take that thread's turns rather than save a
+/// wake.
+const SHARED_CORE: Duration = Duration::from_micros(5);
+
 impl Drop for ZmqReceiver {
     fn drop(&mut self) {
         for (endpoint, socket) in self.pulls.drain(..) {
@@ -304,7 +309,16 @@ impl ControlRecv for ZmqReceiver {
                 left.as_millis().clamp(1, i64::MAX as u128) as i64
             };
             match zmq::poll(&mut items, ms) {
-                Ok(0) if spinning => std::thread::yield_now(),
+                Ok(0) if spinning => {
+                    // Yielded to whoever wants the core: if another thread
+                    // took it, polling would take its turns, so this wait
+                    // sleeps instead.
+                    let t0 = Instant::now();
+                    std::thread::yield_now();
+                    if t0.elapsed() >= SHARED_CORE {
+                        self.spin_until = now;
+                    }
+                }
                 Ok(_) | Err(zmq::Error::EINTR) => {}
                 Err(e) => return Err(sys("poll", &self.pulls[0].0)(e)),
             }

@@ -73,6 +73,9 @@ const POLL_WRITES: Duration = Duration::from_micros(100);
 /// sleep and a wake.
 const SPIN: Duration = Duration::from_micros(50);
 
+/// A yield that takes this long ran another thread on the core.
+const SHARED_CORE: Duration = Duration::from_micros(5);
+
 /// Receive buffer for one control message.
 const RECV_BUF: usize = 1 << 20;
 

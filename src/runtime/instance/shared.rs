@@ -161,7 +161,9 @@ impl Shared {
     /// event after `seen` was read from `events`, for at most [`SPIN`] and
     /// `timeout`: a reply usually comes within that, and a sleeping
     /// thread's wake costs more than the looks (a context switch, and on
-    /// an idle core its way out of the idle state).
+    /// an idle core its way out of the idle state). It stops as soon as
+    /// a yield lets another thread run: the core is shared, and the
+    /// looks would delay that thread.
     pub(super) fn spin(&self, seen: u64, timeout: Duration) {
         let start = std::time::Instant::now();
         let budget = timeout.min(SPIN);
@@ -169,7 +171,14 @@ impl Shared {
             && !self.stop.load(Ordering::Relaxed)
             && start.elapsed() < budget
         {
+            let t0 = std::time::Instant::now();
             std::thread::yield_now();
+            if t0.elapsed() >= SHARED_CORE {
+                // Another thread took the core: spinning would take its
+                // turns (perhaps the progress thread's) rather than save
+                // a wake.
+                return;
+            }
         }
     }
 

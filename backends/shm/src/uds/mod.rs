@@ -47,6 +47,19 @@ const MESSAGE: u8 = 2;
 /// way out of its idle state); past it, a wait sleeps.
 const SPIN: Duration = Duration::from_micros(100);
 
+/// Yields the core between two polls; true if no other thread took it
+/// meanwhile (the yield came straight back). A poll that shares its core
+/// with other runnable threads takes their turns rather than saving a
+/// wake, and stops.
+pub(crate) fn yield_alone() -> bool {
+    let t0 = std::time::Instant::now();
+    std::thread::yield_now();
+    t0.elapsed() < SHARED_CORE
+}
+
+/// A yield that takes this long ran another thread on the core.
+const SHARED_CORE: Duration = Duration::from_micros(5);
+
 /// How long a send waits for a peer whose queue is full.
 const SEND_TIMEOUT: Duration = Duration::from_secs(2);
 

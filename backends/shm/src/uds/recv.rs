@@ -198,7 +198,11 @@ impl ControlRecv for UdsReceiver {
                 return Err(sys("ppoll", &self.me));
             }
             if r == 0 && spinning {
-                std::thread::yield_now();
+                if !super::yield_alone() {
+                    // Another thread wants this core: polling would take
+                    // its turns, so this wait sleeps instead.
+                    self.spin_until = now;
+                }
                 continue;
             }
             if r == 0 || (woke && r == 1) {

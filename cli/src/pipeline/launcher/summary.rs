@@ -146,7 +146,7 @@ pub fn table(s: &Summary) -> String {
             ));
         }
         out.push_str(&format!(
-            "    commit → received p50 {p50} µs, p99 {p99} µs  (end to end: the waiting, the hand-off and the ready message)\n"
+            "    commit → received p50 {p50} µs, p99 {p99} µs  (end to end: the waiting, the hand-off, the ready message and the receiver's turn to read it)\n"
         ));
     }
     out.push_str(&format!("  byte mismatches     {}\n", s.mismatches));
