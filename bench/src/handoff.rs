@@ -8,14 +8,18 @@
 //! need it), exactly as separate processes would use them. Each hand-off
 //! is timed from `commit` to the receiver holding the data (the control
 //! round trips plus the write); right after it, the same bytes are copied
-//! once by `memcpy` between two private buffers, so that both figures see
-//! the same machine.
+//! once by `memcpy` between two private buffers, and, where the nodes talk
+//! over Unix sockets, each message of the hand-off's path is sent alone
+//! over a bare socket pair ([`crate::hops`]), so that all three figures
+//! see the same machine.
 
 use std::time::{Duration, Instant};
 
 use tensorferry::runtime::telemetry::Telemetry;
 use tensorferry::runtime::{DataPlane, NodeError};
+use tensorferry_core::transport::FaultKind;
 
+use crate::hops::{fast_path, UnixHops};
 use crate::rig::{Control, Guards, Pools, Rig};
 
 /// Sizes measured by default: 4 KiB to 256 MiB.
@@ -28,6 +32,13 @@ pub const SIZES: [u64; 7] = [
     64 << 20,
     256 << 20,
 ];
+
+/// Hand-offs between two blocks of bare hops, and the rounds of each block.
+const HOP_BLOCK: usize = 64;
+
+/// The pause before a block of bare hops: longer than a node's threads
+/// poll after their last message, so that none runs beside the hops.
+const QUIET: Duration = Duration::from_millis(1);
 
 /// One size's figures.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -44,6 +55,12 @@ pub struct Row {
     pub gbps: f64,
     /// Single-thread memcpy at its median, GB/s.
     pub memcpy_gbps: f64,
+    /// The hand-off's floor over Unix sockets: the median one-way time of
+    /// each message on its path sent alone over a bare socket pair, summed
+    /// (µs); `None` where the nodes talk over ZeroMQ.
+    pub hop_sum_us: Option<f64>,
+    /// Messages on the path the hop sum counts.
+    pub path_messages: usize,
 }
 
 impl Row {
@@ -51,6 +68,16 @@ impl Row {
     pub fn ratio(&self) -> f64 {
         self.gbps / self.memcpy_gbps
     }
+
+    /// The hand-off's median over the sum of its hops (1: at the floor).
+    pub fn over_hops(&self) -> Option<f64> {
+        self.hop_sum_us.map(|h| self.p50_us / h)
+    }
+}
+
+/// A failure of the bare hops' socket pair, as the benchmark's error.
+fn hop_error(verb: &'static str, e: std::io::Error) -> NodeError {
+    NodeError::transport(verb, FaultKind::Io, e)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -72,13 +99,15 @@ pub fn measure(
     let largest = sizes.iter().copied().max().unwrap_or(4096);
     let slot = largest.next_power_of_two().max(1 << 20);
     let pools = Pools::fast_path(slot);
-    let rig = Rig::start(
-        plane,
-        Control::of(plane),
-        &Guards::default(),
-        pools,
-        Some(telemetry),
-    )?;
+    let control = Control::of(plane);
+    let mut hops = match control {
+        Control::Unix => Some(
+            UnixHops::start()
+                .map_err(|e| hop_error("start the bare socket pair the hops are timed over", e))?,
+        ),
+        Control::Zmq => None,
+    };
+    let rig = Rig::start(plane, control, &Guards::default(), pools, Some(telemetry))?;
     let mut src = vec![0x5au8; largest as usize];
     let mut dst = vec![0u8; largest as usize];
     // Touch both private buffers once so memcpy pays no page faults.
@@ -89,6 +118,9 @@ pub fn measure(
         let shape = [size];
         let spec = [crate::blob(&shape)];
         let (mut handoff, mut copy_ns) = (Vec::new(), Vec::new());
+        let path = fast_path(size)
+            .map_err(|e| hop_error("encode the hand-off's messages", std::io::Error::other(e)))?;
+        let mut hop_ns: Vec<Vec<f64>> = vec![Vec::new(); path.len()];
         let start = Instant::now();
         let mut i = 0usize;
         // Two untimed rounds first: connections, mappings, caches.
@@ -118,11 +150,37 @@ pub fn measure(
                 handoff.push(took.as_nanos() as f64);
                 copy_ns.push(copied.as_nanos() as f64);
             }
+            // Every HOP_BLOCK hand-offs, as many rounds of the bare hops,
+            // once the nodes' threads went back to sleep: each hop alone.
+            if let Some(hops) = hops.as_mut().filter(|_| i % HOP_BLOCK == HOP_BLOCK - 1) {
+                std::thread::sleep(QUIET);
+                // A ping-pong, as such floors are measured: its first
+                // round (both threads woken from a long sleep) untimed.
+                for round in 0..=HOP_BLOCK {
+                    for ((_, packet), times) in path.iter().zip(&mut hop_ns) {
+                        let rtt = hops
+                            .round_trip(packet)
+                            .map_err(|e| hop_error("time a bare hop", e))?;
+                        if round > 0 {
+                            times.push(rtt.as_nanos() as f64 / 2.0);
+                        }
+                    }
+                }
+            }
             i += 1;
             progress(size, i);
         }
         handoff.sort_by(f64::total_cmp);
         copy_ns.sort_by(f64::total_cmp);
+        let hop_sum_us = hops.is_some().then(|| {
+            hop_ns
+                .iter_mut()
+                .map(|t| {
+                    t.sort_by(f64::total_cmp);
+                    percentile(t, 0.5) / 1e3
+                })
+                .sum()
+        });
         let (p50, p99) = (percentile(&handoff, 0.5), percentile(&handoff, 0.99));
         rows.push(Row {
             size,
@@ -131,6 +189,8 @@ pub fn measure(
             p99_us: p99 / 1e3,
             gbps: size as f64 / p50,
             memcpy_gbps: size as f64 / percentile(&copy_ns, 0.5),
+            hop_sum_us,
+            path_messages: path.len(),
         });
     }
     Ok(rows)
@@ -162,6 +222,8 @@ mod tests {
                     row.p50_us > 0.0 && row.p99_us >= row.p50_us,
                     "{name}: {row:?}"
                 );
+                assert_eq!(row.path_messages, 4, "{name}");
+                assert!(row.hop_sum_us.is_some_and(|h| h > 0.0), "{name}: {row:?}");
             }
         }
     }

@@ -13,6 +13,7 @@ pub mod curve;
 pub mod fabric;
 pub mod handoff;
 pub mod handshake;
+pub mod hops;
 pub mod rig;
 pub mod scale;
 pub mod slots;

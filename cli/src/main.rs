@@ -47,6 +47,10 @@ enum Command {
         /// Where to answer.
         #[arg(long)]
         reply_to: String,
+        /// Echo over bare libzmq sockets, with a reply encoded once (the
+        /// round trip's floor).
+        #[arg(long)]
+        bare: bool,
     },
     /// Measure ferry on this machine (no subcommand: hand-offs through
     /// the full handshake over the data plane `--backend` names, default
@@ -142,10 +146,16 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Keygen { name, dir } => keygen(&name, &dir),
-        Command::BenchEcho { listen, reply_to } => {
+        Command::BenchEcho {
+            listen,
+            reply_to,
+            bare,
+        } => if bare {
+            tensorferry_bench::control::echo_bare(&listen, &reply_to)
+        } else {
             tensorferry_bench::control::echo(&listen, &reply_to)
-                .map_err(|e| format!("bench echo: {e}"))
         }
+        .map_err(|e| format!("bench echo: {e}")),
         Command::Wire(WireCommand::Canon) => {
             lines(|_, line, out| canon_line(line, out)).map_err(|e| format!("stdin/stdout: {e}"))
         }

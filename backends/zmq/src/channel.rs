@@ -117,6 +117,7 @@ impl ZmqChannel {
                 zap,
                 next: 0,
                 gone: String::new(),
+                spin_until: std::time::Instant::now(),
             },
         })
     }

@@ -47,7 +47,22 @@ pub struct ZmqReceiver {
     pub(crate) zap: Option<ZapHandler>,
     pub(crate) next: usize,
     pub(crate) gone: String,
+    /// Until when a wait polls without sleeping: [`SPIN`] past the last
+    /// message, when the next of a conversation is likely near.
+    pub(crate) spin_until: Instant,
 }
+
+/// How long after a message a wait for the next polls without sleeping:
+/// about a round trip of a few messages between processes of one host,
+/// so that the answer to what a node just sent is taken without this
+/// thread's sleep and wake (a context switch each, and an idle core's way
+/// out of its idle state); past it, a wait sleeps in `zmq_poll`.
+const SPIN: Duration = Duration::from_micros(100);
+
+/// A yield that takes this long ran another thread on the core: the poll
+/// shares its core, and would take that thread's turns rather than save a
+/// wake.
+const SHARED_CORE: Duration = Duration::from_micros(5);
 
 impl Drop for ZmqReceiver {
     fn drop(&mut self) {
@@ -273,10 +288,12 @@ impl ControlRecv for ZmqReceiver {
                 Got::Nothing => {}
                 got => break got,
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let now = Instant::now();
+            let left = deadline.saturating_duration_since(now);
             if left.is_zero() {
                 return Ok(None);
             }
+            let spinning = now < self.spin_until;
             let mut items: Vec<zmq::PollItem<'_>> = self
                 .pulls
                 .iter()
@@ -286,8 +303,22 @@ impl ControlRecv for ZmqReceiver {
             if let Some(fd) = wake {
                 items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
             }
-            let ms = left.as_millis().clamp(1, i64::MAX as u128) as i64;
+            let ms = if spinning {
+                0
+            } else {
+                left.as_millis().clamp(1, i64::MAX as u128) as i64
+            };
             match zmq::poll(&mut items, ms) {
+                Ok(0) if spinning => {
+                    // Yielded to whoever wants the core: if another thread
+                    // took it, polling would take its turns, so this wait
+                    // sleeps instead.
+                    let t0 = Instant::now();
+                    std::thread::yield_now();
+                    if t0.elapsed() >= SHARED_CORE {
+                        self.spin_until = now;
+                    }
+                }
                 Ok(_) | Err(zmq::Error::EINTR) => {}
                 Err(e) => return Err(sys("poll", &self.pulls[0].0)(e)),
             }
@@ -311,6 +342,7 @@ impl ControlRecv for ZmqReceiver {
                 Some(ChannelEvent::Gone { from: &self.gone })
             }
             Got::Message(i, magic, end) => {
+                self.spin_until = Instant::now() + SPIN;
                 let (m, p) = buf[..end].split_at(magic);
                 Some(ChannelEvent::Message(Incoming {
                     from: "",

@@ -68,6 +68,9 @@ pub(crate) fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
                     "gbps": rounded(r.gbps, 3),
                     "memcpy_gbps": rounded(r.memcpy_gbps, 3),
                     "ratio": rounded(r.ratio(), 3),
+                    "hop_sum_us": r.hop_sum_us.map(|h| rounded(h, 2)),
+                    "path_messages": r.path_messages,
+                    "p50_over_hops": r.over_hops().map(|x| rounded(x, 3)),
                 })
             })
             .collect();
@@ -81,29 +84,40 @@ pub(crate) fn bench_handoff(args: &BenchHandoff) -> Result<(), String> {
     }
     let options: Vec<String> = options.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!(
-        "hand-offs through coordinator + sender + receiver over the {} data plane{}, control over {}; against single-thread memcpy",
+        "hand-offs through coordinator + sender + receiver over the {} data plane{}, control over {}; against single-thread memcpy{}",
         plane.name(),
         if options.is_empty() {
             String::new()
         } else {
             format!(" ({})", options.join(", "))
         },
-        control.describe()
+        control.describe(),
+        match rows.first() {
+            Some(r) if r.hop_sum_us.is_some() => format!(
+                " and the sum of the {} hops of the fast path (each message alone over a bare Unix socket pair, median one-way times; p50/hops: the hand-off's p50 over it)",
+                r.path_messages
+            ),
+            _ => String::new(),
+        }
     );
     println!(
-        "{:>8} {:>7} {:>10} {:>10} {:>10} {:>12} {:>7}",
-        "size", "n", "p50 µs", "p99 µs", "GB/s", "memcpy GB/s", "ratio"
+        "{:>8} {:>7} {:>10} {:>10} {:>10} {:>12} {:>7} {:>11} {:>9}",
+        "size", "n", "p50 µs", "p99 µs", "GB/s", "memcpy GB/s", "ratio", "hop sum µs", "p50/hops"
     );
+    let or_dash =
+        |x: Option<f64>, digits: usize| x.map_or("-".to_owned(), |x| format!("{x:.digits$}"));
     for r in &rows {
         println!(
-            "{:>8} {:>7} {:>10.1} {:>10.1} {:>10.2} {:>12.2} {:>7.2}",
+            "{:>8} {:>7} {:>10.1} {:>10.1} {:>10.2} {:>12.2} {:>7.2} {:>11} {:>9}",
             human(r.size),
             r.iterations,
             r.p50_us,
             r.p99_us,
             r.gbps,
             r.memcpy_gbps,
-            r.ratio()
+            r.ratio(),
+            or_dash(r.hop_sum_us, 1),
+            or_dash(r.over_hops(), 2)
         );
     }
     Ok(())

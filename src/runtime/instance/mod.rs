@@ -16,7 +16,7 @@
 //! per-delivery metadata buffers are made at start and reused.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
@@ -66,6 +66,15 @@ const MAX_WAIT: Duration = Duration::from_millis(20);
 /// How often pending writes are polled for when the transport offers no
 /// wake descriptor.
 const POLL_WRITES: Duration = Duration::from_micros(100);
+
+/// How long a call that waits for the progress thread (a delivery, an
+/// outcome) spins before it sleeps: about a hand-off's few control
+/// messages on one host, so that the usual answer is taken without a
+/// sleep and a wake.
+const SPIN: Duration = Duration::from_micros(50);
+
+/// A yield that takes this long ran another thread on the core.
+const SHARED_CORE: Duration = Duration::from_micros(5);
 
 /// Receive buffer for one control message.
 const RECV_BUF: usize = 1 << 20;
@@ -220,6 +229,7 @@ impl InstanceNode {
                 buf: Vec::with_capacity(OUTBOX_BYTES),
             }),
             changed: Condvar::new(),
+            events: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             dead: AtomicBool::new(false),
             probe: Arc::new(InstanceProbe::new(&settings.role)),
@@ -431,7 +441,13 @@ impl InstanceNode {
         // gone by the time this thread looks (its token stale) goes back
         // to waiting for what is left of it, not for `timeout` anew.
         let deadline = std::time::Instant::now().checked_add(timeout);
+        let seen = self.shared.events.load(Ordering::Acquire);
         let mut st = self.shared.lock();
+        if st.received.is_empty() {
+            drop(st);
+            self.shared.spin(seen, timeout);
+            st = self.shared.lock();
+        }
         loop {
             let left = deadline.map_or(timeout, |d| {
                 d.saturating_duration_since(std::time::Instant::now())

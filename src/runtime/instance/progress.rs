@@ -29,10 +29,10 @@ where
     pub(super) fn run(&mut self) {
         let shared = Arc::clone(&self.shared);
         while !shared.stop.load(Ordering::Relaxed) {
-            let (wait, wake) = {
+            let (wait, wake, woke) = {
                 let mut st = shared.lock();
                 let now = shared.clock.now();
-                shared.drive(&mut st, now);
+                let woke = shared.drive(&mut st, now);
                 let next = st.machine.poll_timeout();
                 // The data plane's descriptor is waited on only while a
                 // write or a landing is awaited: a channel that cannot
@@ -46,8 +46,11 @@ where
                 } else {
                     POLL_WRITES
                 };
-                (shared.clock.until(next, cap), wake)
+                (shared.clock.until(next, cap), wake, woke)
             };
+            if woke {
+                shared.wake();
+            }
             shared.send_queued();
             self.receive(wait, wake);
             self.post_writes();
@@ -78,7 +81,7 @@ where
                             payload: msg.payload.to_vec(),
                         });
                         drop(st);
-                        shared.changed.notify_all();
+                        shared.wake();
                         return;
                     }
                     Err(InstanceUnhandled::Malformed(e)) => {

@@ -120,6 +120,10 @@ pub(super) struct Shared {
     /// the channel's send timeout; the state's other users go on).
     pub(super) sender: Mutex<Sender>,
     pub(super) changed: Condvar,
+    /// Counts the turns that routed an event to the application (bumped
+    /// with each wake of `changed`), so that a waiting call can watch for
+    /// one without the lock while it spins ([`spin`](Self::spin)).
+    pub(super) events: AtomicU64,
     pub(super) stop: AtomicBool,
     /// The progress thread panicked: the machine may be half-way through
     /// a message, so no new view of the pool is made from it.
@@ -141,6 +145,11 @@ impl Shared {
         timeout: Duration,
         queue: fn(&mut State) -> &mut VecDeque<T>,
     ) -> Option<T> {
+        let seen = self.events.load(Ordering::Acquire);
+        if let Some(t) = queue(&mut self.lock()).pop_front() {
+            return Some(t);
+        }
+        self.spin(seen, timeout);
         let (mut st, _) = self
             .changed
             .wait_timeout_while(self.lock(), timeout, |s| queue(s).is_empty())
@@ -148,10 +157,45 @@ impl Shared {
         queue(&mut st).pop_front()
     }
 
+    /// Spins (yielding the core between looks) until a turn routes an
+    /// event after `seen` was read from `events`, for at most [`SPIN`] and
+    /// `timeout`: a reply usually comes within that, and a sleeping
+    /// thread's wake costs more than the looks (a context switch, and on
+    /// an idle core its way out of the idle state). It stops as soon as
+    /// a yield lets another thread run: the core is shared, and the
+    /// looks would delay that thread.
+    pub(super) fn spin(&self, seen: u64, timeout: Duration) {
+        let start = std::time::Instant::now();
+        let budget = timeout.min(SPIN);
+        while self.events.load(Ordering::Acquire) == seen
+            && !self.stop.load(Ordering::Relaxed)
+            && start.elapsed() < budget
+        {
+            let t0 = std::time::Instant::now();
+            std::thread::yield_now();
+            if t0.elapsed() >= SHARED_CORE {
+                // Another thread took the core: spinning would take its
+                // turns (perhaps the progress thread's) rather than save
+                // a wake.
+                return;
+            }
+        }
+    }
+
+    /// Wakes the application's waiting calls: after the state's lock is
+    /// let go, so that a woken thread does not wake only to wait for it.
+    pub(super) fn wake(&self) {
+        self.events.fetch_add(1, Ordering::Release);
+        self.changed.notify_all();
+    }
+
     /// Fires due timers, queues the messages the machine sends, and routes
-    /// events. The caller sends the queue once it let the lock go
+    /// events; true if an event was routed, and the caller then
+    /// [`wake`](Self::wake)s the application once it let the lock go. The
+    /// caller sends the queue once it let the lock go
     /// ([`drive_and_send`](Self::drive_and_send)).
-    pub(super) fn drive(&self, st: &mut State, now: Instant) {
+    #[must_use = "a routed event wakes the application (`wake`) once the lock is let go"]
+    pub(super) fn drive(&self, st: &mut State, now: Instant) -> bool {
         let State {
             machine,
             out,
@@ -226,16 +270,17 @@ impl Shared {
             live_slots: machine.pool().stats().live_slots,
         };
         self.probe.set_state(gauges, *machine.stats());
-        if woke {
-            self.changed.notify_all();
-        }
+        woke
     }
 
-    /// [`drive`](Self::drive), then, with the lock let go, sends what it
-    /// queued.
+    /// [`drive`](Self::drive), then, with the lock let go, wakes the
+    /// application if an event came and sends what it queued.
     pub(super) fn drive_and_send(&self, mut st: MutexGuard<'_, State>, now: Instant) {
-        self.drive(&mut st, now);
+        let woke = self.drive(&mut st, now);
         drop(st);
+        if woke {
+            self.wake();
+        }
         self.send_queued();
     }
 
@@ -326,7 +371,11 @@ impl Shared {
         let mut st = self.lock();
         let now = self.clock.now();
         self.coordinator_lost(&mut st, now);
-        self.drive(&mut st, now);
+        let woke = self.drive(&mut st, now);
+        drop(st);
+        if woke {
+            self.wake();
+        }
     }
 }
 

@@ -40,6 +40,26 @@ const HELLO: u8 = 1;
 /// Packet kind: a message.
 const MESSAGE: u8 = 2;
 
+/// How long after a message a wait for the next polls without sleeping:
+/// about a round trip of a few messages between processes of one host,
+/// so that the answer to what a node just sent is read without the
+/// sleep and wake around it (a context switch each, and an idle core's
+/// way out of its idle state); past it, a wait sleeps.
+const SPIN: Duration = Duration::from_micros(100);
+
+/// Yields the core between two polls; true if no other thread took it
+/// meanwhile (the yield came straight back). A poll that shares its core
+/// with other runnable threads takes their turns rather than saving a
+/// wake, and stops.
+pub(crate) fn yield_alone() -> bool {
+    let t0 = std::time::Instant::now();
+    std::thread::yield_now();
+    t0.elapsed() < SHARED_CORE
+}
+
+/// A yield that takes this long ran another thread on the core.
+const SHARED_CORE: Duration = Duration::from_micros(5);
+
 /// How long a send waits for a peer whose queue is full.
 const SEND_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -94,6 +114,7 @@ impl UdsChannel {
                 fds,
                 next: 0,
                 gone: String::new(),
+                spin_until: std::time::Instant::now(),
             },
         })
     }

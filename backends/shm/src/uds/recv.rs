@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tensorferry_core::transport::{ChannelEvent, ControlRecv, FaultKind, Incoming};
 
 use super::socket::{pollfd, sys};
-use super::{HELLO, MESSAGE};
+use super::{HELLO, MESSAGE, SPIN};
 use crate::error::UdsError;
 
 #[derive(Debug)]
@@ -33,6 +33,9 @@ pub struct UdsReceiver {
     pub(super) next: usize,
     /// The endpoint of the last peer reported gone.
     pub(super) gone: String,
+    /// Until when a wait polls without sleeping: [`SPIN`] past the last
+    /// message, when the next of a conversation is likely near.
+    pub(super) spin_until: Instant,
 }
 
 /// What one ready connection yielded.
@@ -159,7 +162,15 @@ impl ControlRecv for UdsReceiver {
         let deadline = Instant::now() + wait;
         // Indices only inside the loop; the borrowed answer is made after.
         let outcome = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let now = Instant::now();
+            // Polled without sleeping while a message is likely near: a
+            // sleeping thread's wake costs more than the polls.
+            let spinning = now < self.spin_until && now < deadline;
+            let left = if spinning {
+                Duration::ZERO
+            } else {
+                deadline.saturating_duration_since(now)
+            };
             let ts = libc::timespec {
                 tv_sec: left.as_secs() as libc::time_t,
                 tv_nsec: left.subsec_nanos() as libc::c_long,
@@ -186,6 +197,14 @@ impl ControlRecv for UdsReceiver {
                 }
                 return Err(sys("ppoll", &self.me));
             }
+            if r == 0 && spinning {
+                if !super::yield_alone() {
+                    // Another thread wants this core: polling would take
+                    // its turns, so this wait sleeps instead.
+                    self.spin_until = now;
+                }
+                continue;
+            }
             if r == 0 || (woke && r == 1) {
                 break None;
             }
@@ -210,6 +229,7 @@ impl ControlRecv for UdsReceiver {
             match found {
                 Some((i, Step::Message(start, end))) => {
                     self.next = i + 1;
+                    self.spin_until = Instant::now() + SPIN;
                     break Some(Some((i, start, end)));
                 }
                 Some((i, _closed)) => {

@@ -20,7 +20,7 @@ use tensorferry_core::json::RawJson;
 use super::data;
 use processes::{coordinator_keys, fresh_dir, instance_keys, make_keys, shm_objects, Run};
 use summary::data_plane_name;
-pub use summary::{json, table, Summary};
+pub use summary::{json, table, Leg, Summary};
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -68,6 +68,60 @@ fn get<'a>(obj: RawJson<'a>, key: &str) -> Option<&'a str> {
 
 fn num(obj: RawJson<'_>, key: &str) -> u64 {
     get(obj, key).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// What the coordinator reported of one leg's deliveries: how long each
+/// waited for a slot, and how long its bytes moved, µs.
+#[derive(Default)]
+struct LegTimes {
+    queued_us: Vec<u64>,
+    written_us: Vec<u64>,
+}
+
+impl LegTimes {
+    /// Takes a `delivered` line's figures (none under a coordinator that
+    /// reports none).
+    fn record(&mut self, obj: RawJson<'_>) {
+        let us = |key| get(obj, key).and_then(|v| v.parse::<u64>().ok());
+        if let (Some(q), Some(w)) = (us("queued_us"), us("written_us")) {
+            self.queued_us.push(q);
+            self.written_us.push(w);
+        }
+    }
+
+    /// The leg's medians and 99th percentiles, its request's bytes and
+    /// memcpy's rate for as many.
+    fn leg(&mut self, bytes: u64, memcpy_gbps: f64) -> Leg {
+        let p = |v: &mut Vec<u64>| {
+            v.sort_unstable();
+            (!v.is_empty()).then(|| (percentile(v, 0.5), percentile(v, 0.99)))
+        };
+        Leg {
+            waiting_us: p(&mut self.queued_us),
+            moving_us: p(&mut self.written_us),
+            bytes,
+            memcpy_gbps,
+        }
+    }
+}
+
+/// A single-thread memcpy of `bytes` between two private buffers touched
+/// beforehand: its median rate over a few copies, GB/s.
+fn memcpy_gbps(bytes: u64) -> f64 {
+    let len = usize::try_from(bytes).unwrap_or(0).max(1);
+    let src = vec![0x5au8; len];
+    let mut dst = vec![0u8; len];
+    dst.copy_from_slice(&src);
+    let mut ns: Vec<u64> = (0..7)
+        .map(|_| {
+            let t0 = Instant::now();
+            dst.copy_from_slice(&src);
+            std::hint::black_box(&dst);
+            t0.elapsed().as_nanos() as u64
+        })
+        .collect();
+    ns.sort_unstable();
+    len as f64 / percentile(&ns, 0.5).max(1) as f64
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {
@@ -164,6 +218,8 @@ pub fn launch(args: LaunchArgs) -> Result<Summary, String> {
     let mut ended: HashSet<String> = HashSet::new();
     let mut reasons: HashMap<(usize, String), u64> = HashMap::new();
     let (mut delivered, mut failed, mut mismatches) = (0u64, 0u64, 0u64);
+    // Per leg, as the coordinator reports each delivery.
+    let mut timings = [LegTimes::default(), LegTimes::default()];
     let mut killed = None;
     let mut errors = Vec::new();
     let deadline = start + args.timeout;
@@ -179,7 +235,14 @@ pub fn launch(args: LaunchArgs) -> Result<Summary, String> {
             continue;
         };
         match get(obj, "event") {
-            Some("delivered") if i == c && num(obj, "leg") == 1 => {
+            Some("delivered") if i == c => {
+                let leg = num(obj, "leg") as usize;
+                if let Some(t) = timings.get_mut(leg) {
+                    t.record(obj);
+                }
+                if leg != 1 {
+                    continue;
+                }
                 if let Some(id) = get(obj, "id") {
                     if ended.insert(id.to_owned()) {
                         delivered += 1;
@@ -263,6 +326,9 @@ pub fn launch(args: LaunchArgs) -> Result<Summary, String> {
     });
     let leg0_bytes: u64 = data::encoder_tensors().iter().map(|t| t.byte_len).sum();
     let leg1_bytes: u64 = data::denoiser_tensors().iter().map(|t| t.byte_len).sum();
+    let leg_bytes = [leg0_bytes, leg1_bytes];
+    let legs =
+        std::array::from_fn(|leg| timings[leg].leg(leg_bytes[leg], memcpy_gbps(leg_bytes[leg])));
     let leg0_done = delivered
         + reasons
             .iter()
@@ -290,6 +356,7 @@ pub fn launch(args: LaunchArgs) -> Result<Summary, String> {
         bytes: leg0_done * leg0_bytes + delivered * leg1_bytes,
         seconds,
         latency_us,
+        legs,
         mismatches,
         leaks,
         shm_left,

@@ -21,8 +21,11 @@ pub struct Summary {
     pub bytes: u64,
     /// Wall time from the first request to the last end.
     pub seconds: f64,
-    /// Hand-off latency p50 and p99 per leg, µs.
+    /// Per leg, from the sender's commit to the receiver holding the data
+    /// (the time waiting for a slot included), p50 and p99, µs.
     pub latency_us: [(u64, u64); 2],
+    /// Per leg: the waiting and the moving told apart.
+    pub legs: [Leg; 2],
     /// Bytes that were not what was sent.
     pub mismatches: u64,
     /// Surviving instances that still hold slots or requests.
@@ -35,6 +38,40 @@ pub struct Summary {
     pub killed: Option<String>,
     /// The run ended before every request did.
     pub incomplete: bool,
+}
+
+/// One leg's figures as the coordinator saw them, with memcpy's beside.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Leg {
+    /// Waiting for room: `transfer_staged` received to `transfer_push`
+    /// sent, a request queued behind others for a free receive slot (and
+    /// its allocation round trip, where no slot was set aside); p50 and
+    /// p99, µs. `None` where the coordinator reported no timings.
+    pub waiting_us: Option<(u64, u64)>,
+    /// The hand-off itself: `transfer_push` sent to `transfer_pushed`
+    /// received, the write and the two messages around it; p50 and p99,
+    /// µs.
+    pub moving_us: Option<(u64, u64)>,
+    /// Bytes of one request on this leg.
+    pub bytes: u64,
+    /// A single-thread memcpy of as many bytes, in this run, GB/s.
+    pub memcpy_gbps: f64,
+}
+
+impl Leg {
+    /// The bytes' rate at the hand-off's median, GB/s.
+    pub fn gbps(&self) -> Option<f64> {
+        self.moving_us
+            .map(|(p50, _)| self.bytes as f64 / (p50.max(1) as f64 * 1e3))
+    }
+}
+
+/// `p50 … µs, p99 … µs`, or what says there is none.
+fn pair(p: Option<(u64, u64)>) -> String {
+    match p {
+        Some((p50, p99)) => format!("p50 {p50} µs, p99 {p99} µs"),
+        None => "not reported by this coordinator".to_owned(),
+    }
 }
 
 impl Summary {
@@ -79,7 +116,7 @@ pub fn table(s: &Summary) -> String {
         out.push_str(&format!("    leg {leg}: {reason} × {n}\n"));
     }
     out.push_str(&format!(
-        "  bytes moved         {:.1} MiB in {:.2} s ({gbps:.2} GB/s)\n",
+        "  bytes moved         {:.1} MiB in {:.2} s ({gbps:.2} GB/s over the run, waiting included)\n",
         s.bytes as f64 / (1u64 << 20) as f64,
         s.seconds
     ));
@@ -87,9 +124,29 @@ pub fn table(s: &Summary) -> String {
         .iter()
         .enumerate()
     {
+        let l = &s.legs[leg];
         let (p50, p99) = s.latency_us[leg];
         out.push_str(&format!(
-            "  hand-off latency    {name}: p50 {p50} µs, p99 {p99} µs\n"
+            "  {name} ({:.1} MiB a request)\n",
+            l.bytes as f64 / (1u64 << 20) as f64
+        ));
+        out.push_str(&format!(
+            "    waiting for room  {}  (staged → push: queued behind others for a free receive slot)\n",
+            pair(l.waiting_us)
+        ));
+        out.push_str(&format!(
+            "    hand-off          {}  (push → pushed: the sender's write, after its earlier ones, and its two messages)\n",
+            pair(l.moving_us)
+        ));
+        if let Some(rate) = l.gbps() {
+            out.push_str(&format!(
+                "    bytes' rate       {rate:.2} GB/s at the hand-off's p50; memcpy {:.2} GB/s (one thread, same size, this run), {:.2} of it\n",
+                l.memcpy_gbps,
+                rate / l.memcpy_gbps
+            ));
+        }
+        out.push_str(&format!(
+            "    commit → received p50 {p50} µs, p99 {p99} µs  (end to end: the waiting, the hand-off, the ready message and the receiver's turn to read it)\n"
         ));
     }
     out.push_str(&format!("  byte mismatches     {}\n", s.mismatches));
@@ -135,6 +192,15 @@ pub fn json(s: &Summary) -> String {
         "leg0_p99_us": s.latency_us[0].1,
         "leg1_p50_us": s.latency_us[1].0,
         "leg1_p99_us": s.latency_us[1].1,
+        "legs": s.legs.iter().map(|l| serde_json::json!({
+            "bytes": l.bytes,
+            "waiting_p50_us": l.waiting_us.map(|p| p.0),
+            "waiting_p99_us": l.waiting_us.map(|p| p.1),
+            "handoff_p50_us": l.moving_us.map(|p| p.0),
+            "handoff_p99_us": l.moving_us.map(|p| p.1),
+            "handoff_gbps": l.gbps().map(|g| (g * 1000.0).round() / 1000.0),
+            "memcpy_gbps": (l.memcpy_gbps * 1000.0).round() / 1000.0,
+        })).collect::<Vec<_>>(),
         "mismatches": s.mismatches,
         "leaks": s.leaks.len(),
         "shm_left": s.shm_left,

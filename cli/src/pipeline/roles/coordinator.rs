@@ -132,9 +132,16 @@ where
         CoordinatorEvent::Refused { reason, acked, .. } => {
             emit_json(&json!({"event": "refused", "reason": reason, "answered": acked}));
         }
-        CoordinatorEvent::Delivered { id, leg, .. } => {
-            emit_json(&json!({"event": "delivered", "id": id.as_str(), "leg": leg}));
-        }
+        // With how long the leg waited for a slot and how long its bytes
+        // moved, on this coordinator's clock: the pipeline's summary
+        // tells the two apart.
+        CoordinatorEvent::Delivered { id, leg, timing } => emit_json(&json!({
+            "event": "delivered",
+            "id": id.as_str(),
+            "leg": leg,
+            "queued_us": timing.queued.as_micros() as u64,
+            "written_us": timing.written.as_micros() as u64,
+        })),
         CoordinatorEvent::Failed { id, leg, reason } => emit_json(&json!({
             "event": "failed",
             "id": id.as_str(),
