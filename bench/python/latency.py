@@ -4,9 +4,10 @@
 - the notification round trip (``bench/python/engines.py``) beside a bare
   Unix-socket ping-pong between two processes (its floor) and NIXL's;
 - a 4 KiB hand-off through the coordinator (``ferry bench --sizes 4K``,
-  shared memory, over Unix sockets and over ZeroMQ ipc) beside the sum of
-  its hops, each message measured alone over a bare socket pair in the
-  same run;
+  shared memory, control over Unix sockets) beside the sum of its hops,
+  each message measured alone over a bare socket pair in the same run;
+  and the control channel's round trip over ZeroMQ ipc (``ferry bench
+  --control zmq``) beside bare libzmq sockets;
 - the control messages' codec (``ferry bench wire``) beside a plain
   memcpy of the same bytes;
 - ``FerryConnector``'s ``get`` of a 1 MiB payload, polled and waited for,
@@ -97,23 +98,25 @@ def notifications(py: str, rounds: int, table: Table) -> None:
 
 
 def handoffs(ferry_bin: str, rounds: int, table: Table) -> None:
-    for control, label in ((None, "Unix sockets"), ("zmq", "ZeroMQ ipc")):
-        p50s, hops = [], []
-        for _ in range(rounds):
-            cmd = [ferry_bin, "bench", "--sizes", "4K", "--json"]
-            if control:
-                cmd += ["--control-over", control]
-            for row in run(cmd):
-                for r in row if isinstance(row, list) else [row]:
-                    p50s.append(r.get("p50_us"))
-                    hops.append(r.get("hop_sum_us"))
-        table.add(f"4 KiB hand-off p50 ({label})", "µs", median(p50s), median(hops), "sum of its hops")
+    p50s, hops, zmq, bare = [], [], [], []
+    for _ in range(rounds):
+        for row in run([ferry_bin, "bench", "--sizes", "4K", "--json"]):
+            for r in row["rows"]:
+                p50s.append(r.get("p50_us"))
+                hops.append(r.get("hop_sum_us"))
+        for row in run([ferry_bin, "bench", "--control", "zmq", "--json"]):
+            zmq.append(row["ipc"]["p50_us"])
+            bare.append(row["ipc"].get("bare_p50_us"))
+    table.add("4 KiB hand-off p50 (shm, Unix sockets)", "µs", median(p50s), median(hops),
+              "sum of its hops")
+    table.add("control round trip p50 (ZeroMQ ipc)", "µs", median(zmq), median(bare),
+              "bare libzmq")
 
 
 def codec(ferry_bin: str, rounds: int, table: Table) -> None:
     got = {}
     for _ in range(rounds):
-        for row in run([ferry_bin, "bench", "wire", "--seconds", "1", "--json"]):
+        for row in run([ferry_bin, "bench", "wire", "--seconds", "1", "--format", "json"]):
             for name, r in row.items():
                 got.setdefault(name, []).append((1e9 / r["per_second"], r.get("memcpy_ns")))
     for name, pairs in got.items():
