@@ -217,6 +217,15 @@ class TransferEngine:
         them; an empty list if none. Does not wait."""
         return self._engine.notifications()
 
+    def notification_fd(self) -> int:
+        """A file descriptor that polls readable when notifications may
+        have arrived that ``notifications`` has not taken, to wait on
+        (``select``, ``selectors``, asyncio's ``add_reader``,
+        ``zmq.Poller``) instead of calling ``notifications`` in a loop.
+        Readable is a hint: the call may then find none. Valid until
+        ``close``; never close it."""
+        return self._engine.notification_fd()
+
     def close(self) -> None:
         """Ends every transfer still pending (it returns once no byte of
         them moves) and every registration, and closes the engine; later

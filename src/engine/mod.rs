@@ -403,6 +403,17 @@ impl TransferEngine {
         Ok(got)
     }
 
+    /// A descriptor to wait on for notifications: it polls readable
+    /// (`poll`, `epoll`, an event loop's reader) when notifications may
+    /// have arrived that [`notifications`](Self::notifications) has not
+    /// taken, so that a thread that reads them need not poll in a loop.
+    /// Readable is a hint: the call may then find none (a connection
+    /// closed, or part of a notification came). Valid while the engine
+    /// lives; never close it.
+    pub fn notification_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.inner.notification_fd()
+    }
+
     /// Notifications dropped so far because, under CURVE, they named a
     /// sender other than the key they came with.
     pub fn forged_notifications(&self) -> u64 {

@@ -258,3 +258,43 @@ fn none_lost(tcp: bool) {
     assert!(done.load(Ordering::Relaxed));
     assert!(p.b.notifications().unwrap().is_empty());
 }
+
+/// The notification descriptor: a reader that waits on it wakes when a
+/// notification comes (by Unix socket and by TCP), finds it, and after
+/// taking everything it no longer polls readable.
+#[test]
+fn a_reader_waits_on_the_notification_descriptor() {
+    use std::os::fd::AsRawFd;
+    let readable = |e: &tensorferry::engine::TransferEngine, ms: i32| {
+        let mut p = libc::pollfd {
+            fd: e.notification_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on a descriptor the engine keeps open.
+        unsafe { libc::poll(&mut p, 1, ms) == 1 }
+    };
+    let p = Pair::of(local(), local());
+    for to in [p.b.session_id(), by_tcp(&p.b.session_id())] {
+        assert!(!readable(&p.b, 0), "readable with nothing sent");
+        let waiter = std::thread::scope(|s| {
+            let w = s.spawn(|| readable(&p.b, 20_000));
+            std::thread::sleep(Duration::from_millis(50));
+            p.a.notify(&to, b"wake").unwrap();
+            w.join().unwrap()
+        });
+        assert!(waiter, "the descriptor did not wake its reader");
+        // The connection may come ready before its first notification.
+        let until = Instant::now() + WAIT;
+        let got = loop {
+            let got = p.b.notifications().unwrap();
+            if !got.is_empty() || Instant::now() > until {
+                break got;
+            }
+            assert!(readable(&p.b, 1000) || Instant::now() > until);
+        };
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].message, b"wake");
+        assert!(!readable(&p.b, 0), "readable once everything was taken");
+    }
+}

@@ -354,6 +354,15 @@ impl Engine {
         )
     }
 
+    /// A descriptor that polls readable when notifications may have
+    /// arrived that `notifications` has not taken (a hint: the call may
+    /// find none); valid until `close`, never to be closed by the caller.
+    fn notification_fd(&self, py: Python<'_>) -> PyResult<i32> {
+        use std::os::fd::AsRawFd;
+        let engine = self.get(py)?;
+        Ok(engine.notification_fd().as_raw_fd())
+    }
+
     /// Closes the engine: transfers still pending are ended, synchronous
     /// calls of other threads among them, and it returns once every call
     /// other threads were making on it has returned (each is bounded:

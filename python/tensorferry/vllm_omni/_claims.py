@@ -180,14 +180,7 @@ class Sends:
                     ),
                 )
             if verb == control.TAKEN and isinstance(message, control.Taken):
-                # Read without a claim (``_stamp``): its token is the proof
-                # of having the put's metadata. A claim on it is another
-                # receiver's, which its own end settles.
-                held = self._held.get(message.key)
-                if held is not None and held.token and held.token == message.token and held.claim is None:
-                    del self._held[message.key]
-                    self._forget_key(held)
-                    self._free_held(held)
+                self._taken(message)
                 return None
             if isinstance(message, control.Ended):
                 # Only the claim's owner ends it: a done or release from
@@ -219,6 +212,39 @@ class Sends:
                 ) in self._retired_claims:
                     self._foreign_end(verb, key, owner)
         return None
+
+    def _taken(self, message: control.Taken) -> None:
+        """A put read without a claim (``_stamp``), whoever says so: its
+        token is the proof of having the put's metadata. A claim on it is
+        another receiver's, which its own end settles. Under the lock."""
+        held = self._held.get(message.key)
+        if held is not None and held.token and held.token == message.token and held.claim is None:
+            del self._held[message.key]
+            self._forget_key(held)
+            self._free_held(held)
+
+    def notification_fd(self) -> Optional[int]:
+        """The engine's notification descriptor (``taken`` comes so from
+        receivers that reach the engine), None once closed."""
+        engine = self._engine
+        try:
+            return engine.notification_fd() if engine is not None else None
+        except tensorferry.FerryError:
+            return None
+
+    def take_notes(self) -> None:
+        """Handles the ``taken`` notifications the engine received; any
+        other notification is not a connector's and is dropped."""
+        engine = self._engine
+        if engine is None:
+            return
+        for sender, note in engine.notifications():
+            decoded = control.decode_note(note)
+            if decoded is None or not isinstance(decoded[1], control.Taken):
+                logger.debug("FerryConnector: dropped a notification from %s that is not a taken", sender)
+                continue
+            with self._lock:
+                self._taken(decoded[1])
 
     def _foreign_end(self, verb: bytes, key: str, owner: bytes) -> None:
         n = self._metrics.count("foreign_ends", 1)
@@ -329,10 +355,19 @@ def serve(router: zmq.Socket, sends: Sends, stop: threading.Event, curve: bool) 
     ``stop`` is set; then closes ``router``."""
     poller = zmq.Poller()
     poller.register(router, zmq.POLLIN)
+    notes = sends.notification_fd()
+    if notes is not None:
+        poller.register(notes, zmq.POLLIN)
     next_expiry = 0.0
     try:
         while not stop.is_set():
-            if poller.poll(100):
+            ready = dict(poller.poll(100))
+            if notes is not None and notes in ready:
+                try:
+                    sends.take_notes()
+                except Exception:
+                    logger.exception("FerryConnector: a notification was not handled")
+            if router in ready:
                 while True:
                     try:
                         # Frames, not bytes: their properties carry the

@@ -136,3 +136,16 @@ def decode(frames: List[bytes]) -> Optional[Tuple[bytes, Message]]:
         return bytes(verb), msgspec.msgpack.decode(body, type=kind)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
+
+
+def encode_note(verb: bytes, message: Message) -> bytes:
+    """``message`` under ``verb`` as one engine notification (the verb, a
+    space, the body): ``taken`` travels so, from the receiving thread."""
+    return verb + b" " + _encoder.encode(message)
+
+
+def decode_note(note: bytes) -> Optional[Tuple[bytes, Message]]:
+    """``(verb, message)`` of an engine notification ``encode_note`` made,
+    or None for anything else."""
+    verb, space, body = note.partition(b" ")
+    return decode([verb, body]) if space else None

@@ -358,10 +358,25 @@ class Receives:
                 # the sender takes the claim, then this done, in order.
                 self._send_end(g, control.DONE)
             elif g.token is not None:
-                self._dealers.send(g.link, control.encode(control.TAKEN, control.Taken(g.key, g.token)))
+                self._tell_taken(g)
         self._metrics.count("gets", 1)
         self._metrics.count("bytes_transferred", g.size)
         return value, g.size
+
+    def _tell_taken(self, g: Get) -> None:
+        """Tells ``g``'s sender its put was read (``taken``): as a
+        notification to its engine, which this thread writes itself, or,
+        where the engine cannot reach it, on the claim's socket (whose
+        send wakes ZeroMQ's I/O thread, which would take a core from the
+        caller)."""
+        taken = control.Taken(g.key, g.token or 0)
+        if g.region is not None:
+            try:
+                self._live_engine().notify(g.region[0], control.encode_note(control.TAKEN, taken))
+                return
+            except tensorferry.FerryError as e:
+                logger.debug("FerryConnector: taken of %s by notification failed (%s); sent on the claim socket", g.key, e)
+        self._dealers.send(g.link, control.encode(control.TAKEN, taken))
 
     def _drain(self, link: Link) -> None:
         endpoint = link[0]

@@ -57,6 +57,8 @@ pub(crate) trait Driver: Send + Sync {
     fn release(&self, id: Id) -> Option<EngineError>;
     fn notify(&self, peer: &Peer, message: &[u8]) -> Result<(), EngineError>;
     fn notifications(&self, into: &mut Vec<Notification>) -> Result<(), EngineError>;
+    /// A descriptor that polls readable when notifications may wait.
+    fn notification_fd(&self) -> std::os::fd::BorrowedFd<'_>;
     /// Notifications dropped because they named a sender other than the
     /// key they came with.
     fn forged_notifications(&self) -> u64;
@@ -435,6 +437,12 @@ impl<T: Transport + Send + 'static> Driver for Driven<T> {
 
     fn notifications(&self, into: &mut Vec<Notification>) -> Result<(), EngineError> {
         self.shared.notifier.take(into)
+    }
+
+    fn notification_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: the descriptor is the inbox's poll, owned by the
+        // notifier in `shared`, which lives at least as long as `self`.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.shared.notifier.ready_fd()) }
     }
 
     fn forged_notifications(&self) -> u64 {

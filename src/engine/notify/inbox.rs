@@ -133,6 +133,13 @@ impl Inbox {
         })
     }
 
+    /// The open connections' poll, as a descriptor: readable while one
+    /// of them has bytes no `take` read yet.
+    pub(super) fn ready_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.open.as_raw_fd()
+    }
+
     /// Accepts new connections and answers handshakes, without waiting.
     pub(super) fn serve(
         &mut self,

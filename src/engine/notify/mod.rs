@@ -152,6 +152,8 @@ pub(crate) fn inbox_of(part: &str) -> (Option<CurvePublicKey>, &str) {
 /// An engine's inbox and outboxes.
 pub(crate) struct Notifier {
     inbox: Mutex<Inbox>,
+    /// The inbox's open connections' poll (see [`ready_fd`](Self::ready_fd)).
+    ready_fd: std::os::fd::RawFd,
     /// One per peer inbox, by the session id's notification part; kept
     /// while the engine lives (a connection closed and opened again could
     /// let a later notification pass an earlier one), forgotten when its
@@ -203,6 +205,7 @@ impl Notifier {
             None => endpoint.clone(),
         };
         Ok(Self {
+            ready_fd: inbox.ready_fd(),
             inbox: Mutex::new(inbox),
             outboxes: Mutex::new(HashMap::new()),
             backlog: Mutex::new(Vec::new()),
@@ -218,6 +221,14 @@ impl Notifier {
     /// names it: the inbox's endpoint, after its CURVE key under CURVE.
     pub fn address(&self) -> &str {
         &self.address
+    }
+
+    /// A descriptor that polls readable while a notification may wait
+    /// for [`take`](Self::take): the poll of the inbox's open connections
+    /// (an epoll descriptor, which reads as readable while its ready list
+    /// is not empty). Owned by the inbox, alive as long as this.
+    pub fn ready_fd(&self) -> std::os::fd::RawFd {
+        self.ready_fd
     }
 
     /// Notifications dropped so far because they named a sender other
