@@ -223,18 +223,10 @@ class Sends:
             self._forget_key(held)
             self._free_held(held)
 
-    def notification_fd(self) -> Optional[int]:
-        """The engine's notification descriptor (``taken`` comes so from
-        receivers that reach the engine), None once closed."""
-        engine = self._engine
-        try:
-            return engine.notification_fd() if engine is not None else None
-        except tensorferry.FerryError:
-            return None
-
     def take_notes(self) -> None:
-        """Handles the ``taken`` notifications the engine received; any
-        other notification is not a connector's and is dropped."""
+        """Handles the ``taken`` notifications the engine received (from
+        receivers that reach the engine; ``_receives``); any other
+        notification is not a connector's and is dropped."""
         engine = self._engine
         if engine is None:
             return
@@ -355,18 +347,18 @@ def serve(router: zmq.Socket, sends: Sends, stop: threading.Event, curve: bool) 
     ``stop`` is set; then closes ``router``."""
     poller = zmq.Poller()
     poller.register(router, zmq.POLLIN)
-    notes = sends.notification_fd()
-    if notes is not None:
-        poller.register(notes, zmq.POLLIN)
     next_expiry = 0.0
     try:
         while not stop.is_set():
             ready = dict(poller.poll(100))
-            if notes is not None and notes in ready:
-                try:
-                    sends.take_notes()
-                except Exception:
-                    logger.exception("FerryConnector: a notification was not handled")
+            # A receiver's ``taken`` waits for this turn rather than wake
+            # this thread: a wake would take a core from the receiver's
+            # get, which sent it; a put that finds the pool full takes
+            # them itself.
+            try:
+                sends.take_notes()
+            except Exception:
+                logger.exception("FerryConnector: a notification was not handled")
             if router in ready:
                 while True:
                     try:

@@ -223,6 +223,7 @@ class FerryConnector(OmniConnectorBase):
         if offset is None:
             # The pool serves both ways: free what sends and receives let go.
             now = time.monotonic()
+            self._sends.take_notes()
             self._sends.expire(now)
             self._receives.sweep(now, force=True)
             offset = pool.alloc(span)
