@@ -38,6 +38,22 @@ impl<'b> Sink<'b> {
         self.len = end;
     }
 
+    /// Appends `bytes` between double quotes, as one reservation.
+    #[inline(always)]
+    pub(crate) fn put_quoted(&mut self, bytes: &[u8]) {
+        let n = bytes.len().saturating_add(2);
+        if let Some(dst) = self.spare(n) {
+            if let Some((open, rest)) = dst.split_first_mut() {
+                *open = b'"';
+                if let Some((close, body)) = rest.split_last_mut() {
+                    *close = b'"';
+                    copy_small(body, bytes);
+                }
+            }
+        }
+        self.advance(n);
+    }
+
     /// Appends one byte.
     #[inline(always)]
     pub fn byte(&mut self, b: u8) {
