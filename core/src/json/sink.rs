@@ -114,9 +114,9 @@ impl Sink<'_> {
 impl core::error::Error for BufferTooSmall {}
 
 /// `dst.copy_from_slice(src)` for slices of equal length, without a call
-/// into `memcpy` for the short pieces (keys, numbers, names) that make up
-/// most of a message: up to 16 bytes move as two overlapping fixed-size
-/// copies.
+/// into `memcpy` for the short pieces (keys, numbers, names, ids) that
+/// make up most of a message: up to 32 bytes move as two overlapping
+/// fixed-size copies.
 #[inline]
 fn copy_small(dst: &mut [u8], src: &[u8]) {
     let n = src.len();
@@ -137,6 +137,10 @@ fn copy_small(dst: &mut [u8], src: &[u8]) {
         8..=16 => {
             dst[..8].copy_from_slice(&src[..8]);
             dst[n - 8..].copy_from_slice(&src[n - 8..]);
+        }
+        17..=32 => {
+            dst[..16].copy_from_slice(&src[..16]);
+            dst[n - 16..].copy_from_slice(&src[n - 16..]);
         }
         _ => dst.copy_from_slice(src),
     }

@@ -322,6 +322,8 @@ pub fn write_escaped_str(out: &mut Sink<'_>, s: &str) {
 }
 
 /// [`write_escaped_str`] for a string with something to escape.
+#[cold]
+#[inline(never)]
 fn write_escaping(out: &mut Sink<'_>, s: &str) {
     out.byte(b'"');
     let bytes = s.as_bytes();
@@ -365,9 +367,18 @@ impl JsonStr<'_> {
     #[inline]
     pub fn write_json(&self, out: &mut Sink<'_>) {
         if self.escaped {
-            write_escaped_chars(out, self.chars());
+            self.write_unescaped(out);
         } else {
             write_escaped_str(out, self.text);
         }
+    }
+
+    /// [`write_json`](Self::write_json) for a string received with
+    /// escapes: decoded, then escaped CPython's way. Out of line, so the
+    /// plain case stays small enough to inline.
+    #[cold]
+    #[inline(never)]
+    fn write_unescaped(&self, out: &mut Sink<'_>) {
+        write_escaped_chars(out, self.chars());
     }
 }
