@@ -3,6 +3,7 @@
 //! stack instead of the call stack, so no input can overflow it.
 
 use super::error::{JsonError, JsonErrorKind as K};
+use super::skim::skim;
 use super::string::JsonStr;
 use super::value::{JsonType, RawJson};
 
@@ -356,129 +357,6 @@ impl<'a> Lexer<'a> {
                 depth -= 1;
             }
         }
-    }
-}
-
-/// Validates the value starting at `b[p]` (no leading whitespace) and returns
-/// where it ends and its type, or `None` if it is invalid *or* contains
-/// anything this fast path leaves to the precise validator: a backslash
-/// escape in a string. Same grammar, same depth limit, same bit stack as
-/// [`Lexer::precise_value`], with the cursor kept in a register.
-pub(crate) fn skim(b: &[u8], mut p: usize) -> Option<(usize, JsonType)> {
-    let top = match b.get(p)? {
-        b'{' => JsonType::Object,
-        b'[' => JsonType::Array,
-        _ => {
-            let (end, ty) = skim_scalar(b, p)?;
-            return Some((end, ty));
-        }
-    };
-    let mut stack: u128 = 0;
-    let mut depth = 0usize;
-    let ws = skip_ws_at;
-    let key = skim_key;
-    'value: loop {
-        p = ws(b, p);
-        match *b.get(p)? {
-            c @ (b'{' | b'[') => {
-                if depth == MAX_DEPTH {
-                    return None;
-                }
-                let is_obj = c == b'{';
-                stack = (stack << 1) | u128::from(is_obj);
-                depth += 1;
-                p = ws(b, p + 1);
-                if b.get(p) == Some(if is_obj { &b'}' } else { &b']' }) {
-                    p += 1;
-                    stack >>= 1;
-                    depth -= 1;
-                } else {
-                    if is_obj {
-                        p = key(b, p)?;
-                    }
-                    continue 'value;
-                }
-            }
-            _ => p = skim_scalar(b, p)?.0,
-        }
-        loop {
-            if depth == 0 {
-                return Some((p, top));
-            }
-            let in_obj = stack & 1 == 1;
-            p = ws(b, p);
-            match *b.get(p)? {
-                b',' => {
-                    p += 1;
-                    if in_obj {
-                        p = key(b, p)?;
-                    }
-                    continue 'value;
-                }
-                b'}' if in_obj => {}
-                b']' if !in_obj => {}
-                _ => return None,
-            }
-            p += 1;
-            stack >>= 1;
-            depth -= 1;
-        }
-    }
-}
-
-/// `"key"` and `:` at `p` (after whitespace); the position after them.
-#[inline(always)]
-fn skim_key(b: &[u8], p: usize) -> Option<usize> {
-    let p = skip_ws_at(b, p);
-    if b.get(p) != Some(&b'"') {
-        return None;
-    }
-    let p = skip_ws_at(b, skim_string(b, p)?);
-    (b.get(p) == Some(&b':')).then_some(p + 1)
-}
-
-/// A string without escapes at `b[p] == '"'`; the position after it.
-#[inline(always)]
-pub(crate) fn skim_string(b: &[u8], mut p: usize) -> Option<usize> {
-    p += 1;
-    while let Some(chunk) = b.get(p..p + 8) {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(chunk);
-        let mask = string_special_mask(u64::from_le_bytes(w));
-        if mask != 0 {
-            p += (mask.trailing_zeros() / 8) as usize;
-            return (b[p] == b'"').then_some(p + 1);
-        }
-        p += 8;
-    }
-    loop {
-        match *b.get(p)? {
-            b'"' => return Some(p + 1),
-            b'\\' => return None,
-            c if c < 0x20 => return None,
-            _ => p += 1,
-        }
-    }
-}
-
-/// A scalar at `b[p]`: its end and type.
-#[inline(always)]
-fn skim_scalar(b: &[u8], p: usize) -> Option<(usize, JsonType)> {
-    let lit = |word: &[u8], ty| b[p..].starts_with(word).then_some((p + word.len(), ty));
-    match *b.get(p)? {
-        b'"' => Some((skim_string(b, p)?, JsonType::String)),
-        b'-' | b'0'..=b'9' => {
-            if b[p..].starts_with(b"-Infinity") {
-                return Some((p + 9, JsonType::Number));
-            }
-            Some((scan_number(b, p).ok()?.0, JsonType::Number))
-        }
-        b't' => lit(b"true", JsonType::Bool),
-        b'f' => lit(b"false", JsonType::Bool),
-        b'n' => lit(b"null", JsonType::Null),
-        b'N' => lit(b"NaN", JsonType::Number),
-        b'I' => lit(b"Infinity", JsonType::Number),
-        _ => None,
     }
 }
 

@@ -12,6 +12,7 @@ mod error;
 pub(crate) mod lex;
 pub(crate) mod number;
 mod sink;
+pub(crate) mod skim;
 mod string;
 mod value;
 

@@ -15,23 +15,60 @@ const PAIRS: &[u8; 200] = b"\
 8081828384858687888990919293949596979899";
 
 /// Writes `v` in decimal.
+///
+/// The digits go straight into the output (a stack buffer copied out
+/// would be read back before its small stores land), from the right, eight
+/// at a time: one 64-bit division splits off each group of eight, whose
+/// four pairs then come from 32-bit arithmetic that does not wait on the
+/// next group.
 #[inline]
 pub fn write_u64(out: &mut Sink<'_>, v: u64) {
-    let n = v.checked_ilog10().map_or(1, |l| l as usize + 1);
-    if let Some(dst) = out.spare(n) {
-        let mut x = v;
-        let mut i = n;
+    // Most of a manifest's numbers are small dimensions: one or two bytes.
+    if v < 10 {
+        return out.byte(b'0' + v as u8);
+    }
+    if v < 100 {
+        let at = v as usize * 2;
+        return out.put(&PAIRS[at..at + 2]);
+    }
+    write_long(out, v);
+}
+
+/// [`write_u64`] for 100 and above.
+fn write_long(out: &mut Sink<'_>, v: u64) {
+    let len = v.checked_ilog10().map_or(1, |l| l as usize + 1);
+    if let Some(dst) = out.spare(len) {
+        let mut i = len;
+        let mut n = v;
+        while n >= 100_000_000 {
+            let group = (n % 100_000_000) as u32;
+            n /= 100_000_000;
+            i -= 8;
+            let (hi, lo) = (group / 10_000, group % 10_000);
+            put_pair(dst, i, hi / 100);
+            put_pair(dst, i + 2, hi % 100);
+            put_pair(dst, i + 4, lo / 100);
+            put_pair(dst, i + 6, lo % 100);
+        }
+        // Under 10^8: fits 32 bits.
+        let mut n = n as u32;
         while i >= 2 {
-            let pair = (x % 100) as usize * 2;
-            x /= 100;
             i -= 2;
-            dst[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+            put_pair(dst, i, n % 100);
+            n /= 100;
         }
         if i == 1 {
-            dst[0] = b'0' + x as u8;
+            dst[0] = b'0' + n as u8;
         }
     }
-    out.advance(n);
+    out.advance(len);
+}
+
+/// The two digits of `pair` (below 100) at `dst[i..i + 2]`.
+#[inline(always)]
+fn put_pair(dst: &mut [u8], i: usize, pair: u32) {
+    let at = pair as usize * 2;
+    dst[i..i + 2].copy_from_slice(&PAIRS[at..at + 2]);
 }
 
 /// Why a number token is not a `u64`.
@@ -232,6 +269,27 @@ mod tests {
         write_f64(&mut s, v);
         let n = s.finish().unwrap();
         String::from_utf8(buf[..n].to_vec()).unwrap()
+    }
+
+    /// Every length from 1 to 20 digits, and each side of every power of
+    /// ten, prints as `u64`'s `Display` does.
+    #[test]
+    fn integers_print_as_display() {
+        use std::string::ToString;
+        let mut cases = std::vec![0, 1, 9, u64::MAX, u64::MAX - 1, 140_245_832_663_040];
+        let mut p = 1u64;
+        while let Some(next) = p.checked_mul(10) {
+            cases.extend([p - 1, p, p + 1, next / 3]);
+            p = next;
+        }
+        cases.extend([p - 1, p, p + 1]);
+        for v in cases {
+            let mut buf = [0u8; 32];
+            let mut s = Sink::new(&mut buf);
+            write_u64(&mut s, v);
+            let n = s.finish().unwrap();
+            assert_eq!(&buf[..n], v.to_string().as_bytes(), "{v}");
+        }
     }
 
     #[test]

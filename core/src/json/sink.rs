@@ -38,6 +38,22 @@ impl<'b> Sink<'b> {
         self.len = end;
     }
 
+    /// Appends `bytes` between double quotes, as one reservation.
+    #[inline(always)]
+    pub(crate) fn put_quoted(&mut self, bytes: &[u8]) {
+        let n = bytes.len().saturating_add(2);
+        if let Some(dst) = self.spare(n) {
+            if let Some((open, rest)) = dst.split_first_mut() {
+                *open = b'"';
+                if let Some((close, body)) = rest.split_last_mut() {
+                    *close = b'"';
+                    copy_small(body, bytes);
+                }
+            }
+        }
+        self.advance(n);
+    }
+
     /// Appends one byte.
     #[inline(always)]
     pub fn byte(&mut self, b: u8) {
@@ -98,9 +114,9 @@ impl Sink<'_> {
 impl core::error::Error for BufferTooSmall {}
 
 /// `dst.copy_from_slice(src)` for slices of equal length, without a call
-/// into `memcpy` for the short pieces (keys, numbers, names) that make up
-/// most of a message: up to 16 bytes move as two overlapping fixed-size
-/// copies.
+/// into `memcpy` for the short pieces (keys, numbers, names, ids) that
+/// make up most of a message: up to 32 bytes move as two overlapping
+/// fixed-size copies.
 #[inline]
 fn copy_small(dst: &mut [u8], src: &[u8]) {
     let n = src.len();
@@ -121,6 +137,10 @@ fn copy_small(dst: &mut [u8], src: &[u8]) {
         8..=16 => {
             dst[..8].copy_from_slice(&src[..8]);
             dst[n - 8..].copy_from_slice(&src[n - 8..]);
+        }
+        17..=32 => {
+            dst[..16].copy_from_slice(&src[..16]);
+            dst[n - 16..].copy_from_slice(&src[n - 16..]);
         }
         _ => dst.copy_from_slice(src),
     }

@@ -284,9 +284,47 @@ fn has_non_verbatim(w: u64) -> bool {
     (string_special_mask(w) | high) != 0
 }
 
+/// True if no byte of `bytes` needs escaping: whole words, the last one
+/// overlapping the one before it, so a short string is one or two tests.
+#[inline]
+fn all_verbatim(bytes: &[u8]) -> bool {
+    let word = |chunk: &[u8]| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(chunk);
+        u64::from_le_bytes(w)
+    };
+    if bytes.len() < 8 {
+        // Padded with a byte that needs no escape.
+        let mut w = [b'a'; 8];
+        w[..bytes.len()].copy_from_slice(bytes);
+        return !has_non_verbatim(u64::from_le_bytes(w));
+    }
+    let last = bytes.len() - 8;
+    let mut i = 0;
+    while i < last {
+        if has_non_verbatim(word(&bytes[i..i + 8])) {
+            return false;
+        }
+        i += 8;
+    }
+    !has_non_verbatim(word(&bytes[last..]))
+}
+
 /// Writes `s` as a quoted JSON string with CPython's escaping
 /// (`json.dumps(s)`, `ensure_ascii=True`).
+#[inline]
 pub fn write_escaped_str(out: &mut Sink<'_>, s: &str) {
+    // The common case, printable ASCII: one copy between the quotes.
+    if all_verbatim(s.as_bytes()) {
+        return out.put_quoted(s.as_bytes());
+    }
+    write_escaping(out, s);
+}
+
+/// [`write_escaped_str`] for a string with something to escape.
+#[cold]
+#[inline(never)]
+fn write_escaping(out: &mut Sink<'_>, s: &str) {
     out.byte(b'"');
     let bytes = s.as_bytes();
     let mut i = 0;
@@ -329,9 +367,18 @@ impl JsonStr<'_> {
     #[inline]
     pub fn write_json(&self, out: &mut Sink<'_>) {
         if self.escaped {
-            write_escaped_chars(out, self.chars());
+            self.write_unescaped(out);
         } else {
             write_escaped_str(out, self.text);
         }
+    }
+
+    /// [`write_json`](Self::write_json) for a string received with
+    /// escapes: decoded, then escaped CPython's way. Out of line, so the
+    /// plain case stays small enough to inline.
+    #[cold]
+    #[inline(never)]
+    fn write_unescaped(&self, out: &mut Sink<'_>) {
+        write_escaped_chars(out, self.chars());
     }
 }

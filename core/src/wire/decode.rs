@@ -1,6 +1,6 @@
 //! Decoding a frame-1 payload into a borrowed [`Msg`].
 //!
-//! Most messages take the one-pass fast path in `fast.rs`; everything it
+//! Most messages take the one-pass fast path in `fast/`; everything it
 //! declines comes here, to the general decoder, which is also the reference
 //! the fast path is tested against. One pass over the top-level object
 //! records where each known field's

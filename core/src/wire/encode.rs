@@ -39,6 +39,30 @@ macro_rules! key {
     };
 }
 
+/// `{"msg_type":"<name>"`: the start of every payload of type `ty`, as
+/// one literal.
+fn head(ty: MsgType) -> &'static [u8] {
+    macro_rules! head {
+        ($name:literal) => {
+            concat!("{\"msg_type\":\"", $name, "\"").as_bytes()
+        };
+    }
+    match ty {
+        MsgType::Register => head!("transfer_register"),
+        MsgType::RegisterAck => head!("transfer_register_ack"),
+        MsgType::Staged => head!("transfer_staged"),
+        MsgType::Alloc => head!("transfer_alloc"),
+        MsgType::Allocated => head!("transfer_allocated"),
+        MsgType::AllocReject => head!("transfer_alloc_reject"),
+        MsgType::Push => head!("transfer_push"),
+        MsgType::Pushed => head!("transfer_pushed"),
+        MsgType::Ready => head!("transfer_ready"),
+        MsgType::Done => head!("transfer_done"),
+        MsgType::Abort => head!("transfer_abort"),
+        MsgType::Deregister => head!("transfer_deregister"),
+    }
+}
+
 struct Enc<'s, 'b> {
     out: &'s mut Sink<'b>,
     style: Style,
@@ -247,9 +271,7 @@ impl Msg<'_> {
     /// Writes the JSON payload (frame 1) into `out` as `dialect`'s encoder
     /// would.
     pub fn write_dialect(&self, out: &mut Sink<'_>, style: Style, dialect: Dialect) {
-        out.put(b"{\"msg_type\":\"");
-        out.put(self.msg_type().as_str().as_bytes());
-        out.byte(b'"');
+        out.put(head(self.msg_type()));
         let mut e = Enc {
             out,
             style,
