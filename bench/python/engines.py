@@ -495,7 +495,8 @@ def main() -> None:
                 print(f"# {e}: {out['error']}; left out", file=sys.stderr)
                 continue
             if not out["checked"]:
-                print(f"# {e}: WRONG BYTES in round {r}", file=sys.stderr)
+                print(f"# {e}: WRONG BYTES in round {r}; left out", file=sys.stderr)
+                continue
             for case, why in out["failed"].items():
                 print(f"# {e}: {case} failed in round {r} ({why}); left out", file=sys.stderr)
             row[e] = out["result"]

@@ -76,6 +76,30 @@ impl Row {
 }
 
 /// A failure of the bare hops' socket pair, as the benchmark's error.
+/// One block of bare hops: each message of `path` alone over `hops`, once
+/// the nodes' threads went back to sleep, its half round trips added to
+/// `hop_ns`.
+fn hop_block(
+    hops: &mut UnixHops,
+    path: &[(&'static str, Vec<u8>)],
+    hop_ns: &mut [Vec<f64>],
+) -> Result<(), NodeError> {
+    std::thread::sleep(QUIET);
+    // A ping-pong, as such floors are measured: its first round (both
+    // threads woken from a long sleep) untimed.
+    for round in 0..=HOP_BLOCK {
+        for ((_, packet), times) in path.iter().zip(hop_ns.iter_mut()) {
+            let rtt = hops
+                .round_trip(packet)
+                .map_err(|e| hop_error("time a bare hop", e))?;
+            if round > 0 {
+                times.push(rtt.as_nanos() as f64 / 2.0);
+            }
+        }
+    }
+    Ok(())
+}
+
 fn hop_error(verb: &'static str, e: std::io::Error) -> NodeError {
     NodeError::transport(verb, FaultKind::Io, e)
 }
@@ -153,22 +177,14 @@ pub fn measure(
             // Every HOP_BLOCK hand-offs, as many rounds of the bare hops,
             // once the nodes' threads went back to sleep: each hop alone.
             if let Some(hops) = hops.as_mut().filter(|_| i % HOP_BLOCK == HOP_BLOCK - 1) {
-                std::thread::sleep(QUIET);
-                // A ping-pong, as such floors are measured: its first
-                // round (both threads woken from a long sleep) untimed.
-                for round in 0..=HOP_BLOCK {
-                    for ((_, packet), times) in path.iter().zip(&mut hop_ns) {
-                        let rtt = hops
-                            .round_trip(packet)
-                            .map_err(|e| hop_error("time a bare hop", e))?;
-                        if round > 0 {
-                            times.push(rtt.as_nanos() as f64 / 2.0);
-                        }
-                    }
-                }
+                hop_block(hops, &path, &mut hop_ns)?;
             }
             i += 1;
             progress(size, i);
+        }
+        // A size with fewer hand-offs than a block still gets its floor.
+        if let Some(hops) = hops.as_mut().filter(|_| hop_ns.iter().any(Vec::is_empty)) {
+            hop_block(hops, &path, &mut hop_ns)?;
         }
         handoff.sort_by(f64::total_cmp);
         copy_ns.sort_by(f64::total_cmp);

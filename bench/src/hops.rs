@@ -139,9 +139,10 @@ impl UnixHops {
 
 impl Drop for UnixHops {
     fn drop(&mut self) {
-        // An empty datagram ends the echo thread.
-        let _ = self.near.send(&[]);
-        if let Some(t) = self.echo.take() {
+        // An empty datagram ends the echo thread; one that cannot be sent
+        // leaves it waiting, so it is not waited for.
+        let ended = self.near.send(&[]).is_ok();
+        if let Some(t) = self.echo.take().filter(|_| ended) {
             let _ = t.join();
         }
     }

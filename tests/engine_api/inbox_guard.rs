@@ -93,3 +93,61 @@ fn under_curve_the_inbox_hears_admitted_keys_under_their_own_names_only() {
     b.notify(&a_sid, b"from b").unwrap();
     assert_eq!(received(&a, 1), [(b_sid.clone(), b"from b".to_vec())]);
 }
+
+/// An allow-list without CURVE: a stranger by TCP from an address off the
+/// list is not heard, one on it is; and an engine of this host reaches an
+/// inbox bound on another of its addresses by its Unix name although
+/// loopback is not on the list (it is held to the list as the inbox's own
+/// address, which it could connect from by TCP too).
+#[test]
+fn an_allow_list_alone_admits_listed_addresses_and_this_hosts_engines() {
+    let mut options = EngineConfig::default();
+    options.notify_host = Some("127.0.0.2".into());
+    options.guard = Some(Guard::allowing(&["127.0.0.2".parse().unwrap()]));
+    let a = TransferEngine::open_with(DataPlane::Local(LocalConfig::default()), options).unwrap();
+    let a_sid = a.session_id();
+    let inbox = a_sid.rsplit_once('|').unwrap().1.to_owned();
+    assert!(inbox.starts_with("tcp://127.0.0.2:"), "{inbox}");
+
+    notify_as(&inbox, "127.0.0.3", None, "stranger", "off the list");
+    assert!(
+        received(&a, 0).is_empty(),
+        "an address off the list was heard"
+    );
+    assert_eq!(
+        notify_as(&inbox, "127.0.0.2", None, "listed", "on the list"),
+        20
+    );
+    let got = received(&a, 20);
+    assert_eq!(got.len(), 20);
+    assert!(got
+        .iter()
+        .all(|(from, m)| from == "listed" && m == b"on the list"));
+
+    let b = TransferEngine::open(DataPlane::Local(LocalConfig::default())).unwrap();
+    b.notify(&a_sid, b"from this host").unwrap();
+    assert_eq!(
+        received(&a, 1),
+        [(b.session_id(), b"from this host".to_vec())]
+    );
+}
+
+/// Under CURVE a connection that never sends its handshake is closed.
+#[test]
+fn a_connection_without_its_handshake_is_closed() {
+    let [a_key, b_key] = [(); 2].map(|()| CurveKeyPair::generate().unwrap());
+    let a = guarded(&a_key, &[&b_key]);
+    let inbox = a.session_id().rsplit_once('|').unwrap().1[41..].to_owned();
+    let mut idle = std::net::TcpStream::connect(inbox.trim_start_matches("tcp://")).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 1];
+    let n = std::io::Read::read(&mut idle, &mut buf);
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "closed only after {:?}",
+        started.elapsed()
+    );
+}

@@ -4,6 +4,7 @@ and, with ferry's metadata, the region and its stamp to read at once."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Union
@@ -17,6 +18,8 @@ from tensorferry.vllm_omni._sockets import Link, tcp_endpoint
 #: The sender a get whose metadata names none claims from: its host and
 #: claim port (the connector's ``sender_host``, ``sender_zmq_port``).
 Sender = Tuple[Optional[str], Optional[int]]
+
+logger = logging.getLogger("tensorferry.vllm_omni")
 
 
 @dataclass
@@ -141,7 +144,6 @@ class Get:
         return self.token is not None and value in (self.token, stamp.claimed(self.token, self.claim))
 
 
-
 def stamp_verdict(g: Get, engine: "tensorferry.TransferEngine", pool: Pool) -> Optional[bool]:
     """Whether the early read of ``g`` (done) read the put's bytes, by the
     stamp read after it (posted here, through ``engine`` into ``g``'s
@@ -164,3 +166,28 @@ def stamp_verdict(g: Get, engine: "tensorferry.TransferEngine", pool: Pool) -> O
         return None
     g.stamp_read = None
     return state == "done" and g.stamp_says(stamp.read(pool.array, at))
+
+
+def tell_taken(g: Get, engine: Optional["tensorferry.TransferEngine"]) -> bool:
+    """Tells ``g``'s sender its put was read (``taken``) as a notification
+    to the engine its metadata names, which this thread writes itself (a
+    send on the claim's socket wakes ZeroMQ's I/O thread, which would
+    take a core from the caller); False where that engine cannot be
+    reached."""
+    if g.region is None or engine is None:
+        return False
+    try:
+        engine.notify(g.region[0], control.encode_note(control.TAKEN, control.Taken(g.key, g.token or 0)))
+        return True
+    except tensorferry.FerryError as e:
+        logger.debug("FerryConnector: taken of %s by notification failed (%s); sent on the claim socket", g.key, e)
+        return False
+
+
+def failure(transfer: "tensorferry.Transfer") -> str:
+    """Why ``transfer``, final, failed."""
+    try:
+        transfer.wait(0)
+    except tensorferry.FerryError as e:
+        return str(e)
+    return "unknown"

@@ -36,8 +36,6 @@ REGION_ALIGN = 4096
 # madvise(2)'s MADV_POPULATE_WRITE (Linux 5.14), which Python's mmap
 # module names from 3.13 on.
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
-# Pages touched at a time by the fallback (each step holds the GIL).
-_TOUCH_STEP = 16 << 20
 
 logger = logging.getLogger("tensorferry.vllm_omni")
 
@@ -172,14 +170,15 @@ class Pool:
             i -= 1
         self._free.insert(i, (start, end - start))
 
-
     def _prefault(self) -> None:
         start = time.perf_counter()
         try:
+            # MADV_POPULATE_WRITE makes the pages without writing them. A
+            # kernel without it (before 5.14) leaves them to first touch:
+            # writing them from this thread instead would race the puts
+            # and reads already using the pool.
             if _madvise(self.base, self.size, _MADV_POPULATE_WRITE) != 0:
-                # An older kernel: a write to each page makes it.
-                for at in range(0, self.size, _TOUCH_STEP):
-                    self.array[at : at + _TOUCH_STEP : REGION_ALIGN] = 0
+                logger.info("FerryConnector: the kernel cannot make the pool's pages ahead (MADV_POPULATE_WRITE)")
         except Exception as e:  # the pages come on first touch, as without prefault
             logger.warning("FerryConnector: the pool's pages were not made ahead: %s", e)
         self.prefault_seconds = time.perf_counter() - start

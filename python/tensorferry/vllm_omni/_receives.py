@@ -23,7 +23,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import zmq
 from vllm_omni.distributed.omni_connectors.utils.serialization import OmniSerializer
@@ -32,7 +32,7 @@ import tensorferry
 from tensorferry.vllm_omni import _control as control
 from tensorferry.vllm_omni import _payload as payload
 from tensorferry.vllm_omni import _stamp as stamp
-from tensorferry.vllm_omni._get import Get, Named, Sender, named, stamp_verdict
+from tensorferry.vllm_omni._get import Get, Named, Sender, failure, named, stamp_verdict, tell_taken
 from tensorferry.vllm_omni._guard import claim_key, foreign_grant
 from tensorferry.vllm_omni._metrics import Metrics
 from tensorferry.vllm_omni._pool import Pool
@@ -96,6 +96,9 @@ class Receives:
         self._early: "OrderedDict[str, Tuple[str, int]]" = OrderedDict()
         # Whether a get that names no sender was logged.
         self._unaddressed = False
+        # Receives read without a claim whose sender is told ``taken`` once
+        # the lock is let go (``get``).
+        self._taken: List[Get] = []
 
     def get(
         self, key: str, raw_key: str, metadata: Optional[Dict[str, Any]], sender: Sender
@@ -106,23 +109,34 @@ class Receives:
         names one), and a call that finds it arrived returns
         ``(payload, size)``."""
         with self._lock:
-            if self._closing.is_set():
-                raise RuntimeError("FerryConnector: get on a closed connector")
-            now = time.monotonic()
-            self._sweep(now)
-            g = self._gets.get(key)
+            got = self._get(key, raw_key, metadata, sender)
+            taken, self._taken = self._taken, []
+        # Told without the lock: a notification may wait for room in the
+        # sender's inbox, and the other threads' receives go on meanwhile.
+        for g in taken:
+            self._tell_taken(g)
+        return got
+
+    def _get(
+        self, key: str, raw_key: str, metadata: Optional[Dict[str, Any]], sender: Sender
+    ) -> Optional[Tuple[Any, int]]:
+        if self._closing.is_set():
+            raise RuntimeError("FerryConnector: get on a closed connector")
+        now = time.monotonic()
+        self._sweep(now)
+        g = self._gets.get(key)
+        if g is None:
+            g = self._start(key, raw_key, metadata, sender)
             if g is None:
-                g = self._start(key, raw_key, metadata, sender)
-                if g is None:
-                    return None
-                if g.state == "claiming" and g.token is not None:
-                    # The read of the put's region may be good already.
-                    got = self._advance(g)
-                    if got is not None or self._gets.get(key) is not g:
-                        return got
-            g.touched = now
-            self._drain(g.link)
-            return self._advance(g)
+                return None
+            if g.state == "claiming" and g.token is not None:
+                # The read of the put's region may be good already.
+                got = self._advance(g)
+                if got is not None or self._gets.get(key) is not g:
+                    return got
+        g.touched = now
+        self._drain(g.link)
+        return self._advance(g)
 
     def wait(self, key: str, timeout: float) -> bool:
         """Waits at most ``timeout`` seconds for ``key``'s receive to move
@@ -330,7 +344,7 @@ class Receives:
         if transfer is None:
             return None
         if transfer.state == "failed":
-            why = _failure(transfer)
+            why = failure(transfer)
             self._send_end(g, control.RELEASE)
             self._forget(g)
             self._metrics.error(f"get of {g.key}: the read from {g.endpoint} failed: {why}")
@@ -358,25 +372,17 @@ class Receives:
                 # the sender takes the claim, then this done, in order.
                 self._send_end(g, control.DONE)
             elif g.token is not None:
-                self._tell_taken(g)
+                self._taken.append(g)
         self._metrics.count("gets", 1)
         self._metrics.count("bytes_transferred", g.size)
         return value, g.size
 
     def _tell_taken(self, g: Get) -> None:
-        """Tells ``g``'s sender its put was read (``taken``): as a
-        notification to its engine, which this thread writes itself, or,
-        where the engine cannot reach it, on the claim's socket (whose
-        send wakes ZeroMQ's I/O thread, which would take a core from the
-        caller)."""
-        taken = control.Taken(g.key, g.token or 0)
-        if g.region is not None:
-            try:
-                self._live_engine().notify(g.region[0], control.encode_note(control.TAKEN, taken))
-                return
-            except tensorferry.FerryError as e:
-                logger.debug("FerryConnector: taken of %s by notification failed (%s); sent on the claim socket", g.key, e)
-        self._dealers.send(g.link, control.encode(control.TAKEN, taken))
+        """``taken`` to ``g``'s sender (``tell_taken``), else on its claim's socket."""
+        if not tell_taken(g, self._engine):
+            with self._lock:
+                if not self._closing.is_set():
+                    self._dealers.send(g.link, control.encode(control.TAKEN, control.Taken(g.key, g.token or 0)))
 
     def _drain(self, link: Link) -> None:
         endpoint = link[0]
@@ -592,12 +598,3 @@ class Receives:
         if self._engine is None:
             raise RuntimeError("FerryConnector: closed")
         return self._engine
-
-
-def _failure(transfer: "tensorferry.Transfer") -> str:
-    try:
-        transfer.wait(0)
-    except tensorferry.FerryError as e:
-        return str(e)
-    return "unknown"
-

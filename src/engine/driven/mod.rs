@@ -120,6 +120,7 @@ fn drive<T: Transport>(shared: &Shared<T>, wake: Option<std::os::fd::RawFd>) {
         shared.collect();
         shared.notifier.flush();
         shared.notifier.serve();
+        shared.notifier.sweep();
         let mut chores = Chores::default();
         let now = Instant::now();
         let next = {

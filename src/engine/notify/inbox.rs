@@ -16,11 +16,11 @@
 //! long, of an unknown kind, a notification before a name) is closed: its
 //! sender is not a ferry engine.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, UnixListener};
 use mio::{Events, Interest, Poll, Token};
@@ -35,12 +35,22 @@ use super::{spoken_by, Notification, MAX_FROM, MAX_NOTIFICATION};
 const LISTENER: Token = Token(0);
 const LOCAL_LISTENER: Token = Token(1);
 
-/// The most connections an inbox keeps (one per sending engine); past
-/// it, new ones are closed at once.
+/// The most connections an inbox keeps (one per sending engine), at
+/// most: a quarter of the descriptors the process may open, so that a
+/// flood of strangers cannot take the data plane's; past it, new ones are
+/// closed at once.
 const MAX_CONNECTIONS: usize = 4096;
 
 /// Bytes read from a connection at a time.
 const READ_CHUNK: usize = 64 << 10;
+
+/// Bytes one `take` reads from one connection before it turns to the
+/// others (the connection stays ready for the next): a sender that never
+/// stops cannot hold the inbox.
+const READ_BUDGET: usize = 4 * READ_CHUNK;
+
+/// How long a connection may wait in the lobby for its handshake.
+const HANDSHAKE_WAIT: Duration = Duration::from_secs(5);
 
 /// What every connection's handling needs of the inbox.
 struct Rules<'a> {
@@ -65,7 +75,8 @@ impl<'a> Rules<'a> {
 /// A sending engine's connection.
 struct Connection {
     stream: Accepted,
-    /// Its address (loopback's for a Unix socket's), for the allow-list.
+    /// Its address, for the allow-list: a Unix socket's is the one of
+    /// loopback's and the inbox's own that the list admits.
     address: IpAddr,
     /// Its keys once the handshake is done (under CURVE).
     seal: Option<Seal>,
@@ -93,36 +104,51 @@ struct Sender {
 pub(super) struct Inbox {
     lobby: Poll,
     open: Poll,
+    /// Lobby connections by when their handshake is due, oldest first.
+    due: VecDeque<(Instant, Token)>,
+    most: usize,
+    /// The address the TCP listener is bound to.
+    bound: IpAddr,
     events: Events,
     ready: Vec<Token>,
     listener: TcpListener,
-    local: UnixListener,
+    local: Option<UnixListener>,
     connections: HashMap<Token, Connection>,
     next: usize,
     scratch: Box<[u8]>,
 }
 
 impl Inbox {
-    /// An inbox on `listener` and `local` (its Unix name), both bound
-    /// and listening.
+    /// An inbox on `listener` and `local` (its Unix name, if it has one),
+    /// bound and listening.
     pub(super) fn new(
         listener: std::net::TcpListener,
-        local: std::os::unix::net::UnixListener,
+        local: Option<std::os::unix::net::UnixListener>,
     ) -> std::io::Result<Self> {
         listener.set_nonblocking(true)?;
-        local.set_nonblocking(true)?;
+        let bound = listener.local_addr()?.ip().to_canonical();
         let mut listener = TcpListener::from_std(listener);
-        let mut local = UnixListener::from_std(local);
         let lobby = Poll::new()?;
         lobby
             .registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
-        lobby
-            .registry()
-            .register(&mut local, LOCAL_LISTENER, Interest::READABLE)?;
+        let local = match local {
+            Some(l) => {
+                l.set_nonblocking(true)?;
+                let mut l = UnixListener::from_std(l);
+                lobby
+                    .registry()
+                    .register(&mut l, LOCAL_LISTENER, Interest::READABLE)?;
+                Some(l)
+            }
+            None => None,
+        };
         Ok(Self {
             lobby,
             open: Poll::new()?,
+            due: VecDeque::new(),
+            most: most_connections(),
+            bound,
             events: Events::with_capacity(256),
             ready: Vec::new(),
             listener,
@@ -149,6 +175,7 @@ impl Inbox {
     ) -> std::io::Result<()> {
         let rules = Rules::new(guard, endpoint, forged);
         let mut none = Vec::new();
+        self.close_overdue(&rules);
         self.ready(true)?;
         for at in 0..self.ready.len() {
             match self.ready[at] {
@@ -167,7 +194,10 @@ impl Inbox {
         forged: &AtomicU64,
         into: &mut Vec<Notification>,
     ) -> std::io::Result<()> {
-        self.serve(guard, endpoint, forged)?;
+        // The lobby's troubles are its own: what arrived is read anyway.
+        if let Err(e) = self.serve(guard, endpoint, forged) {
+            tracing::warn!(inbox = endpoint, error = %e, "cannot accept notification connections");
+        }
         let rules = Rules::new(guard, endpoint, forged);
         self.ready(false)?;
         for at in 0..self.ready.len() {
@@ -199,14 +229,13 @@ impl Inbox {
 
     fn accept(&mut self, local: bool, rules: &Rules<'_>) -> std::io::Result<()> {
         loop {
-            let accepted = if local {
-                self.local
+            let accepted = match (&self.local, local) {
+                (Some(l), true) => l.accept().map(|(s, _)| (Accepted::Unix(s), None)),
+                (None, true) => return Ok(()),
+                (_, false) => self
+                    .listener
                     .accept()
-                    .map(|(s, _)| (Accepted::Unix(s), IpAddr::from([127, 0, 0, 1])))
-            } else {
-                self.listener
-                    .accept()
-                    .map(|(s, peer)| (Accepted::Tcp(s), peer.ip().to_canonical()))
+                    .map(|(s, peer)| (Accepted::Tcp(s), Some(peer.ip().to_canonical()))),
             };
             let (mut stream, address) = match accepted {
                 Ok(c) => c,
@@ -214,29 +243,45 @@ impl Inbox {
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 // The connection went before it was taken; others may wait.
                 Err(e) if e.kind() == ErrorKind::ConnectionAborted => continue,
-                Err(e) => return Err(e),
-            };
-            if self.connections.len() >= MAX_CONNECTIONS {
-                tracing::warn!(inbox = rules.endpoint, peer = %address, "refused a notification connection: {MAX_CONNECTIONS} are open");
-                continue;
-            }
-            // Without CURVE the address is all there is to check; with it
-            // the key comes in the handshake, checked with the address.
-            if rules.guard.curve.is_none() {
-                if let Some(domain) = rules.domain {
-                    if let Err(why) = rules
-                        .guard
-                        .admits(domain, &address.to_string(), b"NULL", b"")
-                    {
-                        tracing::warn!(inbox = rules.endpoint, peer = %address, why, "refused a notification connection");
-                        continue;
-                    }
+                Err(e) => {
+                    // Out of descriptors, say: those still queued wait for
+                    // the next turn, the listener armed again for them.
+                    let (token, source): (Token, &mut dyn mio::event::Source) =
+                        match (local, &mut self.local) {
+                            (true, Some(l)) => (LOCAL_LISTENER, l),
+                            _ => (LISTENER, &mut self.listener),
+                        };
+                    self.lobby
+                        .registry()
+                        .reregister(source, token, Interest::READABLE)?;
+                    return Err(e);
                 }
+            };
+            // A Unix socket's peer is of this host: it may connect to the
+            // TCP inbox from loopback or from the inbox's own address.
+            let candidates = match address {
+                Some(a) => [Some(a), None],
+                None => [Some(IpAddr::from([127, 0, 0, 1])), Some(self.bound)],
+            };
+            let Some(address) = candidates
+                .into_iter()
+                .flatten()
+                .find(|a| on_allow_list(&rules.guard.allow, *a))
+            else {
+                tracing::warn!(inbox = rules.endpoint, peer = ?address, "refused a notification connection: its address is not on the allow-list");
+                continue;
+            };
+            if self.connections.len() >= self.most {
+                tracing::warn!(inbox = rules.endpoint, peer = %address, "refused a notification connection: {} are open", self.most);
+                continue;
             }
             let token = Token(self.next);
             self.next += 1;
             // Under CURVE it waits in the lobby for its handshake.
             let in_lobby = rules.guard.curve.is_some();
+            if in_lobby {
+                self.due.push_back((Instant::now() + HANDSHAKE_WAIT, token));
+            }
             let poll = if in_lobby { &self.lobby } else { &self.open };
             poll.registry()
                 .register(stream.source(), token, Interest::READABLE)?;
@@ -261,10 +306,25 @@ impl Inbox {
         let Some(c) = self.connections.get_mut(&token) else {
             return;
         };
+        let mut budget = READ_BUDGET;
         let ended = loop {
+            if budget == 0 {
+                // Its turn is over; armed again, it is ready at the next.
+                let poll = if c.in_lobby { &self.lobby } else { &self.open };
+                match poll
+                    .registry()
+                    .reregister(c.stream.source(), token, Interest::READABLE)
+                {
+                    Ok(()) => return,
+                    Err(e) => break Some(format!("arm it again: {e}")),
+                }
+            }
             let n = match c.stream.read(&mut self.scratch) {
                 Ok(0) => break None,
-                Ok(n) => n,
+                Ok(n) => {
+                    budget = budget.saturating_sub(n);
+                    n
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => break Some(e.to_string()),
@@ -321,6 +381,49 @@ impl Inbox {
             let _ = poll.registry().deregister(c.stream.source());
         }
     }
+}
+
+impl Inbox {
+    /// Closes the lobby's connections whose handshake is overdue.
+    fn close_overdue(&mut self, rules: &Rules<'_>) {
+        let now = Instant::now();
+        while let Some(&(due, token)) = self.due.front() {
+            if due > now {
+                return;
+            }
+            self.due.pop_front();
+            if !self.connections.get(&token).is_some_and(|c| c.in_lobby) {
+                continue;
+            }
+            if let Some(mut c) = self.connections.remove(&token) {
+                tracing::warn!(inbox = rules.endpoint, peer = %c.address, "closed a notification connection: no handshake within {HANDSHAKE_WAIT:?}");
+                let _ = self.lobby.registry().deregister(c.stream.source());
+            }
+        }
+    }
+}
+
+/// True if the allow-list `allow` admits `address` (an empty one admits
+/// every address), as the guard's verdict reads it.
+fn on_allow_list(allow: &[IpAddr], address: IpAddr) -> bool {
+    allow.is_empty() || allow.iter().any(|a| a.to_canonical() == address)
+}
+
+/// [`MAX_CONNECTIONS`], or a quarter of the descriptors this process may
+/// open if that is fewer.
+fn most_connections() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the one struct it is given.
+    let known = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+    let quarter = if known {
+        usize::try_from(limit.rlim_cur / 4).unwrap_or(usize::MAX)
+    } else {
+        MAX_CONNECTIONS
+    };
+    quarter.clamp(16, MAX_CONNECTIONS)
 }
 
 impl Connection {

@@ -82,6 +82,9 @@ pub const NOTIFY_WAIT: Duration = Duration::from_secs(10);
 /// How long a closing engine keeps trying to deliver what it sent.
 const LINGER: Duration = Duration::from_secs(2);
 
+/// How often the engine's tick looks for outboxes to engines gone.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
 /// Each notification socket's kernel buffer, in bytes (Linux doubles it).
 const BUFFER: usize = 256 << 10;
 
@@ -155,14 +158,16 @@ pub(crate) struct Notifier {
     /// The inbox's open connections' poll (see [`ready_fd`](Self::ready_fd)).
     ready_fd: std::os::fd::RawFd,
     /// One per peer inbox, by the session id's notification part; kept
-    /// while the engine lives (a connection closed and opened again could
+    /// while its peer lives (a connection closed and opened again could
     /// let a later notification pass an earlier one), forgotten when its
-    /// connection fails.
+    /// connection fails or its peer closed it with nothing left to send.
     outboxes: Mutex<HashMap<String, Arc<Outbox>>>,
     /// Outboxes with bytes their sockets did not take yet, for the
     /// engine's tick.
     backlog: Mutex<Vec<Arc<Outbox>>>,
     backlogged: AtomicBool,
+    /// When the outboxes of engines gone were last dropped.
+    swept: Mutex<Instant>,
     /// Where peers send, as the session id names it (with the inbox's key
     /// under CURVE).
     address: String,
@@ -195,9 +200,17 @@ impl Notifier {
             .local_addr()
             .map_err(|e| failed("read the notification inbox's endpoint", e))?;
         let endpoint = format!("tcp://{local}");
-        let unix = socket::local_name(&local.to_string())
+        // Without its Unix name (taken by another process of the host,
+        // say) the inbox serves by TCP alone.
+        let unix = match socket::local_name(&local.to_string())
             .and_then(|name| UnixListener::bind_addr(&name))
-            .map_err(|e| failed("bind the notification inbox's Unix socket", e))?;
+        {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!(inbox = %local, error = %e, "the notification inbox has no Unix socket; engines of this host reach it by TCP");
+                None
+            }
+        };
         let inbox =
             Inbox::new(listener, unix).map_err(|e| failed("open the notification inbox", e))?;
         let address = match &guard.curve {
@@ -210,6 +223,7 @@ impl Notifier {
             outboxes: Mutex::new(HashMap::new()),
             backlog: Mutex::new(Vec::new()),
             backlogged: AtomicBool::new(false),
+            swept: Mutex::new(Instant::now()),
             address,
             endpoint,
             guard: guard.clone(),
@@ -329,7 +343,7 @@ impl Notifier {
         match outbox.send(from, message, until) {
             Ok(false) => Ok(()),
             Ok(true) => {
-                if !outbox.listed.swap(true, Ordering::AcqRel) {
+                if !outbox.listed.swap(true, Ordering::SeqCst) {
                     lock(&self.backlog).push(outbox);
                     self.backlogged.store(true, Ordering::Release);
                 }
@@ -384,13 +398,44 @@ impl Notifier {
                     false
                 }
             };
-            if !left {
-                outbox.listed.store(false, Ordering::Release);
+            if left {
+                return true;
             }
-            left
+            outbox.listed.store(false, Ordering::SeqCst);
+            // A send that found it still listed, and so did not list it
+            // again, may have left bytes since: looked at after the flag
+            // is down (under the outbox's lock, which orders the two), so
+            // that either this sees them or that send lists it anew.
+            if outbox.flush().is_some_and(|f| matches!(f, Ok(false))) {
+                return false;
+            }
+            outbox.listed.store(true, Ordering::SeqCst);
+            true
         });
         self.backlogged
             .store(!backlog.is_empty(), Ordering::Release);
+    }
+
+    /// Drops, once a second at most, the outboxes whose peer closed its
+    /// end with nothing left to send (the engine's tick): a peer gone for
+    /// good costs no descriptor.
+    pub fn sweep(&self) {
+        {
+            let mut swept = lock(&self.swept);
+            if swept.elapsed() < SWEEP_EVERY {
+                return;
+            }
+            *swept = Instant::now();
+        }
+        let all: Vec<(String, Arc<Outbox>)> = lock(&self.outboxes)
+            .iter()
+            .map(|(to, o)| (to.clone(), Arc::clone(o)))
+            .collect();
+        for (to, outbox) in all {
+            if outbox.gone() {
+                self.forget(&to, &outbox);
+            }
+        }
     }
 
     /// Accepts connections and answers handshakes (the engine's tick), so

@@ -13,7 +13,6 @@
 use std::io::{ErrorKind, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -23,7 +22,7 @@ use tensorferry_zmq::{CurveKeyPair, CurvePublicKey};
 
 use super::frame::{self, HEADER, NAME, NOTE, TAG};
 use super::seal::Seal;
-use super::socket::{local_name, Stream as Socket};
+use super::socket::{connect_local, Stream as Socket};
 use super::{lock, set_buffer, BUFFER, NOTIFY_BACKLOG as BACKLOG};
 use crate::engine::EngineError;
 
@@ -77,10 +76,9 @@ impl Outbox {
             kind,
         };
         // This host's inbox by its Unix name; any other by TCP.
-        let unix = local_name(endpoint).and_then(|name| UnixStream::connect_addr(&name));
-        let mut socket = match unix {
-            Ok(s) => Socket::Unix(s),
-            Err(_) => {
+        let mut socket = match connect_local(endpoint) {
+            Some(s) => Socket::Unix(s),
+            None => {
                 let address = resolve(endpoint).map_err(|m| failed(FaultKind::UnknownPeer, m))?;
                 let s = TcpStream::connect_timeout(&address, OPEN_WAIT).map_err(|e| {
                     let kind = match e.kind() {
@@ -180,6 +178,21 @@ impl Outbox {
             }
             self.wait_for_room(left);
         }
+    }
+
+    /// True if its peer closed the connection (the engine is gone) and
+    /// nothing waits to be sent: the outbox may go without reordering.
+    pub(super) fn gone(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.fd,
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one pollfd we own; the descriptor belongs to this
+        // outbox's socket, which lives as long as the outbox.
+        let ready = unsafe { libc::poll(&mut p, 1, 0) } == 1;
+        let closed = p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0;
+        ready && closed && matches!(self.flush(), Some(Ok(false)))
     }
 
     fn wait_for_room(&self, most: Duration) {

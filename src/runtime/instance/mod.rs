@@ -268,7 +268,7 @@ impl InstanceNode {
                     // The machine may have stopped half-way through a
                     // message: no new view of the pool is made from it.
                     shared.dead.store(true, Ordering::Release);
-                    shared.changed.notify_all();
+                    shared.wake();
                     let _ = std::panic::catch_unwind(|| {
                         tracing::error!(
                             "the progress thread panicked; this node makes no more progress"
@@ -576,7 +576,7 @@ impl InstanceNode {
 impl Drop for InstanceNode {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
-        self.shared.changed.notify_all();
+        self.shared.wake();
         if let Some(t) = self.thread.take() {
             // Dropped here, after every view of the pool (each borrows the
             // node) has ended.
