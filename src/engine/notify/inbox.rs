@@ -177,13 +177,20 @@ impl Inbox {
         let mut none = Vec::new();
         self.close_overdue(&rules);
         self.ready(true)?;
+        // Every ready connection is read even if accepting failed: its
+        // readiness was reported once, and would not be again.
+        let mut failed = None;
         for at in 0..self.ready.len() {
             match self.ready[at] {
-                t @ (LISTENER | LOCAL_LISTENER) => self.accept(t == LOCAL_LISTENER, &rules)?,
+                t @ (LISTENER | LOCAL_LISTENER) => {
+                    if let Err(e) = self.accept(t == LOCAL_LISTENER, &rules) {
+                        failed.get_or_insert(e);
+                    }
+                }
                 t => self.read(t, &rules, &mut none),
             }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Every notification that has arrived, without waiting.
