@@ -230,7 +230,12 @@ class Sends:
         engine = self._engine
         if engine is None:
             return
-        for sender, note in engine.notifications():
+        try:
+            notes = engine.notifications()
+        except tensorferry.FerryError as e:  # closed meanwhile, say
+            logger.debug("FerryConnector: no notifications taken: %s", e)
+            return
+        for sender, note in notes:
             decoded = control.decode_note(note)
             if decoded is None or not isinstance(decoded[1], control.Taken):
                 logger.debug("FerryConnector: dropped a notification from %s that is not a taken", sender)
